@@ -1,0 +1,244 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// adminOptions are the flags every admin-API command shares.
+type adminOptions struct {
+	socket  string
+	output  string
+	timeout time.Duration
+}
+
+func (o *adminOptions) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&o.socket, "admin-socket", admin.DefaultSocket, "the proxy's admin socket")
+	addOutputFlag(cmd, &o.output)
+}
+
+func (o *adminOptions) client() *admin.Client { return admin.NewClient(o.socket) }
+
+func newFenceCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "fence",
+		Short: "Turn the proxy's write fence on or off, or show it",
+	}
+	cmd.AddCommand(newFenceOnCommand(g), newFenceOffCommand(g), newFenceStatusCommand(g))
+	return cmd
+}
+
+type fenceOnOptions struct {
+	adminOptions
+	reason      string
+	waitTimeout time.Duration
+}
+
+func newFenceOnCommand(g *globals) *cobra.Command {
+	o := &fenceOnOptions{}
+	cmd := &cobra.Command{
+		Use:   "on",
+		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
+		Long: `Refuse writes from now on: reads and watches keep flowing, writes get 429 with Retry-After
+and a Kubernetes Status, so client-go writers wait and retry by themselves. The command returns
+once every write admitted before the fence has finished. If some are still running after
+--wait-timeout it lists them and exits 1; the fence stays on either way.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(o.output); err != nil {
+				return err
+			}
+			if o.waitTimeout <= 0 {
+				return UsageErrorf("--wait-timeout must be positive")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.waitTimeout+30*time.Second)
+			defer cancel()
+			resp, err := o.client().Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				if err := printJSON(g.streams.Out, resp); err != nil {
+					return err
+				}
+			} else {
+				printFenceOn(g.streams.Out, resp)
+			}
+			if b := resp.Barrier; b != nil && !b.Complete {
+				return fmt.Errorf("fence is ON, but %d write(s) admitted before it were still running after %s", len(b.Remaining), o.waitTimeout)
+			}
+			return nil
+		},
+	}
+	o.addFlags(cmd)
+	cmd.Flags().StringVar(&o.reason, "reason", "", "why the API is fenced (shown to refused clients and in status)")
+	cmd.Flags().DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "how long to wait for writes admitted before the fence to finish")
+	return cmd
+}
+
+func printFenceOn(w io.Writer, resp admin.FenceResponse) {
+	b := resp.Barrier
+	if b == nil {
+		fmt.Fprintln(w, "fence is ON")
+		return
+	}
+	if b.Complete {
+		fmt.Fprintf(w, "fence is ON (generation %d): writes refused; in-flight writes finished in %s\n",
+			resp.Status.Generation, time.Duration(b.Waited).Round(time.Microsecond))
+		return
+	}
+	fmt.Fprintf(w, "fence is ON (generation %d): writes refused; %d write(s) admitted before the fence still running:\n",
+		resp.Status.Generation, len(b.Remaining))
+	for _, r := range b.Remaining {
+		fmt.Fprintf(w, "  %s\n", describeInflight(r))
+	}
+}
+
+func describeInflight(r admin.InflightWrite) string {
+	s := r.Verb + " " + r.Resource
+	if r.Namespace != "" {
+		s += " -n " + r.Namespace
+	}
+	if r.Name != "" {
+		s += " " + r.Name
+	}
+	if r.User != "" {
+		s += " by " + r.User
+	}
+	if r.UserAgent != "" {
+		s += " (" + r.UserAgent + ")"
+	}
+	return fmt.Sprintf("%s, running %s", s, time.Duration(r.Running).Round(time.Millisecond))
+}
+
+func newFenceOffCommand(g *globals) *cobra.Command {
+	o := &adminOptions{}
+	cmd := &cobra.Command{
+		Use:   "off",
+		Short: "Reopen writes",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(o.output); err != nil {
+				return err
+			}
+			resp, err := o.client().Fence(cmd.Context(), admin.FenceRequest{Fenced: false})
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return printJSON(g.streams.Out, resp)
+			}
+			fmt.Fprintf(g.streams.Out, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
+			return nil
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+func newFenceStatusCommand(g *globals) *cobra.Command {
+	o := &adminOptions{}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the fence state, backend and live counters",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(o.output); err != nil {
+				return err
+			}
+			st, err := o.client().Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return printJSON(g.streams.Out, st)
+			}
+			printStatus(g.streams.Out, st)
+			return nil
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+func printStatus(w io.Writer, st admin.Status) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	state := "OPEN (writes flow)"
+	if st.Fenced {
+		state = "FENCED (writes refused with 429, Retry-After: " + fmt.Sprint(st.RetryAfterSeconds) + "s)"
+	}
+	fmt.Fprintf(tw, "fence:\t%s\n", state)
+	if st.Reason != "" {
+		fmt.Fprintf(tw, "reason:\t%s\n", st.Reason)
+	}
+	fmt.Fprintf(tw, "since:\t%s (generation %d)\n", st.ChangedAt.Format(time.RFC3339), st.Generation)
+	fmt.Fprintf(tw, "backend:\t%s\n", st.Backend)
+	fmt.Fprintf(tw, "in-flight writes:\t%d\n", st.InflightWrites)
+	fmt.Fprintf(tw, "open watches:\t%d\n", st.OpenWatches)
+	fmt.Fprintf(tw, "refused writes:\t%d (since the proxy started)\n", st.RefusedWrites)
+	_ = tw.Flush()
+}
+
+func newBackendCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "backend",
+		Short: "Switch the proxy to another kube-apiserver (only while fenced)",
+	}
+	cmd.AddCommand(newBackendSetCommand(g))
+	return cmd
+}
+
+type backendSetOptions struct {
+	adminOptions
+	caFile string
+}
+
+func newBackendSetCommand(g *globals) *cobra.Command {
+	o := &backendSetOptions{}
+	cmd := &cobra.Command{
+		Use:   "set URL",
+		Short: "Send new requests to the apiserver at URL and end watches on the old one",
+		Long: `Switch the proxy to the kube-apiserver at URL. Only while fenced: the proxy refuses otherwise.
+New requests go to URL at once. Watches open on the old backend end cleanly between two events
+(clients reconnect, to the new one); upgraded streams (exec, attach, port-forward) are closed.`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if err := validateOutput(o.output); err != nil {
+				return err
+			}
+			if !strings.HasPrefix(a[0], "https://") && !strings.HasPrefix(a[0], "http://") {
+				return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", a[0])
+			}
+			resp, err := o.client().SetBackend(cmd.Context(), admin.BackendRequest{URL: a[0], CAFile: o.caFile})
+			var apiErr *admin.APIError
+			if errors.As(err, &apiErr) && apiErr.Code == 409 {
+				return fmt.Errorf("backend not changed: %s", apiErr.Message)
+			}
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return printJSON(g.streams.Out, resp)
+			}
+			fmt.Fprintf(g.streams.Out, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
+				resp.Status.Backend, resp.Previous, resp.Drain.Streams, time.Duration(resp.Drain.Duration).Round(time.Millisecond))
+			if resp.Drain.Forced > 0 {
+				fmt.Fprintf(g.streams.Out, " (%d cut at --drain-timeout)", resp.Drain.Forced)
+			}
+			fmt.Fprintln(g.streams.Out)
+			return nil
+		},
+	}
+	o.addFlags(cmd)
+	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
+	return cmd
+}

@@ -1,0 +1,39 @@
+package cli
+
+import (
+	"errors"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubefence/kubefence/proxy"
+)
+
+func newProxyCommand(g *globals) *cobra.Command {
+	o := proxy.NewOptions()
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run the fencing reverse proxy in front of kube-apiserver",
+		Long: `Run the fencing reverse proxy. It stands where the API load balancer stood and forwards
+to one kube-apiserver (--upstream). 'kubefence fence on' makes it refuse writes with 429 +
+Retry-After while reads and watches flow; 'kubefence backend set' switches it to another
+apiserver while fenced; 'kubefence fence off' reopens writes. The fence state and backend are
+kept in --state-file, so a restarted proxy resumes them.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if errs := o.Validate(); len(errs) > 0 {
+				return usage(errors.Join(errs...))
+			}
+			cfg, err := o.Complete()
+			if err != nil {
+				return usage(err)
+			}
+			s, err := proxy.New(cfg, g.logger())
+			if err != nil {
+				return err
+			}
+			return s.Run(cmd.Context())
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}

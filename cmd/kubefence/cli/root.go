@@ -1,0 +1,147 @@
+// Package cli holds kubefence's cobra commands. Commands are thin: each has an Options struct with
+// Complete/Validate/Run, writes to injected streams, and returns errors; only main exits.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubefence/kubefence/internal/logging"
+)
+
+// Exit codes of the kubefence binary (documented in docs/cli.md).
+const (
+	// ExitOK: the command did what it was asked.
+	ExitOK = 0
+	// ExitFailure: the command ran and failed (a backend refused, a timeout expired, a check found
+	// a mismatch). What was left in place is said on stderr.
+	ExitFailure = 1
+	// ExitUsage: the command line or an input file is invalid; nothing was done.
+	ExitUsage = 2
+)
+
+// Streams are the command's input and outputs, injected so tests can use buffers.
+type Streams struct {
+	In     io.Reader
+	Out    io.Writer
+	ErrOut io.Writer
+}
+
+// usageError marks an error as the caller's (bad flags, arguments or input files): exit code 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// UsageErrorf returns an error that makes kubefence exit with ExitUsage.
+func UsageErrorf(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// globals are the options every command shares.
+type globals struct {
+	streams  Streams
+	logLevel string
+	log      *slog.Logger
+	logOut   *logging.BufferedWriter
+}
+
+// logger returns the process logger, built from --log-level on first use.
+func (g *globals) logger() *slog.Logger {
+	if g.log == nil {
+		level, _ := logging.ParseLevel(g.logLevel) // validated in PersistentPreRunE
+		g.logOut = logging.NewBufferedWriter(g.streams.ErrOut, 100*time.Millisecond)
+		g.log = logging.New(g.logOut, level)
+	}
+	return g.log
+}
+
+func (g *globals) close() {
+	if g.logOut != nil {
+		_ = g.logOut.Close()
+	}
+}
+
+// NewRootCommand builds the kubefence command tree.
+func NewRootCommand(streams Streams) (*cobra.Command, func()) {
+	g := &globals{streams: streams}
+	root := &cobra.Command{
+		Use:   "kubefence",
+		Short: "Move a Kubernetes control plane to a new etcd with a write fence instead of downtime",
+		Long: `kubefence moves a Kubernetes control plane to a new storage backend (a new etcd cluster,
+a new etcd version, etcd v2 data migrated to v3) while clients keep working.
+
+'kubefence proxy' stands where the API load balancer stood. 'kubefence fence on' makes it
+read-only: reads and watches flow, writes get 429 + Retry-After so client-go retries them by
+itself. While fenced the proxy can be switched to a new apiserver, then 'fence off' reopens writes.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := logging.ParseLevel(g.logLevel); err != nil {
+				return usage(err)
+			}
+			return nil
+		},
+	}
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
+	root.PersistentFlags().StringVarP(&g.logLevel, "log-level", "v", "info", "log level: debug, info, warn or error (logs go to stderr)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+
+	root.AddCommand(
+		newVersionCommand(g),
+		newProxyCommand(g),
+		newFenceCommand(g),
+		newBackendCommand(g),
+	)
+	return root, g.close
+}
+
+// Main runs kubefence with args and returns the process exit code.
+func Main(args []string, in io.Reader, out, errOut io.Writer) int {
+	root, closeLogs := NewRootCommand(Streams{In: in, Out: out, ErrOut: errOut})
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	closeLogs()
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintf(errOut, "error: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsageError(err) {
+		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", root.CommandPath())
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// isCobraUsageError recognises the one usage error cobra makes itself without passing it through
+// the flag error func or an Args validator: an unknown subcommand.
+func isCobraUsageError(err error) bool {
+	return strings.HasPrefix(err.Error(), "unknown command")
+}
+
+// args wraps a cobra argument validator so that its errors exit with ExitUsage.
+func args(v cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error { return usage(v(cmd, a)) }
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# e2e-deps.sh installs the real components the e2e tests, the demo and the benchmarks run:
+#   etcd 3.4.23 (Debian etcd-server/etcd-client: v2 API and `etcdctl migrate`),
+#   etcd/etcdctl/etcdutl 3.5.x and 3.6.x and kube-apiserver/kubectl 1.36.x, built from the Go
+#   module proxy by the tools modules under e2e/tools/, and (with --bench) HAProxy.
+# Binaries land in $KUBEFENCE_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin) as
+# <component>-<version>; an existing binary is reused, so a second run only checks.
+# It prints one line per component saying what it did.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${KUBEFENCE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin}
+mkdir -p "$bin"
+bench=0
+[ "${1:-}" = "--bench" ] && bench=1
+
+say() { printf 'e2e-deps: %s\n' "$*"; }
+
+# version_of MODDIR MODULE prints the version a tools module pins for MODULE.
+version_of() { (cd "$root/$1" && go list -m -f '{{.Version}}' "$2"); }
+
+apt_updated=0
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    say "need Debian packages $* but not root: run 'sudo apt-get install -y $*' and try again" >&2
+    exit 1
+  fi
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  # policy-rc.d keeps the package's own etcd service from starting: the tests start their own.
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# link_or_copy SRC DST puts SRC in the cache under its versioned name.
+link_or_copy() { ln -sf "$1" "$2"; }
+
+# etcd 3.4 from Debian.
+if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
+  apt_install etcd-server etcd-client
+  say "installed Debian etcd-server, etcd-client"
+fi
+v34=$(/usr/bin/etcd --version | awk '/etcd Version/ {print $3}')
+case "$v34" in
+  3.4.*) ;;
+  *) say "/usr/bin/etcd is $v34, want 3.4.x (Debian etcd-server)" >&2; exit 1 ;;
+esac
+link_or_copy /usr/bin/etcd "$bin/etcd-$v34"
+link_or_copy /usr/bin/etcdctl "$bin/etcdctl-$v34"
+say "etcd $v34 (Debian) -> $bin/etcd-$v34"
+
+# build_tools MODDIR VERSION LDFLAGS NAME=PKG... builds each PKG of a tools module as NAME-VERSION.
+build_tools() {
+  local dir=$1 ver=$2 ldflags=$3; shift 3
+  local missing=()
+  for pair in "$@"; do
+    local name=${pair%%=*}
+    [ -x "$bin/$name-$ver" ] || missing+=("$pair")
+  done
+  if [ ${#missing[@]} = 0 ]; then
+    say "cached: $(for p in "$@"; do printf '%s-%s ' "${p%%=*}" "$ver"; done)"
+    return
+  fi
+  local start=$SECONDS tmp
+  tmp=$(mktemp -d "$bin/.build-XXXXXX")
+  for pair in "${missing[@]}"; do
+    local name=${pair%%=*} pkg=${pair#*=}
+    (cd "$root/$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$pkg")
+    mv "$tmp/$name" "$bin/$name-$ver"
+  done
+  rmdir "$tmp"
+  say "built $(for p in "${missing[@]}"; do printf '%s-%s ' "${p%%=*}" "$ver"; done)in $((SECONDS - start)) s"
+}
+
+for m in 3.5 3.6; do
+  v=$(version_of "e2e/tools/etcd-$m" go.etcd.io/etcd/server/v3)
+  v=${v#v}
+  build_tools "e2e/tools/etcd-$m" "$v" "" \
+    etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3 etcdutl=go.etcd.io/etcd/etcdutl/v3
+done
+
+kv=$(version_of e2e/tools/kube k8s.io/kubernetes)
+kv=${kv#v}
+# Stamp the version the way Kubernetes' own build does, so /version and kubectl report 1.36.x.
+kldflags="-X k8s.io/component-base/version.gitVersion=v$kv -X k8s.io/component-base/version.gitMajor=${kv%%.*}"
+kldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$kv" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
+kldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=v$kv -X k8s.io/client-go/pkg/version.gitMajor=${kv%%.*}"
+kldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$(echo "$kv" | cut -d. -f2)"
+build_tools e2e/tools/kube "$kv" "$kldflags" \
+  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl
+
+if [ "$bench" = 1 ]; then
+  if ! command -v haproxy >/dev/null; then
+    apt_install haproxy
+    say "installed Debian haproxy"
+  fi
+  say "haproxy $(haproxy -v | awk 'NR==1 {print $3}')"
+fi
+say "binaries in $bin"

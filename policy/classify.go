@@ -1,0 +1,199 @@
+// Package policy decides, from a request alone, whether it may pass the write fence.
+//
+// It is pure: no I/O, no globals, no clock. Classify turns an *http.Request into Attributes with
+// k8s.io/apiserver's RequestInfoFactory plus the cases the verb alone gets wrong; Policy.Decide
+// applies the operator's rules and then the defaults. Anything the classifier does not recognise
+// is a write: the fence fails closed.
+package policy
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/endpoints/request"
+)
+
+// Class is what a request is for the fence.
+type Class uint8
+
+const (
+	// Write is anything that may change cluster state, and anything not recognised.
+	Write Class = iota
+	// Read is get, list and watch of resources, and GET/HEAD of the known read-only paths.
+	Read
+)
+
+func (c Class) String() string {
+	if c == Read {
+		return "read"
+	}
+	return "write"
+}
+
+// Attributes are what the fence knows of a request.
+type Attributes struct {
+	// Verb is the Kubernetes verb (get, list, watch, create, update, patch, delete,
+	// deletecollection, proxy), or the lower-case HTTP method for non-resource paths. Empty when
+	// the request could not be classified.
+	Verb              string
+	IsResourceRequest bool
+	APIGroup          string
+	APIVersion        string
+	Resource          string
+	Subresource       string
+	Namespace         string
+	Name              string
+	Path              string
+	// Upgrade is set for a protocol upgrade (WebSocket, SPDY).
+	Upgrade bool
+	// DryRun is set when every dryRun value is "All": the apiserver persists nothing.
+	DryRun bool
+	// Unknown says why the request's shape was not recognised (it is then a write).
+	Unknown string
+	// User and Groups are the authenticated client identity, when the proxy knows it.
+	User   string
+	Groups []string
+}
+
+// Class is the request's class before any rule: the fence's default view of it.
+func (a *Attributes) Class() Class {
+	if a.Unknown != "" {
+		return Write
+	}
+	if a.Upgrade && a.Verb != "watch" {
+		// exec, attach, port-forward and any aggregated API's streaming subresource.
+		return Write
+	}
+	if a.IsResourceRequest {
+		switch a.Subresource {
+		case "exec", "attach", "portforward", "proxy":
+			return Write
+		}
+		switch a.Verb {
+		case "get", "list", "watch":
+			return Read
+		}
+		return Write
+	}
+	if (a.Verb == "get" || a.Verb == "head") && readOnlyPath(a.Path) {
+		return Read
+	}
+	return Write
+}
+
+// Classifier classifies requests. The zero value is not usable; use NewClassifier.
+type Classifier struct {
+	info *request.RequestInfoFactory
+}
+
+// NewClassifier returns a classifier for the Kubernetes API prefixes /api and /apis.
+func NewClassifier() *Classifier {
+	return &Classifier{info: &request.RequestInfoFactory{
+		APIPrefixes:          sets.NewString("api", "apis"),
+		GrouplessAPIPrefixes: sets.NewString("api"),
+	}}
+}
+
+// Classify reads the request line and headers (never the body) and returns its attributes.
+func (c *Classifier) Classify(r *http.Request) Attributes {
+	a := Attributes{Path: r.URL.Path, Upgrade: isUpgrade(r.Header)}
+	if why := oddPath(r.URL); why != "" {
+		a.Unknown = why
+		return a
+	}
+	info, err := c.info.NewRequestInfo(r)
+	if err != nil {
+		a.Unknown = "request info: " + err.Error()
+		return a
+	}
+	a.Verb = info.Verb
+	a.IsResourceRequest = info.IsResourceRequest
+	a.APIGroup = info.APIGroup
+	a.APIVersion = info.APIVersion
+	a.Resource = info.Resource
+	a.Subresource = info.Subresource
+	a.Namespace = info.Namespace
+	a.Name = info.Name
+	if a.Verb == "" {
+		a.Unknown = "method " + r.Method + " has no Kubernetes verb"
+	}
+	a.DryRun = isDryRunAll(r.URL.RawQuery)
+	return a
+}
+
+// isUpgrade reports a protocol upgrade request (Connection: upgrade with an Upgrade header).
+func isUpgrade(h http.Header) bool {
+	if len(h["Upgrade"]) == 0 {
+		return false
+	}
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// oddPath returns why a path is not in the canonical shape the classifier trusts, or "".
+// Empty or dot segments and encoded slashes can be read differently by the apiserver's router
+// than by RequestInfoFactory, so such requests are writes whatever their method.
+func oddPath(u *url.URL) string {
+	p := u.Path
+	if p == "" || p[0] != '/' {
+		return "path does not start with /"
+	}
+	if u.RawPath != "" && strings.Contains(strings.ToLower(u.RawPath), "%2f") {
+		return "encoded slash in path"
+	}
+	rest := strings.TrimSuffix(p[1:], "/")
+	if rest == "" {
+		return ""
+	}
+	for seg := range strings.SplitSeq(rest, "/") {
+		switch seg {
+		case "":
+			return "empty path segment"
+		case ".", "..":
+			return "dot segment in path"
+		}
+	}
+	return ""
+}
+
+// readOnlyPaths are non-resource paths whose GET and HEAD change nothing.
+var readOnlyPrefixes = []string{"/healthz", "/livez", "/readyz", "/version", "/openapi", "/api", "/apis", "/metrics", "/.well-known/openid-configuration", "/openid/v1/jwks"}
+
+func readOnlyPath(p string) bool {
+	for _, prefix := range readOnlyPrefixes {
+		if p == prefix || p == prefix+"/" || strings.HasPrefix(p, prefix+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// isDryRunAll reports whether the query carries dryRun and every value of it is "All", the only
+// value the apiserver accepts. A query that does not parse cleanly is not a dry run.
+func isDryRunAll(rawQuery string) bool {
+	if !strings.Contains(rawQuery, "dryRun") {
+		return false
+	}
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return false
+	}
+	vals := q["dryRun"]
+	if len(vals) == 0 {
+		return false
+	}
+	for _, v := range vals {
+		if v != "All" {
+			return false
+		}
+	}
+	return true
+}

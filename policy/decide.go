@@ -1,0 +1,154 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Action is what a rule does with a request while the fence is on.
+type Action string
+
+const (
+	// Allow lets the request through the fence.
+	Allow Action = "allow"
+	// Refuse answers 429 without forwarding.
+	Refuse Action = "refuse"
+)
+
+// Decision is the fence's answer for one request.
+type Decision struct {
+	Class  Class
+	Allow  bool
+	// Reason says which rule or default decided, for logs and metrics.
+	Reason string
+}
+
+// Rule matches requests; an empty list matches anything. Values are exact, except "*" which
+// matches anything and, in Resources, "pods/*" style entries that match any subresource.
+type Rule struct {
+	Name         string   `yaml:"name" json:"name,omitempty"`
+	Action       Action   `yaml:"action" json:"action"`
+	Verbs        []string `yaml:"verbs" json:"verbs,omitempty"`
+	APIGroups    []string `yaml:"apiGroups" json:"apiGroups,omitempty"`
+	Resources    []string `yaml:"resources" json:"resources,omitempty"`
+	Namespaces   []string `yaml:"namespaces" json:"namespaces,omitempty"`
+	Users        []string `yaml:"users" json:"users,omitempty"`
+	Groups       []string `yaml:"groups" json:"groups,omitempty"`
+	NonResourceURLs []string `yaml:"nonResourceURLs" json:"nonResourceURLs,omitempty"`
+
+	line int
+}
+
+// Policy is an ordered list of rules, then the defaults. The zero value is the defaults alone.
+type Policy struct {
+	Rules []Rule
+}
+
+// reviewResources persist nothing: their create only asks the apiserver a question.
+var reviewResources = map[[2]string]bool{
+	{"authentication.k8s.io", "tokenreviews"}:              true,
+	{"authentication.k8s.io", "selfsubjectreviews"}:        true,
+	{"authorization.k8s.io", "subjectaccessreviews"}:       true,
+	{"authorization.k8s.io", "localsubjectaccessreviews"}:  true,
+	{"authorization.k8s.io", "selfsubjectaccessreviews"}:   true,
+	{"authorization.k8s.io", "selfsubjectrulesreviews"}:    true,
+}
+
+// Decide says whether a request may pass while the fence is on. Reads pass; writes are refused
+// unless a rule allows them or they are one of the default exemptions (review creates, dry runs).
+// The first matching rule wins.
+func (p *Policy) Decide(a *Attributes) Decision {
+	class := a.Class()
+	if a.Unknown != "" {
+		// Rules match on attributes an unrecognised request does not have: no rule applies.
+		return Decision{Class: Write, Reason: "unrecognised: " + a.Unknown}
+	}
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if r.matches(a) {
+			return Decision{Class: class, Allow: r.Action == Allow, Reason: "rule " + r.label(i)}
+		}
+	}
+	if class == Read {
+		return Decision{Class: Read, Allow: true, Reason: "read"}
+	}
+	if a.IsResourceRequest && a.Subresource == "" && !a.Upgrade {
+		if a.Verb == "create" && reviewResources[[2]string{a.APIGroup, a.Resource}] {
+			return Decision{Class: Write, Allow: true, Reason: "review"}
+		}
+		if a.DryRun {
+			return Decision{Class: Write, Allow: true, Reason: "dry-run"}
+		}
+	}
+	return Decision{Class: Write, Reason: "write"}
+}
+
+func (r *Rule) label(i int) string {
+	if r.Name != "" {
+		return fmt.Sprintf("%q", r.Name)
+	}
+	return fmt.Sprintf("#%d", i+1)
+}
+
+func (r *Rule) matches(a *Attributes) bool {
+	if !matchAny(r.Verbs, a.Verb) || !matchAny(r.Users, a.User) {
+		return false
+	}
+	if len(r.Groups) > 0 && !slices.ContainsFunc(a.Groups, func(g string) bool { return matchAny(r.Groups, g) }) {
+		return false
+	}
+	if a.IsResourceRequest {
+		if len(r.NonResourceURLs) > 0 {
+			return false
+		}
+		return matchAny(r.APIGroups, a.APIGroup) && matchAny(r.Namespaces, a.Namespace) && r.matchResource(a)
+	}
+	if len(r.APIGroups) > 0 || len(r.Resources) > 0 || len(r.Namespaces) > 0 {
+		return false
+	}
+	return matchPath(r.NonResourceURLs, a.Path)
+}
+
+func (r *Rule) matchResource(a *Attributes) bool {
+	if len(r.Resources) == 0 {
+		return true
+	}
+	full := a.Resource
+	if a.Subresource != "" {
+		full += "/" + a.Subresource
+	}
+	for _, want := range r.Resources {
+		switch {
+		case want == "*", want == full:
+			return true
+		case len(want) > 2 && want[len(want)-2:] == "/*" && a.Subresource != "" && want[:len(want)-2] == a.Resource:
+			return true
+		}
+	}
+	return false
+}
+
+func matchAny(list []string, v string) bool {
+	if len(list) == 0 {
+		return true
+	}
+	for _, w := range list {
+		if w == "*" || w == v {
+			return true
+		}
+	}
+	return false
+}
+
+// matchPath matches non-resource URLs exactly, or by prefix for entries ending in "*".
+func matchPath(list []string, p string) bool {
+	if len(list) == 0 {
+		return true
+	}
+	for _, w := range list {
+		if w == "*" || w == p || (len(w) > 0 && w[len(w)-1] == '*' && len(p) >= len(w)-1 && p[:len(w)-1] == w[:len(w)-1]) {
+			return true
+		}
+	}
+	return false
+}

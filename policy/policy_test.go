@@ -1,0 +1,288 @@
+package policy
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func req(method, target string, hdr ...string) *http.Request {
+	r := httptest.NewRequest(method, "https://kube.example"+target, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	return r
+}
+
+var upgradeWS = []string{"Connection", "Upgrade", "Upgrade", "websocket"}
+var upgradeSPDY = []string{"Connection", "Upgrade", "Upgrade", "SPDY/3.1"}
+
+// resourcePaths covers core, grouped, cluster-scoped and namespaced resources.
+var resourcePaths = []struct {
+	name, collection, item string
+}{
+	{"core namespaced", "/api/v1/namespaces/default/configmaps", "/api/v1/namespaces/default/configmaps/cm1"},
+	{"core cluster-scoped", "/api/v1/nodes", "/api/v1/nodes/n1"},
+	{"core namespaces", "/api/v1/namespaces", "/api/v1/namespaces/default"},
+	{"grouped namespaced", "/apis/apps/v1/namespaces/kube-system/deployments", "/apis/apps/v1/namespaces/kube-system/deployments/coredns"},
+	{"grouped cluster-scoped", "/apis/rbac.authorization.k8s.io/v1/clusterroles", "/apis/rbac.authorization.k8s.io/v1/clusterroles/admin"},
+	{"custom resource", "/apis/example.com/v1alpha1/namespaces/ns/widgets", "/apis/example.com/v1alpha1/namespaces/ns/widgets/w"},
+}
+
+func TestDefaultsEveryVerb(t *testing.T) {
+	type tc struct {
+		method, target string
+		verb           string
+		want           Class
+	}
+	var cases []tc
+	for _, p := range resourcePaths {
+		cases = append(cases,
+			tc{"GET", p.collection, "list", Read},
+			tc{"GET", p.collection + "?watch=true", "watch", Read},
+			tc{"GET", p.collection + "?watch=1&resourceVersion=10", "watch", Read},
+			tc{"GET", p.item, "get", Read},
+			tc{"HEAD", p.item, "get", Read},
+			tc{"POST", p.collection, "create", Write},
+			tc{"PUT", p.item, "update", Write},
+			tc{"PATCH", p.item, "patch", Write},
+			tc{"DELETE", p.item, "delete", Write},
+			tc{"DELETE", p.collection, "deletecollection", Write},
+			tc{"OPTIONS", p.item, "", Write},
+			tc{"PROPFIND", p.item, "", Write},
+			tc{"GET", p.item + "/status", "get", Read},
+			tc{"PUT", p.item + "/status", "update", Write},
+			tc{"PATCH", p.item + "/scale", "patch", Write},
+		)
+	}
+	pol := &Policy{}
+	for _, c := range cases {
+		t.Run(c.method+" "+c.target, func(t *testing.T) {
+			a := NewClassifier().Classify(req(c.method, c.target))
+			if a.Verb != c.verb {
+				t.Errorf("verb = %q, want %q", a.Verb, c.verb)
+			}
+			d := pol.Decide(&a)
+			if d.Class != c.want || d.Allow != (c.want == Read) {
+				t.Errorf("decision = %+v, want class %v allow %v", d, c.want, c.want == Read)
+			}
+		})
+	}
+}
+
+func TestDefaultsSpecialCases(t *testing.T) {
+	cases := []struct {
+		name   string
+		r      *http.Request
+		allow  bool
+		reason string
+	}{
+		// Streaming subresources are writes whatever the verb says.
+		{"exec websocket", req("GET", "/api/v1/namespaces/ns/pods/p/exec?command=sh&stdin=true", upgradeWS...), false, "write"},
+		{"exec spdy post", req("POST", "/api/v1/namespaces/ns/pods/p/exec?command=sh", upgradeSPDY...), false, "write"},
+		{"exec without upgrade", req("GET", "/api/v1/namespaces/ns/pods/p/exec"), false, "write"},
+		{"attach websocket", req("GET", "/api/v1/namespaces/ns/pods/p/attach", upgradeWS...), false, "write"},
+		{"portforward websocket", req("GET", "/api/v1/namespaces/ns/pods/p/portforward?ports=80", upgradeWS...), false, "write"},
+		{"portforward spdy", req("POST", "/api/v1/namespaces/ns/pods/p/portforward", upgradeSPDY...), false, "write"},
+		{"aggregated streaming subresource", req("GET", "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/vm/console", upgradeWS...), false, "write"},
+		{"node proxy", req("GET", "/api/v1/nodes/n1/proxy/stats/summary"), false, "write"},
+		{"service proxy", req("GET", "/api/v1/namespaces/ns/services/svc:80/proxy/"), false, "write"},
+		{"pod proxy", req("GET", "/api/v1/namespaces/ns/pods/p/proxy/metrics"), false, "write"},
+		{"legacy proxy verb", req("GET", "/api/v1/proxy/namespaces/ns/pods/p/"), false, "write"},
+		{"pod log", req("GET", "/api/v1/namespaces/ns/pods/p/log?follow=true"), true, "read"},
+		{"websocket watch", req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), true, "read"},
+		{"legacy watch path", req("GET", "/api/v1/watch/namespaces/ns/pods"), true, "read"},
+		{"watch then unwatch", req("GET", "/api/v1/pods?watch=true&watch=false"), true, "read"},
+		// Reviews persist nothing.
+		{"tokenreview", req("POST", "/apis/authentication.k8s.io/v1/tokenreviews"), true, "review"},
+		{"selfsubjectreview", req("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews"), true, "review"},
+		{"subjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews"), true, "review"},
+		{"localsubjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/namespaces/ns/localsubjectaccessreviews"), true, "review"},
+		{"selfsubjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), true, "review"},
+		{"selfsubjectrulesreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"), true, "review"},
+		{"review kind in wrong group", req("POST", "/apis/example.com/v1/tokenreviews"), false, "write"},
+		{"delete of a review", req("DELETE", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x"), false, "write"},
+		{"token request", req("POST", "/api/v1/namespaces/ns/serviceaccounts/default/token"), false, "write"},
+		// Dry runs persist nothing.
+		{"dry run create", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun=All"), true, "dry-run"},
+		{"dry run patch", req("PATCH", "/apis/apps/v1/namespaces/ns/deployments/d?fieldManager=x&dryRun=All"), true, "dry-run"},
+		{"dry run twice", req("DELETE", "/api/v1/namespaces/ns/configmaps/c?dryRun=All&dryRun=All"), true, "dry-run"},
+		{"dry run mixed", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun=All&dryRun=None"), false, "write"},
+		{"dry run lower case", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun=all"), false, "write"},
+		{"dry run empty", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun="), false, "write"},
+		{"dry run other key case", req("POST", "/api/v1/namespaces/ns/configmaps?dryrun=All"), false, "write"},
+		{"dry run bad query", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun=All;x=1"), false, "write"},
+		{"dry run subresource", req("POST", "/api/v1/namespaces/ns/pods/p/eviction?dryRun=All"), false, "write"},
+		// Non-resource paths.
+		{"healthz", req("GET", "/healthz"), true, "read"},
+		{"healthz check", req("GET", "/healthz/etcd"), true, "read"},
+		{"livez", req("GET", "/livez?verbose"), true, "read"},
+		{"readyz", req("HEAD", "/readyz"), true, "read"},
+		{"version", req("GET", "/version"), true, "read"},
+		{"openapi v2", req("GET", "/openapi/v2"), true, "read"},
+		{"openapi v3", req("GET", "/openapi/v3/apis/apps/v1"), true, "read"},
+		{"api discovery", req("GET", "/api"), true, "read"},
+		{"api version discovery", req("GET", "/api/v1"), true, "read"},
+		{"apis discovery", req("GET", "/apis"), true, "read"},
+		{"group discovery", req("GET", "/apis/apps"), true, "read"},
+		{"group version discovery", req("GET", "/apis/apps/v1"), true, "read"},
+		{"metrics", req("GET", "/metrics"), true, "read"},
+		{"oidc discovery", req("GET", "/.well-known/openid-configuration"), true, "read"},
+		{"post healthz", req("POST", "/healthz"), false, "write"},
+		{"put version", req("PUT", "/version"), false, "write"},
+		{"unknown non-resource get", req("GET", "/logs/kube-apiserver.log"), false, "write"},
+		{"debug flags put", req("PUT", "/debug/flags/v"), false, "write"},
+		{"apis prefix lookalike", req("GET", "/apisx"), false, "write"},
+		// Odd shapes.
+		{"double slash", req("GET", "//api/v1/namespaces"), false, "unrecognised: empty path segment"},
+		{"double slash write", req("POST", "//api/v1/namespaces/ns/configmaps"), false, "unrecognised: empty path segment"},
+		{"empty segment inside", req("GET", "/api/v1//namespaces"), false, "unrecognised: empty path segment"},
+		{"dot dot", req("GET", "/api/v1/namespaces/ns/configmaps/../pods/p/exec"), false, "unrecognised: dot segment in path"},
+		{"encoded slash", req("GET", "/api/v1/namespaces/ns/pods/p%2Fexec"), false, "unrecognised: encoded slash in path"},
+		{"encoded letters", req("GET", "/api/v1/namespaces/ns/pods/p/ex%65c"), false, "write"},
+		{"trailing slash read", req("GET", "/api/v1/namespaces/"), true, "read"},
+		{"trailing slash write", req("POST", "/api/v1/namespaces/ns/configmaps/"), false, "write"},
+		{"trailing slash review", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/"), true, "review"},
+	}
+	pol := &Policy{}
+	c := NewClassifier()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := c.Classify(tc.r)
+			d := pol.Decide(&a)
+			if d.Allow != tc.allow || d.Reason != tc.reason {
+				t.Errorf("%s %s: decision %+v (attrs %+v), want allow=%v reason=%q", tc.r.Method, tc.r.URL, d, a, tc.allow, tc.reason)
+			}
+		})
+	}
+}
+
+func TestRules(t *testing.T) {
+	pol, err := Parse([]byte(`apiVersion: kubefence.io/v1alpha1
+kind: FencePolicy
+rules:
+- name: leader-election
+  action: allow
+  verbs: [get, create, update]
+  apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  namespaces: [kube-system]
+- name: no-secret-reads
+  action: refuse
+  resources: [secrets]
+- name: evictions
+  action: allow
+  resources: ["pods/*"]
+  groups: [system:masters]
+- name: flags
+  action: allow
+  nonResourceURLs: ["/debug/flags/*"]
+- action: allow
+  users: [system:kube-scheduler]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClassifier()
+	cases := []struct {
+		name   string
+		r      *http.Request
+		user   string
+		groups []string
+		allow  bool
+		reason string
+	}{
+		{"lease update allowed", req("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-controller-manager"), "", nil, true, `rule "leader-election"`},
+		{"lease in other namespace", req("PUT", "/apis/coordination.k8s.io/v1/namespaces/default/leases/x"), "", nil, false, "write"},
+		{"lease delete not listed", req("DELETE", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x"), "", nil, false, "write"},
+		{"secret read refused", req("GET", "/api/v1/namespaces/ns/secrets/s"), "", nil, false, `rule "no-secret-reads"`},
+		{"eviction by group", req("POST", "/api/v1/namespaces/ns/pods/p/eviction"), "u", []string{"a", "system:masters"}, true, `rule "evictions"`},
+		{"eviction without group", req("POST", "/api/v1/namespaces/ns/pods/p/eviction"), "u", []string{"a"}, false, "write"},
+		{"pods itself not matched by pods/*", req("DELETE", "/api/v1/namespaces/ns/pods/p"), "u", []string{"system:masters"}, false, "write"},
+		{"non-resource rule", req("PUT", "/debug/flags/v"), "", nil, true, `rule "flags"`},
+		{"non-resource rule does not match resources", req("PUT", "/api/v1/namespaces/ns/configmaps/debug"), "", nil, false, "write"},
+		{"by user", req("POST", "/api/v1/namespaces/ns/events"), "system:kube-scheduler", nil, true, "rule #5"},
+		{"unknown shape ignores rules", req("POST", "//api/v1/namespaces/ns/events"), "system:kube-scheduler", nil, false, "unrecognised: empty path segment"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := c.Classify(tc.r)
+			a.User, a.Groups = tc.user, tc.groups
+			d := pol.Decide(&a)
+			if d.Allow != tc.allow || d.Reason != tc.reason {
+				t.Errorf("decision %+v, want allow=%v reason=%s", d, tc.allow, tc.reason)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"empty", "", []string{"empty document"}},
+		{"syntax", "apiVersion: kubefence.io/v1alpha1\nkind: [\n", []string{"line 2"}},
+		{"unknown field", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- action: allow\n  verb: [get]\n", []string{"line 5", "field verb not found"}},
+		{"wrong kind and version", "apiVersion: v1\nkind: Policy\nrules: []\n", []string{`line 1: apiVersion "v1"`, `line 2: kind "Policy"`}},
+		{"bad rules", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- action: permit\n- name: x\n  action: allow\n  verbs: [frobnicate]\n- action: refuse\n  resources: [a/b/c]\n  nonResourceURLs: [healthz]\n",
+			[]string{`line 4: rule #1: action "permit"`, `line 5: rule "x": verb "frobnicate"`, `line 8: rule #3: nonResourceURLs cannot`, `line 8: rule #3: nonResourceURL "healthz"`, `line 8: rule #3: resource "a/b/c"`}},
+		{"missing action", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- verbs: [get]\n", []string{"line 4: rule #1: action is missing"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// FuzzClassify checks that classification never panics and that nothing but a plain GET or HEAD
+// of a recognised shape is ever called a read.
+func FuzzClassify(f *testing.F) {
+	for _, s := range []string{"/api/v1/pods", "/api/v1/namespaces/a/pods/b/exec", "//api", "/apis/apps/v1/namespaces/x/deployments?watch=true&watch=false", "/api/v1/nodes/n/proxy", "/healthz", "/%2F", "/api/v1/namespaces/ns/pods/p/ex%65c"} {
+		for _, m := range []string{"GET", "POST", "HEAD", "PATCH"} {
+			f.Add(m, s, false)
+			f.Add(m, s, true)
+		}
+	}
+	c := NewClassifier()
+	pol := &Policy{}
+	f.Fuzz(func(t *testing.T, method, target string, upgrade bool) {
+		r, err := http.NewRequest(method, "https://kube.example"+target, nil)
+		if err != nil || r.URL.Host != "kube.example" {
+			return
+		}
+		if upgrade {
+			r.Header.Set("Connection", "Upgrade")
+			r.Header.Set("Upgrade", "websocket")
+		}
+		a := c.Classify(r)
+		d := pol.Decide(&a)
+		if d.Class != Read {
+			return
+		}
+		if r.Method != "GET" && r.Method != "HEAD" {
+			t.Fatalf("%s %q classified as read: %+v", method, target, a)
+		}
+		if a.Unknown != "" || (upgrade && a.Verb != "watch") {
+			t.Fatalf("%q classified as read: %+v", target, a)
+		}
+		switch a.Subresource {
+		case "exec", "attach", "portforward", "proxy":
+			t.Fatalf("%q classified as read: %+v", target, a)
+		}
+		if strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/../") || strings.Contains(r.URL.Path, "/./") {
+			t.Fatalf("odd path %q classified as read", r.URL.Path)
+		}
+	})
+}

@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// defaultWaitTimeout bounds the barrier when a fence request gives none.
+const defaultWaitTimeout = 30 * time.Second
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.Status())
+	})
+	mux.HandleFunc("POST /v1/fence", func(w http.ResponseWriter, r *http.Request) {
+		var req admin.FenceRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		var resp admin.FenceResponse
+		var err error
+		if req.Fenced {
+			wait := time.Duration(req.WaitTimeout)
+			if wait <= 0 {
+				wait = defaultWaitTimeout
+			}
+			resp, err = s.FenceOn(r.Context(), req.Reason, wait)
+		} else {
+			resp, err = s.FenceOff()
+		}
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, admin.Error{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
+	})
+	mux.HandleFunc("POST /v1/backend", func(w http.ResponseWriter, r *http.Request) {
+		var req admin.BackendRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		resp, err := s.SetBackend(req.URL, req.CAFile)
+		switch {
+		case errors.Is(err, ErrNotFenced):
+			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
+		case err != nil:
+			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})
+		default:
+			writeJSON(w, http.StatusOK, resp)
+		}
+	})
+	return mux
+}
+
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeJSON(w, http.StatusBadRequest, admin.Error{Error: "bad request body: " + err.Error()})
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,208 @@
+// Package admin is the kubefence proxy's admin API: the JSON types on the wire and a client for
+// the unix socket. The CLI (fence, backend) and the cutover use the client; the proxy serves it.
+//
+// The API (all JSON; errors are {"error": "..."} with a 4xx/5xx status):
+//
+//	GET  /v1/status                         → Status
+//	POST /v1/fence    FenceRequest          → FenceResponse
+//	POST /v1/backend  BackendRequest        → BackendResponse   (409 unless fenced)
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// DefaultSocket is where the proxy listens for admin requests unless --admin-socket says otherwise.
+const DefaultSocket = "/run/kubefence/admin.sock"
+
+// Status is the proxy's acknowledged state and live counters.
+type Status struct {
+	Fenced     bool      `json:"fenced"`
+	Reason     string    `json:"reason,omitempty"`
+	Backend    string    `json:"backend"`
+	Generation uint64    `json:"generation"`
+	ChangedAt  time.Time `json:"changedAt"`
+	// InflightWrites are writes forwarded and not yet answered.
+	InflightWrites int `json:"inflightWrites"`
+	// OpenWatches are watches open through the proxy; OpenStreams counts watches and upgraded
+	// connections open on the active backend.
+	OpenWatches int64 `json:"openWatches"`
+	OpenStreams int   `json:"openStreams"`
+	// RefusedWrites counts 429s since the proxy started.
+	RefusedWrites uint64 `json:"refusedWrites"`
+	// RetryAfterSeconds is what refused clients are told.
+	RetryAfterSeconds int `json:"retryAfterSeconds"`
+}
+
+// FenceRequest turns the fence on or off.
+type FenceRequest struct {
+	Fenced bool   `json:"fenced"`
+	Reason string `json:"reason,omitempty"`
+	// WaitTimeout bounds the barrier: how long fence on waits for writes admitted before it.
+	WaitTimeout Duration `json:"waitTimeout,omitempty"`
+}
+
+// InflightWrite describes a write still running when the barrier timed out.
+type InflightWrite struct {
+	Verb      string   `json:"verb"`
+	Resource  string   `json:"resource,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
+	Name      string   `json:"name,omitempty"`
+	User      string   `json:"user,omitempty"`
+	UserAgent string   `json:"userAgent,omitempty"`
+	Running   Duration `json:"running"`
+}
+
+// Barrier says how fence on's wait for in-flight writes ended.
+type Barrier struct {
+	// Complete is true when every write admitted before the fence had finished.
+	Complete  bool            `json:"complete"`
+	Waited    Duration        `json:"waited"`
+	Remaining []InflightWrite `json:"remaining,omitempty"`
+}
+
+// FenceResponse is the state after the change, and for fence on the barrier's outcome.
+type FenceResponse struct {
+	Status  Status   `json:"status"`
+	Barrier *Barrier `json:"barrier,omitempty"`
+}
+
+// BackendRequest switches the proxy to another apiserver.
+type BackendRequest struct {
+	URL string `json:"url"`
+	// CAFile verifies the new backend's serving certificate; empty keeps the current one.
+	CAFile string `json:"caFile,omitempty"`
+}
+
+// Drain says how the long-running requests on the previous backend ended.
+type Drain struct {
+	Streams  int      `json:"streams"`
+	Forced   int      `json:"forced"`
+	Duration Duration `json:"duration"`
+}
+
+// BackendResponse is the state after a backend change.
+type BackendResponse struct {
+	Status   Status `json:"status"`
+	Previous string `json:"previous"`
+	Drain    Drain  `json:"drain"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// Duration is a time.Duration that reads and writes as a Go duration string ("1.5s").
+type Duration time.Duration
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Client talks to a proxy's admin API.
+type Client struct {
+	hc   *http.Client
+	base string
+}
+
+// NewClient returns a client for the admin API on a unix socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		DisableKeepAlives: true,
+	}
+	return &Client{hc: &http.Client{Transport: tr}, base: "http://kubefence"}
+}
+
+// Status returns the proxy's state.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	return st, err
+}
+
+// Fence turns the fence on or off. For fence on the answer arrives after the barrier.
+func (c *Client) Fence(ctx context.Context, req FenceRequest) (FenceResponse, error) {
+	var resp FenceResponse
+	err := c.do(ctx, http.MethodPost, "/v1/fence", req, &resp)
+	return resp, err
+}
+
+// SetBackend switches the proxy to another apiserver; the proxy must be fenced.
+func (c *Client) SetBackend(ctx context.Context, req BackendRequest) (BackendResponse, error) {
+	var resp BackendResponse
+	err := c.do(ctx, http.MethodPost, "/v1/backend", req, &resp)
+	return resp, err
+}
+
+// APIError is an error answered by the proxy.
+type APIError struct {
+	Code    int
+	Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// ErrUnreachable wraps a failure to reach the admin socket at all.
+var ErrUnreachable = errors.New("cannot reach the kubefence admin socket")
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket the same?): %v", ErrUnreachable, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("read admin answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e Error
+		if json.Unmarshal(data, &e) == nil && e.Error != "" {
+			return &APIError{Code: resp.StatusCode, Message: e.Error}
+		}
+		return &APIError{Code: resp.StatusCode, Message: fmt.Sprintf("admin API answered %s", resp.Status)}
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode admin answer: %w", err)
+	}
+	return nil
+}

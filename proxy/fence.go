@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// ErrNotFenced is returned by a backend change while writes are open (invariant 3).
+var ErrNotFenced = errors.New("the backend can be changed only while fenced: run 'kubefence fence on' first")
+
+// gate is the fence state machine (open ↔ fenced) and the write barrier.
+//
+// A write is admitted under mu.RLock, after checking the state, and registered in inflight; a
+// flip takes mu.Lock. So once a flip to fenced has returned from mu.Lock, no later write can be
+// admitted, and the writes admitted before it are exactly those in inflight: the barrier waits
+// for them to drain. The state is persisted before it is published (invariant 5).
+type gate struct {
+	mu     sync.RWMutex
+	fenced atomic.Bool // read without mu on the refusal fast path
+	state  State       // guarded by mu
+	store  *stateStore
+	now    func() time.Time
+
+	inflight inflightSet
+}
+
+// admitWrite registers a write that arrives while the fence is open. It returns false, and
+// registers nothing, when the fence is on.
+func (g *gate) admitWrite(w inflightWrite) (release func(), ok bool) {
+	if g.fenced.Load() {
+		return nil, false
+	}
+	g.mu.RLock()
+	if g.fenced.Load() {
+		g.mu.RUnlock()
+		return nil, false
+	}
+	id := g.inflight.add(w)
+	g.mu.RUnlock()
+	var once sync.Once
+	return func() { once.Do(func() { g.inflight.remove(id) }) }, true
+}
+
+// current returns the acknowledged state.
+func (g *gate) current() State {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.state
+}
+
+// update applies change to a copy of the state, persists it, then publishes it. A failed save
+// changes nothing.
+func (g *gate) update(change func(*State) error) (State, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next := g.state
+	if err := change(&next); err != nil {
+		return g.state, err
+	}
+	next.Generation = g.state.Generation + 1
+	next.ChangedAt = g.now().UTC()
+	if err := g.store.save(next); err != nil {
+		return g.state, fmt.Errorf("state not changed: %w", err)
+	}
+	g.state = next
+	g.fenced.Store(next.Fenced)
+	return next, nil
+}
+
+// waitWrites waits until no admitted write is running, or until timeout.
+func (g *gate) waitWrites(ctx context.Context, timeout time.Duration) admin.Barrier {
+	start := g.now()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		empty := g.inflight.emptyCh()
+		if empty == nil {
+			return admin.Barrier{Complete: true, Waited: admin.Duration(g.now().Sub(start))}
+		}
+		select {
+		case <-empty:
+		case <-ctx.Done():
+			return admin.Barrier{Waited: admin.Duration(g.now().Sub(start)), Remaining: g.inflight.list(g.now())}
+		}
+	}
+}
+
+// inflightWrite describes an admitted write for the barrier's report.
+type inflightWrite struct {
+	verb, resource, namespace, name, user, userAgent string
+	start                                            time.Time
+}
+
+// inflightSet holds the admitted writes that have not finished.
+type inflightSet struct {
+	mu    sync.Mutex
+	next  uint64
+	m     map[uint64]inflightWrite
+	empty chan struct{} // closed when m becomes empty; nil while nobody waits
+}
+
+func (s *inflightSet) add(w inflightWrite) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[uint64]inflightWrite)
+	}
+	s.next++
+	s.m[s.next] = w
+	return s.next
+}
+
+func (s *inflightSet) remove(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+	if len(s.m) == 0 && s.empty != nil {
+		close(s.empty)
+		s.empty = nil
+	}
+}
+
+// emptyCh returns nil when the set is empty, else a channel closed when it becomes empty.
+func (s *inflightSet) emptyCh() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.m) == 0 {
+		return nil
+	}
+	if s.empty == nil {
+		s.empty = make(chan struct{})
+	}
+	return s.empty
+}
+
+func (s *inflightSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+func (s *inflightSet) list(now time.Time) []admin.InflightWrite {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]admin.InflightWrite, 0, len(s.m))
+	for _, w := range s.m {
+		out = append(out, admin.InflightWrite{Verb: w.verb, Resource: w.resource, Namespace: w.namespace, Name: w.name, User: w.user, UserAgent: w.userAgent, Running: admin.Duration(now.Sub(w.start))})
+	}
+	slices.SortFunc(out, func(a, b admin.InflightWrite) int { return int(b.Running - a.Running) })
+	return out
+}

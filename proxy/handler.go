@@ -1,0 +1,326 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+// reqState is what the filters learn about one request; it rides in the request context.
+type reqState struct {
+	attrs   policy.Attributes
+	backend *backend
+	stream  *stream // for watches and upgrades
+	release func()  // ends the request's registration as an in-flight write, if any
+	refused bool
+}
+
+type reqStateKey struct{}
+
+func withReqState(ctx context.Context, st *reqState) context.Context {
+	return context.WithValue(ctx, reqStateKey{}, st)
+}
+
+func reqStateFrom(ctx context.Context) *reqState {
+	st, _ := ctx.Value(reqStateKey{}).(*reqState)
+	return st
+}
+
+// buildHandler assembles the request path once, innermost first, so that reading it bottom-up
+// is the order a request goes through.
+func (s *Server) buildHandler() http.Handler {
+	var h http.Handler = s.reverseProxy()
+	h = s.withBackend(h)
+	h = withIdentityHeaders(h, s.identityHeaders)
+	h = s.withFence(h)
+	h = s.withAccounting(h)
+	h = s.withAttributes(h)
+	h = s.withRecover(h)
+	return h
+}
+
+// withRecover turns a panic in the request path into a 500 Status and a log line; the proxy
+// keeps serving. http.ErrAbortHandler, the way to abort a response, passes through.
+func (s *Server) withRecover(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
+				writeStatus(w, http.StatusInternalServerError, "InternalError", "kubefence: internal error serving this request", 0)
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// withAttributes classifies the request from its line and headers.
+func (s *Server) withAttributes(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := &reqState{attrs: s.classifier.Classify(r)}
+		next.ServeHTTP(w, r.WithContext(withReqState(r.Context(), st)))
+	})
+}
+
+// withAccounting counts every request by class, decision and status code.
+func (s *Server) withAccounting(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := reqStateFrom(r.Context())
+		rw := &statusWriter{ResponseWriter: w}
+		watch := st.attrs.Verb == "watch"
+		if watch {
+			s.openWatches.Add(1)
+		}
+		defer func() {
+			if watch {
+				s.openWatches.Add(-1)
+			}
+			decision := "forwarded"
+			if st.refused {
+				decision = "refused"
+			}
+			code := rw.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			s.metrics.requests.WithLabelValues(st.attrs.Class().String(), decision, statusText(code)).Inc()
+		}()
+		next.ServeHTTP(rw, r)
+	})
+}
+
+// withFence refuses what the policy refuses while the fence is on, and registers the writes it
+// admits while open so that 'fence on' can wait for them. It decides before forwarding: a
+// refused request is never sent anywhere (invariant 4).
+func (s *Server) withFence(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := reqStateFrom(r.Context())
+		a := &st.attrs
+		if a.Class() == policy.Write {
+			release, ok := s.gate.admitWrite(inflightWrite{
+				verb: a.Verb, resource: resourceString(a), namespace: a.Namespace, name: a.Name,
+				user: a.User, userAgent: r.UserAgent(), start: time.Now(),
+			})
+			if ok {
+				st.release = release
+				defer release()
+				next.ServeHTTP(w, r)
+				return
+			}
+		} else if !s.gate.fenced.Load() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		d := s.policy.Decide(a)
+		if !d.Allow {
+			s.refuse(w, r, st, d)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
+	st.refused = true
+	s.metrics.refusedWrites.Inc()
+	s.refusedTotal.Add(1)
+	a := &st.attrs
+	s.log.Info("refused write: fence is on", "verb", a.Verb, "resource", resourceString(a), "namespace", a.Namespace,
+		"name", a.Name, "user", a.User, "userAgent", r.UserAgent(), "why", d.Reason)
+	body := *s.refusal.Load()
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Retry-After"] = []string{s.retryAfterValue}
+	h["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+}
+
+// identityHeaderPrefixes are the request-header authentication headers the apiserver may trust.
+// A client must never be able to set them: they are removed from every request.
+var defaultIdentityHeaders = []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-"}
+
+// withIdentityHeaders removes client-supplied identity headers, matching names case-insensitively
+// (a name ending in "-" is a prefix).
+func withIdentityHeaders(next http.Handler, names []string) http.Handler {
+	exact := map[string]bool{}
+	var prefixes []string
+	for _, n := range names {
+		c := http.CanonicalHeaderKey(n)
+		if strings.HasSuffix(n, "-") {
+			prefixes = append(prefixes, strings.ToLower(n))
+		} else {
+			exact[c] = true
+		}
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k := range r.Header {
+			if exact[k] {
+				delete(r.Header, k)
+				continue
+			}
+			for _, p := range prefixes {
+				if len(k) >= len(p) && strings.EqualFold(k[:len(p)], p) {
+					delete(r.Header, k)
+					break
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// withBackend picks the active backend for the request and, for a watch or an upgrade,
+// registers it so that a backend switch can end it.
+func (s *Server) withBackend(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := reqStateFrom(r.Context())
+		if st.attrs.Verb != "watch" && !st.attrs.Upgrade {
+			st.backend = s.active.Load()
+			next.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		st.stream = &stream{cancel: cancel}
+		for {
+			b := s.active.Load()
+			if err := b.track(st.stream); err != nil {
+				continue // switched away just now: the next load sees the new backend
+			}
+			st.backend = b
+			defer b.untrack(st.stream)
+			break
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+func (s *Server) reverseProxy() http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(reqStateFrom(pr.In.Context()).backend.url)
+			pr.SetXForwarded()
+		},
+		Transport: roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			start := time.Now()
+			resp, err := reqStateFrom(req.Context()).backend.transport.RoundTrip(req)
+			s.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
+			return resp, err
+		}),
+		ModifyResponse: func(resp *http.Response) error {
+			st := reqStateFrom(resp.Request.Context())
+			switch {
+			case resp.StatusCode == http.StatusSwitchingProtocols && st.release != nil:
+				// An upgraded stream (exec, attach, port-forward) persists nothing through etcd once
+				// established; the barrier waits for request/response writes, not for sessions.
+				st.release()
+			case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
+				wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(resp.Header.Get("Content-Type")))
+				st.stream.mu.Lock()
+				st.stream.body = wb
+				st.stream.mu.Unlock()
+				resp.Body = wb
+			}
+			return nil
+		},
+		ErrorHandler: s.upstreamError,
+		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+}
+
+// upstreamError turns every backend failure into a Kubernetes Status in one place: 499 when the
+// client went away, 504 on a timeout, 502 otherwise. A request that never left (the dial failed)
+// carries Retry-After, so client-go retries it; one that may have reached the backend does not,
+// so a write is never applied twice by our doing.
+func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	st := reqStateFrom(r.Context())
+	backendURL := st.backend.url.String()
+	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+		s.log.Debug("client went away before the backend answered", "path", r.URL.Path, "backend", backendURL)
+		w.WriteHeader(499)
+		return
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		s.log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
+		writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver "+backendURL+" timed out", 0)
+		return
+	}
+	retry := 0
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		retry = 1
+	}
+	s.log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)
+	writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver "+backendURL+" is unreachable: "+err.Error(), retry)
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// statusWriter records the status code; Unwrap lets http.ResponseController reach Flush and
+// Hijack on the underlying writer (watches and upgrades need both).
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush is here as well as through Unwrap because ReverseProxy's upgrade path checks for it.
+func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+func resourceString(a *policy.Attributes) string {
+	if !a.IsResourceRequest {
+		return a.Path
+	}
+	r := a.Resource
+	if a.APIGroup != "" {
+		r += "." + a.APIGroup
+	}
+	if a.Subresource != "" {
+		r += "/" + a.Subresource
+	}
+	return r
+}
+
+var statusTexts = func() map[int]string {
+	m := map[int]string{}
+	for c := 100; c < 600; c++ {
+		m[c] = strconv.Itoa(c)
+	}
+	return m
+}()
+
+func statusText(code int) string {
+	if s, ok := statusTexts[code]; ok {
+		return s
+	}
+	return strconv.Itoa(code)
+}

@@ -1,0 +1,83 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the proxy's Prometheus metrics, on a registry of its own (no globals).
+type metrics struct {
+	registry *prometheus.Registry
+
+	requests         *prometheus.CounterVec // class, decision, code
+	refusedWrites    prometheus.Counter
+	upstreamDuration prometheus.Histogram
+	fenceChanges     prometheus.Counter
+	backendSwitches  prometheus.Counter
+	drainForced      prometheus.Counter
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{registry: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kubefence_requests_total",
+		Help: "Requests handled, by class (read, write), decision (forwarded, refused) and HTTP status code.",
+	}, []string{"class", "decision", "code"})
+	m.refusedWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kubefence_refused_writes_total",
+		Help: "Requests refused with 429 because the fence is on.",
+	})
+	m.upstreamDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kubefence_upstream_duration_seconds",
+		Help:    "Time from sending a request to the backend to receiving its response headers.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
+	m.fenceChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kubefence_fence_changes_total",
+		Help: "Acknowledged fence on/off changes.",
+	})
+	m.backendSwitches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kubefence_backend_switches_total",
+		Help: "Acknowledged backend changes.",
+	})
+	m.drainForced = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kubefence_drain_forced_total",
+		Help: "Long-running requests cut (not ended cleanly) when switching away from a backend.",
+	})
+	m.registry.MustRegister(m.requests, m.refusedWrites, m.upstreamDuration, m.fenceChanges, m.backendSwitches, m.drainForced,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_inflight_writes",
+			Help: "Writes forwarded and not yet answered (what 'fence on' waits for).",
+		}, func() float64 { return float64(s.gate.inflight.len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_open_watches",
+			Help: "Watch requests open through the proxy.",
+		}, func() float64 { return float64(s.openWatches.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_fenced",
+			Help: "1 while the fence is on (writes refused), 0 while open.",
+		}, func() float64 {
+			if s.gate.fenced.Load() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_fence_generation",
+			Help: "Generation of the acknowledged proxy state; grows with every change.",
+		}, func() float64 { return float64(s.gate.current().Generation) }),
+		backendInfo{s},
+	)
+	return m
+}
+
+// backendInfo exports kubefence_backend_info{url} = 1 for the active backend.
+type backendInfo struct{ s *Server }
+
+var backendInfoDesc = prometheus.NewDesc("kubefence_backend_info", "The active backend apiserver (value 1).", []string{"url"}, nil)
+
+func (b backendInfo) Describe(ch chan<- *prometheus.Desc) { ch <- backendInfoDesc }
+func (b backendInfo) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(backendInfoDesc, prometheus.GaugeValue, 1, b.s.active.Load().url.String())
+}

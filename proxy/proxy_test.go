@@ -1,0 +1,509 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// fakeAPI is a real HTTP server standing in for kube-apiserver: it records what reached it,
+// can hold writes open, and streams watch events on demand.
+type fakeAPI struct {
+	*httptest.Server
+	name     string
+	mu       sync.Mutex
+	seen     []string
+	hold     chan struct{} // when non-nil, writes block until it is closed
+	events   chan string
+	writesIn atomic.Int32
+}
+
+func newFakeAPI(t *testing.T, name string) *fakeAPI {
+	f := &fakeAPI{name: name, events: make(chan string, 16)}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.seen = append(f.seen, r.Method+" "+r.URL.RequestURI()+" "+headerDump(r.Header))
+		hold := f.hold
+		f.mu.Unlock()
+		if r.URL.Query().Get("watch") == "true" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(200)
+			http.NewResponseController(w).Flush()
+			for {
+				select {
+				case ev := <-f.events:
+					fmt.Fprintf(w, "{\"type\":\"ADDED\",\"object\":{\"from\":%q,\"name\":%q}}\n", f.name, ev)
+					http.NewResponseController(w).Flush()
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		if r.Method != http.MethodGet && hold != nil {
+			f.writesIn.Add(1)
+			<-hold
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"kind":"ConfigMap","from":%q}`, f.name)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func headerDump(h http.Header) string {
+	var parts []string
+	for k := range h {
+		if strings.HasPrefix(strings.ToLower(k), "x-remote") || strings.HasPrefix(strings.ToLower(k), "impersonate") {
+			parts = append(parts, k+"="+strings.Join(h[k], ","))
+		}
+	}
+	return strings.Join(parts, ";")
+}
+
+func (f *fakeAPI) requests() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.seen...)
+}
+
+type testProxy struct {
+	*Server
+	url   string
+	admin *admin.Client
+	opts  *Options
+}
+
+func startProxy(t *testing.T, upstream string, mutate ...func(*Options)) *testProxy {
+	t.Helper()
+	dir := t.TempDir()
+	o := NewOptions()
+	o.Listen = "127.0.0.1:0"
+	o.InsecureListen = true
+	o.Upstream = upstream
+	o.AdminSocket = filepath.Join(dir, "admin.sock")
+	o.StateFile = filepath.Join(dir, "state.json")
+	o.MetricsListen = "127.0.0.1:0"
+	o.DrainTimeout = 2 * time.Second
+	for _, m := range mutate {
+		m(o)
+	}
+	return startProxyWith(t, o)
+}
+
+func startProxyWith(t *testing.T, o *Options) *testProxy {
+	t.Helper()
+	if errs := o.Validate(); len(errs) > 0 {
+		t.Fatalf("options: %v", errs)
+	}
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(time.Second) })
+	return &testProxy{Server: s, url: "http://" + s.Addr().String(), admin: admin.NewClient(o.AdminSocket), opts: o}
+}
+
+func do(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader("{}"))
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+func TestFenceRefusesWritesAndPassesReads(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	ctx := t.Context()
+
+	cm := p.url + "/api/v1/namespaces/default/configmaps"
+	if resp, _ := do(t, "POST", cm); resp.StatusCode != 200 {
+		t.Fatalf("open: create = %d", resp.StatusCode)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "moving etcd"}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(api.requests())
+	cases := []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/api/v1/namespaces/default/configmaps", 200},
+		{"GET", "/api/v1/namespaces/default/configmaps/x", 200},
+		{"POST", "/api/v1/namespaces/default/configmaps", 429},
+		{"PUT", "/api/v1/namespaces/default/configmaps/x", 429},
+		{"PATCH", "/api/v1/namespaces/default/configmaps/x", 429},
+		{"DELETE", "/api/v1/namespaces/default/configmaps/x", 429},
+		{"POST", "/api/v1/namespaces/default/configmaps?dryRun=All", 200},
+		{"POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", 200},
+		{"GET", "/api/v1/namespaces/default/pods/p/exec", 429},
+		{"POST", "//api/v1/namespaces/default/configmaps", 429},
+	}
+	forwarded := 0
+	for _, c := range cases {
+		resp, body := do(t, c.method, p.url+c.path)
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s = %d, want %d", c.method, c.path, resp.StatusCode, c.want)
+		}
+		if c.want == 200 {
+			forwarded++
+			continue
+		}
+		if got := resp.Header.Get("Retry-After"); got != "5" {
+			t.Errorf("Retry-After = %q", got)
+		}
+		var st metav1.Status
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatalf("429 body is not a Status: %v: %s", err, body)
+		}
+		if st.Kind != "Status" || st.Reason != metav1.StatusReasonTooManyRequests || st.Code != 429 ||
+			!strings.Contains(st.Message, "fenced read-only") || !strings.Contains(st.Message, "moving etcd") ||
+			st.Details == nil || st.Details.RetryAfterSeconds != 5 {
+			t.Errorf("429 Status = %+v", st)
+		}
+	}
+	// Invariant 4: nothing refused reached the backend.
+	if got := len(api.requests()) - before; got != forwarded {
+		t.Errorf("backend saw %d requests while fenced, want the %d allowed ones: %v", got, forwarded, api.requests()[before:])
+	}
+	if st := p.Status(); st.RefusedWrites != 6 {
+		t.Errorf("refused = %d, want 6", st.RefusedWrites)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := do(t, "POST", cm); resp.StatusCode != 200 {
+		t.Fatalf("after fence off: create = %d", resp.StatusCode)
+	}
+}
+
+func TestIdentityHeadersStripped(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	do(t, "GET", p.url+"/api/v1/namespaces", "X-Remote-User", "system:admin", "x-remote-group", "system:masters",
+		"X-Remote-Extra-Scopes", "all", "X-REMOTE-EXTRA-foo", "bar", "Impersonate-User", "bob")
+	got := api.requests()
+	if len(got) != 1 || strings.Contains(strings.ToLower(got[0]), "x-remote") || !strings.Contains(got[0], "Impersonate-User=bob") {
+		t.Fatalf("backend saw %q: identity headers must go, Impersonate-* must stay", got)
+	}
+}
+
+func TestBarrierWaitsForInflightWrites(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	api.hold = make(chan struct{})
+	p := startProxy(t, api.URL)
+
+	done := make(chan int, 1)
+	go func() {
+		resp, _ := do(t, "PUT", p.url+"/api/v1/namespaces/default/configmaps/slow", "User-Agent", "slow-writer")
+		done <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return api.writesIn.Load() == 1 })
+
+	// Timeout: the fence is on, the barrier reports the running write.
+	resp, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, WaitTimeout: admin.Duration(100 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Barrier.Complete || len(resp.Barrier.Remaining) != 1 || resp.Barrier.Remaining[0].Name != "slow" ||
+		resp.Barrier.Remaining[0].UserAgent != "slow-writer" || !resp.Status.Fenced {
+		t.Fatalf("barrier = %+v", resp.Barrier)
+	}
+	// A second fence on waits until the write finishes.
+	go func() { time.Sleep(200 * time.Millisecond); close(api.hold) }()
+	start := time.Now()
+	resp, err = p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, WaitTimeout: admin.Duration(5 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Barrier.Complete || time.Since(start) < 150*time.Millisecond {
+		t.Fatalf("barrier = %+v after %s", resp.Barrier, time.Since(start))
+	}
+	if code := <-done; code != 200 {
+		t.Fatalf("the write admitted before the fence got %d, want 200", code)
+	}
+}
+
+func TestBackendSwitch(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL)
+	ctx := t.Context()
+
+	// Invariant 3: not while open.
+	_, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL})
+	if apiErr, ok := err.(*admin.APIError); !ok || apiErr.Code != 409 {
+		t.Fatalf("switch while open: %v, want 409", err)
+	}
+
+	// A watch through the proxy, on blue.
+	req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1/namespaces/default/configmaps?watch=true", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewReader(resp.Body)
+	blue.events <- "a"
+	if l, _ := lines.ReadString('\n'); !strings.Contains(l, `"from":"blue","name":"a"`) {
+		t.Fatalf("watch event = %q", l)
+	}
+	waitFor(t, func() bool { return p.Status().OpenStreams == 1 })
+
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	sw, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sw.Drain.Streams != 1 || sw.Drain.Forced != 0 || sw.Status.Backend != green.URL {
+		t.Fatalf("switch = %+v", sw)
+	}
+	// The watch ended cleanly: EOF after whole events, no error, no partial line.
+	rest, err := io.ReadAll(lines)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("after switch the watch gave %q, %v; want a clean end", rest, err)
+	}
+	if _, body := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); !strings.Contains(body, "green") {
+		t.Fatalf("after switch, read served by %s", body)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := do(t, "POST", p.url+"/api/v1/namespaces/default/configmaps"); !strings.Contains(body, "green") {
+		t.Fatalf("after unfence, write served by %s", body)
+	}
+}
+
+func TestWatchBodyEndsAtEventBoundary(t *testing.T) {
+	cases := []struct {
+		name   string
+		fr     framing
+		chunks [][]byte
+		// after chunks are read, endAtBoundary is called; want the reads that follow
+		wantMore string
+	}{
+		{"json idle", framingJSON, [][]byte{[]byte("{\"a\":1}\n")}, ""},
+		{"json mid event", framingJSON, [][]byte{[]byte("{\"a\":1}\n{\"b\""), []byte(":2}\n"), []byte("{\"c\":3}\n")}, ":2}\n"},
+		{"protobuf idle", framingProtobuf, [][]byte{{0, 0, 0, 2, 'h', 'i'}}, ""},
+		{"protobuf split header", framingProtobuf, [][]byte{{0, 0}, {0, 3, 'a', 'b', 'c'}, {0, 0, 0, 1, 'z'}}, "\x00\x03abc"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pr, pw := io.Pipe()
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() {
+				<-ctx.Done()
+				pw.CloseWithError(ctx.Err())
+			}()
+			go func() {
+				for _, c := range tc.chunks {
+					if _, err := pw.Write(c); err != nil {
+						return
+					}
+				}
+			}()
+			wb := newWatchBody(pr, cancel, tc.fr)
+			buf := make([]byte, 64)
+			// Read the first chunk, then ask for the end.
+			n, err := wb.Read(buf)
+			if err != nil || n != len(tc.chunks[0]) {
+				t.Fatalf("first read %d, %v", n, err)
+			}
+			if !wb.endAtBoundary() {
+				t.Fatal("endAtBoundary refused a known framing")
+			}
+			rest, err := io.ReadAll(wb)
+			if err != nil {
+				t.Fatalf("drained watch ended with %v, want clean EOF", err)
+			}
+			if string(rest) != tc.wantMore {
+				t.Fatalf("after drain read %q, want %q", rest, tc.wantMore)
+			}
+		})
+	}
+}
+
+func TestStatePersistsAcrossRestart(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL)
+	ctx := t.Context()
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "cutover"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	gen := p.Status().Generation
+	// Simulate a crash: the process goes away without a clean shutdown; the state file stays.
+	_ = p.Shutdown(time.Second)
+	o := *p.opts
+	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	p2 := startProxyWith(t, &o)
+	st := p2.Status()
+	if !st.Fenced || st.Reason != "cutover" || st.Backend != green.URL || st.Generation != gen {
+		t.Fatalf("restarted proxy state = %+v, want fenced on green at generation %d", st, gen)
+	}
+	if resp, _ := do(t, "POST", p2.url+"/api/v1/namespaces/default/configmaps"); resp.StatusCode != 429 {
+		t.Fatalf("restarted proxy: write = %d, want 429", resp.StatusCode)
+	}
+}
+
+func TestCorruptStateStartsFenced(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	for name, content := range map[string]string{
+		"garbage":       "{not json",
+		"empty":         "",
+		"wrong version": `{"version":99,"backend":"http://x"}`,
+		"no backend":    `{"version":1,"fenced":false}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			state := filepath.Join(dir, "state.json")
+			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startProxy(t, api.URL, func(o *Options) { o.StateFile = state })
+			if st := p.Status(); !st.Fenced || !strings.Contains(st.Reason, "state file") {
+				t.Fatalf("status = %+v, want fenced because of the state file", st)
+			}
+			if resp, _ := do(t, "DELETE", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 429 {
+				t.Fatalf("write = %d, want 429", resp.StatusCode)
+			}
+		})
+	}
+}
+
+func TestAdminSocketMode(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	fi, err := os.Stat(p.opts.AdminSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("admin socket mode = %v, want socket 0600", fi.Mode())
+	}
+	// A second proxy on the same socket is refused rather than stealing it.
+	o := *p.opts
+	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg, _ := o.Complete()
+	s2, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Start(); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second proxy on the same socket: %v", err)
+	}
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	do(t, "POST", p.url+"/api/v1/namespaces/default/configmaps")
+	do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps")
+	m := "http://" + p.MetricsAddr().String()
+	_, body := do(t, "GET", m+"/metrics")
+	for _, want := range []string{
+		`kubefence_requests_total{class="write",code="429",decision="refused"} 1`,
+		`kubefence_requests_total{class="read",code="200",decision="forwarded"} 1`,
+		"kubefence_refused_writes_total 1",
+		"kubefence_fenced 1",
+		"kubefence_fence_generation 1",
+		`kubefence_backend_info{url="` + api.URL + `"} 1`,
+		"kubefence_inflight_writes 0",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if resp, _ := do(t, "GET", m+"/readyz"); resp.StatusCode != 200 {
+		t.Errorf("readyz = %d with a live backend", resp.StatusCode)
+	}
+	api.Close()
+	if resp, _ := do(t, "GET", m+"/readyz"); resp.StatusCode != 503 {
+		t.Errorf("readyz = %d with the backend down, want 503", resp.StatusCode)
+	}
+	resp, body := do(t, "GET", p.url+"/api/v1/namespaces")
+	if resp.StatusCode != 502 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, `"kind":"Status"`) {
+		t.Errorf("backend down: %d %q Retry-After=%q", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Options)
+		want   []string
+	}{
+		{"defaults need tls and upstream", func(*Options) {}, []string{"--tls-cert-file and --tls-key-file are required", "--upstream is required"}},
+		{"bad values", func(o *Options) {
+			o.Listen = "nope"
+			o.InsecureListen = true
+			o.Upstream = "ftp://x"
+			o.RetryAfter = 0
+			o.MetricsListen = "x"
+		}, []string{"--listen", "--upstream: backend URL", "--retry-after 0", "--metrics-listen"}},
+		{"upstream with path", func(o *Options) { o.InsecureListen = true; o.Upstream = "https://h:6443/api" }, []string{"no path"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			tc.mutate(o)
+			var msgs []string
+			for _, e := range o.Validate() {
+				msgs = append(msgs, e.Error())
+			}
+			all := strings.Join(msgs, "\n")
+			for _, w := range tc.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("errors %q lack %q", all, w)
+				}
+			}
+		})
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,341 @@
+// Package proxy is kubefence's fencing reverse proxy: it stands where the API load balancer
+// stood, forwards to one backend kube-apiserver, and on command refuses writes (429 +
+// Retry-After + a Status body) while reads and watches keep flowing. While fenced it can be
+// switched to another backend. Its admin API listens on a 0600 unix socket.
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kubefence/kubefence/policy"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// Server is a running proxy. Build it with New, then Start (or Run).
+type Server struct {
+	cfg        *Config
+	log        *slog.Logger
+	classifier *policy.Classifier
+	policy     *policy.Policy
+
+	gate            gate
+	active          atomic.Pointer[backend]
+	switchMu        sync.Mutex // serialises backend changes
+	refusal         atomic.Pointer[[]byte]
+	retryAfterValue string
+	identityHeaders []string
+
+	openWatches  atomic.Int64
+	refusedTotal atomic.Uint64
+	metrics      *metrics
+	handler      http.Handler
+
+	apiServer, metricsServer, adminServer *http.Server
+	apiLn, metricsLn, adminLn             net.Listener
+	serveErr                              chan error
+}
+
+// New builds the proxy: it restores the persisted state (or starts open on --upstream) and
+// assembles the handler chain. An unreadable state file starts the proxy fenced (invariant 5).
+func New(cfg *Config, log *slog.Logger) (*Server, error) {
+	s := &Server{
+		cfg:             cfg,
+		log:             log,
+		classifier:      policy.NewClassifier(),
+		policy:          cfg.policy,
+		retryAfterValue: strconv.Itoa(cfg.opts.RetryAfter),
+		identityHeaders: cfg.identHdrs,
+		serveErr:        make(chan error, 3),
+	}
+	s.gate.now = time.Now
+	if cfg.opts.StateFile != "" {
+		s.gate.store = &stateStore{path: cfg.opts.StateFile}
+	}
+	st, err := s.gate.store.load()
+	switch {
+	case err == nil:
+		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation)
+		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
+			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
+		}
+	case errors.Is(err, errNoState):
+		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
+	default:
+		if cfg.opts.Upstream == "" {
+			return nil, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
+		}
+		log.Error("cannot read the state file: starting FENCED on --upstream (fail closed); check the file, then 'kubefence fence off' when it is safe",
+			"err", err)
+		st = State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
+			Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
+	}
+	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
+	if err != nil {
+		return nil, err
+	}
+	s.active.Store(b)
+	s.gate.state = st
+	s.gate.fenced.Store(st.Fenced)
+	s.setRefusal(st.Reason)
+	s.metrics = newMetrics(s)
+	s.handler = s.buildHandler()
+	return s, nil
+}
+
+func (s *Server) setRefusal(reason string) {
+	body := refusalBody(reason, s.cfg.opts.RetryAfter)
+	s.refusal.Store(&body)
+}
+
+// Handler is the proxy's request path (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Status returns the acknowledged state and live counters.
+func (s *Server) Status() admin.Status {
+	st := s.gate.current()
+	b := s.active.Load()
+	return admin.Status{
+		Fenced: st.Fenced, Reason: st.Reason, Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
+		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
+		RefusedWrites: s.refusedTotal.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
+	}
+}
+
+// FenceOn refuses writes from now on, then waits up to waitTimeout for the writes admitted
+// before to finish (invariant 2). The fence stays on whatever the barrier's outcome.
+func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Duration) (admin.FenceResponse, error) {
+	_, err := s.gate.update(func(st *State) error {
+		st.Fenced = true
+		st.Reason = reason
+		s.setRefusal(reason)
+		return nil
+	})
+	if err != nil {
+		return admin.FenceResponse{Status: s.Status()}, err
+	}
+	s.metrics.fenceChanges.Inc()
+	barrier := s.gate.waitWrites(ctx, waitTimeout)
+	s.log.Info("fence on", "reason", reason, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
+	return admin.FenceResponse{Status: s.Status(), Barrier: &barrier}, nil
+}
+
+// FenceOff reopens writes.
+func (s *Server) FenceOff() (admin.FenceResponse, error) {
+	_, err := s.gate.update(func(st *State) error {
+		st.Fenced = false
+		st.Reason = ""
+		return nil
+	})
+	if err != nil {
+		return admin.FenceResponse{Status: s.Status()}, err
+	}
+	s.metrics.fenceChanges.Inc()
+	s.log.Info("fence off: writes reopened")
+	return admin.FenceResponse{Status: s.Status()}, nil
+}
+
+// SetBackend switches to another apiserver; only while fenced (invariant 3). New requests go
+// to it at once; watches and upgraded streams on the old one are ended (see backend.drain).
+func (s *Server) SetBackend(rawURL, caFile string) (admin.BackendResponse, error) {
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	old := s.active.Load()
+	if caFile == "" {
+		caFile = old.caFile
+	}
+	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	if err != nil {
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	_, err = s.gate.update(func(st *State) error {
+		if !st.Fenced {
+			return ErrNotFenced
+		}
+		st.Backend = nb.url.String()
+		st.BackendCAFile = caFile
+		// Published under the gate's lock, with the persisted state.
+		s.active.Store(nb)
+		return nil
+	})
+	if err != nil {
+		if s.active.Load() == nb { // the save failed after the store: put the old one back
+			s.active.Store(old)
+		}
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	s.metrics.backendSwitches.Inc()
+	drain := old.drain(s.cfg.opts.DrainTimeout)
+	s.metrics.drainForced.Add(float64(drain.Forced))
+	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "streamsEnded", drain.Streams, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))
+	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain}, nil
+}
+
+// Start binds every listener and serves in the background.
+func (s *Server) Start() error {
+	o := s.cfg.opts
+	var err error
+	s.apiLn, err = net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", o.Listen, err)
+	}
+	s.apiServer = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	if !o.InsecureListen {
+		s.apiServer.TLSConfig = &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{*s.cfg.cert},
+			NextProtos:   []string{"h2", "http/1.1"},
+		}
+	}
+	if err := s.startAdmin(o.AdminSocket); err != nil {
+		s.apiLn.Close()
+		return err
+	}
+	if o.MetricsListen != "" {
+		s.metricsLn, err = net.Listen("tcp", o.MetricsListen)
+		if err != nil {
+			s.apiLn.Close()
+			s.adminLn.Close()
+			return fmt.Errorf("listen for metrics on %s: %w", o.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", s.readyz)
+		s.metricsServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go s.serve("metrics", func() error { return s.metricsServer.Serve(s.metricsLn) })
+	}
+	go s.serve("admin", func() error { return s.adminServer.Serve(s.adminLn) })
+	go s.serve("api", func() error {
+		if o.InsecureListen {
+			return s.apiServer.Serve(s.apiLn)
+		}
+		return s.apiServer.ServeTLS(s.apiLn, "", "")
+	})
+	st := s.Status()
+	s.log.Info("kubefence proxy serving", "listen", s.apiLn.Addr().String(), "tls", !o.InsecureListen, "backend", st.Backend,
+		"fenced", st.Fenced, "adminSocket", o.AdminSocket, "metrics", o.MetricsListen)
+	return nil
+}
+
+func (s *Server) serve(name string, f func() error) {
+	if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.serveErr <- fmt.Errorf("%s listener: %w", name, err)
+	}
+}
+
+// Addr is the address the API listener is bound to.
+func (s *Server) Addr() net.Addr { return s.apiLn.Addr() }
+
+// MetricsAddr is the address of the metrics listener, or nil.
+func (s *Server) MetricsAddr() net.Addr {
+	if s.metricsLn == nil {
+		return nil
+	}
+	return s.metricsLn.Addr()
+}
+
+// Run starts the proxy and serves until ctx ends, then shuts down gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		s.log.Info("shutting down")
+		return s.Shutdown(s.cfg.opts.ShutdownTimeout)
+	case err := <-s.serveErr:
+		_ = s.Shutdown(s.cfg.opts.ShutdownTimeout)
+		return err
+	}
+}
+
+// Shutdown stops accepting, waits up to timeout for requests to finish, then closes the rest.
+func (s *Server) Shutdown(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var errs []error
+	for _, srv := range []*http.Server{s.apiServer, s.adminServer, s.metricsServer} {
+		if srv == nil {
+			continue
+		}
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	_ = os.Remove(s.cfg.opts.AdminSocket)
+	return errors.Join(errs...)
+}
+
+// readyz is ready while the active backend answers its own /readyz.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	b := s.active.Load()
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url.String()+"/readyz", nil)
+	resp, err := b.transport.RoundTrip(req)
+	if err != nil {
+		http.Error(w, "backend "+b.url.String()+" does not answer: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		_, _ = fmt.Fprintf(w, "ok: backend %s ready\n", b.url)
+	case http.StatusUnauthorized, http.StatusForbidden:
+		// Reachable, but anonymous /readyz is not allowed there: it answers, which is what we can know.
+		_, _ = fmt.Fprintf(w, "ok: backend %s answers (readyz needs credentials: %s)\n", b.url, resp.Status)
+	default:
+		http.Error(w, "backend "+b.url.String()+" /readyz: "+resp.Status, http.StatusServiceUnavailable)
+	}
+}
+
+// startAdmin listens on the admin unix socket with mode 0600, replacing a stale socket file.
+func (s *Server) startAdmin(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("admin socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("--admin-socket %s exists and is not a socket: refusing to replace it", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return fmt.Errorf("--admin-socket %s is in use by another running proxy", path)
+		}
+		_ = os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listen on admin socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("chmod admin socket: %w", err)
+	}
+	s.adminLn = ln
+	s.adminServer = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}

@@ -1,0 +1,51 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// statusBody encodes a Kubernetes Status, the error shape kubectl prints well and client-go decodes.
+func statusBody(code int, reason metav1.StatusReason, message string, retryAfter int) []byte {
+	st := metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  message,
+		Reason:   reason,
+		Code:     int32(code),
+	}
+	if retryAfter > 0 {
+		st.Details = &metav1.StatusDetails{RetryAfterSeconds: int32(retryAfter)}
+	}
+	b, err := json.Marshal(st)
+	if err != nil { // a metav1.Status always marshals
+		panic(err)
+	}
+	return append(b, '\n')
+}
+
+// writeStatus answers with a Status body; retryAfter > 0 adds the Retry-After header.
+func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, message string, retryAfter int) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write(statusBody(code, reason, message, retryAfter))
+}
+
+// refusalBody is the 429 body for the current fence: built once per fence change, not per request.
+func refusalBody(reason string, retryAfter int) []byte {
+	why := ""
+	if reason != "" {
+		why = " (" + reason + ")"
+	}
+	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced read-only for a control-plane migration%s; "+
+		"writes are refused, retry in %ds (client-go retries by itself). Reads and watches still work.", why, retryAfter)
+	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
+}
