@@ -146,9 +146,10 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d 
 	_, _ = w.Write(body)
 }
 
-// identityHeaderPrefixes are the request-header authentication headers the apiserver may trust.
+// defaultIdentityHeaders cover the request-header authentication headers the apiserver may trust
+// (X-Remote-User, -Group, -Uid, -Extra-*).
 // A client must never be able to set them: they are removed from every request.
-var defaultIdentityHeaders = []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-"}
+var defaultIdentityHeaders = []string{"X-Remote-"}
 
 // withIdentityHeaders removes client-supplied identity headers, matching names case-insensitively
 // (a name ending in "-" is a prefix).

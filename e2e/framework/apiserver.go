@@ -1,0 +1,179 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// APIServerConfig describes a kube-apiserver to start.
+type APIServerConfig struct {
+	Name          string // log file and kubeconfig names, e.g. "blue-apiserver"
+	Version       string // Kube136
+	EtcdEndpoints []string
+	PKI           *PKI
+	// StorageMediaType is passed as --storage-media-type when set (e.g. application/json).
+	StorageMediaType string
+	ExtraArgs        []string
+}
+
+// APIServer is a running kube-apiserver.
+type APIServer struct {
+	Config APIServerConfig
+	URL    string
+	Proc   *Process
+	// Kubeconfig logs in with the admin client certificate, directly (not through a proxy).
+	Kubeconfig string
+	env        *Env
+}
+
+// StartAPIServer starts kube-apiserver on a free loopback port and waits for /readyz.
+func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServer, error) {
+	if cfg.Version == "" {
+		cfg.Version = Kube136
+	}
+	bin, err := Bin("kube-apiserver", cfg.Version)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	p := cfg.PKI
+	url := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	args := []string{
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports[0]),
+		"--etcd-servers=" + strings.Join(cfg.EtcdEndpoints, ","),
+		"--storage-backend=etcd3",
+		"--tls-cert-file=" + p.APIServerCert,
+		"--tls-private-key-file=" + p.APIServerKey,
+		"--client-ca-file=" + p.CACert,
+		"--token-auth-file=" + p.TokenFile,
+		"--service-account-key-file=" + p.SAPub,
+		"--service-account-signing-key-file=" + p.SAKey,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=10.96.0.0/12",
+		"--authorization-mode=RBAC",
+		"--requestheader-client-ca-file=" + p.FrontProxyCACert,
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file=" + p.FrontProxyClientCert,
+		"--proxy-client-key-file=" + p.FrontProxyClientKey,
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+		"--v=1",
+	}
+	if cfg.StorageMediaType != "" {
+		args = append(args, "--storage-media-type="+cfg.StorageMediaType)
+	}
+	args = append(args, cfg.ExtraArgs...)
+	proc, err := e.Start(cfg.Name, bin, args)
+	if err != nil {
+		return nil, err
+	}
+	a := &APIServer{Config: cfg, URL: url, Proc: proc, env: e}
+	a.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")
+	if err := WriteKubeconfig(a.Kubeconfig, url, p.CACert, p.AdminCert, p.AdminKey, ""); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := a.WaitReady(ctx, 90*time.Second); err != nil {
+		return nil, err
+	}
+	e.Logf("kube-apiserver %s up at %s in %s (etcd %s)", cfg.Version, url, time.Since(start).Round(10*time.Millisecond), strings.Join(cfg.EtcdEndpoints, ","))
+	return a, nil
+}
+
+// WaitReady waits until /readyz answers 200.
+func (a *APIServer) WaitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg, err := a.RestConfig()
+	if err != nil {
+		return err
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	return WaitUntil(ctx, 200*time.Millisecond, "kube-apiserver "+a.Config.Name+" ready", func(ctx context.Context) (bool, error) {
+		if a.Proc.Exited() {
+			return false, fmt.Errorf("kube-apiserver exited; see %s", a.Proc.LogPath)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.URL+"/readyz", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("readyz: %s", resp.Status)
+	})
+}
+
+// RestConfig is an admin client-certificate config for this apiserver.
+func (a *APIServer) RestConfig() (*rest.Config, error) {
+	return clientcmd.BuildConfigFromFlags("", a.Kubeconfig)
+}
+
+// Clientset is an admin clientset talking to this apiserver directly.
+func (a *APIServer) Clientset() (*kubernetes.Clientset, error) {
+	cfg, err := a.RestConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// Stop stops the apiserver.
+func (a *APIServer) Stop() error { return a.Proc.Stop(15 * time.Second) }
+
+// WriteKubeconfig writes a kubeconfig for server, verified by caFile, logging in with a client
+// certificate (certFile, keyFile) or a bearer token.
+func WriteKubeconfig(path, server, caFile, certFile, keyFile, token string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kubefence-e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: caFile}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificate: certFile, ClientKey: keyFile, Token: token}
+	cfg.Contexts["kubefence-e2e"] = &clientcmdapi.Context{Cluster: "kubefence-e2e", AuthInfo: "user"}
+	cfg.CurrentContext = "kubefence-e2e"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// ClientsetFor builds a clientset from a kubeconfig file.
+func ClientsetFor(kubeconfig string) (*kubernetes.Clientset, *rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	return cs, cfg, err
+}
+
+// Kubectl runs the real kubectl against kubeconfig and returns stdout, stderr and the error.
+func Kubectl(ctx context.Context, kubeconfig string, args ...string) (string, string, error) {
+	bin, err := Bin("kubectl", Kube136)
+	if err != nil {
+		return "", "", err
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.Env = append(os.Environ(), "KUBECTL_COMMAND_HEADERS=false")
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}

@@ -1,0 +1,129 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// ProxyConfig describes a kubefence proxy to start in front of an apiserver.
+type ProxyConfig struct {
+	Name       string // log file name, e.g. "proxy"
+	Binary     string // the kubefence binary (framework.Kubefence)
+	Upstream   string
+	PKI        *PKI
+	RetryAfter int
+	ExtraArgs  []string
+}
+
+// Proxy is a running `kubefence proxy`.
+type Proxy struct {
+	Config      ProxyConfig
+	URL         string
+	MetricsURL  string
+	AdminSocket string
+	StateFile   string
+	Proc        *Process
+	// Kubeconfig logs in through the proxy with the admin client certificate; TokenKubeconfig
+	// with the admin bearer token.
+	Kubeconfig      string
+	TokenKubeconfig string
+	Admin           *admin.Client
+	env             *Env
+	args            []string
+}
+
+// StartProxy starts `kubefence proxy` on free loopback ports and waits until it serves.
+func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
+	if cfg.Name == "" {
+		cfg.Name = "kubefence-proxy"
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = 1
+	}
+	ports, err := FreePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(e.Dir, cfg.Name)
+	p := &Proxy{
+		Config:      cfg,
+		URL:         fmt.Sprintf("https://127.0.0.1:%d", ports[0]),
+		MetricsURL:  fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		AdminSocket: filepath.Join(dir, "admin.sock"),
+		StateFile:   filepath.Join(dir, "state.json"),
+		env:         e,
+	}
+	p.args = []string{"proxy",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"--tls-cert-file", cfg.PKI.ProxyServingCert, "--tls-key-file", cfg.PKI.ProxyServingKey,
+		"--upstream", cfg.Upstream, "--upstream-ca-file", cfg.PKI.CACert,
+		"--admin-socket", p.AdminSocket, "--state-file", p.StateFile,
+		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		"--retry-after", itoa(cfg.RetryAfter),
+	}
+	p.args = append(p.args, cfg.ExtraArgs...)
+	p.Admin = admin.NewClient(p.AdminSocket)
+	p.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")
+	if err := WriteKubeconfig(p.Kubeconfig, p.URL, cfg.PKI.CACert, cfg.PKI.AdminCert, cfg.PKI.AdminKey, ""); err != nil {
+		return nil, err
+	}
+	p.TokenKubeconfig = filepath.Join(e.Dir, cfg.Name+"-token.kubeconfig")
+	if err := WriteKubeconfig(p.TokenKubeconfig, p.URL, cfg.PKI.CACert, "", "", cfg.PKI.AdminToken); err != nil {
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Start (re)starts the proxy process with the same flags and waits until it serves.
+func (p *Proxy) Start(ctx context.Context) error {
+	if err := ensureDir(filepath.Dir(p.AdminSocket)); err != nil {
+		return err
+	}
+	proc, err := p.env.Start(p.Config.Name, p.Config.Binary, p.args)
+	if err != nil {
+		return err
+	}
+	p.Proc = proc
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err = WaitUntil(ctx, 50*time.Millisecond, "kubefence proxy serving", func(ctx context.Context) (bool, error) {
+		if proc.Exited() {
+			return false, fmt.Errorf("kubefence proxy exited; see %s", proc.LogPath)
+		}
+		if _, err := p.Admin.Status(ctx); err != nil {
+			return false, err
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.MetricsURL+"/healthz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return err
+	}
+	p.env.Logf("kubefence proxy up at %s -> %s", p.URL, p.Config.Upstream)
+	return nil
+}
+
+// CLI runs a kubefence subcommand against this proxy's admin socket.
+func (p *Proxy) CLI(ctx context.Context, args ...string) (string, string, error) {
+	args = append(args, "--admin-socket", p.AdminSocket)
+	cmd := exec.CommandContext(ctx, p.Config.Binary, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	return out.String(), errOut.String(), err
+}

@@ -1,0 +1,199 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Env is one test's (or one demo's) world: a work dir for data, a log dir kept on failure, and
+// every process started in it, stopped on Close.
+type Env struct {
+	Dir    string // data, PKI, kubeconfigs
+	LogDir string
+	// Logf reports progress (t.Logf in tests, the demo's printer).
+	Logf func(format string, args ...any)
+
+	mu    sync.Mutex
+	procs []*Process
+}
+
+// NewEnv makes an Env under base (a temp dir when empty). Logs go to base/logs.
+func NewEnv(base string, logf func(string, ...any)) (*Env, error) {
+	if base == "" {
+		var err error
+		if base, err = os.MkdirTemp("", "kubefence-e2e-"); err != nil {
+			return nil, err
+		}
+	}
+	e := &Env{Dir: base, LogDir: filepath.Join(base, "logs"), Logf: logf}
+	if e.Logf == nil {
+		e.Logf = func(string, ...any) {}
+	}
+	if err := os.MkdirAll(e.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Close stops every process still running, last started first, and reports any left behind.
+func (e *Env) Close() error {
+	e.mu.Lock()
+	procs := append([]*Process(nil), e.procs...)
+	e.mu.Unlock()
+	var errs []error
+	for i := len(procs) - 1; i >= 0; i-- {
+		if err := procs[i].Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Running lists the processes of this Env that have not exited.
+func (e *Env) Running() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, p := range e.procs {
+		if !p.Exited() {
+			out = append(out, fmt.Sprintf("%s (pid %d)", p.Name, p.Pid()))
+		}
+	}
+	return out
+}
+
+// Process is a started component.
+type Process struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+}
+
+// Start runs bin with args, logging stdout and stderr to LogDir/name.log. The process gets its
+// own process group so that Stop reaches its children.
+func (e *Env) Start(name, bin string, args []string, env ...string) (*Process, error) {
+	logPath := filepath.Join(e.LogDir, name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(logf, "### %s %s %q\n", time.Now().Format(time.RFC3339Nano), bin, args)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	e.mu.Lock()
+	e.procs = append(e.procs, p)
+	e.mu.Unlock()
+	return p, nil
+}
+
+// Pid is the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Done is closed when the process ends.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Stop sends SIGTERM to the process group, then SIGKILL after grace.
+func (p *Process) Stop(grace time.Duration) error {
+	if p.Exited() {
+		return nil
+	}
+	_ = syscall.Kill(-p.Pid(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.Name, p.Pid())
+	}
+}
+
+// Kill sends SIGKILL (a crash) and waits for the process to end.
+func (p *Process) Kill() {
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	<-p.done
+}
+
+// FreePorts returns n distinct free TCP ports on 127.0.0.1. They are free when returned; the
+// caller binds them soon after.
+func FreePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// WaitUntil polls cond every interval until it returns true, an error that is final, or ctx ends.
+func WaitUntil(ctx context.Context, interval time.Duration, what string, cond func(context.Context) (bool, error)) error {
+	var last error
+	for {
+		ok, err := cond(ctx)
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), last)
+			}
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		case <-time.After(interval):
+		}
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func ensureDir(dir string) error { return os.MkdirAll(dir, 0o755) }
