@@ -17,8 +17,8 @@ const (
 
 // Decision is the fence's answer for one request.
 type Decision struct {
-	Class  Class
-	Allow  bool
+	Class Class
+	Allow bool
 	// Reason says which rule or default decided, for logs and metrics.
 	Reason string
 }
@@ -26,14 +26,14 @@ type Decision struct {
 // Rule matches requests; an empty list matches anything. Values are exact, except "*" which
 // matches anything and, in Resources, "pods/*" style entries that match any subresource.
 type Rule struct {
-	Name         string   `yaml:"name" json:"name,omitempty"`
-	Action       Action   `yaml:"action" json:"action"`
-	Verbs        []string `yaml:"verbs" json:"verbs,omitempty"`
-	APIGroups    []string `yaml:"apiGroups" json:"apiGroups,omitempty"`
-	Resources    []string `yaml:"resources" json:"resources,omitempty"`
-	Namespaces   []string `yaml:"namespaces" json:"namespaces,omitempty"`
-	Users        []string `yaml:"users" json:"users,omitempty"`
-	Groups       []string `yaml:"groups" json:"groups,omitempty"`
+	Name            string   `yaml:"name" json:"name,omitempty"`
+	Action          Action   `yaml:"action" json:"action"`
+	Verbs           []string `yaml:"verbs" json:"verbs,omitempty"`
+	APIGroups       []string `yaml:"apiGroups" json:"apiGroups,omitempty"`
+	Resources       []string `yaml:"resources" json:"resources,omitempty"`
+	Namespaces      []string `yaml:"namespaces" json:"namespaces,omitempty"`
+	Users           []string `yaml:"users" json:"users,omitempty"`
+	Groups          []string `yaml:"groups" json:"groups,omitempty"`
 	NonResourceURLs []string `yaml:"nonResourceURLs" json:"nonResourceURLs,omitempty"`
 
 	line int
@@ -46,12 +46,12 @@ type Policy struct {
 
 // reviewResources persist nothing: their create only asks the apiserver a question.
 var reviewResources = map[[2]string]bool{
-	{"authentication.k8s.io", "tokenreviews"}:              true,
-	{"authentication.k8s.io", "selfsubjectreviews"}:        true,
-	{"authorization.k8s.io", "subjectaccessreviews"}:       true,
-	{"authorization.k8s.io", "localsubjectaccessreviews"}:  true,
-	{"authorization.k8s.io", "selfsubjectaccessreviews"}:   true,
-	{"authorization.k8s.io", "selfsubjectrulesreviews"}:    true,
+	{"authentication.k8s.io", "tokenreviews"}:             true,
+	{"authentication.k8s.io", "selfsubjectreviews"}:       true,
+	{"authorization.k8s.io", "subjectaccessreviews"}:      true,
+	{"authorization.k8s.io", "localsubjectaccessreviews"}: true,
+	{"authorization.k8s.io", "selfsubjectaccessreviews"}:  true,
+	{"authorization.k8s.io", "selfsubjectrulesreviews"}:   true,
 }
 
 // Decide says whether a request may pass while the fence is on. Reads pass; writes are refused

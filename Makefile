@@ -1,0 +1,57 @@
+# kubefence — see README.md. `make test` is what CI runs (via .ci/run).
+SHELL := /bin/bash
+GO ?= go
+BIN_DIR ?= bin
+KUBEFENCE := $(BIN_DIR)/kubefence
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
+# Fuzz time for the policy classifier in `make test`.
+FUZZTIME ?= 10s
+
+.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy clean
+
+all: build
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(KUBEFENCE) ./cmd/kubefence
+
+# A static binary (no cgo), as shipped in images.
+static:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN_DIR)/kubefence-static ./cmd/kubefence
+
+# Installs etcd 3.4 (Debian), builds etcd 3.5/3.6 and kube-apiserver/kubectl 1.36 into the cache.
+e2e-deps:
+	bash hack/e2e-deps.sh
+
+bench-deps:
+	bash hack/e2e-deps.sh --bench
+
+# The whole suite: static checks, unit tests with -race, a short fuzz run, and the e2e tests.
+test: e2e-deps vet fmt-check unit fuzz e2e
+
+vet:
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./e2e/...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+unit:
+	$(GO) test -race ./...
+
+fuzz:
+	$(GO) test ./policy/ -run '^$$' -fuzz FuzzClassify -fuzztime $(FUZZTIME)
+
+e2e: e2e-deps
+	$(GO) test -race -tags e2e -count=1 -timeout 30m ./e2e/...
+
+# The main job, locally: see README.md. KEEP=1 leaves it running.
+demo: e2e-deps build
+	$(GO) run ./e2e/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep)
+
+# Proxy throughput and latency: direct, kubefence, HAProxy; see docs/benchmarks.md.
+bench-proxy: bench-deps build
+	$(GO) run ./e2e/bench/proxy --kubefence $(KUBEFENCE)
+
+clean:
+	rm -rf $(BIN_DIR)

@@ -1,0 +1,74 @@
+// Command demo runs a local blue/green control-plane move with real etcd and kube-apiserver
+// behind the kubefence proxy, printing each step with its duration (`make demo`).
+//
+// Blue is etcd 3.4 + kube-apiserver 1.36 behind `kubefence proxy`; a writer, a watcher and a
+// reader run through the proxy the whole time. The fence goes on, blue's data is copied with a
+// consistent snapshot and restored into etcd 3.6 with its revisions bumped, green kube-apiserver
+// starts on it, the objects are compared, the proxy switches to green and the fence comes off.
+//
+// `kubefence cutover` (which will do the copy/migrate/start/verify steps itself, journaled) is not
+// built yet: those steps are done here by the demo with etcdutl and client-go, and labelled so.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+func main() {
+	o := options{}
+	flag.StringVar(&o.kubefence, "kubefence", "", "kubefence binary (default: build one)")
+	flag.BoolVar(&o.keep, "keep", false, "leave everything running at the end and print how to use and stop it")
+	flag.StringVar(&o.dir, "dir", "", "work dir (default: a new temp dir)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.kubefence != "" {
+		if abs, err := filepath.Abs(o.kubefence); err == nil {
+			o.kubefence = abs
+		}
+	}
+	if _, err := run(ctx, o, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kubefence string
+	keep      bool
+	dir       string
+	// objects scales the workload (configmaps in the demo namespace).
+	objects int
+}
+
+// printer prints numbered steps with durations.
+type printer struct {
+	out   io.Writer
+	start time.Time
+	step  int
+}
+
+func (p *printer) begin(format string, args ...any) func(detail string) {
+	p.step++
+	n := p.step
+	t := time.Now()
+	fmt.Fprintf(p.out, "[%6.2fs] %2d. %s ...\n", time.Since(p.start).Seconds(), n, fmt.Sprintf(format, args...))
+	return func(detail string) {
+		if detail != "" {
+			detail = ": " + detail
+		}
+		fmt.Fprintf(p.out, "[%6.2fs] %2d. done in %s%s\n", time.Since(p.start).Seconds(), n, time.Since(t).Round(time.Millisecond), detail)
+	}
+}
+
+func (p *printer) note(format string, args ...any) {
+	fmt.Fprintf(p.out, "            %s\n", fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,496 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// summary is what the demo measured.
+type summary struct {
+	Window         time.Duration
+	WritesAcked    int
+	WriterErrors   int
+	Refused        uint64
+	Reads, ReadErr int
+	WatchEvents    int64
+	Verified       int
+	Missing        []string
+}
+
+func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
+	if o.objects == 0 {
+		o.objects = 200
+	}
+	p := &printer{out: out, start: time.Now()}
+	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy")
+	env, err := framework.NewEnv(o.dir, func(string, ...any) {})
+	if err != nil {
+		return nil, err
+	}
+	keepRunning := false
+	defer func() {
+		if keepRunning {
+			return
+		}
+		_ = env.Close()
+		if left := env.Running(); len(left) > 0 {
+			fmt.Fprintf(out, "WARNING: processes left running: %v\n", left)
+		}
+	}()
+	if o.kubefence == "" {
+		if o.kubefence, err = framework.Kubefence(env.Dir); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range [][2]string{{"etcd", framework.Etcd34}, {"etcd", framework.Etcd36}, {"etcdutl", framework.Etcd36}, {"kube-apiserver", framework.Kube136}} {
+		if _, err := framework.Bin(b[0], b[1]); err != nil {
+			return nil, err
+		}
+	}
+	pki, err := framework.NewPKI(filepath.Join(env.Dir, "pki"))
+	if err != nil {
+		return nil, err
+	}
+
+	done := p.begin("start blue: etcd %s + kube-apiserver %s", framework.Etcd34, framework.Kube136)
+	blueEtcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34})
+	if err != nil {
+		return nil, err
+	}
+	blueAPI, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: blueEtcd.Endpoints(), PKI: pki})
+	if err != nil {
+		return nil, err
+	}
+	done(blueAPI.URL)
+
+	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands)")
+	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1})
+	if err != nil {
+		return nil, err
+	}
+	done(px.URL)
+
+	cs, err := clientset(px.TokenKubeconfig, 500)
+	if err != nil {
+		return nil, err
+	}
+	done = p.begin("create the workload through the proxy")
+	if err := createWorkload(ctx, cs, o.objects); err != nil {
+		return nil, err
+	}
+	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", o.objects))
+
+	done = p.begin("start a live writer, a watcher (informer) and a reader, all through the proxy")
+	wcs, err := clientset(px.TokenKubeconfig, 200)
+	if err != nil {
+		return nil, err
+	}
+	traffic := startTraffic(ctx, wcs)
+	defer traffic.stop()
+	time.Sleep(2 * time.Second)
+	done(fmt.Sprintf("%d writes acknowledged so far", traffic.acked.Load()))
+
+	st, _ := px.Admin.Status(ctx)
+	p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
+
+	// --- the write-unavailability window starts here ---
+	done = p.begin("kubefence fence on: writes get 429 + Retry-After, reads and watches continue")
+	fenceStart := time.Now()
+	fr, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "demo: moving to etcd " + framework.Etcd36, WaitTimeout: admin.Duration(30 * time.Second)})
+	if err != nil {
+		return nil, err
+	}
+	if !fr.Barrier.Complete {
+		return nil, fmt.Errorf("fence barrier incomplete: %d writes still running", len(fr.Barrier.Remaining))
+	}
+	done(fmt.Sprintf("in-flight writes drained in %s", time.Duration(fr.Barrier.Waited).Round(time.Microsecond)))
+
+	done = p.begin("copy blue: consistent snapshot through etcd's maintenance API  [by hand: 'kubefence cutover' not built yet]")
+	snap := filepath.Join(env.Dir, "blue.snapshot.db")
+	n, err := blueEtcd.SnapshotTo(ctx, snap)
+	if err != nil {
+		return nil, err
+	}
+	blueRev, err := blueEtcd.Revision(ctx)
+	if err != nil {
+		return nil, err
+	}
+	done(fmt.Sprintf("%.1f MB at revision %d", float64(n)/1e6, blueRev))
+
+	bump := int64(1_000_000)
+	done = p.begin("migrate: restore into etcd %s data with revisions bumped by %d, marked compacted  [by hand, etcdutl]", framework.Etcd36, bump)
+	greenEtcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "green-etcd", Version: framework.Etcd36,
+		Prepare: func(members []*framework.EtcdMember) error {
+			return framework.RestoreSnapshot(ctx, framework.Etcd36, snap, bump, "green-etcd", members)
+		}})
+	if err != nil {
+		return nil, err
+	}
+	greenRev, _ := greenEtcd.Revision(ctx)
+	done(fmt.Sprintf("green etcd %s serving at revision %d", framework.Etcd36, greenRev))
+
+	done = p.begin("start green kube-apiserver %s on green etcd", framework.Kube136)
+	greenAPI, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: greenEtcd.Endpoints(), PKI: pki})
+	if err != nil {
+		return nil, err
+	}
+	done(greenAPI.URL)
+
+	done = p.begin("verify: every object on blue is on green with the same UID and content  [by hand, client-go]")
+	sum := &summary{}
+	verified, missing, err := verify(ctx, blueAPI, greenAPI)
+	if err != nil {
+		return nil, err
+	}
+	sum.Verified, sum.Missing = verified, missing
+	if len(missing) > 0 {
+		return sum, fmt.Errorf("verification failed, %d objects differ: %v (the fence stays on; blue still serves reads)", len(missing), missing)
+	}
+	done(fmt.Sprintf("%d objects identical", verified))
+
+	done = p.begin("kubefence backend set %s: watches on blue end cleanly and reconnect to green", greenAPI.URL)
+	br, err := px.Admin.SetBackend(ctx, admin.BackendRequest{URL: greenAPI.URL})
+	if err != nil {
+		return nil, err
+	}
+	done(fmt.Sprintf("%d long-running requests moved", br.Drain.Streams))
+
+	done = p.begin("kubefence fence off: writes reopen, now on green")
+	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		return nil, err
+	}
+	sum.Window = time.Since(fenceStart)
+	done("")
+	// --- the window ends here ---
+
+	before := traffic.acked.Load()
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		return traffic.acked.Load() > before+20, nil
+	})
+	traffic.stop()
+	st, _ = px.Admin.Status(ctx)
+	sum.WritesAcked, sum.WriterErrors = int(traffic.acked.Load()), len(traffic.errors())
+	sum.Refused, sum.Reads, sum.ReadErr, sum.WatchEvents = st.RefusedWrites, int(traffic.reads.Load()), int(traffic.readErrs.Load()), traffic.watchEvents.Load()
+
+	done = p.begin("check: every write the writer saw acknowledged is on green")
+	gcs, err := greenAPI.Clientset()
+	if err != nil {
+		return nil, err
+	}
+	lost, err := checkAcked(ctx, gcs, traffic.ackedNames())
+	if err != nil {
+		return nil, err
+	}
+	if len(lost) > 0 {
+		return sum, fmt.Errorf("%d acknowledged writes missing on green: %v", len(lost), lost[:min(len(lost), 10)])
+	}
+	done(fmt.Sprintf("%d of %d present", sum.WritesAcked, sum.WritesAcked))
+
+	fmt.Fprintf(out, "\nSummary\n")
+	fmt.Fprintf(out, "  write-unavailability window (fence on -> fence off): %s\n", sum.Window.Round(time.Millisecond))
+	fmt.Fprintf(out, "  writes refused with 429 while fenced, retried by client-go: %d\n", sum.Refused)
+	fmt.Fprintf(out, "  writer: %d writes acknowledged, %d errors surfaced\n", sum.WritesAcked, sum.WriterErrors)
+	fmt.Fprintf(out, "  reader: %d lists, %d failed; watcher: %d events\n", sum.Reads, sum.ReadErr, sum.WatchEvents)
+	fmt.Fprintf(out, "  objects verified on green: %d; acknowledged writes lost: 0\n", sum.Verified)
+	fmt.Fprintf(out, "  proxy backend now: %s (green), fence: %s\n", st.Backend, fenceWord(st.Fenced))
+	if sum.WriterErrors > 0 {
+		return sum, fmt.Errorf("the writer saw %d errors: %v", sum.WriterErrors, traffic.errors()[0])
+	}
+
+	if o.keep {
+		keepRunning = true
+		printKeep(out, o, env, px, blueAPI, greenAPI)
+		<-ctx.Done()
+		keepRunning = false
+	}
+	return sum, nil
+}
+
+func fenceWord(f bool) string {
+	if f {
+		return "ON"
+	}
+	return "off"
+}
+
+func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy, blue, green *framework.APIServer) {
+	fmt.Fprintf(out, `
+Everything is still running (KEEP=1). Try it by hand in another terminal:
+
+  export KUBECONFIG=%s        # through the proxy (admin bearer token)
+  kubectl get configmaps -n demo | head
+  %s fence status --admin-socket %s
+  %s fence on --reason "trying it" --admin-socket %s
+  kubectl -n demo create configmap while-fenced   # waits: 429 + Retry-After, retried by kubectl
+  %s fence off --admin-socket %s                  # ... and now it goes through
+
+  blue apiserver (stopped serving clients, still running): %s
+  green apiserver (behind the proxy now):                   %s
+  logs: %s
+
+Press Ctrl-C here to stop everything (etcd, apiservers, proxy) and remove %s.
+`, px.TokenKubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, env.Dir)
+}
+
+func clientset(kubeconfig string, qps float32) (*kubernetes.Clientset, error) {
+	_, cfg, err := framework.ClientsetFor(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = qps, int(qps)
+	return kubernetes.NewForConfig(cfg)
+}
+
+func createWorkload(ctx context.Context, cs *kubernetes.Clientset, n int) error {
+	for _, ns := range []string{"demo", "shop"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	replicas := int32(2)
+	for _, name := range []string{"web", "api", "worker"} {
+		labels := map[string]string{"app": name}
+		d := &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: appsv1.DeploymentSpec{
+				Replicas: &replicas,
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: name, Image: "registry.k8s.io/pause:3.10"}}},
+				},
+			},
+		}
+		if _, err := cs.AppsV1().Deployments("shop").Create(ctx, d, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	payload := strings.Repeat("x", 2000)
+	for i := range n {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("config-%04d", i)}, Data: map[string]string{"payload": payload}}
+		if _, err := cs.CoreV1().ConfigMaps("shop").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	for i := range 10 {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("secret-%02d", i)}, StringData: map[string]string{"password": fmt.Sprintf("pw-%d", i)}}
+		if _, err := cs.CoreV1().Secrets("shop").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	for i := range 20 {
+		ev := &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("web.%d", i)},
+			InvolvedObject: corev1.ObjectReference{Kind: "Deployment", Namespace: "shop", Name: "web"},
+			Reason:         "DemoEvent", Message: "an event with a TTL", Type: "Normal",
+		}
+		if _, err := cs.CoreV1().Events("shop").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// traffic is the live load during the move: a writer, a reader and a watcher.
+type traffic struct {
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	once        sync.Once
+	acked       atomic.Int64
+	reads       atomic.Int64
+	readErrs    atomic.Int64
+	watchEvents atomic.Int64
+	mu          sync.Mutex
+	names       []string
+	errs        []error
+}
+
+func startTraffic(ctx context.Context, cs *kubernetes.Clientset) *traffic {
+	ctx, cancel := context.WithCancel(ctx)
+	t := &traffic{cancel: cancel}
+	t.wg.Add(2)
+	go func() { // writer: creates configmaps one after another, as fast as the API lets it
+		defer t.wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			name := fmt.Sprintf("live-%05d", i)
+			_, err := cs.CoreV1().ConfigMaps("demo").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"n": fmt.Sprint(i)}}, metav1.CreateOptions{})
+			if ctx.Err() != nil {
+				return
+			}
+			t.mu.Lock()
+			if err != nil {
+				t.errs = append(t.errs, fmt.Errorf("create %s: %w", name, err))
+			} else {
+				t.names = append(t.names, name)
+				t.acked.Add(1)
+			}
+			t.mu.Unlock()
+		}
+	}()
+	go func() { // reader: lists every 100 ms
+		defer t.wg.Done()
+		for ctx.Err() == nil {
+			if _, err := cs.CoreV1().ConfigMaps("shop").List(ctx, metav1.ListOptions{Limit: 100}); err != nil && ctx.Err() == nil {
+				t.readErrs.Add(1)
+			}
+			t.reads.Add(1)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace("demo"))
+	inf := factory.Core().V1().ConfigMaps().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { t.watchEvents.Add(1) },
+		UpdateFunc: func(any, any) { t.watchEvents.Add(1) },
+	})
+	factory.Start(ctx.Done())
+	return t
+}
+
+func (t *traffic) stop() {
+	t.once.Do(func() {
+		t.cancel()
+		t.wg.Wait()
+	})
+}
+
+func (t *traffic) errors() []error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]error(nil), t.errs...)
+}
+
+func (t *traffic) ackedNames() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.names...)
+}
+
+// verify compares namespaces, deployments, configmaps and secrets between blue and green by UID,
+// resourceVersion-free content.
+func verify(ctx context.Context, blue, green *framework.APIServer) (int, []string, error) {
+	bcs, err := blue.Clientset()
+	if err != nil {
+		return 0, nil, err
+	}
+	gcs, err := green.Clientset()
+	if err != nil {
+		return 0, nil, err
+	}
+	type lister func(*kubernetes.Clientset) (map[string]string, error)
+	listers := map[string]lister{
+		"namespaces": func(c *kubernetes.Clientset) (map[string]string, error) {
+			l, err := c.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			for _, o := range l.Items {
+				m[o.Name] = string(o.UID)
+			}
+			return m, nil
+		},
+		"configmaps": func(c *kubernetes.Clientset) (map[string]string, error) {
+			l, err := c.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			for _, o := range l.Items {
+				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Data)
+			}
+			return m, nil
+		},
+		"secrets": func(c *kubernetes.Clientset) (map[string]string, error) {
+			l, err := c.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			for _, o := range l.Items {
+				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Data)
+			}
+			return m, nil
+		},
+		"deployments": func(c *kubernetes.Clientset) (map[string]string, error) {
+			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			for _, o := range l.Items {
+				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Spec)
+			}
+			return m, nil
+		},
+	}
+	count := 0
+	var missing []string
+	for kind, list := range listers {
+		b, err := list(bcs)
+		if err != nil {
+			return 0, nil, fmt.Errorf("list %s on blue: %w", kind, err)
+		}
+		g, err := list(gcs)
+		if err != nil {
+			return 0, nil, fmt.Errorf("list %s on green: %w", kind, err)
+		}
+		for k, v := range b {
+			if g[k] != v {
+				missing = append(missing, kind+"/"+k)
+				continue
+			}
+			count++
+		}
+	}
+	return count, missing, nil
+}
+
+func checkAcked(ctx context.Context, cs *kubernetes.Clientset, names []string) ([]string, error) {
+	l, err := cs.CoreV1().ConfigMaps("demo").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, o := range l.Items {
+		have[o.Name] = true
+	}
+	var lost []string
+	for _, n := range names {
+		if !have[n] {
+			lost = append(lost, n)
+		}
+	}
+	return lost, nil
+}
+
+
+// content is a comparable rendering of an object's payload.
+func content(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "unmarshalable: " + err.Error()
+	}
+	return string(b)
+}
