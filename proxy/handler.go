@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kubefence/kubefence/policy"
@@ -76,7 +77,7 @@ func (s *Server) withAttributes(next http.Handler) http.Handler {
 func (s *Server) withAccounting(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
-		rw := &statusWriter{ResponseWriter: w}
+		rw := &statusWriter{ResponseWriter: w, buffered: !streaming(&st.attrs, r)}
 		watch := st.attrs.Verb == "watch"
 		if watch {
 			s.openWatches.Add(1)
@@ -236,6 +237,7 @@ func (s *Server) reverseProxy() http.Handler {
 			return nil
 		},
 		ErrorHandler: s.upstreamError,
+		BufferPool:   bufferPool{},
 		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 }
@@ -276,6 +278,10 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 type statusWriter struct {
 	http.ResponseWriter
 	code int
+	// buffered responses skip ReverseProxy's per-write flushes (it flushes every write of a
+	// response without Content-Length, which is most apiserver lists): the server's buffer is
+	// written when full and at the end, saving a syscall and a TLS record per 4 KB.
+	buffered bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -294,8 +300,33 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// Flush is here as well as through Unwrap because ReverseProxy's upgrade path checks for it.
-func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+// FlushError flushes streaming responses (watches, logs, upgrades) at once and defers the
+// flushes of buffered ones to the end of the response.
+func (w *statusWriter) FlushError() error {
+	if w.buffered {
+		return nil
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for callers that look for http.Flusher.
+func (w *statusWriter) Flush() { _ = w.FlushError() }
+
+// streaming reports requests whose response must reach the client as it is produced.
+func streaming(a *policy.Attributes, r *http.Request) bool {
+	if a.Verb == "watch" || a.Upgrade || a.Unknown != "" {
+		return true
+	}
+	switch a.Subresource {
+	case "log", "proxy", "exec", "attach", "portforward":
+		return true
+	}
+	if !a.IsResourceRequest || (a.Verb != "get" && a.Verb != "list") {
+		// Non-resource paths and writes are rare and short; keep the proxy's default behaviour.
+		return true
+	}
+	return r.URL.RawQuery != "" && strings.Contains(r.URL.RawQuery, "watch")
+}
 
 func resourceString(a *policy.Attributes) string {
 	if !a.IsResourceRequest {
@@ -325,3 +356,12 @@ func statusText(code int) string {
 	}
 	return strconv.Itoa(code)
 }
+
+// bufferPool recycles ReverseProxy's copy buffers (32 KB each) instead of allocating one per
+// response.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }

@@ -28,6 +28,7 @@ type Options struct {
 	PolicyFile    string
 	MetricsListen string
 
+	Profiling       bool
 	RetryAfter      int
 	DrainTimeout    time.Duration
 	ShutdownTimeout time.Duration
@@ -57,6 +58,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.StateFile, "state-file", o.StateFile, "file that keeps the fence state and backend across restarts (recommended; without it a restart forgets the fence)")
 	fs.StringVar(&o.PolicyFile, "policy-file", o.PolicyFile, "fence policy rules (YAML, see docs/policy.md); without it the defaults apply")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address for /metrics, /healthz and /readyz of the proxy itself; empty disables")
+	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go pprof profiles under /debug/pprof/ on --metrics-listen")
 	fs.IntVar(&o.RetryAfter, "retry-after", o.RetryAfter, "seconds refused clients are told to wait (Retry-After)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a backend switch waits for watches on the old backend to end cleanly before cutting them")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long SIGTERM waits for requests to finish")

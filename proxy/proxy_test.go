@@ -34,7 +34,7 @@ type fakeAPI struct {
 	writesIn atomic.Int32
 }
 
-func newFakeAPI(t *testing.T, name string) *fakeAPI {
+func newFakeAPI(t testing.TB, name string) *fakeAPI {
 	f := &fakeAPI{name: name, events: make(chan string, 16)}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
@@ -89,7 +89,7 @@ type testProxy struct {
 	opts  *Options
 }
 
-func startProxy(t *testing.T, upstream string, mutate ...func(*Options)) *testProxy {
+func startProxy(t testing.TB, upstream string, mutate ...func(*Options)) *testProxy {
 	t.Helper()
 	dir := t.TempDir()
 	o := NewOptions()
@@ -106,7 +106,7 @@ func startProxy(t *testing.T, upstream string, mutate ...func(*Options)) *testPr
 	return startProxyWith(t, o)
 }
 
-func startProxyWith(t *testing.T, o *Options) *testProxy {
+func startProxyWith(t testing.TB, o *Options) *testProxy {
 	t.Helper()
 	if errs := o.Validate(); len(errs) > 0 {
 		t.Fatalf("options: %v", errs)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -118,6 +119,7 @@ func (s *Server) Status() admin.Status {
 // FenceOn refuses writes from now on, then waits up to waitTimeout for the writes admitted
 // before to finish (invariant 2). The fence stays on whatever the barrier's outcome.
 func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Duration) (admin.FenceResponse, error) {
+	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
 		st.Fenced = true
 		st.Reason = reason
@@ -127,14 +129,16 @@ func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Du
 	if err != nil {
 		return admin.FenceResponse{Status: s.Status()}, err
 	}
+	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
-	s.log.Info("fence on", "reason", reason, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
-	return admin.FenceResponse{Status: s.Status(), Barrier: &barrier}, nil
+	s.log.Info("fence on", "reason", reason, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
+	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}, nil
 }
 
 // FenceOff reopens writes.
 func (s *Server) FenceOff() (admin.FenceResponse, error) {
+	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
 		st.Fenced = false
 		st.Reason = ""
@@ -143,9 +147,10 @@ func (s *Server) FenceOff() (admin.FenceResponse, error) {
 	if err != nil {
 		return admin.FenceResponse{Status: s.Status()}, err
 	}
+	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
-	s.log.Info("fence off: writes reopened")
-	return admin.FenceResponse{Status: s.Status()}, nil
+	s.log.Info("fence off: writes reopened", "flip", flip)
+	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip)}, nil
 }
 
 // SetBackend switches to another apiserver; only while fenced (invariant 3). New requests go
@@ -221,6 +226,11 @@ func (s *Server) Start() error {
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		mux.HandleFunc("/readyz", s.readyz)
+		if o.Profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		s.metricsServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go s.serve("metrics", func() error { return s.metricsServer.Serve(s.metricsLn) })
 	}

@@ -71,7 +71,9 @@ type Barrier struct {
 
 // FenceResponse is the state after the change, and for fence on the barrier's outcome.
 type FenceResponse struct {
-	Status  Status   `json:"status"`
+	Status Status `json:"status"`
+	// Flip is how long the change took inside the proxy: state persisted (fsync) and published.
+	Flip    Duration `json:"flip"`
 	Barrier *Barrier `json:"barrier,omitempty"`
 }
 

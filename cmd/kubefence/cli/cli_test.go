@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+var update = flag.Bool("update", false, "rewrite docs/cli.md from the code")
+
+func TestCLIReference(t *testing.T) {
+	path := filepath.Join("..", "..", "..", "docs", "cli.md")
+	got := MarkdownReference()
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != got {
+		t.Fatal("docs/cli.md is out of date: run go test ./cmd/kubefence/cli -run TestCLIReference -update")
+	}
+}
+
+func runCLI(args ...string) (code int, out, errOut string) {
+	var o, e bytes.Buffer
+	code = Main(args, strings.NewReader(""), &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+		out  string
+		err  string
+	}{
+		{"version", []string{"version"}, ExitOK, "kubefence ", ""},
+		{"version json", []string{"version", "-o", "json"}, ExitOK, `"goVersion"`, ""},
+		{"bad output", []string{"version", "-o", "yaml"}, ExitUsage, "", `unknown output format "yaml"`},
+		{"unknown flag", []string{"fence", "on", "--bogus"}, ExitUsage, "", "unknown flag: --bogus"},
+		{"unknown command", []string{"frobnicate"}, ExitUsage, "", "unknown command"},
+		{"extra args", []string{"fence", "off", "now"}, ExitUsage, "", "unknown command \"now\""},
+		{"backend set needs url", []string{"backend", "set"}, ExitUsage, "", "accepts 1 arg"},
+		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
+		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
+		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
+		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin socket"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(tc.args...)
+			if code != tc.code || !strings.Contains(out, tc.out) || !strings.Contains(errOut, tc.err) {
+				t.Errorf("kubefence %v = %d\nstdout: %s\nstderr: %s\nwant %d, stdout ~ %q, stderr ~ %q", tc.args, code, out, errOut, tc.code, tc.out, tc.err)
+			}
+		})
+	}
+}
+
+// TestFenceCommands drives a real in-process proxy through the CLI, human and JSON output.
+func TestFenceCommands(t *testing.T) {
+	hold := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			<-hold
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	defer api.Close()
+	defer close(hold)
+	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer green.Close()
+
+	dir := t.TempDir()
+	o := proxy.NewOptions()
+	o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, api.URL, ""
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "a.sock"), filepath.Join(dir, "state.json")
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(time.Second)
+	sock := []string{"--admin-socket", o.AdminSocket}
+
+	code, out, _ := runCLI(append([]string{"fence", "status"}, sock...)...)
+	if code != 0 || !strings.Contains(out, "OPEN (writes flow)") || !strings.Contains(out, api.URL) {
+		t.Fatalf("status = %d %q", code, out)
+	}
+	code, _, errOut := runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
+	if code != ExitFailure || !strings.Contains(errOut, "only while fenced") {
+		t.Fatalf("backend set while open = %d %q", code, errOut)
+	}
+
+	// A write held open by the backend keeps the barrier from completing.
+	go func() {
+		req, _ := http.NewRequest(http.MethodPut, "http://"+s.Addr().String()+"/api/v1/namespaces/a/configmaps/held", nil)
+		req.Header.Set("User-Agent", "held-writer")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	for s.Status().InflightWrites == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	code, out, errOut = runCLI(append([]string{"fence", "on", "--reason", "test", "--wait-timeout", "50ms"}, sock...)...)
+	if code != ExitFailure || !strings.Contains(out, "fence is ON") || !strings.Contains(out, "update configmaps -n a held (held-writer)") ||
+		!strings.Contains(errOut, "1 write(s) admitted before it were still running") {
+		t.Fatalf("fence on with a held write = %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	code, out, _ = runCLI(append([]string{"fence", "status", "-o", "json"}, sock...)...)
+	var st admin.Status
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || !st.Fenced || st.Reason != "test" || st.InflightWrites != 1 {
+		t.Fatalf("status json = %d %v %s", code, err, out)
+	}
+	code, out, _ = runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
+	if code != 0 || !strings.Contains(out, "backend is "+green.URL) {
+		t.Fatalf("backend set = %d %q", code, out)
+	}
+	code, out, _ = runCLI(append([]string{"fence", "off", "-o", "json"}, sock...)...)
+	var fr admin.FenceResponse
+	if err := json.Unmarshal([]byte(out), &fr); code != 0 || err != nil || fr.Status.Fenced || fr.Status.Backend != green.URL {
+		t.Fatalf("fence off json = %d %v %s", code, err, out)
+	}
+}
