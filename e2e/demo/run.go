@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -484,7 +484,6 @@ func checkAcked(ctx context.Context, cs *kubernetes.Clientset, names []string) (
 	}
 	return lost, nil
 }
-
 
 // content is a comparable rendering of an object's payload.
 func content(v any) string {

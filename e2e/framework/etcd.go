@@ -6,8 +6,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
