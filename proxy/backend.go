@@ -16,12 +16,16 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
-// backend is one upstream apiserver: its URL, its connection pool, and the long-running
+// backend is one upstream apiserver: its URL, its connection pools, and the long-running
 // requests (watches, upgraded streams) open on it, which a switch drains.
 type backend struct {
-	url       *url.URL
-	caFile    string
-	transport *http.Transport
+	url    *url.URL
+	caFile string
+	// plain carries requests with the client's own credentials (bearer tokens) or none;
+	// identity presents the proxy's front-proxy client certificate and carries requests whose
+	// client-certificate identity the proxy forwards in X-Remote-* headers. It is nil when no
+	// front-proxy certificate is configured.
+	plain, identity *http.Transport
 
 	mu       sync.Mutex
 	draining bool
@@ -29,11 +33,11 @@ type backend struct {
 	idle     chan struct{} // closed when streams becomes empty while draining
 }
 
-// TransportOptions shape the connection pool to every backend.
+// TransportOptions shape the connection pools to every backend.
 type TransportOptions struct {
-	// ClientCert is presented to the backend (front-proxy identity, when configured).
-	ClientCert *tls.Certificate
-	// MaxIdleConnsPerHost bounds the keep-alive pool.
+	// FrontProxyCert is presented to the backend on requests that carry a forwarded identity.
+	FrontProxyCert *tls.Certificate
+	// MaxIdleConnsPerHost bounds each keep-alive pool.
 	MaxIdleConnsPerHost int
 	DialTimeout         time.Duration
 }
@@ -55,10 +59,18 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 		}
 		tlsConfig.RootCAs = pool
 	}
-	if topts.ClientCert != nil {
-		cert := topts.ClientCert
-		tlsConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}}
+	b.plain = newTransport(tlsConfig, topts)
+	if topts.FrontProxyCert != nil {
+		idConfig := tlsConfig.Clone()
+		cert := topts.FrontProxyCert
+		idConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+		b.identity = newTransport(idConfig, topts)
 	}
+	return b, nil
+}
+
+func newTransport(tlsConfig *tls.Config, topts TransportOptions) *http.Transport {
 	dialTimeout := topts.DialTimeout
 	if dialTimeout == 0 {
 		dialTimeout = 10 * time.Second
@@ -69,20 +81,33 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 	}
 	// HTTP/1.1 keep-alive pools: upgrades (SPDY, WebSocket) need HTTP/1.1 anyway, and one TCP
 	// connection per concurrent request spreads load better than one multiplexed HTTP/2 connection.
-	t := &http.Transport{
+	return &http.Transport{
 		Proxy:                 nil,
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:       tlsConfig,
 		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          0,
 		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
-		ForceAttemptHTTP2:     false,
 		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
 		DisableCompression:    true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
-	return &backend{url: u, caFile: caFile, transport: t, streams: map[*stream]struct{}{}}, nil
+}
+
+// transportFor picks the pool for a request: identity-forwarding requests must carry the
+// front-proxy certificate, and no other request may.
+func (b *backend) transportFor(forwardsIdentity bool) *http.Transport {
+	if forwardsIdentity {
+		return b.identity
+	}
+	return b.plain
+}
+
+func (b *backend) closeIdle() {
+	b.plain.CloseIdleConnections()
+	if b.identity != nil {
+		b.identity.CloseIdleConnections()
+	}
 }
 
 func parseBackendURL(raw string) (*url.URL, error) {
@@ -172,7 +197,7 @@ func (b *backend) drain(timeout time.Duration) admin.Drain {
 			b.mu.Unlock()
 		}
 	}
-	b.transport.CloseIdleConnections()
+	b.closeIdle()
 	res.Duration = admin.Duration(time.Since(start))
 	return res
 }

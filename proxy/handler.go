@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apiserver/pkg/authentication/user"
+
 	"github.com/kubefence/kubefence/policy"
 )
 
@@ -22,6 +24,8 @@ type reqState struct {
 	stream  *stream // for watches and upgrades
 	release func()  // ends the request's registration as an in-flight write, if any
 	refused bool
+	// identity is the client-certificate user the proxy forwards, or nil.
+	identity user.Info
 }
 
 type reqStateKey struct{}
@@ -40,12 +44,29 @@ func reqStateFrom(ctx context.Context) *reqState {
 func (s *Server) buildHandler() http.Handler {
 	var h http.Handler = s.reverseProxy()
 	h = s.withBackend(h)
-	h = withIdentityHeaders(h, s.identityHeaders)
+	h = withIdentityHeaders(h, s.headerNames.stripList())
 	h = s.withFence(h)
 	h = s.withAccounting(h)
+	h = s.withAuthentication(h)
 	h = s.withAttributes(h)
+	h = withChunkedRequestClose(h)
 	h = s.withRecover(h)
 	return h
+}
+
+// withChunkedRequestClose closes the client connection after answering a request framed by
+// Transfer-Encoding. Go's server frames such a request by Transfer-Encoding alone and drops any
+// Content-Length beside it (so the forwarded request is unambiguous), but keeps the connection:
+// RFC 9112 §6.1 asks a server that saw both to close it, and once Go has dropped the
+// Content-Length the two cases cannot be told apart. Kubernetes clients send bodies with a
+// Content-Length, so this costs a reconnect only to the rare chunked uploader.
+func withChunkedRequestClose(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TransferEncoding) > 0 && r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // withRecover turns a panic in the request path into a 500 Status and a log line; the proxy
@@ -147,13 +168,9 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d 
 	_, _ = w.Write(body)
 }
 
-// defaultIdentityHeaders cover the request-header authentication headers the apiserver may trust
-// (X-Remote-User, -Group, -Uid, -Extra-*).
-// A client must never be able to set them: they are removed from every request.
-var defaultIdentityHeaders = []string{"X-Remote-"}
-
 // withIdentityHeaders removes client-supplied identity headers, matching names case-insensitively
-// (a name ending in "-" is a prefix).
+// (a name ending in "-" is a prefix). The apiserver trusts them only from its front proxy; a
+// client must never choose them, with or without a certificate.
 func withIdentityHeaders(next http.Handler, names []string) http.Handler {
 	exact := map[string]bool{}
 	var prefixes []string
@@ -211,18 +228,31 @@ func (s *Server) withBackend(next http.Handler) http.Handler {
 func (s *Server) reverseProxy() http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(reqStateFrom(pr.In.Context()).backend.url)
+			st := reqStateFrom(pr.In.Context())
+			pr.SetURL(st.backend.url)
 			pr.SetXForwarded()
+			if st.identity != nil {
+				s.headerNames.setIdentityHeaders(pr.Out.Header, st.identity)
+			}
+			if st.attrs.Upgrade {
+				// Never reuse a backend connection that was asked to upgrade: if the answer is not
+				// 101, nothing of it may carry another request (CVE-2018-1002105).
+				pr.Out.Close = true
+			}
 		},
 		Transport: roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			start := time.Now()
-			resp, err := reqStateFrom(req.Context()).backend.transport.RoundTrip(req)
+			st := reqStateFrom(req.Context())
+			resp, err := st.backend.transportFor(st.identity != nil).RoundTrip(req)
 			s.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
 			return resp, err
 		}),
 		ModifyResponse: func(resp *http.Response) error {
 			st := reqStateFrom(resp.Request.Context())
 			switch {
+			case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
+				// A refused upgrade: answer it, then close the client connection too.
+				resp.Header.Set("Connection", "close")
 			case resp.StatusCode == http.StatusSwitchingProtocols && st.release != nil:
 				// An upgraded stream (exec, attach, port-forward) persists nothing through etcd once
 				// established; the barrier waits for request/response writes, not for sessions.

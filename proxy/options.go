@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
 
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -23,10 +26,26 @@ type Options struct {
 	Upstream       string
 	UpstreamCAFile string
 
-	AdminSocket   string
-	StateFile     string
-	PolicyFile    string
-	MetricsListen string
+	// ClientCAFile turns on client-certificate authentication; the identity is forwarded with
+	// the front-proxy certificate UpstreamClientCertFile/KeyFile in RequestHeaders.
+	ClientCAFile             string
+	UpstreamClientCertFile   string
+	UpstreamClientKeyFile    string
+	RequestHeaderUsername    []string
+	RequestHeaderGroup       []string
+	RequestHeaderExtraPrefix []string
+	RequestHeaderUID         []string
+
+	MaxHeaderBytes    int
+	ReadHeaderTimeout time.Duration
+
+	AdminSocket string
+	// AdminListen serves the admin API over the network too, with mutual TLS only.
+	AdminListen       string
+	AdminClientCAFile string
+	StateFile         string
+	PolicyFile        string
+	MetricsListen     string
 
 	Profiling       bool
 	RetryAfter      int
@@ -37,12 +56,17 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Listen:          ":6443",
-		AdminSocket:     admin.DefaultSocket,
-		MetricsListen:   "127.0.0.1:9445",
-		RetryAfter:      5,
-		DrainTimeout:    10 * time.Second,
-		ShutdownTimeout: 10 * time.Second,
+		Listen:                   ":6443",
+		AdminSocket:              admin.DefaultSocket,
+		MetricsListen:            "127.0.0.1:9445",
+		RetryAfter:               5,
+		MaxHeaderBytes:           256 << 10,
+		ReadHeaderTimeout:        10 * time.Second,
+		RequestHeaderUsername:    []string{"X-Remote-User"},
+		RequestHeaderGroup:       []string{"X-Remote-Group"},
+		RequestHeaderExtraPrefix: []string{"X-Remote-Extra-"},
+		DrainTimeout:             10 * time.Second,
+		ShutdownTimeout:          10 * time.Second,
 	}
 }
 
@@ -54,7 +78,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "private key of --tls-cert-file")
 	fs.StringVar(&o.Upstream, "upstream", o.Upstream, "URL of the backend kube-apiserver, e.g. https://10.0.0.10:6443 (a state file's backend takes precedence)")
 	fs.StringVar(&o.UpstreamCAFile, "upstream-ca-file", o.UpstreamCAFile, "CA bundle that verifies the backend's serving certificate (default: system roots)")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "verify client certificates against this CA and forward their identity (CN user, O groups) to the backend with front-proxy headers")
+	fs.StringVar(&o.UpstreamClientCertFile, "upstream-client-cert-file", o.UpstreamClientCertFile, "front-proxy client certificate presented to the backend when forwarding an identity (signed by its --requestheader-client-ca-file, CN in its --requestheader-allowed-names)")
+	fs.StringVar(&o.UpstreamClientKeyFile, "upstream-client-key-file", o.UpstreamClientKeyFile, "private key of --upstream-client-cert-file")
+	fs.StringSliceVar(&o.RequestHeaderUsername, "requestheader-username-headers", o.RequestHeaderUsername, "as the backend's flag: the first is set, all are stripped from clients")
+	fs.StringSliceVar(&o.RequestHeaderGroup, "requestheader-group-headers", o.RequestHeaderGroup, "as the backend's flag: the first is set, all are stripped from clients")
+	fs.StringSliceVar(&o.RequestHeaderExtraPrefix, "requestheader-extra-headers-prefix", o.RequestHeaderExtraPrefix, "as the backend's flag: the first is used, all are stripped from clients")
+	fs.StringSliceVar(&o.RequestHeaderUID, "requestheader-uid-headers", o.RequestHeaderUID, "as the backend's flag (RemoteRequestHeaderUID): the first is set when the certificate carries a UID")
+	fs.IntVar(&o.MaxHeaderBytes, "max-header-bytes", o.MaxHeaderBytes, "largest request line plus headers accepted (431 beyond)")
+	fs.DurationVar(&o.ReadHeaderTimeout, "read-header-timeout", o.ReadHeaderTimeout, "time a client has to send its request headers (slow clients are disconnected)")
 	fs.StringVar(&o.AdminSocket, "admin-socket", o.AdminSocket, "unix socket for the admin API (mode 0600)")
+	fs.StringVar(&o.AdminListen, "admin-listen", o.AdminListen, "also serve the admin API on this address, mutual TLS only (needs --admin-client-ca-file; the serving certificate is --tls-cert-file)")
+	fs.StringVar(&o.AdminClientCAFile, "admin-client-ca-file", o.AdminClientCAFile, "CA that signs the client certificates allowed to use --admin-listen")
 	fs.StringVar(&o.StateFile, "state-file", o.StateFile, "file that keeps the fence state and backend across restarts (recommended; without it a restart forgets the fence)")
 	fs.StringVar(&o.PolicyFile, "policy-file", o.PolicyFile, "fence policy rules (YAML, see docs/policy.md); without it the defaults apply")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address for /metrics, /healthz and /readyz of the proxy itself; empty disables")
@@ -88,10 +123,41 @@ func (o *Options) Validate() []error {
 	if o.AdminSocket == "" {
 		errs = append(errs, errors.New("--admin-socket must not be empty: the fence is driven through it"))
 	}
+	if o.AdminListen != "" {
+		if _, _, err := net.SplitHostPort(o.AdminListen); err != nil {
+			errs = append(errs, fmt.Errorf("--admin-listen %q: %v", o.AdminListen, err))
+		}
+		if o.AdminClientCAFile == "" {
+			errs = append(errs, errors.New("--admin-listen needs --admin-client-ca-file: the admin API is served over the network with mutual TLS only"))
+		}
+		if o.InsecureListen {
+			errs = append(errs, errors.New("--admin-listen needs --tls-cert-file/--tls-key-file for its serving certificate"))
+		}
+	}
 	if o.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(o.MetricsListen); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-listen %q: %v", o.MetricsListen, err))
 		}
+	}
+	if o.ClientCAFile != "" {
+		if o.InsecureListen {
+			errs = append(errs, errors.New("--client-ca-file needs TLS: it cannot be used with --insecure-listen"))
+		}
+		if o.UpstreamClientCertFile == "" || o.UpstreamClientKeyFile == "" {
+			errs = append(errs, errNoFrontProxyCert)
+		}
+		if len(o.RequestHeaderUsername) == 0 {
+			errs = append(errs, errors.New("--requestheader-username-headers must name at least one header when --client-ca-file is set"))
+		}
+	}
+	if (o.UpstreamClientCertFile == "") != (o.UpstreamClientKeyFile == "") {
+		errs = append(errs, errors.New("--upstream-client-cert-file and --upstream-client-key-file go together"))
+	}
+	if o.MaxHeaderBytes < 4<<10 {
+		errs = append(errs, fmt.Errorf("--max-header-bytes %d: at least 4096", o.MaxHeaderBytes))
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		errs = append(errs, errors.New("--read-header-timeout must be positive"))
 	}
 	if o.RetryAfter < 1 || o.RetryAfter > 3600 {
 		errs = append(errs, fmt.Errorf("--retry-after %d: must be 1..3600 seconds (client-go retries only on a whole number of seconds)", o.RetryAfter))
@@ -104,16 +170,21 @@ func (o *Options) Validate() []error {
 
 // Config is the proxy's completed configuration; only Complete builds one.
 type Config struct {
-	opts      Options
-	cert      *tls.Certificate
-	policy    *policy.Policy
-	backend   TransportOptions
-	identHdrs []string
+	opts        Options
+	cert        *tls.Certificate
+	policy      *policy.Policy
+	backend     TransportOptions
+	headerNames RequestHeaderNames
+	authn       authenticator.Request
+	clientCAs   *x509.CertPool
+	adminCAs    *x509.CertPool
 }
 
 // Complete loads the files the options name. Call Validate first.
 func (o *Options) Complete() (*Config, error) {
-	c := &Config{opts: *o, policy: &policy.Policy{}, identHdrs: defaultIdentityHeaders}
+	c := &Config{opts: *o, policy: &policy.Policy{}, headerNames: RequestHeaderNames{
+		Username: o.RequestHeaderUsername, Group: o.RequestHeaderGroup, ExtraPrefix: o.RequestHeaderExtraPrefix, UID: o.RequestHeaderUID,
+	}}
 	var errs []error
 	if !o.InsecureListen {
 		cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
@@ -129,6 +200,29 @@ func (o *Options) Complete() (*Config, error) {
 			errs = append(errs, err)
 		} else {
 			c.policy = p
+		}
+	}
+	if o.ClientCAFile != "" {
+		authn, pool, err := newClientAuthenticator(o.ClientCAFile)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.authn, c.clientCAs = authn, pool
+	}
+	if o.AdminClientCAFile != "" {
+		pem, err := os.ReadFile(o.AdminClientCAFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read --admin-client-ca-file: %w", err))
+		} else if c.adminCAs = x509.NewCertPool(); !c.adminCAs.AppendCertsFromPEM(pem) {
+			errs = append(errs, fmt.Errorf("--admin-client-ca-file %s holds no PEM certificate", o.AdminClientCAFile))
+		}
+	}
+	if o.UpstreamClientCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.UpstreamClientCertFile, o.UpstreamClientKeyFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("load front-proxy client certificate: %w", err))
+		} else {
+			c.backend.FrontProxyCert = &cert
 		}
 	}
 	if o.UpstreamCAFile != "" {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
 
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -38,16 +39,17 @@ type Server struct {
 	switchMu        sync.Mutex // serialises backend changes
 	refusal         atomic.Pointer[[]byte]
 	retryAfterValue string
-	identityHeaders []string
+	headerNames     RequestHeaderNames
+	authn           authenticator.Request
 
 	openWatches  atomic.Int64
 	refusedTotal atomic.Uint64
 	metrics      *metrics
 	handler      http.Handler
 
-	apiServer, metricsServer, adminServer *http.Server
-	apiLn, metricsLn, adminLn             net.Listener
-	serveErr                              chan error
+	apiServer, metricsServer, adminServer, adminNetServer *http.Server
+	apiLn, metricsLn, adminLn, adminNetLn                 net.Listener
+	serveErr                                              chan error
 }
 
 // New builds the proxy: it restores the persisted state (or starts open on --upstream) and
@@ -59,7 +61,8 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		classifier:      policy.NewClassifier(),
 		policy:          cfg.policy,
 		retryAfterValue: strconv.Itoa(cfg.opts.RetryAfter),
-		identityHeaders: cfg.identHdrs,
+		headerNames:     cfg.headerNames,
+		authn:           cfg.authn,
 		serveErr:        make(chan error, 3),
 	}
 	s.gate.now = time.Now
@@ -199,15 +202,23 @@ func (s *Server) Start() error {
 	}
 	s.apiServer = &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    o.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnContext:       connContext,
 	}
 	if !o.InsecureListen {
 		s.apiServer.TLSConfig = &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			Certificates: []tls.Certificate{*s.cfg.cert},
 			NextProtos:   []string{"h2", "http/1.1"},
+		}
+		if s.cfg.clientCAs != nil {
+			// Ask for a certificate; verify it if given. Clients without one (tokens, anonymous)
+			// are the apiserver's to authenticate.
+			s.apiServer.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
+			s.apiServer.TLSConfig.ClientCAs = s.cfg.clientCAs
 		}
 	}
 	if err := s.startAdmin(o.AdminSocket); err != nil {
@@ -235,6 +246,24 @@ func (s *Server) Start() error {
 		go s.serve("metrics", func() error { return s.metricsServer.Serve(s.metricsLn) })
 	}
 	go s.serve("admin", func() error { return s.adminServer.Serve(s.adminLn) })
+	if o.AdminListen != "" {
+		if s.adminNetLn, err = net.Listen("tcp", o.AdminListen); err != nil {
+			s.apiLn.Close()
+			s.adminLn.Close()
+			return fmt.Errorf("listen for the admin API on %s: %w", o.AdminListen, err)
+		}
+		s.adminNetServer = &http.Server{
+			Handler:           s.adminServer.Handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig: &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				Certificates: []tls.Certificate{*s.cfg.cert},
+				ClientAuth:   tls.RequireAndVerifyClientCert,
+				ClientCAs:    s.cfg.adminCAs,
+			},
+		}
+		go s.serve("admin-tls", func() error { return s.adminNetServer.ServeTLS(s.adminNetLn, "", "") })
+	}
 	go s.serve("api", func() error {
 		if o.InsecureListen {
 			return s.apiServer.Serve(s.apiLn)
@@ -255,6 +284,14 @@ func (s *Server) serve(name string, f func() error) {
 
 // Addr is the address the API listener is bound to.
 func (s *Server) Addr() net.Addr { return s.apiLn.Addr() }
+
+// AdminAddr is the address of the mutual-TLS admin listener, or nil.
+func (s *Server) AdminAddr() net.Addr {
+	if s.adminNetLn == nil {
+		return nil
+	}
+	return s.adminNetLn.Addr()
+}
 
 // MetricsAddr is the address of the metrics listener, or nil.
 func (s *Server) MetricsAddr() net.Addr {
@@ -284,7 +321,7 @@ func (s *Server) Shutdown(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var errs []error
-	for _, srv := range []*http.Server{s.apiServer, s.adminServer, s.metricsServer} {
+	for _, srv := range []*http.Server{s.apiServer, s.adminServer, s.adminNetServer, s.metricsServer} {
 		if srv == nil {
 			continue
 		}
@@ -305,7 +342,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url.String()+"/readyz", nil)
-	resp, err := b.transport.RoundTrip(req)
+	resp, err := b.plain.RoundTrip(req)
 	if err != nil {
 		http.Error(w, "backend "+b.url.String()+" does not answer: "+err.Error(), http.StatusServiceUnavailable)
 		return

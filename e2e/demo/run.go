@@ -88,7 +88,7 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	done(px.URL)
 
-	cs, err := clientset(px.TokenKubeconfig, 500)
+	cs, err := clientset(px.Kubeconfig, 500)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", o.objects))
 
 	done = p.begin("start a live writer, a watcher (informer) and a reader, all through the proxy")
-	wcs, err := clientset(px.TokenKubeconfig, 200)
+	wcs, err := clientset(px.Kubeconfig, 200)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy
 	fmt.Fprintf(out, `
 Everything is still running (KEEP=1). Try it by hand in another terminal:
 
-  export KUBECONFIG=%s        # through the proxy (admin bearer token)
+  export KUBECONFIG=%s        # through the proxy (admin client certificate)
   kubectl get configmaps -n demo | head
   %s fence status --admin-socket %s
   %s fence on --reason "trying it" --admin-socket %s
@@ -247,7 +247,7 @@ Everything is still running (KEEP=1). Try it by hand in another terminal:
   logs: %s
 
 Press Ctrl-C here to stop everything (etcd, apiservers, proxy) and remove %s.
-`, px.TokenKubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, env.Dir)
+`, px.Kubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, env.Dir)
 }
 
 func clientset(kubeconfig string, qps float32) (*kubernetes.Clientset, error) {

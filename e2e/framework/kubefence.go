@@ -67,6 +67,11 @@ func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
 		"--admin-socket", p.AdminSocket, "--state-file", p.StateFile,
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[1]),
 		"--retry-after", itoa(cfg.RetryAfter),
+		// Client certificates are verified and forwarded as front-proxy headers, as in a kubeadm
+		// cluster whose load balancer terminates TLS.
+		"--client-ca-file", cfg.PKI.CACert,
+		"--upstream-client-cert-file", cfg.PKI.FrontProxyClientCert,
+		"--upstream-client-key-file", cfg.PKI.FrontProxyClientKey,
 	}
 	p.args = append(p.args, cfg.ExtraArgs...)
 	p.Admin = admin.NewClient(p.AdminSocket)

@@ -11,12 +11,14 @@ package admin
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -141,6 +143,14 @@ func NewClient(socket string) *Client {
 	return &Client{hc: &http.Client{Transport: tr}, base: "http://kubefence"}
 }
 
+// NewTLSClient returns a client for the admin API served with --admin-listen: address is
+// https://host:port, tlsConfig carries the client certificate and the CA of the proxy's serving
+// certificate.
+func NewTLSClient(address string, tlsConfig *tls.Config) *Client {
+	tr := &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true}
+	return &Client{hc: &http.Client{Transport: tr}, base: strings.TrimSuffix(address, "/")}
+}
+
 // Status returns the proxy's state.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var st Status
@@ -171,7 +181,7 @@ type APIError struct {
 func (e *APIError) Error() string { return e.Message }
 
 // ErrUnreachable wraps a failure to reach the admin socket at all.
-var ErrUnreachable = errors.New("cannot reach the kubefence admin socket")
+var ErrUnreachable = errors.New("cannot reach the kubefence admin API")
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
@@ -189,7 +199,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket the same?): %v", ErrUnreachable, err)
+		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same?): %v", ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

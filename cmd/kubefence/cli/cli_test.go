@@ -61,7 +61,7 @@ func TestExitCodes(t *testing.T) {
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
 		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
-		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin socket"},
+		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,15 +21,46 @@ import (
 type adminOptions struct {
 	socket  string
 	output  string
-	timeout time.Duration
+	address string
+	cert    string
+	key     string
+	ca      string
 }
 
 func (o *adminOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.socket, "admin-socket", admin.DefaultSocket, "the proxy's admin socket")
+	cmd.Flags().StringVar(&o.address, "admin-address", "", "reach the admin API over the network instead (https://HOST:PORT of the proxy's --admin-listen)")
+	cmd.Flags().StringVar(&o.cert, "admin-cert-file", "", "client certificate for --admin-address")
+	cmd.Flags().StringVar(&o.key, "admin-key-file", "", "private key of --admin-cert-file")
+	cmd.Flags().StringVar(&o.ca, "admin-ca-file", "", "CA of the proxy's serving certificate, for --admin-address")
 	addOutputFlag(cmd, &o.output)
 }
 
-func (o *adminOptions) client() *admin.Client { return admin.NewClient(o.socket) }
+// client returns the admin client the flags ask for; called after validate.
+func (o *adminOptions) client() (*admin.Client, error) {
+	if o.address == "" {
+		return admin.NewClient(o.socket), nil
+	}
+	if !strings.HasPrefix(o.address, "https://") {
+		return nil, UsageErrorf("--admin-address %q: give https://HOST:PORT (the admin API is mutual TLS only)", o.address)
+	}
+	if o.cert == "" || o.key == "" || o.ca == "" {
+		return nil, UsageErrorf("--admin-address needs --admin-cert-file, --admin-key-file and --admin-ca-file")
+	}
+	cert, err := tls.LoadX509KeyPair(o.cert, o.key)
+	if err != nil {
+		return nil, UsageErrorf("load admin client certificate: %v", err)
+	}
+	pem, err := os.ReadFile(o.ca)
+	if err != nil {
+		return nil, UsageErrorf("read --admin-ca-file: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, UsageErrorf("--admin-ca-file %s holds no PEM certificate", o.ca)
+	}
+	return admin.NewTLSClient(o.address, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
+}
 
 func newFenceCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -62,7 +96,11 @@ once every write admitted before the fence has finished. If some are still runni
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), o.waitTimeout+30*time.Second)
 			defer cancel()
-			resp, err := o.client().Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
 			if err != nil {
 				return err
 			}
@@ -130,7 +168,11 @@ func newFenceOffCommand(g *globals) *cobra.Command {
 			if err := validateOutput(o.output); err != nil {
 				return err
 			}
-			resp, err := o.client().Fence(cmd.Context(), admin.FenceRequest{Fenced: false})
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Fence(cmd.Context(), admin.FenceRequest{Fenced: false})
 			if err != nil {
 				return err
 			}
@@ -155,7 +197,11 @@ func newFenceStatusCommand(g *globals) *cobra.Command {
 			if err := validateOutput(o.output); err != nil {
 				return err
 			}
-			st, err := o.client().Status(cmd.Context())
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -218,7 +264,11 @@ New requests go to URL at once. Watches open on the old backend end cleanly betw
 			if !strings.HasPrefix(a[0], "https://") && !strings.HasPrefix(a[0], "http://") {
 				return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", a[0])
 			}
-			resp, err := o.client().SetBackend(cmd.Context(), admin.BackendRequest{URL: a[0], CAFile: o.caFile})
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.SetBackend(cmd.Context(), admin.BackendRequest{URL: a[0], CAFile: o.caFile})
 			var apiErr *admin.APIError
 			if errors.As(err, &apiErr) && apiErr.Code == 409 {
 				return fmt.Errorf("backend not changed: %s", apiErr.Message)

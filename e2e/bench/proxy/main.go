@@ -111,7 +111,15 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		return err
 	}
 
-	client, err := newClient(pki.CACert, c.concurrency)
+	client, err := newClient(pki.CACert, c.concurrency, nil)
+	if err != nil {
+		return err
+	}
+	adminCert, err := tls.LoadX509KeyPair(pki.AdminCert, pki.AdminKey)
+	if err != nil {
+		return err
+	}
+	certClient, err := newClient(pki.CACert, c.concurrency, &adminCert)
 	if err != nil {
 		return err
 	}
@@ -125,13 +133,16 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		r    result
 	}
 	var reads []row
-	for _, peer := range []struct{ name, url string }{{"direct", backendURL}, {"kubefence", px.URL}, {"haproxy", haOpen}} {
+	for _, peer := range []struct {
+		name, url string
+		client    *http.Client
+	}{{"direct", backendURL, client}, {"kubefence", px.URL, client}, {"haproxy", haOpen, client}, {"kubefence+cert", px.URL, certClient}} {
 		var prof chan error
 		if peer.name == "kubefence" && c.profile != "" {
 			prof = make(chan error, 1)
 			go func() { prof <- fetchProfile(px.MetricsURL, c.profile, c.warmup) }()
 		}
-		r := median(c.rounds, func() result { return load(ctx, client, "GET", peer.url+path, nil, c) })
+		r := median(c.rounds, func() result { return load(ctx, peer.client, "GET", peer.url+path, nil, c) })
 		if prof != nil {
 			if err := <-prof; err != nil {
 				return err
@@ -176,8 +187,11 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	tw.Flush()
 	kf, ha := reads[1].r, reads[2].r
 	addedKF, addedHA := kf.p(99)-direct.p(99), ha.p(99)-direct.p(99)
-	fmt.Fprintf(out, "kubefence vs haproxy: added p99 %.2fx (target <= 1.5x), throughput %.2fx (target >= 0.7x)\n\n",
+	fmt.Fprintf(out, "kubefence vs haproxy: added p99 %.2fx (target <= 1.5x), throughput %.2fx (target >= 0.7x)\n",
 		ratio(addedKF, addedHA), kf.rps()/ha.rps())
+	kc := reads[3].r
+	fmt.Fprintf(out, "kubefence with client certificates (verified once per connection, identity forwarded): throughput %.2fx, added p99 %.2fx of kubefence without (target: within 10%%)\n\n",
+		kc.rps()/kf.rps(), ratio(kc.p(99)-direct.p(99), addedKF))
 	fmt.Fprintln(out, "Fenced writes (POST, refused 429 + Retry-After, none reached the backend):")
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "peer\trefusals/s\tp50\tp99\t")
@@ -308,15 +322,19 @@ backend apiserver
 	return "https://" + addr, err
 }
 
-func newClient(caFile string, conc int) (*http.Client, error) {
+func newClient(caFile string, conc int, cert *tls.Certificate) (*http.Client, error) {
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
+	tc := &tls.Config{RootCAs: pool}
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
 	return &http.Client{Transport: &http.Transport{
-		TLSClientConfig:     &tls.Config{RootCAs: pool},
+		TLSClientConfig:     tc,
 		MaxIdleConnsPerHost: conc,
 		MaxConnsPerHost:     conc,
 		ForceAttemptHTTP2:   false,

@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+// RequestHeaderNames are the headers the backend apiserver reads a forwarded identity from; they
+// must match its --requestheader-*-headers flags.
+type RequestHeaderNames struct {
+	Username    []string
+	Group       []string
+	ExtraPrefix []string
+	UID         []string
+}
+
+// forwarded returns the first configured name of each kind, the ones the proxy sets.
+func (n RequestHeaderNames) first(list []string) string {
+	if len(list) == 0 {
+		return ""
+	}
+	return list[0]
+}
+
+// stripList is every header name (exact) and prefix (ending in "-") a client must not send.
+// The X-Remote- prefix is always included, whatever the configured names.
+func (n RequestHeaderNames) stripList() []string {
+	out := []string{"X-Remote-"}
+	out = append(out, n.Username...)
+	out = append(out, n.Group...)
+	out = append(out, n.UID...)
+	for _, p := range n.ExtraPrefix {
+		if !strings.HasSuffix(p, "-") {
+			p += "-"
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// clientAuthenticator turns a verified client certificate into a user with k8s.io/apiserver's
+// x509 authenticator (CN → user, O → groups), the same mapping the apiserver uses.
+func newClientAuthenticator(caFile string) (authenticator.Request, *x509.CertPool, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read --client-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", caFile)
+	}
+	opts := x509request.DefaultVerifyOptions()
+	opts.Roots = pool
+	return x509request.New(opts, x509request.CommonNameUserConversion), pool, nil
+}
+
+// connIdentity caches the authentication of one TLS connection: the client certificate cannot
+// change within a connection (Go's server does not renegotiate), so it is verified once.
+type connIdentity struct {
+	once sync.Once
+	resp *authenticator.Response
+	ok   bool
+	err  error
+}
+
+type connIdentityKey struct{}
+
+// connContext gives every accepted connection its identity cache.
+func connContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connIdentityKey{}, &connIdentity{})
+}
+
+// withAuthentication authenticates client certificates when --client-ca-file is set; other
+// requests (bearer tokens, anonymous) pass untouched, for the apiserver to authenticate.
+// A switched-off filter is next itself.
+func (s *Server) withAuthentication(next http.Handler) http.Handler {
+	if s.authn == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ci, _ := r.Context().Value(connIdentityKey{}).(*connIdentity)
+		if ci == nil {
+			ci = &connIdentity{}
+		}
+		ci.once.Do(func() { ci.resp, ci.ok, ci.err = s.authn.AuthenticateRequest(r) })
+		if ci.err != nil || !ci.ok {
+			why := "certificate has no common name"
+			if ci.err != nil {
+				why = ci.err.Error()
+			}
+			s.log.Info("client certificate refused", "why", why, "remote", r.RemoteAddr)
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "kubefence: client certificate not accepted: "+why, 0)
+			return
+		}
+		st := reqStateFrom(r.Context())
+		st.identity = ci.resp.User
+		st.attrs.User, st.attrs.Groups = ci.resp.User.GetName(), ci.resp.User.GetGroups()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// setIdentityHeaders writes the forwarded identity into an outbound request's headers.
+func (n RequestHeaderNames) setIdentityHeaders(h http.Header, u user.Info) {
+	h.Set(n.first(n.Username), u.GetName())
+	if g := n.first(n.Group); g != "" {
+		for _, group := range u.GetGroups() {
+			h.Add(g, group)
+		}
+	}
+	if p := n.first(n.ExtraPrefix); p != "" {
+		for k, vs := range u.GetExtra() {
+			// The apiserver unescapes extra keys; they may hold characters not allowed in names.
+			name := p + url.PathEscape(k)
+			for _, v := range vs {
+				h.Add(name, v)
+			}
+		}
+	}
+	if uidHeader := n.first(n.UID); uidHeader != "" && u.GetUID() != "" {
+		h.Set(uidHeader, u.GetUID())
+	}
+}
+
+var errNoFrontProxyCert = errors.New("--client-ca-file needs --upstream-client-cert-file and --upstream-client-key-file: " +
+	"without a front-proxy certificate the apiserver cannot learn the client's identity")

@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rawExchange writes payload on a fresh TCP connection and reads what comes back until the
+// server closes or goes quiet.
+func rawExchange(t *testing.T, addr, payload string, quiet time.Duration) (resp string, closed bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, payload); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(quiet))
+		n, err := c.Read(buf)
+		b.Write(buf[:n])
+		if err == io.EOF {
+			return b.String(), true
+		}
+		if err != nil {
+			return b.String(), false
+		}
+	}
+}
+
+func statusCodes(resp string) []string {
+	var codes []string
+	r := bufio.NewReader(strings.NewReader(resp))
+	for {
+		res, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return codes
+		}
+		codes = append(codes, res.Status[:3])
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+}
+
+// TestHostileInput sends broken and malicious requests on raw sockets to a fenced proxy and
+// checks the answer, that the proxy keeps serving, and what (if anything) reached the backend.
+func TestHostileInput(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL, func(o *Options) {
+		o.MaxHeaderBytes = 8 << 10
+		o.ReadHeaderTimeout = 300 * time.Millisecond
+	})
+	if _, err := p.FenceOn(t.Context(), "hostile", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	addr := p.Addr().String()
+	big := strings.Repeat("a", 20<<10)
+	cases := []struct {
+		name      string
+		payload   string
+		want      []string // status codes, in order
+		backend   []string // request lines the backend must have seen (method + URI prefix)
+		mustClose bool
+	}{
+		{"conflicting content-length", "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: k\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+			[]string{"400"}, nil, true},
+		// Framed by Transfer-Encoding alone, answered, and the connection closed (RFC 9112 §6.1):
+		// the DELETE behind it is never read, let alone forwarded.
+		{"content-length and chunked smuggling a delete", "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\nContent-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nDELETE /api/v1/namespaces/kube-system HTTP/1.1\r\nHost: k\r\n\r\n",
+			[]string{"200"}, []string{"GET /api/v1/namespaces"}, true},
+		{"oversized headers", "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\nX-Big: " + big + "\r\n\r\n", []string{"431"}, nil, true},
+		{"absurd query string", "GET /api/v1/namespaces?q=" + big + " HTTP/1.1\r\nHost: k\r\n\r\n", []string{"431"}, nil, true},
+		{"bad escape", "GET /api/v1/%zz HTTP/1.1\r\nHost: k\r\n\r\n", []string{"400"}, nil, true},
+		{"relative path", "GET api/v1/namespaces HTTP/1.1\r\nHost: k\r\n\r\n", []string{"400"}, nil, true},
+		{"bad method", "G(T /api/v1/namespaces HTTP/1.1\r\nHost: k\r\n\r\n", []string{"400"}, nil, true},
+		{"dot segments while fenced", "GET /api/v1/namespaces/a/configmaps/../../../secrets HTTP/1.1\r\nHost: k\r\n\r\n", []string{"429"}, nil, false},
+		{"encoded slash exec while fenced", "GET /api/v1/namespaces/a/pods/p%2Fexec HTTP/1.1\r\nHost: k\r\n\r\n", []string{"429"}, nil, false},
+		{"body on GET is framed, not smuggled", "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\nContent-Length: 45\r\n\r\nDELETE /api/v1/namespaces/x HTTP/1.1\r\nHost: k\r\n",
+			[]string{"200"}, []string{"GET /api/v1/namespaces"}, false},
+		{"pipelined read then write", "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\n\r\nDELETE /api/v1/namespaces/x HTTP/1.1\r\nHost: k\r\n\r\n",
+			[]string{"200", "429"}, []string{"GET /api/v1/namespaces"}, false},
+		{"absolute-form target", "GET http://evil.example/api/v1/namespaces HTTP/1.1\r\nHost: evil.example\r\n\r\n", []string{"200"}, []string{"GET /api/v1/namespaces"}, false},
+		{"lowercase chunked header on a write", "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: k\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", []string{"429"}, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(api.requests())
+			resp, closed := rawExchange(t, addr, tc.payload, 500*time.Millisecond)
+			codes := statusCodes(resp)
+			if tc.want != nil && strings.Join(codes, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("status codes %v, want %v; response:\n%.300s", codes, tc.want, resp)
+			}
+			if tc.mustClose && !closed {
+				t.Errorf("connection left open")
+			}
+			seen := api.requests()[before:]
+			if len(seen) != len(tc.backend) {
+				t.Fatalf("backend saw %q, want %q", seen, tc.backend)
+			}
+			for i, want := range tc.backend {
+				if !strings.HasPrefix(seen[i], want) {
+					t.Errorf("backend saw %q, want %q", seen[i], want)
+				}
+			}
+			for _, s := range seen {
+				if strings.Contains(s, "DELETE") {
+					t.Errorf("a smuggled DELETE reached the backend: %q", s)
+				}
+			}
+		})
+	}
+	t.Run("slowloris", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		start := time.Now()
+		_, _ = io.WriteString(c, "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\n")
+		for i := 0; i < 20; i++ {
+			time.Sleep(50 * time.Millisecond)
+			if _, err := io.WriteString(c, "X-Slow: 1\r\n"); err != nil {
+				break
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("connection not closed by the server: %v", err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("slow client held the connection %s", d)
+		}
+	})
+	// The proxy still serves after all of that.
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces"); resp.StatusCode != 200 {
+		t.Fatalf("proxy no longer serves: %d", resp.StatusCode)
+	}
+}
+
+// TestUpgradeRefusedByBackend checks that an upgrade the backend answers without 101 is not
+// spliced: the answer is returned and both connections close (CVE-2018-1002105's class).
+func TestUpgradeRefusedByBackend(t *testing.T) {
+	api := newFakeAPI(t, "blue") // answers 200, never 101
+	p := startProxy(t, api.URL)
+	payload := "GET /api/v1/namespaces/a/pods/p/exec?command=sh HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" +
+		"GET /api/v1/namespaces/a/secrets HTTP/1.1\r\nHost: k\r\n\r\n"
+	resp, closed := rawExchange(t, p.Addr().String(), payload, time.Second)
+	if codes := statusCodes(resp); strings.Join(codes, ",") != "200" {
+		t.Fatalf("codes %v, want the backend's one answer", codes)
+	}
+	if !closed {
+		t.Fatal("client connection left open after a refused upgrade")
+	}
+	for _, s := range api.requests() {
+		if strings.Contains(s, "secrets") {
+			t.Fatalf("bytes after a refused upgrade reached the backend: %q", s)
+		}
+	}
+}
+
+func TestTLSBelow12Refused(t *testing.T) {
+	f := newIdentityFixture(t)
+	for _, v := range []uint16{tls.VersionTLS10, tls.VersionTLS11} {
+		c, err := tls.Dial("tcp", strings.TrimPrefix(f.proxyURL, "https://"), &tls.Config{RootCAs: f.serverCAs, MinVersion: v, MaxVersion: v})
+		if err == nil {
+			c.Close()
+			t.Fatalf("TLS version %x accepted", v)
+		}
+	}
+	c, err := tls.Dial("tcp", strings.TrimPrefix(f.proxyURL, "https://"), &tls.Config{RootCAs: f.serverCAs, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatalf("TLS 1.2+ refused: %v", err)
+	}
+	c.Close()
+}

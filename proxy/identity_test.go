@@ -1,0 +1,330 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// testCA issues certificates for identity tests.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  string // path of the CA certificate
+}
+
+func newTestCA(t testing.TB, dir, name string) *testCA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	path := filepath.Join(dir, name+".crt")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: key, pem: path}
+}
+
+var serialMu sync.Mutex
+var nextSerial int64 = 100
+
+// issue returns a certificate and writes cert and key files named name.crt/name.key into dir.
+func (ca *testCA) issue(t testing.TB, dir, name, cn string, orgs []string, usage x509.ExtKeyUsage) (tls.Certificate, string, string) {
+	t.Helper()
+	serialMu.Lock()
+	nextSerial++
+	serial := nextSerial
+	serialMu.Unlock()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	cp, kp := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	_ = os.WriteFile(cp, certPEM, 0o644)
+	_ = os.WriteFile(kp, keyPEM, 0o600)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pair, cp, kp
+}
+
+// seenRequest is what the TLS backend recorded of one request.
+type seenRequest struct {
+	header     http.Header
+	frontProxy string // CN of the client certificate presented to the backend, if any
+}
+
+type tlsBackend struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []seenRequest
+}
+
+func (b *tlsBackend) requests() []seenRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]seenRequest(nil), b.seen...)
+}
+
+// identityFixture is a TLS proxy with --client-ca-file in front of a TLS backend that asks for
+// the front-proxy certificate, as kube-apiserver does.
+type identityFixture struct {
+	p                 *testProxy
+	backend           *tlsBackend
+	clientCA, otherCA *testCA
+	proxyURL          string
+	serverCAs         *x509.CertPool
+	logs              *syncBuf
+	dir               string
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *identityFixture {
+	dir := t.TempDir()
+	f := &identityFixture{dir: dir, logs: &syncBuf{}}
+	serving := newTestCA(t, dir, "serving-ca")
+	f.clientCA = newTestCA(t, dir, "client-ca")
+	f.otherCA = newTestCA(t, dir, "other-ca")
+	frontCA := newTestCA(t, dir, "front-proxy-ca")
+	_, fpCert, fpKey := frontCA.issue(t, dir, "front-proxy-client", "front-proxy-client", nil, x509.ExtKeyUsageClientAuth)
+	backendCert, _, _ := serving.issue(t, dir, "backend", "backend", nil, x509.ExtKeyUsageServerAuth)
+	_, proxyCert, proxyKey := serving.issue(t, dir, "proxy", "proxy", nil, x509.ExtKeyUsageServerAuth)
+	f.serverCAs = x509.NewCertPool()
+	f.serverCAs.AddCert(serving.cert)
+	frontPool := x509.NewCertPool()
+	frontPool.AddCert(frontCA.cert)
+
+	f.backend = &tlsBackend{}
+	f.backend.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sr := seenRequest{header: r.Header.Clone()}
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			sr.frontProxy = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		f.backend.mu.Lock()
+		f.backend.seen = append(f.backend.seen, sr)
+		f.backend.mu.Unlock()
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	f.backend.TLS = &tls.Config{Certificates: []tls.Certificate{backendCert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: frontPool}
+	f.backend.StartTLS()
+	t.Cleanup(f.backend.Close)
+
+	o := NewOptions()
+	o.Listen, o.MetricsListen = "127.0.0.1:0", ""
+	o.TLSCertFile, o.TLSKeyFile = proxyCert, proxyKey
+	o.Upstream, o.UpstreamCAFile = f.backend.URL, serving.pem
+	o.ClientCAFile = f.clientCA.pem
+	o.UpstreamClientCertFile, o.UpstreamClientKeyFile = fpCert, fpKey
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+	for _, m := range mutate {
+		m(o, dir)
+	}
+	if errs := o.Validate(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, slog.New(slog.NewTextHandler(f.logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(time.Second) })
+	f.p = &testProxy{Server: s, url: "https://" + s.Addr().String(), opts: o}
+	f.proxyURL = f.p.url
+	return f
+}
+
+func (f *identityFixture) client(cert *tls.Certificate) *http.Client {
+	cfg := &tls.Config{RootCAs: f.serverCAs}
+	if cert != nil {
+		// Always present it, even when the server's list of acceptable CAs does not name its
+		// issuer (Go's client would otherwise stay silent).
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+}
+
+func TestClientCertificateIdentityForwarded(t *testing.T) {
+	f := newIdentityFixture(t)
+	alice, _, _ := f.clientCA.issue(t, f.dir, "alice", "alice", []string{"dev", "ops"}, x509.ExtKeyUsageClientAuth)
+	mallory, _, _ := f.otherCA.issue(t, f.dir, "mallory", "system:admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth)
+	get := func(c *http.Client, hdr ...string) (int, error) {
+		req, _ := http.NewRequest("GET", f.proxyURL+"/api/v1/namespaces", nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Add(hdr[i], hdr[i+1])
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	cases := []struct {
+		name       string
+		client     *http.Client
+		hdr        []string
+		wantUser   string
+		wantGroups []string
+		wantFront  string
+		wantAuthz  string
+		handshake  bool // the TLS handshake must fail
+	}{
+		{"cert", f.client(&alice), nil, "alice", []string{"dev", "ops"}, "front-proxy-client", "", false},
+		{"cert with spoofed headers", f.client(&alice), []string{"X-Remote-User", "root", "x-remote-group", "system:masters", "X-Remote-Extra-Scopes", "*"},
+			"alice", []string{"dev", "ops"}, "front-proxy-client", "", false},
+		{"token with spoofed headers", f.client(nil), []string{"Authorization", "Bearer secret-token-123", "X-REMOTE-USER", "system:admin", "X-Remote-Uid", "0"},
+			"", nil, "", "Bearer secret-token-123", false},
+		{"anonymous", f.client(nil), nil, "", nil, "", "", false},
+		{"cert from another CA", f.client(&mallory), nil, "", nil, "", "", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(f.backend.requests())
+			code, err := get(tc.client, tc.hdr...)
+			if tc.handshake {
+				if err == nil {
+					t.Fatalf("a certificate from an unknown CA was accepted (%d)", code)
+				}
+				if len(f.backend.requests()) != before {
+					t.Fatal("the backend saw a request from a rejected certificate")
+				}
+				return
+			}
+			if err != nil || code != 200 {
+				t.Fatalf("GET = %d, %v", code, err)
+			}
+			reqs := f.backend.requests()
+			if len(reqs) != before+1 {
+				t.Fatalf("backend saw %d requests", len(reqs)-before)
+			}
+			got := reqs[len(reqs)-1]
+			if u := got.header.Get("X-Remote-User"); u != tc.wantUser {
+				t.Errorf("X-Remote-User = %q, want %q", u, tc.wantUser)
+			}
+			if g := got.header.Values("X-Remote-Group"); strings.Join(g, ",") != strings.Join(tc.wantGroups, ",") {
+				t.Errorf("X-Remote-Group = %v, want %v", g, tc.wantGroups)
+			}
+			if got.frontProxy != tc.wantFront {
+				t.Errorf("front-proxy certificate presented = %q, want %q", got.frontProxy, tc.wantFront)
+			}
+			if a := got.header.Get("Authorization"); a != tc.wantAuthz {
+				t.Errorf("Authorization = %q, want %q", a, tc.wantAuthz)
+			}
+			for k := range got.header {
+				lk := strings.ToLower(k)
+				if strings.HasPrefix(lk, "x-remote-") && tc.wantUser == "" {
+					t.Errorf("client-sent %s reached the backend", k)
+				}
+				if strings.HasPrefix(lk, "x-remote-extra-") && !strings.HasPrefix(lk, "x-remote-extra-authentication.kubernetes.io%2fcredential-id") {
+					t.Errorf("unexpected extra %s: %v", k, got.header[k])
+				}
+			}
+		})
+	}
+	// Refusals name the authenticated user; logs never hold a token.
+	if _, err := f.p.FenceOn(t.Context(), "identity test", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*http.Client{f.client(&alice), f.client(nil)} {
+		req, _ := http.NewRequest("POST", f.proxyURL+"/api/v1/namespaces/a/configmaps", strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer secret-token-123")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 429 {
+			t.Fatalf("fenced write = %d", resp.StatusCode)
+		}
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, "user=alice") {
+		t.Errorf("refusal log does not name the certificate user:\n%s", logs)
+	}
+	if strings.Contains(logs, "secret-token-123") {
+		t.Errorf("a bearer token reached the logs:\n%s", logs)
+	}
+}
+
+func TestAdminOverMutualTLS(t *testing.T) {
+	var adminCA *testCA
+	f := newIdentityFixture(t, func(o *Options, dir string) {
+		adminCA = newTestCA(t, dir, "admin-ca")
+		o.AdminListen, o.AdminClientCAFile = "127.0.0.1:0", adminCA.pem
+	})
+	operator, _, _ := adminCA.issue(t, f.dir, "operator", "operator", nil, x509.ExtKeyUsageClientAuth)
+	alice, _, _ := f.clientCA.issue(t, f.dir, "alice2", "alice", nil, x509.ExtKeyUsageClientAuth)
+	addr := "https://" + f.p.AdminAddr().String()
+	cases := []struct {
+		name string
+		cert *tls.Certificate
+		ok   bool
+	}{
+		{"admin client certificate", &operator, true},
+		{"no certificate", nil, false},
+		{"API client certificate from another CA", &alice, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := &tls.Config{RootCAs: f.serverCAs}
+			if tc.cert != nil {
+				cert := tc.cert
+				cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+			}
+			c := admin.NewTLSClient(addr, cfg)
+			_, err := c.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "over mTLS"})
+			if (err == nil) != tc.ok {
+				t.Fatalf("fence on over mTLS: %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+	if st := f.p.Status(); !st.Fenced || st.Reason != "over mTLS" {
+		t.Fatalf("status = %+v", st)
+	}
+}
