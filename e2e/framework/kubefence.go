@@ -20,6 +20,8 @@ type ProxyConfig struct {
 	PKI        *PKI
 	RetryAfter int
 	ExtraArgs  []string
+	// Env adds environment variables (NAME=value) to the proxy process.
+	Env []string
 }
 
 // Proxy is a running `kubefence proxy`.
@@ -94,7 +96,7 @@ func (p *Proxy) Start(ctx context.Context) error {
 	if err := ensureDir(filepath.Dir(p.AdminSocket)); err != nil {
 		return err
 	}
-	proc, err := p.env.Start(p.Config.Name, p.Config.Binary, p.args)
+	proc, err := p.env.Start(p.Config.Name, p.Config.Binary, p.args, p.Config.Env...)
 	if err != nil {
 		return err
 	}

@@ -98,7 +98,8 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	}
 	defer stopBackend()
 
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: c.kubefence, Upstream: backendURL, PKI: pki, RetryAfter: 5, ExtraArgs: append([]string{"--profiling"}, strings.Fields(os.Getenv("BENCH_PROXY_ARGS"))...)})
+	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: c.kubefence, Upstream: backendURL, PKI: pki, RetryAfter: 5, ExtraArgs: append([]string{"--profiling"}, strings.Fields(os.Getenv("BENCH_PROXY_ARGS"))...),
+		Env: strings.Fields(os.Getenv("BENCH_PROXY_ENV"))})
 	if err != nil {
 		return err
 	}
