@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubefence/kubefence/e2e/framework"
-	"github.com/kubefence/kubefence/proxy/admin"
+	"github.com/kubefence/kubefence/migrator/cutover"
 )
 
 // summary is what the demo measured.
@@ -111,75 +112,36 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	st, _ := px.Admin.Status(ctx)
 	p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
 
-	// --- the write-unavailability window starts here ---
-	done = p.begin("kubefence fence on: writes get 429 + Retry-After, reads and watches continue")
-	fenceStart := time.Now()
-	fr, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "demo: moving to etcd " + framework.Etcd36, WaitTimeout: admin.Duration(30 * time.Second)})
+	done = p.begin("start green's plan: etcd %s + kube-apiserver %s, launched by the cutover", framework.Etcd36, framework.Kube136)
+	green, err := env.WriteCutoverPlan("green", pki, px, blueAPI, blueEtcd, framework.Etcd36, 1)
 	if err != nil {
 		return nil, err
 	}
-	if !fr.Barrier.Complete {
-		return nil, fmt.Errorf("fence barrier incomplete: %d writes still running", len(fr.Barrier.Remaining))
-	}
-	done(fmt.Sprintf("in-flight writes drained in %s", time.Duration(fr.Barrier.Waited).Round(time.Microsecond)))
+	defer func() {
+		if !keepRunning {
+			_, _ = framework.StopCutoverProcesses(green.Plan.StateDir)
+		}
+	}()
+	done(green.PlanPath)
 
-	done = p.begin("copy blue: consistent snapshot through etcd's maintenance API  [by hand: 'kubefence cutover' not built yet]")
-	snap := filepath.Join(env.Dir, "blue.snapshot.db")
-	n, err := blueEtcd.SnapshotTo(ctx, snap)
+	// --- the write-unavailability window is inside this step ---
+	done = p.begin("kubefence cutover --plan %s", filepath.Base(green.PlanPath))
+	cmd := exec.CommandContext(ctx, o.kubefence, "cutover", "--plan", green.PlanPath)
+	cmd.Stdout = &indent{w: out, prefix: "            | "}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("kubefence cutover: %w (logs in %s)", err, env.LogDir)
+	}
+	j, err := cutover.LoadJournal(green.Plan.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	blueRev, err := blueEtcd.Revision(ctx)
-	if err != nil {
-		return nil, err
+	sum := &summary{Window: j.UnfencedAt.Sub(j.FencedAt)}
+	if j.Verified != nil {
+		sum.Verified = j.Verified.Objects
 	}
-	done(fmt.Sprintf("%.1f MB at revision %d", float64(n)/1e6, blueRev))
-
-	bump := int64(1_000_000)
-	done = p.begin("migrate: restore into etcd %s data with revisions bumped by %d, marked compacted  [by hand, etcdutl]", framework.Etcd36, bump)
-	greenEtcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "green-etcd", Version: framework.Etcd36,
-		Prepare: func(members []*framework.EtcdMember) error {
-			return framework.RestoreSnapshot(ctx, framework.Etcd36, snap, bump, "green-etcd", members)
-		}})
-	if err != nil {
-		return nil, err
-	}
-	greenRev, _ := greenEtcd.Revision(ctx)
-	done(fmt.Sprintf("green etcd %s serving at revision %d", framework.Etcd36, greenRev))
-
-	done = p.begin("start green kube-apiserver %s on green etcd", framework.Kube136)
-	greenAPI, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: greenEtcd.Endpoints(), PKI: pki})
-	if err != nil {
-		return nil, err
-	}
-	done(greenAPI.URL)
-
-	done = p.begin("verify: every object on blue is on green with the same UID and content  [by hand, client-go]")
-	sum := &summary{}
-	verified, missing, err := verify(ctx, blueAPI, greenAPI)
-	if err != nil {
-		return nil, err
-	}
-	sum.Verified, sum.Missing = verified, missing
-	if len(missing) > 0 {
-		return sum, fmt.Errorf("verification failed, %d objects differ: %v (the fence stays on; blue still serves reads)", len(missing), missing)
-	}
-	done(fmt.Sprintf("%d objects identical", verified))
-
-	done = p.begin("kubefence backend set %s: watches on blue end cleanly and reconnect to green", greenAPI.URL)
-	br, err := px.Admin.SetBackend(ctx, admin.BackendRequest{URL: greenAPI.URL})
-	if err != nil {
-		return nil, err
-	}
-	done(fmt.Sprintf("%d long-running requests moved", br.Drain.Streams))
-
-	done = p.begin("kubefence fence off: writes reopen, now on green")
-	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
-		return nil, err
-	}
-	sum.Window = time.Since(fenceStart)
 	done("")
-	// --- the window ends here ---
+	greenAPI := &framework.APIServer{URL: green.GreenURL, Kubeconfig: green.GreenKubeconfig}
 
 	before := traffic.acked.Load()
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
@@ -211,13 +173,16 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	fmt.Fprintf(out, "  reader: %d lists, %d failed; watcher: %d events\n", sum.Reads, sum.ReadErr, sum.WatchEvents)
 	fmt.Fprintf(out, "  objects verified on green: %d; acknowledged writes lost: 0\n", sum.Verified)
 	fmt.Fprintf(out, "  proxy backend now: %s (green), fence: %s\n", st.Backend, fenceWord(st.Fenced))
+	if st.Backend != green.GreenURL || st.Fenced {
+		return sum, fmt.Errorf("the proxy is not open on green: %+v", st)
+	}
 	if sum.WriterErrors > 0 {
 		return sum, fmt.Errorf("the writer saw %d errors: %v", sum.WriterErrors, traffic.errors()[0])
 	}
 
 	if o.keep {
 		keepRunning = true
-		printKeep(out, o, env, px, blueAPI, greenAPI)
+		printKeep(out, o, env, px, blueAPI, greenAPI, green.Plan.StateDir)
 		<-ctx.Done()
 		keepRunning = false
 	}
@@ -231,7 +196,7 @@ func fenceWord(f bool) string {
 	return "off"
 }
 
-func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy, blue, green *framework.APIServer) {
+func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy, blue, green *framework.APIServer, stateDir string) {
 	fmt.Fprintf(out, `
 Everything is still running (KEEP=1). Try it by hand in another terminal:
 
@@ -244,10 +209,11 @@ Everything is still running (KEEP=1). Try it by hand in another terminal:
 
   blue apiserver (stopped serving clients, still running): %s
   green apiserver (behind the proxy now):                   %s
-  logs: %s
+  logs: %s and %s/logs (green, started by the cutover)
+  cutover journal: %s/journal.json
 
-Press Ctrl-C here to stop everything (etcd, apiservers, proxy) and remove %s.
-`, px.Kubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, env.Dir)
+Press Ctrl-C here to stop everything (etcd, apiservers, proxy).
+`, px.Kubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, stateDir, stateDir)
 }
 
 func clientset(kubeconfig string, qps float32) (*kubernetes.Clientset, error) {
@@ -492,4 +458,29 @@ func content(v any) string {
 		return "unmarshalable: " + err.Error()
 	}
 	return string(b)
+}
+
+// indent prefixes every line written through it.
+type indent struct {
+	w      io.Writer
+	prefix string
+	mid    bool
+}
+
+func (i *indent) Write(p []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(p), "\n") {
+		if line == "" {
+			continue
+		}
+		if !i.mid {
+			if _, err := io.WriteString(i.w, i.prefix); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := io.WriteString(i.w, line); err != nil {
+			return 0, err
+		}
+		i.mid = !strings.HasSuffix(line, "\n")
+	}
+	return len(p), nil
 }

@@ -53,10 +53,31 @@ func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServ
 	}
 	p := cfg.PKI
 	url := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	args := APIServerArgs(cfg, ports[0])
+	proc, err := e.Start(cfg.Name, bin, args)
+	if err != nil {
+		return nil, err
+	}
+	a := &APIServer{Config: cfg, URL: url, Proc: proc, env: e}
+	a.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")
+	if err := WriteKubeconfig(a.Kubeconfig, url, p.CACert, p.AdminCert, p.AdminKey, ""); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := a.WaitReady(ctx, 90*time.Second); err != nil {
+		return nil, err
+	}
+	e.Logf("kube-apiserver %s up at %s in %s (etcd %s)", cfg.Version, url, time.Since(start).Round(10*time.Millisecond), strings.Join(cfg.EtcdEndpoints, ","))
+	return a, nil
+}
+
+// APIServerArgs are the flags the harness starts kube-apiserver with on port.
+func APIServerArgs(cfg APIServerConfig, port int) []string {
+	p := cfg.PKI
 	args := []string{
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", ports[0]),
+		fmt.Sprintf("--secure-port=%d", port),
 		"--etcd-servers=" + strings.Join(cfg.EtcdEndpoints, ","),
 		"--storage-backend=etcd3",
 		"--tls-cert-file=" + p.APIServerCert,
@@ -82,22 +103,7 @@ func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServ
 	if cfg.StorageMediaType != "" {
 		args = append(args, "--storage-media-type="+cfg.StorageMediaType)
 	}
-	args = append(args, cfg.ExtraArgs...)
-	proc, err := e.Start(cfg.Name, bin, args)
-	if err != nil {
-		return nil, err
-	}
-	a := &APIServer{Config: cfg, URL: url, Proc: proc, env: e}
-	a.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")
-	if err := WriteKubeconfig(a.Kubeconfig, url, p.CACert, p.AdminCert, p.AdminKey, ""); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := a.WaitReady(ctx, 90*time.Second); err != nil {
-		return nil, err
-	}
-	e.Logf("kube-apiserver %s up at %s in %s (etcd %s)", cfg.Version, url, time.Since(start).Round(10*time.Millisecond), strings.Join(cfg.EtcdEndpoints, ","))
-	return a, nil
+	return append(args, cfg.ExtraArgs...)
 }
 
 // WaitReady waits until /readyz answers 200.

@@ -111,6 +111,7 @@ itself. While fenced the proxy can be switched to a new apiserver, then 'fence o
 		newProxyCommand(g),
 		newFenceCommand(g),
 		newBackendCommand(g),
+		newCutoverCommand(g),
 	)
 	return root, g.close
 }

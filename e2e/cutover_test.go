@@ -1,0 +1,388 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+)
+
+type cutoverFixture struct {
+	env   *framework.Env
+	pki   *framework.PKI
+	blue  *cluster
+	px    *framework.Proxy
+	green *framework.GreenSetup
+}
+
+func newCutoverFixture(t *testing.T) *cutoverFixture {
+	t.Helper()
+	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
+	f := &cutoverFixture{env: newEnv(t)}
+	var err error
+	if f.pki, err = framework.NewPKI(f.env.Dir + "/pki"); err != nil {
+		t.Fatal(err)
+	}
+	f.blue = startCluster(t, f.env, f.pki, "blue", framework.Etcd34)
+	if f.px, err = f.env.StartProxy(t.Context(), framework.ProxyConfig{Binary: kubefenceBin, Upstream: f.blue.api.URL, PKI: f.pki, RetryAfter: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if f.green, err = f.env.WriteCutoverPlan("green", f.pki, f.px, f.blue.api, f.blue.etcd, framework.Etcd36, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Registered after newEnv's cleanup, so it runs first: green's processes outlive kubefence.
+	t.Cleanup(func() {
+		stopped, _ := framework.StopCutoverProcesses(f.green.Plan.StateDir)
+		t.Logf("stopped green processes: %v", stopped)
+	})
+	return f
+}
+
+// cutoverCmd runs `kubefence cutover` with args and returns its combined output.
+func (f *cutoverFixture) cutoverCmd(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (f *cutoverFixture) proxyClient(t *testing.T, qps float32) *kubernetes.Clientset {
+	t.Helper()
+	_, cfg, err := framework.ClientsetFor(f.px.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = qps, int(qps)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestCutover moves a live cluster from etcd 3.4 to etcd 3.6 behind the proxy while a writer,
+// two informers, kubectl get -w and a reader run, and checks nothing was lost or surfaced.
+func TestCutover(t *testing.T) {
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	cs := f.proxyClient(t, 1000)
+	for _, ns := range []string{"app", "load"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 100 {
+		if _, err := cs.CoreV1().ConfigMaps("app").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("app-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The writer creates configmap i and updates configmap i-1, as fast as it can, and records
+	// the last acknowledged content of each.
+	var wmu sync.Mutex
+	want := map[string]string{}
+	var writeErrs []error
+	wctx, stopWriter := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; wctx.Err() == nil; i++ {
+			name := fmt.Sprintf("w-%05d", i)
+			_, err := cs.CoreV1().ConfigMaps("load").Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
+			if wctx.Err() != nil {
+				return
+			}
+			wmu.Lock()
+			if err != nil {
+				writeErrs = append(writeErrs, err)
+			} else {
+				want[name] = "created"
+			}
+			wmu.Unlock()
+			if i == 0 {
+				continue
+			}
+			prev := fmt.Sprintf("w-%05d", i-1)
+			_, err = cs.CoreV1().ConfigMaps("load").Update(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
+			if wctx.Err() != nil {
+				return
+			}
+			wmu.Lock()
+			if err != nil {
+				writeErrs = append(writeErrs, err)
+			} else {
+				want[prev] = "updated"
+			}
+			wmu.Unlock()
+		}
+	}()
+	// A reader lists pods, counting failures.
+	var reads, readFails atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for wctx.Err() == nil {
+			if _, err := cs.CoreV1().Pods("").List(wctx, metav1.ListOptions{}); err != nil && wctx.Err() == nil {
+				readFails.Add(1)
+				t.Logf("list pods: %v", err)
+			}
+			reads.Add(1)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	// Informers on configmaps and namespaces.
+	infCtx, stopInformers := context.WithCancel(ctx)
+	defer stopInformers()
+	factory := informers.NewSharedInformerFactory(cs, 0)
+	cmInf := factory.Core().V1().ConfigMaps().Informer()
+	nsInf := factory.Core().V1().Namespaces().Informer()
+	factory.Start(infCtx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), cmInf.HasSynced, nsInf.HasSynced) {
+		t.Fatal("informers did not sync")
+	}
+	// kubectl get -w.
+	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
+	kw := exec.CommandContext(wctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name")
+	kwOut := &syncBuffer{}
+	kw.Stdout, kw.Stderr = kwOut, kwOut
+	if err := kw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+
+	out, err := f.cutoverCmd(ctx)
+	t.Logf("kubefence cutover:\n%s", out)
+	if err != nil {
+		t.Fatalf("cutover failed: %v", err)
+	}
+	time.Sleep(2 * time.Second) // writes continue on green
+	stopWriter()
+	wg.Wait()
+	_ = kw.Wait()
+
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != cutover.StateDone || j.UnfencedAt.Sub(j.FencedAt) <= 0 {
+		t.Fatalf("journal: %+v", j)
+	}
+	t.Logf("write-unavailability window %s; writer: %d configmaps; reader: %d lists, %d failed", j.UnfencedAt.Sub(j.FencedAt), len(want), reads.Load(), readFails.Load())
+	if len(writeErrs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(writeErrs), writeErrs[0])
+	}
+	if fails := readFails.Load(); float64(fails) > 0.001*float64(reads.Load()) {
+		t.Errorf("%d of %d lists failed (more than 0.1%%)", fails, reads.Load())
+	}
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
+		t.Fatalf("proxy after cutover: %+v %v", st, err)
+	}
+	_, gcs, err := clientsetsFor(f.green.GreenKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	greenCMs, err := gcs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	greenKeys := map[string]bool{}
+	for _, cm := range greenCMs.Items {
+		greenKeys[cm.Namespace+"/"+cm.Name] = true
+		if cm.Namespace == "load" {
+			got[cm.Name] = cm.Data["v"]
+		}
+	}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("configmap load/%s on green: %q, want the last acknowledged %q", name, got[name], v)
+		}
+	}
+	// Blue was left as it was at the fence: none of the writes after the switch reached it.
+	blueCMs, err := f.blue.cs.CoreV1().ConfigMaps("load").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(blueCMs.Items) >= len(got) {
+		t.Errorf("blue has %d configmaps in load, green %d: writes after the switch reached blue", len(blueCMs.Items), len(got))
+	}
+	// Informers end with exactly green's content (once the last events have arrived).
+	sameKeys := func() (missing, extra []string) {
+		infKeys := map[string]bool{}
+		for _, k := range cmInf.GetStore().ListKeys() {
+			infKeys[k] = true
+			if !greenKeys[k] {
+				extra = append(extra, k)
+			}
+		}
+		for k := range greenKeys {
+			if !infKeys[k] {
+				missing = append(missing, k)
+			}
+		}
+		return missing, extra
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		missing, extra := sameKeys()
+		if len(missing) == 0 && len(extra) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("configmap informer differs from green: lacks %v, has extra %v", missing, extra)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	gns, err := gcs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gns.Items) != len(nsInf.GetStore().ListKeys()) {
+		t.Errorf("namespace informer has %d, green %d", len(nsInf.GetStore().ListKeys()), len(gns.Items))
+	}
+	if !strings.Contains(kwOut.String(), "configmap/w-") {
+		t.Errorf("kubectl get -w saw no writes: %q", kwOut.String())
+	}
+}
+
+// TestCutoverAbort: a green apiserver that never gets ready aborts the cutover; blue serves,
+// unfenced and unchanged, and green etcd is stopped.
+func TestCutoverAbort(t *testing.T) {
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	cs := f.proxyClient(t, 100)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "keep"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A "kube-apiserver" that runs but never answers.
+	f.green.Plan.Green.APIServer.Command = []string{"/bin/sleep", "3600"}
+	f.green.Plan.Timeouts.GreenAPIServer = cutover.Duration(3 * time.Second)
+	rewritePlan(t, f.green)
+	out, err := f.cutoverCmd(ctx)
+	t.Logf("kubefence cutover:\n%s", out)
+	if err == nil || !strings.Contains(out, "ABORT at start-green-apiserver") || !strings.Contains(out, "cutover "+"") {
+		t.Fatalf("want an abort at start-green-apiserver: %v", err)
+	}
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Fenced || st.Backend != f.blue.api.URL {
+		t.Fatalf("after abort the proxy is %+v, %v; want open on blue", st, err)
+	}
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil || j.State != cutover.StateAborted {
+		t.Fatalf("journal after abort: %+v %v", j, err)
+	}
+	for name, pid := range j.GreenPIDs {
+		if syscall.Kill(pid, 0) == nil && !isZombie(pid) {
+			t.Errorf("green %s (pid %d) still running after the abort", name, pid)
+		}
+	}
+	// Blue serves writes again, through the proxy.
+	if _, err := cs.CoreV1().ConfigMaps("keep").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-abort"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("write after abort: %v", err)
+	}
+	if _, err := f.blue.cs.CoreV1().ConfigMaps("keep").Get(ctx, "after-abort", metav1.GetOptions{}); err != nil {
+		t.Fatalf("write after abort not on blue: %v", err)
+	}
+}
+
+// TestCutoverResume kills `kubefence cutover` with SIGKILL as each step starts, then resumes it:
+// every run must end on green, open, with every acknowledged object.
+func TestCutoverResume(t *testing.T) {
+	for _, step := range cutover.Steps {
+		t.Run(step, func(t *testing.T) {
+			f := newCutoverFixture(t)
+			ctx := t.Context()
+			cs := f.proxyClient(t, 200)
+			if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "r"}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 20 {
+				if _, err := cs.CoreV1().ConfigMaps("r").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%d", i)}}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			killAtStep(t, f, step)
+			out, err := f.cutoverCmd(ctx, "--resume")
+			t.Logf("resume:\n%s", out)
+			if err != nil {
+				t.Fatalf("resume after kill -9 at %s: %v", step, err)
+			}
+			st, err := f.px.Admin.Status(ctx)
+			if err != nil || st.Fenced || st.Backend != f.green.GreenURL {
+				t.Fatalf("after resume the proxy is %+v, %v", st, err)
+			}
+			l, err := cs.CoreV1().ConfigMaps("r").List(ctx, metav1.ListOptions{})
+			if err != nil || len(l.Items) < 20 {
+				t.Fatalf("after resume green has %d configmaps in r (%v)", len(l.Items), err)
+			}
+		})
+	}
+}
+
+// killAtStep starts a cutover and kills it with SIGKILL as soon as it starts step.
+func killAtStep(t *testing.T, f *cutoverFixture, step string) {
+	t.Helper()
+	cmd := exec.Command(kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(pipe)
+	killed := false
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), ". "+step+": ") {
+			_ = cmd.Process.Kill()
+			killed = true
+			break
+		}
+	}
+	_, _ = io_Copy(pipe)
+	_ = cmd.Wait()
+	if !killed {
+		t.Fatalf("cutover never started step %s", step)
+	}
+}
+
+func rewritePlan(t *testing.T, g *framework.GreenSetup) {
+	t.Helper()
+	data, err := yamlMarshal(&g.Plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.PlanPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}

@@ -1,0 +1,121 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kubefence/kubefence/migrator/cutover"
+)
+
+// GreenSetup is a cutover plan for the harness: green etcd of a version with members on free
+// ports and green kube-apiserver launched by the cutover, both under the Env's dir.
+type GreenSetup struct {
+	PlanPath string
+	Plan     cutover.Plan
+	// GreenURL and GreenKubeconfig reach green's apiserver directly.
+	GreenURL        string
+	GreenKubeconfig string
+	GreenEtcd       []string // client URLs
+}
+
+// WriteCutoverPlan writes a plan that moves blue (apiserver, etcd) behind px to a green etcd of
+// etcdVersion and a green kube-apiserver, and returns it.
+func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APIServer, blueEtcd *Etcd, etcdVersion string, members int) (*GreenSetup, error) {
+	etcdBin, err := Bin("etcd", etcdVersion)
+	if err != nil {
+		return nil, err
+	}
+	apiBin, err := Bin("kube-apiserver", Kube136)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := FreePorts(2*members + 1)
+	if err != nil {
+		return nil, err
+	}
+	g := &GreenSetup{PlanPath: filepath.Join(e.Dir, name+".plan.yaml")}
+	var ms []cutover.GreenMember
+	for i := range members {
+		m := cutover.GreenMember{
+			Name:      fmt.Sprintf("%s-etcd-%d", name, i),
+			DataDir:   filepath.Join(e.Dir, fmt.Sprintf("%s-etcd-%d.etcd", name, i)),
+			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
+			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+		}
+		ms = append(ms, m)
+		g.GreenEtcd = append(g.GreenEtcd, m.ClientURL)
+	}
+	apiPort := ports[2*members]
+	g.GreenURL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	g.GreenKubeconfig = filepath.Join(e.Dir, name+"-apiserver.kubeconfig")
+	if err := WriteKubeconfig(g.GreenKubeconfig, g.GreenURL, pki.CACert, pki.AdminCert, pki.AdminKey, ""); err != nil {
+		return nil, err
+	}
+	g.Plan = cutover.Plan{
+		APIVersion: cutover.PlanAPIVersion,
+		Kind:       cutover.PlanKind,
+		StateDir:   filepath.Join(e.Dir, name+"-cutover"),
+		Proxy:      cutover.ProxySpec{AdminSocket: px.AdminSocket},
+		Blue: cutover.BlueSpec{
+			APIServer: cutover.APIServerRef{URL: blueAPI.URL, Kubeconfig: blueAPI.Kubeconfig},
+			Etcd:      cutover.EtcdClientSpec{Endpoints: blueEtcd.Endpoints()},
+		},
+		Green: cutover.GreenSpec{
+			Etcd: cutover.GreenEtcd{Binary: etcdBin, Version: etcdVersion, Members: ms},
+			APIServer: cutover.GreenAPIServer{
+				APIServerRef: cutover.APIServerRef{URL: g.GreenURL, Kubeconfig: g.GreenKubeconfig},
+				Command: append([]string{apiBin}, APIServerArgs(APIServerConfig{
+					Name: name + "-apiserver", EtcdEndpoints: g.GreenEtcd, PKI: pki,
+					StorageMediaType: blueAPI.Config.StorageMediaType,
+				}, apiPort)...),
+			},
+		},
+		Migration: cutover.Migration{Mode: "snapshot"},
+	}
+	data, err := yaml.Marshal(&g.Plan)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(g.PlanPath, data, 0o644); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// StopCutoverProcesses stops the green processes a cutover started (they outlive the
+// kubefence process by design, so the Env does not know them) and reports what it stopped.
+func StopCutoverProcesses(stateDir string) ([]string, error) {
+	j, err := cutover.LoadJournal(stateDir)
+	if err != nil {
+		return nil, nil // no journal: nothing was started
+	}
+	var stopped []string
+	for name, pid := range j.GreenPIDs {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			continue
+		}
+		stopped = append(stopped, fmt.Sprintf("%s (pid %d)", name, pid))
+		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil && !zombie(pid); i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return stopped, nil
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
+}

@@ -1,0 +1,173 @@
+package cutover
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func validPlan(t *testing.T) (*Plan, string) {
+	t.Helper()
+	dir := t.TempDir()
+	kc := writeFile(t, dir, "kubeconfig", "apiVersion: v1\nkind: Config\n")
+	etcd := writeFile(t, dir, "etcd", "#!/bin/sh\n")
+	api := writeFile(t, dir, "kube-apiserver", "#!/bin/sh\n")
+	p := &Plan{
+		APIVersion: PlanAPIVersion, Kind: PlanKind, StateDir: filepath.Join(dir, "state"),
+		Blue: BlueSpec{APIServer: APIServerRef{URL: "https://10.0.0.1:6443", Kubeconfig: kc}, Etcd: EtcdClientSpec{Endpoints: []string{"https://10.0.0.1:2379"}}},
+		Green: GreenSpec{
+			Etcd: GreenEtcd{Binary: etcd, Version: "3.6.16", Members: []GreenMember{{Name: "g0", DataDir: filepath.Join(dir, "g0"), ClientURL: "http://127.0.0.1:2479", PeerURL: "http://127.0.0.1:2480"}}},
+			APIServer: GreenAPIServer{APIServerRef: APIServerRef{URL: "https://10.0.0.2:6443", Kubeconfig: kc}, Command: []string{api, "--etcd-servers=http://127.0.0.1:2479"}},
+		},
+	}
+	return p, dir
+}
+
+func TestParsePlan(t *testing.T) {
+	p, _ := validPlan(t)
+	good, err := yaml.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParsePlan(good)
+	if err != nil {
+		t.Fatalf("valid plan refused: %v", err)
+	}
+	if got.Migration.Mode != "snapshot" || got.Migration.RevisionBump != DefaultRevisionBump || got.Proxy.AdminSocket == "" || got.Timeouts.Verify == 0 {
+		t.Errorf("defaults not applied: %+v", got)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*Plan)
+		want   []string
+	}{
+		{"many problems at once", func(p *Plan) {
+			p.StateDir = ""
+			p.Blue.APIServer.URL = "10.0.0.1:6443"
+			p.Green.Etcd.Members = append(p.Green.Etcd.Members, p.Green.Etcd.Members[0])
+			p.Green.APIServer.Command = nil
+			p.Migration.Mode = "magic"
+		}, []string{"stateDir is required", `blue.apiserver.url "10.0.0.1:6443"`, "members: 2 given, want 1 or 3", "is used twice", "give command", `migration.mode "magic"`}},
+		{"v2 not yet", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"v2-to-v3 is not available yet"}},
+		{"missing files", func(p *Plan) { p.Green.Etcd.Binary = "/nonexistent/etcd"; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary", "blue.apiserver.kubeconfig is required"}},
+		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
+		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
+		{"both launchers", func(p *Plan) { p.Green.APIServer.StaticPod = &StaticPod{Manifest: "x", ManifestDir: "/"} }, []string{"not both"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			tc.mutate(p)
+			data, _ := yaml.Marshal(p)
+			_, err := ParsePlan(data)
+			if err == nil {
+				t.Fatal("plan accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+	if _, err := ParsePlan([]byte("apiVersion: kubefence.io/v1alpha1\nkind: CutoverPlan\nstatedir: x\n")); err == nil || !strings.Contains(err.Error(), "field statedir not found") {
+		t.Errorf("unknown field: %v", err)
+	}
+}
+
+func TestDryRunNamesExactActions(t *testing.T) {
+	p, _ := validPlan(t)
+	data, _ := yaml.Marshal(p)
+	p, err := ParsePlan(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := DryRun(p)
+	if len(steps) != len(Steps) {
+		t.Fatalf("%d steps", len(steps))
+	}
+	all := ""
+	for _, s := range steps {
+		all += s.Step + ": " + s.Action + "\n"
+	}
+	for _, want := range []string{"--name g0 --data-dir " + p.Green.Etcd.Members[0].DataDir, "--etcd-servers=http://127.0.0.1:2479", "backend set https://10.0.0.2:6443", "revision +1000000000"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, all)
+		}
+	}
+	if _, err := os.Stat(p.StateDir); err == nil {
+		t.Error("dry run created the state dir")
+	}
+}
+
+func obj(uid, rv string, data string) *unstructured.Unstructured {
+	o := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"uid": uid, "resourceVersion": rv}, "data": data}}
+	return o
+}
+
+func TestCompare(t *testing.T) {
+	const snap = 100
+	blue := map[string]*unstructured.Unstructured{
+		"ns/same":            obj("u1", "50", "a"),
+		"ns/missing":         obj("u2", "60", "a"),
+		"ns/differs":         obj("u3", "70", "a"),
+		"ns/other-uid":       obj("u4", "70", "a"),
+		"ns/changed-on-blue": obj("u5", "150", "new"),
+		"ns/created-on-blue": obj("u6", "160", "a"),
+	}
+	green := map[string]*unstructured.Unstructured{
+		"ns/same":            obj("u1", "50", "a"),
+		"ns/differs":         obj("u3", "70", "b"),
+		"ns/other-uid":       obj("u9", "70", "a"),
+		"ns/changed-on-blue": obj("u5", "90", "old"),
+		"ns/green-only":      obj("u7", "80", "a"),
+		"ns/made-by-green":   obj("u8", "1000000200", "a"),
+	}
+	rep := &VerifyReport{}
+	var changed, mismatched int
+	compare(rep, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, blue, green, snap, &changed, &mismatched)
+	if rep.Objects != 1 || changed != 3 || mismatched != 4 {
+		t.Fatalf("objects %d changed %d mismatched %d: %+v", rep.Objects, changed, mismatched, rep)
+	}
+	joined := strings.Join(rep.Mismatches, "\n")
+	for _, w := range []string{"ns/missing: missing on green", "ns/differs: differs", "ns/other-uid: differs (uid u4 vs u9)", "ns/green-only: on green only"} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("mismatches lack %q:\n%s", w, joined)
+		}
+	}
+}
+
+func TestJournalRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := LoadJournal(dir); err != errNoJournal {
+		t.Fatalf("empty dir: %v", err)
+	}
+	j := &Journal{Version: 1, ID: "x", State: StateRunning, GreenPIDs: map[string]int{"g0": 42}, Done: []StepRecord{{Step: StepPreflight}}}
+	if err := j.save(dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadJournal(dir)
+	if err != nil || got.ID != "x" || got.GreenPIDs["g0"] != 42 || !got.done(StepPreflight) || got.done(StepFence) {
+		t.Fatalf("journal = %+v, %v", got, err)
+	}
+	if err := os.WriteFile(journalPath(dir), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadJournal(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("corrupt journal: %v", err)
+	}
+}

@@ -1,0 +1,146 @@
+package cutover
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Step names, in order.
+const (
+	StepPreflight      = "preflight"
+	StepFence          = "fence"
+	StepCopy           = "copy"
+	StepMigrate        = "migrate"
+	StepGreenEtcd      = "start-green-etcd"
+	StepGreenAPIServer = "start-green-apiserver"
+	StepVerify         = "verify"
+	StepSwitch         = "switch"
+	StepUnfence        = "unfence"
+)
+
+// Steps is the order of a cutover.
+var Steps = []string{StepPreflight, StepFence, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAPIServer, StepVerify, StepSwitch, StepUnfence}
+
+// Journal states.
+const (
+	StateRunning = "running"
+	StateDone    = "done"
+	StateAborted = "aborted"
+)
+
+// Journal records a cutover's progress in the state dir. It is written atomically after every
+// finished step, before the next one starts.
+type Journal struct {
+	Version  int       `json:"version"`
+	ID       string    `json:"id"`
+	PlanHash string    `json:"planHash"`
+	State    string    `json:"state"`
+	Started  time.Time `json:"started"`
+	// Done lists finished steps with their duration and results.
+	Done []StepRecord `json:"done"`
+
+	FencedAt   time.Time `json:"fencedAt,omitzero"`
+	UnfencedAt time.Time `json:"unfencedAt,omitzero"`
+	// BlueBackend is the proxy's backend before the cutover (abort checks it is still there).
+	BlueBackend string `json:"blueBackend,omitempty"`
+	// Snapshot is the copy of blue: its path, revision and size.
+	Snapshot         string `json:"snapshot,omitempty"`
+	SnapshotRevision int64  `json:"snapshotRevision,omitempty"`
+	SnapshotBytes    int64  `json:"snapshotBytes,omitempty"`
+	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
+	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
+	// Refused counts writes refused while fenced during this cutover.
+	RefusedAtFence   uint64 `json:"refusedAtFence,omitempty"`
+	RefusedAtUnfence uint64 `json:"refusedAtUnfence,omitempty"`
+	Verified         *VerifyReport `json:"verified,omitempty"`
+	AbortReason      string        `json:"abortReason,omitempty"`
+}
+
+// StepRecord is one finished step.
+type StepRecord struct {
+	Step     string        `json:"step"`
+	Started  time.Time     `json:"started"`
+	Duration time.Duration `json:"durationNanos"`
+	Detail   string        `json:"detail,omitempty"`
+}
+
+func (j *Journal) done(step string) bool {
+	for _, r := range j.Done {
+		if r.Step == step {
+			return true
+		}
+	}
+	return false
+}
+
+func journalPath(stateDir string) string { return filepath.Join(stateDir, "journal.json") }
+
+// errNoJournal means no cutover has started in this state dir.
+var errNoJournal = errors.New("no journal")
+
+// LoadJournal reads the journal of stateDir.
+func LoadJournal(stateDir string) (*Journal, error) {
+	data, err := os.ReadFile(journalPath(stateDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errNoJournal
+	}
+	if err != nil {
+		return nil, err
+	}
+	var j Journal
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("journal %s is corrupt: %w (inspect it; move it away only if no cutover is in progress)", journalPath(stateDir), err)
+	}
+	return &j, nil
+}
+
+// save writes the journal atomically (temp, fsync, rename, fsync dir).
+func (j *Journal) save(stateDir string) error {
+	data, err := json.MarshalIndent(j, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(journalPath(stateDir), append(data, '\n'), 0o600)
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,139 @@
+package cutover
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// etcdArgs are the flags a green member starts with.
+func etcdArgs(p *Plan, m GreenMember) []string {
+	var initial []string
+	for _, o := range p.Green.Etcd.Members {
+		initial = append(initial, o.Name+"="+o.PeerURL)
+	}
+	args := []string{
+		"--name", m.Name, "--data-dir", m.DataDir,
+		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
+		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
+		"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
+	}
+	if m.MetricsURL != "" {
+		args = append(args, "--listen-metrics-urls", m.MetricsURL)
+	}
+	return append(args, p.Green.Etcd.ExtraArgs...)
+}
+
+// daemon starts a process that outlives kubefence (its own session, output to a log file in
+// the state dir) and returns its pid.
+func daemon(stateDir, name string, argv []string) (int, error) {
+	logDir := filepath.Join(stateDir, "logs")
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return 0, err
+	}
+	logPath := filepath.Join(logDir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "### %s kubefence cutover starts %q\n", time.Now().Format(time.RFC3339Nano), argv)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start %s: %w", name, err)
+	}
+	pid := cmd.Process.Pid
+	// Reap it if it exits while we run; after we exit, init does.
+	go func() { _ = cmd.Wait() }()
+	return pid, nil
+}
+
+// alive reports whether pid runs the binary bin (so a recycled pid is not mistaken for ours).
+func alive(pid int, bin string) bool {
+	if pid <= 0 {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err == nil {
+		// state is the field after the ")" of the command name; Z is a zombie.
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			return false
+		}
+	}
+	first, _, _ := bytes.Cut(cmdline, []byte{0})
+	return string(first) == bin
+}
+
+// stop sends SIGTERM, then SIGKILL after grace, and waits for the process to be gone.
+func stop(pid int, bin string, grace time.Duration) {
+	if !alive(pid, bin) {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for alive(pid, bin) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if alive(pid, bin) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		for i := 0; i < 100 && alive(pid, bin); i++ {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// portFree reports whether host:port of a URL can be bound now.
+func portFree(rawURL string) error {
+	hp := hostPort(rawURL)
+	ln, err := net.Listen("tcp", hp)
+	if err != nil {
+		return fmt.Errorf("%s is in use (%v)", hp, err)
+	}
+	return ln.Close()
+}
+
+// binaryVersion runs `bin --version` and returns its output.
+func binaryVersion(ctx context.Context, bin string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %v: %s", bin, err, out)
+	}
+	return string(out), nil
+}
+
+// staticPodPath is where the green apiserver's manifest goes in the kubelet's directory.
+func staticPodPath(sp *StaticPod) string {
+	return filepath.Join(sp.ManifestDir, filepath.Base(sp.Manifest))
+}
+
+// placeStaticPod copies the manifest into the kubelet's directory atomically.
+func placeStaticPod(sp *StaticPod) error {
+	data, err := os.ReadFile(sp.Manifest)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(staticPodPath(sp), data, 0o600)
+}
+
+func readDirIfExists(dir string) ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	return entries, err
+}

@@ -1,0 +1,302 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+func (r *runner) snapshotPath() string { return filepath.Join(r.p.StateDir, "blue-snapshot.db") }
+
+// describe says what a step will do; verbose gives the exact commands (--dry-run).
+func (r *runner) describe(step string, verbose bool) string {
+	p := r.p
+	switch step {
+	case StepPreflight:
+		return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s",
+			p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), p.Proxy.AdminSocket, p.StateDir)
+	case StepFence:
+		return fmt.Sprintf("kubefence fence on (wait up to %s for in-flight writes)", p.Proxy.WaitTimeout.D())
+	case StepCopy:
+		return fmt.Sprintf("wait for blue's raft indexes to converge, snapshot the most advanced member into %s, check its sha256", r.snapshotPath())
+	case StepMigrate:
+		var dirs []string
+		for _, m := range p.Green.Etcd.Members {
+			dirs = append(dirs, m.DataDir)
+		}
+		return fmt.Sprintf("restore the snapshot into %s (revision +%d, marked compacted)", strings.Join(dirs, ", "), p.Migration.RevisionBump)
+	case StepGreenEtcd:
+		var cmds []string
+		for _, m := range p.Green.Etcd.Members {
+			if verbose {
+				cmds = append(cmds, p.Green.Etcd.Binary+" "+strings.Join(etcdArgs(p, m), " "))
+			} else {
+				cmds = append(cmds, m.Name+" at "+m.ClientURL)
+			}
+		}
+		return "start etcd " + p.Green.Etcd.Version + ": " + strings.Join(cmds, "; ")
+	case StepGreenAPIServer:
+		if sp := p.Green.APIServer.StaticPod; sp != nil {
+			return fmt.Sprintf("write %s into %s, wait for %s/readyz", sp.Manifest, sp.ManifestDir, p.Green.APIServer.URL)
+		}
+		cmd := filepath.Base(p.Green.APIServer.Command[0])
+		if verbose {
+			cmd = strings.Join(p.Green.APIServer.Command, " ")
+		}
+		return fmt.Sprintf("start %s, wait for %s/readyz", cmd, p.Green.APIServer.URL)
+	case StepVerify:
+		return "compare every listable resource type on blue and green (UID and content)"
+	case StepSwitch:
+		return "kubefence backend set " + p.Green.APIServer.URL
+	case StepUnfence:
+		return "kubefence fence off"
+	}
+	return ""
+}
+
+func (r *runner) step(ctx context.Context, step string) (string, error) {
+	switch step {
+	case StepPreflight:
+		return r.preflight(ctx)
+	case StepFence:
+		st, err := r.adm.Status(ctx)
+		if err != nil {
+			return "", err
+		}
+		reason := r.p.Proxy.Reason
+		if reason == "" {
+			reason = "kubefence cutover " + r.j.ID
+		}
+		resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
+		if err != nil {
+			return "", err
+		}
+		if !resp.Barrier.Complete {
+			return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D())
+		}
+		if r.j.FencedAt.IsZero() {
+			r.j.FencedAt = time.Now().UTC()
+			r.j.RefusedAtFence = st.RefusedWrites
+		}
+		return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+	case StepCopy:
+		info, err := takeSnapshot(ctx, r.p.Blue.Etcd, r.snapshotPath())
+		if err != nil {
+			return "", err
+		}
+		r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
+		return fmt.Sprintf("%.1f MB, %d keys at revision %d from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.Endpoint), nil
+	case StepMigrate:
+		if err := restoreGreen(r.p, r.j.Snapshot, r.j.ID); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.Green.Etcd.Members), r.j.SnapshotRevision+r.p.Migration.RevisionBump), nil
+	case StepGreenEtcd:
+		return r.startGreenEtcd(ctx)
+	case StepGreenAPIServer:
+		return r.startGreenAPIServer(ctx)
+	case StepVerify:
+		blue, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
+		if err != nil {
+			return "", err
+		}
+		green, err := restConfig(r.p.Green.APIServer.Kubeconfig)
+		if err != nil {
+			return "", err
+		}
+		rep, err := verifyObjects(ctx, blue, green, r.j.SnapshotRevision)
+		r.j.Verified = rep
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%d objects of %d resource types identical; %d changed after the copy by the apiservers", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy)), nil
+	case StepSwitch:
+		resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("proxy backend %s; %d watch(es) on blue ended and reconnect to green", resp.Status.Backend, resp.Drain.Streams), nil
+	case StepUnfence:
+		resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false})
+		if err != nil {
+			return "", err
+		}
+		r.j.UnfencedAt = time.Now().UTC()
+		r.j.RefusedAtUnfence = resp.Status.RefusedWrites
+		return fmt.Sprintf("writes open on green; write-unavailability window %s", r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
+	}
+	return "", fmt.Errorf("unknown step %q", step)
+}
+
+func (r *runner) preflight(ctx context.Context) (string, error) {
+	p := r.p
+	var errs []error
+	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
+		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
+	}
+	var blueDB int64
+	if cli, err := etcdClient(p.Blue.Etcd); err != nil {
+		errs = append(errs, fmt.Errorf("blue etcd: %w", err))
+	} else {
+		sts, err := clusterStatus(ctx, cli, p.Blue.Etcd.Endpoints)
+		cli.Close()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("blue etcd: %w", err))
+		}
+		for _, s := range sts {
+			blueDB = max(blueDB, s.DBSize)
+		}
+	}
+	st, err := r.adm.Status(ctx)
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case st.Fenced:
+		errs = append(errs, fmt.Errorf("the proxy is already fenced (%s): a cutover starts from an open proxy", st.Reason))
+	case st.Backend != strings.TrimSuffix(p.Blue.APIServer.URL, "/"):
+		errs = append(errs, fmt.Errorf("the proxy's backend is %s, not blue's %s", st.Backend, p.Blue.APIServer.URL))
+	default:
+		r.j.BlueBackend = st.Backend
+	}
+	out, err := binaryVersion(ctx, p.Green.Etcd.Binary)
+	if err != nil {
+		errs = append(errs, err)
+	} else if !strings.Contains(out, "etcd Version: "+p.Green.Etcd.Version) {
+		errs = append(errs, fmt.Errorf("green.etcd.binary %s is not etcd %s: %s", p.Green.Etcd.Binary, p.Green.Etcd.Version, firstLine(out)))
+	}
+	for _, m := range p.Green.Etcd.Members {
+		for _, u := range []string{m.ClientURL, m.PeerURL} {
+			if err := portFree(u); err != nil {
+				errs = append(errs, fmt.Errorf("green etcd %s: %w", m.Name, err))
+			}
+		}
+		if entries, err := readDirIfExists(m.DataDir); err != nil || len(entries) > 0 {
+			errs = append(errs, fmt.Errorf("green etcd %s: data dir %s must be absent or empty", m.Name, m.DataDir))
+		}
+		if err := enoughSpace(filepath.Dir(m.DataDir), 2*blueDB); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := portFree(p.Green.APIServer.URL); err != nil {
+		errs = append(errs, fmt.Errorf("green apiserver: %w", err))
+	}
+	if err := enoughSpace(p.StateDir, 2*blueDB); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough", float64(blueDB)/1e6, p.Green.Etcd.Version), nil
+}
+
+func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
+	p := r.p
+	var eps []string
+	for _, m := range p.Green.Etcd.Members {
+		eps = append(eps, m.ClientURL)
+		if pid, ok := r.j.GreenPIDs[m.Name]; ok && alive(pid, p.Green.Etcd.Binary) {
+			continue // started before a crash; still running
+		}
+		for _, u := range []string{m.ClientURL, m.PeerURL} {
+			if err := portFree(u); err != nil {
+				return "", fmt.Errorf("green etcd %s: %w", m.Name, err)
+			}
+		}
+		pid, err := daemon(p.StateDir, m.Name, append([]string{p.Green.Etcd.Binary}, etcdArgs(p, m)...))
+		if err != nil {
+			return "", err
+		}
+		r.j.GreenPIDs[m.Name] = pid
+		if err := r.j.save(p.StateDir); err != nil {
+			return "", err
+		}
+	}
+	spec := EtcdClientSpec{Endpoints: eps}
+	cli, err := etcdClient(spec)
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	for {
+		sts, err := clusterStatus(ctx, cli, eps)
+		if err == nil {
+			rev := sts[0].Revision
+			if want := r.j.SnapshotRevision + p.Migration.RevisionBump; rev < want {
+				return "", fmt.Errorf("green etcd serves revision %d, below the bumped %d", rev, want)
+			}
+			return fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev), nil
+		}
+		for _, m := range p.Green.Etcd.Members {
+			if !alive(r.j.GreenPIDs[m.Name], p.Green.Etcd.Binary) {
+				return "", fmt.Errorf("green etcd %s exited; see %s", m.Name, filepath.Join(p.StateDir, "logs", m.Name+".log"))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("green etcd not healthy: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (r *runner) startGreenAPIServer(ctx context.Context) (string, error) {
+	a := r.p.Green.APIServer
+	if a.StaticPod != nil {
+		if err := placeStaticPod(a.StaticPod); err != nil {
+			return "", err
+		}
+	} else if pid, ok := r.j.GreenPIDs["apiserver"]; !ok || !alive(pid, a.Command[0]) {
+		if err := portFree(a.URL); err != nil {
+			return "", fmt.Errorf("green apiserver: %w", err)
+		}
+		pid, err := daemon(r.p.StateDir, "green-apiserver", a.Command)
+		if err != nil {
+			return "", err
+		}
+		r.j.GreenPIDs["apiserver"] = pid
+		if err := r.j.save(r.p.StateDir); err != nil {
+			return "", err
+		}
+	}
+	start := time.Now()
+	for {
+		err := readyz(ctx, a.Kubeconfig)
+		if err == nil {
+			return fmt.Sprintf("%s ready after %s", a.URL, time.Since(start).Round(10*time.Millisecond)), nil
+		}
+		if a.StaticPod == nil && !alive(r.j.GreenPIDs["apiserver"], a.Command[0]) {
+			return "", fmt.Errorf("green apiserver exited; see %s", filepath.Join(r.p.StateDir, "logs", "green-apiserver.log"))
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("green apiserver %s not ready: %w (last: %v)", a.URL, ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func enoughSpace(dir string, need int64) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(d, &st); err == nil {
+			if free := int64(st.Bavail) * st.Bsize; free < need {
+				return fmt.Errorf("%s: %.1f MB free, need %.1f MB", dir, float64(free)/1e6, float64(need)/1e6)
+			}
+			return nil
+		}
+		if d == filepath.Dir(d) {
+			return fmt.Errorf("%s: cannot tell free space", dir)
+		}
+	}
+}
