@@ -53,7 +53,6 @@ func etcdClient(spec EtcdClientSpec, endpoints ...string) (*clientv3.Client, err
 	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, TLS: tc, Logger: zap.NewNop()})
 }
 
-
 // memberStatus is what the copy needs of each member.
 type memberStatus struct {
 	Endpoint  string

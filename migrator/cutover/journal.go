@@ -55,8 +55,8 @@ type Journal struct {
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
 	// Refused counts writes refused while fenced during this cutover.
-	RefusedAtFence   uint64 `json:"refusedAtFence,omitempty"`
-	RefusedAtUnfence uint64 `json:"refusedAtUnfence,omitempty"`
+	RefusedAtFence   uint64        `json:"refusedAtFence,omitempty"`
+	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
 	AbortReason      string        `json:"abortReason,omitempty"`
 }

@@ -30,14 +30,14 @@ const (
 
 // Plan is a cutover plan (docs/plan.md).
 type Plan struct {
-	APIVersion string     `yaml:"apiVersion" json:"apiVersion"`
-	Kind       string     `yaml:"kind" json:"kind"`
-	StateDir   string     `yaml:"stateDir" json:"stateDir"`
-	Proxy      ProxySpec  `yaml:"proxy" json:"proxy"`
-	Blue       BlueSpec   `yaml:"blue" json:"blue"`
-	Green      GreenSpec  `yaml:"green" json:"green"`
-	Migration  Migration  `yaml:"migration" json:"migration"`
-	Timeouts   Timeouts   `yaml:"timeouts" json:"timeouts"`
+	APIVersion string    `yaml:"apiVersion" json:"apiVersion"`
+	Kind       string    `yaml:"kind" json:"kind"`
+	StateDir   string    `yaml:"stateDir" json:"stateDir"`
+	Proxy      ProxySpec `yaml:"proxy" json:"proxy"`
+	Blue       BlueSpec  `yaml:"blue" json:"blue"`
+	Green      GreenSpec `yaml:"green" json:"green"`
+	Migration  Migration `yaml:"migration" json:"migration"`
+	Timeouts   Timeouts  `yaml:"timeouts" json:"timeouts"`
 
 	// hash identifies the plan's content in the journal.
 	hash string
