@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
 # Fuzz time for the policy classifier in `make test`.
 FUZZTIME ?= 10s
 
-.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy clean
+.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy bench-cutover clean
 
 all: build
 
@@ -55,3 +55,7 @@ bench-proxy: bench-deps build
 
 clean:
 	rm -rf $(BIN_DIR)
+
+# Cutover write-unavailability window at 1k/10k/50k objects; see docs/benchmarks.md.
+bench-cutover: e2e-deps build
+	$(GO) run ./e2e/bench/cutover --kubefence $(KUBEFENCE)

@@ -99,17 +99,18 @@ func TestCutover(t *testing.T) {
 	var wmu sync.Mutex
 	want := map[string]string{}
 	var writeErrs []error
+	// Requests are never cancelled: an answer the writer did not wait for would leave its
+	// outcome unknown. The loops stop between requests.
+	var stopping atomic.Bool
 	wctx, stopWriter := context.WithCancel(ctx)
+	stopAll := func() { stopping.Store(true); stopWriter() }
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; wctx.Err() == nil; i++ {
+		for i := 0; !stopping.Load(); i++ {
 			name := fmt.Sprintf("w-%05d", i)
-			_, err := cs.CoreV1().ConfigMaps("load").Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
-			if wctx.Err() != nil {
-				return
-			}
+			_, err := cs.CoreV1().ConfigMaps("load").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
 			wmu.Lock()
 			if err != nil {
 				writeErrs = append(writeErrs, err)
@@ -121,10 +122,7 @@ func TestCutover(t *testing.T) {
 				continue
 			}
 			prev := fmt.Sprintf("w-%05d", i-1)
-			_, err = cs.CoreV1().ConfigMaps("load").Update(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
-			if wctx.Err() != nil {
-				return
-			}
+			_, err = cs.CoreV1().ConfigMaps("load").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
 			wmu.Lock()
 			if err != nil {
 				writeErrs = append(writeErrs, err)
@@ -139,8 +137,8 @@ func TestCutover(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for wctx.Err() == nil {
-			if _, err := cs.CoreV1().Pods("").List(wctx, metav1.ListOptions{}); err != nil && wctx.Err() == nil {
+		for !stopping.Load() {
+			if _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
 				readFails.Add(1)
 				t.Logf("list pods: %v", err)
 			}
@@ -174,7 +172,7 @@ func TestCutover(t *testing.T) {
 		t.Fatalf("cutover failed: %v", err)
 	}
 	time.Sleep(2 * time.Second) // writes continue on green
-	stopWriter()
+	stopAll()
 	wg.Wait()
 	_ = kw.Wait()
 
@@ -385,4 +383,36 @@ func isZombie(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
+
+// TestCutoverAbortCommand: a cutover killed before its switch is rolled back by
+// `kubefence cutover abort`: green stopped, blue unfenced on its own backend.
+func TestCutoverAbortCommand(t *testing.T) {
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	killAtStep(t, f, cutover.StepVerify)
+	if st, err := f.px.Admin.Status(ctx); err != nil || !st.Fenced {
+		t.Fatalf("after the kill the proxy should still be fenced: %+v %v", st, err)
+	}
+	out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput()
+	t.Logf("kubefence cutover abort:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "aborted") {
+		t.Fatalf("abort: %v", err)
+	}
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Fenced || st.Backend != f.blue.api.URL {
+		t.Fatalf("after abort the proxy is %+v, %v; want open on blue", st, err)
+	}
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil || j.State != cutover.StateAborted {
+		t.Fatalf("journal: %+v %v", j, err)
+	}
+	for name, pid := range j.GreenPIDs {
+		if syscall.Kill(pid, 0) == nil && !isZombie(pid) {
+			t.Errorf("green %s (pid %d) still running after abort", name, pid)
+		}
+	}
+	if out, err := f.cutoverCmd(ctx, "--resume"); err == nil || !strings.Contains(out, "nothing to resume") {
+		t.Errorf("--resume after abort: %v\n%s", err, out)
+	}
 }

@@ -2,12 +2,9 @@
 // behind the kubefence proxy, printing each step with its duration (`make demo`).
 //
 // Blue is etcd 3.4 + kube-apiserver 1.36 behind `kubefence proxy`; a writer, a watcher and a
-// reader run through the proxy the whole time. The fence goes on, blue's data is copied with a
-// consistent snapshot and restored into etcd 3.6 with its revisions bumped, green kube-apiserver
-// starts on it, the objects are compared, the proxy switches to green and the fence comes off.
-//
-// `kubefence cutover` (which will do the copy/migrate/start/verify steps itself, journaled) is not
-// built yet: those steps are done here by the demo with etcdutl and client-go, and labelled so.
+// reader run through the proxy the whole time. Then `kubefence cutover` moves it to green
+// (etcd 3.6 + kube-apiserver 1.36): fence, snapshot, restore with revisions bumped, start green,
+// verify every object, switch, unfence. The demo checks that every acknowledged write is on green.
 package main
 
 import (

@@ -3,11 +3,11 @@ package cutover
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -114,22 +114,24 @@ func TestDryRunNamesExactActions(t *testing.T) {
 	}
 }
 
-func obj(uid, rv string, data string) *unstructured.Unstructured {
-	o := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"uid": uid, "resourceVersion": rv}, "data": data}}
-	return o
+func obj(uid, rv string, data string) rawObject {
+	n, _ := strconv.ParseInt(rv, 10, 64)
+	return rawObject{uid: uid, rv: n, raw: []byte(`{"metadata":{"uid":"` + uid + `","resourceVersion":"` + rv + `"},"data":"` + data + `"}`)}
 }
 
 func TestCompare(t *testing.T) {
 	const snap = 100
-	blue := map[string]*unstructured.Unstructured{
+	blue := map[string]rawObject{
 		"ns/same":            obj("u1", "50", "a"),
+		"ns/reordered":       {uid: "u10", rv: 40, raw: []byte(`{"a":2,"b":1}`)},
 		"ns/missing":         obj("u2", "60", "a"),
 		"ns/differs":         obj("u3", "70", "a"),
 		"ns/other-uid":       obj("u4", "70", "a"),
 		"ns/changed-on-blue": obj("u5", "150", "new"),
 		"ns/created-on-blue": obj("u6", "160", "a"),
 	}
-	green := map[string]*unstructured.Unstructured{
+	green := map[string]rawObject{
+		"ns/reordered":       {uid: "u10", rv: 40, raw: []byte(`{"b":1,"a":2}`)},
 		"ns/same":            obj("u1", "50", "a"),
 		"ns/differs":         obj("u3", "70", "b"),
 		"ns/other-uid":       obj("u9", "70", "a"),
@@ -140,7 +142,7 @@ func TestCompare(t *testing.T) {
 	rep := &VerifyReport{}
 	var changed, mismatched int
 	compare(rep, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, blue, green, snap, &changed, &mismatched)
-	if rep.Objects != 1 || changed != 3 || mismatched != 4 {
+	if rep.Objects != 2 || changed != 3 || mismatched != 4 {
 		t.Fatalf("objects %d changed %d mismatched %d: %+v", rep.Objects, changed, mismatched, rep)
 	}
 	joined := strings.Join(rep.Mismatches, "\n")
@@ -169,5 +171,26 @@ func TestJournalRoundTrip(t *testing.T) {
 	}
 	if _, err := LoadJournal(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("corrupt journal: %v", err)
+	}
+}
+
+func TestStaticPodPlacement(t *testing.T) {
+	dir := t.TempDir()
+	manifest := writeFile(t, dir, "kube-apiserver-green.yaml", "apiVersion: v1\nkind: Pod\n")
+	kubeletDir := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(kubeletDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sp := &StaticPod{Manifest: manifest, ManifestDir: kubeletDir}
+	if err := placeStaticPod(sp); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(kubeletDir, "kube-apiserver-green.yaml"))
+	if err != nil || string(got) != "apiVersion: v1\nkind: Pod\n" {
+		t.Fatalf("placed manifest = %q, %v", got, err)
+	}
+	entries, _ := os.ReadDir(kubeletDir)
+	if len(entries) != 1 {
+		t.Fatalf("the kubelet dir holds %d files (a temp file left behind?)", len(entries))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -217,6 +218,25 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
+	// Connect once every member accepts connections: a gRPC client that dials too early backs
+	// off for a second before trying again.
+	for _, m := range p.Green.Etcd.Members {
+		for {
+			c, err := net.DialTimeout("tcp", hostPort(m.ClientURL), time.Second)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if !alive(r.j.GreenPIDs[m.Name], p.Green.Etcd.Binary) {
+				return "", fmt.Errorf("green etcd %s exited; see %s", m.Name, filepath.Join(p.StateDir, "logs", m.Name+".log"))
+			}
+			select {
+			case <-ctx.Done():
+				return "", fmt.Errorf("green etcd %s does not accept connections: %w", m.Name, ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
 	spec := EtcdClientSpec{Endpoints: eps}
 	cli, err := etcdClient(spec)
 	if err != nil {
@@ -240,7 +260,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("green etcd not healthy: %w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

@@ -1,20 +1,21 @@
 package cutover
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"reflect"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 )
 
@@ -42,6 +43,10 @@ func (r *VerifyReport) add(list *[]string, s string, n *int) {
 // verifyObjects compares every listable resource type (from blue's discovery) between blue and
 // green. Objects whose resourceVersion is at most the snapshot's revision existed at the copy
 // and must be identical; anything newer changed after the copy and is listed, not failed.
+//
+// Lists are read as raw JSON and objects compared byte for byte (the same stored object served by
+// the same apiserver version encodes identically); only objects whose bytes differ are decoded
+// and compared semantically. Blue and green are listed at the same time, in pages of 5,000.
 func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64) (*VerifyReport, error) {
 	for _, c := range []*rest.Config{blue, green} {
 		c.QPS, c.Burst = 200, 400
@@ -55,7 +60,11 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 	if err != nil {
 		return nil, fmt.Errorf("discovery on blue: %w", err)
 	}
-	var gvrs []schema.GroupVersionResource
+	type target struct {
+		gvr        schema.GroupVersionResource
+		namespaced bool
+	}
+	var targets []target
 	for _, l := range lists {
 		gv, err := schema.ParseGroupVersion(l.GroupVersion)
 		if err != nil {
@@ -65,43 +74,44 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") {
 				continue
 			}
-			gvrs = append(gvrs, gv.WithResource(r.Name))
+			targets = append(targets, target{gv.WithResource(r.Name), r.Namespaced})
 		}
 	}
-	sort.Slice(gvrs, func(i, j int) bool { return gvrs[i].String() < gvrs[j].String() })
-	bdc, err := dynamic.NewForConfig(blue)
+	sort.Slice(targets, func(i, j int) bool { return targets[i].gvr.String() < targets[j].gvr.String() })
+	bhc, err := rest.HTTPClientFor(blue)
 	if err != nil {
 		return nil, err
 	}
-	gdc, err := dynamic.NewForConfig(green)
+	ghc, err := rest.HTTPClientFor(green)
 	if err != nil {
 		return nil, err
 	}
-	rep := &VerifyReport{ResourceTypes: len(gvrs)}
+	rep := &VerifyReport{ResourceTypes: len(targets)}
 	var mu sync.Mutex
 	var errs []error
 	var changed, mismatched int
-	sem := make(chan struct{}, 4)
+	sem := make(chan struct{}, 3)
 	var wg sync.WaitGroup
-	for _, gvr := range gvrs {
+	for _, tg := range targets {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			b, err := listAll(ctx, bdc, gvr)
-			if err == nil {
-				var g map[string]*unstructured.Unstructured
-				if g, err = listAll(ctx, gdc, gvr); err == nil {
-					mu.Lock()
-					compare(rep, gvr, b, g, snapRev, &changed, &mismatched)
-					mu.Unlock()
-					return
-				}
-			}
+			var b, g map[string]rawObject
+			var berr, gerr error
+			var inner sync.WaitGroup
+			inner.Add(2)
+			go func() { defer inner.Done(); b, berr = listRaw(ctx, bhc, blue.Host, tg.gvr) }()
+			go func() { defer inner.Done(); g, gerr = listRaw(ctx, ghc, green.Host, tg.gvr) }()
+			inner.Wait()
 			mu.Lock()
-			errs = append(errs, fmt.Errorf("list %s: %w", gvr, err))
-			mu.Unlock()
+			defer mu.Unlock()
+			if err := errors.Join(berr, gerr); err != nil {
+				errs = append(errs, fmt.Errorf("list %s: %w", tg.gvr, err))
+				return
+			}
+			compare(rep, tg.gvr, b, g, snapRev, &changed, &mismatched)
 		}()
 	}
 	wg.Wait()
@@ -119,35 +129,52 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 	return rep, nil
 }
 
-func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map[string]*unstructured.Unstructured, snapRev int64, changed, mismatched *int) {
+// rawObject is one listed object: its identity and its JSON.
+type rawObject struct {
+	uid string
+	rv  int64
+	raw json.RawMessage
+}
+
+func (o rawObject) equal(other rawObject) bool {
+	if o.uid != other.uid {
+		return false
+	}
+	if bytes.Equal(o.raw, other.raw) {
+		return true
+	}
+	var a, b any
+	if json.Unmarshal(o.raw, &a) != nil || json.Unmarshal(other.raw, &b) != nil {
+		return false
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map[string]rawObject, snapRev int64, changed, mismatched *int) {
 	kind := gvr.Resource
 	if gvr.Group != "" {
 		kind += "." + gvr.Group
 	}
-	after := func(o *unstructured.Unstructured) bool {
-		rv, err := strconv.ParseInt(o.GetResourceVersion(), 10, 64)
-		return err == nil && rv > snapRev
-	}
 	for key, b := range blue {
 		g, ok := green[key]
 		switch {
-		case !ok && after(b):
+		case !ok && b.rv > snapRev:
 			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": created on blue after the copy", changed)
 		case !ok:
 			rep.add(&rep.Mismatches, kind+" "+key+": missing on green", mismatched)
-		case b.GetUID() == g.GetUID() && reflect.DeepEqual(b.Object, g.Object):
+		case b.equal(g):
 			rep.Objects++
-		case after(b) || after(g):
+		case b.rv > snapRev || g.rv > snapRev:
 			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": changed after the copy", changed)
 		default:
-			rep.add(&rep.Mismatches, kind+" "+key+": differs (uid "+string(b.GetUID())+" vs "+string(g.GetUID())+")", mismatched)
+			rep.add(&rep.Mismatches, kind+" "+key+": differs (uid "+b.uid+" vs "+g.uid+")", mismatched)
 		}
 	}
 	for key, g := range green {
 		if _, ok := blue[key]; ok {
 			continue
 		}
-		if after(g) {
+		if g.rv > snapRev {
 			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": created on green by its apiserver", changed)
 		} else {
 			rep.add(&rep.Mismatches, kind+" "+key+": on green only", mismatched)
@@ -155,22 +182,61 @@ func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map
 	}
 }
 
-func listAll(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource) (map[string]*unstructured.Unstructured, error) {
-	out := map[string]*unstructured.Unstructured{}
-	opts := metav1.ListOptions{Limit: 500}
+// listRaw lists every object of gvr (all namespaces), page by page, as raw JSON.
+func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.GroupVersionResource) (map[string]rawObject, error) {
+	base := strings.TrimSuffix(host, "/") + "/api/" + gvr.Version + "/" + gvr.Resource
+	if gvr.Group != "" {
+		base = strings.TrimSuffix(host, "/") + "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
+	}
+	out := map[string]rawObject{}
+	cont := ""
 	for {
-		l, err := c.Resource(gvr).List(ctx, opts)
+		q := url.Values{"limit": {"5000"}}
+		if cont != "" {
+			q.Set("continue", cont)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"?"+q.Encode(), nil)
 		if err != nil {
 			return nil, err
 		}
-		for i := range l.Items {
-			o := &l.Items[i]
-			out[o.GetNamespace()+"/"+o.GetName()] = o
+		req.Header.Set("Accept", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
 		}
-		if l.GetContinue() == "" {
+		var page struct {
+			Metadata struct {
+				Continue string `json:"continue"`
+			} `json:"metadata"`
+			Items []json.RawMessage `json:"items"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("%s: %s", base, resp.Status)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", base, err)
+		}
+		for _, item := range page.Items {
+			var m struct {
+				Metadata struct {
+					Namespace       string `json:"namespace"`
+					Name            string `json:"name"`
+					UID             string `json:"uid"`
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+			}
+			if err := json.Unmarshal(item, &m); err != nil {
+				return nil, fmt.Errorf("%s: %w", base, err)
+			}
+			rv, _ := strconv.ParseInt(m.Metadata.ResourceVersion, 10, 64)
+			out[m.Metadata.Namespace+"/"+m.Metadata.Name] = rawObject{uid: m.Metadata.UID, rv: rv, raw: item}
+		}
+		if page.Metadata.Continue == "" {
 			return out, nil
 		}
-		opts.Continue = l.GetContinue()
+		cont = page.Metadata.Continue
 	}
 }
 
