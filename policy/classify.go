@@ -37,7 +37,9 @@ type Attributes struct {
 	// Verb is the Kubernetes verb (get, list, watch, create, update, patch, delete,
 	// deletecollection, proxy), or the lower-case HTTP method for non-resource paths. Empty when
 	// the request could not be classified.
-	Verb              string
+	Verb string
+	// Method is the HTTP method exactly as sent (methods are case-sensitive).
+	Method            string
 	IsResourceRequest bool
 	APIGroup          string
 	APIVersion        string
@@ -77,7 +79,8 @@ func (a *Attributes) Class() Class {
 		}
 		return Write
 	}
-	if (a.Verb == "get" || a.Verb == "head") && readOnlyPath(a.Path) {
+	// RequestInfoFactory lower-cases the method of non-resource requests; "HEAd" is not HEAD.
+	if (a.Method == http.MethodGet || a.Method == http.MethodHead) && readOnlyPath(a.Path) {
 		return Read
 	}
 	return Write
@@ -98,7 +101,7 @@ func NewClassifier() *Classifier {
 
 // Classify reads the request line and headers (never the body) and returns its attributes.
 func (c *Classifier) Classify(r *http.Request) Attributes {
-	a := Attributes{Path: r.URL.Path, Upgrade: isUpgrade(r.Header)}
+	a := Attributes{Path: r.URL.Path, Method: r.Method, Upgrade: isUpgrade(r.Header)}
 	if why := oddPath(r.URL); why != "" {
 		a.Unknown = why
 		return a

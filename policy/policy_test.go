@@ -134,6 +134,8 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"unknown non-resource get", req("GET", "/logs/kube-apiserver.log"), false, "write"},
 		{"debug flags put", req("PUT", "/debug/flags/v"), false, "write"},
 		{"apis prefix lookalike", req("GET", "/apisx"), false, "write"},
+		{"method case matters", req("HEAd", "/api"), false, "write"},
+		{"lower-case get of a resource", req("get", "/api/v1/namespaces"), false, "unrecognised: method get has no Kubernetes verb"},
 		// Odd shapes.
 		{"double slash", req("GET", "//api/v1/namespaces"), false, "unrecognised: empty path segment"},
 		{"double slash write", req("POST", "//api/v1/namespaces/ns/configmaps"), false, "unrecognised: empty path segment"},
