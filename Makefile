@@ -45,9 +45,10 @@ fuzz:
 e2e: e2e-deps
 	$(GO) test -race -tags e2e -count=1 -timeout 30m ./e2e/...
 
-# The main job, locally: see README.md. KEEP=1 leaves it running.
+# The main job, locally: see README.md. KEEP=1 leaves it running; MANUAL=1 stops before the
+# cutover so that you can run it by hand (docs/runbook.md).
 demo: e2e-deps build
-	$(GO) run ./e2e/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep)
+	$(GO) run ./e2e/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep) $(if $(MANUAL),--manual)
 
 # Proxy throughput and latency: direct, kubefence, HAProxy; see docs/benchmarks.md.
 bench-proxy: bench-deps build

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
 )
 
 // stateVersion is the version of the state file format.
@@ -69,33 +70,5 @@ func (s *stateStore) save(st State) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(s.path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write state file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename this finds nothing
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write state file: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("fsync state file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write state file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		return fmt.Errorf("rename state file into place: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("fsync state dir: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync state dir: %w", err)
-	}
-	return nil
+	return atomicfile.Write(s.path, append(data, '\n'), 0o600)
 }

@@ -23,6 +23,7 @@ func main() {
 	o := options{}
 	flag.StringVar(&o.kubefence, "kubefence", "", "kubefence binary (default: build one)")
 	flag.BoolVar(&o.keep, "keep", false, "leave everything running at the end and print how to use and stop it")
+	flag.BoolVar(&o.manual, "manual", false, "stop before the cutover, leave blue running with the plan written, and print the commands to run it by hand (docs/runbook.md)")
 	flag.StringVar(&o.dir, "dir", "", "work dir (default: a new temp dir)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -41,6 +42,7 @@ func main() {
 type options struct {
 	kubefence string
 	keep      bool
+	manual    bool
 	dir       string
 	// objects scales the workload (configmaps in the demo namespace).
 	objects int

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os/exec"
@@ -123,6 +122,30 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 		}
 	}()
 	done(green.PlanPath)
+	if o.manual {
+		keepRunning = true
+		fmt.Fprintf(out, `
+Blue is running behind the proxy with a live writer, reader and watcher; nothing is fenced yet.
+Follow docs/runbook.md sections 3-5 in another terminal:
+
+  export KUBECONFIG=%[1]s                      # through the proxy
+  %[2]s cutover --plan %[3]s --dry-run
+  %[2]s fence status --admin-socket %[4]s
+  %[2]s cutover --plan %[3]s                   # the move; try kill -9 and --resume, or 'cutover abort'
+  curl -s %[5]s/metrics | grep ^kubefence_
+
+  logs: %[6]s; green's (once started): %[7]s/logs
+
+Press Ctrl-C here to stop everything, green included.
+`, px.Kubeconfig, o.kubefence, green.PlanPath, px.AdminSocket, px.MetricsURL, env.LogDir, green.Plan.StateDir)
+		<-ctx.Done()
+		traffic.stop()
+		keepRunning = false
+		if stopped, _ := framework.StopCutoverProcesses(green.Plan.StateDir); len(stopped) > 0 {
+			fmt.Fprintf(out, "stopped %v\n", stopped)
+		}
+		return nil, nil
+	}
 
 	// --- the write-unavailability window is inside this step ---
 	done = p.begin("kubefence cutover --plan %s", filepath.Base(green.PlanPath))
@@ -353,86 +376,6 @@ func (t *traffic) ackedNames() []string {
 	return append([]string(nil), t.names...)
 }
 
-// verify compares namespaces, deployments, configmaps and secrets between blue and green by UID,
-// resourceVersion-free content.
-func verify(ctx context.Context, blue, green *framework.APIServer) (int, []string, error) {
-	bcs, err := blue.Clientset()
-	if err != nil {
-		return 0, nil, err
-	}
-	gcs, err := green.Clientset()
-	if err != nil {
-		return 0, nil, err
-	}
-	type lister func(*kubernetes.Clientset) (map[string]string, error)
-	listers := map[string]lister{
-		"namespaces": func(c *kubernetes.Clientset) (map[string]string, error) {
-			l, err := c.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			m := map[string]string{}
-			for _, o := range l.Items {
-				m[o.Name] = string(o.UID)
-			}
-			return m, nil
-		},
-		"configmaps": func(c *kubernetes.Clientset) (map[string]string, error) {
-			l, err := c.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			m := map[string]string{}
-			for _, o := range l.Items {
-				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Data)
-			}
-			return m, nil
-		},
-		"secrets": func(c *kubernetes.Clientset) (map[string]string, error) {
-			l, err := c.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			m := map[string]string{}
-			for _, o := range l.Items {
-				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Data)
-			}
-			return m, nil
-		},
-		"deployments": func(c *kubernetes.Clientset) (map[string]string, error) {
-			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			m := map[string]string{}
-			for _, o := range l.Items {
-				m[o.Namespace+"/"+o.Name] = string(o.UID) + content(o.Spec)
-			}
-			return m, nil
-		},
-	}
-	count := 0
-	var missing []string
-	for kind, list := range listers {
-		b, err := list(bcs)
-		if err != nil {
-			return 0, nil, fmt.Errorf("list %s on blue: %w", kind, err)
-		}
-		g, err := list(gcs)
-		if err != nil {
-			return 0, nil, fmt.Errorf("list %s on green: %w", kind, err)
-		}
-		for k, v := range b {
-			if g[k] != v {
-				missing = append(missing, kind+"/"+k)
-				continue
-			}
-			count++
-		}
-	}
-	return count, missing, nil
-}
-
 func checkAcked(ctx context.Context, cs *kubernetes.Clientset, names []string) ([]string, error) {
 	l, err := cs.CoreV1().ConfigMaps("demo").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -449,15 +392,6 @@ func checkAcked(ctx context.Context, cs *kubernetes.Clientset, names []string) (
 		}
 	}
 	return lost, nil
-}
-
-// content is a comparable rendering of an object's payload.
-func content(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "unmarshalable: " + err.Error()
-	}
-	return string(b)
 }
 
 // indent prefixes every line written through it.

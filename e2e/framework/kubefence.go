@@ -5,9 +5,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -62,19 +67,24 @@ func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
 		StateFile:   filepath.Join(dir, "state.json"),
 		env:         e,
 	}
-	p.args = []string{"proxy",
-		"--listen", fmt.Sprintf("127.0.0.1:%d", ports[0]),
-		"--tls-cert-file", cfg.PKI.ProxyServingCert, "--tls-key-file", cfg.PKI.ProxyServingKey,
-		"--upstream", cfg.Upstream, "--upstream-ca-file", cfg.PKI.CACert,
-		"--admin-socket", p.AdminSocket, "--state-file", p.StateFile,
-		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"--retry-after", itoa(cfg.RetryAfter),
-		// Client certificates are verified and forwarded as front-proxy headers, as in a kubeadm
-		// cluster whose load balancer terminates TLS.
-		"--client-ca-file", cfg.PKI.CACert,
-		"--upstream-client-cert-file", cfg.PKI.FrontProxyClientCert,
-		"--upstream-client-key-file", cfg.PKI.FrontProxyClientKey,
+	// The shipped static pod manifest's own command, with the harness's paths and ports.
+	p.args, err = ManifestProxyArgs(map[string]string{
+		"listen":                    fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"tls-cert-file":             cfg.PKI.APIServerCert,
+		"tls-key-file":              cfg.PKI.APIServerKey,
+		"upstream":                  cfg.Upstream,
+		"upstream-ca-file":          cfg.PKI.CACert,
+		"client-ca-file":            cfg.PKI.CACert,
+		"upstream-client-cert-file": cfg.PKI.FrontProxyClientCert,
+		"upstream-client-key-file":  cfg.PKI.FrontProxyClientKey,
+		"admin-socket":              p.AdminSocket,
+		"state-file":                p.StateFile,
+		"metrics-listen":            fmt.Sprintf("127.0.0.1:%d", ports[1]),
+	})
+	if err != nil {
+		return nil, err
 	}
+	p.args = append(p.args, "--retry-after", itoa(cfg.RetryAfter))
 	p.args = append(p.args, cfg.ExtraArgs...)
 	p.Admin = admin.NewClient(p.AdminSocket)
 	p.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")
@@ -133,4 +143,48 @@ func (p *Proxy) CLI(ctx context.Context, args ...string) (string, string, error)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	return out.String(), errOut.String(), err
+}
+
+// ManifestPath is the static pod manifest that ships in deploy/.
+const ManifestPath = "deploy/static-pod/kubefence-proxy.yaml"
+
+// ManifestProxyArgs returns the kubefence arguments of the shipped static pod manifest (the
+// container command after the binary) with the value of every flag named in values replaced.
+// Every flag in values must be in the manifest: a manifest that drops one fails here.
+func ManifestProxyArgs(values map[string]string) ([]string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(root, ManifestPath))
+	if err != nil {
+		return nil, err
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict(data, &pod); err != nil {
+		return nil, fmt.Errorf("%s: %w", ManifestPath, err)
+	}
+	if len(pod.Spec.Containers) != 1 || len(pod.Spec.Containers[0].Command) < 2 {
+		return nil, fmt.Errorf("%s: want one container whose command is kubefence proxy ...", ManifestPath)
+	}
+	cmd := pod.Spec.Containers[0].Command
+	args := []string{cmd[1]}
+	seen := map[string]bool{}
+	for _, a := range cmd[2:] {
+		name, _, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok || !strings.HasPrefix(a, "--") {
+			return nil, fmt.Errorf("%s: argument %q: write flags as --name=value", ManifestPath, a)
+		}
+		if v, ok := values[name]; ok {
+			a = "--" + name + "=" + v
+			seen[name] = true
+		}
+		args = append(args, a)
+	}
+	for name := range values {
+		if !seen[name] {
+			return nil, fmt.Errorf("%s has no --%s: the harness and the manifest disagree", ManifestPath, name)
+		}
+	}
+	return args, nil
 }

@@ -15,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
 )
 
 func etcdTLS(spec EtcdClientSpec) (*tls.Config, error) {
@@ -168,7 +170,7 @@ func takeSnapshot(ctx context.Context, spec EtcdClientSpec, dst string) (Snapsho
 	if err := os.Rename(tmp, dst); err != nil {
 		return SnapshotInfo{}, err
 	}
-	if err := syncDir(filepath.Dir(dst)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(dst)); err != nil {
 		return SnapshotInfo{}, err
 	}
 	st, err := snapshot.NewV3(zap.NewNop()).Status(dst)
@@ -251,7 +253,7 @@ func restoreGreen(p *Plan, snap string, runID string) error {
 		if err := os.Rename(tmp, m.DataDir); err != nil {
 			return err
 		}
-		if err := syncDir(filepath.Dir(m.DataDir)); err != nil {
+		if err := atomicfile.SyncDir(filepath.Dir(m.DataDir)); err != nil {
 			return err
 		}
 	}

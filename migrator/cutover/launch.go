@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
 )
 
 // etcdArgs are the flags a green member starts with.
@@ -127,7 +129,7 @@ func placeStaticPod(sp *StaticPod) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(staticPodPath(sp), data, 0o600)
+	return atomicfile.Write(staticPodPath(sp), data, 0o600)
 }
 
 func readDirIfExists(dir string) ([]os.DirEntry, error) {
