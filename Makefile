@@ -18,6 +18,8 @@ build:
 # A static binary (no cgo), as shipped in images.
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN_DIR)/kubefence-static ./cmd/kubefence
+	@if ldd $(BIN_DIR)/kubefence-static >/dev/null 2>&1; then echo "$(BIN_DIR)/kubefence-static is dynamically linked"; exit 1; fi
+	@$(BIN_DIR)/kubefence-static version
 
 # Installs etcd 3.4 (Debian), builds etcd 3.5/3.6 and kube-apiserver/kubectl 1.36 into the cache.
 e2e-deps:
