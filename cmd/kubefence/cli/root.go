@@ -112,6 +112,7 @@ itself. While fenced the proxy can be switched to a new apiserver, then 'fence o
 		newFenceCommand(g),
 		newBackendCommand(g),
 		newCutoverCommand(g),
+		newMigrateCommand(g),
 	)
 	return root, g.close
 }

@@ -1,0 +1,285 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/v2v3"
+)
+
+// writeV2Data drives etcd 3.4's v2 API through every kind of write the migrator must replay.
+func writeV2Data(t *testing.T, c *framework.V2Client) {
+	t.Helper()
+	ctx := t.Context()
+	do := func(method, key string, kv ...string) framework.V2Result {
+		t.Helper()
+		p := url.Values{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			p.Set(kv[i], kv[i+1])
+		}
+		r, err := c.Do(ctx, method, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for i := range 120 {
+		v := fmt.Sprintf(`{"kind":"ConfigMap","metadata":{"name":"cm-%d"},"data":{"pct":"100%%","utf8":"grüße ✓ \u00e9"}}`, i)
+		do("PUT", fmt.Sprintf("/registry/configmaps/default/cm-%03d", i), "value", v)
+	}
+	for i := range 30 {
+		do("PUT", fmt.Sprintf("/registry/configmaps/default/cm-%03d", i), "value", fmt.Sprintf("updated-%d", i))
+	}
+	for i := 100; i < 110; i++ {
+		do("DELETE", fmt.Sprintf("/registry/configmaps/default/cm-%03d", i))
+	}
+	// Compare-and-swap and compare-and-delete, succeeding and failing.
+	r := do("PUT", "/registry/cas/a", "value", "one")
+	do("PUT", "/registry/cas/a", "value", "two", "prevValue", "one")
+	do("PUT", "/registry/cas/a", "value", "never", "prevValue", "one") // fails
+	do("PUT", "/registry/cas/b", "value", "b1")
+	do("PUT", "/registry/cas/b", "value", "b2", "prevIndex", "1") // fails
+	do("PUT", "/registry/cas/c", "value", "c1", "prevExist", "false")
+	do("PUT", "/registry/cas/c", "value", "c2", "prevExist", "false") // fails: exists
+	do("PUT", "/registry/cas/c", "value", "c3", "prevExist", "true")
+	do("PUT", "/registry/cas/d", "value", "d1")
+	do("DELETE", "/registry/cas/d", "prevValue", "wrong") // fails
+	do("PUT", "/registry/cas/e", "value", "e1")
+	do("DELETE", "/registry/cas/e", "prevValue", "e1")
+	_ = r
+	// Directories, recursive delete, in-order keys.
+	do("PUT", "/registry/emptydir", "dir", "true")
+	do("PUT", "/registry/tree/x/y", "value", "1")
+	do("PUT", "/registry/tree/x/z", "value", "2")
+	do("DELETE", "/registry/tree/x", "recursive", "true")
+	do("PUT", "/registry/tree/kept", "value", "3")
+	for i := range 5 {
+		do("POST", "/registry/queue", "value", fmt.Sprintf("job-%d", i))
+	}
+	// TTL keys: events live an hour; one refreshed; one gone before the copy.
+	for i := range 10 {
+		do("PUT", fmt.Sprintf("/registry/events/default/ev-%d", i), "value", fmt.Sprintf("event %d", i), "ttl", "3600")
+	}
+	do("PUT", "/registry/events/default/ev-0", "ttl", "7200", "refresh", "true", "prevExist", "true")
+	do("PUT", "/registry/events/default/short", "value", "gone soon", "ttl", "1")
+	// Hidden keys.
+	do("PUT", "/_hidden/secret", "value", "h1")
+	do("PUT", "/registry/_internal/state", "value", "h2")
+	time.Sleep(2500 * time.Millisecond) // the leader's SYNC expires the 1 s key
+	// Writes after the last snapshot (--snapshot-count is small).
+	for i := range 7 {
+		do("PUT", fmt.Sprintf("/registry/late/k%d", i), "value", fmt.Sprintf("late %d", i))
+	}
+}
+
+// readBackendKeys reads the key bucket of a member's v3 backend: key -> KeyValue.
+func readBackendKeys(t *testing.T, dataDir string) map[string]*mvccpb.KeyValue {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dataDir, "member", "snap", "db"), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	out := map[string]*mvccpb.KeyValue{}
+	err = db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("key")).ForEach(func(_, v []byte) error {
+			if len(v) == 0 {
+				return nil
+			}
+			kv := &mvccpb.KeyValue{}
+			if err := kv.Unmarshal(v); err != nil {
+				return err
+			}
+			out[string(kv.Key)] = kv
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+}
+
+// TestMigrateV2ToV3 writes v2 data through real etcd 3.4, migrates a copy with kubefence and
+// another with etcdctl migrate, and checks: identical key sets, revisions and values; ours has
+// the TTL keys in leases and counts hidden keys; etcd 3.6 and 3.5 start on ours; etcd 3.6
+// refuses the source and etcdctl migrate's output.
+func TestMigrateV2ToV3(t *testing.T) {
+	framework.RequireBins(t, "etcd", framework.Etcd34, "etcdctl", framework.Etcd34, "etcd", framework.Etcd35, "etcd", framework.Etcd36)
+	ctx := t.Context()
+	env := newEnv(t)
+	blue, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "v2", Version: framework.Etcd34, EnableV2: true, ExtraArgs: []string{"--snapshot-count=150"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeV2Data(t, &framework.V2Client{Endpoint: blue.Endpoints()[0]})
+	if err := blue.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	src := blue.Members[0].DataDir
+	snaps, _ := filepath.Glob(filepath.Join(src, "member", "snap", "*.snap"))
+	if len(snaps) == 0 {
+		t.Fatal("the v2 member took no snapshot: the test would not cover snapshot + WAL tail")
+	}
+	ours, theirs, refused := filepath.Join(env.Dir, "ours-src"), filepath.Join(env.Dir, "theirs"), filepath.Join(env.Dir, "refused-src")
+	copyDir(t, src, ours)
+	copyDir(t, src, theirs)
+	copyDir(t, src, refused)
+	before := dirDigest(t, ours)
+
+	ports, err := framework.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	out := filepath.Join(env.Dir, "migrated")
+	cmd := exec.CommandContext(ctx, kubefenceBin, "migrate", "v2-to-v3", "--data-dir", ours, "--output-dir", out,
+		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer, "-o", "json")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kubefence migrate v2-to-v3: %v\n%s", err, stderr.String())
+	}
+	var rep v2v3.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report: snapshot index %d, commit %d, replay %+v, keys %+v, leases %d", rep.SnapshotIdx, rep.CommitIndex, rep.Replay, rep.Keys, rep.Leases)
+	// --snapshot-count puts the bulk writes in the snapshot and the tricky ones in the WAL tail,
+	// so the replay exercises the applier: failed compares, expiry syncs, in-order keys, dirs.
+	if rep.SnapshotIdx == 0 || rep.Replay.Applied < 20 || rep.Replay.Refused < 4 || rep.Replay.Syncs == 0 {
+		t.Errorf("want a snapshot and a WAL tail with applied, refused and sync entries: %+v", rep)
+	}
+	if rep.Keys.Hidden != 2 || rep.Keys.HiddenSkipped != 2 || rep.Keys.TTLKeys != 10 || rep.Leases < 1 || rep.Verified != rep.Keys.Keys {
+		t.Errorf("report: %+v", rep)
+	}
+	if after := dirDigest(t, ours); after != before {
+		t.Fatal("the source data dir changed")
+	}
+
+	// The reference: etcdctl migrate (etcd 3.4.23), in place on its own copy.
+	etcdctl, _ := framework.Bin("etcdctl", framework.Etcd34)
+	mig := exec.CommandContext(ctx, etcdctl, "migrate", "--data-dir", theirs)
+	mig.Env = append(os.Environ(), "ETCDCTL_API=3")
+	if b, err := mig.CombinedOutput(); err != nil {
+		t.Fatalf("etcdctl migrate: %v\n%s", err, b)
+	}
+	want := readBackendKeys(t, theirs)
+	got := readBackendKeys(t, out)
+	var diffs []string
+	for k, w := range want {
+		g := got[k]
+		switch {
+		case g == nil:
+			diffs = append(diffs, "missing "+k)
+		case !bytes.Equal(g.Value, w.Value) || g.CreateRevision != w.CreateRevision || g.ModRevision != w.ModRevision:
+			diffs = append(diffs, fmt.Sprintf("%s: ours %d/%d %q, etcdctl %d/%d %q", k, g.CreateRevision, g.ModRevision, g.Value, w.CreateRevision, w.ModRevision, w.Value))
+		}
+	}
+	for k := range got {
+		if want[k] == nil {
+			diffs = append(diffs, "extra "+k)
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 0 {
+		t.Errorf("kubefence and etcdctl migrate differ (%d keys ours, %d theirs):\n%s", len(got), len(want), strings.Join(diffs, "\n"))
+	}
+	leased := 0
+	for k, g := range got {
+		if strings.HasPrefix(k, "/registry/events/") {
+			if g.Lease == 0 {
+				t.Errorf("TTL key %s has no lease", k)
+			}
+			leased++
+		}
+		if want[k] != nil && want[k].Lease != 0 {
+			t.Errorf("etcdctl migrate gave %s a lease (the reference changed?)", k)
+		}
+	}
+	if leased != 10 {
+		t.Errorf("%d event keys migrated, want 10", leased)
+	}
+
+	// etcd 3.6 and 3.5 start on the output and serve every key; 3.6 refuses the v2 sources.
+	for _, v := range []string{framework.Etcd36, framework.Etcd35} {
+		dir := filepath.Join(env.Dir, "start-"+v)
+		copyDir(t, out, dir)
+		e, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "green-" + v, Version: v, DataDirs: []string{dir}})
+		if err != nil {
+			t.Fatalf("etcd %s on the migrated data: %v", v, err)
+		}
+		cli, err := e.Client()
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := cli.Get(ctx, "/", clientv3.WithPrefix())
+		if err != nil || int(resp.Count) != len(got) {
+			t.Errorf("etcd %s serves %v keys (%v), want %d", v, resp, err, len(got))
+		}
+		ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(got["/registry/events/default/ev-1"].Lease), clientv3.WithAttachedKeys())
+		if err != nil || ttl.TTL <= 0 || len(ttl.Keys) == 0 {
+			t.Errorf("etcd %s: lease of an event: %+v %v", v, ttl, err)
+		}
+		cli.Close()
+		if err := e.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{refused, theirs} {
+		if msg := etcdRefuses(t, env, framework.Etcd36, dir); !strings.Contains(msg, "v2store") {
+			t.Errorf("etcd 3.6 on %s: want a refusal naming v2store, got: %s", filepath.Base(dir), msg)
+		}
+	}
+}
+
+// etcdRefuses starts etcd of version on dir, expects it to exit, and returns its log.
+func etcdRefuses(t *testing.T, env *framework.Env, version, dir string) string {
+	t.Helper()
+	bin, _ := framework.Bin("etcd", version)
+	ports, _ := framework.FreePorts(2)
+	c, p := fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--data-dir", dir, "--name", "v2-0", "--listen-client-urls", c, "--advertise-client-urls", c,
+		"--listen-peer-urls", p, "--initial-advertise-peer-urls", p, "--initial-cluster", "v2-0="+p).CombinedOutput()
+	if ctx.Err() != nil {
+		return "still running after 20s: " + string(out)
+	}
+	_ = err
+	return string(out)
+}
+
+// dirDigest summarises a directory tree (names, sizes, modification times, content hashes).
+func dirDigest(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := exec.Command("sh", "-c", "cd '"+dir+"' && find . -type f -exec sha256sum {} + | sort && find . -printf '%p %s %T@\\n' | sort").CombinedOutput()
+	if err != nil {
+		t.Fatalf("digest: %v %s", err, out)
+	}
+	return string(out)
+}
