@@ -1,0 +1,211 @@
+package v2v3
+
+import (
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/snap/snappb"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+func bp(b bool) *bool { return &b }
+
+func TestApplyV2(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	st := v2store.New("/0", "/1")
+	steps := []struct {
+		name string
+		req  etcdserverpb.Request
+		want outcome
+	}{
+		{"set", etcdserverpb.Request{Method: "PUT", Path: "/1/a", Val: "1"}, outcomeApplied},
+		{"cas ok", etcdserverpb.Request{Method: "PUT", Path: "/1/a", Val: "2", PrevValue: "1"}, outcomeApplied},
+		{"cas by value fails", etcdserverpb.Request{Method: "PUT", Path: "/1/a", Val: "3", PrevValue: "1"}, outcomeRefused},
+		{"cas by index fails", etcdserverpb.Request{Method: "PUT", Path: "/1/a", Val: "3", PrevIndex: 1}, outcomeRefused},
+		{"create when absent", etcdserverpb.Request{Method: "PUT", Path: "/1/b", Val: "b", PrevExist: bp(false)}, outcomeApplied},
+		{"create when present fails", etcdserverpb.Request{Method: "PUT", Path: "/1/b", Val: "x", PrevExist: bp(false)}, outcomeRefused},
+		{"update", etcdserverpb.Request{Method: "PUT", Path: "/1/b", Val: "b2", PrevExist: bp(true)}, outcomeApplied},
+		{"update absent fails", etcdserverpb.Request{Method: "PUT", Path: "/1/nope", Val: "x", PrevExist: bp(true)}, outcomeRefused},
+		{"ttl key", etcdserverpb.Request{Method: "PUT", Path: "/1/ttl", Val: "t", Expiration: now.Add(time.Hour).UnixNano()}, outcomeApplied},
+		{"refresh keeps value", etcdserverpb.Request{Method: "PUT", Path: "/1/ttl", PrevExist: bp(true), Refresh: bp(true), Expiration: now.Add(2 * time.Hour).UnixNano()}, outcomeApplied},
+		{"short ttl", etcdserverpb.Request{Method: "PUT", Path: "/1/short", Val: "s", Expiration: now.Add(time.Second).UnixNano()}, outcomeApplied},
+		{"dir", etcdserverpb.Request{Method: "PUT", Path: "/1/d", Dir: true}, outcomeApplied},
+		{"in-order key", etcdserverpb.Request{Method: "POST", Path: "/1/d", Val: "job"}, outcomeApplied},
+		{"delete non-empty dir fails", etcdserverpb.Request{Method: "DELETE", Path: "/1/d", Dir: true}, outcomeRefused},
+		{"recursive delete", etcdserverpb.Request{Method: "DELETE", Path: "/1/d", Recursive: true}, outcomeApplied},
+		{"cad fails", etcdserverpb.Request{Method: "DELETE", Path: "/1/b", PrevValue: "wrong"}, outcomeRefused},
+		{"cad", etcdserverpb.Request{Method: "DELETE", Path: "/1/b", PrevValue: "b2"}, outcomeApplied},
+		{"qget", etcdserverpb.Request{Method: "QGET", Path: "/1/a"}, outcomeIgnored},
+		{"sync expires at request time", etcdserverpb.Request{Method: "SYNC", Time: now.Add(time.Minute).UnixNano()}, outcomeSync},
+	}
+	for _, s := range steps {
+		if got := applyV2(st, &s.req); got != s.want {
+			t.Fatalf("%s: outcome %d, want %d", s.name, got, s.want)
+		}
+	}
+	kvs, leases, stats, err := transform(st, Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]KV{}
+	for _, kv := range kvs {
+		got[string(kv.Key)] = kv
+	}
+	if len(got) != 2 || string(got["/a"].Value) != "2" || string(got["/ttl"].Value) != "t" {
+		t.Fatalf("keys after replay: %v", got)
+	}
+	l := leases[got["/ttl"].Lease]
+	if l == nil || l.TTL != 7200 || l.Keys != 1 || stats.TTLKeys != 1 {
+		t.Fatalf("lease of the refreshed key: %+v, stats %+v", l, stats)
+	}
+	if got["/a"].CreateRevision != 1 || got["/a"].ModRevision != 2 {
+		t.Errorf("revisions of /a: %+v", got["/a"])
+	}
+}
+
+func TestTransformOptions(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	st := v2store.New("/0", "/1")
+	mustSet := func(path, v string, exp time.Time) {
+		if _, err := st.Set(path, false, v, v2store.TTLOptionSet{ExpireTime: exp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustSet("/1/registry/events/a", "a", now.Add(90*time.Second+100*time.Millisecond))
+	mustSet("/1/registry/events/b", "b", now.Add(90*time.Second+900*time.Millisecond)) // same second as a
+	mustSet("/1/registry/events/c", "c", now.Add(10*time.Minute))
+	mustSet("/1/registry/events/old", "x", now.Add(-time.Second)) // expired by the clock
+	mustSet("/1/_hidden/k", "h", time.Time{})
+	mustSet("/1/registry/_x/k", "h", time.Time{})
+	mustSet("/1/registry/pods/p", "p", time.Time{})
+	mustSet("/0/members/m", "m", time.Time{}) // membership: never user data
+	cases := []struct {
+		name     string
+		o        Options
+		keys     int
+		leases   int
+		expired  int
+		hidden   int
+		skipped  int
+		ttlDrops int
+	}{
+		{"defaults", Options{Now: now}, 4, 2, 1, 2, 2, 0},
+		{"include hidden", Options{Now: now, IncludeHidden: true}, 6, 2, 1, 2, 0, 0},
+		{"no ttl", Options{Now: now, NoTTL: true}, 1, 0, 0, 2, 2, 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			kvs, leases, s, err := transform(st, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(kvs) != tc.keys || len(leases) != tc.leases || s.ExpiredDropped != tc.expired || s.Hidden != tc.hidden || s.HiddenSkipped != tc.skipped || s.TTLDropped != tc.ttlDrops {
+				t.Fatalf("keys %d leases %d stats %+v", len(kvs), len(leases), s)
+			}
+			for i := 1; i < len(kvs); i++ {
+				if kvs[i].ModRevision <= kvs[i-1].ModRevision {
+					t.Fatal("keys not in revision order")
+				}
+			}
+			for _, l := range leases {
+				if l.TTL < 1 || l.ID <= now.Unix() {
+					t.Errorf("lease %+v", l)
+				}
+			}
+		})
+	}
+	kvs, leases, _, _ := transform(st, Options{Now: now})
+	for _, kv := range kvs {
+		if string(kv.Key) == "/registry/events/a" {
+			if l := leases[kv.Lease]; l == nil || l.Keys != 2 || l.TTL != 91 {
+				t.Errorf("a and b expire in the same second and should share a 91 s lease: %+v", l)
+			}
+		}
+	}
+}
+
+func writeSnap(t *testing.T, path string, data []byte, index uint64, corrupt bool) {
+	t.Helper()
+	rs := raftpb.Snapshot{Data: data, Metadata: raftpb.SnapshotMetadata{Index: index, Term: 1}}
+	b, err := rs.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := snappb.Snapshot{Crc: crc32.Update(0, crcTable, b), Data: b}
+	if corrupt {
+		sp.Crc++
+	}
+	out, err := sp.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSnapshotFallback(t *testing.T) {
+	dir := t.TempDir()
+	st := v2store.New("/0", "/1")
+	data, _ := st.Save()
+	writeSnap(t, filepath.Join(dir, "0000000000000002-0000000000000010.snap"), data, 0x10, false)
+	writeSnap(t, filepath.Join(dir, "0000000000000002-0000000000000020.snap"), data, 0x20, true)
+	if err := os.WriteFile(filepath.Join(dir, "0000000000000002-0000000000000030.snap"), []byte("trunc"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var s Source
+	if err := s.loadSnapshot(dir); err != nil {
+		t.Fatal(err)
+	}
+	if s.Snapshot.Metadata.Index != 0x10 || len(s.Skipped) != 2 || !strings.Contains(s.Skipped[0], "0030.snap") || !strings.Contains(s.Skipped[1], "checksum mismatch") {
+		t.Fatalf("loaded index %d, skipped %v", s.Snapshot.Metadata.Index, s.Skipped)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".broken") {
+			t.Fatal("a broken snapshot was renamed: the source must not be written")
+		}
+	}
+	bad := t.TempDir()
+	writeSnap(t, filepath.Join(bad, "0000000000000002-0000000000000020.snap"), data, 0x20, true)
+	if err := (&Source{}).loadSnapshot(bad); err == nil || !strings.Contains(err.Error(), "no readable v2 snapshot") {
+		t.Fatalf("only corrupt snapshots: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	full := t.TempDir()
+	if err := os.WriteFile(filepath.Join(full, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	cases := []struct {
+		name string
+		c    Config
+		want []string
+	}{
+		{"empty", Config{}, []string{"--data-dir is required", "--output-dir is required", "--name, --initial-cluster"}},
+		{"non-empty output", Config{DataDir: src, OutputDir: full, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"is not empty"}},
+		{"output inside source", Config{DataDir: src, OutputDir: filepath.Join(src, "out"), Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"must not be inside"}},
+		{"compacted without bump", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), MarkCompacted: true, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"needs --bump-revision"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.c.Validate()
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v lacks %q", err, w)
+				}
+			}
+		})
+	}
+	if _, err := ReadSource(src, ""); err == nil || !strings.Contains(err.Error(), "not an etcd member data dir") {
+		t.Errorf("ReadSource of an empty dir: %v", err)
+	}
+}
