@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
 # Fuzz time for the policy classifier in `make test`.
 FUZZTIME ?= 10s
 
-.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy bench-cutover clean
+.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy bench-cutover bench-migrate clean
 
 all: build
 
@@ -62,3 +62,8 @@ clean:
 # Cutover write-unavailability window at 1k/10k/50k objects; see docs/benchmarks.md.
 bench-cutover: e2e-deps build
 	$(GO) run ./e2e/bench/cutover --kubefence $(KUBEFENCE)
+
+# v2 -> v3 migration: kubefence vs etcdctl migrate, wall time and peak RSS. KEYS=1000000 by
+# default (generating that store takes ~20 minutes the first time; it is cached).
+bench-migrate: e2e-deps build
+	$(GO) run ./e2e/bench/migrate --kubefence $(KUBEFENCE) $(if $(KEYS),--keys $(KEYS))

@@ -1,7 +1,9 @@
 package v2v3
 
 import (
+	"bytes"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -18,13 +20,16 @@ type ReplayStats struct {
 	Ignored int `json:"ignored"` // reads (QGET), conf changes, v3-only and empty entries
 }
 
-// buildStore loads the snapshot's v2 store and replays the committed WAL entries on it.
-func buildStore(src *Source) (v2store.Store, ReplayStats, error) {
+// buildStore loads the snapshot's v2 store and replays the committed WAL entries on it. It also
+// returns every user path with a hidden segment ("/_") that the snapshot or the WAL mentions:
+// v2store's Get hides such nodes, so the transform looks them up by name.
+func buildStore(src *Source) (v2store.Store, ReplayStats, map[string]bool, error) {
 	st := v2store.New("/0", "/1")
 	var rs ReplayStats
+	hidden := hiddenPaths(src.Snapshot.Data)
 	if len(src.Snapshot.Data) > 0 {
 		if err := st.Recovery(src.Snapshot.Data); err != nil {
-			return nil, rs, fmt.Errorf("load v2 snapshot %s: %w", src.SnapshotFile, err)
+			return nil, rs, nil, fmt.Errorf("load v2 snapshot %s: %w", src.SnapshotFile, err)
 		}
 	}
 	for _, e := range src.Entries {
@@ -35,11 +40,14 @@ func buildStore(src *Source) (v2store.Store, ReplayStats, error) {
 		}
 		req, err := v2Request(e.Data)
 		if err != nil {
-			return nil, rs, fmt.Errorf("WAL entry %d: %w", e.Index, err)
+			return nil, rs, nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
 		}
 		if req == nil {
 			rs.Ignored++
 			continue
+		}
+		if strings.HasPrefix(req.Path, "/1/") && strings.Contains(req.Path, "/_") {
+			hidden[req.Path] = true
 		}
 		switch applyV2(st, req) {
 		case outcomeApplied:
@@ -52,7 +60,29 @@ func buildStore(src *Source) (v2store.Store, ReplayStats, error) {
 			rs.Ignored++
 		}
 	}
-	return st, rs, nil
+	return st, rs, hidden, nil
+}
+
+// hiddenPaths finds the user paths with a hidden segment in a v2 snapshot's JSON by scanning
+// its "Path" fields, without decoding it.
+func hiddenPaths(snapJSON []byte) map[string]bool {
+	out := map[string]bool{}
+	marker := []byte(`"Path":"/1/`)
+	for rest := snapJSON; ; {
+		i := bytes.Index(rest, marker)
+		if i < 0 {
+			return out
+		}
+		rest = rest[i+len(`"Path":"`):]
+		end := bytes.IndexByte(rest, '"')
+		if end < 0 {
+			return out
+		}
+		if p := rest[:end]; bytes.Contains(p, []byte("/_")) {
+			out[string(p)] = true
+		}
+		rest = rest[end:]
+	}
 }
 
 // v2Request decodes an entry: an InternalRaftRequest whose V2 field is set, or (older WALs) a

@@ -16,11 +16,11 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/snap/snappb"
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Source is what was read from a member data dir.
@@ -108,6 +108,9 @@ func (s *Source) loadSnapshot(dir string) error {
 	return nil
 }
 
+// readSnapFile reads a snap file: snappb.Snapshot{crc, data} around a raftpb.Snapshot{data,
+// metadata}. The two envelopes are parsed by hand so that the v2 store's JSON is a slice of the
+// file's bytes rather than a third copy of it (the generated Unmarshal copies bytes fields).
 func readSnapFile(path string) (raftpb.Snapshot, error) {
 	var snap raftpb.Snapshot
 	b, err := os.ReadFile(path)
@@ -117,18 +120,68 @@ func readSnapFile(path string) (raftpb.Snapshot, error) {
 	if len(b) == 0 {
 		return snap, errors.New("empty file")
 	}
-	var sp snappb.Snapshot
-	if err := sp.Unmarshal(b); err != nil {
-		return snap, fmt.Errorf("truncated or corrupt (%d bytes): %w", len(b), err)
+	var crc uint32
+	var inner []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+			}
+			crc, b = uint32(v), b[n:]
+		case num == 2 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return snap, fmt.Errorf("truncated or corrupt (%d bytes short)", len(b))
+			}
+			inner, b = v, b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+		}
 	}
-	if len(sp.Data) == 0 || sp.Crc == 0 {
+	if len(inner) == 0 || crc == 0 {
 		return snap, errors.New("no data or checksum")
 	}
-	if crc32.Update(0, crcTable, sp.Data) != sp.Crc {
+	if crc32.Update(0, crcTable, inner) != crc {
 		return snap, errors.New("checksum mismatch")
 	}
-	if err := snap.Unmarshal(sp.Data); err != nil {
-		return snap, fmt.Errorf("corrupt raft snapshot: %w", err)
+	for len(inner) > 0 {
+		num, typ, n := protowire.ConsumeTag(inner)
+		if n < 0 {
+			return snap, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+		}
+		inner = inner[n:]
+		if typ != protowire.BytesType {
+			n = protowire.ConsumeFieldValue(num, typ, inner)
+			if n < 0 {
+				return snap, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+			}
+			inner = inner[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(inner)
+		if n < 0 {
+			return snap, errors.New("corrupt raft snapshot: truncated field")
+		}
+		inner = inner[n:]
+		switch num {
+		case 1:
+			snap.Data = v
+		case 2:
+			if err := snap.Metadata.Unmarshal(v); err != nil {
+				return snap, fmt.Errorf("corrupt raft snapshot metadata: %w", err)
+			}
+		}
 	}
 	return snap, nil
 }

@@ -1,11 +1,11 @@
 package v2v3
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
@@ -47,81 +47,38 @@ type TransformStats struct {
 	HiddenSkipped  int `json:"hiddenSkipped"`  // ... and left out
 }
 
-// storeNode is v2store's own JSON shape of a node (Save's output).
-type storeNode struct {
-	Path          string
-	CreatedIndex  uint64
-	ModifiedIndex uint64
-	ExpireTime    time.Time
-	Value         string
-	Children      map[string]*storeNode
-}
-
 // transform turns the user tree (/1) of the store into v3 keys and leases, sorted by revision.
-func transform(st v2store.Store, o Options) ([]KV, map[int64]*Lease, TransformStats, error) {
+// It walks the store's own nodes through Get (keys and values share the store's memory), then
+// looks up the hidden paths by name, since Get does not list them.
+func transform(st v2store.Store, hidden map[string]bool, o Options) ([]KV, map[int64]*Lease, TransformStats, error) {
 	var stats TransformStats
-	data, err := st.SaveNoCopy()
+	w := &walker{o: o, leases: map[int64]*Lease{}, stats: &stats, seen: map[string]bool{}}
+	ev, err := st.Get("/1", true, true)
 	if err != nil {
-		return nil, nil, stats, err
+		return nil, nil, stats, fmt.Errorf("read the v2 store: %w", err)
 	}
-	var root struct{ Root *storeNode }
-	if err := json.Unmarshal(data, &root); err != nil {
-		return nil, nil, stats, fmt.Errorf("read back the v2 store: %w", err)
+	for _, n := range ev.Node.Nodes {
+		w.walk(n)
 	}
-	user := root.Root.Children["1"]
-	if user == nil {
-		return nil, nil, stats, nil
+	// Hidden subtrees: shortest first, so that a path under an already walked one is skipped.
+	paths := make([]string, 0, len(hidden))
+	for p := range hidden {
+		paths = append(paths, p)
 	}
-	var kvs []KV
-	leases := map[int64]*Lease{}
-	var walk func(n *storeNode, hidden bool)
-	walk = func(n *storeNode, hidden bool) {
-		name := n.Path[strings.LastIndexByte(n.Path, '/')+1:]
-		hidden = hidden || strings.HasPrefix(name, "_")
-		if n.Children != nil {
-			stats.Dirs++
-			for _, c := range n.Children {
-				walk(c, hidden)
-			}
-			return
+	sort.Strings(paths)
+	for _, p := range paths {
+		root := hiddenRoot(p)
+		if w.seen[root] {
+			continue
 		}
-		if hidden {
-			stats.Hidden++
-			if !o.IncludeHidden {
-				stats.HiddenSkipped++
-				return
-			}
+		w.seen[root] = true
+		ev, err := st.Get(root, true, true)
+		if err != nil {
+			continue // deleted since
 		}
-		kv := KV{Key: []byte(strings.TrimPrefix(n.Path, "/1")), Value: []byte(n.Value), CreateRevision: int64(n.CreatedIndex), ModRevision: int64(n.ModifiedIndex)}
-		if !n.ExpireTime.IsZero() {
-			if o.NoTTL {
-				stats.TTLDropped++
-				return
-			}
-			// Keys that expire in the same second share a lease; its ID is that second.
-			sec := n.ExpireTime.Unix()
-			if n.ExpireTime.Nanosecond() > 0 {
-				sec++
-			}
-			ttl := sec - o.Now.Unix()
-			if !n.ExpireTime.After(o.Now) || ttl <= 0 {
-				stats.ExpiredDropped++
-				return
-			}
-			l := leases[sec]
-			if l == nil {
-				l = &Lease{ID: sec, TTL: ttl}
-				leases[sec] = l
-			}
-			l.Keys++
-			kv.Lease = sec
-			stats.TTLKeys++
-		}
-		kvs = append(kvs, kv)
+		w.walk(ev.Node)
 	}
-	for _, c := range user.Children {
-		walk(c, false)
-	}
+	kvs := w.kvs
 	sort.Slice(kvs, func(i, j int) bool { return kvs[i].ModRevision < kvs[j].ModRevision })
 	for i := 1; i < len(kvs); i++ {
 		if kvs[i].ModRevision == kvs[i-1].ModRevision {
@@ -129,5 +86,79 @@ func transform(st v2store.Store, o Options) ([]KV, map[int64]*Lease, TransformSt
 		}
 	}
 	stats.Keys = len(kvs)
-	return kvs, leases, stats, nil
+	return kvs, w.leases, stats, nil
+}
+
+// hiddenRoot is the path up to and including its first hidden segment.
+func hiddenRoot(p string) string {
+	i := strings.Index(p, "/_")
+	if j := strings.IndexByte(p[i+1:], '/'); j >= 0 {
+		return p[:i+1+j]
+	}
+	return p
+}
+
+type walker struct {
+	o      Options
+	kvs    []KV
+	leases map[int64]*Lease
+	stats  *TransformStats
+	seen   map[string]bool
+}
+
+func (w *walker) walk(n *v2store.NodeExtern) {
+	if n.Dir {
+		w.stats.Dirs++
+		for _, c := range n.Nodes {
+			w.walk(c)
+		}
+		return
+	}
+	var expire time.Time
+	if n.Expiration != nil {
+		expire = *n.Expiration
+	}
+	value := ""
+	if n.Value != nil {
+		value = *n.Value
+	}
+	w.file(n.Key, value, n.CreatedIndex, n.ModifiedIndex, expire)
+}
+
+func (w *walker) file(path, value string, created, modified uint64, expire time.Time) {
+	key := strings.TrimPrefix(path, "/1")
+	if strings.Contains(key, "/_") {
+		w.stats.Hidden++
+		if !w.o.IncludeHidden {
+			w.stats.HiddenSkipped++
+			return
+		}
+	}
+	// Keys and values share the decoded strings' memory (never modified) instead of copying.
+	kv := KV{Key: unsafe.Slice(unsafe.StringData(key), len(key)), Value: unsafe.Slice(unsafe.StringData(value), len(value)), CreateRevision: int64(created), ModRevision: int64(modified)}
+	if !expire.IsZero() {
+		if w.o.NoTTL {
+			w.stats.TTLDropped++
+			return
+		}
+		// Keys that expire in the same second share a lease; its ID is that second.
+		sec := expire.Unix()
+		if expire.Nanosecond() > 0 {
+			sec++
+		}
+		ttl := sec - w.o.Now.Unix()
+		if !expire.After(w.o.Now) || ttl <= 0 {
+			w.stats.ExpiredDropped++
+			return
+		}
+		l := w.leases[sec]
+		if l == nil {
+			l = &Lease{ID: sec, TTL: ttl}
+			w.leases[sec] = l
+		}
+		l.Keys++
+		kv.Lease = sec
+		w.stats.TTLKeys++
+	}
+	w.kvs = append(w.kvs, kv)
 }

@@ -49,7 +49,7 @@ func TestApplyV2(t *testing.T) {
 			t.Fatalf("%s: outcome %d, want %d", s.name, got, s.want)
 		}
 	}
-	kvs, leases, stats, err := transform(st, Options{Now: now})
+	kvs, leases, stats, err := transform(st, nil, Options{Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +85,7 @@ func TestTransformOptions(t *testing.T) {
 	mustSet("/1/registry/_x/k", "h", time.Time{})
 	mustSet("/1/registry/pods/p", "p", time.Time{})
 	mustSet("/0/members/m", "m", time.Time{}) // membership: never user data
+	hidden := map[string]bool{"/1/_hidden/k": true, "/1/registry/_x/k": true}
 	cases := []struct {
 		name     string
 		o        Options
@@ -101,7 +102,7 @@ func TestTransformOptions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			kvs, leases, s, err := transform(st, tc.o)
+			kvs, leases, s, err := transform(st, hidden, tc.o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +121,7 @@ func TestTransformOptions(t *testing.T) {
 			}
 		})
 	}
-	kvs, leases, _, _ := transform(st, Options{Now: now})
+	kvs, leases, _, _ := transform(st, hidden, Options{Now: now})
 	for _, kv := range kvs {
 		if string(kv.Key) == "/registry/events/a" {
 			if l := leases[kv.Lease]; l == nil || l.Keys != 2 || l.TTL != 91 {
@@ -207,5 +208,24 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := ReadSource(src, ""); err == nil || !strings.Contains(err.Error(), "not an etcd member data dir") {
 		t.Errorf("ReadSource of an empty dir: %v", err)
+	}
+}
+
+func TestHiddenPaths(t *testing.T) {
+	st := v2store.New("/0", "/1")
+	for _, p := range []string{"/1/a/_b/c", "/1/_top", "/1/plain/x", "/0/_member"} {
+		if _, err := st.Set(p, false, "v", v2store.TTLOptionSet{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, _ := st.Save()
+	got := hiddenPaths(data)
+	if len(got) != 3 || !got["/1/a/_b/c"] || !got["/1/a/_b"] || !got["/1/_top"] {
+		t.Fatalf("hidden paths = %v", got)
+	}
+	for p, want := range map[string]string{"/1/a/_b/c": "/1/a/_b", "/1/_top": "/1/_top", "/1/x/_y/_z/w": "/1/x/_y"} {
+		if r := hiddenRoot(p); r != want {
+			t.Errorf("hiddenRoot(%s) = %s, want %s", p, r, want)
+		}
 	}
 }
