@@ -2,6 +2,7 @@ package v2v3
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +26,8 @@ type Config struct {
 	Options
 	RevisionBump  uint64
 	MarkCompacted bool
+	// OnConflict says which store wins for a key present in both: "" (an error), "v3" or "v2".
+	OnConflict string
 }
 
 // Validate reports every problem with the configuration at once.
@@ -46,6 +49,11 @@ func (c *Config) Validate() error {
 	if c.Member.Name == "" || c.Member.InitialCluster == "" || len(c.Member.InitialAdvertisePeerURLs) == 0 {
 		errs = append(errs, errors.New("--name, --initial-cluster and --initial-advertise-peer-urls are required, as for etcdutl snapshot restore"))
 	}
+	switch c.OnConflict {
+	case ConflictError, ConflictV3, ConflictV2:
+	default:
+		errs = append(errs, fmt.Errorf("--on-conflict %q: use v3 or v2", c.OnConflict))
+	}
 	if c.MarkCompacted && c.RevisionBump == 0 {
 		errs = append(errs, errors.New("--mark-compacted needs --bump-revision"))
 	}
@@ -64,8 +72,10 @@ type Report struct {
 	Keys         TransformStats `json:"keys"`
 	Leases       int            `json:"leases"`
 	// Prefixes counts keys per top-level prefix (/registry/<resource> for Kubernetes data).
-	Prefixes  map[string]int           `json:"prefixes"`
-	Verified  int                      `json:"verified"`
+	Prefixes map[string]int `json:"prefixes"`
+	Verified int            `json:"verified"`
+	// V3 says what was carried over from the source\'s v3 store, when it had one.
+	V3        *MergeStats              `json:"v3,omitempty"`
 	Now       time.Time                `json:"ttlClock"`
 	Durations map[string]time.Duration `json:"durationsNanos"`
 }
@@ -87,8 +97,11 @@ func Run(c Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	var v3 *v3Data
 	if src.V3Keys > 0 {
-		return nil, fmt.Errorf("%s also holds %d v3 keys: sources with both v2 and v3 data are not supported yet (they need the v2 keys renumbered above the v3 revisions)", c.DataDir, src.V3Keys)
+		if v3, err = readV3(filepath.Join(c.DataDir, "member", "snap", "db")); err != nil {
+			return nil, err
+		}
 	}
 	rep.Snapshot, rep.SnapshotIdx, rep.CommitIndex, rep.SkippedSnaps = src.SnapshotFile, src.Snapshot.Metadata.Index, src.HardState.Commit, src.Skipped
 	rep.Durations["read"] = time.Since(t)
@@ -108,18 +121,34 @@ func Run(c Config) (*Report, error) {
 		return nil, err
 	}
 	debug.FreeOSMemory() // between phases: give back what the store and its JSON took
+	if v3 != nil {
+		var ms MergeStats
+		if kvs, ms, err = renumber(kvs, v3, c.OnConflict); err != nil {
+			return nil, err
+		}
+		rep.V3 = &ms
+		for id, l := range leases { // lease IDs must not collide with the source's
+			for v3HasLease(v3, id) {
+				delete(leases, id)
+				id++
+				l.ID = id
+				leases[id] = l
+			}
+		}
+		relinkLeases(kvs, leases)
+	}
 	rep.Keys, rep.Leases = ts, len(leases)
 	rep.Prefixes = prefixCounts(kvs)
 	rep.Durations["transform"] = time.Since(t)
 
 	t = time.Now()
-	if err := buildDataDir(c.OutputDir, kvs, leases, c.Member, c.RevisionBump, c.MarkCompacted); err != nil {
+	if err := buildDataDir(c.OutputDir, v3, kvs, leases, c.Member, c.RevisionBump, c.MarkCompacted); err != nil {
 		return nil, err
 	}
 	rep.Durations["write"] = time.Since(t)
 
 	t = time.Now()
-	n, err := verifyOutput(filepath.Join(c.OutputDir, "member", "snap", "db"), kvs, leases)
+	n, err := verifyOutput(filepath.Join(c.OutputDir, "member", "snap", "db"), v3, kvs, leases)
 	if err != nil {
 		return rep, fmt.Errorf("verification of %s failed: %w", c.OutputDir, err)
 	}
@@ -146,7 +175,7 @@ func topPrefix(k string) string {
 }
 
 // verifyOutput reads the written backend back and checks every key and lease.
-func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error) {
+func verifyOutput(dbPath string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) (int, error) {
 	db, err := bolt.Open(dbPath, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if err != nil {
 		return 0, err
@@ -156,6 +185,14 @@ func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error)
 	for i := range kvs {
 		want[string(kvs[i].Key)] = &kvs[i]
 	}
+	// The v3 store's entries must be there byte for byte; the v2 keys are checked below.
+	v3rev := map[string][]byte{}
+	if v3 != nil {
+		for _, e := range v3.entries {
+			v3rev[string(e[0])] = e[1]
+		}
+	}
+	v3seen := 0
 	var problems []string
 	seen := 0
 	gotLeases := map[int64]bool{}
@@ -165,6 +202,13 @@ func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error)
 			return errors.New("no key bucket")
 		}
 		if err := kb.ForEach(func(k, v []byte) error {
+			if wantV, ok := v3rev[string(k)]; ok {
+				if !bytes.Equal(wantV, v) {
+					problems = append(problems, fmt.Sprintf("v3 revision %x differs", k))
+				}
+				v3seen++
+				return nil
+			}
 			if len(v) == 0 {
 				return nil // the marker a revision bump leaves at the bumped revision
 			}
@@ -191,6 +235,9 @@ func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error)
 				if err := l.Unmarshal(v); err != nil {
 					return err
 				}
+				if v3 != nil && v3HasLease(v3, l.ID) {
+					return nil
+				}
 				if w := leases[l.ID]; w == nil || w.TTL != l.TTL {
 					problems = append(problems, fmt.Sprintf("lease %d unexpected or with TTL %d", l.ID, l.TTL))
 				}
@@ -206,6 +253,9 @@ func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error)
 	if seen != len(kvs) {
 		problems = append(problems, fmt.Sprintf("%d of %d keys present", seen, len(kvs)))
 	}
+	if v3 != nil && v3seen != len(v3.entries) {
+		problems = append(problems, fmt.Sprintf("%d of %d v3 revisions present", v3seen, len(v3.entries)))
+	}
 	for id := range leases {
 		if !gotLeases[id] {
 			problems = append(problems, fmt.Sprintf("lease %d missing", id))
@@ -219,4 +269,26 @@ func verifyOutput(dbPath string, kvs []KV, leases map[int64]*Lease) (int, error)
 		return seen, errors.New(strings.Join(problems, "; "))
 	}
 	return seen, nil
+}
+
+func v3HasLease(v3 *v3Data, id int64) bool {
+	for _, l := range v3.leases {
+		if len(l[0]) == 8 && int64(binary.BigEndian.Uint64(l[0])) == id {
+			return true
+		}
+	}
+	return false
+}
+
+// relinkLeases points keys at their lease's (possibly moved) ID.
+func relinkLeases(kvs []KV, leases map[int64]*Lease) {
+	byOld := map[int64]int64{}
+	for _, l := range leases {
+		byOld[l.origID] = l.ID
+	}
+	for i := range kvs {
+		if kvs[i].Lease != 0 {
+			kvs[i].Lease = byOld[kvs[i].Lease]
+		}
+	}
 }

@@ -27,6 +27,7 @@ type KV struct {
 	CreateRevision int64
 	ModRevision    int64
 	Lease          int64
+	version        int64 // 0 means 1 (a new key)
 }
 
 // Lease is a v3 lease for the keys that expire in the same second.
@@ -34,6 +35,8 @@ type Lease struct {
 	ID   int64 `json:"id"`
 	TTL  int64 `json:"ttlSeconds"`
 	Keys int   `json:"keys"`
+
+	origID int64 // the expiry second, before any move to avoid a v3 lease's ID
 }
 
 // TransformStats counts what became of the v2 nodes.
@@ -153,7 +156,7 @@ func (w *walker) file(path, value string, created, modified uint64, expire time.
 		}
 		l := w.leases[sec]
 		if l == nil {
-			l = &Lease{ID: sec, TTL: ttl}
+			l = &Lease{ID: sec, TTL: ttl, origID: sec}
 			w.leases[sec] = l
 		}
 		l.Keys++

@@ -24,13 +24,19 @@ func revBytes(main int64) []byte {
 	return b
 }
 
-// writeBackend writes the keys and leases into a new bolt database at path, in revision order.
-func writeBackend(path string, kvs []KV, leases map[int64]*Lease) error {
+// writeBackend writes the v3 data of the source (when any) and then the v2 keys and leases into
+// a new bolt database at path, in revision order.
+func writeBackend(path string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) error {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if v3 != nil {
+		if err := copyV3(db, v3); err != nil {
+			return err
+		}
+	}
 	const batch = 10000
 	for start := 0; start == 0 || start < len(kvs); start += batch {
 		end := min(start+batch, len(kvs))
@@ -41,7 +47,7 @@ func writeBackend(path string, kvs []KV, leases map[int64]*Lease) error {
 			}
 			kb.FillPercent = 1 // appends in revision order
 			for _, kv := range kvs[start:end] {
-				v, err := (&mvccpb.KeyValue{Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: 1, Lease: kv.Lease}).Marshal()
+				v, err := (&mvccpb.KeyValue{Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: max(kv.version, 1), Lease: kv.Lease}).Marshal()
 				if err != nil {
 					return err
 				}
@@ -86,6 +92,24 @@ func writeBackend(path string, kvs []KV, leases map[int64]*Lease) error {
 	})
 }
 
+// copyV3 writes the source's key bucket, leases and compaction marks as they are.
+func copyV3(db *bolt.DB, v3 *v3Data) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		for name, entries := range map[string][][2][]byte{"key": v3.entries, "lease": v3.leases, "meta": v3.meta} {
+			b, err := tx.CreateBucketIfNotExists([]byte(name))
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				if err := b.Put(e[0], e[1]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // Membership of the new member, as `etcdutl snapshot restore` takes it.
 type Membership struct {
 	Name                     string
@@ -96,7 +120,7 @@ type Membership struct {
 
 // buildDataDir writes the backend into a temp dir next to outDir, gives it membership (WAL and
 // snapshot) with etcd's restore, and renames it into place.
-func buildDataDir(outDir string, kvs []KV, leases map[int64]*Lease, m Membership, bump uint64, markCompacted bool) error {
+func buildDataDir(outDir string, v3 *v3Data, kvs []KV, leases map[int64]*Lease, m Membership, bump uint64, markCompacted bool) error {
 	parent := filepath.Dir(outDir)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return err
@@ -107,7 +131,7 @@ func buildDataDir(outDir string, kvs []KV, leases map[int64]*Lease, m Membership
 	}
 	defer os.RemoveAll(work)
 	db := filepath.Join(work, "v3.db")
-	if err := writeBackend(db, kvs, leases); err != nil {
+	if err := writeBackend(db, v3, kvs, leases); err != nil {
 		return fmt.Errorf("write v3 backend: %w", err)
 	}
 	member := filepath.Join(work, "data")

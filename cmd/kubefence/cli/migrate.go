@@ -39,9 +39,12 @@ data dir that etcd 3.5 and 3.6 start on: keys keep their create/mod revisions (t
 TTL keys become leases with their remaining TTL, directories are dropped, hidden keys are
 counted (and kept with --include-hidden). The output is read back and every key checked.
 
+A source that also holds v3 keys (member/snap/db) keeps them unchanged, with their revisions,
+history and leases; the v2 keys are renumbered above the v3 revision, in their original order.
+A key in both stores is an error unless --on-conflict says which wins.
+
 The source is never written; the output is built next to --output-dir and renamed into place,
-and a non-empty --output-dir is refused. Not yet: sources that also hold v3 keys, --transformer,
-key-prefix rewrite.`,
+and a non-empty --output-dir is refused. Not yet: --transformer, key-prefix rewrite.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := validateOutput(o.output); err != nil {
@@ -82,6 +85,7 @@ key-prefix rewrite.`,
 	f.BoolVar(&o.cfg.NoTTL, "no-ttl", false, "drop keys that have a TTL instead of giving them leases")
 	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339) instead of now, for repeatable runs")
 	f.BoolVar(&o.cfg.IncludeHidden, "include-hidden", false, "migrate hidden v2 keys (a path segment starting with _) too")
+	f.StringVar(&o.cfg.OnConflict, "on-conflict", "", "for a key in both the v2 and the v3 store: v3 keeps the v3 key, v2 writes the v2 value over it (default: refuse)")
 	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store")
 	f.BoolVar(&o.cfg.MarkCompacted, "mark-compacted", false, "mark the revisions up to the bumped one compacted (needs --bump-revision)")
 	addOutputFlag(cmd, &o.output)
@@ -108,6 +112,10 @@ func printMigrateReport(w interface{ Write([]byte) (int, error) }, r *v2v3.Repor
 		fmt.Fprintf(w, ", %d hidden keys (%d left out; --include-hidden keeps them)", k.Hidden, k.HiddenSkipped)
 	}
 	fmt.Fprintf(w, "\n  verified: %d of %d keys read back identical\n", r.Verified, k.Keys)
+	if r.V3 != nil {
+		fmt.Fprintf(w, "  v3 store carried over: %d live keys, %d revisions; v2 keys renumbered above it; %d key(s) in both\n",
+			r.V3.V3Keys, r.V3.V3Revisions, len(r.V3.Conflicts))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PREFIX\tKEYS")
 	var ps []string

@@ -1,0 +1,141 @@
+package v2v3
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// v3Data is a member's v3 backend: the key bucket as it is (every revision, tombstones too),
+// its leases and its compaction marks, carried into the output unchanged.
+type v3Data struct {
+	entries [][2][]byte // key bucket, in revision order
+	leases  [][2][]byte
+	meta    [][2][]byte // scheduledCompactRev, finishedCompactRev
+	maxRev  int64
+	// live is the latest state of every key that is not deleted.
+	live map[string]*mvccpb.KeyValue
+}
+
+var compactionKeys = [][]byte{[]byte("scheduledCompactRev"), []byte("finishedCompactRev")}
+
+func readV3(path string) (*v3Data, error) {
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	d := &v3Data{live: map[string]*mvccpb.KeyValue{}}
+	err = db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket([]byte("key")); b != nil {
+			if err := b.ForEach(func(k, v []byte) error {
+				d.entries = append(d.entries, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+				if len(k) >= 8 {
+					d.maxRev = max(d.maxRev, int64(binary.BigEndian.Uint64(k[:8])))
+				}
+				if len(v) == 0 {
+					return nil
+				}
+				var kv mvccpb.KeyValue
+				if err := kv.Unmarshal(v); err != nil {
+					return fmt.Errorf("v3 key at revision %x: %w", k, err)
+				}
+				if len(k) == 18 && k[17] == 't' { // tombstone
+					delete(d.live, string(kv.Key))
+				} else {
+					d.live[string(kv.Key)] = &kv
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if b := tx.Bucket([]byte("lease")); b != nil {
+			if err := b.ForEach(func(k, v []byte) error {
+				d.leases = append(d.leases, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if b := tx.Bucket([]byte("meta")); b != nil {
+			for _, k := range compactionKeys {
+				if v := b.Get(k); v != nil {
+					d.meta = append(d.meta, [2][]byte{k, bytes.Clone(v)})
+				}
+			}
+		}
+		return nil
+	})
+	return d, err
+}
+
+// Conflict policies for a key present in both stores.
+const (
+	ConflictError = ""
+	ConflictV3    = "v3"
+	ConflictV2    = "v2"
+)
+
+// MergeStats counts what merging with v3 data did.
+type MergeStats struct {
+	V3Keys      int      `json:"v3Keys"`      // live v3 keys carried over
+	V3Revisions int      `json:"v3Revisions"` // key bucket entries carried over
+	Conflicts   []string `json:"conflicts,omitempty"`
+}
+
+// renumber moves the v2 keys above the v3 store's revision, in their original order (v2 indexes
+// and v3 revisions are separate counters that overlap), and settles keys present in both.
+func renumber(kvs []KV, v3 *v3Data, policy string) ([]KV, MergeStats, error) {
+	stats := MergeStats{V3Keys: len(v3.live), V3Revisions: len(v3.entries)}
+	idx := map[int64]bool{}
+	for _, kv := range kvs {
+		idx[kv.CreateRevision] = true
+		idx[kv.ModRevision] = true
+	}
+	order := make([]int64, 0, len(idx))
+	for i := range idx {
+		order = append(order, i)
+	}
+	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
+	newRev := make(map[int64]int64, len(order))
+	for i, old := range order {
+		newRev[old] = v3.maxRev + 1 + int64(i)
+	}
+	out := kvs[:0]
+	var conflicts []string
+	for _, kv := range kvs {
+		kv.CreateRevision, kv.ModRevision = newRev[kv.CreateRevision], newRev[kv.ModRevision]
+		if cur := v3.live[string(kv.Key)]; cur != nil {
+			conflicts = append(conflicts, string(kv.Key))
+			switch policy {
+			case ConflictV3:
+				continue
+			case ConflictV2:
+				// An update of the live v3 key: same generation, one more version.
+				kv.CreateRevision = cur.CreateRevision
+				kv.version = cur.Version + 1
+			}
+		}
+		out = append(out, kv)
+	}
+	sort.Strings(conflicts)
+	stats.Conflicts = conflicts
+	if len(conflicts) > 0 && policy == ConflictError {
+		shown := conflicts
+		if len(shown) > 10 {
+			shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(conflicts)-10))
+		}
+		return nil, stats, fmt.Errorf("%d key(s) exist in both the v2 and the v3 store: %v; choose which wins with --on-conflict=v3 or --on-conflict=v2", len(conflicts), shown)
+	}
+	return out, stats, nil
+}
