@@ -19,6 +19,22 @@ type cutoverOptions struct {
 	output string
 }
 
+// load checks the flags every cutover command shares and reads the plan; every problem is a
+// usage error (exit 2), found before anything happens.
+func (o *cutoverOptions) load() (*cutover.Plan, error) {
+	if err := validateOutput(o.output); err != nil {
+		return nil, err
+	}
+	if o.plan == "" {
+		return nil, UsageErrorf("--plan is required")
+	}
+	p, err := cutover.LoadPlan(o.plan)
+	if err != nil {
+		return nil, usage(err)
+	}
+	return p, nil
+}
+
 func newCutoverCommand(g *globals) *cobra.Command {
 	o := &cutoverOptions{}
 	cmd := &cobra.Command{
@@ -33,15 +49,9 @@ run the same command with --resume. A failure before the switch aborts: green is
 blue unfenced, as before. After the switch there is no abort; the report says how to reverse.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			if o.plan == "" {
-				return UsageErrorf("--plan is required")
-			}
-			p, err := cutover.LoadPlan(o.plan)
+			p, err := o.load()
 			if err != nil {
-				return usage(err)
+				return err
 			}
 			if o.dryRun {
 				steps := cutover.DryRun(p)
@@ -74,15 +84,9 @@ func newCutoverAbortCommand(g *globals) *cobra.Command {
 		Short: "Stop a cutover before its switch: stop green, unfence blue",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			if o.plan == "" {
-				return UsageErrorf("--plan is required")
-			}
-			p, err := cutover.LoadPlan(o.plan)
+			p, err := o.load()
 			if err != nil {
-				return usage(err)
+				return err
 			}
 			_, err = cutover.Abort(cmd.Context(), cutover.Options{Plan: p, Emit: eventPrinter(g.streams.Out, o.output), Log: g.logger()})
 			return err
