@@ -44,6 +44,10 @@ func runCLI(args ...string) (code int, out, errOut string) {
 }
 
 func TestExitCodes(t *testing.T) {
+	badPlan := filepath.Join(t.TempDir(), "plan.yaml")
+	if err := os.WriteFile(badPlan, []byte("apiVersion: kubefence.io/v1alpha1\nkind: CutoverPlan\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		args []string
@@ -61,6 +65,12 @@ func TestExitCodes(t *testing.T) {
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
 		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
+		{"cutover without a plan", []string{"cutover"}, ExitUsage, "", "--plan is required"},
+		{"cutover with a bad plan", []string{"cutover", "--plan", badPlan, "--dry-run"}, ExitUsage, "", "stateDir is required"},
+		{"cutover abort with a bad plan", []string{"cutover", "abort", "--plan", badPlan}, ExitUsage, "", "green.etcd.binary is required"},
+		{"migrate without flags", []string{"migrate", "v2-to-v3"}, ExitUsage, "", "--data-dir is required"},
+		{"migrate bad conflict policy", []string{"migrate", "v2-to-v3", "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both"`},
+		{"migrate bad clock", []string{"migrate", "v2-to-v3", "--ttl-clock", "yesterday"}, ExitUsage, "", "--ttl-clock"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {
