@@ -57,6 +57,9 @@ func ReadSource(dataDir, walDir string) (*Source, error) {
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
 		return nil, err
 	}
+	if err := checkWALSequence(walDir); err != nil {
+		return nil, err
+	}
 	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: src.Snapshot.Metadata.Index, Term: src.Snapshot.Metadata.Term})
 	if err != nil {
 		return nil, fmt.Errorf("open WAL in %s: %w", walDir, err)
@@ -208,4 +211,30 @@ func countV3Keys(path string) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// checkWALSequence checks that the WAL's segment files (SEQ-INDEX.wal) have consecutive
+// sequence numbers, naming the gap: etcd's reader only reports the checksum error a gap causes.
+func checkWALSequence(dir string) error {
+	names, err := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no WAL files in %s: is this the member's WAL dir (--wal-dir)?", dir)
+	}
+	sort.Strings(names)
+	var prev uint64
+	for i, n := range names {
+		var seq, index uint64
+		if _, err := fmt.Sscanf(filepath.Base(n), "%016x-%016x.wal", &seq, &index); err != nil {
+			return fmt.Errorf("unexpected file in the WAL dir: %s", n)
+		}
+		if i > 0 && seq != prev+1 {
+			return fmt.Errorf("WAL segment missing between %s and %s (sequence %d to %d): restore the data dir from a good copy",
+				filepath.Base(names[i-1]), filepath.Base(n), prev, seq)
+		}
+		prev = seq
+	}
+	return nil
 }
