@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -158,22 +157,7 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 	for _, m := range mutate {
 		m(o, dir)
 	}
-	if errs := o.Validate(); len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	cfg, err := o.Complete()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, slog.New(slog.NewTextHandler(f.logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown(time.Second) })
-	f.p = &testProxy{Server: s, url: "https://" + s.Addr().String(), opts: o}
+	f.p = startProxyWith(t, o, f.logs)
 	f.proxyURL = f.p.url
 	return f
 }

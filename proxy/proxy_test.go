@@ -106,8 +106,13 @@ func startProxy(t testing.TB, upstream string, mutate ...func(*Options)) *testPr
 	return startProxyWith(t, o)
 }
 
-func startProxyWith(t testing.TB, o *Options) *testProxy {
+// startProxyWith starts a proxy with o; its logs go to logs[0] when given, else nowhere.
+func startProxyWith(t testing.TB, o *Options, logs ...io.Writer) *testProxy {
 	t.Helper()
+	var logw io.Writer = io.Discard
+	if len(logs) > 0 {
+		logw = logs[0]
+	}
 	if errs := o.Validate(); len(errs) > 0 {
 		t.Fatalf("options: %v", errs)
 	}
@@ -115,7 +120,7 @@ func startProxyWith(t testing.TB, o *Options) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := New(cfg, slog.New(slog.NewTextHandler(logw, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +128,11 @@ func startProxyWith(t testing.TB, o *Options) *testProxy {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(time.Second) })
-	return &testProxy{Server: s, url: "http://" + s.Addr().String(), admin: admin.NewClient(o.AdminSocket), opts: o}
+	scheme := "https://"
+	if o.InsecureListen {
+		scheme = "http://"
+	}
+	return &testProxy{Server: s, url: scheme + s.Addr().String(), admin: admin.NewClient(o.AdminSocket), opts: o}
 }
 
 func do(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
