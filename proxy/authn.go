@@ -8,13 +8,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // RequestHeaderNames are the headers the backend apiserver reads a forwarded identity from; they
@@ -53,13 +54,9 @@ func (n RequestHeaderNames) stripList() []string {
 // clientAuthenticator turns a verified client certificate into a user with k8s.io/apiserver's
 // x509 authenticator (CN → user, O → groups), the same mapping the apiserver uses.
 func newClientAuthenticator(caFile string) (authenticator.Request, *x509.CertPool, error) {
-	pem, err := os.ReadFile(caFile)
+	pool, err := tlsutil.LoadCAPool(caFile)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read --client-ca-file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", caFile)
+		return nil, nil, fmt.Errorf("--client-ca-file: %w", err)
 	}
 	opts := x509request.DefaultVerifyOptions()
 	opts.Roots = pool

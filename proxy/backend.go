@@ -3,17 +3,17 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // backend is one upstream apiserver: its URL, its connection pools, and the long-running
@@ -49,13 +49,9 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 	}
 	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := tlsutil.LoadCAPool(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("read backend CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("backend CA file %s holds no PEM certificate", caFile)
+			return nil, fmt.Errorf("backend CA: %w", err)
 		}
 		tlsConfig.RootCAs = pool
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // Options are the proxy's flags.
@@ -210,11 +211,9 @@ func (o *Options) Complete() (*Config, error) {
 		c.authn, c.clientCAs = authn, pool
 	}
 	if o.AdminClientCAFile != "" {
-		pem, err := os.ReadFile(o.AdminClientCAFile)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("read --admin-client-ca-file: %w", err))
-		} else if c.adminCAs = x509.NewCertPool(); !c.adminCAs.AppendCertsFromPEM(pem) {
-			errs = append(errs, fmt.Errorf("--admin-client-ca-file %s holds no PEM certificate", o.AdminClientCAFile))
+		var err error
+		if c.adminCAs, err = tlsutil.LoadCAPool(o.AdminClientCAFile); err != nil {
+			errs = append(errs, fmt.Errorf("--admin-client-ca-file: %w", err))
 		}
 	}
 	if o.UpstreamClientCertFile != "" {
@@ -226,7 +225,7 @@ func (o *Options) Complete() (*Config, error) {
 		}
 	}
 	if o.UpstreamCAFile != "" {
-		if _, err := newBackend("https://check.invalid", o.UpstreamCAFile, c.backend); err != nil {
+		if _, err := tlsutil.LoadCAPool(o.UpstreamCAFile); err != nil {
 			errs = append(errs, fmt.Errorf("--upstream-ca-file: %w", err))
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 func etcdTLS(spec EtcdClientSpec) (*tls.Config, error) {
@@ -25,13 +26,9 @@ func etcdTLS(spec EtcdClientSpec) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if spec.CAFile != "" {
-		pem, err := os.ReadFile(spec.CAFile)
-		if err != nil {
+		var err error
+		if cfg.RootCAs, err = tlsutil.LoadCAPool(spec.CAFile); err != nil {
 			return nil, err
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s holds no PEM certificate", spec.CAFile)
 		}
 	}
 	if spec.CertFile != "" {

@@ -3,11 +3,9 @@ package cli
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubefence/kubefence/proxy/admin"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // adminOptions are the flags every admin-API command shares.
@@ -51,13 +51,9 @@ func (o *adminOptions) client() (*admin.Client, error) {
 	if err != nil {
 		return nil, UsageErrorf("load admin client certificate: %v", err)
 	}
-	pem, err := os.ReadFile(o.ca)
+	pool, err := tlsutil.LoadCAPool(o.ca)
 	if err != nil {
-		return nil, UsageErrorf("read --admin-ca-file: %v", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, UsageErrorf("--admin-ca-file %s holds no PEM certificate", o.ca)
+		return nil, UsageErrorf("--admin-ca-file: %v", err)
 	}
 	return admin.NewTLSClient(o.address, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
 }
