@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -31,21 +32,20 @@ type gate struct {
 	inflight inflightSet
 }
 
-// admitWrite registers a write that arrives while the fence is open. It returns false, and
-// registers nothing, when the fence is on.
-func (g *gate) admitWrite(w inflightWrite) (release func(), ok bool) {
+// admitWrite registers a write that arrives while the fence is open and returns its id (end it
+// with inflight.remove). It returns false, and registers nothing, when the fence is on.
+func (g *gate) admitWrite(w inflightWrite) (id uint64, ok bool) {
 	if g.fenced.Load() {
-		return nil, false
+		return 0, false
 	}
 	g.mu.RLock()
 	if g.fenced.Load() {
 		g.mu.RUnlock()
-		return nil, false
+		return 0, false
 	}
-	id := g.inflight.add(w)
+	id = g.inflight.add(w)
 	g.mu.RUnlock()
-	var once sync.Once
-	return func() { once.Do(func() { g.inflight.remove(id) }) }, true
+	return id, true
 }
 
 // current returns the acknowledged state.
@@ -92,10 +92,13 @@ func (g *gate) waitWrites(ctx context.Context, timeout time.Duration) admin.Barr
 	}
 }
 
-// inflightWrite describes an admitted write for the barrier's report.
+// inflightWrite is an admitted write. Its description for the barrier's report is built only
+// when a report is asked for, not on every write: attrs belongs to the request, which outlives
+// the registration and no longer changes.
 type inflightWrite struct {
-	verb, resource, namespace, name, user, userAgent string
-	start                                            time.Time
+	attrs     *policy.Attributes
+	userAgent string
+	start     time.Time
 }
 
 // inflightSet holds the admitted writes that have not finished.
@@ -117,6 +120,7 @@ func (s *inflightSet) add(w inflightWrite) uint64 {
 	return s.next
 }
 
+// remove ends a registration; removing one twice is harmless.
 func (s *inflightSet) remove(id uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -151,7 +155,8 @@ func (s *inflightSet) list(now time.Time) []admin.InflightWrite {
 	defer s.mu.Unlock()
 	out := make([]admin.InflightWrite, 0, len(s.m))
 	for _, w := range s.m {
-		out = append(out, admin.InflightWrite{Verb: w.verb, Resource: w.resource, Namespace: w.namespace, Name: w.name, User: w.user, UserAgent: w.userAgent, Running: admin.Duration(now.Sub(w.start))})
+		a := w.attrs
+		out = append(out, admin.InflightWrite{Verb: a.Verb, Resource: resourceString(a), Namespace: a.Namespace, Name: a.Name, User: a.User, UserAgent: w.userAgent, Running: admin.Duration(now.Sub(w.start))})
 	}
 	slices.SortFunc(out, func(a, b admin.InflightWrite) int { return int(b.Running - a.Running) })
 	return out

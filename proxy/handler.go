@@ -22,7 +22,7 @@ type reqState struct {
 	attrs   policy.Attributes
 	backend *backend
 	stream  *stream // for watches and upgrades
-	release func()  // ends the request's registration as an in-flight write, if any
+	writeID uint64  // the request's registration as an in-flight write, or 0
 	refused bool
 	// identity is the client-certificate user the proxy forwards, or nil.
 	identity user.Info
@@ -129,13 +129,9 @@ func (s *Server) withFence(next http.Handler) http.Handler {
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
 		if a.Class() == policy.Write {
-			release, ok := s.gate.admitWrite(inflightWrite{
-				verb: a.Verb, resource: resourceString(a), namespace: a.Namespace, name: a.Name,
-				user: a.User, userAgent: r.UserAgent(), start: time.Now(),
-			})
-			if ok {
-				st.release = release
-				defer release()
+			if id, ok := s.gate.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()}); ok {
+				st.writeID = id
+				defer s.gate.inflight.remove(id)
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -253,10 +249,10 @@ func (s *Server) reverseProxy() http.Handler {
 			case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
 				// A refused upgrade: answer it, then close the client connection too.
 				resp.Header.Set("Connection", "close")
-			case resp.StatusCode == http.StatusSwitchingProtocols && st.release != nil:
+			case resp.StatusCode == http.StatusSwitchingProtocols && st.writeID != 0:
 				// An upgraded stream (exec, attach, port-forward) persists nothing through etcd once
 				// established; the barrier waits for request/response writes, not for sessions.
-				st.release()
+				s.gate.inflight.remove(st.writeID)
 			case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
 				wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(resp.Header.Get("Content-Type")))
 				st.stream.mu.Lock()
