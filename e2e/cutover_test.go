@@ -6,12 +6,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
+	"io"
 	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -194,7 +193,7 @@ func TestCutover(t *testing.T) {
 	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
 		t.Fatalf("proxy after cutover: %+v %v", st, err)
 	}
-	_, gcs, err := clientsetsFor(f.green.GreenKubeconfig)
+	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,10 +274,12 @@ func TestCutoverAbort(t *testing.T) {
 	// A "kube-apiserver" that runs but never answers.
 	f.green.Plan.Green.APIServer.Command = []string{"/bin/sleep", "3600"}
 	f.green.Plan.Timeouts.GreenAPIServer = cutover.Duration(3 * time.Second)
-	rewritePlan(t, f.green)
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
 	out, err := f.cutoverCmd(ctx)
 	t.Logf("kubefence cutover:\n%s", out)
-	if err == nil || !strings.Contains(out, "ABORT at start-green-apiserver") || !strings.Contains(out, "cutover "+"") {
+	if err == nil || !strings.Contains(out, "ABORT at start-green-apiserver") || !strings.Contains(out, ": aborted") {
 		t.Fatalf("want an abort at start-green-apiserver: %v", err)
 	}
 	st, err := f.px.Admin.Status(ctx)
@@ -290,7 +291,7 @@ func TestCutoverAbort(t *testing.T) {
 		t.Fatalf("journal after abort: %+v %v", j, err)
 	}
 	for name, pid := range j.GreenPIDs {
-		if syscall.Kill(pid, 0) == nil && !isZombie(pid) {
+		if framework.Running(pid) {
 			t.Errorf("green %s (pid %d) still running after the abort", name, pid)
 		}
 	}
@@ -357,32 +358,11 @@ func killAtStep(t *testing.T, f *cutoverFixture, step string) {
 			break
 		}
 	}
-	_, _ = io_Copy(pipe)
+	_, _ = io.Copy(io.Discard, pipe)
 	_ = cmd.Wait()
 	if !killed {
 		t.Fatalf("cutover never started step %s", step)
 	}
-}
-
-func rewritePlan(t *testing.T, g *framework.GreenSetup) {
-	t.Helper()
-	data, err := yamlMarshal(&g.Plan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(g.PlanPath, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
 
 // TestCutoverAbortCommand: a cutover killed before its switch is rolled back by
@@ -408,7 +388,7 @@ func TestCutoverAbortCommand(t *testing.T) {
 		t.Fatalf("journal: %+v %v", j, err)
 	}
 	for name, pid := range j.GreenPIDs {
-		if syscall.Kill(pid, 0) == nil && !isZombie(pid) {
+		if framework.Running(pid) {
 			t.Errorf("green %s (pid %d) still running after abort", name, pid)
 		}
 	}

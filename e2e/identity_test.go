@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -20,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubefence/kubefence/e2e/framework"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // TestIdentity proves the proxy is a drop-in for a TLS-terminating load balancer: client
@@ -187,12 +188,10 @@ func rawGet(t *testing.T, url, caFile string, cert *tls.Certificate, hdr ...stri
 
 func rawDo(t *testing.T, method, url, caFile string, cert *tls.Certificate, body string, hdr ...string) (int, string) {
 	t.Helper()
-	pem, err := os.ReadFile(caFile)
+	pool, err := tlsutil.LoadCAPool(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
 	cfg := &tls.Config{RootCAs: pool}
 	if cert != nil {
 		cfg.Certificates = []tls.Certificate{*cert}

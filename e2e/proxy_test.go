@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubefence/kubefence/e2e/framework"
@@ -367,7 +368,7 @@ func rawStatus(t *testing.T, px *framework.Proxy, method, path string) int {
 		t.Fatal(err)
 	}
 	cfg.RateLimiter = nil
-	hc, err := restHTTPClient(cfg)
+	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,9 +146,6 @@ func (a *APIServer) Clientset() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// Stop stops the apiserver.
-func (a *APIServer) Stop() error { return a.Proc.Stop(15 * time.Second) }
-
 // WriteKubeconfig writes a kubeconfig for server, verified by caFile, logging in with a client
 // certificate (certFile, keyFile) or a bearer token.
 func WriteKubeconfig(path, server, caFile, certFile, keyFile, token string) error {

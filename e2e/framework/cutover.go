@@ -78,14 +78,19 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		},
 		Migration: cutover.Migration{Mode: "snapshot"},
 	}
-	data, err := yaml.Marshal(&g.Plan)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(g.PlanPath, data, 0o644); err != nil {
+	if err := g.Save(); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// Save writes Plan to PlanPath (after a test changed it).
+func (g *GreenSetup) Save() error {
+	data, err := yaml.Marshal(&g.Plan)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(g.PlanPath, data, 0o644)
 }
 
 // StopCutoverProcesses stops the green processes a cutover started (they outlive the
@@ -101,21 +106,22 @@ func StopCutoverProcesses(stateDir string) ([]string, error) {
 			continue
 		}
 		stopped = append(stopped, fmt.Sprintf("%s (pid %d)", name, pid))
-		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil && !zombie(pid); i++ {
+		for i := 0; i < 100 && Running(pid); i++ {
 			time.Sleep(100 * time.Millisecond)
 		}
-		if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+		if Running(pid) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 	return stopped, nil
 }
 
-func zombie(pid int) bool {
+// Running reports whether pid is a live process (not gone, not a zombie waiting to be reaped).
+func Running(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return true
+		return false
 	}
 	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
+	return !(i > 0 && i+2 < len(b) && b[i+2] == 'Z')
 }

@@ -3,11 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -25,9 +21,6 @@ type EtcdConfig struct {
 	// DataDirs reuses existing member data dirs (one per member) instead of new ones.
 	DataDirs  []string
 	ExtraArgs []string
-	// Prepare runs after ports and data dirs are chosen and before any member starts (to restore
-	// a snapshot into the data dirs, for example).
-	Prepare func(members []*EtcdMember) error
 }
 
 // EtcdMember is one running member.
@@ -78,11 +71,6 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 		}
 		c.Members = append(c.Members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)
-	}
-	if cfg.Prepare != nil {
-		if err := cfg.Prepare(c.Members); err != nil {
-			return nil, err
-		}
 	}
 	for _, m := range c.Members {
 		args := []string{
@@ -164,59 +152,4 @@ func (c *Etcd) Stop() error {
 		}
 	}
 	return first
-}
-
-// SnapshotTo streams a consistent snapshot of the cluster (maintenance API) into path.
-func (c *Etcd) SnapshotTo(ctx context.Context, path string) (int64, error) {
-	cli, err := c.Client()
-	if err != nil {
-		return 0, err
-	}
-	defer cli.Close()
-	rc, err := cli.Snapshot(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer rc.Close()
-	f, err := os.Create(path)
-	if err != nil {
-		return 0, err
-	}
-	n, err := io.Copy(f, rc)
-	if err != nil {
-		f.Close()
-		return n, err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return n, err
-	}
-	return n, f.Close()
-}
-
-// RestoreSnapshot restores a snapshot into the members' data dirs with etcdutl of the given
-// version, bumping revisions by bump and marking them compacted (as a cutover does so that no
-// client's resourceVersion is ahead of the new cluster).
-func RestoreSnapshot(ctx context.Context, etcdutlVersion, snapshot string, bump int64, token string, members []*EtcdMember) error {
-	bin, err := Bin("etcdutl", etcdutlVersion)
-	if err != nil {
-		return err
-	}
-	var initial []string
-	for _, m := range members {
-		initial = append(initial, m.Name+"="+m.PeerURL)
-	}
-	for _, m := range members {
-		args := []string{"snapshot", "restore", snapshot, "--data-dir", m.DataDir, "--name", m.Name,
-			"--initial-cluster", strings.Join(initial, ","), "--initial-advertise-peer-urls", m.PeerURL,
-			"--initial-cluster-token", token}
-		if bump > 0 {
-			args = append(args, "--bump-revision", strconv.FormatInt(bump, 10), "--mark-compacted")
-		}
-		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("etcdutl snapshot restore: %v\n%s", err, out)
-		}
-	}
-	return nil
 }

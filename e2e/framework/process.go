@@ -122,9 +122,6 @@ func (p *Process) Exited() bool {
 	}
 }
 
-// Done is closed when the process ends.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
 // Stop sends SIGTERM to the process group, then SIGKILL after grace.
 func (p *Process) Stop(grace time.Duration) error {
 	if p.Exited() {

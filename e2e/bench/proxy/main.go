@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +26,8 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/proxy/admin"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 type config struct {
@@ -324,12 +325,10 @@ backend apiserver
 }
 
 func newClient(caFile string, conc int, cert *tls.Certificate) (*http.Client, error) {
-	pem, err := os.ReadFile(caFile)
+	pool, err := tlsutil.LoadCAPool(caFile)
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
 	tc := &tls.Config{RootCAs: pool}
 	if cert != nil {
 		tc.Certificates = []tls.Certificate{*cert}
