@@ -2,7 +2,6 @@ package v2v3
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -127,15 +126,7 @@ func Run(c Config) (*Report, error) {
 			return nil, err
 		}
 		rep.V3 = &ms
-		for id, l := range leases { // lease IDs must not collide with the source's
-			for v3HasLease(v3, id) {
-				delete(leases, id)
-				id++
-				l.ID = id
-				leases[id] = l
-			}
-		}
-		relinkLeases(kvs, leases)
+		leases = moveLeases(kvs, leases, v3.leaseIDs)
 	}
 	rep.Keys, rep.Leases = ts, len(leases)
 	rep.Prefixes = prefixCounts(kvs)
@@ -235,7 +226,7 @@ func verifyOutput(dbPath string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) 
 				if err := l.Unmarshal(v); err != nil {
 					return err
 				}
-				if v3 != nil && v3HasLease(v3, l.ID) {
+				if v3 != nil && v3.leaseIDs[l.ID] {
 					return nil
 				}
 				if w := leases[l.ID]; w == nil || w.TTL != l.TTL {
@@ -271,24 +262,34 @@ func verifyOutput(dbPath string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) 
 	return seen, nil
 }
 
-func v3HasLease(v3 *v3Data, id int64) bool {
-	for _, l := range v3.leases {
-		if len(l[0]) == 8 && int64(binary.BigEndian.Uint64(l[0])) == id {
-			return true
+// moveLeases gives the TTL leases IDs that no lease of the source's v3 store has (an ID is the
+// expiry second; on a clash it moves to the next free second-number) and points the keys at them.
+func moveLeases(kvs []KV, leases map[int64]*Lease, taken map[int64]bool) map[int64]*Lease {
+	ids := make([]int64, 0, len(leases))
+	for id := range leases {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	out := make(map[int64]*Lease, len(leases))
+	moved := map[int64]int64{}
+	for _, id := range ids {
+		n := id
+		for taken[n] || out[n] != nil {
+			n++
+		}
+		l := leases[id]
+		l.ID = n
+		out[n] = l
+		if n != id {
+			moved[id] = n
 		}
 	}
-	return false
-}
-
-// relinkLeases points keys at their lease's (possibly moved) ID.
-func relinkLeases(kvs []KV, leases map[int64]*Lease) {
-	byOld := map[int64]int64{}
-	for _, l := range leases {
-		byOld[l.origID] = l.ID
-	}
-	for i := range kvs {
-		if kvs[i].Lease != 0 {
-			kvs[i].Lease = byOld[kvs[i].Lease]
+	if len(moved) > 0 {
+		for i := range kvs {
+			if n, ok := moved[kvs[i].Lease]; ok {
+				kvs[i].Lease = n
+			}
 		}
 	}
+	return out
 }

@@ -35,8 +35,6 @@ type Lease struct {
 	ID   int64 `json:"id"`
 	TTL  int64 `json:"ttlSeconds"`
 	Keys int   `json:"keys"`
-
-	origID int64 // the expiry second, before any move to avoid a v3 lease's ID
 }
 
 // TransformStats counts what became of the v2 nodes.
@@ -156,7 +154,7 @@ func (w *walker) file(path, value string, created, modified uint64, expire time.
 		}
 		l := w.leases[sec]
 		if l == nil {
-			l = &Lease{ID: sec, TTL: ttl, origID: sec}
+			l = &Lease{ID: sec, TTL: ttl}
 			w.leases[sec] = l
 		}
 		l.Keys++

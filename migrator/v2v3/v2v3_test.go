@@ -229,3 +229,22 @@ func TestHiddenPaths(t *testing.T) {
 		}
 	}
 }
+
+func TestMoveLeases(t *testing.T) {
+	// 100 and 101 are ours; 100 clashes with a v3 lease. Moving it to 101 must not overwrite our
+	// own 101, which moves on past the v3 lease at 102.
+	leases := map[int64]*Lease{100: {ID: 100, TTL: 10, Keys: 1}, 101: {ID: 101, TTL: 11, Keys: 1}}
+	kvs := []KV{{Key: []byte("/a"), Lease: 100}, {Key: []byte("/b"), Lease: 101}, {Key: []byte("/c")}}
+	got := moveLeases(kvs, leases, map[int64]bool{100: true, 102: true})
+	if len(got) != 2 || got[101] == nil || got[101].TTL != 10 || got[103] == nil || got[103].TTL != 11 {
+		t.Fatalf("leases = %v", got)
+	}
+	if kvs[0].Lease != 101 || kvs[1].Lease != 103 || kvs[2].Lease != 0 {
+		t.Fatalf("keys point at %d, %d, %d", kvs[0].Lease, kvs[1].Lease, kvs[2].Lease)
+	}
+	for id, l := range got {
+		if l.ID != id {
+			t.Errorf("lease %d says ID %d", id, l.ID)
+		}
+	}
+}

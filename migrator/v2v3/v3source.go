@@ -17,8 +17,10 @@ import (
 type v3Data struct {
 	entries [][2][]byte // key bucket, in revision order
 	leases  [][2][]byte
-	meta    [][2][]byte // scheduledCompactRev, finishedCompactRev
-	maxRev  int64
+	// leaseIDs are the IDs of leases, which the v2 keys' leases must not reuse.
+	leaseIDs map[int64]bool
+	meta     [][2][]byte // scheduledCompactRev, finishedCompactRev
+	maxRev   int64
 	// live is the latest state of every key that is not deleted.
 	live map[string]*mvccpb.KeyValue
 }
@@ -34,7 +36,7 @@ func readV3(path string) (*v3Data, error) {
 		return nil, err
 	}
 	defer db.Close()
-	d := &v3Data{live: map[string]*mvccpb.KeyValue{}}
+	d := &v3Data{live: map[string]*mvccpb.KeyValue{}, leaseIDs: map[int64]bool{}}
 	err = db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket([]byte("key")); b != nil {
 			if err := b.ForEach(func(k, v []byte) error {
@@ -62,6 +64,9 @@ func readV3(path string) (*v3Data, error) {
 		if b := tx.Bucket([]byte("lease")); b != nil {
 			if err := b.ForEach(func(k, v []byte) error {
 				d.leases = append(d.leases, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+				if len(k) == 8 {
+					d.leaseIDs[int64(binary.BigEndian.Uint64(k))] = true
+				}
 				return nil
 			}); err != nil {
 				return err
