@@ -43,6 +43,7 @@ unit:
 
 fuzz:
 	$(GO) test ./policy/ -run '^$$' -fuzz FuzzClassify -fuzztime $(FUZZTIME)
+	$(GO) test ./migrator/v2v3/ -run '^$$' -fuzz FuzzUnescape -fuzztime $(FUZZTIME)
 
 e2e: e2e-deps
 	$(GO) test -race -tags e2e -count=1 -timeout 30m ./e2e/...

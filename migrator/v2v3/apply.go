@@ -1,10 +1,13 @@
 package v2v3
 
 import (
-	"bytes"
+	"encoding/json"
 	"fmt"
+	"path"
+	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
@@ -18,20 +21,135 @@ type ReplayStats struct {
 	Refused int `json:"refused"` // v2 writes the store refused (failed CAS, ...), as etcd did
 	Syncs   int `json:"syncs"`   // SYNC requests (TTL expiry as of their time)
 	Ignored int `json:"ignored"` // reads (QGET), conf changes, v3-only and empty entries
+	// Overlay is how many snapshot nodes the replay needed in memory (the rest were streamed).
+	Overlay int `json:"overlayNodes"`
 }
 
-// buildStore loads the snapshot's v2 store and replays the committed WAL entries on it. It also
-// returns every user path with a hidden segment ("/_") that the snapshot or the WAL mentions:
-// v2store's Get hides such nodes, so the transform looks them up by name.
-func buildStore(src *Source) (v2store.Store, ReplayStats, map[string]bool, error) {
-	st := v2store.New("/0", "/1")
-	var rs ReplayStats
-	hidden := hiddenPaths(src.Snapshot.Data)
-	if len(src.Snapshot.Data) > 0 {
-		if err := st.Recovery(src.Snapshot.Data); err != nil {
-			return nil, rs, nil, fmt.Errorf("load v2 snapshot %s: %w", src.SnapshotFile, err)
+// touchSet says which snapshot nodes the WAL replay can see or change: the paths its requests
+// name, everything under them, their ancestors, the membership tree, and (when the tail holds
+// a SYNC, which expires keys anywhere) every TTL node and every directory. Only those nodes are
+// loaded into a v2store for the replay; every other node is final as the snapshot has it.
+type touchSet struct {
+	touched   map[string]bool
+	ancestors map[string]bool
+	syncs     bool
+	all       bool // load everything (the tests' reference)
+}
+
+func newTouchSet(reqs []*etcdserverpb.Request) *touchSet {
+	t := &touchSet{touched: map[string]bool{}, ancestors: map[string]bool{"/": true}}
+	for _, r := range reqs {
+		if r.Method == "SYNC" {
+			t.syncs = true
+			continue
+		}
+		p := path.Clean(path.Join("/", r.Path))
+		t.touched[p] = true
+		for d := path.Dir(p); d != "/"; d = path.Dir(d) {
+			t.ancestors[d] = true
 		}
 	}
+	return t
+}
+
+func (t *touchSet) classify(p string, dir, ttl, forced bool) (keep, force bool) {
+	switch {
+	case forced || t.all || t.touched[p] || p == "/0" || strings.HasPrefix(p, "/0/"):
+		return true, true
+	case t.syncs && ttl:
+		return true, true
+	case p == "/" || t.ancestors[p] || (t.syncs && dir):
+		return true, false
+	}
+	return false, false
+}
+
+// ovNode is a node of the overlay store, in the JSON shape v2store's Recovery reads.
+type ovNode struct {
+	Path          string
+	CreatedIndex  uint64
+	ModifiedIndex uint64
+	ExpireTime    time.Time
+	Value         string
+	Children      map[string]*ovNode
+}
+
+// scanVisit sends each snapshot node either to the overlay or straight to the collector.
+type scanVisit struct {
+	t      *touchSet
+	c      *collector
+	data   []byte
+	root   *ovNode
+	stack  []*ovNode
+	hidden map[string]bool
+	kept   int
+}
+
+func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
+	keep, force := v.t.classify(n.path, n.dir, !n.expire.IsZero(), forced)
+	if !keep {
+		if strings.HasPrefix(n.path, "/1/") {
+			if n.dir {
+				v.c.dir(n.path, n.created, n.modified, n.expire)
+			} else {
+				v.c.file(n.path, KV{raw: n.value, CreateRevision: int64(n.created), ModRevision: int64(n.modified)}, n.expire)
+			}
+		}
+		return false, false, nil
+	}
+	v.kept++
+	o := &ovNode{Path: n.path, CreatedIndex: n.created, ModifiedIndex: n.modified, ExpireTime: n.expire}
+	if n.dir {
+		o.Children = map[string]*ovNode{}
+	} else {
+		val, err := n.value.bytes(v.data, nil)
+		if err != nil {
+			return false, false, fmt.Errorf("value of %s: %w", n.path, err)
+		}
+		o.Value = string(val)
+	}
+	if strings.HasPrefix(n.path, "/1/") && strings.Contains(n.path, "/_") {
+		v.hidden[n.path] = true
+	}
+	if n.path == "/" {
+		v.root = o
+	} else if len(v.stack) > 0 {
+		v.stack[len(v.stack)-1].Children[path.Base(n.path)] = o
+	} else {
+		return false, false, fmt.Errorf("v2 snapshot: node %s outside the root", n.path)
+	}
+	if n.dir {
+		v.stack = append(v.stack, o)
+	}
+	return true, force, nil
+}
+
+func (v *scanVisit) leave(*v2Node) { v.stack = v.stack[:len(v.stack)-1] }
+
+// bytes returns the span's value, unescaped (appended to buf), or a slice of data when it has
+// no escapes.
+func (s span) bytes(data, buf []byte) ([]byte, error) {
+	raw := data[s.off : s.off+int64(s.n)]
+	if !s.esc {
+		return append(buf, raw...), nil
+	}
+	return appendUnescaped(buf, raw)
+}
+
+// v2Result is the v2 side of a migration.
+type v2Result struct {
+	c      *collector
+	replay ReplayStats
+}
+
+// readV2 builds the final v2 state: the snapshot, streamed, with the committed WAL tail
+// replayed by kubefence's applier on an overlay store that holds only the nodes the tail
+// touches. Every v2 file node ends up in the collector.
+func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress) (*v2Result, error) {
+	res := &v2Result{c: newCollector(o, keepNodes)}
+	rs := &res.replay
+	var reqs []*etcdserverpb.Request
+	hidden := map[string]bool{}
 	for _, e := range src.Entries {
 		rs.Entries++
 		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
@@ -40,7 +158,7 @@ func buildStore(src *Source) (v2store.Store, ReplayStats, map[string]bool, error
 		}
 		req, err := v2Request(e.Data)
 		if err != nil {
-			return nil, rs, nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
+			return nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
 		}
 		if req == nil {
 			rs.Ignored++
@@ -49,6 +167,39 @@ func buildStore(src *Source) (v2store.Store, ReplayStats, map[string]bool, error
 		if strings.HasPrefix(req.Path, "/1/") && strings.Contains(req.Path, "/_") {
 			hidden[req.Path] = true
 		}
+		reqs = append(reqs, req)
+	}
+	src.Entries = nil
+	t := newTouchSet(reqs)
+	t.all = all
+
+	st := v2store.New("/0", "/1")
+	if sf := src.snap; sf != nil {
+		v := &scanVisit{t: t, c: res.c, data: sf.data, hidden: hidden}
+		sc := &scanner{b: sf.data, v: v, tick: func(pos int) {
+			sf.release()
+			progress.report("read snapshot", int64(pos), int64(len(sf.data)))
+		}}
+		if err := sc.store(); err != nil {
+			return nil, fmt.Errorf("%s: %w", src.SnapshotFile, err)
+		}
+		sf.release()
+		rs.Overlay = v.kept
+		if v.root == nil {
+			return nil, fmt.Errorf("%s: the v2 store has no root node", src.SnapshotFile)
+		}
+		state, err := json.Marshal(struct {
+			Root         *ovNode
+			CurrentIndex uint64
+		}{v.root, sc.index})
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Recovery(state); err != nil {
+			return nil, fmt.Errorf("load the v2 snapshot's replayed part: %w", err)
+		}
+	}
+	for i, req := range reqs {
 		switch applyV2(st, req) {
 		case outcomeApplied:
 			rs.Applied++
@@ -59,30 +210,64 @@ func buildStore(src *Source) (v2store.Store, ReplayStats, map[string]bool, error
 		default:
 			rs.Ignored++
 		}
+		if i%4096 == 0 {
+			progress.report("replay WAL", int64(i), int64(len(reqs)))
+		}
 	}
-	return st, rs, hidden, nil
+	if err := walkStore(st, hidden, res.c); err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
-// hiddenPaths finds the user paths with a hidden segment in a v2 snapshot's JSON by scanning
-// its "Path" fields, without decoding it.
-func hiddenPaths(snapJSON []byte) map[string]bool {
-	out := map[string]bool{}
-	marker := []byte(`"Path":"/1/`)
-	for rest := snapJSON; ; {
-		i := bytes.Index(rest, marker)
-		if i < 0 {
-			return out
-		}
-		rest = rest[i+len(`"Path":"`):]
-		end := bytes.IndexByte(rest, '"')
-		if end < 0 {
-			return out
-		}
-		if p := rest[:end]; bytes.Contains(p, []byte("/_")) {
-			out[string(p)] = true
-		}
-		rest = rest[end:]
+// walkStore hands the user tree (/1) of a store to the collector. It walks the store's nodes
+// through Get, then looks up the hidden paths by name, since Get does not list them.
+func walkStore(st v2store.Store, hidden map[string]bool, c *collector) error {
+	seen := map[string]bool{}
+	ev, err := st.Get("/1", true, true)
+	if err != nil {
+		return nil // no user tree (left)
 	}
+	var walk func(n *v2store.NodeExtern)
+	walk = func(n *v2store.NodeExtern) {
+		var expire time.Time
+		if n.Expiration != nil {
+			expire = *n.Expiration
+		}
+		if n.Dir {
+			c.dir(n.Key, n.CreatedIndex, n.ModifiedIndex, expire)
+			for _, ch := range n.Nodes {
+				walk(ch)
+			}
+			return
+		}
+		value := ""
+		if n.Value != nil {
+			value = *n.Value
+		}
+		// Values share the store's strings (never modified) instead of copying them.
+		c.file(n.Key, KV{Value: unsafe.Slice(unsafe.StringData(value), len(value)), CreateRevision: int64(n.CreatedIndex), ModRevision: int64(n.ModifiedIndex)}, expire)
+	}
+	for _, n := range ev.Node.Nodes {
+		walk(n)
+	}
+	// Hidden subtrees: shortest first, so that a path under an already walked one is skipped.
+	paths := make([]string, 0, len(hidden))
+	for p := range hidden {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		root := hiddenRoot(p)
+		if seen[root] {
+			continue
+		}
+		seen[root] = true
+		if ev, err := st.Get(root, true, true); err == nil {
+			walk(ev.Node)
+		}
+	}
+	return nil
 }
 
 // v2Request decodes an entry: an InternalRaftRequest whose V2 field is set, or (older WALs) a

@@ -1,19 +1,16 @@
 package v2v3
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/server/v3/lease/leasepb"
 )
 
 // Config is one migration.
@@ -25,6 +22,8 @@ type Config struct {
 	Options
 	RevisionBump  uint64
 	MarkCompacted bool
+	// Progress, when set, hears each phase's progress.
+	Progress Progress `json:"-"`
 	// OnConflict says which store wins for a key present in both: "" (an error), "v3" or "v2".
 	OnConflict string
 }
@@ -53,8 +52,16 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--on-conflict %q: use v3 or v2", c.OnConflict))
 	}
-	if c.MarkCompacted && c.RevisionBump == 0 {
-		errs = append(errs, errors.New("--mark-compacted needs --bump-revision"))
+	if c.MarkCompacted != (c.RevisionBump > 0) {
+		errs = append(errs, errors.New("--bump-revision and --mark-compacted go together (etcd's restore ignores a bump that is not marked compacted)"))
+	}
+	if (c.PrefixFrom == "") != (c.PrefixTo == "") {
+		errs = append(errs, errors.New("--prefix-from and --prefix-to go together"))
+	}
+	if c.Transformer != "" {
+		if _, err := exec.LookPath(c.Transformer); err != nil {
+			errs = append(errs, fmt.Errorf("--transformer: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -80,8 +87,13 @@ type Report struct {
 }
 
 // Run migrates: read, replay, transform, write, verify. Nothing is written to the source; the
-// output appears only once complete.
+// output appears only once complete and verified.
 func Run(c Config) (*Report, error) {
+	return RunContext(context.Background(), c)
+}
+
+// RunContext is Run with a context for the transformer program.
+func RunContext(ctx context.Context, c Config) (*Report, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -96,30 +108,47 @@ func Run(c Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer src.Close()
 	var v3 *v3Data
+	v3path := ""
 	if src.V3Keys > 0 {
-		if v3, err = readV3(filepath.Join(c.DataDir, "member", "snap", "db")); err != nil {
+		v3path = filepath.Join(c.DataDir, "member", "snap", "db")
+		if v3, err = readV3(v3path); err != nil {
 			return nil, err
 		}
 	}
-	rep.Snapshot, rep.SnapshotIdx, rep.CommitIndex, rep.SkippedSnaps = src.SnapshotFile, src.Snapshot.Metadata.Index, src.HardState.Commit, src.Skipped
+	rep.Snapshot, rep.SnapshotIdx, rep.CommitIndex, rep.SkippedSnaps = src.SnapshotFile, src.Meta.Index, src.HardState.Commit, src.Skipped
 	rep.Durations["read"] = time.Since(t)
 
 	t = time.Now()
-	st, rs, hidden, err := buildStore(src)
+	res, err := readV2(src, c.Options, c.Transformer != "", false, c.Progress)
 	if err != nil {
 		return nil, err
 	}
-	src.Snapshot.Data, src.Entries = nil, nil // the store holds it all now
-	rep.Replay = rs
+	rep.Replay = res.replay
 	rep.Durations["replay"] = time.Since(t)
+	debug.FreeOSMemory() // the WAL tail and the replay's garbage: give it back before writing
 
 	t = time.Now()
-	kvs, leases, ts, err := transform(st, hidden, c.Options)
-	if err != nil {
-		return nil, err
+	var data []byte
+	if src.snap != nil {
+		data = src.snap.data
 	}
-	debug.FreeOSMemory() // between phases: give back what the store and its JSON took
+	kvs := res.c.kvs
+	if c.Transformer != "" {
+		if kvs, err = runTransformer(ctx, c.Transformer, res.c, data); err != nil {
+			return nil, err
+		}
+		res.c.nodes = nil
+	} else if err := sortKVs(kvs); err != nil {
+		return nil, fmt.Errorf("the v2 store is inconsistent: %w", err)
+	}
+	leases, ts := res.c.leases, res.c.stats
+	if c.PrefixFrom != "" {
+		if ts.Rewritten, err = rewritePrefix(kvs, c.PrefixFrom, c.PrefixTo); err != nil {
+			return nil, err
+		}
+	}
 	if v3 != nil {
 		var ms MergeStats
 		if kvs, ms, err = renumber(kvs, v3, c.OnConflict); err != nil {
@@ -128,22 +157,38 @@ func Run(c Config) (*Report, error) {
 		rep.V3 = &ms
 		leases = moveLeases(kvs, leases, v3.leaseIDs)
 	}
+	ts.Keys = len(kvs)
 	rep.Keys, rep.Leases = ts, len(leases)
 	rep.Prefixes = prefixCounts(kvs)
 	rep.Durations["transform"] = time.Since(t)
 
 	t = time.Now()
-	if err := buildDataDir(c.OutputDir, v3, kvs, leases, c.Member, c.RevisionBump, c.MarkCompacted); err != nil {
+	work, member, err := restoreBase(c.OutputDir, v3path, c.Member)
+	if err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(work)
+	dbPath := filepath.Join(member, "member", "snap", "db")
+	var bump uint64
+	if c.MarkCompacted {
+		bump = c.RevisionBump
+	}
+	marker, err := appendKeys(dbPath, data, src.snap.release, kvs, leases, bump, c.Progress)
+	if err != nil {
+		return nil, fmt.Errorf("write the v3 backend: %w", err)
+	}
 	rep.Durations["write"] = time.Since(t)
+	debug.FreeOSMemory()
 
 	t = time.Now()
-	n, err := verifyOutput(filepath.Join(c.OutputDir, "member", "snap", "db"), v3, kvs, leases)
+	n, err := verifyOutput(dbPath, expected{data: data, release: src.snap.release, v3: v3, kvs: kvs, leases: leases, marker: marker}, c.Progress)
 	if err != nil {
-		return rep, fmt.Errorf("verification of %s failed: %w", c.OutputDir, err)
+		return rep, fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", c.OutputDir, err)
 	}
 	rep.Verified = n
+	if err := finish(member, c.OutputDir); err != nil {
+		return rep, err
+	}
 	rep.Durations["verify"] = time.Since(t)
 	return rep, nil
 }
@@ -163,103 +208,6 @@ func topPrefix(k string) string {
 		return "/registry/" + parts[1]
 	}
 	return "/" + parts[0]
-}
-
-// verifyOutput reads the written backend back and checks every key and lease.
-func verifyOutput(dbPath string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) (int, error) {
-	db, err := bolt.Open(dbPath, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	want := make(map[string]*KV, len(kvs))
-	for i := range kvs {
-		want[string(kvs[i].Key)] = &kvs[i]
-	}
-	// The v3 store's entries must be there byte for byte; the v2 keys are checked below.
-	v3rev := map[string][]byte{}
-	if v3 != nil {
-		for _, e := range v3.entries {
-			v3rev[string(e[0])] = e[1]
-		}
-	}
-	v3seen := 0
-	var problems []string
-	seen := 0
-	gotLeases := map[int64]bool{}
-	err = db.View(func(tx *bolt.Tx) error {
-		kb := tx.Bucket([]byte("key"))
-		if kb == nil {
-			return errors.New("no key bucket")
-		}
-		if err := kb.ForEach(func(k, v []byte) error {
-			if wantV, ok := v3rev[string(k)]; ok {
-				if !bytes.Equal(wantV, v) {
-					problems = append(problems, fmt.Sprintf("v3 revision %x differs", k))
-				}
-				v3seen++
-				return nil
-			}
-			if len(v) == 0 {
-				return nil // the marker a revision bump leaves at the bumped revision
-			}
-			var kv mvccpb.KeyValue
-			if err := kv.Unmarshal(v); err != nil {
-				return err
-			}
-			w := want[string(kv.Key)]
-			switch {
-			case w == nil:
-				problems = append(problems, fmt.Sprintf("unexpected key %q", kv.Key))
-			case !bytes.Equal(w.Value, kv.Value) || w.CreateRevision != kv.CreateRevision || w.ModRevision != kv.ModRevision || w.Lease != kv.Lease:
-				problems = append(problems, fmt.Sprintf("key %q differs", kv.Key))
-			default:
-				seen++
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		if lb := tx.Bucket([]byte("lease")); lb != nil {
-			return lb.ForEach(func(_, v []byte) error {
-				var l leasepb.Lease
-				if err := l.Unmarshal(v); err != nil {
-					return err
-				}
-				if v3 != nil && v3.leaseIDs[l.ID] {
-					return nil
-				}
-				if w := leases[l.ID]; w == nil || w.TTL != l.TTL {
-					problems = append(problems, fmt.Sprintf("lease %d unexpected or with TTL %d", l.ID, l.TTL))
-				}
-				gotLeases[l.ID] = true
-				return nil
-			})
-		}
-		return nil
-	})
-	if err != nil {
-		return seen, err
-	}
-	if seen != len(kvs) {
-		problems = append(problems, fmt.Sprintf("%d of %d keys present", seen, len(kvs)))
-	}
-	if v3 != nil && v3seen != len(v3.entries) {
-		problems = append(problems, fmt.Sprintf("%d of %d v3 revisions present", v3seen, len(v3.entries)))
-	}
-	for id := range leases {
-		if !gotLeases[id] {
-			problems = append(problems, fmt.Sprintf("lease %d missing", id))
-		}
-	}
-	if len(problems) > 0 {
-		sort.Strings(problems)
-		if len(problems) > 20 {
-			problems = append(problems[:20], fmt.Sprintf("... %d more", len(problems)-20))
-		}
-		return seen, errors.New(strings.Join(problems, "; "))
-	}
-	return seen, nil
 }
 
 // moveLeases gives the TTL leases IDs that no lease of the source's v3 store has (an ID is the

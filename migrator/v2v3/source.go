@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -27,7 +28,8 @@ import (
 type Source struct {
 	// SnapshotFile is the v2 snapshot loaded ("" when the member never took one).
 	SnapshotFile string
-	Snapshot     raftpb.Snapshot
+	Meta         raftpb.SnapshotMetadata
+	snap         *snapFile // nil when the member never took a snapshot; Close unmaps it
 	// Skipped are newer snapshot files that could not be read, with why.
 	Skipped []string
 	// Entries are the committed WAL entries after the snapshot.
@@ -39,9 +41,12 @@ type Source struct {
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
+// Close unmaps the snapshot.
+func (s *Source) Close() error { return s.snap.close() }
+
 // ReadSource reads a member data dir without writing to it. walDir defaults to
 // dataDir/member/wal.
-func ReadSource(dataDir, walDir string) (*Source, error) {
+func ReadSource(dataDir, walDir string) (_ *Source, err error) {
 	member := filepath.Join(dataDir, "member")
 	if st, err := os.Stat(member); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("%s is not an etcd member data dir (no member/ directory)", dataDir)
@@ -50,17 +55,21 @@ func ReadSource(dataDir, walDir string) (*Source, error) {
 		walDir = filepath.Join(member, "wal")
 	}
 	src := &Source{}
-	var err error
 	if src.V3Keys, err = countV3Keys(filepath.Join(member, "snap", "db")); err != nil {
 		return nil, err
 	}
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			src.Close()
+		}
+	}()
 	if err := checkWALSequence(walDir); err != nil {
 		return nil, err
 	}
-	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: src.Snapshot.Metadata.Index, Term: src.Snapshot.Metadata.Term})
+	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: src.Meta.Index, Term: src.Meta.Term})
 	if err != nil {
 		return nil, fmt.Errorf("open WAL in %s: %w", walDir, err)
 	}
@@ -72,7 +81,7 @@ func ReadSource(dataDir, walDir string) (*Source, error) {
 	src.HardState = hs
 	for _, e := range ents {
 		// Never apply the uncommitted tail.
-		if e.Index <= src.Snapshot.Metadata.Index || e.Index > hs.Commit {
+		if e.Index <= src.Meta.Index || e.Index > hs.Commit {
 			continue
 		}
 		src.Entries = append(src.Entries, e)
@@ -97,12 +106,12 @@ func (s *Source) loadSnapshot(dir string) error {
 	sort.Sort(sort.Reverse(sort.StringSlice(names)))
 	for _, name := range names {
 		path := filepath.Join(dir, name)
-		snap, err := readSnapFile(path)
+		sf, err := openSnapFile(path)
 		if err != nil {
 			s.Skipped = append(s.Skipped, fmt.Sprintf("%s: %v", path, err))
 			continue
 		}
-		s.SnapshotFile, s.Snapshot = path, snap
+		s.SnapshotFile, s.Meta, s.snap = path, sf.meta, sf
 		return nil
 	}
 	if len(names) > 0 {
@@ -111,82 +120,129 @@ func (s *Source) loadSnapshot(dir string) error {
 	return nil
 }
 
-// readSnapFile reads a snap file: snappb.Snapshot{crc, data} around a raftpb.Snapshot{data,
-// metadata}. The two envelopes are parsed by hand so that the v2 store's JSON is a slice of the
-// file's bytes rather than a third copy of it (the generated Unmarshal copies bytes fields).
-func readSnapFile(path string) (raftpb.Snapshot, error) {
-	var snap raftpb.Snapshot
-	b, err := os.ReadFile(path)
+// snapFile is a snap file mapped read-only: snappb.Snapshot{crc, data} around a
+// raftpb.Snapshot{data, metadata}. The envelopes are parsed by hand so that the v2 store's JSON
+// is a slice of the mapping, read page by page as the scanner goes and released behind it: the
+// process never holds the whole snapshot (a 2 GB snapshot costs page cache, not heap or RSS).
+type snapFile struct {
+	mapping []byte
+	data    []byte // the v2 store's JSON
+	meta    raftpb.SnapshotMetadata
+}
+
+// release drops the mapping's resident pages (they stay in the page cache and come back on the
+// next access): called every few MB while reading, so RSS stays flat.
+func (s *snapFile) release() {
+	if s != nil && len(s.mapping) > 0 {
+		_ = unix.Madvise(s.mapping, unix.MADV_DONTNEED)
+	}
+}
+
+func (s *snapFile) close() error {
+	if s == nil || s.mapping == nil {
+		return nil
+	}
+	err := unix.Munmap(s.mapping)
+	s.mapping, s.data = nil, nil
+	return err
+}
+
+func openSnapFile(path string) (sf *snapFile, err error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return snap, err
+		return nil, err
 	}
-	if len(b) == 0 {
-		return snap, errors.New("empty file")
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
+	if st.Size() == 0 {
+		return nil, errors.New("empty file")
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", path, err)
+	}
+	sf = &snapFile{mapping: m}
+	defer func() {
+		if err != nil {
+			sf.close()
+			sf = nil
+		}
+	}()
+	b := m
 	var crc uint32
 	var inner []byte
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+			return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
 		}
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+				return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
 			}
 			crc, b = uint32(v), b[n:]
 		case num == 2 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return snap, fmt.Errorf("truncated or corrupt (%d bytes short)", len(b))
+				return nil, fmt.Errorf("truncated or corrupt at byte %d (the data field is longer than the file)", len(m)-len(b))
 			}
 			inner, b = v, b[n:]
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return snap, fmt.Errorf("truncated or corrupt: %w", protowire.ParseError(n))
+				return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
 			}
 			b = b[n:]
 		}
 	}
 	if len(inner) == 0 || crc == 0 {
-		return snap, errors.New("no data or checksum")
+		return nil, errors.New("no data or checksum")
 	}
-	if crc32.Update(0, crcTable, inner) != crc {
-		return snap, errors.New("checksum mismatch")
+	var sum uint32
+	for rest := inner; len(rest) > 0; {
+		n := min(len(rest), tickEvery)
+		sum = crc32.Update(sum, crcTable, rest[:n])
+		rest = rest[n:]
+		sf.release()
+	}
+	if sum != crc {
+		return nil, errors.New("checksum mismatch")
 	}
 	for len(inner) > 0 {
 		num, typ, n := protowire.ConsumeTag(inner)
 		if n < 0 {
-			return snap, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+			return nil, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
 		}
 		inner = inner[n:]
 		if typ != protowire.BytesType {
 			n = protowire.ConsumeFieldValue(num, typ, inner)
 			if n < 0 {
-				return snap, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+				return nil, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
 			}
 			inner = inner[n:]
 			continue
 		}
 		v, n := protowire.ConsumeBytes(inner)
 		if n < 0 {
-			return snap, errors.New("corrupt raft snapshot: truncated field")
+			return nil, errors.New("corrupt raft snapshot: truncated field")
 		}
 		inner = inner[n:]
 		switch num {
 		case 1:
-			snap.Data = v
+			sf.data = v
 		case 2:
-			if err := snap.Metadata.Unmarshal(v); err != nil {
-				return snap, fmt.Errorf("corrupt raft snapshot metadata: %w", err)
+			if err := sf.meta.Unmarshal(v); err != nil {
+				return nil, fmt.Errorf("corrupt raft snapshot metadata: %w", err)
 			}
 		}
 	}
-	return snap, nil
+	return sf, nil
 }
 
 // countV3Keys counts the keys of the v3 backend read-only. A live etcd holds the file's lock, so

@@ -5,9 +5,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unsafe"
-
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
 
 // Options change how v2 nodes become v3 keys.
@@ -19,15 +16,32 @@ type Options struct {
 	IncludeHidden bool
 	// Now is the clock TTLs are measured against (--ttl-clock pins it for repeatable runs).
 	Now time.Time
+	// PrefixFrom/PrefixTo rewrite the start of every key that begins with PrefixFrom (an
+	// apiserver --etcd-prefix change). Keys outside PrefixFrom are kept as they are.
+	PrefixFrom, PrefixTo string
+	// Transformer is a program speaking etcdctl migrate's transformer protocol.
+	Transformer string
 }
 
-// KV is one v3 key to write.
+// KV is one v3 key to write. Its value is either Value or, for a key streamed from the
+// snapshot, the JSON string at raw in the snapshot (decoded when written).
 type KV struct {
 	Key, Value     []byte
+	raw            span
 	CreateRevision int64
 	ModRevision    int64
 	Lease          int64
 	version        int64 // 0 means 1 (a new key)
+}
+
+func (kv *KV) streamed() bool { return kv.raw.n > 0 || kv.raw.off > 0 }
+
+// value returns the key's value, decoding it from the snapshot data when streamed.
+func (kv *KV) value(data, buf []byte) ([]byte, error) {
+	if !kv.streamed() {
+		return kv.Value, nil
+	}
+	return kv.raw.bytes(data, buf)
 }
 
 // Lease is a v3 lease for the keys that expire in the same second.
@@ -46,48 +60,125 @@ type TransformStats struct {
 	TTLDropped     int `json:"ttlDropped"`     // TTL keys dropped by NoTTL
 	Hidden         int `json:"hidden"`         // hidden keys found
 	HiddenSkipped  int `json:"hiddenSkipped"`  // ... and left out
+	Rewritten      int `json:"prefixRewritten,omitempty"`
+	// TransformerIn/Out count the nodes a transformer was given and the keys it returned (it
+	// may leave nodes out on purpose; the report shows both).
+	TransformerIn  int `json:"transformerIn,omitempty"`
+	TransformerOut int `json:"transformerOut,omitempty"`
+	// LeaseLost counts TTL keys a transformer gave a new revision, so no lease could follow them.
+	LeaseLost int `json:"transformerLeaseLost,omitempty"`
 }
 
-// transform turns the user tree (/1) of the store into v3 keys and leases, sorted by revision.
-// It walks the store's own nodes through Get (keys and values share the store's memory), then
-// looks up the hidden paths by name, since Get does not list them.
-func transform(st v2store.Store, hidden map[string]bool, o Options) ([]KV, map[int64]*Lease, TransformStats, error) {
-	var stats TransformStats
-	w := &walker{o: o, leases: map[int64]*Lease{}, stats: &stats, seen: map[string]bool{}}
-	ev, err := st.Get("/1", true, true)
-	if err != nil {
-		return nil, nil, stats, fmt.Errorf("read the v2 store: %w", err)
+// node is a v2 node kept for a transformer: every node it will see, directories too.
+type node struct {
+	key    string // without the /1 prefix
+	dir    bool
+	kv     KV
+	expire time.Time
+	lease  int64
+}
+
+// collector turns v2 nodes of the user tree (/1) into v3 keys and leases (or, for a
+// transformer, keeps the nodes).
+type collector struct {
+	o      Options
+	kvs    []KV
+	nodes  []node // with a transformer
+	keep   bool
+	leases map[int64]*Lease
+	stats  TransformStats
+}
+
+func newCollector(o Options, keepNodes bool) *collector {
+	return &collector{o: o, keep: keepNodes, leases: map[int64]*Lease{}}
+}
+
+func (c *collector) dir(path string, created, modified uint64, expire time.Time) {
+	c.stats.Dirs++
+	if c.keep && c.visible(path) {
+		c.nodes = append(c.nodes, node{key: strings.TrimPrefix(path, "/1"), dir: true, kv: KV{CreateRevision: int64(created), ModRevision: int64(modified)}, expire: expire})
 	}
-	for _, n := range ev.Node.Nodes {
-		w.walk(n)
-	}
-	// Hidden subtrees: shortest first, so that a path under an already walked one is skipped.
-	paths := make([]string, 0, len(hidden))
-	for p := range hidden {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		root := hiddenRoot(p)
-		if w.seen[root] {
-			continue
+}
+
+// visible says whether a path is migrated as far as hidden segments go.
+func (c *collector) visible(path string) bool {
+	return c.o.IncludeHidden || !strings.Contains(path, "/_")
+}
+
+func (c *collector) file(path string, kv KV, expire time.Time) {
+	key := strings.TrimPrefix(path, "/1")
+	if strings.Contains(key, "/_") {
+		c.stats.Hidden++
+		if !c.o.IncludeHidden {
+			c.stats.HiddenSkipped++
+			return
 		}
-		w.seen[root] = true
-		ev, err := st.Get(root, true, true)
-		if err != nil {
-			continue // deleted since
-		}
-		w.walk(ev.Node)
 	}
-	kvs := w.kvs
+	kv.Key = []byte(key)
+	if !expire.IsZero() {
+		if c.o.NoTTL {
+			c.stats.TTLDropped++
+			return
+		}
+		// Keys that expire in the same second share a lease; its ID is that second.
+		sec := expire.Unix()
+		if expire.Nanosecond() > 0 {
+			sec++
+		}
+		ttl := sec - c.o.Now.Unix()
+		if !expire.After(c.o.Now) || ttl <= 0 {
+			c.stats.ExpiredDropped++
+			return
+		}
+		l := c.leases[sec]
+		if l == nil {
+			l = &Lease{ID: sec, TTL: ttl}
+			c.leases[sec] = l
+		}
+		l.Keys++
+		kv.Lease = sec
+		c.stats.TTLKeys++
+	}
+	if c.keep {
+		c.nodes = append(c.nodes, node{key: key, kv: kv, expire: expire, lease: kv.Lease})
+		return
+	}
+	c.kvs = append(c.kvs, kv)
+}
+
+// sortKVs orders keys by revision and refuses two keys on one revision.
+func sortKVs(kvs []KV) error {
 	sort.Slice(kvs, func(i, j int) bool { return kvs[i].ModRevision < kvs[j].ModRevision })
 	for i := 1; i < len(kvs); i++ {
 		if kvs[i].ModRevision == kvs[i-1].ModRevision {
-			return nil, nil, stats, fmt.Errorf("keys %q and %q share modified index %d: the v2 store is inconsistent", kvs[i-1].Key, kvs[i].Key, kvs[i].ModRevision)
+			return fmt.Errorf("keys %q and %q share revision %d", kvs[i-1].Key, kvs[i].Key, kvs[i].ModRevision)
 		}
 	}
-	stats.Keys = len(kvs)
-	return kvs, w.leases, stats, nil
+	return nil
+}
+
+// rewritePrefix moves keys under from to under to, refusing a rewrite after which two keys
+// would be the same.
+func rewritePrefix(kvs []KV, from, to string) (int, error) {
+	if from == to {
+		return 0, nil
+	}
+	final := make(map[string]string, len(kvs)) // new key -> old key
+	n := 0
+	for i := range kvs {
+		k := string(kvs[i].Key)
+		nk := k
+		if strings.HasPrefix(k, from) {
+			nk = to + k[len(from):]
+			kvs[i].Key = []byte(nk)
+			n++
+		}
+		if old, dup := final[nk]; dup {
+			return 0, fmt.Errorf("--prefix-from %s --prefix-to %s: %s and %s would both become %s", from, to, old, k, nk)
+		}
+		final[nk] = k
+	}
+	return n, nil
 }
 
 // hiddenRoot is the path up to and including its first hidden segment.
@@ -99,67 +190,11 @@ func hiddenRoot(p string) string {
 	return p
 }
 
-type walker struct {
-	o      Options
-	kvs    []KV
-	leases map[int64]*Lease
-	stats  *TransformStats
-	seen   map[string]bool
-}
+// Progress reports a phase's progress (done of total; total 0 when unknown). Nil is silent.
+type Progress func(phase string, done, total int64)
 
-func (w *walker) walk(n *v2store.NodeExtern) {
-	if n.Dir {
-		w.stats.Dirs++
-		for _, c := range n.Nodes {
-			w.walk(c)
-		}
-		return
+func (p Progress) report(phase string, done, total int64) {
+	if p != nil {
+		p(phase, done, total)
 	}
-	var expire time.Time
-	if n.Expiration != nil {
-		expire = *n.Expiration
-	}
-	value := ""
-	if n.Value != nil {
-		value = *n.Value
-	}
-	w.file(n.Key, value, n.CreatedIndex, n.ModifiedIndex, expire)
-}
-
-func (w *walker) file(path, value string, created, modified uint64, expire time.Time) {
-	key := strings.TrimPrefix(path, "/1")
-	if strings.Contains(key, "/_") {
-		w.stats.Hidden++
-		if !w.o.IncludeHidden {
-			w.stats.HiddenSkipped++
-			return
-		}
-	}
-	// Keys and values share the decoded strings' memory (never modified) instead of copying.
-	kv := KV{Key: unsafe.Slice(unsafe.StringData(key), len(key)), Value: unsafe.Slice(unsafe.StringData(value), len(value)), CreateRevision: int64(created), ModRevision: int64(modified)}
-	if !expire.IsZero() {
-		if w.o.NoTTL {
-			w.stats.TTLDropped++
-			return
-		}
-		// Keys that expire in the same second share a lease; its ID is that second.
-		sec := expire.Unix()
-		if expire.Nanosecond() > 0 {
-			sec++
-		}
-		ttl := sec - w.o.Now.Unix()
-		if !expire.After(w.o.Now) || ttl <= 0 {
-			w.stats.ExpiredDropped++
-			return
-		}
-		l := w.leases[sec]
-		if l == nil {
-			l = &Lease{ID: sec, TTL: ttl}
-			w.leases[sec] = l
-		}
-		l.Keys++
-		kv.Lease = sec
-		w.stats.TTLKeys++
-	}
-	w.kvs = append(w.kvs, kv)
 }

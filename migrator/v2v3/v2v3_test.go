@@ -16,6 +16,17 @@ import (
 
 func bp(b bool) *bool { return &b }
 
+// transformStore turns a whole store into keys, as a migration does with its overlay.
+func transformStore(st v2store.Store, hidden map[string]bool, o Options) ([]KV, map[int64]*Lease, TransformStats, error) {
+	c := newCollector(o, false)
+	if err := walkStore(st, hidden, c); err != nil {
+		return nil, nil, c.stats, err
+	}
+	err := sortKVs(c.kvs)
+	c.stats.Keys = len(c.kvs)
+	return c.kvs, c.leases, c.stats, err
+}
+
 func TestApplyV2(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	st := v2store.New("/0", "/1")
@@ -49,7 +60,7 @@ func TestApplyV2(t *testing.T) {
 			t.Fatalf("%s: outcome %d, want %d", s.name, got, s.want)
 		}
 	}
-	kvs, leases, stats, err := transform(st, nil, Options{Now: now})
+	kvs, leases, stats, err := transformStore(st, nil, Options{Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +113,7 @@ func TestTransformOptions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			kvs, leases, s, err := transform(st, hidden, tc.o)
+			kvs, leases, s, err := transformStore(st, hidden, tc.o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +132,7 @@ func TestTransformOptions(t *testing.T) {
 			}
 		})
 	}
-	kvs, leases, _, _ := transform(st, hidden, Options{Now: now})
+	kvs, leases, _, _ := transformStore(st, hidden, Options{Now: now})
 	for _, kv := range kvs {
 		if string(kv.Key) == "/registry/events/a" {
 			if l := leases[kv.Lease]; l == nil || l.Keys != 2 || l.TTL != 91 {
@@ -164,8 +175,9 @@ func TestSnapshotFallback(t *testing.T) {
 	if err := s.loadSnapshot(dir); err != nil {
 		t.Fatal(err)
 	}
-	if s.Snapshot.Metadata.Index != 0x10 || len(s.Skipped) != 2 || !strings.Contains(s.Skipped[0], "0030.snap") || !strings.Contains(s.Skipped[1], "checksum mismatch") {
-		t.Fatalf("loaded index %d, skipped %v", s.Snapshot.Metadata.Index, s.Skipped)
+	defer s.Close()
+	if s.Meta.Index != 0x10 || len(s.Skipped) != 2 || !strings.Contains(s.Skipped[0], "0030.snap") || !strings.Contains(s.Skipped[1], "checksum mismatch") {
+		t.Fatalf("loaded index %d, skipped %v", s.Meta.Index, s.Skipped)
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -194,7 +206,9 @@ func TestConfigValidate(t *testing.T) {
 		{"empty", Config{}, []string{"--data-dir is required", "--output-dir is required", "--name, --initial-cluster"}},
 		{"non-empty output", Config{DataDir: src, OutputDir: full, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"is not empty"}},
 		{"output inside source", Config{DataDir: src, OutputDir: filepath.Join(src, "out"), Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"must not be inside"}},
-		{"compacted without bump", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), MarkCompacted: true, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"needs --bump-revision"}},
+		{"compacted without bump", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), MarkCompacted: true, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"go together"}},
+		{"bump without compacted", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), RevisionBump: 5, Options: Options{PrefixFrom: "/a"}, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"go together (etcd", "--prefix-from and --prefix-to go together"}},
+		{"missing transformer", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), Options: Options{Transformer: "/nonexistent/xform"}, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"--transformer"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,18 +225,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestHiddenPaths(t *testing.T) {
-	st := v2store.New("/0", "/1")
-	for _, p := range []string{"/1/a/_b/c", "/1/_top", "/1/plain/x", "/0/_member"} {
-		if _, err := st.Set(p, false, "v", v2store.TTLOptionSet{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data, _ := st.Save()
-	got := hiddenPaths(data)
-	if len(got) != 3 || !got["/1/a/_b/c"] || !got["/1/a/_b"] || !got["/1/_top"] {
-		t.Fatalf("hidden paths = %v", got)
-	}
+func TestHiddenRoot(t *testing.T) {
 	for p, want := range map[string]string{"/1/a/_b/c": "/1/a/_b", "/1/_top": "/1/_top", "/1/x/_y/_z/w": "/1/x/_y"} {
 		if r := hiddenRoot(p); r != want {
 			t.Errorf("hiddenRoot(%s) = %s, want %s", p, r, want)

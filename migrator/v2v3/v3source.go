@@ -1,10 +1,10 @@
 package v2v3
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sort"
 	"time"
 
@@ -12,20 +12,30 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-// v3Data is a member's v3 backend: the key bucket as it is (every revision, tombstones too),
-// its leases and its compaction marks, carried into the output unchanged.
+// v3Data is what the migration needs to know of a member's v3 backend, which the output starts
+// from unchanged (etcd's restore copies it): a digest of every key bucket entry and lease (for
+// the verification), the live keys (for conflicts) and the lease IDs (which the v2 keys' leases
+// must not reuse).
 type v3Data struct {
-	entries [][2][]byte // key bucket, in revision order
-	leases  [][2][]byte
-	// leaseIDs are the IDs of leases, which the v2 keys' leases must not reuse.
+	path     string
+	entries  []digest // key bucket, in revision order, tombstones too
+	leases   map[int64]uint64
 	leaseIDs map[int64]bool
-	meta     [][2][]byte // scheduledCompactRev, finishedCompactRev
 	maxRev   int64
 	// live is the latest state of every key that is not deleted.
-	live map[string]*mvccpb.KeyValue
+	live map[string]liveKey
 }
 
-var compactionKeys = [][]byte{[]byte("scheduledCompactRev"), []byte("finishedCompactRev")}
+// digest is a bucket entry's key and a hash of its value.
+type digest struct {
+	key  string
+	hash uint64
+}
+
+// liveKey is a live v3 key's generation: what a v2 value written over it continues.
+type liveKey struct{ CreateRevision, Version int64 }
+
+var hashSeed = maphash.MakeSeed()
 
 func readV3(path string) (*v3Data, error) {
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -36,11 +46,11 @@ func readV3(path string) (*v3Data, error) {
 		return nil, err
 	}
 	defer db.Close()
-	d := &v3Data{live: map[string]*mvccpb.KeyValue{}, leaseIDs: map[int64]bool{}}
+	d := &v3Data{path: path, live: map[string]liveKey{}, leaseIDs: map[int64]bool{}, leases: map[int64]uint64{}}
 	err = db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket([]byte("key")); b != nil {
 			if err := b.ForEach(func(k, v []byte) error {
-				d.entries = append(d.entries, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+				d.entries = append(d.entries, digest{string(k), maphash.Bytes(hashSeed, v)})
 				if len(k) >= 8 {
 					d.maxRev = max(d.maxRev, int64(binary.BigEndian.Uint64(k[:8])))
 				}
@@ -54,7 +64,7 @@ func readV3(path string) (*v3Data, error) {
 				if len(k) == 18 && k[17] == 't' { // tombstone
 					delete(d.live, string(kv.Key))
 				} else {
-					d.live[string(kv.Key)] = &kv
+					d.live[string(kv.Key)] = liveKey{kv.CreateRevision, kv.Version}
 				}
 				return nil
 			}); err != nil {
@@ -63,20 +73,14 @@ func readV3(path string) (*v3Data, error) {
 		}
 		if b := tx.Bucket([]byte("lease")); b != nil {
 			if err := b.ForEach(func(k, v []byte) error {
-				d.leases = append(d.leases, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
 				if len(k) == 8 {
-					d.leaseIDs[int64(binary.BigEndian.Uint64(k))] = true
+					id := int64(binary.BigEndian.Uint64(k))
+					d.leaseIDs[id] = true
+					d.leases[id] = maphash.Bytes(hashSeed, v)
 				}
 				return nil
 			}); err != nil {
 				return err
-			}
-		}
-		if b := tx.Bucket([]byte("meta")); b != nil {
-			for _, k := range compactionKeys {
-				if v := b.Get(k); v != nil {
-					d.meta = append(d.meta, [2][]byte{k, bytes.Clone(v)})
-				}
 			}
 		}
 		return nil
@@ -120,7 +124,7 @@ func renumber(kvs []KV, v3 *v3Data, policy string) ([]KV, MergeStats, error) {
 	var conflicts []string
 	for _, kv := range kvs {
 		kv.CreateRevision, kv.ModRevision = newRev[kv.CreateRevision], newRev[kv.ModRevision]
-		if cur := v3.live[string(kv.Key)]; cur != nil {
+		if cur, ok := v3.live[string(kv.Key)]; ok {
 			conflicts = append(conflicts, string(kv.Key))
 			switch policy {
 			case ConflictV3:

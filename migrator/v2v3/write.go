@@ -24,52 +24,128 @@ func revBytes(main int64) []byte {
 	return b
 }
 
-// writeBackend writes the v3 data of the source (when any) and then the v2 keys and leases into
-// a new bolt database at path, in revision order.
-func writeBackend(path string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) error {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+// Membership of the new member, as `etcdutl snapshot restore` takes it.
+type Membership struct {
+	Name                     string
+	InitialCluster           string
+	InitialAdvertisePeerURLs []string
+	InitialClusterToken      string
+}
+
+// restoreBase makes the new member in a temp dir next to outDir: etcd's own restore (WAL,
+// snapshot, membership, consistent index) run on the source's v3 backend when it has one, or
+// on an empty backend. The v2 keys are appended afterwards with plain bbolt: etcd's backend
+// maps its file with MAP_POPULATE, which would make the whole output resident.
+func restoreBase(outDir, v3db string, m Membership) (work, member string, err error) {
+	parent := filepath.Dir(outDir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", "", err
+	}
+	work, err = os.MkdirTemp(parent, "."+filepath.Base(outDir)+".kubefence-")
+	if err != nil {
+		return "", "", err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(work)
+		}
+	}()
+	base := v3db
+	if base == "" {
+		base = filepath.Join(work, "empty.db")
+		if err := emptyBackend(base); err != nil {
+			return "", "", err
+		}
+	}
+	member = filepath.Join(work, "data")
+	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath: base, SkipHashCheck: true,
+		Name: m.Name, OutputDataDir: member, PeerURLs: m.InitialAdvertisePeerURLs,
+		InitialCluster: m.InitialCluster, InitialClusterToken: m.InitialClusterToken,
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("give the new data dir its membership: %w", err)
+	}
+	return work, member, nil
+}
+
+func emptyBackend(path string) error {
+	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	if v3 != nil {
-		if err := copyV3(db, v3); err != nil {
-			return err
-		}
-	}
-	const batch = 10000
-	for start := 0; start == 0 || start < len(kvs); start += batch {
-		end := min(start+batch, len(kvs))
-		err := db.Update(func(tx *bolt.Tx) error {
-			kb, err := tx.CreateBucketIfNotExists([]byte("key"))
-			if err != nil {
-				return err
-			}
-			kb.FillPercent = 1 // appends in revision order
-			for _, kv := range kvs[start:end] {
-				v, err := (&mvccpb.KeyValue{Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: max(kv.version, 1), Lease: kv.Lease}).Marshal()
-				if err != nil {
-					return err
-				}
-				if err := kb.Put(revBytes(kv.ModRevision), v); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if len(kvs) == 0 {
-			break
-		}
-	}
-	return db.Update(func(tx *bolt.Tx) error {
-		for _, name := range []string{"meta", "lease"} {
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, name := range []string{"key", "meta", "lease"} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
 				return err
 			}
 		}
+		return nil
+	})
+	return joinClose(err, db)
+}
+
+func joinClose(err error, db *bolt.DB) error {
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// writeBatchBytes bounds what one bbolt transaction holds in memory.
+const writeBatchBytes = 8 << 20
+
+// appendKeys writes the keys (in revision order, all above the backend's own revisions), their
+// leases and, with bump > 0, the revision bump and compaction mark `etcdutl snapshot restore
+// --bump-revision --mark-compacted` writes: an empty entry at latest+bump and
+// scheduledCompactRev at it. It returns the revision of that marker (0 without a bump).
+func appendKeys(dbPath string, data []byte, release func(), kvs []KV, leases map[int64]*Lease, bump uint64, progress Progress) (int64, error) {
+	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		return 0, err
+	}
+	var latest int64
+	err = db.View(func(tx *bolt.Tx) error {
+		if k, _ := tx.Bucket([]byte("key")).Cursor().Last(); len(k) >= 8 {
+			latest = int64(binary.BigEndian.Uint64(k))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, joinClose(err, db)
+	}
+	if len(kvs) > 0 && kvs[0].ModRevision <= latest {
+		return 0, joinClose(fmt.Errorf("internal error: key %q at revision %d is not above the backend's revision %d", kvs[0].Key, kvs[0].ModRevision, latest), db)
+	}
+	for start := 0; start < len(kvs); {
+		err := db.Update(func(tx *bolt.Tx) error {
+			kb := tx.Bucket([]byte("key"))
+			kb.FillPercent = 1 // appends in revision order
+			size := 0
+			for ; start < len(kvs) && size < writeBatchBytes; start++ {
+				kv := &kvs[start]
+				v, err := marshalKV(kv, data)
+				if err != nil {
+					return fmt.Errorf("value of %s: %w", kv.Key, err)
+				}
+				if err := kb.Put(revBytes(kv.ModRevision), v); err != nil {
+					return err
+				}
+				size += len(v)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, joinClose(err, db)
+		}
+		release()
+		progress.report("write", int64(start), int64(len(kvs)))
+	}
+	if len(kvs) > 0 {
+		latest = kvs[len(kvs)-1].ModRevision
+	}
+	var marker int64
+	err = db.Update(func(tx *bolt.Tx) error {
 		lb := tx.Bucket([]byte("lease"))
 		ids := make([]int64, 0, len(leases))
 		for id := range leases {
@@ -88,67 +164,91 @@ func writeBackend(path string, v3 *v3Data, kvs []KV, leases map[int64]*Lease) er
 				return err
 			}
 		}
-		return nil
-	})
-}
-
-// copyV3 writes the source's key bucket, leases and compaction marks as they are.
-func copyV3(db *bolt.DB, v3 *v3Data) error {
-	return db.Update(func(tx *bolt.Tx) error {
-		for name, entries := range map[string][][2][]byte{"key": v3.entries, "lease": v3.leases, "meta": v3.meta} {
-			b, err := tx.CreateBucketIfNotExists([]byte(name))
-			if err != nil {
-				return err
-			}
-			for _, e := range entries {
-				if err := b.Put(e[0], e[1]); err != nil {
-					return err
-				}
-			}
+		if bump == 0 {
+			return nil
 		}
-		return nil
+		marker = latest + int64(bump)
+		if err := tx.Bucket([]byte("key")).Put(revBytes(marker), []byte{}); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte("meta")).Put([]byte("scheduledCompactRev"), revBytes(marker))
 	})
+	return marker, joinClose(err, db)
 }
 
-// Membership of the new member, as `etcdutl snapshot restore` takes it.
-type Membership struct {
-	Name                     string
-	InitialCluster           string
-	InitialAdvertisePeerURLs []string
-	InitialClusterToken      string
+// marshalKV encodes the key as mvccpb.KeyValue, decoding a streamed value straight into the
+// message's buffer.
+func marshalKV(kv *KV, data []byte) ([]byte, error) {
+	if !kv.streamed() {
+		return (&mvccpb.KeyValue{Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: max(kv.version, 1), Lease: kv.Lease}).Marshal()
+	}
+	// Field order as the generated code writes it: key(1), create(2), mod(3), version(4),
+	// value(5), lease(6). The value's length is only known once decoded, so it is decoded
+	// into place after a length prefix sized for the raw (longer or equal) JSON.
+	raw := int(kv.raw.n)
+	b := make([]byte, 0, len(kv.Key)+raw+64)
+	b = appendBytesField(b, 1, kv.Key)
+	b = appendVarintField(b, 2, uint64(kv.CreateRevision))
+	b = appendVarintField(b, 3, uint64(kv.ModRevision))
+	b = appendVarintField(b, 4, uint64(max(kv.version, 1)))
+	valStart := len(b)
+	b = append(b, 5<<3|2)
+	lenAt := len(b)
+	b = binary.AppendUvarint(b, uint64(raw)) // placeholder of the maximal width
+	width := len(b) - lenAt
+	body := len(b)
+	b, err := kv.raw.bytes(data, b)
+	if err != nil {
+		return nil, err
+	}
+	n := len(b) - body
+	if n == 0 {
+		b = b[:valStart] // proto3 leaves empty bytes out
+	} else if w := uvarintLen(uint64(n)); w != width {
+		copy(b[lenAt+w:], b[body:])
+		b = b[:lenAt+w+n]
+		binary.PutUvarint(b[lenAt:], uint64(n))
+	} else {
+		binary.PutUvarint(b[lenAt:], uint64(n))
+	}
+	if kv.Lease != 0 {
+		b = appendVarintField(b, 6, uint64(kv.Lease))
+	}
+	return b, nil
 }
 
-// buildDataDir writes the backend into a temp dir next to outDir, gives it membership (WAL and
-// snapshot) with etcd's restore, and renames it into place.
-func buildDataDir(outDir string, v3 *v3Data, kvs []KV, leases map[int64]*Lease, m Membership, bump uint64, markCompacted bool) error {
-	parent := filepath.Dir(outDir)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return err
+func appendBytesField(b []byte, num int, v []byte) []byte {
+	if len(v) == 0 {
+		return b
 	}
-	work, err := os.MkdirTemp(parent, "."+filepath.Base(outDir)+".kubefence-")
-	if err != nil {
-		return err
+	b = append(b, byte(num<<3|2))
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+func appendVarintField(b []byte, num int, v uint64) []byte {
+	if v == 0 {
+		return b
 	}
-	defer os.RemoveAll(work)
-	db := filepath.Join(work, "v3.db")
-	if err := writeBackend(db, v3, kvs, leases); err != nil {
-		return fmt.Errorf("write v3 backend: %w", err)
+	return binary.AppendUvarint(append(b, byte(num<<3)), v)
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
 	}
-	member := filepath.Join(work, "data")
-	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
-		SnapshotPath: db, SkipHashCheck: true,
-		Name: m.Name, OutputDataDir: member, PeerURLs: m.InitialAdvertisePeerURLs,
-		InitialCluster: m.InitialCluster, InitialClusterToken: m.InitialClusterToken,
-		RevisionBump: bump, MarkCompacted: markCompacted,
-	})
-	if err != nil {
-		return fmt.Errorf("give the new data dir its membership: %w", err)
-	}
+	return n
+}
+
+// finish renames the verified member dir into place.
+func finish(member, outDir string) error {
 	if err := os.Remove(outDir); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("output dir %s: %w", outDir, err)
 	}
 	if err := os.Rename(member, outDir); err != nil {
 		return err
 	}
-	return atomicfile.SyncDir(parent)
+	return atomicfile.SyncDir(filepath.Dir(outDir))
 }

@@ -43,8 +43,18 @@ A source that also holds v3 keys (member/snap/db) keeps them unchanged, with the
 history and leases; the v2 keys are renumbered above the v3 revision, in their original order.
 A key in both stores is an error unless --on-conflict says which wins.
 
-The source is never written; the output is built next to --output-dir and renamed into place,
-and a non-empty --output-dir is refused. Not yet: --transformer, key-prefix rewrite.`,
+--prefix-from/--prefix-to rewrite the start of keys (an apiserver --etcd-prefix change).
+--transformer runs a program with etcdctl migrate's protocol instead of the default mapping:
+the v2 nodes as concatenated JSON objects on its stdin, length-prefixed (8-byte little-endian)
+mvccpb.KeyValue messages on its stdout; a key keeps its lease when the program keeps its
+modifiedIndex as mod_revision.
+
+Memory grows with the number of keys, not with the data: the snapshot is mapped and streamed,
+and only the nodes the WAL tail touches are loaded for the replay. On a terminal, progress
+(phase, keys/s) is drawn on stderr.
+
+The source is never written; the output is built and verified next to --output-dir and
+renamed into place, and a non-empty --output-dir is refused.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := validateOutput(o.output); err != nil {
@@ -63,7 +73,10 @@ and a non-empty --output-dir is refused. Not yet: --transformer, key-prefix rewr
 			if err := o.cfg.Validate(); err != nil {
 				return usage(err)
 			}
-			rep, err := v2v3.Run(o.cfg)
+			progress, clear := terminalProgress(g.streams.ErrOut)
+			o.cfg.Progress = progress
+			rep, err := v2v3.RunContext(cmd.Context(), o.cfg)
+			clear()
 			if err != nil {
 				return err
 			}
@@ -86,8 +99,11 @@ and a non-empty --output-dir is refused. Not yet: --transformer, key-prefix rewr
 	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339) instead of now, for repeatable runs")
 	f.BoolVar(&o.cfg.IncludeHidden, "include-hidden", false, "migrate hidden v2 keys (a path segment starting with _) too")
 	f.StringVar(&o.cfg.OnConflict, "on-conflict", "", "for a key in both the v2 and the v3 store: v3 keeps the v3 key, v2 writes the v2 value over it (default: refuse)")
-	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store")
-	f.BoolVar(&o.cfg.MarkCompacted, "mark-compacted", false, "mark the revisions up to the bumped one compacted (needs --bump-revision)")
+	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store (with --mark-compacted, as etcdutl snapshot restore)")
+	f.BoolVar(&o.cfg.MarkCompacted, "mark-compacted", false, "mark the revisions up to the bumped one compacted (with --bump-revision)")
+	f.StringVar(&o.cfg.PrefixFrom, "prefix-from", "", "rewrite keys starting with this prefix ... ")
+	f.StringVar(&o.cfg.PrefixTo, "prefix-to", "", "... to start with this one instead (an apiserver --etcd-prefix change)")
+	f.StringVar(&o.cfg.Transformer, "transformer", "", "program that maps v2 nodes to v3 keys, with etcdctl migrate's protocol")
 	addOutputFlag(cmd, &o.output)
 	return cmd
 }
@@ -107,6 +123,15 @@ func printMigrateReport(w interface{ Write([]byte) (int, error) }, r *v2v3.Repor
 		k.Keys, k.TTLKeys, r.Leases, k.Dirs, k.ExpiredDropped)
 	if k.TTLDropped > 0 {
 		fmt.Fprintf(w, ", %d TTL keys dropped (--no-ttl)", k.TTLDropped)
+	}
+	if k.Rewritten > 0 {
+		fmt.Fprintf(w, ", %d keys given the new prefix", k.Rewritten)
+	}
+	if k.TransformerIn > 0 {
+		fmt.Fprintf(w, ", transformer: %d nodes in, %d keys out", k.TransformerIn, k.TransformerOut)
+	}
+	if k.LeaseLost > 0 {
+		fmt.Fprintf(w, ", %d TTL keys without a lease (the transformer changed their revision)", k.LeaseLost)
 	}
 	if k.Hidden > 0 {
 		fmt.Fprintf(w, ", %d hidden keys (%d left out; --include-hidden keeps them)", k.Hidden, k.HiddenSkipped)
