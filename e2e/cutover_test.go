@@ -34,13 +34,19 @@ type cutoverFixture struct {
 
 func newCutoverFixture(t *testing.T) *cutoverFixture {
 	t.Helper()
+	return newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34})
+}
+
+// newCutoverFixtureWith is newCutoverFixture with blue's etcd as blueEtcd says.
+func newCutoverFixtureWith(t *testing.T, blueEtcd framework.EtcdConfig) *cutoverFixture {
+	t.Helper()
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
 	f := &cutoverFixture{env: newEnv(t)}
 	var err error
 	if f.pki, err = framework.NewPKI(f.env.Dir + "/pki"); err != nil {
 		t.Fatal(err)
 	}
-	f.blue = startCluster(t, f.env, f.pki, "blue", framework.Etcd34)
+	f.blue = startClusterWith(t, f.env, f.pki, "blue", blueEtcd)
 	if f.px, err = f.env.StartProxy(t.Context(), framework.ProxyConfig{Binary: kubefenceBin, Upstream: f.blue.api.URL, PKI: f.pki, RetryAfter: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,14 @@ type cluster struct {
 
 func startCluster(t *testing.T, env *framework.Env, pki *framework.PKI, name, etcdVersion string) *cluster {
 	t.Helper()
-	etcd, err := env.StartEtcd(t.Context(), framework.EtcdConfig{Name: name + "-etcd", Version: etcdVersion})
+	return startClusterWith(t, env, pki, name, framework.EtcdConfig{Version: etcdVersion})
+}
+
+// startClusterWith starts etcd as cfg says (its name is set here) and an apiserver on it.
+func startClusterWith(t *testing.T, env *framework.Env, pki *framework.PKI, name string, cfg framework.EtcdConfig) *cluster {
+	t.Helper()
+	cfg.Name = name + "-etcd"
+	etcd, err := env.StartEtcd(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

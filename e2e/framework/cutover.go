@@ -64,7 +64,7 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		Proxy:      cutover.ProxySpec{AdminSocket: px.AdminSocket},
 		Blue: cutover.BlueSpec{
 			APIServer: cutover.APIServerRef{URL: blueAPI.URL, Kubeconfig: blueAPI.Kubeconfig},
-			Etcd:      cutover.EtcdClientSpec{Endpoints: blueEtcd.Endpoints()},
+			Etcd:      cutover.BlueEtcd{EtcdClientSpec: cutover.EtcdClientSpec{Endpoints: blueEtcd.Endpoints()}},
 		},
 		Green: cutover.GreenSpec{
 			Etcd: cutover.GreenEtcd{Binary: etcdBin, Version: etcdVersion, Members: ms},

@@ -28,7 +28,7 @@ func validPlan(t *testing.T) (*Plan, string) {
 	api := writeFile(t, dir, "kube-apiserver", "#!/bin/sh\n")
 	p := &Plan{
 		APIVersion: PlanAPIVersion, Kind: PlanKind, StateDir: filepath.Join(dir, "state"),
-		Blue: BlueSpec{APIServer: APIServerRef{URL: "https://10.0.0.1:6443", Kubeconfig: kc}, Etcd: EtcdClientSpec{Endpoints: []string{"https://10.0.0.1:2379"}}},
+		Blue: BlueSpec{APIServer: APIServerRef{URL: "https://10.0.0.1:6443", Kubeconfig: kc}, Etcd: BlueEtcd{EtcdClientSpec: EtcdClientSpec{Endpoints: []string{"https://10.0.0.1:2379"}}}},
 		Green: GreenSpec{
 			Etcd:      GreenEtcd{Binary: etcd, Version: "3.6.16", Members: []GreenMember{{Name: "g0", DataDir: filepath.Join(dir, "g0"), ClientURL: "http://127.0.0.1:2479", PeerURL: "http://127.0.0.1:2480"}}},
 			APIServer: GreenAPIServer{APIServerRef: APIServerRef{URL: "https://10.0.0.2:6443", Kubeconfig: kc}, Command: []string{api, "--etcd-servers=http://127.0.0.1:2479"}},
@@ -62,7 +62,10 @@ func TestParsePlan(t *testing.T) {
 			p.Green.APIServer.Command = nil
 			p.Migration.Mode = "magic"
 		}, []string{"stateDir is required", `blue.apiserver.url "10.0.0.1:6443"`, "members: 2 given, want 1 or 3", "is used twice", "give command", `migration.mode "magic"`}},
-		{"v2 not yet", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"v2-to-v3 is not available yet"}},
+		{"v2 without a member dir", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"needs blue.etcd.dataDir"}},
+		{"v2 member dir is not one", func(p *Plan) {
+			p.Migration.Mode, p.Blue.Etcd.DataDir, p.Migration.OnConflict = "auto", p.StateDir, "mine"
+		}, []string{"is not an etcd member data dir", `onConflict "mine"`}},
 		{"missing files", func(p *Plan) { p.Green.Etcd.Binary = "/nonexistent/etcd"; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary", "blue.apiserver.kubeconfig is required"}},
 		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},

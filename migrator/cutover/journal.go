@@ -54,6 +54,13 @@ type Journal struct {
 	Snapshot         string `json:"snapshot,omitempty"`
 	SnapshotRevision int64  `json:"snapshotRevision,omitempty"`
 	SnapshotBytes    int64  `json:"snapshotBytes,omitempty"`
+	// Mode is the migration the copy chose (auto resolves to snapshot or v2-to-v3).
+	Mode string `json:"mode,omitempty"`
+	// MemberCopy is the copy of a blue member's files, for a v2 source.
+	MemberCopy string `json:"memberCopy,omitempty"`
+	// V2Keys and V2Prefixes are what the v2 migration wrote (green etcd is checked for them).
+	V2Keys     int            `json:"v2Keys,omitempty"`
+	V2Prefixes map[string]int `json:"v2Prefixes,omitempty"`
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
 	// Refused counts writes refused while fenced during this cutover.

@@ -70,8 +70,16 @@ type EtcdClientSpec struct {
 
 // BlueSpec is the cluster being moved away from.
 type BlueSpec struct {
-	APIServer APIServerRef   `yaml:"apiserver" json:"apiserver"`
-	Etcd      EtcdClientSpec `yaml:"etcd" json:"etcd"`
+	APIServer APIServerRef `yaml:"apiserver" json:"apiserver"`
+	Etcd      BlueEtcd     `yaml:"etcd" json:"etcd"`
+}
+
+// BlueEtcd is blue's etcd: its client endpoints and, for v2 data, one member's data dir on this
+// host (read, never written: its snapshot and WAL files are copied while it runs).
+type BlueEtcd struct {
+	EtcdClientSpec `yaml:",inline" json:",inline"`
+	DataDir        string `yaml:"dataDir" json:"dataDir,omitempty"`
+	WALDir         string `yaml:"walDir" json:"walDir,omitempty"`
 }
 
 // GreenMember is one member of the green etcd cluster.
@@ -116,8 +124,14 @@ type GreenSpec struct {
 
 // Migration says how green's data is built from blue's.
 type Migration struct {
-	// Mode: snapshot (v3 data: snapshot restore). v2-to-v3 and auto come with the v2 migrator.
+	// Mode: snapshot (v3 data: snapshot restore), v2-to-v3 (a member's v2 store migrated along
+	// with the v3 snapshot, needs blue.etcd.dataDir), or auto (v2-to-v3 when that member holds v2
+	// user content, snapshot otherwise or without blue.etcd.dataDir).
 	Mode string `yaml:"mode" json:"mode"`
+	// OnConflict settles a key in both the v2 and the v3 store: "" refuses, v3 or v2 wins.
+	OnConflict string `yaml:"onConflict" json:"onConflict,omitempty"`
+	// IncludeHidden migrates hidden v2 keys (a path segment starting with _).
+	IncludeHidden bool `yaml:"includeHidden" json:"includeHidden,omitempty"`
 	// RevisionBump is added to green's revision (with the revisions marked compacted), so that
 	// every resourceVersion a client has seen on blue is below green's.
 	RevisionBump int64 `yaml:"revisionBump" json:"revisionBump"`
@@ -315,7 +329,18 @@ func (p *Plan) validate() []error {
 	switch p.Migration.Mode {
 	case "snapshot":
 	case "v2-to-v3", "auto":
-		bad("migration.mode %s is not available yet (v2 detection and migration are still being built): use snapshot for etcd v3 data", p.Migration.Mode)
+		if d := p.Blue.Etcd.DataDir; d != "" {
+			if st, err := os.Stat(filepath.Join(d, "member")); err != nil || !st.IsDir() {
+				bad("blue.etcd.dataDir %s is not an etcd member data dir (no member/ directory)", d)
+			}
+		} else if p.Migration.Mode == "v2-to-v3" {
+			bad("migration.mode v2-to-v3 needs blue.etcd.dataDir: a member data dir on this host (its v2 store is not reachable through the v3 API)")
+		}
+		switch p.Migration.OnConflict {
+		case "", "v2", "v3":
+		default:
+			bad("migration.onConflict %q: use v2 or v3 (or leave it out to refuse conflicts)", p.Migration.OnConflict)
+		}
 	default:
 		bad("migration.mode %q: use snapshot, v2-to-v3 or auto", p.Migration.Mode)
 	}

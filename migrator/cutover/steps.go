@@ -25,11 +25,22 @@ func (r *runner) describe(step string, verbose bool) string {
 	case StepFence:
 		return fmt.Sprintf("kubefence fence on (wait up to %s for in-flight writes)", p.Proxy.WaitTimeout.D())
 	case StepCopy:
-		return fmt.Sprintf("wait for blue's raft indexes to converge, snapshot the most advanced member into %s, check its sha256", r.snapshotPath())
+		s := fmt.Sprintf("wait for blue's raft indexes to converge, snapshot the most advanced member into %s, check its sha256", r.snapshotPath())
+		if r.v2Possible() {
+			s += fmt.Sprintf("; copy %s's snapshot files, then its WAL, into %s", p.Blue.Etcd.DataDir, r.memberCopyPath())
+			if p.Migration.Mode == "auto" {
+				s += "; look for v2 user content there (v2-to-v3 if any, snapshot otherwise)"
+			}
+		}
+		return s
 	case StepMigrate:
 		var dirs []string
 		for _, m := range p.Green.Etcd.Members {
 			dirs = append(dirs, m.DataDir)
+		}
+		if r.v2Possible() {
+			return fmt.Sprintf("kubefence migrate v2-to-v3 from %s into %s (v3 keys kept, v2 keys renumbered above them, TTLs as leases; revision +%d, marked compacted), or for auto without v2 content a snapshot restore",
+				r.memberCopyPath(), strings.Join(dirs, ", "), p.Migration.RevisionBump)
 		}
 		return fmt.Sprintf("restore the snapshot into %s (revision +%d, marked compacted)", strings.Join(dirs, ", "), p.Migration.RevisionBump)
 	case StepGreenEtcd:
@@ -61,6 +72,11 @@ func (r *runner) describe(step string, verbose bool) string {
 	return ""
 }
 
+// v2Possible says whether the copy looks at a blue member's v2 store.
+func (r *runner) v2Possible() bool {
+	return r.p.Migration.Mode != "snapshot" && r.p.Blue.Etcd.DataDir != ""
+}
+
 func (r *runner) step(ctx context.Context, step string) (string, error) {
 	switch step {
 	case StepPreflight:
@@ -87,13 +103,25 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		}
 		return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 	case StepCopy:
-		info, err := takeSnapshot(ctx, r.p.Blue.Etcd, r.snapshotPath())
+		info, err := takeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
 		if err != nil {
 			return "", err
 		}
 		r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
-		return fmt.Sprintf("%.1f MB, %d keys at revision %d from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.Endpoint), nil
+		msg := fmt.Sprintf("%.1f MB, %d keys at revision %d from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.Endpoint)
+		r.j.Mode = "snapshot"
+		if r.v2Possible() {
+			m, err := r.copyV2Member(info.Path)
+			if err != nil {
+				return "", err
+			}
+			msg += "; " + m
+		}
+		return msg, nil
 	case StepMigrate:
+		if r.j.Mode == "v2-to-v3" {
+			return r.migrateV2(ctx)
+		}
 		if err := restoreGreen(r.p, r.j.Snapshot, r.j.ID); err != nil {
 			return "", err
 		}
@@ -116,7 +144,15 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("%d objects of %d resource types identical; %d changed after the copy by the apiservers", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy)), nil
+		msg := fmt.Sprintf("%d objects of %d resource types identical; %d changed after the copy by the apiservers", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
+		if r.j.V2Keys > 0 {
+			n, err := r.checkV2Keys(ctx)
+			if err != nil {
+				return "", err
+			}
+			msg += fmt.Sprintf("; green etcd serves the %d migrated v2 keys (%d keys under their prefixes)", r.j.V2Keys, n)
+		}
+		return msg, nil
 	case StepSwitch:
 		resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
 		if err != nil {
@@ -142,7 +178,7 @@ func (r *runner) preflight(ctx context.Context) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	var blueDB int64
-	if cli, err := etcdClient(p.Blue.Etcd); err != nil {
+	if cli, err := etcdClient(p.Blue.Etcd.EtcdClientSpec); err != nil {
 		errs = append(errs, fmt.Errorf("blue etcd: %w", err))
 	} else {
 		sts, err := clusterStatus(ctx, cli, p.Blue.Etcd.Endpoints)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.etcd.io/raft/v3/raftpb"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -240,4 +241,47 @@ func moveLeases(kvs []KV, leases map[int64]*Lease, taken map[int64]bool) map[int
 		}
 	}
 	return out
+}
+
+var errFound = errors.New("found")
+
+type findUser struct{}
+
+func (findUser) node(n *v2Node, _ bool) (bool, bool, error) {
+	if strings.HasPrefix(n.path, "/1/") {
+		return false, false, errFound
+	}
+	return false, false, nil
+}
+
+func (findUser) leave(*v2Node) {}
+
+// DetectV2 says whether a member data dir holds v2 user content — a node under the user tree
+// in its newest v2 snapshot, or a v2 write to it in the committed WAL tail — reading the dir as
+// a migration would (so an unreadable copy is an error), and says what it found.
+func DetectV2(dataDir, walDir string) (bool, string, error) {
+	src, err := ReadSource(dataDir, walDir)
+	if err != nil {
+		return false, "", err
+	}
+	defer src.Close()
+	for _, e := range src.Entries {
+		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
+			continue
+		}
+		if req, err := v2Request(e.Data); err == nil && req != nil && strings.HasPrefix(req.Path, "/1/") && req.Method != "QGET" && req.Method != "GET" {
+			return true, fmt.Sprintf("v2 writes in the WAL after index %d", src.Meta.Index), nil
+		}
+	}
+	if src.snap != nil {
+		err := (&scanner{b: src.snap.data, v: findUser{}}).store()
+		src.snap.release()
+		switch {
+		case errors.Is(err, errFound):
+			return true, fmt.Sprintf("v2 keys in snapshot %s", filepath.Base(src.SnapshotFile)), nil
+		case err != nil:
+			return false, "", fmt.Errorf("%s: %w", src.SnapshotFile, err)
+		}
+	}
+	return false, fmt.Sprintf("no v2 user content (%d v3 keys)", src.V3Keys), nil
 }
