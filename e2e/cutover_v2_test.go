@@ -23,6 +23,59 @@ import (
 // Kubernetes object and the v2 keys as v3 keys (TTL keys with leases), a writer through the
 // proxy sees no error and loses nothing, and blue keeps its data.
 func TestCutoverV2Source(t *testing.T) {
+	f, v2, netConfig := newV2CutoverFixture(t)
+	ctx := t.Context()
+	cs := f.proxyClient(t, 200)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "load"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := startWriter(cs, "load")
+	time.Sleep(time.Second)
+	out, err := f.cutoverCmd(ctx)
+	acked, errs := w.finish()
+	t.Logf("kubefence cutover:\n%s", out)
+	if err != nil {
+		t.Fatalf("cutover: %v", err)
+	}
+	for _, want := range []string{"v2 keys in snapshot", "v2-to-v3", "81 v2 keys migrated (80 with a lease, 1 hidden left out)", "green etcd serves the 81 migrated v2 keys"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cutover output lacks %q", want)
+		}
+	}
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors, first: %v", len(errs), errs[0])
+	}
+	// Every acknowledged write is on green, through the proxy (now on green).
+	for _, name := range acked {
+		if _, err := cs.CoreV1().ConfigMaps("load").Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("acknowledged %s not on green: %v", name, err)
+		}
+	}
+	checkV2OnGreen(t, f, v2, netConfig)
+}
+
+// TestCutoverV2Resume kills the cutover of a v2 source as the steps that copy and migrate
+// start, and resumes it.
+func TestCutoverV2Resume(t *testing.T) {
+	for _, step := range []string{cutover.StepCopy, cutover.StepMigrate, cutover.StepGreenEtcd} {
+		t.Run(step, func(t *testing.T) {
+			f, v2, netConfig := newV2CutoverFixture(t)
+			killAtStep(t, f, step)
+			out, err := f.cutoverCmd(t.Context(), "--resume")
+			t.Logf("resume:\n%s", out)
+			if err != nil {
+				t.Fatalf("resume after kill -9 at %s: %v", step, err)
+			}
+			checkV2OnGreen(t, f, v2, netConfig)
+		})
+	}
+}
+
+// newV2CutoverFixture is a cutover fixture whose blue etcd 3.4 also holds v2 keys: a
+// flannel-style network config, 80 subnet leases with a TTL (past --snapshot-count, so there
+// is a v2 snapshot and a WAL tail) and a hidden key; the plan is mode auto on blue's member.
+func newV2CutoverFixture(t *testing.T) (*cutoverFixture, *framework.V2Client, string) {
+	t.Helper()
 	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, EnableV2: true, ExtraArgs: []string{"--snapshot-count=50"}})
 	ctx := t.Context()
 	v2 := &framework.V2Client{Endpoint: f.blue.etcd.Endpoints()[0]}
@@ -42,43 +95,24 @@ func TestCutoverV2Source(t *testing.T) {
 		put(fmt.Sprintf("/coreos.com/network/subnets/10.244.%d.0-24", i), fmt.Sprintf(`{"PublicIP":"192.168.0.%d"}`, i), url.Values{"ttl": {"3600"}})
 	}
 	put("/coreos.com/_internal/lock", "x", nil)
-
-	cs := f.proxyClient(t, 200)
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "load"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	f.green.Plan.Migration.Mode = "auto"
 	f.green.Plan.Blue.Etcd.DataDir = f.blue.etcd.Members[0].DataDir
 	if err := f.green.Save(); err != nil {
 		t.Fatal(err)
 	}
-	w := startWriter(cs, "load")
-	time.Sleep(time.Second)
-	out, err := f.cutoverCmd(ctx)
-	acked, errs := w.finish()
-	t.Logf("kubefence cutover:\n%s", out)
-	if err != nil {
-		t.Fatalf("cutover: %v", err)
-	}
-	for _, want := range []string{"v2 keys in snapshot", "v2-to-v3", "81 v2 keys migrated (80 with a lease, 1 hidden left out)", "green etcd serves the 81 migrated v2 keys"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("cutover output lacks %q", want)
-		}
-	}
-	if len(errs) > 0 {
-		t.Errorf("the writer saw %d errors, first: %v", len(errs), errs[0])
-	}
+	return f, v2, netConfig
+}
+
+// checkV2OnGreen checks the cutover ended on green, open, with the v2 keys as v3 keys (TTL
+// keys with leases) on green etcd 3.6, and blue's v2 data untouched.
+func checkV2OnGreen(t *testing.T, f *cutoverFixture, v2 *framework.V2Client, netConfig string) {
+	t.Helper()
+	ctx := t.Context()
 	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
 	if err != nil || j.Mode != "v2-to-v3" {
 		t.Fatalf("journal: mode %q, %v", j.Mode, err)
 	}
 
-	// Every acknowledged write is on green, through the proxy (now on green).
-	for _, name := range acked {
-		if _, err := cs.CoreV1().ConfigMaps("load").Get(ctx, name, metav1.GetOptions{}); err != nil {
-			t.Errorf("acknowledged %s not on green: %v", name, err)
-		}
-	}
 	st, err := f.px.Admin.Status(ctx)
 	if err != nil || st.Fenced || st.Backend != f.green.GreenURL {
 		t.Fatalf("proxy after the cutover: %+v %v", st, err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -138,4 +139,41 @@ func readDirIfExists(dir string) ([]os.DirEntry, error) {
 		return nil, nil
 	}
 	return entries, err
+}
+
+// findProcess returns a live process whose command line is exactly argv, or 0. A cutover
+// killed between starting a green process and journaling its pid leaves one behind; its
+// command line (binary, data dir, ports) is ours alone, so the resume or abort adopts it.
+func findProcess(argv []string) int {
+	want := []byte(strings.Join(argv, "\x00") + "\x00")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && bytes.Equal(b, want) && alive(pid, argv[0]) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// greenPID is the pid of green process name (started with argv): the journaled one if it
+// runs, else an orphan found by its command line (journaled from now on), else 0.
+func (r *runner) greenPID(name string, argv []string) int {
+	if pid, ok := r.j.GreenPIDs[name]; ok && alive(pid, argv[0]) {
+		return pid
+	}
+	pid := findProcess(argv)
+	if pid > 0 {
+		r.j.GreenPIDs[name] = pid
+		if err := r.j.save(r.p.StateDir); err != nil && r.o.Log != nil {
+			r.o.Log.Warn("journal the adopted green process", "name", name, "err", err)
+		}
+	}
+	return pid
 }

@@ -234,11 +234,11 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		if err := os.Remove(staticPodPath(a.StaticPod)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-	} else if pid, ok := r.j.GreenPIDs["apiserver"]; ok {
+	} else if pid := r.greenPID("apiserver", a.Command); pid > 0 {
 		stop(pid, a.Command[0], 30*time.Second)
 	}
 	for _, m := range r.p.Green.Etcd.Members {
-		if pid, ok := r.j.GreenPIDs[m.Name]; ok {
+		if pid := r.greenPID(m.Name, append([]string{r.p.Green.Etcd.Binary}, etcdArgs(r.p, m)...)); pid > 0 {
 			stop(pid, r.p.Green.Etcd.Binary, 30*time.Second)
 		}
 	}

@@ -237,7 +237,8 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 	var eps []string
 	for _, m := range p.Green.Etcd.Members {
 		eps = append(eps, m.ClientURL)
-		if pid, ok := r.j.GreenPIDs[m.Name]; ok && alive(pid, p.Green.Etcd.Binary) {
+		argv := append([]string{p.Green.Etcd.Binary}, etcdArgs(p, m)...)
+		if r.greenPID(m.Name, argv) > 0 {
 			continue // started before a crash; still running
 		}
 		for _, u := range []string{m.ClientURL, m.PeerURL} {
@@ -245,7 +246,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 				return "", fmt.Errorf("green etcd %s: %w", m.Name, err)
 			}
 		}
-		pid, err := daemon(p.StateDir, m.Name, append([]string{p.Green.Etcd.Binary}, etcdArgs(p, m)...))
+		pid, err := daemon(p.StateDir, m.Name, argv)
 		if err != nil {
 			return "", err
 		}
@@ -307,7 +308,7 @@ func (r *runner) startGreenAPIServer(ctx context.Context) (string, error) {
 		if err := placeStaticPod(a.StaticPod); err != nil {
 			return "", err
 		}
-	} else if pid, ok := r.j.GreenPIDs["apiserver"]; !ok || !alive(pid, a.Command[0]) {
+	} else if r.greenPID("apiserver", a.Command) == 0 {
 		if err := portFree(a.URL); err != nil {
 			return "", fmt.Errorf("green apiserver: %w", err)
 		}
