@@ -104,6 +104,45 @@ func eventPrinter(w io.Writer, output string) func(cutover.Event) {
 	start := time.Now()
 	n := 0
 	enc := json.NewEncoder(w)
+	// On a terminal, a status line under the running step shows how long it has run and how
+	// long writes have been fenced; elsewhere only the plain lines are written.
+	tty := terminal(w)
+	var tick chan struct{}
+	var fencedAt time.Time
+	stopTick := func() {
+		if tick != nil {
+			close(tick)
+			tick = nil
+			fmt.Fprint(tty, "\r\033[K")
+		}
+	}
+	startTick := func(step string) {
+		if tty == nil {
+			return
+		}
+		stop, began := make(chan struct{}), time.Now()
+		tick = stop
+		go func() {
+			t := time.NewTicker(200 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+				mu.Lock()
+				if tick == stop {
+					line := fmt.Sprintf("    ... %s running %.1fs", step, time.Since(began).Seconds())
+					if !fencedAt.IsZero() {
+						line += fmt.Sprintf(", writes fenced for %.1fs", time.Since(fencedAt).Seconds())
+					}
+					fmt.Fprint(tty, "\r\033[K"+line)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
 	return func(e cutover.Event) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -111,12 +150,20 @@ func eventPrinter(w io.Writer, output string) func(cutover.Event) {
 			_ = enc.Encode(e)
 			return
 		}
+		stopTick()
 		at := fmt.Sprintf("[%7.2fs]", time.Since(start).Seconds())
 		switch e.Type {
 		case "step-start":
 			n++
 			fmt.Fprintf(w, "%s %d. %s: %s\n", at, n, e.Step, e.Detail)
+			startTick(e.Step)
 		case "step-end":
+			switch e.Step {
+			case cutover.StepFence:
+				fencedAt = time.Now()
+			case cutover.StepUnfence:
+				fencedAt = time.Time{}
+			}
 			fmt.Fprintf(w, "%s    done in %s: %s\n", at, e.Duration.Round(time.Millisecond), e.Detail)
 		case "step-skip":
 			n++

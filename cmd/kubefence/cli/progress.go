@@ -11,11 +11,8 @@ import (
 // a terminal, at most four times a second; elsewhere it is nil and nothing is drawn. done
 // clears the line.
 func terminalProgress(w io.Writer) (progress func(phase string, done, total int64), done func()) {
-	f, ok := w.(*os.File)
-	if !ok {
-		return nil, func() {}
-	}
-	if st, err := f.Stat(); err != nil || st.Mode()&os.ModeCharDevice == 0 {
+	f := terminal(w)
+	if f == nil {
 		return nil, func() {}
 	}
 	var phase string
@@ -41,4 +38,16 @@ func terminalProgress(w io.Writer) (progress func(phase string, done, total int6
 			fmt.Fprint(f, "\r\033[K")
 		}
 	}
+}
+
+// terminal returns w as a file when it is a terminal, else nil.
+func terminal(w io.Writer) *os.File {
+	f, ok := w.(*os.File)
+	if !ok {
+		return nil
+	}
+	if st, err := f.Stat(); err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	return f
 }

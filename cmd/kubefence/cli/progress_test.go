@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubefence/kubefence/migrator/cutover"
+)
+
+// openPTY opens a pseudo-terminal pair: what is written to tty can be read from master.
+func openPTY(t *testing.T) (master, tty *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("no pseudo-terminal on this machine: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(); m.Close() })
+	return m, s
+}
+
+// TestLiveView: on a terminal the cutover printer keeps a status line under the running step
+// (with the fenced time once writes are fenced) and clears it when the step ends; on a pipe it
+// writes the plain lines only.
+func TestLiveView(t *testing.T) {
+	master, tty := openPTY(t)
+	got := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(master) // ends with EIO once the tty side is closed
+		got <- string(b)
+	}()
+	emit := eventPrinter(tty, "")
+	emit(cutover.Event{Type: "step-start", Step: cutover.StepFence, Detail: "fence on"})
+	emit(cutover.Event{Type: "step-end", Step: cutover.StepFence, Detail: "fenced"})
+	emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
+	time.Sleep(700 * time.Millisecond)
+	emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Duration: 700 * time.Millisecond, Detail: "copied"})
+	time.Sleep(300 * time.Millisecond) // no status line after the step ended
+	tty.Close()
+	out := <-got
+	i, j := strings.Index(out, "... copy running"), strings.Index(out, "done in 700ms: copied")
+	if i < 0 || j < i || !strings.Contains(out, "writes fenced for") {
+		t.Fatalf("terminal output lacks the live line before the step's end:\n%q", out)
+	}
+	if strings.Contains(out[j:], "running") {
+		t.Errorf("a status line was drawn after the step ended:\n%q", out[j:])
+	}
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit = eventPrinter(w, "")
+	emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
+	time.Sleep(300 * time.Millisecond)
+	emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Detail: "copied"})
+	w.Close()
+	plain, _ := io.ReadAll(r)
+	if strings.Contains(string(plain), "running") || strings.Contains(string(plain), "\033") {
+		t.Errorf("a pipe got terminal output: %q", plain)
+	}
+}
