@@ -46,10 +46,7 @@ func newCutoverFixtureWith(t *testing.T, blueEtcd framework.EtcdConfig) *cutover
 	if f.pki, err = framework.NewPKI(f.env.Dir + "/pki"); err != nil {
 		t.Fatal(err)
 	}
-	f.blue = startClusterWith(t, f.env, f.pki, "blue", blueEtcd)
-	if f.px, err = f.env.StartProxy(t.Context(), framework.ProxyConfig{Binary: kubefenceBin, Upstream: f.blue.api.URL, PKI: f.pki, RetryAfter: 1}); err != nil {
-		t.Fatal(err)
-	}
+	f.blue, f.px = startBehindProxy(t, f.env, f.pki, "blue", blueEtcd)
 	if f.green, err = f.env.WriteCutoverPlan("green", f.pki, f.px, f.blue.api, f.blue.etcd, framework.Etcd36, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +56,25 @@ func newCutoverFixtureWith(t *testing.T, blueEtcd framework.EtcdConfig) *cutover
 		t.Logf("stopped green processes: %v", stopped)
 	})
 	return f
+}
+
+// checkAborted checks blue is as before an aborted cutover: the proxy open on blue, the journal
+// aborted, no green process left.
+func (f *cutoverFixture) checkAborted(t *testing.T) {
+	t.Helper()
+	st, err := f.px.Admin.Status(t.Context())
+	if err != nil || st.Fenced || st.Backend != f.blue.api.URL {
+		t.Fatalf("after abort the proxy is %+v, %v; want open on blue", st, err)
+	}
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil || j.State != cutover.StateAborted {
+		t.Fatalf("journal after abort: %+v %v", j, err)
+	}
+	for name, pid := range j.GreenPIDs {
+		if framework.Running(pid) {
+			t.Errorf("green %s (pid %d) still running after the abort", name, pid)
+		}
+	}
 }
 
 // cutoverCmd runs `kubefence cutover` with args and returns its combined output.
@@ -288,19 +304,7 @@ func TestCutoverAbort(t *testing.T) {
 	if err == nil || !strings.Contains(out, "ABORT at start-green-apiserver") || !strings.Contains(out, ": aborted") {
 		t.Fatalf("want an abort at start-green-apiserver: %v", err)
 	}
-	st, err := f.px.Admin.Status(ctx)
-	if err != nil || st.Fenced || st.Backend != f.blue.api.URL {
-		t.Fatalf("after abort the proxy is %+v, %v; want open on blue", st, err)
-	}
-	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
-	if err != nil || j.State != cutover.StateAborted {
-		t.Fatalf("journal after abort: %+v %v", j, err)
-	}
-	for name, pid := range j.GreenPIDs {
-		if framework.Running(pid) {
-			t.Errorf("green %s (pid %d) still running after the abort", name, pid)
-		}
-	}
+	f.checkAborted(t)
 	// Blue serves writes again, through the proxy.
 	if _, err := cs.CoreV1().ConfigMaps("keep").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-abort"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("write after abort: %v", err)
@@ -385,19 +389,7 @@ func TestCutoverAbortCommand(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "aborted") {
 		t.Fatalf("abort: %v", err)
 	}
-	st, err := f.px.Admin.Status(ctx)
-	if err != nil || st.Fenced || st.Backend != f.blue.api.URL {
-		t.Fatalf("after abort the proxy is %+v, %v; want open on blue", st, err)
-	}
-	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
-	if err != nil || j.State != cutover.StateAborted {
-		t.Fatalf("journal: %+v %v", j, err)
-	}
-	for name, pid := range j.GreenPIDs {
-		if framework.Running(pid) {
-			t.Errorf("green %s (pid %d) still running after abort", name, pid)
-		}
-	}
+	f.checkAborted(t)
 	if out, err := f.cutoverCmd(ctx, "--resume"); err == nil || !strings.Contains(out, "nothing to resume") {
 		t.Errorf("--resume after abort: %v\n%s", err, out)
 	}

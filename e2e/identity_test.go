@@ -35,11 +35,7 @@ func TestIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blue := startCluster(t, env, pki, "blue", framework.Etcd34)
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: kubefenceBin, Upstream: blue.api.URL, PKI: pki, RetryAfter: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
 
 	// The admin client certificate (kubeadm's admin.conf shape), through the proxy.
 	kc := px.Kubeconfig

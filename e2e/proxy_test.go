@@ -35,6 +35,18 @@ func startCluster(t *testing.T, env *framework.Env, pki *framework.PKI, name, et
 	return startClusterWith(t, env, pki, name, framework.EtcdConfig{Version: etcdVersion})
 }
 
+// startBehindProxy starts a cluster (as startClusterWith) and a kubefence proxy in front of it,
+// from the static pod manifest's command.
+func startBehindProxy(t *testing.T, env *framework.Env, pki *framework.PKI, name string, cfg framework.EtcdConfig) (*cluster, *framework.Proxy) {
+	t.Helper()
+	c := startClusterWith(t, env, pki, name, cfg)
+	px, err := env.StartProxy(t.Context(), framework.ProxyConfig{Binary: kubefenceBin, Upstream: c.api.URL, PKI: pki, RetryAfter: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, px
+}
+
 // startClusterWith starts etcd as cfg says (its name is set here) and an apiserver on it.
 func startClusterWith(t *testing.T, env *framework.Env, pki *framework.PKI, name string, cfg framework.EtcdConfig) *cluster {
 	t.Helper()
@@ -129,11 +141,7 @@ func TestFenceProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blue := startCluster(t, env, pki, "blue", framework.Etcd34)
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: kubefenceBin, Upstream: blue.api.URL, PKI: pki, RetryAfter: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
 	kc := px.TokenKubeconfig // bearer tokens pass through untouched
 	pcs, _, err := framework.ClientsetFor(kc)
 	if err != nil {

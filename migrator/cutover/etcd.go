@@ -201,17 +201,29 @@ func verifySnapshotHash(path string, size int64) error {
 	return nil
 }
 
-// restoreGreen builds every green member's data dir from the snapshot, each in a temp dir renamed
-// into place, with revisions bumped and marked compacted. A member dir that already holds this
-// run's restore (marker file) is kept, so a resumed run does not redo it.
-func restoreGreen(p *Plan, snap string, runID string) error {
-	var initial string
-	for i, m := range p.Green.Etcd.Members {
-		if i > 0 {
-			initial += ","
-		}
-		initial += m.Name + "=" + m.PeerURL
-	}
+// restoreGreen builds every green member's data dir from the snapshot with etcd's restore,
+// revisions bumped and marked compacted.
+func (r *runner) restoreGreen() error {
+	p := r.p
+	return buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
+		return snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+			SnapshotPath:        r.j.Snapshot,
+			Name:                m.Name,
+			OutputDataDir:       tmp,
+			PeerURLs:            []string{m.PeerURL},
+			InitialCluster:      p.greenInitialCluster(),
+			InitialClusterToken: p.Green.Etcd.ClusterToken,
+			RevisionBump:        uint64(p.Migration.RevisionBump),
+			MarkCompacted:       p.Migration.RevisionBump > 0,
+		})
+	})
+}
+
+// buildGreenDirs builds every green member's data dir with build, into a temp dir (absent when
+// build starts) that gets this run's marker and is renamed into place. A member dir that
+// already holds this run's build is kept, so a resumed run does not redo it; any other
+// non-empty dir is refused.
+func buildGreenDirs(p *Plan, runID string, build func(m GreenMember, tmp string) error) error {
 	for _, m := range p.Green.Etcd.Members {
 		marker := filepath.Join(m.DataDir, restoreMarker)
 		if b, err := os.ReadFile(marker); err == nil && string(b) == runID {
@@ -227,19 +239,9 @@ func restoreGreen(p *Plan, snap string, runID string) error {
 		if err := os.RemoveAll(tmp); err != nil {
 			return err
 		}
-		err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
-			SnapshotPath:        snap,
-			Name:                m.Name,
-			OutputDataDir:       tmp,
-			PeerURLs:            []string{m.PeerURL},
-			InitialCluster:      initial,
-			InitialClusterToken: p.Green.Etcd.ClusterToken,
-			RevisionBump:        uint64(p.Migration.RevisionBump),
-			MarkCompacted:       p.Migration.RevisionBump > 0,
-		})
-		if err != nil {
+		if err := build(m, tmp); err != nil {
 			os.RemoveAll(tmp)
-			return fmt.Errorf("restore %s: %w", m.Name, err)
+			return fmt.Errorf("build %s: %w", m.Name, err)
 		}
 		if err := os.WriteFile(filepath.Join(tmp, restoreMarker), []byte(runID), 0o600); err != nil {
 			return err

@@ -56,10 +56,7 @@ type Journal struct {
 	SnapshotBytes    int64  `json:"snapshotBytes,omitempty"`
 	// Mode is the migration the copy chose (auto resolves to snapshot or v2-to-v3).
 	Mode string `json:"mode,omitempty"`
-	// MemberCopy is the copy of a blue member's files, for a v2 source.
-	MemberCopy string `json:"memberCopy,omitempty"`
-	// V2Keys and V2Prefixes are what the v2 migration wrote (green etcd is checked for them).
-	V2Keys     int            `json:"v2Keys,omitempty"`
+	// V2Prefixes counts the keys the v2 migration wrote per prefix (green etcd is checked for them).
 	V2Prefixes map[string]int `json:"v2Prefixes,omitempty"`
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`

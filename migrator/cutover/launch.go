@@ -16,17 +16,23 @@ import (
 	"github.com/kubefence/kubefence/internal/atomicfile"
 )
 
-// etcdArgs are the flags a green member starts with.
-func etcdArgs(p *Plan, m GreenMember) []string {
+// greenInitialCluster is green's NAME=PEER-URL,... list.
+func (p *Plan) greenInitialCluster() string {
 	var initial []string
 	for _, o := range p.Green.Etcd.Members {
 		initial = append(initial, o.Name+"="+o.PeerURL)
 	}
+	return strings.Join(initial, ",")
+}
+
+// etcdCommand is the command line a green member starts with, binary first.
+func etcdCommand(p *Plan, m GreenMember) []string {
 	args := []string{
+		p.Green.Etcd.Binary,
 		"--name", m.Name, "--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
-		"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
+		"--initial-cluster", p.greenInitialCluster(), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
 	}
 	if m.MetricsURL != "" {
 		args = append(args, "--listen-metrics-urls", m.MetricsURL)

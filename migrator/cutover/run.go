@@ -238,7 +238,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		stop(pid, a.Command[0], 30*time.Second)
 	}
 	for _, m := range r.p.Green.Etcd.Members {
-		if pid := r.greenPID(m.Name, append([]string{r.p.Green.Etcd.Binary}, etcdArgs(r.p, m)...)); pid > 0 {
+		if pid := r.greenPID(m.Name, etcdCommand(r.p, m)); pid > 0 {
 			stop(pid, r.p.Green.Etcd.Binary, 30*time.Second)
 		}
 	}

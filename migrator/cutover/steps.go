@@ -47,7 +47,7 @@ func (r *runner) describe(step string, verbose bool) string {
 		var cmds []string
 		for _, m := range p.Green.Etcd.Members {
 			if verbose {
-				cmds = append(cmds, p.Green.Etcd.Binary+" "+strings.Join(etcdArgs(p, m), " "))
+				cmds = append(cmds, strings.Join(etcdCommand(p, m), " "))
 			} else {
 				cmds = append(cmds, m.Name+" at "+m.ClientURL)
 			}
@@ -122,7 +122,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		if r.j.Mode == "v2-to-v3" {
 			return r.migrateV2(ctx)
 		}
-		if err := restoreGreen(r.p, r.j.Snapshot, r.j.ID); err != nil {
+		if err := r.restoreGreen(); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.Green.Etcd.Members), r.j.SnapshotRevision+r.p.Migration.RevisionBump), nil
@@ -145,12 +145,12 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 			return "", err
 		}
 		msg := fmt.Sprintf("%d objects of %d resource types identical; %d changed after the copy by the apiservers", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
-		if r.j.V2Keys > 0 {
-			n, err := r.checkV2Keys(ctx)
+		if len(r.j.V2Prefixes) > 0 {
+			m, err := r.checkV2Keys(ctx)
 			if err != nil {
 				return "", err
 			}
-			msg += fmt.Sprintf("; green etcd serves the %d migrated v2 keys (%d keys under their prefixes)", r.j.V2Keys, n)
+			msg += "; " + m
 		}
 		return msg, nil
 	case StepSwitch:
@@ -237,7 +237,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 	var eps []string
 	for _, m := range p.Green.Etcd.Members {
 		eps = append(eps, m.ClientURL)
-		argv := append([]string{p.Green.Etcd.Binary}, etcdArgs(p, m)...)
+		argv := etcdCommand(p, m)
 		if r.greenPID(m.Name, argv) > 0 {
 			continue // started before a crash; still running
 		}

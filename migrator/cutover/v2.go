@@ -2,13 +2,14 @@ package cutover
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -48,7 +49,6 @@ func (r *runner) copyV2Member(snapshotDB string) (string, error) {
 			if r.p.Migration.Mode == "v2-to-v3" || has {
 				r.j.Mode = "v2-to-v3"
 			}
-			r.j.MemberCopy = dst
 			return fmt.Sprintf("member files of %s copied (%s): %s", e.DataDir, why, r.j.Mode), nil
 		}
 		last = err
@@ -95,7 +95,7 @@ func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
 	if err != nil {
 		return err
 	}
-	if err := copyFile(snapshotDB, filepath.Join(snapDst, "db"), st.Size()-32); err != nil {
+	if err := copyFile(snapshotDB, filepath.Join(snapDst, "db"), st.Size()-sha256.Size); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dst); err != nil {
@@ -130,56 +130,43 @@ func copyFile(src, dst string, n int64) error {
 	return errors.Join(err, out.Close())
 }
 
+func (r *runner) v2ReportPath() string { return filepath.Join(r.p.StateDir, "v2-migration.json") }
+
 // migrateV2 builds every green member's data dir from the member copy with the v2→v3
 // migration (v3 keys kept, v2 keys renumbered above them, TTL keys into leases), revisions
-// bumped and marked compacted, each in a temp dir renamed into place with this run's marker.
+// bumped and marked compacted. The migration's report is kept in the state dir, so a resumed
+// step whose data dirs are already built still knows what to check on green.
 func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	p := r.p
-	var initial []string
-	for _, m := range p.Green.Etcd.Members {
-		initial = append(initial, m.Name+"="+m.PeerURL)
-	}
-	var rep *v2v3.Report
-	for _, m := range p.Green.Etcd.Members {
-		if b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker)); err == nil && string(b) == r.j.ID {
-			continue
-		}
-		if entries, err := os.ReadDir(m.DataDir); err == nil && len(entries) > 0 {
-			return "", fmt.Errorf("green data dir %s is not empty: refusing to overwrite it (move it away if it is not needed)", m.DataDir)
-		}
-		tmp := m.DataDir + ".kubefence-tmp"
-		if err := os.RemoveAll(tmp); err != nil {
-			return "", err
-		}
-		var err error
-		rep, err = v2v3.RunContext(ctx, v2v3.Config{
-			DataDir: r.j.MemberCopy, OutputDir: tmp,
-			Member:       v2v3.Membership{Name: m.Name, InitialCluster: strings.Join(initial, ","), InitialAdvertisePeerURLs: []string{m.PeerURL}, InitialClusterToken: p.Green.Etcd.ClusterToken},
+	err := buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
+		rep, err := v2v3.RunContext(ctx, v2v3.Config{
+			DataDir: r.memberCopyPath(), OutputDir: tmp,
+			Member:       v2v3.Membership{Name: m.Name, InitialCluster: p.greenInitialCluster(), InitialAdvertisePeerURLs: []string{m.PeerURL}, InitialClusterToken: p.Green.Etcd.ClusterToken},
 			Options:      v2v3.Options{IncludeHidden: p.Migration.IncludeHidden, Now: time.Now()},
 			RevisionBump: uint64(p.Migration.RevisionBump), MarkCompacted: p.Migration.RevisionBump > 0,
 			OnConflict: p.Migration.OnConflict,
 		})
 		if err != nil {
-			os.RemoveAll(tmp)
-			return "", fmt.Errorf("migrate for %s: %w", m.Name, err)
+			return err
 		}
-		if err := os.WriteFile(filepath.Join(tmp, restoreMarker), []byte(r.j.ID), 0o600); err != nil {
-			return "", err
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return err
 		}
-		if err := os.Remove(m.DataDir); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("green data dir %s: %w", m.DataDir, err)
-		}
-		if err := os.Rename(tmp, m.DataDir); err != nil {
-			return "", err
-		}
-		if err := atomicfile.SyncDir(filepath.Dir(m.DataDir)); err != nil {
-			return "", err
-		}
-		r.j.V2Keys, r.j.V2Prefixes = rep.Keys.Keys, rep.Prefixes
+		return atomicfile.Write(r.v2ReportPath(), b, 0o600)
+	})
+	if err != nil {
+		return "", err
 	}
-	if rep == nil {
-		return fmt.Sprintf("%d member data dir(s) already built by this run", len(p.Green.Etcd.Members)), nil
+	b, err := os.ReadFile(r.v2ReportPath())
+	if err != nil {
+		return "", fmt.Errorf("the v2 migration's report: %w", err)
 	}
+	var rep v2v3.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return "", fmt.Errorf("the v2 migration's report %s: %w", r.v2ReportPath(), err)
+	}
+	r.j.V2Prefixes = rep.Prefixes
 	v3 := 0
 	if rep.V3 != nil {
 		v3 = rep.V3.V3Keys
@@ -190,26 +177,26 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 
 // checkV2Keys counts, on green etcd, the keys under each prefix the v2 migration wrote to: at
 // least as many as it wrote must be there (v3 keys may share a prefix).
-func (r *runner) checkV2Keys(ctx context.Context) (int64, error) {
+func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
 	var eps []string
 	for _, m := range r.p.Green.Etcd.Members {
 		eps = append(eps, m.ClientURL)
 	}
 	cli, err := etcdClient(EtcdClientSpec{}, eps...)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	defer cli.Close()
-	var total int64
+	var wrote, found int64
 	for prefix, want := range r.j.V2Prefixes {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
-			return 0, fmt.Errorf("green etcd: count %s: %w", prefix, err)
+			return "", fmt.Errorf("green etcd: count %s: %w", prefix, err)
 		}
 		if resp.Count < int64(want) {
-			return 0, fmt.Errorf("green etcd holds %d keys under %s, the v2 migration wrote %d", resp.Count, prefix, want)
+			return "", fmt.Errorf("green etcd holds %d keys under %s, the v2 migration wrote %d", resp.Count, prefix, want)
 		}
-		total += resp.Count
+		wrote, found = wrote+int64(want), found+resp.Count
 	}
-	return total, nil
+	return fmt.Sprintf("green etcd serves the %d migrated v2 keys (%d keys under their prefixes)", wrote, found), nil
 }

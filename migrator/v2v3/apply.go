@@ -214,19 +214,17 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress)
 			progress.report("replay WAL", int64(i), int64(len(reqs)))
 		}
 	}
-	if err := walkStore(st, hidden, res.c); err != nil {
-		return nil, err
-	}
+	walkStore(st, hidden, res.c)
 	return res, nil
 }
 
 // walkStore hands the user tree (/1) of a store to the collector. It walks the store's nodes
 // through Get, then looks up the hidden paths by name, since Get does not list them.
-func walkStore(st v2store.Store, hidden map[string]bool, c *collector) error {
+func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 	seen := map[string]bool{}
 	ev, err := st.Get("/1", true, true)
 	if err != nil {
-		return nil // no user tree (left)
+		return // no user tree (left)
 	}
 	var walk func(n *v2store.NodeExtern)
 	walk = func(n *v2store.NodeExtern) {
@@ -267,7 +265,6 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) error {
 			walk(ev.Node)
 		}
 	}
-	return nil
 }
 
 // v2Request decodes an entry: an InternalRaftRequest whose V2 field is set, or (older WALs) a

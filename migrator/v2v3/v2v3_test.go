@@ -19,9 +19,7 @@ func bp(b bool) *bool { return &b }
 // transformStore turns a whole store into keys, as a migration does with its overlay.
 func transformStore(st v2store.Store, hidden map[string]bool, o Options) ([]KV, map[int64]*Lease, TransformStats, error) {
 	c := newCollector(o, false)
-	if err := walkStore(st, hidden, c); err != nil {
-		return nil, nil, c.stats, err
-	}
+	walkStore(st, hidden, c)
 	err := sortKVs(c.kvs)
 	c.stats.Keys = len(c.kvs)
 	return c.kvs, c.leases, c.stats, err

@@ -101,8 +101,8 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.cfg.OnConflict, "on-conflict", "", "for a key in both the v2 and the v3 store: v3 keeps the v3 key, v2 writes the v2 value over it (default: refuse)")
 	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store (with --mark-compacted, as etcdutl snapshot restore)")
 	f.BoolVar(&o.cfg.MarkCompacted, "mark-compacted", false, "mark the revisions up to the bumped one compacted (with --bump-revision)")
-	f.StringVar(&o.cfg.PrefixFrom, "prefix-from", "", "rewrite keys starting with this prefix ... ")
-	f.StringVar(&o.cfg.PrefixTo, "prefix-to", "", "... to start with this one instead (an apiserver --etcd-prefix change)")
+	f.StringVar(&o.cfg.PrefixFrom, "prefix-from", "", "rewrite keys that start with this prefix (with --prefix-to)")
+	f.StringVar(&o.cfg.PrefixTo, "prefix-to", "", "the prefix those keys get instead (an apiserver --etcd-prefix change)")
 	f.StringVar(&o.cfg.Transformer, "transformer", "", "program that maps v2 nodes to v3 keys, with etcdctl migrate's protocol")
 	addOutputFlag(cmd, &o.output)
 	return cmd
