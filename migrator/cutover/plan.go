@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"io"
 	"net"
 	"net/url"
@@ -61,12 +62,7 @@ type APIServerRef struct {
 }
 
 // EtcdClientSpec is how to reach an etcd cluster.
-type EtcdClientSpec struct {
-	Endpoints []string `yaml:"endpoints" json:"endpoints"`
-	CAFile    string   `yaml:"caFile" json:"caFile"`
-	CertFile  string   `yaml:"certFile" json:"certFile"`
-	KeyFile   string   `yaml:"keyFile" json:"keyFile"`
-}
+type EtcdClientSpec = datadir.Client
 
 // BlueSpec is the cluster being moved away from.
 type BlueSpec struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"net"
 	"path/filepath"
 	"strings"
@@ -103,7 +104,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		}
 		return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 	case StepCopy:
-		info, err := takeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
+		info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
 		if err != nil {
 			return "", err
 		}
@@ -178,10 +179,10 @@ func (r *runner) preflight(ctx context.Context) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	var blueDB int64
-	if cli, err := etcdClient(p.Blue.Etcd.EtcdClientSpec); err != nil {
+	if cli, err := datadir.NewClient(p.Blue.Etcd.EtcdClientSpec); err != nil {
 		errs = append(errs, fmt.Errorf("blue etcd: %w", err))
 	} else {
-		sts, err := clusterStatus(ctx, cli, p.Blue.Etcd.Endpoints)
+		sts, err := datadir.ClusterStatus(ctx, cli, p.Blue.Etcd.Endpoints)
 		cli.Close()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("blue etcd: %w", err))
@@ -275,13 +276,13 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 		}
 	}
 	spec := EtcdClientSpec{Endpoints: eps}
-	cli, err := etcdClient(spec)
+	cli, err := datadir.NewClient(spec)
 	if err != nil {
 		return "", err
 	}
 	defer cli.Close()
 	for {
-		sts, err := clusterStatus(ctx, cli, eps)
+		sts, err := datadir.ClusterStatus(ctx, cli, eps)
 		if err == nil {
 			rev := sts[0].Revision
 			if want := r.j.SnapshotRevision + p.Migration.RevisionBump; rev < want {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"io"
 	"os"
 	"path/filepath"
@@ -182,7 +183,7 @@ func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
 	for _, m := range r.p.Green.Etcd.Members {
 		eps = append(eps, m.ClientURL)
 	}
-	cli, err := etcdClient(EtcdClientSpec{}, eps...)
+	cli, err := datadir.NewClient(EtcdClientSpec{}, eps...)
 	if err != nil {
 		return "", err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
 	"go.etcd.io/raft/v3/raftpb"
@@ -35,6 +36,8 @@ type Source struct {
 	// Entries are the committed WAL entries after the snapshot.
 	Entries   []raftpb.Entry
 	HardState raftpb.HardState
+	// NodeID and ClusterID are the member's and its cluster's ids, from the WAL's metadata.
+	NodeID, ClusterID uint64
 	// V3Keys counts keys in the member's v3 backend (member/snap/db).
 	V3Keys int
 }
@@ -74,11 +77,16 @@ func ReadSource(dataDir, walDir string) (_ *Source, err error) {
 		return nil, fmt.Errorf("open WAL in %s: %w", walDir, err)
 	}
 	defer w.Close()
-	_, hs, ents, err := w.ReadAll()
+	md, hs, ents, err := w.ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("the WAL in %s is damaged or incomplete (%w); restore the data dir from a good copy", walDir, err)
 	}
 	src.HardState = hs
+	var m etcdserverpb.Metadata
+	if err := m.Unmarshal(md); err != nil {
+		return nil, fmt.Errorf("the WAL in %s: metadata: %w", walDir, err)
+	}
+	src.NodeID, src.ClusterID = m.NodeID, m.ClusterID
 	for _, e := range ents {
 		// Never apply the uncommitted tail.
 		if e.Index <= src.Meta.Index || e.Index > hs.Commit {

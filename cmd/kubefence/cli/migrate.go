@@ -9,15 +9,18 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
 func newMigrateCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Offline etcd data work: migrate v2 stores to v3",
+		Short: "Offline etcd data work: copy, detect, back up, upgrade, downgrade, migrate v2 stores to v3",
 	}
-	cmd.AddCommand(newMigrateV2ToV3Command(g))
+	cmd.AddCommand(newMigrateV2ToV3Command(g), newMigrateCopyCommand(g), newMigrateDetectCommand(g),
+		newMigrateLifecycleCommand(g, datadir.OpUpgrade), newMigrateLifecycleCommand(g, datadir.OpDowngrade),
+		newMigrateRestoreBackupCommand(g))
 	return cmd
 }
 

@@ -1,0 +1,408 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// The data-dir lifecycle commands: copy, detect, upgrade, downgrade, restore-backup.
+
+type copyOptions struct {
+	endpoints []string
+	tls       datadir.Client
+	output    string // snapshot file (endpoints mode)
+	dataDirs  []string
+	walDir    string
+	outputDir string
+	live      bool
+	memberEPs []string
+	timeout   time.Duration
+	format    string
+}
+
+// copyResult is `migrate copy -o json`.
+type copyResult struct {
+	Snapshot *datadir.SnapshotInfo `json:"snapshot,omitempty"`
+	Members  []datadir.CopyReport  `json:"members,omitempty"`
+}
+
+func newMigrateCopyCommand(g *globals) *cobra.Command {
+	o := &copyOptions{}
+	cmd := &cobra.Command{
+		Use:   "copy (--endpoints URL,... --snapshot FILE | --data-dir DIR... --output-dir DIR [--live --endpoint URL...])",
+		Short: "Take a consistent copy of etcd data: a snapshot of a live cluster, or member data dirs",
+		Long: `Two kinds of copy.
+
+From a live cluster (--endpoints): wait until every member answers and their raft indexes are
+within one of each other (up to --timeout), then stream a snapshot through the maintenance API
+from the most advanced member, check the sha256 etcd appends, and rename it into --snapshot.
+
+Of member data dirs (--data-dir, repeatable, for a stopped member): copy every file, fsync it,
+and record a sha256 manifest (kubefence-manifest.sha256, sha256sum's format) in the copy. A
+running member is refused: its backend is updated in place, so a file copy is not consistent.
+With --live and --endpoint (that member's client URL) a running member is copied in an order
+that makes the copy a prefix of its log: v2 snapshot files first, then the backend through the
+member's snapshot API, then the WAL segments (which only grow). Whatever later replays the copy
+stops at the committed index its WAL records; a copy that raced a WAL purge is taken again.
+
+With one --data-dir, --output-dir is the copy; with several, each member's copy is
+--output-dir/<data dir name>. The source is never written; a non-empty output is refused.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(o.format); err != nil {
+				return err
+			}
+			return runCopy(cmd.Context(), g, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
+	f.StringVar(&o.output, "snapshot", "", "snapshot file to write (with --endpoints)")
+	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every member to be healthy with converged raft indexes")
+	f.StringVar(&o.tls.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
+	f.StringVar(&o.tls.CertFile, "cert", "", "client certificate for etcd")
+	f.StringVar(&o.tls.KeyFile, "key", "", "client key for etcd")
+	f.StringSliceVar(&o.dataDirs, "data-dir", nil, "member data dir to copy (repeatable)")
+	f.StringVar(&o.walDir, "wal-dir", "", "the member's WAL dir, when separate (one --data-dir only)")
+	f.StringVar(&o.outputDir, "output-dir", "", "where the data dir copy goes (absent or empty)")
+	f.BoolVar(&o.live, "live", false, "copy a running member (needs --endpoint)")
+	f.StringSliceVar(&o.memberEPs, "endpoint", nil, "with --live: the member's client URL (one per --data-dir, in order)")
+	addOutputFlag(cmd, &o.format)
+	return cmd
+}
+
+func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
+	w := g.streams.Out
+	switch {
+	case len(o.endpoints) > 0 && len(o.dataDirs) > 0:
+		return UsageErrorf("--endpoints (a snapshot of a live cluster) and --data-dir (a member's files) are two kinds of copy: give one")
+	case len(o.endpoints) > 0:
+		if o.output == "" {
+			return UsageErrorf("--snapshot FILE is required with --endpoints")
+		}
+		if _, err := os.Stat(o.output); err == nil {
+			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.output)
+		}
+		o.tls.Endpoints = o.endpoints
+		cctx, cancel := context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+		info, err := datadir.TakeSnapshot(cctx, o.tls, o.output)
+		if err != nil {
+			return err
+		}
+		if o.format == "json" {
+			return printJSON(w, copyResult{Snapshot: &info})
+		}
+		fmt.Fprintf(w, "members converged:\n")
+		for _, m := range info.Members {
+			fmt.Fprintf(w, "  %s  etcd %s  raft index %d  revision %d\n", m.Endpoint, m.Version, m.RaftIndex, m.Revision)
+		}
+		fmt.Fprintf(w, "snapshot from %s: %s (%d bytes, %d keys, revision %d), sha256 verified\n", info.Endpoint, info.Path, info.Bytes, info.Keys, info.Revision)
+		return nil
+	case len(o.dataDirs) > 0:
+		if o.outputDir == "" {
+			return UsageErrorf("--output-dir is required with --data-dir")
+		}
+		if o.walDir != "" && len(o.dataDirs) > 1 {
+			return UsageErrorf("--wal-dir goes with a single --data-dir")
+		}
+		if o.live && len(o.memberEPs) != len(o.dataDirs) {
+			return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
+		}
+		var res copyResult
+		var errs []error
+		for i, d := range o.dataDirs {
+			dst := o.outputDir
+			if len(o.dataDirs) > 1 {
+				dst = filepath.Join(o.outputDir, filepath.Base(filepath.Clean(d)))
+			}
+			var rep datadir.CopyReport
+			var err error
+			if o.live {
+				rep, err = datadir.CopyLive(ctx, d, o.walDir, dst, o.tls, o.memberEPs[i])
+			} else {
+				rep, err = datadir.CopyStopped(d, o.walDir, dst)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", d, err))
+				continue
+			}
+			res.Members = append(res.Members, rep)
+		}
+		if o.format == "json" {
+			if err := printJSON(w, res); err != nil {
+				return err
+			}
+		} else {
+			for _, r := range res.Members {
+				how := "stopped member"
+				if r.Live {
+					how = fmt.Sprintf("running member, backend from %s at revision %d, WAL committed to index %d, %d attempt(s)", r.Snapshot.Endpoint, r.Snapshot.Revision, r.CommitIndex, r.Attempts)
+				}
+				fmt.Fprintf(w, "copied %s -> %s (%s): %d files, %d bytes in %s; manifest %s\n", r.Source, r.Output, how, r.Files, r.Bytes, r.Duration.Round(time.Millisecond), r.Manifest)
+				if r.Detection != nil {
+					fmt.Fprintf(w, "  holds %s\n", r.Detection)
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+	return UsageErrorf("give --endpoints (a snapshot of a live cluster) or --data-dir (a member's files)")
+}
+
+func newMigrateDetectCommand(g *globals) *cobra.Command {
+	var dirs []string
+	var walDir, format string
+	cmd := &cobra.Command{
+		Use:   "detect --data-dir DIR...",
+		Short: "Say which etcd version and storage (etcd2/etcd3) a data dir holds, and how that is known",
+		Long: `Read DIR/version.txt ("<etcd version>/<etcd2|etcd3>", the format Kubernetes' etcd image
+kept). Without one, infer the version from the backend (storageVersion: 3.6+; the raft term:
+3.5; neither: 3.4 or older) and the storage from v2 user content in the snapshot and WAL, and
+print the evidence. An empty or garbled version file is an error that says how to fix it.
+Nothing is written.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(format); err != nil {
+				return err
+			}
+			if len(dirs) == 0 {
+				return UsageErrorf("--data-dir is required")
+			}
+			var out []datadir.Detection
+			var errs []error
+			for _, d := range dirs {
+				det, err := datadir.Detect(d, walDir)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				out = append(out, det)
+			}
+			if format == "json" {
+				if err := printJSON(g.streams.Out, out); err != nil {
+					return err
+				}
+			} else {
+				for _, d := range out {
+					fmt.Fprintf(g.streams.Out, "%s: %s\n", d.DataDir, d)
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().StringSliceVar(&dirs, "data-dir", nil, "member data dir (repeatable)")
+	cmd.Flags().StringVar(&walDir, "wal-dir", "", "its WAL dir, when separate")
+	addOutputFlag(cmd, &format)
+	return cmd
+}
+
+type lifecycleOptions struct {
+	opts   datadir.Options
+	target string
+	format string
+}
+
+func newMigrateLifecycleCommand(g *globals, op datadir.Operation) *cobra.Command {
+	o := &lifecycleOptions{}
+	cmd := &cobra.Command{Args: args(cobra.NoArgs)}
+	switch op {
+	case datadir.OpUpgrade:
+		cmd.Use = "upgrade --data-dir DIR... --target-version V --bin-dir B"
+		cmd.Short = "Upgrade stopped members' data dirs one etcd minor at a time, with a backup first"
+		cmd.Long = `Detect the data dirs' version (version.txt, or inferred), back each one up (a copy with a
+sha256 manifest, never overwritten), then for every minor after the detected one up to
+--target-version: start B/etcd-<version> on the data dirs (all members together, clients on
+loopback ports no one else uses), wait until healthy, check it serves (v3 data: a write to a
+key under /kubefence.io/migrate-health/, deleted at once; v2 data: a read only, nothing
+written), wait for etcd 3.6+ to record its storage version, stop it cleanly, check the backend
+carries that version's markers, and write version.txt atomically. Intermediate minors use the
+newest etcd-<minor>.* in B; the target uses etcd-<target> exactly.
+
+v2 content is migrated to v3 keys (kubefence migrate v2-to-v3, revisions kept, TTL keys into
+leases) before the first 3.6 step, since 3.6 refuses v2 data; each new data dir is built and
+verified beside the old one and swapped in.
+
+Every step is journaled in --backup-dir. Killed at any point, the same command resumes,
+repeating at most the step that was running, with no second backup; a data dir is always one
+that etcd opens. --dry-run prints the plan.`
+	case datadir.OpDowngrade:
+		cmd.Use = "downgrade --data-dir DIR... --target-version 3.5.x --bin-dir B"
+		cmd.Short = "Downgrade stopped members' data dirs from etcd 3.6 to 3.5, with a backup first"
+		cmd.Long = `etcd can downgrade storage from 3.6 to 3.5 only, one minor, and only when the WAL holds no
+entry 3.5 cannot read. kubefence backs each data dir up, runs etcd 3.6 once so the backend
+holds the whole WAL, rebuilds each member from the most advanced member's backend with etcd's
+restore (same names and peer URLs, a new cluster ID), migrates the new backend's schema to 3.5
+with etcd's own migration, swaps it in, then starts B/etcd-<target>, checks it serves, stops it
+and writes version.txt. Anything else (3.5 to 3.4, two minors, v2 data) is refused with the
+reason; to go back further, restore the backup taken before the upgrade.
+
+Journaled and resumable like upgrade.`
+	}
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := validateOutput(o.format); err != nil {
+			return err
+		}
+		if o.target == "" {
+			return UsageErrorf("--target-version is required (e.g. 3.6.16)")
+		}
+		v, err := datadir.ParseVersion(o.target)
+		if err != nil {
+			return usage(fmt.Errorf("--target-version: %w", err))
+		}
+		o.opts.Target = v
+		return runLifecycle(cmd.Context(), g, op, o)
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.opts.DataDirs, "data-dir", nil, "member data dir (repeatable: all members of a multi-member cluster, started together)")
+	f.StringVar(&o.target, "target-version", "", "etcd version to end at, e.g. 3.6.16")
+	f.StringVar(&o.opts.BinDir, "bin-dir", "", "dir holding etcd-<version> binaries")
+	f.StringVar(&o.opts.BackupDir, "backup-dir", "", "where backups, the journal and etcd's logs go (default: kubefence-backups next to the first data dir)")
+	f.BoolVar(&o.opts.DryRun, "dry-run", false, "print the plan and change nothing")
+	f.DurationVar(&o.opts.StepTimeout, "step-timeout", 2*time.Minute, "how long each etcd may take to become healthy")
+	f.StringVar(&o.opts.ClusterToken, "initial-cluster-token", "etcd-cluster", "token for members rebuilt by a restore (v2 migration, downgrade)")
+	if op == datadir.OpUpgrade {
+		f.StringVar(&o.opts.OnConflict, "on-conflict", "", "v2 migration: for a key in both stores, v3 or v2 wins (default: refuse)")
+		f.BoolVar(&o.opts.IncludeHidden, "include-hidden", false, "v2 migration: keep hidden keys (a path segment starting with _)")
+	}
+	addOutputFlag(cmd, &o.format)
+	return cmd
+}
+
+func runLifecycle(ctx context.Context, g *globals, op datadir.Operation, o *lifecycleOptions) error {
+	w := g.streams.Out
+	human := o.format == ""
+	n, total := 0, 0
+	o.opts.Events = func(e datadir.Event) {
+		if !human {
+			return
+		}
+		switch e.Phase {
+		case "plan":
+			total = len(e.Report.Steps)
+			if !e.Report.DryRun {
+				printPlanHeader(w, e.Report)
+			}
+		case "start":
+			n++
+			fmt.Fprintf(w, "[%d/%d] %s ...", n, total, e.Step.Name)
+			if e.Step.Repeated {
+				fmt.Fprint(w, " (repeated: the last run stopped in this step)")
+			}
+			fmt.Fprintln(w)
+		case "skipped":
+			n++
+			fmt.Fprintf(w, "[%d/%d] %s: done by an earlier run\n", n, total, e.Step.Name)
+		case "done":
+			printMembers(w, e.Step.Members)
+			fmt.Fprintf(w, "      done in %s\n", e.Duration.Round(time.Millisecond))
+		}
+	}
+	// SIGINT/SIGTERM end the run; etcd is then killed with us, as after a crash, and the same
+	// command resumes.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := datadir.Run(ctx, op, o.opts)
+	switch {
+	case !human && rep != nil:
+		if perr := printJSON(w, rep); perr != nil {
+			return errors.Join(err, perr)
+		}
+	case rep != nil && rep.DryRun:
+		printPlanHeader(w, rep)
+		for i, s := range rep.Steps {
+			state := ""
+			if s.Done {
+				state = " (done by an earlier run)"
+			}
+			fmt.Fprintf(w, "[%d/%d] %s%s\n", i+1, len(rep.Steps), s.Name, state)
+			if s.Binary != "" {
+				fmt.Fprintf(w, "      with %s\n", s.Binary)
+			}
+		}
+		fmt.Fprintln(w, "dry run: nothing was changed")
+	case rep != nil && err == nil:
+		if len(rep.Steps) == 0 {
+			fmt.Fprintf(w, "nothing to do: already at %s\n", rep.Target)
+		}
+		var dirs []string
+		for d := range rep.After {
+			dirs = append(dirs, d)
+		}
+		sort.Strings(dirs)
+		for _, d := range dirs {
+			fmt.Fprintf(w, "%s: %s\n", d, rep.After[d])
+		}
+		fmt.Fprintf(w, "%s to %s done in %s; backups: %s\n", op, rep.Target, rep.Duration.Round(time.Millisecond), rep.BackupDir)
+	}
+	return err
+}
+
+func printPlanHeader(w io.Writer, rep *datadir.Report) {
+	for _, d := range rep.Before {
+		fmt.Fprintf(w, "%s: %s\n", d.DataDir, d)
+	}
+	if rep.Resumed {
+		fmt.Fprintf(w, "resuming the %s journaled in %s\n", rep.Operation, rep.Journal)
+	}
+	fmt.Fprintf(w, "plan: %s to %s in %d step(s)\n", rep.Operation, rep.Target, len(rep.Steps))
+}
+
+func printMembers(w io.Writer, m map[string]string) {
+	var dirs []string
+	for d := range m {
+		dirs = append(dirs, d)
+	}
+	sort.Strings(dirs)
+	for _, d := range dirs {
+		fmt.Fprintf(w, "      %s: %s\n", d, m[d])
+	}
+}
+
+func newMigrateRestoreBackupCommand(g *globals) *cobra.Command {
+	var backup, dataDir, format string
+	cmd := &cobra.Command{
+		Use:   "restore-backup --backup DIR --data-dir DIR",
+		Short: "Put a backup back in place of a data dir, verified against its sha256 manifest",
+		Long: `Verify the backup against its manifest (a damaged backup restores nothing), copy it next to
+--data-dir, verify the copy, and rename it into place. A data dir already there is kept,
+renamed to <data dir>.replaced-<time>; it must not be in use by a running etcd.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := validateOutput(format); err != nil {
+				return err
+			}
+			if backup == "" || dataDir == "" {
+				return UsageErrorf("--backup and --data-dir are required")
+			}
+			rep, err := datadir.RestoreBackup(backup, dataDir, time.Now())
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				return printJSON(g.streams.Out, rep)
+			}
+			fmt.Fprintf(g.streams.Out, "restored %s -> %s: %d files verified against the manifest in %s\n", rep.Backup, rep.DataDir, rep.Files, rep.Duration.Round(time.Millisecond))
+			if rep.Replaced != "" {
+				fmt.Fprintf(g.streams.Out, "the data dir that was there is kept at %s\n", rep.Replaced)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&backup, "backup", "", "backup dir (as printed by upgrade or downgrade)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "data dir to restore into")
+	addOutputFlag(cmd, &format)
+	return cmd
+}

@@ -1,0 +1,136 @@
+package datadir
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
+)
+
+// BackupReport says where a backup went.
+type BackupReport struct {
+	DataDir  string        `json:"dataDir"`
+	Backup   string        `json:"backup"`
+	Files    int           `json:"files"`
+	Bytes    int64         `json:"bytes"`
+	Duration time.Duration `json:"durationNanos"`
+}
+
+// Backup copies a stopped member's data dir into a new dir under root named
+// <data dir name>-<version>-<UTC time>, with a sha256 manifest. A backup is never overwritten:
+// the complete copy is renamed into place only if that name is free.
+func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
+	start := time.Now()
+	rep := BackupReport{DataDir: dataDir}
+	if err := checkOutput(dataDir, root); err != nil && strings.Contains(err.Error(), "must not be inside") {
+		return rep, fmt.Errorf("the backup dir %s must not be inside the data dir %s", root, dataDir)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return rep, fmt.Errorf("backup dir: %w", err)
+	}
+	lock, err := holdStopped(dataDir)
+	if err != nil {
+		return rep, err
+	}
+	defer lock.Close()
+	name := fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z"))
+	dst := filepath.Join(root, name)
+	tmp := dst + ".kubefence-part"
+	if err := os.RemoveAll(tmp); err != nil {
+		return rep, err
+	}
+	m, err := copyTree(dataDir, tmp, nil)
+	if err == nil {
+		err = m.Write(tmp)
+	}
+	if err == nil {
+		err = renameNoReplace(tmp, dst)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return rep, diskHint(fmt.Errorf("back up %s: %w", dataDir, err), root)
+	}
+	if err := atomicfile.SyncDir(root); err != nil {
+		return rep, err
+	}
+	rep.Backup, rep.Files, rep.Bytes, rep.Duration = dst, len(m), m.Bytes(), time.Since(start)
+	return rep, nil
+}
+
+// renameNoReplace renames, failing if dst exists.
+func renameNoReplace(src, dst string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("%s already exists: a backup is never overwritten", dst)
+	}
+	if err != nil {
+		return fmt.Errorf("rename %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// RestoreReport says what a restore did.
+type RestoreReport struct {
+	Backup   string        `json:"backup"`
+	DataDir  string        `json:"dataDir"`
+	Replaced string        `json:"replaced,omitempty"`
+	Files    int           `json:"files"`
+	Duration time.Duration `json:"durationNanos"`
+}
+
+// RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
+// copy, and puts it in place. A data dir already there is kept, renamed to
+// <data dir>.replaced-<UTC time>; it must not be in use by a running etcd.
+func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error) {
+	start := time.Now()
+	rep := RestoreReport{Backup: backup, DataDir: dataDir}
+	want, err := ReadManifest(backup)
+	if err != nil {
+		return rep, err
+	}
+	got, err := HashDir(backup)
+	if err != nil {
+		return rep, err
+	}
+	if err := Compare(want, got); err != nil {
+		return rep, fmt.Errorf("the backup %s is damaged, nothing was restored: %w", backup, err)
+	}
+	if busy, err := InUse(dataDir); err != nil {
+		return rep, err
+	} else if busy {
+		return rep, fmt.Errorf("%s is in use by a running etcd: stop it before restoring", dataDir)
+	}
+	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
+	if err := os.RemoveAll(tmp); err != nil {
+		return rep, err
+	}
+	m, err := copyTree(backup, tmp, nil)
+	if err == nil {
+		err = Compare(want, m)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
+	}
+	if _, err := os.Stat(dataDir); err == nil {
+		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
+		if err := renameNoReplace(dataDir, rep.Replaced); err != nil {
+			os.RemoveAll(tmp)
+			return rep, err
+		}
+	}
+	if err := os.Rename(tmp, dataDir); err != nil {
+		return rep, err
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
+		return rep, err
+	}
+	rep.Files, rep.Duration = len(m), time.Since(start)
+	return rep, nil
+}

@@ -1,0 +1,377 @@
+package datadir
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/migrator/v2v3"
+)
+
+// CopyReport is what a member copy did.
+type CopyReport struct {
+	Source   string `json:"source"`
+	WALDir   string `json:"walDir,omitempty"`
+	Output   string `json:"output"`
+	Live     bool   `json:"live"`
+	Files    int    `json:"files"`
+	Bytes    int64  `json:"bytes"`
+	Manifest string `json:"manifest"`
+	// Attempts is how many live copies were taken (a copy that raced a WAL purge is retaken).
+	Attempts int `json:"attempts,omitempty"`
+	// Snapshot is the v3 backend of a live copy, taken through the member's maintenance API.
+	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
+	// CommitIndex bounds what a replay of the copy's WAL applies.
+	CommitIndex uint64        `json:"commitIndex,omitempty"`
+	Detection   *Detection    `json:"detection,omitempty"`
+	Duration    time.Duration `json:"durationNanos"`
+}
+
+// InUse reports whether a running etcd holds the data dir: etcd keeps an exclusive lock on its
+// backend file (member/snap/db) while it runs.
+func InUse(dataDir string) (bool, error) {
+	f, err := os.Open(filepath.Join(dataDir, "member", "snap", "db"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return true, nil
+		}
+		return false, err
+	}
+	return false, nil
+}
+
+// holdStopped takes a shared lock on the member's backend, so an etcd started while kubefence
+// works on the dir waits for it instead of changing files under it. The lock goes with close.
+func holdStopped(dataDir string) (io.Closer, error) {
+	p := filepath.Join(dataDir, "member", "snap", "db")
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not an etcd member data dir: %w", dataDir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is in use by a running etcd (member/snap/db is locked): stop the member first, or copy it while it runs with --live --endpoint <its client URL>", dataDir)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// CopyStopped copies a stopped member's data dir (and a separate WAL dir, into member/wal) to
+// dst, syncing every file, and records a sha256 manifest in the copy. dst must be absent or
+// empty; the copy is built next to it and renamed into place when complete.
+func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
+	start := time.Now()
+	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst}
+	if err := checkOutput(dataDir, dst); err != nil {
+		return rep, err
+	}
+	lock, err := holdStopped(dataDir)
+	if err != nil {
+		return rep, err
+	}
+	defer lock.Close()
+	m, err := buildDir(dst, func(tmp string) (Manifest, error) {
+		m, err := copyTree(dataDir, tmp, nil)
+		if err != nil || walDir == "" {
+			return m, err
+		}
+		w, err := copyTree(walDir, filepath.Join(tmp, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
+		for _, e := range w {
+			e.Path = filepath.ToSlash(filepath.Join("member", "wal", e.Path))
+			m = append(m, e)
+		}
+		return m, err
+	})
+	if err != nil {
+		return rep, err
+	}
+	rep.Files, rep.Bytes, rep.Manifest = len(m), m.Bytes(), filepath.Join(dst, ManifestName)
+	if d, err := Detect(dst, ""); err == nil {
+		rep.Detection = &d
+	} else {
+		return rep, fmt.Errorf("the copy in %s is not readable: %w", dst, err)
+	}
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// A running member's data dir is not a consistent copy: its backend is a bbolt file updated in
+// place. CopyLive therefore takes the member's files in an order that makes the result a prefix of
+// its log: first the v2 snapshot files (written whole, once), then the v3 backend through the
+// member's maintenance API (its consistent index is at least the newest snapshot's, because
+// etcd commits the backend before it writes a snapshot file), then the WAL segments, which only
+// grow. The WAL then covers everything after the snapshot and the backend; whatever etcd or a v2
+// migration replays stops at the committed index the copied WAL records, and a torn last record
+// is ignored (etcd repairs it on start). A copy that raced a WAL purge (a segment gone between the
+// snapshot and the WAL copy) is detected by reading it back and taken again.
+
+// liveAttempts bounds retries of a live copy that raced a WAL purge.
+const liveAttempts = 3
+
+// CopyLive copies a running member's data dir; endpoint is that member's client URL.
+func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec Client, endpoint string) (CopyReport, error) {
+	start := time.Now()
+	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst, Live: true}
+	if endpoint == "" {
+		return rep, errors.New("--live needs --endpoint, the running member's client URL: its backend can only be copied consistently through etcd's snapshot API")
+	}
+	if err := checkOutput(dataDir, dst); err != nil {
+		return rep, err
+	}
+	cli, err := NewClient(spec, endpoint)
+	if err != nil {
+		return rep, err
+	}
+	defer cli.Close()
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	st, err := cli.Status(sctx, endpoint)
+	cancel()
+	if err != nil {
+		return rep, fmt.Errorf("etcd %s: %w", endpoint, err)
+	}
+	memberID := st.Header.MemberId
+	var last error
+	for rep.Attempts = 1; rep.Attempts <= liveAttempts; rep.Attempts++ {
+		var snap SnapshotInfo
+		var commit uint64
+		m, err := buildDir(dst, func(tmp string) (Manifest, error) {
+			m, err := copyLiveFiles(ctx, dataDir, walDir, tmp, spec, endpoint, &snap)
+			if err != nil {
+				return m, err
+			}
+			commit, err = checkLiveCopy(tmp, memberID)
+			return m, err
+		})
+		if err == nil {
+			rep.Files, rep.Bytes, rep.Manifest, rep.Snapshot, rep.CommitIndex = len(m), m.Bytes(), filepath.Join(dst, ManifestName), &snap, commit
+			if d, err := Detect(dst, ""); err == nil {
+				rep.Detection = &d
+			}
+			rep.Duration = time.Since(start)
+			return rep, nil
+		}
+		var retry *errRetry
+		if !errors.As(err, &retry) {
+			return rep, err
+		}
+		last = retry.err
+	}
+	rep.Attempts--
+	return rep, fmt.Errorf("live copy of %s: %w", dataDir, last)
+}
+
+// errRetry marks a live copy that raced the member and may succeed if taken again.
+type errRetry struct{ err error }
+
+func (e *errRetry) Error() string { return e.err.Error() }
+
+// copyLiveFiles copies snapshot files, then the backend through the API, then the WAL.
+func copyLiveFiles(ctx context.Context, dataDir, walDir, tmp string, spec Client, endpoint string, snap *SnapshotInfo) (Manifest, error) {
+	if walDir == "" {
+		walDir = filepath.Join(dataDir, "member", "wal")
+	}
+	snapDir, walDst := filepath.Join(tmp, "member", "snap"), filepath.Join(tmp, "member", "wal")
+	m, err := copyTree(filepath.Join(dataDir, "member", "snap"), snapDir, func(rel string) bool { return strings.HasSuffix(rel, ".snap") })
+	if err != nil {
+		return nil, err
+	}
+	prefix(m, "member/snap")
+	dbWithHash := filepath.Join(snapDir, "db.sha256-appended")
+	info, err := SnapshotFrom(ctx, spec, endpoint, dbWithHash)
+	if err != nil {
+		return nil, err
+	}
+	*snap = info
+	db := filepath.Join(snapDir, "db")
+	if err := copyOne(dbWithHash, db, info.Bytes-sha256.Size, &m, "member/snap/db"); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(dbWithHash); err != nil {
+		return nil, err
+	}
+	w, err := copyTree(walDir, walDst, func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
+	if err != nil {
+		return nil, err
+	}
+	prefix(w, "member/wal")
+	return append(m, w...), nil
+}
+
+// checkLiveCopy reads the copy back as etcd would: a WAL that no longer reaches back to the
+// newest snapshot (a purge raced the copy) or a backend older than that snapshot is retried.
+func checkLiveCopy(dir string, memberID uint64) (uint64, error) {
+	src, err := v2v3.ReadSource(dir, "")
+	if err != nil {
+		return 0, &errRetry{err}
+	}
+	defer src.Close()
+	if src.NodeID != memberID {
+		return 0, fmt.Errorf("the endpoint is member %x but the data dir belongs to member %x: give the client URL of the member whose data dir this is", memberID, src.NodeID)
+	}
+	meta, err := readMeta(filepath.Join(dir, "member", "snap", "db"))
+	if err != nil {
+		return 0, err
+	}
+	if meta.consistentIdx < src.Meta.Index {
+		return 0, &errRetry{fmt.Errorf("the backend's consistent index %d is older than snapshot index %d", meta.consistentIdx, src.Meta.Index)}
+	}
+	return src.HardState.Commit, nil
+}
+
+// checkOutput refuses an output inside the source or one that already holds files.
+func checkOutput(src, dst string) error {
+	if dst == "" {
+		return errors.New("an output dir is required")
+	}
+	a, b := filepath.Clean(src), filepath.Clean(dst)
+	if a == b || strings.HasPrefix(b, a+string(filepath.Separator)) {
+		return fmt.Errorf("the output %s must not be inside the source %s: the source is never written", dst, src)
+	}
+	if entries, err := os.ReadDir(dst); err == nil && len(entries) > 0 {
+		return fmt.Errorf("the output %s is not empty: refusing to overwrite it (choose a new path, or move it away)", dst)
+	}
+	return nil
+}
+
+// buildDir builds dst through a temp dir next to it: build fills the temp dir and returns the
+// manifest of what it wrote, which is written into it; then the temp dir is renamed to dst. On
+// any error the temp dir is removed and dst is untouched.
+func buildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, error) {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return nil, err
+	}
+	tmp := dst + ".kubefence-part"
+	if err := os.RemoveAll(tmp); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (Manifest, error) {
+		os.RemoveAll(tmp)
+		return nil, diskHint(err, filepath.Dir(dst))
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fail(err)
+	}
+	m, err := build(tmp)
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.Write(tmp); err != nil {
+		return fail(err)
+	}
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fail(fmt.Errorf("%s: %w", dst, err))
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fail(err)
+	}
+	return m, atomicfile.SyncDir(filepath.Dir(dst))
+}
+
+// diskHint adds what to do to a full disk.
+func diskHint(err error, dir string) error {
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: the filesystem of %s is full; the partial output was removed and the source is untouched; free space or choose another place", err, dir)
+	}
+	return err
+}
+
+// copyTree copies the regular files under src (those keep accepts, by path relative to src;
+// all when keep is nil) into dst, syncing each file and directory, and returns their manifest.
+func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
+	var m Manifest
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(target, 0o700)
+		case !d.Type().IsRegular():
+			return nil
+		case rel == ManifestName || (keep != nil && !keep(rel)):
+			return nil
+		}
+		return copyOne(path, target, -1, &m, filepath.ToSlash(rel))
+	})
+	if err != nil {
+		return nil, err
+	}
+	dirs := map[string]bool{dst: true}
+	for _, e := range m {
+		dirs[filepath.Dir(filepath.Join(dst, filepath.FromSlash(e.Path)))] = true
+	}
+	for d := range dirs {
+		if err := atomicfile.SyncDir(d); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// copyOne copies src (its first n bytes when n >= 0) to dst, syncs it, and adds it to m as rel.
+// A file that grows while copied is copied as far as it was read.
+func copyOne(src, dst string, n int64, m *Manifest, rel string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	var r io.Reader = in
+	if n >= 0 {
+		r = io.LimitReader(in, n)
+	}
+	h := sha256.New()
+	size, err := io.Copy(io.MultiWriter(out, h), r)
+	if err == nil {
+		err = out.Sync()
+	}
+	if err = errors.Join(err, out.Close()); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	*m = append(*m, ManifestEntry{Path: rel, SHA256: fmt.Sprintf("%x", h.Sum(nil)), Size: size})
+	return nil
+}
+
+func prefix(m Manifest, dir string) {
+	for i := range m {
+		m[i].Path = dir + "/" + m[i].Path
+	}
+}
+
+// CopyFile copies src (its first n bytes when n >= 0) to a new file dst and syncs it.
+func CopyFile(src, dst string, n int64) error {
+	var m Manifest
+	return copyOne(src, dst, n, &m, "")
+}

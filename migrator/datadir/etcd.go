@@ -1,0 +1,220 @@
+package datadir
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/tlsutil"
+)
+
+// Client says how to reach an etcd cluster.
+type Client struct {
+	Endpoints []string `yaml:"endpoints" json:"endpoints"`
+	CAFile    string   `yaml:"caFile" json:"caFile"`
+	CertFile  string   `yaml:"certFile" json:"certFile"`
+	KeyFile   string   `yaml:"keyFile" json:"keyFile"`
+}
+
+func clientTLS(spec Client) (*tls.Config, error) {
+	if spec.CAFile == "" && spec.CertFile == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if spec.CAFile != "" {
+		var err error
+		if cfg.RootCAs, err = tlsutil.LoadCAPool(spec.CAFile); err != nil {
+			return nil, err
+		}
+	}
+	if spec.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(spec.CertFile, spec.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+func NewClient(spec Client, endpoints ...string) (*clientv3.Client, error) {
+	tc, err := clientTLS(spec)
+	if err != nil {
+		return nil, fmt.Errorf("etcd TLS: %w", err)
+	}
+	if len(endpoints) == 0 {
+		endpoints = spec.Endpoints
+	}
+	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, TLS: tc, Logger: zap.NewNop()})
+}
+
+// MemberStatus is what the copy needs of each member.
+type MemberStatus struct {
+	Endpoint  string `json:"endpoint"`
+	RaftIndex uint64 `json:"raftIndex"`
+	Revision  int64  `json:"revision"`
+	Version   string `json:"version"`
+	DBSize    int64  `json:"dbSize"`
+}
+
+// ClusterStatus asks every endpoint for its status; an endpoint that does not answer is an error.
+func ClusterStatus(ctx context.Context, cli *clientv3.Client, endpoints []string) ([]MemberStatus, error) {
+	var out []MemberStatus
+	var errs []error
+	for _, ep := range endpoints {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := cli.Status(sctx, ep)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("etcd %s: %w", ep, err))
+			continue
+		}
+		if len(st.Errors) > 0 {
+			errs = append(errs, fmt.Errorf("etcd %s reports errors: %v", ep, st.Errors))
+			continue
+		}
+		out = append(out, MemberStatus{Endpoint: ep, RaftIndex: st.RaftIndex, Revision: st.Header.Revision, Version: st.Version, DBSize: st.DbSize})
+	}
+	return out, errors.Join(errs...)
+}
+
+// WaitConverged waits until every member answers and their raft indexes are within one of each
+// other (etcd's migration guidance), and returns the most advanced member and every member's
+// status at that moment.
+func WaitConverged(ctx context.Context, cli *clientv3.Client, endpoints []string) (MemberStatus, []MemberStatus, error) {
+	var last error
+	for {
+		sts, err := ClusterStatus(ctx, cli, endpoints)
+		if err == nil {
+			lo, hi := sts[0], sts[0]
+			for _, s := range sts {
+				if s.RaftIndex < lo.RaftIndex {
+					lo = s
+				}
+				if s.RaftIndex > hi.RaftIndex {
+					hi = s
+				}
+			}
+			if hi.RaftIndex-lo.RaftIndex <= 1 {
+				return hi, sts, nil
+			}
+			last = fmt.Errorf("raft indexes not converged: %s at %d, %s at %d", lo.Endpoint, lo.RaftIndex, hi.Endpoint, hi.RaftIndex)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return MemberStatus{}, nil, fmt.Errorf("etcd members not healthy and converged in time: %w (last: %v)", ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// SnapshotInfo describes a snapshot taken through the maintenance API.
+type SnapshotInfo struct {
+	Path     string `json:"path"`
+	Endpoint string `json:"endpoint"`
+	Revision int64  `json:"revision"`
+	Bytes    int64  `json:"bytes"`
+	Keys     int    `json:"keys"`
+	// Members is every member's status when the raft indexes had converged.
+	Members []MemberStatus `json:"members,omitempty"`
+}
+
+// TakeSnapshot waits until every member is healthy and converged, then streams a snapshot from
+// the most advanced one into dst (through a temp file renamed into place) and checks the sha256
+// the server appends.
+func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, error) {
+	cli, err := NewClient(spec)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer cli.Close()
+	best, all, err := WaitConverged(ctx, cli, spec.Endpoints)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	info, err := SnapshotFrom(ctx, spec, best.Endpoint, dst)
+	info.Members = all
+	return info, err
+}
+
+// SnapshotFrom streams a snapshot from one member into dst, verified and renamed into place.
+func SnapshotFrom(ctx context.Context, spec Client, endpoint, dst string) (SnapshotInfo, error) {
+	one, err := NewClient(spec, endpoint)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer one.Close()
+	rc, err := one.Snapshot(ctx)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w", endpoint, err)
+	}
+	defer rc.Close()
+	tmp := dst + ".part"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	n, err := io.Copy(f, rc)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w", endpoint, err)
+	}
+	if err := verifySnapshotHash(tmp, n); err != nil {
+		os.Remove(tmp)
+		return SnapshotInfo{}, err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(dst)); err != nil {
+		return SnapshotInfo{}, err
+	}
+	st, err := snapshot.NewV3(zap.NewNop()).Status(dst)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("read snapshot %s: %w", dst, err)
+	}
+	return SnapshotInfo{Path: dst, Endpoint: endpoint, Revision: st.Revision, Bytes: n, Keys: st.TotalKey}, nil
+}
+
+// verifySnapshotHash checks the sha256 that etcd appends to a snapshot stream.
+func verifySnapshotHash(path string, size int64) error {
+	if size < sha256.Size || (size-sha256.Size)%512 != 0 {
+		return fmt.Errorf("snapshot %s: %d bytes is not a database plus its sha256", path, size)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, size-sha256.Size); err != nil {
+		return err
+	}
+	want := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(f, want); err != nil {
+		return err
+	}
+	if got := h.Sum(nil); string(got) != string(want) {
+		return fmt.Errorf("snapshot %s: sha256 mismatch (the copy is damaged)", path)
+	}
+	return nil
+}

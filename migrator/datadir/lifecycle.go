@@ -1,0 +1,384 @@
+package datadir
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kubefence/kubefence/internal/atomicfile"
+)
+
+// Operation is what a lifecycle run does.
+type Operation string
+
+const (
+	OpUpgrade   Operation = "upgrade"
+	OpDowngrade Operation = "downgrade"
+)
+
+// Step kinds.
+const (
+	StepBackup    = "backup"
+	StepRun       = "run"        // start etcd-<version> on the data dirs, health check, stop cleanly
+	StepMigrateV2 = "migrate-v2" // v2 store into v3 keys (before the first 3.6 step)
+	StepDowngrade = "downgrade-storage"
+)
+
+// Options configure an upgrade or downgrade.
+type Options struct {
+	// DataDirs are the members' data dirs (stopped); several are started together at each step.
+	DataDirs []string
+	Target   Version
+	BinDir   string
+	// BackupDir holds the backups, the journal and the step logs (default: kubefence-backups
+	// next to the first data dir).
+	BackupDir string
+	DryRun    bool
+	// ClusterToken is used when a step rebuilds membership (v2 migration, downgrade restore).
+	ClusterToken string
+	// OnConflict is the v2 migration's rule for a key in both stores ("", "v3", "v2").
+	OnConflict string
+	// IncludeHidden keeps v2 keys whose names start with "_" (left out by default, as etcdctl does).
+	IncludeHidden bool
+	StepTimeout   time.Duration
+	// Events hears each step start and end; may be nil.
+	Events func(Event) `json:"-"`
+}
+
+// Event is the plan made ("plan", with Report), or a step starting ("start") or ending
+// ("done", "skipped").
+type Event struct {
+	Phase    string
+	Report   *Report
+	Step     *StepReport
+	Duration time.Duration
+}
+
+// StepReport is one step and what it did to each member.
+type StepReport struct {
+	Name    string `json:"name"`
+	Kind    string `json:"kind"`
+	Version string `json:"version,omitempty"`
+	Binary  string `json:"binary,omitempty"`
+	// Members maps a data dir to what the step did to it.
+	Members  map[string]string `json:"members,omitempty"`
+	Started  bool              `json:"started,omitempty"`
+	Done     bool              `json:"done"`
+	Repeated bool              `json:"repeated,omitempty"`
+	Duration time.Duration     `json:"durationNanos"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Operation Operation   `json:"operation"`
+	Target    string      `json:"target"`
+	DataDirs  []string    `json:"dataDirs"`
+	Before    []Detection `json:"before"`
+	// After is each data dir's version file when the run ends.
+	After     map[string]string `json:"after,omitempty"`
+	Backups   map[string]string `json:"backups,omitempty"`
+	Steps     []*StepReport     `json:"steps"`
+	DryRun    bool              `json:"dryRun,omitempty"`
+	Resumed   bool              `json:"resumed,omitempty"`
+	Journal   string            `json:"journal"`
+	BackupDir string            `json:"backupDir"`
+	Done      bool              `json:"done"`
+	Duration  time.Duration     `json:"durationNanos"`
+}
+
+func (o *Options) defaults() error {
+	if len(o.DataDirs) == 0 {
+		return errors.New("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
+	}
+	for i, d := range o.DataDirs {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return err
+		}
+		o.DataDirs[i] = abs
+	}
+	if o.BackupDir == "" {
+		o.BackupDir = filepath.Join(filepath.Dir(o.DataDirs[0]), "kubefence-backups")
+	}
+	for _, d := range o.DataDirs {
+		if a, b := filepath.Clean(d), filepath.Clean(o.BackupDir); a == b || strings.HasPrefix(b, a+string(filepath.Separator)) {
+			return fmt.Errorf("--backup-dir %s must not be inside the data dir %s", o.BackupDir, d)
+		}
+	}
+	if o.ClusterToken == "" {
+		o.ClusterToken = "etcd-cluster"
+	}
+	if o.StepTimeout == 0 {
+		o.StepTimeout = 2 * time.Minute
+	}
+	return nil
+}
+
+func (o *Options) journalPath() string {
+	return filepath.Join(o.BackupDir, "journal-"+filepath.Base(o.DataDirs[0])+".json")
+}
+
+// Run upgrades or downgrades the data dirs to opts.Target, resuming a journaled run that did
+// not finish.
+func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
+	start := time.Now()
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	for _, d := range opts.DataDirs {
+		if err := recoverSwap(d); err != nil {
+			return nil, err
+		}
+	}
+	rep, err := loadJournal(opts.journalPath(), op, opts)
+	if err != nil {
+		return nil, err
+	}
+	if rep == nil {
+		if rep, err = plan(ctx, op, opts); err != nil {
+			return rep, err
+		}
+	} else {
+		// The binaries may have moved since the journal was written: check them again.
+		for _, s := range rep.Steps {
+			if s.Binary != "" && !s.Done {
+				v, _ := ParseVersion(s.Version)
+				if err := checkBinary(ctx, Binary{Path: s.Binary, Version: v}); err != nil {
+					return rep, err
+				}
+			}
+		}
+	}
+	rep.DryRun = opts.DryRun
+	if opts.Events != nil {
+		opts.Events(Event{Phase: "plan", Report: rep})
+	}
+	if opts.DryRun {
+		return rep, nil
+	}
+	for _, d := range opts.DataDirs {
+		if busy, err := InUse(d); err != nil {
+			return rep, err
+		} else if busy {
+			return rep, fmt.Errorf("%s is in use by a running etcd: stop the member first (kubefence %s works on stopped members)", d, op)
+		}
+	}
+	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {
+		return rep, err
+	}
+	e := &executor{opts: opts, rep: rep}
+	for _, s := range rep.Steps {
+		if s.Done {
+			e.event(s, "skipped", 0)
+			continue
+		}
+		if s.Started {
+			s.Repeated = true
+		}
+		s.Started = true
+		if err := e.save(); err != nil {
+			return rep, err
+		}
+		e.event(s, "start", 0)
+		t := time.Now()
+		if err := e.do(ctx, s); err != nil {
+			return rep, fmt.Errorf("step %s: %w (nothing later was done; run the same command again to repeat this step, or restore the backup: kubefence migrate restore-backup)", s.Name, err)
+		}
+		s.Done, s.Duration = true, time.Since(t)
+		if err := e.save(); err != nil {
+			return rep, err
+		}
+		e.event(s, "done", s.Duration)
+	}
+	rep.After = map[string]string{}
+	for _, d := range opts.DataDirs {
+		b, _ := os.ReadFile(filepath.Join(d, VersionFileName))
+		rep.After[d] = strings.TrimSpace(string(b))
+	}
+	rep.Done, rep.Duration = true, time.Since(start)
+	return rep, e.save()
+}
+
+// loadJournal returns the unfinished run journaled for these data dirs, or nil.
+func loadJournal(path string, op Operation, opts Options) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("journal %s is damaged (%v): move it away to plan afresh (the version files say where each data dir is)", path, err)
+	}
+	if rep.Done {
+		return nil, nil
+	}
+	if rep.Operation != op || rep.Target != opts.Target.String() || !slices.Equal(rep.DataDirs, opts.DataDirs) {
+		return nil, fmt.Errorf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
+			rep.Operation, rep.DataDirs, rep.Target, path)
+	}
+	rep.Resumed = true
+	return &rep, nil
+}
+
+// plan detects where the data dirs are and lists the steps to the target.
+func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
+	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir}
+	var cur Detection
+	v2 := false
+	for i, d := range opts.DataDirs {
+		det, err := Detect(d, "")
+		if err != nil {
+			return rep, err
+		}
+		rep.Before = append(rep.Before, det)
+		if i == 0 {
+			cur = det
+		} else if !det.Version.SameMinor(cur.Version) {
+			return rep, fmt.Errorf("members are at different versions (%s: %s, %s: %s): bring them to one version first", opts.DataDirs[0], cur.VersionString, d, det.VersionString)
+		}
+		v2 = v2 || det.Storage == StorageV2
+	}
+	if cur.Version.Major != 3 || opts.Target.Major != 3 {
+		return rep, fmt.Errorf("from %s to %s: kubefence steps etcd 3 minors only", cur.VersionString, opts.Target)
+	}
+	add := func(s *StepReport) { rep.Steps = append(rep.Steps, s) }
+	add(&StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionString})
+	switch op {
+	case OpUpgrade:
+		if opts.Target.Minor < cur.Version.Minor {
+			return rep, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionString, opts.Target)
+		}
+		migrated := false
+		migrate := func(at string) {
+			if v2 && !migrated {
+				add(&StepReport{Name: "migrate the v2 store to v3 keys (etcd 3.6 refuses v2 data)", Kind: StepMigrateV2, Version: at})
+				migrated = true
+			}
+		}
+		at := cur.VersionString
+		for minor := cur.Version.Minor + 1; minor <= opts.Target.Minor; minor++ {
+			want := Version{3, minor, 0}
+			exact := minor == opts.Target.Minor
+			if exact {
+				want = opts.Target
+			}
+			if minor >= 6 {
+				migrate(at)
+			}
+			b, err := findBinary(ctx, opts.BinDir, want, exact)
+			if err != nil {
+				return rep, err
+			}
+			add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+			at = b.Version.String()
+		}
+		if opts.Target.SameMinor(cur.Version) {
+			if opts.Target.Minor >= 6 {
+				migrate(at)
+			}
+			if cur.Source == VersionFileName && !cur.Version.Less(opts.Target) && !migrated {
+				rep.Steps = nil // already there: nothing to do, and no backup either
+				return rep, nil
+			}
+			b, err := findBinary(ctx, opts.BinDir, opts.Target, true)
+			if err != nil {
+				return rep, err
+			}
+			add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+		}
+	case OpDowngrade:
+		if err := checkDowngrade(cur, opts.Target); err != nil {
+			return rep, err
+		}
+		settle, err := findBinary(ctx, opts.BinDir, cur.Version, cur.Source == VersionFileName)
+		if err != nil {
+			return rep, err
+		}
+		b, err := findBinary(ctx, opts.BinDir, opts.Target, true)
+		if err != nil {
+			return rep, err
+		}
+		add(&StepReport{Name: "run etcd " + settle.Version.String() + " (apply the whole WAL, so the backend is complete)", Kind: StepRun, Version: settle.Version.String(), Binary: settle.Path})
+		add(&StepReport{Name: "downgrade the storage version to " + opts.Target.MinorString() + " and rebuild the member from its backend", Kind: StepDowngrade, Version: opts.Target.String()})
+		add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+	}
+	return rep, nil
+}
+
+// checkDowngrade refuses what etcd cannot do, with the reason.
+func checkDowngrade(cur Detection, target Version) error {
+	switch {
+	case !target.Less(cur.Version) || target.SameMinor(cur.Version):
+		return fmt.Errorf("the data is at %s; %s is not an older minor: use kubefence migrate upgrade", cur.VersionString, target)
+	case cur.Storage == StorageV2:
+		return fmt.Errorf("the data holds v2 content (%s), which etcd 3.6 cannot have written: fix %s", cur, VersionFileName)
+	case target.Minor < 5:
+		return fmt.Errorf("etcd cannot downgrade a data dir to %s: storage downgrades exist from 3.6 to 3.5 only (etcdutl migrate's minimum target is 3.5), and 3.5 data is not readable by 3.4. Restore the backup taken before the upgrade instead: kubefence migrate restore-backup", target.MinorString())
+	case cur.Version.Minor-target.Minor > 1:
+		return fmt.Errorf("etcd downgrades one minor at a time; %s to %s skips one: downgrade to 3.%d first", cur.VersionString, target, cur.Version.Minor-1)
+	case cur.Version.Minor != 6:
+		return fmt.Errorf("kubefence knows the 3.6 → 3.5 downgrade only; the data is at %s", cur.VersionString)
+	}
+	return nil
+}
+
+type executor struct {
+	opts Options
+	rep  *Report
+}
+
+func (e *executor) event(s *StepReport, phase string, d time.Duration) {
+	if e.opts.Events != nil {
+		e.opts.Events(Event{Step: s, Phase: phase, Duration: d})
+	}
+}
+
+func (e *executor) save() error {
+	b, err := json.MarshalIndent(e.rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(e.rep.Journal, b, 0o600)
+}
+
+func (e *executor) do(ctx context.Context, s *StepReport) error {
+	s.Members = map[string]string{}
+	switch s.Kind {
+	case StepBackup:
+		if e.rep.Backups == nil {
+			e.rep.Backups = map[string]string{}
+		}
+		for _, d := range e.opts.DataDirs {
+			if b, ok := e.rep.Backups[d]; ok {
+				s.Members[d] = "backed up to " + b + " (earlier)"
+				continue
+			}
+			br, err := Backup(d, e.opts.BackupDir, s.Version, time.Now())
+			if err != nil {
+				return err
+			}
+			e.rep.Backups[d] = br.Backup
+			s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)", br.Backup, br.Files, br.Bytes)
+			if err := e.save(); err != nil {
+				return err
+			}
+		}
+		return nil
+	case StepRun:
+		return e.runStep(ctx, s)
+	case StepMigrateV2:
+		return e.migrateV2(ctx, s)
+	case StepDowngrade:
+		return e.downgradeStorage(s)
+	}
+	return fmt.Errorf("unknown step kind %q", s.Kind)
+}

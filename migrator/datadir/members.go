@@ -1,0 +1,97 @@
+package datadir
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kubefence/kubefence/migrator/v2v3"
+)
+
+// Peer is a cluster member as the data dir records it.
+type Peer struct {
+	ID       uint64   `json:"id"`
+	Name     string   `json:"name"`
+	PeerURLs []string `json:"peerURLs"`
+}
+
+// Membership is who a data dir belongs to.
+type Membership struct {
+	Self      Peer   `json:"self"`
+	Peers     []Peer `json:"peers"`
+	ClusterID uint64 `json:"clusterId"`
+	// CommitIndex is the committed raft index the WAL records.
+	CommitIndex uint64 `json:"commitIndex"`
+}
+
+// InitialCluster is NAME=PEER-URL,... for a restore.
+func (m Membership) InitialCluster() string {
+	var parts []string
+	for _, p := range m.Peers {
+		for _, u := range p.PeerURLs {
+			parts = append(parts, p.Name+"="+u)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// ReadMembership reads the member's id from its WAL and the cluster's members from its backend
+// (etcd 3.4 and later keep them in the "members" bucket).
+func ReadMembership(dataDir, walDir string) (Membership, error) {
+	var m Membership
+	src, err := v2v3.ReadSource(dataDir, walDir)
+	if err != nil {
+		return m, err
+	}
+	m.Self.ID, m.ClusterID, m.CommitIndex = src.NodeID, src.ClusterID, src.HardState.Commit
+	src.Close()
+	path := filepath.Join(dataDir, "member", "snap", "db")
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return m, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("members"))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			id, err := strconv.ParseUint(string(k), 16, 64)
+			if err != nil {
+				return fmt.Errorf("members bucket: key %q: %w", k, err)
+			}
+			var rec struct {
+				Name     string   `json:"name"`
+				PeerURLs []string `json:"peerURLs"`
+				Learner  bool     `json:"isLearner"`
+			}
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("members bucket: member %x: %w", id, err)
+			}
+			if !rec.Learner {
+				m.Peers = append(m.Peers, Peer{ID: id, Name: rec.Name, PeerURLs: rec.PeerURLs})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return m, err
+	}
+	sort.Slice(m.Peers, func(i, j int) bool { return m.Peers[i].ID < m.Peers[j].ID })
+	for _, p := range m.Peers {
+		if p.ID == m.Self.ID {
+			m.Self = p
+		}
+	}
+	if m.Self.Name == "" || len(m.Self.PeerURLs) == 0 {
+		return m, fmt.Errorf("%s: member %x (from the WAL) is not among the members its backend records, or has no name", dataDir, m.Self.ID)
+	}
+	return m, nil
+}

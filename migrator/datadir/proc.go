@@ -1,0 +1,261 @@
+package datadir
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// HealthPrefix is the reserved key prefix of the health check's write: a step writes one key
+// under it and deletes the prefix before it stops etcd.
+const HealthPrefix = "/kubefence.io/migrate-health/"
+
+// Binary is an etcd release in the bin dir.
+type Binary struct {
+	Path    string  `json:"path"`
+	Version Version `json:"-"`
+}
+
+// findBinary returns bin-dir/etcd-<want> for an exact version, or the newest etcd-<minor>.* when
+// only the minor matters. The binary must report the version its name says.
+func findBinary(ctx context.Context, binDir string, want Version, exact bool) (Binary, error) {
+	if binDir == "" {
+		return Binary{}, errors.New("--bin-dir is required: a dir holding etcd-<version> binaries, one per minor the data dir steps through")
+	}
+	var found []Version
+	names, _ := filepath.Glob(filepath.Join(binDir, "etcd-*"))
+	for _, n := range names {
+		if v, err := ParseVersion(strings.TrimPrefix(filepath.Base(n), "etcd-")); err == nil {
+			found = append(found, v)
+		}
+	}
+	sort.Slice(found, func(i, j int) bool { return found[j].Less(found[i]) })
+	for _, v := range found {
+		if (exact && v == want) || (!exact && v.SameMinor(want)) {
+			b := Binary{Path: filepath.Join(binDir, "etcd-"+v.String()), Version: v}
+			return b, checkBinary(ctx, b)
+		}
+	}
+	var have []string
+	for _, v := range found {
+		have = append(have, "etcd-"+v.String())
+	}
+	name := "etcd-" + want.String()
+	if !exact {
+		name = "etcd-" + want.MinorString() + ".*"
+	}
+	return Binary{}, fmt.Errorf("%s has no %s binary (it has: %s); put one there (hack/e2e-deps.sh builds etcd-3.5.x and etcd-3.6.x; Debian's etcd-server is 3.4)",
+		binDir, name, strings.Join(append(have, "nothing else")[:max(1, len(have))], ", "))
+}
+
+// checkBinary runs `etcd --version` and checks it names the version the file name says.
+func checkBinary(ctx context.Context, b Binary) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, b.Path, "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s --version: %v: %s", b.Path, err, bytes.TrimSpace(out))
+	}
+	if !strings.Contains(string(out), "etcd Version: "+b.Version.String()+"\n") {
+		return fmt.Errorf("%s reports %q, not etcd Version: %s", b.Path, firstLine(out), b.Version)
+	}
+	return nil
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(string(bytes.TrimSpace(b)), "\n")
+	return s
+}
+
+// etcdProc is an etcd kubefence runs on a data dir for a step.
+type etcdProc struct {
+	cmd       *exec.Cmd
+	clientURL string
+	logPath   string
+	done      chan struct{}
+	err       error
+}
+
+// startEtcd starts bin on a member's data dir, clients on a free loopback port, peers on
+// peerURLs (recorded ones for a multi-member set, else a free loopback port). It dies with
+// kubefence (SIGKILL on parent death), so a killed run leaves no etcd holding the dir.
+func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64) (*etcdProc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	client := "http://127.0.0.1:" + strconv.Itoa(port)
+	args := []string{
+		"--name", ms.Self.Name, "--data-dir", dataDir,
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", strings.Join(peerURLs, ","), "--initial-advertise-peer-urls", strings.Join(peerURLs, ","),
+		"--initial-cluster", initialCluster,
+		"--quota-backend-bytes", strconv.FormatInt(quota, 10),
+	}
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
+		return nil, err
+	}
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	fmt.Fprintf(lf, "### %s kubefence migrate starts %s %q\n", time.Now().Format(time.RFC3339Nano), bin.Path, args)
+	cmd := exec.Command(bin.Path, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin.Path, err)
+	}
+	p := &etcdProc{cmd: cmd, clientURL: client, logPath: logPath, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// exited reports the process's end, with the tail of its log.
+func (p *etcdProc) exited() error {
+	return fmt.Errorf("etcd exited (%v); the end of its log %s:\n%s", p.err, p.logPath, logTail(p.logPath, 12))
+}
+
+// terminate asks etcd to stop: it commits its backend and exits.
+func (p *etcdProc) terminate() { _ = p.cmd.Process.Signal(syscall.SIGTERM) }
+
+// stop terminates etcd and waits. Killed after grace, which is an error (the data dir is then
+// as after a crash, and the step is repeated on the next run).
+func (p *etcdProc) stop(grace time.Duration) error {
+	select {
+	case <-p.done:
+		return p.exited()
+	default:
+	}
+	p.terminate()
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("etcd did not stop within %s of SIGTERM and was killed; see %s", grace, p.logPath)
+	}
+	var ee *exec.ExitError
+	if p.err == nil {
+		return nil
+	}
+	if errors.As(p.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
+			return nil // etcd re-raises the signal after its shutdown handlers ran
+		}
+	}
+	return fmt.Errorf("etcd stopped with %v; see %s", p.err, p.logPath)
+}
+
+// kill is for error paths.
+func (p *etcdProc) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// waitHealthy waits until the member answers a status with a leader elected.
+func (p *etcdProc) waitHealthy(ctx context.Context, cli *clientv3.Client) error {
+	var last error
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := cli.Status(sctx, p.clientURL)
+		cancel()
+		if err == nil && st.Leader != 0 && len(st.Errors) == 0 {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("no leader yet (errors: %v)", st.Errors)
+		}
+		last = err
+		select {
+		case <-p.done:
+			return p.exited()
+		case <-ctx.Done():
+			return fmt.Errorf("etcd on %s not healthy in time (%v); see %s", p.clientURL, last, p.logPath)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// healthCheck proves the cluster serves: a linearizable read always, and for v3-only data a
+// write under HealthPrefix, then the prefix deleted (a key a killed run left is deleted too).
+// v2 data is not written to at all.
+func healthCheck(ctx context.Context, cli *clientv3.Client, write bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := cli.Get(ctx, HealthPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("health check read: %w", err)
+	}
+	if !write {
+		return nil
+	}
+	key := HealthPrefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := cli.Put(ctx, key, "kubefence migrate health check; deleted at once"); err != nil {
+		return fmt.Errorf("health check write: %w", err)
+	}
+	if _, err := cli.Delete(ctx, HealthPrefix, clientv3.WithPrefix()); err != nil {
+		return fmt.Errorf("health check delete of %s: %w", key, err)
+	}
+	return nil
+}
+
+// waitStorageVersion waits until etcd 3.6+ reports the storage version of its minor (its
+// version monitor writes it some seconds after the cluster version is settled).
+func (p *etcdProc) waitStorageVersion(ctx context.Context, cli *clientv3.Client, want string) error {
+	var got string
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := cli.Status(sctx, p.clientURL)
+		cancel()
+		if err == nil {
+			if got = st.StorageVersion; got == want {
+				return nil
+			}
+		}
+		select {
+		case <-p.done:
+			return p.exited()
+		case <-ctx.Done():
+			return fmt.Errorf("etcd on %s did not reach storage version %s in time (it reports %q); see %s", p.clientURL, want, got, p.logPath)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
