@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,7 +27,7 @@ type BackupReport struct {
 func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
 	start := time.Now()
 	rep := BackupReport{DataDir: dataDir}
-	if err := checkOutput(dataDir, root); err != nil && strings.Contains(err.Error(), "must not be inside") {
+	if inside(root, dataDir) {
 		return rep, fmt.Errorf("the backup dir %s must not be inside the data dir %s", root, dataDir)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -50,7 +49,9 @@ func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) 
 		err = m.Write(tmp)
 	}
 	if err == nil {
-		err = renameNoReplace(tmp, dst)
+		if err = renameNoReplace(tmp, dst); errors.Is(err, os.ErrExist) {
+			err = fmt.Errorf("%w: a backup is never overwritten", err)
+		}
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
@@ -67,7 +68,7 @@ func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) 
 func renameNoReplace(src, dst string) error {
 	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("%s already exists: a backup is never overwritten", dst)
+		return fmt.Errorf("%s: %w", dst, os.ErrExist)
 	}
 	if err != nil {
 		return fmt.Errorf("rename %s to %s: %w", src, dst, err)

@@ -243,14 +243,41 @@ func checkOutput(src, dst string) error {
 	if dst == "" {
 		return errors.New("an output dir is required")
 	}
-	a, b := filepath.Clean(src), filepath.Clean(dst)
-	if a == b || strings.HasPrefix(b, a+string(filepath.Separator)) {
+	if inside(dst, src) {
 		return fmt.Errorf("the output %s must not be inside the source %s: the source is never written", dst, src)
+	}
+	if st, err := os.Stat(dst); err == nil && !st.IsDir() {
+		return fmt.Errorf("the output %s is a file: refusing to overwrite it (choose a new path)", dst)
 	}
 	if entries, err := os.ReadDir(dst); err == nil && len(entries) > 0 {
 		return fmt.Errorf("the output %s is not empty: refusing to overwrite it (choose a new path, or move it away)", dst)
 	}
 	return nil
+}
+
+// inside reports whether path is dir or under it, comparing absolute paths with symlinks
+// resolved as far as they exist.
+func inside(path, dir string) bool {
+	a, b := realPath(dir), realPath(path)
+	return a == b || strings.HasPrefix(b, a+string(filepath.Separator))
+}
+
+// realPath is p made absolute, with the symlinks of its longest existing ancestor resolved.
+func realPath(p string) string {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return filepath.Clean(p)
+	}
+	rest := ""
+	for cur := abs; ; cur = filepath.Dir(cur) {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(r, rest)
+		}
+		if filepath.Dir(cur) == cur {
+			return abs
+		}
+		rest = filepath.Join(filepath.Base(cur), rest)
+	}
 }
 
 // buildDir builds dst through a temp dir next to it: build fills the temp dir and returns the

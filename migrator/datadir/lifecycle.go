@@ -106,8 +106,13 @@ func (o *Options) defaults() error {
 	if o.BackupDir == "" {
 		o.BackupDir = filepath.Join(filepath.Dir(o.DataDirs[0]), "kubefence-backups")
 	}
+	abs, err := filepath.Abs(o.BackupDir)
+	if err != nil {
+		return err
+	}
+	o.BackupDir = abs
 	for _, d := range o.DataDirs {
-		if a, b := filepath.Clean(d), filepath.Clean(o.BackupDir); a == b || strings.HasPrefix(b, a+string(filepath.Separator)) {
+		if inside(o.BackupDir, d) {
 			return fmt.Errorf("--backup-dir %s must not be inside the data dir %s", o.BackupDir, d)
 		}
 	}
@@ -319,10 +324,10 @@ func checkDowngrade(cur Detection, target Version) error {
 	switch {
 	case !target.Less(cur.Version) || target.SameMinor(cur.Version):
 		return fmt.Errorf("the data is at %s; %s is not an older minor: use kubefence migrate upgrade", cur.VersionString, target)
-	case cur.Storage == StorageV2:
-		return fmt.Errorf("the data holds v2 content (%s), which etcd 3.6 cannot have written: fix %s", cur, VersionFileName)
 	case target.Minor < 5:
 		return fmt.Errorf("etcd cannot downgrade a data dir to %s: storage downgrades exist from 3.6 to 3.5 only (etcdutl migrate's minimum target is 3.5), and 3.5 data is not readable by 3.4. Restore the backup taken before the upgrade instead: kubefence migrate restore-backup", target.MinorString())
+	case cur.Storage == StorageV2:
+		return fmt.Errorf("the data holds v2 content (%s), which etcd 3.6 cannot have written: fix %s", cur, VersionFileName)
 	case cur.Version.Minor-target.Minor > 1:
 		return fmt.Errorf("etcd downgrades one minor at a time; %s to %s skips one: downgrade to 3.%d first", cur.VersionString, target, cur.Version.Minor-1)
 	case cur.Version.Minor != 6:

@@ -56,8 +56,12 @@ func findBinary(ctx context.Context, binDir string, want Version, exact bool) (B
 	if !exact {
 		name = "etcd-" + want.MinorString() + ".*"
 	}
-	return Binary{}, fmt.Errorf("%s has no %s binary (it has: %s); put one there (hack/e2e-deps.sh builds etcd-3.5.x and etcd-3.6.x; Debian's etcd-server is 3.4)",
-		binDir, name, strings.Join(append(have, "nothing else")[:max(1, len(have))], ", "))
+	list := "no etcd-<version> binaries"
+	if len(have) > 0 {
+		list = "it has " + strings.Join(have, ", ")
+	}
+	return Binary{}, fmt.Errorf("%s has no %s binary (%s); put one there (hack/e2e-deps.sh builds etcd-3.5.x and etcd-3.6.x; Debian's etcd-server is 3.4)",
+		binDir, name, list)
 }
 
 // checkBinary runs `etcd --version` and checks it names the version the file name says.
@@ -86,6 +90,8 @@ type etcdProc struct {
 	logPath   string
 	done      chan struct{}
 	err       error
+	// terminated is set once kubefence asked etcd to stop, so its exit is expected.
+	terminated bool
 }
 
 // startEtcd starts bin on a member's data dir, clients on a free loopback port, peers on
@@ -139,14 +145,19 @@ func (p *etcdProc) exited() error {
 }
 
 // terminate asks etcd to stop: it commits its backend and exits.
-func (p *etcdProc) terminate() { _ = p.cmd.Process.Signal(syscall.SIGTERM) }
+func (p *etcdProc) terminate() {
+	p.terminated = true
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+}
 
 // stop terminates etcd and waits. Killed after grace, which is an error (the data dir is then
 // as after a crash, and the step is repeated on the next run).
 func (p *etcdProc) stop(grace time.Duration) error {
 	select {
 	case <-p.done:
-		return p.exited()
+		if !p.terminated {
+			return p.exited()
+		}
 	default:
 	}
 	p.terminate()

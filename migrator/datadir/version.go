@@ -30,7 +30,7 @@ func ParseVersion(s string) (Version, error) {
 	var n [3]int
 	for i, p := range parts {
 		v, err := strconv.Atoi(p)
-		if err != nil || v < 0 || p == "" || (len(p) > 1 && p[0] == '0') {
+		if err != nil || p == "" || strings.Trim(p, "0123456789") != "" || (len(p) > 1 && p[0] == '0') {
 			return Version{}, fmt.Errorf("%q is not an etcd version (want MAJOR.MINOR.PATCH, e.g. 3.5.17)", s)
 		}
 		n[i] = v
@@ -120,7 +120,7 @@ type Detection struct {
 	Why []string `json:"why,omitempty"`
 }
 
-// Minor is how the detection prints.
+// String is how the detection prints.
 func (d Detection) String() string {
 	s := fmt.Sprintf("%s/%s (from %s)", d.VersionString, d.Storage, d.Source)
 	if len(d.Why) > 0 {

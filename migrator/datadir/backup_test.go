@@ -1,0 +1,177 @@
+package datadir
+
+import (
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestBackupRestore(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "member-a")
+	writeTree(t, dataDir, memberDir)
+	root := filepath.Join(parent, "backups")
+	now := time.Date(2025, 3, 4, 5, 6, 7, 0, time.FixedZone("CET", 3600))
+
+	rep, err := Backup(dataDir, root, "3.5.9", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(root, "member-a-3.5.9-20250304T040607Z") // UTC
+	if rep.Backup != backup || rep.DataDir != dataDir || rep.Files != len(memberDir) {
+		t.Fatalf("Backup = %+v, want %s with %d files", rep, backup, len(memberDir))
+	}
+	var bytes int64
+	for _, c := range memberDir {
+		bytes += int64(len(c))
+	}
+	if rep.Bytes != bytes {
+		t.Errorf("Bytes = %d, want %d", rep.Bytes, bytes)
+	}
+	backupFiles := readTree(t, backup)
+	delete(backupFiles, ManifestName)
+	if !maps.Equal(backupFiles, memberDir) {
+		t.Fatalf("backup holds %v, want %v", backupFiles, memberDir)
+	}
+	if _, err := VerifyManifest(backup); err != nil {
+		t.Fatalf("the backup's manifest: %v", err)
+	}
+	if got := dirNames(t, root); !slices.Equal(got, []string{filepath.Base(backup)}) {
+		t.Fatalf("backup root holds %v", got)
+	}
+
+	// The same name again is refused and the first backup is kept as it was.
+	before := readTree(t, backup)
+	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "wal bytes, grown"})
+	_, err = Backup(dataDir, root, "3.5.9", now)
+	assertErrContains(t, err, backup+": file already exists", "never overwritten")
+	assertTree(t, backup, before)
+	if got := dirNames(t, root); !slices.Equal(got, []string{filepath.Base(backup)}) {
+		t.Fatalf("after the refused backup the root holds %v (a partial copy left?)", got)
+	}
+
+	// Restore over the (since changed) data dir: the current one is kept aside.
+	current := readTree(t, dataDir)
+	restoredAt := time.Date(2025, 3, 5, 0, 0, 0, 0, time.UTC)
+	rr, err := RestoreBackup(backup, dataDir, restoredAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaced := dataDir + ".replaced-20250305T000000Z"
+	if rr.Replaced != replaced || rr.Files != len(memberDir) || rr.Backup != backup || rr.DataDir != dataDir {
+		t.Fatalf("RestoreBackup = %+v, want replaced %s and %d files", rr, replaced, len(memberDir))
+	}
+	assertTree(t, dataDir, memberDir)
+	assertTree(t, replaced, current)
+	assertTree(t, backup, before) // a restore reads the backup only
+	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a", "member-a.replaced-20250305T000000Z"}) {
+		t.Fatalf("after the restore the parent holds %v", got)
+	}
+}
+
+func TestRestoreIntoMissingDir(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "data")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dataDir); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.Replaced != "" {
+		t.Errorf("Replaced = %q, want none: there was no data dir", rr.Replaced)
+	}
+	assertTree(t, dataDir, memberDir)
+}
+
+func TestRestoreDamagedBackup(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		damage  func(t *testing.T, backup string)
+		wantErr []string
+	}{
+		{name: "changed file", wantErr: []string{"is damaged, nothing was restored", "member/snap/db: sha256"},
+			damage: func(t *testing.T, b string) {
+				writeTree(t, b, map[string]string{"member/snap/db": "bit rot"})
+			}},
+		{name: "missing file", wantErr: []string{"is damaged", "member/wal/x.wal: missing"},
+			damage: func(t *testing.T, b string) {
+				if err := os.Remove(filepath.Join(b, "member", "wal", "x.wal")); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "extra file", wantErr: []string{"is damaged", "member/wal/y.wal: not in the manifest"},
+			damage: func(t *testing.T, b string) {
+				writeTree(t, b, map[string]string{"member/wal/y.wal": "stray"})
+			}},
+		{name: "no manifest", wantErr: []string{"has no manifest"},
+			damage: func(t *testing.T, b string) {
+				if err := os.Remove(filepath.Join(b, ManifestName)); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			dataDir := filepath.Join(parent, "data")
+			writeTree(t, dataDir, memberDir)
+			rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(1700000000, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, rep.Backup)
+			writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "newer wal"})
+			want := readTree(t, dataDir)
+
+			_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(1800000000, 0))
+			assertErrContains(t, err, tc.wantErr...)
+			assertTree(t, dataDir, want)
+			if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
+				t.Fatalf("after the refused restore the parent holds %v, want nothing new", got)
+			}
+		})
+	}
+}
+
+func TestRestoreInUse(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "data")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockExclusive(t, filepath.Join(dataDir, "member", "snap", "db"))
+	_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	assertErrContains(t, err, dataDir+" is in use by a running etcd")
+	assertTree(t, dataDir, memberDir)
+	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
+		t.Fatalf("after the refused restore the parent holds %v", got)
+	}
+}
+
+func TestBackupRefusals(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "data")
+	writeTree(t, dataDir, memberDir)
+
+	_, err := Backup(dataDir, filepath.Join(dataDir, "backups"), "3.5.9", time.Unix(0, 0))
+	assertErrContains(t, err, "must not be inside the data dir "+dataDir)
+
+	lockExclusive(t, filepath.Join(dataDir, "member", "snap", "db"))
+	_, err = Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	assertErrContains(t, err, "is in use by a running etcd")
+	if names := dirNames(t, filepath.Join(parent, "backups")); len(names) != 0 {
+		t.Fatalf("a refused backup left %v", names)
+	}
+	assertTree(t, dataDir, memberDir)
+}

@@ -1,0 +1,120 @@
+package datadir
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// lockExclusive holds an exclusive flock on path, as a running etcd does on member/snap/db,
+// until the test ends.
+func lockExclusive(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCopyStoppedRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		setup   func(t *testing.T, src string) (dst string)
+		wantErr []string
+	}{
+		{name: "output is the source", wantErr: []string{"must not be inside the source", "the source is never written"},
+			setup: func(t *testing.T, src string) string { return src + "/" }},
+		{name: "output inside the source", wantErr: []string{"must not be inside the source"},
+			setup: func(t *testing.T, src string) string { return filepath.Join(src, "member", "copy") }},
+		{name: "output inside the source, unclean path", wantErr: []string{"must not be inside the source"},
+			setup: func(t *testing.T, src string) string {
+				return filepath.Dir(src) + "/x/../" + filepath.Base(src) + "//copy"
+			}},
+		{name: "no output", wantErr: []string{"an output dir is required"},
+			setup: func(t *testing.T, src string) string { return "" }},
+		{name: "non-empty output", wantErr: []string{"is not empty", "refusing to overwrite"},
+			setup: func(t *testing.T, src string) string {
+				dst := filepath.Join(filepath.Dir(src), "out")
+				writeTree(t, dst, map[string]string{"keep.txt": "precious"})
+				return dst
+			}},
+		{name: "in use", wantErr: []string{"is in use by a running etcd", "--live --endpoint"},
+			setup: func(t *testing.T, src string) string {
+				lockExclusive(t, filepath.Join(src, "member", "snap", "db"))
+				return filepath.Join(filepath.Dir(src), "out")
+			}},
+		{name: "not a member dir", wantErr: []string{"is not an etcd member data dir"},
+			setup: func(t *testing.T, src string) string {
+				if err := os.Remove(filepath.Join(src, "member", "snap", "db")); err != nil {
+					t.Fatal(err)
+				}
+				return filepath.Join(filepath.Dir(src), "out")
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			src := filepath.Join(parent, "data")
+			writeTree(t, src, memberDir)
+			dst := tc.setup(t, src)
+			srcBefore := readTree(t, src)
+			namesBefore := dirNames(t, parent)
+			var outBefore map[string]string
+			if dst != "" {
+				if _, err := os.Stat(dst); err == nil {
+					outBefore = readTree(t, dst)
+				}
+			}
+
+			rep, err := CopyStopped(src, "", dst)
+			assertErrContains(t, err, tc.wantErr...)
+			if rep.Files != 0 || rep.Detection != nil {
+				t.Errorf("a refused copy reports %+v", rep)
+			}
+			assertTree(t, src, srcBefore)
+			if got := dirNames(t, parent); !slices.Equal(got, namesBefore) {
+				t.Errorf("the parent held %v and now holds %v", namesBefore, got)
+			}
+			if outBefore != nil {
+				assertTree(t, dst, outBefore)
+			}
+		})
+	}
+}
+
+func TestCheckOutputRefusesFilesAndRelativeAliases(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	src := filepath.Join(dir, "data")
+	if err := os.MkdirAll(filepath.Join(src, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(file, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(src, filepath.Join(dir, "alias")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ src, dst, want string }{
+		{src, file, "is a file"},
+		{"data", filepath.Join(dir, "data", "out"), "must not be inside"},
+		{src, filepath.Join(dir, "alias", "out"), "must not be inside"},
+		{".", "out", "must not be inside"},
+	} {
+		err := checkOutput(c.src, c.dst)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("checkOutput(%q, %q) = %v, want %q", c.src, c.dst, err, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(file); string(b) != "keep" {
+		t.Fatal("the file was changed")
+	}
+}
