@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"github.com/kubefence/kubefence/migrator/datadir"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -83,12 +81,12 @@ func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
 	}
 	sort.Strings(wals)
 	for _, f := range snaps {
-		if err := copyFile(f, filepath.Join(snapDst, filepath.Base(f)), -1); err != nil {
+		if err := datadir.CopyFile(f, filepath.Join(snapDst, filepath.Base(f)), -1); err != nil {
 			return err
 		}
 	}
 	for _, f := range wals {
-		if err := copyFile(f, filepath.Join(walDst, filepath.Base(f)), -1); err != nil {
+		if err := datadir.CopyFile(f, filepath.Join(walDst, filepath.Base(f)), -1); err != nil {
 			return err
 		}
 	}
@@ -96,7 +94,7 @@ func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
 	if err != nil {
 		return err
 	}
-	if err := copyFile(snapshotDB, filepath.Join(snapDst, "db"), st.Size()-sha256.Size); err != nil {
+	if err := datadir.CopyFile(snapshotDB, filepath.Join(snapDst, "db"), st.Size()-sha256.Size); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dst); err != nil {
@@ -106,29 +104,6 @@ func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
 		return err
 	}
 	return atomicfile.SyncDir(filepath.Dir(dst))
-}
-
-// copyFile copies src (its first n bytes when n >= 0) to dst and syncs it. A file that grows
-// while copied is copied as far as it was read.
-func copyFile(src, dst string, n int64) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	var r io.Reader = in
-	if n >= 0 {
-		r = io.LimitReader(in, n)
-	}
-	_, err = io.Copy(out, r)
-	if err == nil {
-		err = out.Sync()
-	}
-	return errors.Join(err, out.Close())
 }
 
 func (r *runner) v2ReportPath() string { return filepath.Join(r.p.StateDir, "v2-migration.json") }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,6 +129,22 @@ func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, ini
 	p := &etcdProc{cmd: cmd, clientURL: client, logPath: logPath, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	return p, nil
+}
+
+// bindable checks that each URL's host:port can be listened on here, now.
+func bindable(urls []string) error {
+	for _, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return fmt.Errorf("peer URL %q: %w", raw, err)
+		}
+		ln, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return fmt.Errorf("cannot listen on peer URL %s: %w", raw, err)
+		}
+		ln.Close()
+	}
+	return nil
 }
 
 func freePort() (int, error) {

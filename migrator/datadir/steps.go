@@ -84,6 +84,9 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 		} else {
 			// Members find each other at the peer URLs their data records.
 			peers[m.dir] = m.ms.Self.PeerURLs
+			if err := bindable(m.ms.Self.PeerURLs); err != nil {
+				return fmt.Errorf("%s (member %s): %w; a multi-member upgrade starts all members on this host at the peer URLs their data records, so those must be local and free (for members on separate hosts, upgrade them rolling, one at a time, with etcd itself)", m.dir, m.ms.Self.Name, err)
+			}
 		}
 		for _, u := range peers[m.dir] {
 			initial = append(initial, m.ms.Self.Name+"="+u)
