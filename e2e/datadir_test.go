@@ -546,6 +546,7 @@ func TestMigrateBadInputs(t *testing.T) {
 	}{
 		{"garbled version file", "3.4.23/etcd", upgrade(bins), []string{"version.txt", "neither etcd2 nor etcd3", "Fix it by hand"}},
 		{"empty version file", "\n", upgrade(bins), []string{"version.txt", "empty", "delete it"}},
+		{"version file hides v2 content", "3.4.23/etcd3\n", upgrade(bins), []string{"holds v2 content", "3.4.23/etcd2"}},
 		{"garbled version file, detect", "three.four", func(d string) []string { return []string{"migrate", "detect", "--data-dir", d} }, []string{"not <etcd version>/<etcd2|etcd3>"}},
 		{"missing binary", "", upgrade(onlyNew), []string{"has no etcd-3.5.* binary", "etcd-" + framework.Etcd36}},
 		{"downgrade to 3.3", "", func(d string) []string {

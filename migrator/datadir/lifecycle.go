@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
 // Operation is what a lifecycle run does.
@@ -254,6 +255,22 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	}
 	if cur.Version.Major != 3 || opts.Target.Major != 3 {
 		return rep, fmt.Errorf("from %s to %s: kubefence steps etcd 3 minors only", cur.VersionString, opts.Target)
+	}
+	if op == OpUpgrade && opts.Target.Minor >= 6 {
+		// etcd 3.6 refuses v2 content: do not take a version file's word that there is none.
+		for _, det := range rep.Before {
+			if det.Source != VersionFileName || det.Storage == StorageV2 {
+				continue
+			}
+			has, why, err := v2v3.DetectV2(det.DataDir, "")
+			if err != nil {
+				return rep, err
+			}
+			if has {
+				return rep, fmt.Errorf("%s says %s/etcd3, but the data holds v2 content (%s): write %s/etcd2 into it, and the upgrade migrates that content before etcd 3.6",
+					filepath.Join(det.DataDir, VersionFileName), det.VersionString, why, det.VersionString)
+			}
+		}
 	}
 	add := func(s *StepReport) { rep.Steps = append(rep.Steps, s) }
 	add(&StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionString})
