@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kubefence/kubefence/e2e/framework"
@@ -99,32 +97,12 @@ func checkPrefix(t *testing.T, what string, keys map[string]string, prefix strin
 	return m
 }
 
-// backendValues reads the live keys of a stopped member's backend: the newest revision of each
-// key, unless that revision is a deletion (a tombstone, marked by a 't' after the revision).
+// backendValues is readBackendKeys as key -> value.
 func backendValues(t *testing.T, dataDir string) map[string]string {
 	t.Helper()
-	db, err := bolt.Open(filepath.Join(dataDir, "member", "snap", "db"), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	out := map[string]string{}
-	err = db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte("key")).ForEach(func(k, v []byte) error {
-			var kv mvccpb.KeyValue
-			if err := kv.Unmarshal(v); err != nil {
-				return err
-			}
-			if len(k) == 18 && k[17] == 't' {
-				delete(out, string(kv.Key))
-			} else {
-				out[string(kv.Key)] = string(kv.Value)
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
+	for k, kv := range readBackendKeys(t, dataDir) {
+		out[k] = string(kv.Value)
 	}
 	return out
 }

@@ -89,7 +89,8 @@ func writeV2Data(t *testing.T, c *framework.V2Client) {
 	}
 }
 
-// readBackendKeys reads the key bucket of a member's v3 backend: key -> KeyValue.
+// readBackendKeys reads the live keys of a member's v3 backend: key -> its newest KeyValue,
+// unless that revision is a deletion (a tombstone, marked by a 't' after the revision).
 func readBackendKeys(t *testing.T, dataDir string) map[string]*mvccpb.KeyValue {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(dataDir, "member", "snap", "db"), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
@@ -99,7 +100,7 @@ func readBackendKeys(t *testing.T, dataDir string) map[string]*mvccpb.KeyValue {
 	defer db.Close()
 	out := map[string]*mvccpb.KeyValue{}
 	err = db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte("key")).ForEach(func(_, v []byte) error {
+		return tx.Bucket([]byte("key")).ForEach(func(k, v []byte) error {
 			if len(v) == 0 {
 				return nil
 			}
@@ -107,7 +108,11 @@ func readBackendKeys(t *testing.T, dataDir string) map[string]*mvccpb.KeyValue {
 			if err := kv.Unmarshal(v); err != nil {
 				return err
 			}
-			out[string(kv.Key)] = kv
+			if len(k) == 18 && k[17] == 't' {
+				delete(out, string(kv.Key))
+			} else {
+				out[string(kv.Key)] = kv
+			}
 			return nil
 		})
 	})

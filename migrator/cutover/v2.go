@@ -8,7 +8,6 @@ import (
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"os"
 	"path/filepath"
-	"sort"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,17 +19,12 @@ import (
 // A blue member's v2 store lives in its snapshot files and WAL, which the v3 API does not
 // expose. For a v2 source the copy step therefore takes two things: the v3 data as a
 // maintenance snapshot after raft convergence (as for any source), and the member's v2 state by
-// copying its files while it runs — snapshot files first, then WAL segments. etcd only appends
-// to the WAL and writes snapshot files whole, so the copied WAL covers everything after the
-// newest copied snapshot; the migration replays it only up to the committed index it holds, so
-// the copy is a consistent prefix of the log (a torn last record is ignored). If etcd purged a
-// WAL segment the copied snapshot still needed between the two copies, reading the copy fails
-// and the copy is taken again.
+// copying its files while it runs with datadir.CopyMemberFiles — snapshot files first, then WAL
+// segments, a consistent prefix of the log (docs/datadir.md). The migration replays the copied
+// WAL only up to the committed index it holds. If etcd purged a WAL segment the copied snapshot
+// still needed between the two copies, reading the copy fails and the copy is taken again.
 
 func (r *runner) memberCopyPath() string { return filepath.Join(r.p.StateDir, "blue-member") }
-
-// copyAttempts bounds retries of a live member copy that raced a WAL purge.
-const copyAttempts = 3
 
 // copyV2Member copies blue's member files next to the v3 snapshot (which becomes the copy's
 // member/snap/db) and decides, for mode auto, whether the member holds v2 user content.
@@ -38,7 +32,7 @@ func (r *runner) copyV2Member(snapshotDB string) (string, error) {
 	e := r.p.Blue.Etcd
 	dst := r.memberCopyPath()
 	var last error
-	for try := 1; try <= copyAttempts; try++ {
+	for try := 1; try <= datadir.LiveAttempts; try++ {
 		if err := copyLiveMember(e.DataDir, e.WALDir, snapshotDB, dst); err != nil {
 			return "", err
 		}
@@ -58,52 +52,22 @@ func (r *runner) copyV2Member(snapshotDB string) (string, error) {
 	return "", fmt.Errorf("copy of the running member %s: %w", e.DataDir, last)
 }
 
-// copyLiveMember copies member/snap/*.snap, then the WAL segments, then the v3 snapshot
-// (without the sha256 etcd appends) as member/snap/db, into a temp dir renamed to dst.
+// copyLiveMember copies the running member's files with the v3 snapshot (without the sha256
+// etcd appends) as its backend, into dst (replacing an earlier attempt).
 func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
-	if walDir == "" {
-		walDir = filepath.Join(dataDir, "member", "wal")
-	}
-	tmp := dst + ".part"
-	if err := os.RemoveAll(tmp); err != nil {
-		return err
-	}
-	snapDst, walDst := filepath.Join(tmp, "member", "snap"), filepath.Join(tmp, "member", "wal")
-	for _, d := range []string{snapDst, walDst} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return err
-		}
-	}
-	snaps, _ := filepath.Glob(filepath.Join(dataDir, "member", "snap", "*.snap"))
-	wals, _ := filepath.Glob(filepath.Join(walDir, "*.wal"))
-	if len(wals) == 0 {
-		return fmt.Errorf("no WAL files in %s: is blue.etcd.dataDir (or walDir) a member of blue?", walDir)
-	}
-	sort.Strings(wals)
-	for _, f := range snaps {
-		if err := datadir.CopyFile(f, filepath.Join(snapDst, filepath.Base(f)), -1); err != nil {
-			return err
-		}
-	}
-	for _, f := range wals {
-		if err := datadir.CopyFile(f, filepath.Join(walDst, filepath.Base(f)), -1); err != nil {
-			return err
-		}
-	}
-	st, err := os.Stat(snapshotDB)
-	if err != nil {
-		return err
-	}
-	if err := datadir.CopyFile(snapshotDB, filepath.Join(snapDst, "db"), st.Size()-sha256.Size); err != nil {
-		return err
-	}
 	if err := os.RemoveAll(dst); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return err
-	}
-	return atomicfile.SyncDir(filepath.Dir(dst))
+	_, err := datadir.BuildDir(dst, func(tmp string) (datadir.Manifest, error) {
+		return datadir.CopyMemberFiles(dataDir, walDir, tmp, func() (string, int64, error) {
+			st, err := os.Stat(snapshotDB)
+			if err != nil {
+				return "", 0, err
+			}
+			return snapshotDB, st.Size() - sha256.Size, nil
+		})
+	})
+	return err
 }
 
 func (r *runner) v2ReportPath() string { return filepath.Join(r.p.StateDir, "v2-migration.json") }

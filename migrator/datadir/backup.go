@@ -40,25 +40,12 @@ func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) 
 	defer lock.Close()
 	name := fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z"))
 	dst := filepath.Join(root, name)
-	tmp := dst + ".kubefence-part"
-	if err := os.RemoveAll(tmp); err != nil {
-		return rep, err
-	}
-	m, err := copyTree(dataDir, tmp, nil)
-	if err == nil {
-		err = m.Write(tmp)
-	}
-	if err == nil {
-		if err = renameNoReplace(tmp, dst); errors.Is(err, os.ErrExist) {
-			err = fmt.Errorf("%w: a backup is never overwritten", err)
-		}
+	m, err := BuildDir(dst, func(tmp string) (Manifest, error) { return copyTree(dataDir, tmp, nil) })
+	if errors.Is(err, os.ErrExist) {
+		err = fmt.Errorf("%w: a backup is never overwritten", err)
 	}
 	if err != nil {
-		os.RemoveAll(tmp)
-		return rep, diskHint(fmt.Errorf("back up %s: %w", dataDir, err), root)
-	}
-	if err := atomicfile.SyncDir(root); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("back up %s: %w", dataDir, err)
 	}
 	rep.Backup, rep.Files, rep.Bytes, rep.Duration = dst, len(m), m.Bytes(), time.Since(start)
 	return rep, nil

@@ -90,7 +90,7 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 		return rep, err
 	}
 	defer lock.Close()
-	m, err := buildDir(dst, func(tmp string) (Manifest, error) {
+	m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
 		m, err := copyTree(dataDir, tmp, nil)
 		if err != nil || walDir == "" {
 			return m, err
@@ -106,11 +106,11 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 		return rep, err
 	}
 	rep.Files, rep.Bytes, rep.Manifest = len(m), m.Bytes(), filepath.Join(dst, ManifestName)
-	if d, err := Detect(dst, ""); err == nil {
-		rep.Detection = &d
-	} else {
+	d, err := Detect(dst, "")
+	if err != nil {
 		return rep, fmt.Errorf("the copy in %s is not readable: %w", dst, err)
 	}
+	rep.Detection = &d
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -125,8 +125,8 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 // is ignored (etcd repairs it on start). A copy that raced a WAL purge (a segment gone between the
 // snapshot and the WAL copy) is detected by reading it back and taken again.
 
-// liveAttempts bounds retries of a live copy that raced a WAL purge.
-const liveAttempts = 3
+// LiveAttempts bounds retries of a live copy that raced a WAL purge.
+const LiveAttempts = 3
 
 // CopyLive copies a running member's data dir; endpoint is that member's client URL.
 func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec Client, endpoint string) (CopyReport, error) {
@@ -151,11 +151,17 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec Client, end
 	}
 	memberID := st.Header.MemberId
 	var last error
-	for rep.Attempts = 1; rep.Attempts <= liveAttempts; rep.Attempts++ {
+	for rep.Attempts = 1; rep.Attempts <= LiveAttempts; rep.Attempts++ {
 		var snap SnapshotInfo
 		var commit uint64
-		m, err := buildDir(dst, func(tmp string) (Manifest, error) {
-			m, err := copyLiveFiles(ctx, dataDir, walDir, tmp, spec, endpoint, &snap)
+		m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
+			viaAPI := tmp + ".backend"
+			defer os.Remove(viaAPI)
+			m, err := CopyMemberFiles(dataDir, walDir, tmp, func() (string, int64, error) {
+				var err error
+				snap, err = SnapshotFrom(ctx, spec, endpoint, viaAPI)
+				return viaAPI, snap.Bytes - sha256.Size, err
+			})
 			if err != nil {
 				return m, err
 			}
@@ -185,31 +191,29 @@ type errRetry struct{ err error }
 
 func (e *errRetry) Error() string { return e.err.Error() }
 
-// copyLiveFiles copies snapshot files, then the backend through the API, then the WAL.
-func copyLiveFiles(ctx context.Context, dataDir, walDir, tmp string, spec Client, endpoint string, snap *SnapshotInfo) (Manifest, error) {
+// CopyMemberFiles copies a running member's files into dir in the order that makes them a
+// prefix of its log (see above): its snapshot files; then its backend, which must come from the
+// maintenance API — the first n bytes of the file backend returns; then its WAL segments.
+func CopyMemberFiles(dataDir, walDir, dir string, backend func() (path string, n int64, err error)) (Manifest, error) {
 	if walDir == "" {
 		walDir = filepath.Join(dataDir, "member", "wal")
 	}
-	snapDir, walDst := filepath.Join(tmp, "member", "snap"), filepath.Join(tmp, "member", "wal")
-	m, err := copyTree(filepath.Join(dataDir, "member", "snap"), snapDir, func(rel string) bool { return strings.HasSuffix(rel, ".snap") })
+	if wals, _ := filepath.Glob(filepath.Join(walDir, "*.wal")); len(wals) == 0 {
+		return nil, fmt.Errorf("no WAL files in %s: is this a member's data dir (or its --wal-dir)?", walDir)
+	}
+	m, err := copyTree(filepath.Join(dataDir, "member", "snap"), filepath.Join(dir, "member", "snap"), func(rel string) bool { return strings.HasSuffix(rel, ".snap") })
 	if err != nil {
 		return nil, err
 	}
 	prefix(m, "member/snap")
-	dbWithHash := filepath.Join(snapDir, "db.sha256-appended")
-	info, err := SnapshotFrom(ctx, spec, endpoint, dbWithHash)
+	src, n, err := backend()
 	if err != nil {
 		return nil, err
 	}
-	*snap = info
-	db := filepath.Join(snapDir, "db")
-	if err := copyOne(dbWithHash, db, info.Bytes-sha256.Size, &m, "member/snap/db"); err != nil {
+	if err := copyOne(src, filepath.Join(dir, "member", "snap", "db"), n, &m, "member/snap/db"); err != nil {
 		return nil, err
 	}
-	if err := os.Remove(dbWithHash); err != nil {
-		return nil, err
-	}
-	w, err := copyTree(walDir, walDst, func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
+	w, err := copyTree(walDir, filepath.Join(dir, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
 	if err != nil {
 		return nil, err
 	}
@@ -280,10 +284,11 @@ func realPath(p string) string {
 	}
 }
 
-// buildDir builds dst through a temp dir next to it: build fills the temp dir and returns the
-// manifest of what it wrote, which is written into it; then the temp dir is renamed to dst. On
-// any error the temp dir is removed and dst is untouched.
-func buildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, error) {
+// BuildDir builds dst through a temp dir next to it: build fills the temp dir and returns the
+// manifest of what it wrote, which is written into it; then the temp dir is renamed to dst,
+// never over anything but an empty dir. On any error the temp dir is removed and dst is
+// untouched.
+func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, error) {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return nil, err
 	}
@@ -305,10 +310,12 @@ func buildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, e
 	if err := m.Write(tmp); err != nil {
 		return fail(err)
 	}
-	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fail(fmt.Errorf("%s: %w", dst, err))
+	if entries, err := os.ReadDir(dst); err == nil && len(entries) == 0 {
+		if err := os.Remove(dst); err != nil {
+			return fail(err)
+		}
 	}
-	if err := os.Rename(tmp, dst); err != nil {
+	if err := renameNoReplace(tmp, dst); err != nil {
 		return fail(err)
 	}
 	return m, atomicfile.SyncDir(filepath.Dir(dst))

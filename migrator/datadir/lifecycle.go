@@ -249,12 +249,12 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		if i == 0 {
 			cur = det
 		} else if !det.Version.SameMinor(cur.Version) {
-			return rep, fmt.Errorf("members are at different versions (%s: %s, %s: %s): bring them to one version first", opts.DataDirs[0], cur.VersionString, d, det.VersionString)
+			return rep, fmt.Errorf("members are at different versions (%s: %s, %s: %s): bring them to one version first", opts.DataDirs[0], cur.VersionText(), d, det.VersionText())
 		}
 		v2 = v2 || det.Storage == StorageV2
 	}
 	if cur.Version.Major != 3 || opts.Target.Major != 3 {
-		return rep, fmt.Errorf("from %s to %s: kubefence steps etcd 3 minors only", cur.VersionString, opts.Target)
+		return rep, fmt.Errorf("from %s to %s: kubefence steps etcd 3 minors only", cur.VersionText(), opts.Target)
 	}
 	if op == OpUpgrade && opts.Target.Minor >= 6 {
 		// etcd 3.6 refuses v2 content: do not take a version file's word that there is none.
@@ -268,33 +268,36 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			}
 			if has {
 				return rep, fmt.Errorf("%s says %s/etcd3, but the data holds v2 content (%s): write %s/etcd2 into it, and the upgrade migrates that content before etcd 3.6",
-					filepath.Join(det.DataDir, VersionFileName), det.VersionString, why, det.VersionString)
+					filepath.Join(det.DataDir, VersionFileName), det.VersionText(), why, det.VersionText())
 			}
 		}
 	}
 	add := func(s *StepReport) { rep.Steps = append(rep.Steps, s) }
-	add(&StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionString})
+	add(&StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionText()})
 	switch op {
 	case OpUpgrade:
 		if opts.Target.Minor < cur.Version.Minor {
-			return rep, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionString, opts.Target)
+			return rep, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
 		}
-		migrated := false
-		migrate := func(at string) {
-			if v2 && !migrated {
+		// One run step per minor after the data's; the data's own minor too when the target is a
+		// newer patch of it (or the patch is unknown), or when its v2 content must go first.
+		first := cur.Version.Minor + 1
+		if opts.Target.SameMinor(cur.Version) {
+			if cur.Source == VersionFileName && !cur.Version.Less(opts.Target) && !(v2 && opts.Target.Minor >= 6) {
+				rep.Steps = nil // already there: nothing to do, and no backup either
+				return rep, nil
+			}
+			first = cur.Version.Minor
+		}
+		at, migrated := cur.VersionText(), false
+		for minor := first; minor <= opts.Target.Minor; minor++ {
+			if v2 && minor >= 6 && !migrated {
 				add(&StepReport{Name: "migrate the v2 store to v3 keys (etcd 3.6 refuses v2 data)", Kind: StepMigrateV2, Version: at})
 				migrated = true
 			}
-		}
-		at := cur.VersionString
-		for minor := cur.Version.Minor + 1; minor <= opts.Target.Minor; minor++ {
-			want := Version{3, minor, 0}
-			exact := minor == opts.Target.Minor
+			want, exact := Version{3, minor, 0}, minor == opts.Target.Minor
 			if exact {
 				want = opts.Target
-			}
-			if minor >= 6 {
-				migrate(at)
 			}
 			b, err := findBinary(ctx, opts.BinDir, want, exact)
 			if err != nil {
@@ -302,20 +305,6 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			}
 			add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
 			at = b.Version.String()
-		}
-		if opts.Target.SameMinor(cur.Version) {
-			if opts.Target.Minor >= 6 {
-				migrate(at)
-			}
-			if cur.Source == VersionFileName && !cur.Version.Less(opts.Target) && !migrated {
-				rep.Steps = nil // already there: nothing to do, and no backup either
-				return rep, nil
-			}
-			b, err := findBinary(ctx, opts.BinDir, opts.Target, true)
-			if err != nil {
-				return rep, err
-			}
-			add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
 		}
 	case OpDowngrade:
 		if err := checkDowngrade(cur, opts.Target); err != nil {
@@ -340,15 +329,15 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 func checkDowngrade(cur Detection, target Version) error {
 	switch {
 	case !target.Less(cur.Version) || target.SameMinor(cur.Version):
-		return fmt.Errorf("the data is at %s; %s is not an older minor: use kubefence migrate upgrade", cur.VersionString, target)
+		return fmt.Errorf("the data is at %s; %s is not an older minor: use kubefence migrate upgrade", cur.VersionText(), target)
 	case target.Minor < 5:
 		return fmt.Errorf("etcd cannot downgrade a data dir to %s: storage downgrades exist from 3.6 to 3.5 only (etcdutl migrate's minimum target is 3.5), and 3.5 data is not readable by 3.4. Restore the backup taken before the upgrade instead: kubefence migrate restore-backup", target.MinorString())
 	case cur.Storage == StorageV2:
 		return fmt.Errorf("the data holds v2 content (%s), which etcd 3.6 cannot have written: fix %s", cur, VersionFileName)
 	case cur.Version.Minor-target.Minor > 1:
-		return fmt.Errorf("etcd downgrades one minor at a time; %s to %s skips one: downgrade to 3.%d first", cur.VersionString, target, cur.Version.Minor-1)
+		return fmt.Errorf("etcd downgrades one minor at a time; %s to %s skips one: downgrade to 3.%d first", cur.VersionText(), target, cur.Version.Minor-1)
 	case cur.Version.Minor != 6:
-		return fmt.Errorf("kubefence knows the 3.6 → 3.5 downgrade only; the data is at %s", cur.VersionString)
+		return fmt.Errorf("kubefence knows the 3.6 → 3.5 downgrade only; the data is at %s", cur.VersionText())
 	}
 	return nil
 }

@@ -1,12 +1,13 @@
 package datadir
 
 import (
+	"slices"
 	"testing"
 )
 
 func TestCheckDowngrade(t *testing.T) {
 	det := func(v Version, st Storage) Detection {
-		return Detection{Version: v, VersionString: v.String(), Storage: st, Source: VersionFileName}
+		return Detection{Version: v, Storage: st, Source: VersionFileName}
 	}
 	for _, tc := range []struct {
 		name    string
@@ -47,4 +48,45 @@ func TestCheckDowngrade(t *testing.T) {
 			assertErrContains(t, err, tc.wantErr...)
 		})
 	}
+}
+
+// TestPlanUpgrade: the steps an upgrade plans from a version file, with fake binaries.
+func TestPlanUpgrade(t *testing.T) {
+	bin := t.TempDir()
+	for _, v := range []string{"3.5.9", "3.5.35", "3.6.16"} {
+		fakeEtcd(t, bin, v, v)
+	}
+	for _, tc := range []struct {
+		from, target string
+		want         []string // kind@version
+	}{
+		{"3.4.23/etcd3", "3.5.35", []string{"backup@3.4.23", "run@3.5.35"}}, // to 3.6 looks for v2 content in real data: e2e
+		{"3.4.23/etcd2", "3.6.16", []string{"backup@3.4.23", "run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		{"3.4.23/etcd2", "3.5.9", []string{"backup@3.4.23", "run@3.5.9"}},
+		{"3.5.9/etcd3", "3.5.35", []string{"backup@3.5.9", "run@3.5.35"}},
+		{"3.5.35/etcd2", "3.6.16", []string{"backup@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		{"3.6.16/etcd2", "3.6.16", []string{"backup@3.6.16", "migrate-v2@3.6.16", "run@3.6.16"}},
+		{"3.5.35/etcd3", "3.5.35", nil},
+		{"3.5.35/etcd3", "3.5.9", nil}, // a newer patch of the target's minor: nothing to do
+	} {
+		t.Run(tc.from+"->"+tc.target, func(t *testing.T) {
+			dir := t.TempDir()
+			writeTree(t, dir, map[string]string{"member/snap/db": "x", VersionFileName: tc.from})
+			rep, err := plan(t.Context(), OpUpgrade, Options{DataDirs: []string{dir}, Target: mustParseVersion(t, tc.target), BinDir: bin})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range rep.Steps {
+				got = append(got, s.Kind+"@"+s.Version)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("steps %v, want %v", got, tc.want)
+			}
+		})
+	}
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"member/snap/db": "x", VersionFileName: "3.6.16/etcd3"})
+	_, err := plan(t.Context(), OpUpgrade, Options{DataDirs: []string{dir}, Target: mustParseVersion(t, "3.5.35"), BinDir: bin})
+	assertErrContains(t, err, "newer than --target-version", "downgrade")
 }

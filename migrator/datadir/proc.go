@@ -207,28 +207,49 @@ func (p *etcdProc) kill() {
 	}
 }
 
-// waitHealthy waits until the member answers a status with a leader elected.
-func (p *etcdProc) waitHealthy(ctx context.Context, cli *clientv3.Client) error {
+// waitStatus polls the member's status until ok accepts it (nil), etcd exits, or ctx ends;
+// the error then names what was awaited and the last answer.
+func (p *etcdProc) waitStatus(ctx context.Context, cli *clientv3.Client, what string, ok func(*clientv3.StatusResponse) error) error {
 	var last error
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := cli.Status(sctx, p.clientURL)
 		cancel()
-		if err == nil && st.Leader != 0 && len(st.Errors) == 0 {
-			return nil
-		}
 		if err == nil {
-			err = fmt.Errorf("no leader yet (errors: %v)", st.Errors)
+			if err = ok(st); err == nil {
+				return nil
+			}
 		}
 		last = err
 		select {
 		case <-p.done:
 			return p.exited()
 		case <-ctx.Done():
-			return fmt.Errorf("etcd on %s not healthy in time (%v); see %s", p.clientURL, last, p.logPath)
+			return fmt.Errorf("etcd on %s: %s not reached in time (%v); see %s", p.clientURL, what, last, p.logPath)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// waitHealthy waits until the member answers a status with a leader elected.
+func (p *etcdProc) waitHealthy(ctx context.Context, cli *clientv3.Client) error {
+	return p.waitStatus(ctx, cli, "healthy", func(st *clientv3.StatusResponse) error {
+		if st.Leader == 0 || len(st.Errors) > 0 {
+			return fmt.Errorf("no leader yet (errors: %v)", st.Errors)
+		}
+		return nil
+	})
+}
+
+// waitStorageVersion waits until etcd 3.6+ reports the storage version of its minor (its
+// version monitor writes it some seconds after the cluster version is settled).
+func (p *etcdProc) waitStorageVersion(ctx context.Context, cli *clientv3.Client, want string) error {
+	return p.waitStatus(ctx, cli, "storage version "+want, func(st *clientv3.StatusResponse) error {
+		if st.StorageVersion != want {
+			return fmt.Errorf("it reports storage version %q", st.StorageVersion)
+		}
+		return nil
+	})
 }
 
 // healthCheck proves the cluster serves: a linearizable read always, and for v3-only data a
@@ -251,29 +272,6 @@ func healthCheck(ctx context.Context, cli *clientv3.Client, write bool) error {
 		return fmt.Errorf("health check delete of %s: %w", key, err)
 	}
 	return nil
-}
-
-// waitStorageVersion waits until etcd 3.6+ reports the storage version of its minor (its
-// version monitor writes it some seconds after the cluster version is settled).
-func (p *etcdProc) waitStorageVersion(ctx context.Context, cli *clientv3.Client, want string) error {
-	var got string
-	for {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := cli.Status(sctx, p.clientURL)
-		cancel()
-		if err == nil {
-			if got = st.StorageVersion; got == want {
-				return nil
-			}
-		}
-		select {
-		case <-p.done:
-			return p.exited()
-		case <-ctx.Done():
-			return fmt.Errorf("etcd on %s did not reach storage version %s in time (it reports %q); see %s", p.clientURL, want, got, p.logPath)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
 }
 
 func logTail(path string, n int) string {

@@ -225,8 +225,8 @@ func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
 // downgradeStorage rebuilds every member for etcd 3.5: etcd's restore of the most advanced
 // member's backend (which is complete, the step before stopped etcd cleanly) into a fresh
 // member with the same name and peer URLs, then etcd's schema migration of the new backend to
-// 3.5, refused when the WAL holds entries 3.5 cannot read. The restore also leaves behind the
-// 3.6 cluster version the v2 store kept, which etcd 3.5 refuses to start under.
+// 3.5, refused when the WAL holds entries 3.5 cannot read. The restore is what drops the 3.6
+// cluster version the v2 store kept, which etcd 3.5 refuses to start under.
 func (e *executor) downgradeStorage(s *StepReport) error {
 	target, err := ParseVersion(s.Version)
 	if err != nil {

@@ -4,6 +4,7 @@
 package datadir
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -39,6 +40,16 @@ func ParseVersion(s string) (Version, error) {
 }
 
 func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// MarshalText writes "3.5.17" (journals and -o json).
+func (v Version) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
+
+// UnmarshalText reads what MarshalText wrote.
+func (v *Version) UnmarshalText(b []byte) error {
+	p, err := ParseVersion(string(b))
+	*v = p
+	return err
+}
 
 // MinorString is "3.5".
 func (v Version) MinorString() string { return fmt.Sprintf("%d.%d", v.Major, v.Minor) }
@@ -109,20 +120,27 @@ func WriteVersionFile(dir string, f VersionFile) error {
 // Detection is what a data dir holds, and how kubefence knows.
 type Detection struct {
 	DataDir string `json:"dataDir"`
-	// Version is the version file's, or the inferred storage version (patch 0 when inferred).
-	Version Version `json:"-"`
-	// VersionString is Version for reports: "3.5.17", or "3.5" when only the minor is known.
-	VersionString string  `json:"version"`
-	Storage       Storage `json:"storage"`
+	// Version is the version file's, or the inferred storage version (patch 0 when inferred:
+	// only the minor is known).
+	Version Version `json:"version"`
+	Storage Storage `json:"storage"`
 	// Source is "version.txt" or "inferred".
 	Source string `json:"source"`
 	// Why lists the evidence for an inference.
 	Why []string `json:"why,omitempty"`
 }
 
+// VersionText is "3.5.17", or "3.5" when the version was inferred (only the minor is known).
+func (d Detection) VersionText() string {
+	if d.Source == "inferred" {
+		return d.Version.MinorString()
+	}
+	return d.Version.String()
+}
+
 // String is how the detection prints.
 func (d Detection) String() string {
-	s := fmt.Sprintf("%s/%s (from %s)", d.VersionString, d.Storage, d.Source)
+	s := fmt.Sprintf("%s/%s (from %s)", d.VersionText(), d.Storage, d.Source)
 	if len(d.Why) > 0 {
 		s += ": " + strings.Join(d.Why, "; ")
 	}
@@ -145,7 +163,7 @@ func Detect(dir, walDir string) (Detection, error) {
 			return d, fmt.Errorf("%s: %w. Fix it by hand (e.g. echo 3.4.23/etcd2 > %[1]s, the etcd version that last ran on this data dir and etcd2 if it holds v2 data), or delete it to have kubefence infer the version from the data and print what it found",
 				filepath.Join(dir, VersionFileName), perr)
 		}
-		d.Version, d.VersionString, d.Storage, d.Source = f.Version, f.Version.String(), f.Storage, VersionFileName
+		d.Version, d.Storage, d.Source = f.Version, f.Storage, VersionFileName
 		return d, nil
 	case !errors.Is(err, os.ErrNotExist):
 		return d, err
@@ -180,7 +198,6 @@ func infer(dir, walDir string) (Detection, error) {
 	if meta.clusterVersion != "" {
 		d.Why = append(d.Why, "cluster version "+meta.clusterVersion)
 	}
-	d.VersionString = d.Version.MinorString()
 	has, why, err := v2v3.DetectV2(dir, walDir)
 	if err != nil {
 		return d, err
@@ -191,6 +208,14 @@ func infer(dir, walDir string) (Detection, error) {
 	}
 	d.Why = append(d.Why, why)
 	return d, nil
+}
+
+// beUint64 decodes etcd's 8-byte big-endian counters; anything else is 0.
+func beUint64(b []byte) uint64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
 }
 
 type metaInfo struct {
@@ -218,12 +243,8 @@ func readMeta(path string) (metaInfo, error) {
 	err = db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket([]byte("meta")); b != nil {
 			m.storageVersion = string(b.Get([]byte("storageVersion")))
-			m.hasTerm = len(b.Get([]byte("term"))) == 8 && string(b.Get([]byte("term"))) != "\x00\x00\x00\x00\x00\x00\x00\x00"
-			if ci := b.Get([]byte("consistent_index")); len(ci) == 8 {
-				for _, c := range ci {
-					m.consistentIdx = m.consistentIdx<<8 | uint64(c)
-				}
-			}
+			m.hasTerm = beUint64(b.Get([]byte("term"))) != 0
+			m.consistentIdx = beUint64(b.Get([]byte("consistent_index")))
 		}
 		if b := tx.Bucket([]byte("cluster")); b != nil {
 			m.clusterVersion = string(b.Get([]byte("clusterVersion")))

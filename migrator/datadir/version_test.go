@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,8 +176,8 @@ func TestWriteVersionFileDetect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := Detection{DataDir: dir, Version: vf.Version, VersionString: vf.Version.String(), Storage: vf.Storage, Source: VersionFileName}
-			if d.DataDir != want.DataDir || d.Version != want.Version || d.VersionString != want.VersionString ||
+			want := Detection{DataDir: dir, Version: vf.Version, Storage: vf.Storage, Source: VersionFileName}
+			if d.DataDir != want.DataDir || d.Version != want.Version || d.VersionText() != vf.Version.String() ||
 				d.Storage != want.Storage || d.Source != want.Source || len(d.Why) != 0 {
 				t.Fatalf("Detect = %+v, want %+v", d, want)
 			}
@@ -196,5 +197,24 @@ func TestParseVersionRejectsSigns(t *testing.T) {
 		if v, err := ParseVersion(s); err == nil {
 			t.Errorf("ParseVersion(%q) = %v, want an error", s, v)
 		}
+	}
+}
+
+// TestDetectionJSON: a journal keeps the detected version across a resume.
+func TestDetectionJSON(t *testing.T) {
+	in := Detection{DataDir: "/d", Version: Version{3, 5, 17}, Storage: StorageV2, Source: VersionFileName}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Detection
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Version != in.Version || out.VersionText() != "3.5.17" || !strings.Contains(string(b), `"version":"3.5.17"`) {
+		t.Fatalf("round trip of %s: %+v", b, out)
+	}
+	if got := (Detection{Version: Version{3, 4, 0}, Source: "inferred"}).VersionText(); got != "3.4" {
+		t.Fatalf("inferred VersionText = %q, want 3.4", got)
 	}
 }

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
+	"slices"
 	"syscall"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 type copyOptions struct {
 	endpoints []string
 	tls       datadir.Client
-	output    string // snapshot file (endpoints mode)
+	snapshot  string // snapshot file (endpoints mode)
 	dataDirs  []string
 	walDir    string
 	outputDir string
@@ -69,7 +70,7 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
-	f.StringVar(&o.output, "snapshot", "", "snapshot file to write (with --endpoints)")
+	f.StringVar(&o.snapshot, "snapshot", "", "snapshot file to write (with --endpoints)")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every member to be healthy with converged raft indexes")
 	f.StringVar(&o.tls.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
 	f.StringVar(&o.tls.CertFile, "cert", "", "client certificate for etcd")
@@ -89,16 +90,16 @@ func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
 	case len(o.endpoints) > 0 && len(o.dataDirs) > 0:
 		return UsageErrorf("--endpoints (a snapshot of a live cluster) and --data-dir (a member's files) are two kinds of copy: give one")
 	case len(o.endpoints) > 0:
-		if o.output == "" {
+		if o.snapshot == "" {
 			return UsageErrorf("--snapshot FILE is required with --endpoints")
 		}
-		if _, err := os.Stat(o.output); err == nil {
-			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.output)
+		if _, err := os.Stat(o.snapshot); err == nil {
+			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
 		}
 		o.tls.Endpoints = o.endpoints
 		cctx, cancel := context.WithTimeout(ctx, o.timeout)
 		defer cancel()
-		info, err := datadir.TakeSnapshot(cctx, o.tls, o.output)
+		info, err := datadir.TakeSnapshot(cctx, o.tls, o.snapshot)
 		if err != nil {
 			return err
 		}
@@ -337,12 +338,7 @@ func runLifecycle(ctx context.Context, g *globals, op datadir.Operation, o *life
 		if len(rep.Steps) == 0 {
 			fmt.Fprintf(w, "nothing to do: already at %s\n", rep.Target)
 		}
-		var dirs []string
-		for d := range rep.After {
-			dirs = append(dirs, d)
-		}
-		sort.Strings(dirs)
-		for _, d := range dirs {
+		for _, d := range slices.Sorted(maps.Keys(rep.After)) {
 			fmt.Fprintf(w, "%s: %s\n", d, rep.After[d])
 		}
 		fmt.Fprintf(w, "%s to %s done in %s; backups: %s\n", op, rep.Target, rep.Duration.Round(time.Millisecond), rep.BackupDir)
@@ -361,12 +357,7 @@ func printPlanHeader(w io.Writer, rep *datadir.Report) {
 }
 
 func printMembers(w io.Writer, m map[string]string) {
-	var dirs []string
-	for d := range m {
-		dirs = append(dirs, d)
-	}
-	sort.Strings(dirs)
-	for _, d := range dirs {
+	for _, d := range slices.Sorted(maps.Keys(m)) {
 		fmt.Fprintf(w, "      %s: %s\n", d, m[d])
 	}
 }

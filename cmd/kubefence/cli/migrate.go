@@ -2,7 +2,8 @@ package cli
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -146,12 +147,7 @@ func printMigrateReport(w interface{ Write([]byte) (int, error) }, r *v2v3.Repor
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PREFIX\tKEYS")
-	var ps []string
-	for p := range r.Prefixes {
-		ps = append(ps, p)
-	}
-	sort.Strings(ps)
-	for _, p := range ps {
+	for _, p := range slices.Sorted(maps.Keys(r.Prefixes)) {
 		fmt.Fprintf(tw, "  %s\t%d\n", p, r.Prefixes[p])
 	}
 	_ = tw.Flush()
