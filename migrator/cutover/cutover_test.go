@@ -9,6 +9,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 func writeFile(t *testing.T, dir, name, content string) string {
@@ -195,5 +197,32 @@ func TestStaticPodPlacement(t *testing.T) {
 	entries, _ := os.ReadDir(kubeletDir)
 	if len(entries) != 1 {
 		t.Fatalf("the kubelet dir holds %d files (a temp file left behind?)", len(entries))
+	}
+}
+
+// TestReportSaysOnlyWhatIsTrue: the proxy counts 429s; it cannot know whether clients retried
+// them, and a watch ended at the switch reconnects only if its client does.
+func TestReportSaysOnlyWhatIsTrue(t *testing.T) {
+	cases := []struct {
+		name, got string
+		want      []string
+		wantNot   []string
+	}{
+		{"refused writes", RefusedWritesLine(7), []string{"refused with 429 while fenced: 7", "clients that do not retry saw an error"}, []string{"retried by clients"}},
+		{"switch", switchDetail(admin.BackendResponse{Status: admin.Status{Backend: "https://green"}, Drain: admin.Drain{Streams: 3}}), []string{"3 watch(es)", "were ended", "kubectl get -w` exits"}, []string{"reconnect to green"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, w := range tc.want {
+				if !strings.Contains(tc.got, w) {
+					t.Errorf("%q lacks %q", tc.got, w)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(tc.got, w) {
+					t.Errorf("%q still claims %q", tc.got, w)
+				}
+			}
+		})
 	}
 }

@@ -315,3 +315,17 @@ func DryRun(p *Plan) []PlannedStep {
 	}
 	return out
 }
+
+// RefusedWritesLine says what the proxy knows of the writes it refused while fenced: how many
+// got a 429. Whether a client retried one is the client's business (client-go does; the official
+// Python client does not retry POST or PATCH), so it claims nothing about that.
+func RefusedWritesLine(n uint64) string {
+	return fmt.Sprintf("writes refused with 429 while fenced: %d (client-go retries them; clients that do not retry saw an error)", n)
+}
+
+// switchDetail says what the switch did to the watches open on blue: they were ended. Informers
+// reconnect and relist (on green); a client that does not reconnect, like `kubectl get -w`,
+// exits.
+func switchDetail(resp admin.BackendResponse) string {
+	return fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
+}

@@ -159,7 +159,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("proxy backend %s; %d watch(es) on blue ended and reconnect to green", resp.Status.Backend, resp.Drain.Streams), nil
+		return switchDetail(resp), nil
 	case StepUnfence:
 		resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false})
 		if err != nil {

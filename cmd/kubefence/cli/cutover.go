@@ -186,7 +186,7 @@ func printReport(w io.Writer, r *cutover.Report) {
 	for _, s := range r.Steps {
 		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
 	}
-	fmt.Fprintf(w, "  writes refused while fenced (retried by clients): %d\n", r.RefusedWrites)
+	fmt.Fprintf(w, "  %s\n", cutover.RefusedWritesLine(r.RefusedWrites))
 	if v := r.Verified; v != nil {
 		fmt.Fprintf(w, "  objects verified identical: %d across %d resource types\n", v.Objects, v.ResourceTypes)
 		for _, c := range v.ChangedAfterCopy {
