@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // BackupReport says where a backup went.
@@ -27,8 +28,10 @@ type BackupReport struct {
 func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
 	start := time.Now()
 	rep := BackupReport{DataDir: dataDir}
-	if inside(root, dataDir) {
-		return rep, fmt.Errorf("the backup dir %s must not be inside the data dir %s", root, dataDir)
+	name := fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z"))
+	dst := filepath.Join(root, name)
+	if err := apart("the backup dir", root, "the data dir", dataDir); err != nil {
+		return rep, err
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return rep, fmt.Errorf("backup dir: %w", err)
@@ -38,8 +41,6 @@ func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) 
 		return rep, err
 	}
 	defer lock.Close()
-	name := fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z"))
-	dst := filepath.Join(root, name)
 	m, err := BuildDir(dst, func(tmp string) (Manifest, error) { return copyTree(dataDir, tmp, nil) })
 	if errors.Is(err, os.ErrExist) {
 		err = fmt.Errorf("%w: a backup is never overwritten", err)
@@ -78,6 +79,12 @@ type RestoreReport struct {
 func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error) {
 	start := time.Now()
 	rep := RestoreReport{Backup: backup, DataDir: dataDir}
+	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
+	for _, p := range []string{dataDir, tmp} {
+		if err := pathguard.CheckApart("the data dir", p, "the backup", backup); err != nil {
+			return rep, fmt.Errorf("%w: a restore replaces the data dir and never writes into the backup, so restore into a path outside it (or move the backup out of the data dir first)", err)
+		}
+	}
 	want, err := ReadManifest(backup)
 	if err != nil {
 		return rep, err
@@ -94,7 +101,6 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 	} else if busy {
 		return rep, fmt.Errorf("%s is in use by a running etcd: stop it before restoring", dataDir)
 	}
-	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
 	if err := os.RemoveAll(tmp); err != nil {
 		return rep, err
 	}

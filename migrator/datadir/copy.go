@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
@@ -82,7 +83,7 @@ func holdStopped(dataDir string) (io.Closer, error) {
 func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 	start := time.Now()
 	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst}
-	if err := checkOutput(dataDir, dst); err != nil {
+	if err := checkOutput(dst, dataDir, walDir); err != nil {
 		return rep, err
 	}
 	lock, err := holdStopped(dataDir)
@@ -135,7 +136,7 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec Client, end
 	if endpoint == "" {
 		return rep, errors.New("--live needs --endpoint, the running member's client URL: its backend can only be copied consistently through etcd's snapshot API")
 	}
-	if err := checkOutput(dataDir, dst); err != nil {
+	if err := checkOutput(dst, dataDir, walDir); err != nil {
 		return rep, err
 	}
 	cli, err := NewClient(spec, endpoint)
@@ -242,13 +243,14 @@ func checkLiveCopy(dir string, memberID uint64) (uint64, error) {
 	return src.HardState.Commit, nil
 }
 
-// checkOutput refuses an output inside the source or one that already holds files.
-func checkOutput(src, dst string) error {
+// checkOutput refuses an output that overlaps a source (see apart), and one that already
+// holds files.
+func checkOutput(dst string, sources ...string) error {
 	if dst == "" {
 		return errors.New("an output dir is required")
 	}
-	if inside(dst, src) {
-		return fmt.Errorf("the output %s must not be inside the source %s: the source is never written", dst, src)
+	if err := apart("the output", dst, "the source", sources...); err != nil {
+		return err
 	}
 	if st, err := os.Stat(dst); err == nil && !st.IsDir() {
 		return fmt.Errorf("the output %s is a file: refusing to overwrite it (choose a new path)", dst)
@@ -259,30 +261,25 @@ func checkOutput(src, dst string) error {
 	return nil
 }
 
-// inside reports whether path is dir or under it, comparing absolute paths with symlinks
-// resolved as far as they exist.
-func inside(path, dir string) bool {
-	a, b := realPath(dir), realPath(path)
-	return a == b || strings.HasPrefix(b, a+string(filepath.Separator))
+// apart refuses an output that is a source, lies inside one, or holds one, and the same for
+// the temp dir BuildDir makes next to it (which it removes first): pathguard.CheckApart, the
+// one check every command that reads a source and writes an output uses. Empty sources are
+// skipped.
+func apart(outRole, output, srcRole string, sources ...string) error {
+	for _, src := range sources {
+		if src == "" {
+			continue
+		}
+		for _, p := range []string{output, partPath(output)} {
+			if err := pathguard.CheckApart(outRole, p, srcRole, src); err != nil {
+				return fmt.Errorf("%w: the source is never written, so choose a path outside it", err)
+			}
+		}
+	}
+	return nil
 }
 
-// realPath is p made absolute, with the symlinks of its longest existing ancestor resolved.
-func realPath(p string) string {
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return filepath.Clean(p)
-	}
-	rest := ""
-	for cur := abs; ; cur = filepath.Dir(cur) {
-		if r, err := filepath.EvalSymlinks(cur); err == nil {
-			return filepath.Join(r, rest)
-		}
-		if filepath.Dir(cur) == cur {
-			return abs
-		}
-		rest = filepath.Join(filepath.Base(cur), rest)
-	}
-}
+func partPath(dst string) string { return filepath.Clean(dst) + ".kubefence-part" }
 
 // BuildDir builds dst through a temp dir next to it: build fills the temp dir and returns the
 // manifest of what it wrote, which is written into it; then the temp dir is renamed to dst,
@@ -292,7 +289,7 @@ func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, e
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return nil, err
 	}
-	tmp := dst + ".kubefence-part"
+	tmp := partPath(dst)
 	if err := os.RemoveAll(tmp); err != nil {
 		return nil, err
 	}

@@ -109,7 +109,7 @@ func TestCheckOutputRefusesFilesAndRelativeAliases(t *testing.T) {
 		{src, filepath.Join(dir, "alias", "out"), "must not be inside"},
 		{".", "out", "must not be inside"},
 	} {
-		err := checkOutput(c.src, c.dst)
+		err := checkOutput(c.dst, c.src)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("checkOutput(%q, %q) = %v, want %q", c.src, c.dst, err, c.want)
 		}

@@ -112,16 +112,38 @@ func (o *Options) defaults() error {
 		return err
 	}
 	o.BackupDir = abs
-	for _, d := range o.DataDirs {
-		if inside(o.BackupDir, d) {
-			return fmt.Errorf("--backup-dir %s must not be inside the data dir %s", o.BackupDir, d)
-		}
+	if err := checkLayout(o.DataDirs, o.BackupDir); err != nil {
+		return err
 	}
 	if o.ClusterToken == "" {
 		o.ClusterToken = "etcd-cluster"
 	}
 	if o.StepTimeout == 0 {
 		o.StepTimeout = 2 * time.Minute
+	}
+	return nil
+}
+
+// checkLayout refuses a backup dir that overlaps a data dir, and data dirs (or the temp dirs
+// a rebuild makes next to them) that overlap each other: a step writes into each of these
+// while it reads the others.
+func checkLayout(dataDirs []string, backupDir string) error {
+	for i, d := range dataDirs {
+		if err := apart("--backup-dir", backupDir, "the data dir", d); err != nil {
+			return err
+		}
+		for j, other := range dataDirs {
+			if i != j {
+				if err := apart("the data dir", d, "the data dir", other); err != nil {
+					return err
+				}
+			}
+			for _, tmp := range []string{newPath(d), oldPath(d)} {
+				if err := apart("the rebuild's temp dir", tmp, "the data dir", other); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }

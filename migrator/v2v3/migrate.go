@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // Config is one migration.
@@ -40,9 +42,14 @@ func (c *Config) Validate() error {
 	} else if entries, err := os.ReadDir(c.OutputDir); err == nil && len(entries) > 0 {
 		errs = append(errs, fmt.Errorf("--output-dir %s is not empty: refusing to write into it", c.OutputDir))
 	}
-	if c.DataDir != "" && c.OutputDir != "" {
-		if a, b := filepath.Clean(c.DataDir), filepath.Clean(c.OutputDir); a == b || strings.HasPrefix(b, a+string(filepath.Separator)) {
-			errs = append(errs, errors.New("--output-dir must not be inside --data-dir: the source is never written"))
+	if c.OutputDir != "" {
+		for flag, src := range map[string]string{"--data-dir": c.DataDir, "--wal-dir": c.WALDir} {
+			if src == "" {
+				continue
+			}
+			if err := pathguard.CheckApart("--output-dir", c.OutputDir, flag, src); err != nil {
+				errs = append(errs, fmt.Errorf("%w: the source is never written, so choose an output outside it", err))
+			}
 		}
 	}
 	if c.Member.Name == "" || c.Member.InitialCluster == "" || len(c.Member.InitialAdvertisePeerURLs) == 0 {

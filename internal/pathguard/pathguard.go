@@ -1,0 +1,111 @@
+// Package pathguard keeps a command's outputs apart from its source: an output (or a temp dir
+// next to it) that is the source, lies inside it, or holds it is refused before anything is
+// written or removed.
+package pathguard
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// CheckApart returns an error when output and source overlap: output is source, is inside it,
+// or holds it. Both are compared as the kernel would open them: made absolute, with symlinks
+// (and any ".." after one) resolved for the part of the path that exists. A bind mount of the
+// source is caught too, by comparing the identities of output's existing ancestors with the
+// source's. outRole and srcRole name the two in the error ("the output", "the source"), which
+// gives both paths as given and as resolved; callers add what to do.
+func CheckApart(outRole, output, srcRole, source string) error {
+	out, src := Resolve(output), Resolve(source)
+	e := &OverlapError{OutputRole: outRole, Output: output, SourceRole: srcRole, Source: source, ResolvedOutput: out, ResolvedSource: src}
+	switch {
+	case within(out, src) || sameDirAbove(out, src):
+		return e
+	case within(src, out) || sameDirAbove(src, out):
+		e.Holds = true
+		return e
+	}
+	return nil
+}
+
+// OverlapError is an output that is, lies inside, or holds the source.
+type OverlapError struct {
+	OutputRole, Output, SourceRole, Source string
+	ResolvedOutput, ResolvedSource         string
+	// Holds is true when the output holds the source (rather than lying inside it).
+	Holds bool
+}
+
+func (e *OverlapError) Error() string {
+	how := "must not be inside"
+	if e.Holds {
+		how = "must not hold"
+	}
+	s := fmt.Sprintf("%s %s %s %s %s", e.OutputRole, e.Output, how, e.SourceRole, e.Source)
+	if e.ResolvedOutput != filepath.Clean(e.Output) || e.ResolvedSource != filepath.Clean(e.Source) {
+		s += fmt.Sprintf(" (resolved: %s and %s)", e.ResolvedOutput, e.ResolvedSource)
+	}
+	return s
+}
+
+// IsOverlap reports whether err is (or wraps) an OverlapError.
+func IsOverlap(err error) bool {
+	var o *OverlapError
+	return errors.As(err, &o)
+}
+
+// within reports whether path is dir or lies under it (both resolved).
+func within(path, dir string) bool {
+	return path == dir || dir == string(filepath.Separator) || strings.HasPrefix(path, dir+string(filepath.Separator))
+}
+
+// sameDirAbove reports whether dir (when it exists) is the same directory as path or one of
+// path's existing ancestors: a bind mount makes one directory reachable under two names.
+func sameDirAbove(path, dir string) bool {
+	want, err := os.Stat(dir)
+	if err != nil || !want.IsDir() {
+		return false
+	}
+	for cur := path; ; cur = filepath.Dir(cur) {
+		if st, err := os.Stat(cur); err == nil && os.SameFile(st, want) {
+			return true
+		}
+		if filepath.Dir(cur) == cur {
+			return false
+		}
+	}
+}
+
+// Resolve returns p as the kernel would reach it: absolute, each existing component's symlinks
+// resolved before the next component (so "link/.." is the link target's parent, not "."), and
+// the part that does not exist yet appended lexically.
+func Resolve(p string) string {
+	if !filepath.IsAbs(p) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return filepath.Clean(p)
+		}
+		p = wd + string(filepath.Separator) + p
+	}
+	cur := string(filepath.Separator)
+	parts := strings.Split(p, string(filepath.Separator))
+	for i, part := range parts {
+		switch part {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, part)
+		r, err := filepath.EvalSymlinks(next)
+		if err != nil {
+			// next does not exist (or cannot be read): the rest is taken as written.
+			return filepath.Join(append([]string{next}, parts[i+1:]...)...)
+		}
+		cur = r
+	}
+	return cur
+}

@@ -1,0 +1,88 @@
+package pathguard
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// tree makes, under a temp dir: src/sub, other, link-to-src -> src, link-to-sub -> src/sub,
+// and chdirs there.
+func tree(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"src/sub", "other"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{"link-to-src": "src", "link-to-sub": "src/sub"} {
+		if err := os.Symlink(filepath.Join(root, target), filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(root)
+	return root
+}
+
+func TestCheckApart(t *testing.T) {
+	root := tree(t)
+	for _, c := range []struct {
+		name, output, source string
+		want                 string // "" apart, "inside", "hold"
+	}{
+		{"sibling", "other/out", "src", ""},
+		{"name sharing a prefix", "src-copy", "src", ""},
+		{"the source itself", "src", "src", "inside"},
+		{"lexically inside", "src/out", "src", "inside"},
+		{"absolute inside", filepath.Join(root, "src", "out"), "src", "inside"},
+		{"relative source, absolute output", filepath.Join(root, "src", "a", "b"), "./src/", "inside"},
+		{"dot as the source", "out", ".", "inside"},
+		{"dot as the output", ".", "src", "hold"},
+		{"through a symlink to the source", "link-to-src/out", "src", "inside"},
+		{"through a symlink to a subdir", "link-to-sub/out", "src", "inside"},
+		{"source given through a symlink", "src/out", "link-to-src", "inside"},
+		{"dot-dot after a symlink is the target's parent", "link-to-sub/../out", "src", "inside"},
+		{"dot-dot lexically out of the source", "src/../other/out", "src", ""},
+		{"output holds the source", root, "src", "hold"},
+		{"output holds the source through a symlink", "link-to-src", "src/sub", "hold"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := CheckApart("the output", c.output, "the source", c.source)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("CheckApart(%q, %q) = %v, want apart", c.output, c.source, err)
+			case c.want == "":
+			case err == nil:
+				t.Fatalf("CheckApart(%q, %q) = nil, want %q", c.output, c.source, c.want)
+			case !IsOverlap(err):
+				t.Fatalf("CheckApart(%q, %q) = %v, not an OverlapError", c.output, c.source, err)
+			case (c.want == "hold") != err.(*OverlapError).Holds:
+				t.Fatalf("CheckApart(%q, %q) = %v, want %q", c.output, c.source, err, c.want)
+			}
+		})
+	}
+}
+
+func TestCheckApartBindMount(t *testing.T) {
+	// A bind mount needs root; a second name for the same directory is what matters, and a
+	// hard-linked directory cannot be made, so this runs only where mount works.
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount")
+	}
+	root := tree(t)
+	mnt := filepath.Join(root, "other", "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := bindMount(filepath.Join(root, "src"), mnt); err != nil {
+		t.Skipf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unmount(mnt) })
+	if err := CheckApart("the output", filepath.Join(mnt, "out"), "the source", "src"); !IsOverlap(err) {
+		t.Fatalf("an output under a bind mount of the source: %v, want an overlap", err)
+	}
+}
