@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -174,4 +175,104 @@ func TestBackupRefusals(t *testing.T) {
 		t.Fatalf("a refused backup left %v", names)
 	}
 	assertTree(t, dataDir, memberDir)
+}
+
+// TestCopiesFollowSymlinks: a member whose member/wal (or whole data dir) is a symlink, as
+// when the WAL sits on its own disk, is backed up and copied with the WAL's contents; a link
+// that cannot be followed is refused rather than copied as nothing.
+func TestCopiesFollowSymlinks(t *testing.T) {
+	withoutWAL := maps.Clone(memberDir)
+	delete(withoutWAL, "member/wal/x.wal")
+	for _, c := range []struct {
+		name    string
+		setup   func(t *testing.T, parent string) string // returns the data dir to copy
+		want    map[string]string
+		wantErr string
+	}{
+		{"member/wal is a symlink to a WAL disk", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "data"), withoutWAL)
+			writeTree(t, filepath.Join(parent, "wal-disk"), map[string]string{"x.wal": "wal bytes"})
+			symlink(t, filepath.Join(parent, "wal-disk"), filepath.Join(parent, "data", "member", "wal"))
+			return filepath.Join(parent, "data")
+		}, memberDir, ""},
+		{"member/wal is a relative symlink", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "data"), withoutWAL)
+			writeTree(t, filepath.Join(parent, "wal-disk"), map[string]string{"x.wal": "wal bytes"})
+			symlink(t, "../../wal-disk", filepath.Join(parent, "data", "member", "wal"))
+			return filepath.Join(parent, "data")
+		}, memberDir, ""},
+		{"a WAL segment is a symlink", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "data"), withoutWAL)
+			writeTree(t, filepath.Join(parent, "elsewhere"), map[string]string{"x.wal": "wal bytes"})
+			symlink(t, filepath.Join(parent, "elsewhere", "x.wal"), filepath.Join(parent, "data", "member", "wal", "x.wal"))
+			return filepath.Join(parent, "data")
+		}, memberDir, ""},
+		{"the data dir is a symlink", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "real"), memberDir)
+			symlink(t, filepath.Join(parent, "real"), filepath.Join(parent, "data"))
+			return filepath.Join(parent, "data")
+		}, memberDir, ""},
+		{"member/wal is a dangling symlink", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "data"), withoutWAL)
+			symlink(t, filepath.Join(parent, "unmounted-wal-disk"), filepath.Join(parent, "data", "member", "wal"))
+			return filepath.Join(parent, "data")
+		}, nil, "member/wal is a symlink to "},
+		{"a symlink loop", func(t *testing.T, parent string) string {
+			writeTree(t, filepath.Join(parent, "data"), memberDir)
+			symlink(t, "..", filepath.Join(parent, "data", "member", "wal", "loop"))
+			return filepath.Join(parent, "data")
+		}, nil, "loop"},
+	} {
+		for _, kind := range []string{"backup", "copy"} {
+			t.Run(kind+": "+c.name, func(t *testing.T) {
+				parent := t.TempDir()
+				dataDir := c.setup(t, parent)
+				var out string
+				var err error
+				if kind == "backup" {
+					var rep BackupReport
+					rep, err = Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+					out = rep.Backup
+				} else {
+					out = filepath.Join(parent, "copy")
+					_, err = CopyStopped(dataDir, "", out)
+				}
+				if c.wantErr != "" {
+					assertErrContains(t, err, c.wantErr)
+					if kind == "backup" {
+						if names := dirNames(t, filepath.Join(parent, "backups")); len(names) != 0 {
+							t.Fatalf("a refused backup left %v", names)
+						}
+					} else if _, err := os.Stat(out); err == nil {
+						t.Fatal("a refused copy left its output")
+					}
+					return
+				}
+				if kind == "copy" && err != nil && strings.Contains(err.Error(), "not readable") {
+					err = nil // the fake member is not readable by Detect; the files are what matter
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := readTree(t, out)
+				delete(got, ManifestName)
+				if !maps.Equal(got, c.want) {
+					t.Fatalf("%s holds %v, want %v", kind, got, c.want)
+				}
+				if _, err := VerifyManifest(out); err != nil {
+					t.Fatalf("the %s's manifest: %v", kind, err)
+				}
+			})
+		}
+	}
+}
+
+func symlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(link), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -328,26 +327,16 @@ func diskHint(err error, dir string) error {
 
 // copyTree copies the regular files under src (those keep accepts, by path relative to src;
 // all when keep is nil) into dst, syncing each file and directory, and returns their manifest.
+// Symlinks are followed (see walkFollow): the copy holds what they point to.
 func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
 	var m Manifest
-	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		switch {
-		case d.IsDir():
-			return os.MkdirAll(target, 0o700)
-		case !d.Type().IsRegular():
-			return nil
-		case rel == ManifestName || (keep != nil && !keep(rel)):
+	err := walkFollow(src, func(rel string) error {
+		return os.MkdirAll(filepath.Join(dst, rel), 0o700)
+	}, func(path, rel string) error {
+		if rel == ManifestName || (keep != nil && !keep(rel)) {
 			return nil
 		}
-		return copyOne(path, target, -1, &m, filepath.ToSlash(rel))
+		return copyOne(path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel))
 	})
 	if err != nil {
 		return nil, err
@@ -362,6 +351,54 @@ func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
 		}
 	}
 	return m, nil
+}
+
+// walkFollow calls dir for every directory and file for every regular file under root (root
+// included, as "."), with paths relative to root, following symlinks to files and directories:
+// a member's member/wal is often a symlink to a WAL disk, and a copy or backup without the WAL
+// is not the member. A link that cannot be followed (a WAL disk not mounted) or that leads
+// back to a directory it is in is an error. Sockets, pipes and devices are not etcd's and are
+// skipped.
+func walkFollow(root string, dir func(rel string) error, file func(path, rel string) error) error {
+	return walkFollowAt(root, ".", map[string]bool{}, dir, file)
+}
+
+func walkFollowAt(path, rel string, ancestors map[string]bool, dir func(string) error, file func(string, string) error) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		if target, lerr := os.Readlink(path); lerr == nil {
+			return fmt.Errorf("%s is a symlink to %s, which cannot be followed (%w): a copy without it would not be the whole member; mount or fix what it points to, or remove the link", path, target, err)
+		}
+		return err
+	}
+	switch {
+	case st.Mode().IsRegular():
+		return file(path, rel)
+	case !st.IsDir():
+		return nil
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	if ancestors[real] {
+		return fmt.Errorf("%s leads back to %s through a symlink: refusing to copy a loop; remove the link", path, real)
+	}
+	ancestors[real] = true
+	defer delete(ancestors, real)
+	if err := dir(rel); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := walkFollowAt(filepath.Join(path, e.Name()), filepath.Join(rel, e.Name()), ancestors, dir, file); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // copyOne copies src (its first n bytes when n >= 0) to dst, syncs it, and adds it to m as rel.
