@@ -71,6 +71,14 @@ func TestParsePlan(t *testing.T) {
 		{"missing files", func(p *Plan) { p.Green.Etcd.Binary = "/nonexistent/etcd"; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary", "blue.apiserver.kubeconfig is required"}},
 		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
+		{"version not exact", func(p *Plan) { p.Green.Etcd.Version = "3.6" }, []string{`green.etcd.version: "3.6" is not an etcd version`}},
+		{"green data dir inside blue's", func(p *Plan) {
+			blue := filepath.Join(filepath.Dir(p.StateDir), "blue")
+			_ = os.MkdirAll(filepath.Join(blue, "member"), 0o700)
+			_ = os.Symlink(blue, filepath.Join(filepath.Dir(p.StateDir), "blue-link"))
+			p.Migration.Mode, p.Blue.Etcd.DataDir = "auto", blue
+			p.Green.Etcd.Members[0].DataDir = filepath.Join(filepath.Dir(p.StateDir), "blue-link", "green")
+		}, []string{"green.etcd.members[0].dataDir", "must not be inside blue.etcd.dataDir", "outside blue's"}},
 		{"both launchers", func(p *Plan) { p.Green.APIServer.StaticPod = &StaticPod{Manifest: "x", ManifestDir: "/"} }, []string{"not both"}},
 	}
 	for _, tc := range cases {

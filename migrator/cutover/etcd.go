@@ -54,7 +54,9 @@ func buildGreenDirs(p *Plan, runID string, build func(m GreenMember, tmp string)
 			os.RemoveAll(tmp)
 			return fmt.Errorf("build %s: %w", m.Name, err)
 		}
-		if err := os.WriteFile(filepath.Join(tmp, restoreMarker), []byte(runID), 0o600); err != nil {
+		// The marker is what lets a resumed run keep this dir: written durably (temp, fsync,
+		// rename, fsync dir) before the dir is renamed into place.
+		if err := atomicfile.Write(filepath.Join(tmp, restoreMarker), []byte(runID), 0o600); err != nil {
 			return err
 		}
 		if err := os.Remove(m.DataDir); err != nil && !errors.Is(err, os.ErrNotExist) {

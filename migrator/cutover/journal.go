@@ -48,6 +48,13 @@ type Journal struct {
 
 	FencedAt   time.Time `json:"fencedAt,omitzero"`
 	UnfencedAt time.Time `json:"unfencedAt,omitzero"`
+	// FenceGeneration is the proxy's state generation right after the cutover's fence on. It
+	// grows with every change of the proxy's state, so a different one before the switch means
+	// someone changed the fence (fence off and on by hand) and writes may have reached blue.
+	FenceGeneration uint64 `json:"fenceGeneration,omitempty"`
+	// StaticPodPlaced is the manifest the cutover wrote into the kubelet's directory (abort
+	// removes it, and only it).
+	StaticPodPlaced string `json:"staticPodPlaced,omitempty"`
 	// BlueBackend is the proxy's backend before the cutover (abort checks it is still there).
 	BlueBackend string `json:"blueBackend,omitempty"`
 	// Snapshot is the copy of blue: its path, revision and size.

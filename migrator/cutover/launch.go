@@ -66,39 +66,41 @@ func daemon(stateDir, name string, argv []string) (int, error) {
 	return pid, nil
 }
 
-// alive reports whether pid runs the binary bin (so a recycled pid is not mistaken for ours).
-func alive(pid int, bin string) bool {
-	if pid <= 0 {
+// alive reports whether pid runs exactly the command line argv: a recycled pid, or another
+// process of the same binary (another etcd, say), is not mistaken for ours.
+func alive(pid int, argv []string) bool {
+	if pid <= 0 || len(argv) == 0 {
 		return false
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
+	if err != nil || !bytes.Equal(cmdline, cmdlineOf(argv)) {
 		return false
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err == nil {
-		// state is the field after the ")" of the command name; Z is a zombie.
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			return false
-		}
+	if err != nil {
+		return false
 	}
-	first, _, _ := bytes.Cut(cmdline, []byte{0})
-	return string(first) == bin
+	// state is the field after the ")" of the command name; Z is a zombie.
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
 }
 
+// cmdlineOf is argv as /proc/PID/cmdline shows it.
+func cmdlineOf(argv []string) []byte { return []byte(strings.Join(argv, "\x00") + "\x00") }
+
 // stop sends SIGTERM, then SIGKILL after grace, and waits for the process to be gone.
-func stop(pid int, bin string, grace time.Duration) {
-	if !alive(pid, bin) {
+func stop(pid int, argv []string, grace time.Duration) {
+	if !alive(pid, argv) {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
 	deadline := time.Now().Add(grace)
-	for alive(pid, bin) && time.Now().Before(deadline) {
+	for alive(pid, argv) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if alive(pid, bin) {
+	if alive(pid, argv) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		for i := 0; i < 100 && alive(pid, bin); i++ {
+		for i := 0; i < 100 && alive(pid, argv); i++ {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
@@ -151,17 +153,12 @@ func readDirIfExists(dir string) ([]os.DirEntry, error) {
 // killed between starting a green process and journaling its pid leaves one behind; its
 // command line (binary, data dir, ports) is ours alone, so the resume or abort adopts it.
 func findProcess(argv []string) int {
-	want := []byte(strings.Join(argv, "\x00") + "\x00")
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
 	}
 	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && bytes.Equal(b, want) && alive(pid, argv[0]) {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && alive(pid, argv) {
 			return pid
 		}
 	}
@@ -171,7 +168,7 @@ func findProcess(argv []string) int {
 // greenPID is the pid of green process name (started with argv): the journaled one if it
 // runs, else an orphan found by its command line (journaled from now on), else 0.
 func (r *runner) greenPID(name string, argv []string) int {
-	if pid, ok := r.j.GreenPIDs[name]; ok && alive(pid, argv[0]) {
+	if pid, ok := r.j.GreenPIDs[name]; ok && alive(pid, argv) {
 		return pid
 	}
 	pid := findProcess(argv)

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // Plan API version and kind.
@@ -278,6 +280,8 @@ func (p *Plan) validate() []error {
 	checkFile("green.etcd.binary", g.Binary, true)
 	if g.Version == "" {
 		bad("green.etcd.version is required (checked against the binary's --version)")
+	} else if _, err := datadir.ParseVersion(g.Version); err != nil {
+		bad("green.etcd.version: %v", err)
 	}
 	if n := len(g.Members); n != 1 && n != 3 {
 		bad("green.etcd.members: %d given, want 1 or 3", n)
@@ -293,6 +297,7 @@ func (p *Plan) validate() []error {
 		} else if !filepath.IsAbs(m.DataDir) {
 			bad("%s.dataDir %q must be absolute", f, m.DataDir)
 		}
+		errs = append(errs, apartFromBlue(f+".dataDir", m.DataDir, p.Blue.Etcd)...)
 		checkURL(f+".clientURL", m.ClientURL)
 		checkURL(f+".peerURL", m.PeerURL)
 		for _, v := range []string{m.Name, m.DataDir, m.ClientURL, m.PeerURL} {
@@ -359,4 +364,19 @@ func hostPort(raw string) string {
 		return net.JoinHostPort(u.Hostname(), "443")
 	}
 	return net.JoinHostPort(u.Hostname(), "80")
+}
+
+// apartFromBlue refuses a green data dir that is, lies inside or holds blue's member data dir
+// or WAL dir (symlinks resolved): the cutover would write into blue's member.
+func apartFromBlue(field, dir string, blue BlueEtcd) []error {
+	var errs []error
+	for _, src := range []struct{ role, path string }{{"blue.etcd.dataDir", blue.DataDir}, {"blue.etcd.walDir", blue.WALDir}} {
+		if dir == "" || src.path == "" {
+			continue
+		}
+		if err := pathguard.CheckApart(field, dir, src.role, src.path); err != nil {
+			errs = append(errs, fmt.Errorf("%w: give green a data dir of its own, outside blue's", err))
+		}
+	}
+	return errs
 }

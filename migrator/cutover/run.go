@@ -79,6 +79,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
+	lock, err := lockStateDir(p.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
 	r := &runner{o: o, p: p, adm: admin.NewClient(p.Proxy.AdminSocket)}
 	j, err := LoadJournal(p.StateDir)
 	switch {
@@ -175,8 +180,15 @@ func (r *runner) timeout(step string) time.Duration {
 	return t.Switch.D()
 }
 
-// fail handles a step's error: before the switch it aborts back to blue.
+// abortTimeout bounds an abort after a failed step.
+const abortTimeout = 2 * time.Minute
+
+// fail handles a step's error: before the switch it aborts back to blue. The abort runs on a
+// context of its own: the step may have failed because ctx was cancelled (Ctrl-C, SIGTERM), and
+// that must not stop the way back to blue.
 func (r *runner) fail(ctx context.Context, step string, err error) (*Report, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
 	if slices.Index(Steps, step) >= slices.Index(Steps, StepSwitch) {
 		st, serr := r.adm.Status(ctx)
 		if serr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
@@ -231,15 +243,17 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
 	if a := r.p.Green.APIServer; a.StaticPod != nil {
-		if err := os.Remove(staticPodPath(a.StaticPod)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
+		if placed := r.j.StaticPodPlaced; placed != "" {
+			if err := os.Remove(placed); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
 		}
 	} else if pid := r.greenPID("apiserver", a.Command); pid > 0 {
-		stop(pid, a.Command[0], 30*time.Second)
+		stop(pid, a.Command, 30*time.Second)
 	}
 	for _, m := range r.p.Green.Etcd.Members {
 		if pid := r.greenPID(m.Name, etcdCommand(r.p, m)); pid > 0 {
-			stop(pid, r.p.Green.Etcd.Binary, 30*time.Second)
+			stop(pid, etcdCommand(r.p, m), 30*time.Second)
 		}
 	}
 	if st.Fenced {
@@ -254,6 +268,14 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 
 // Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.
 func Abort(ctx context.Context, o Options) (*Report, error) {
+	if _, err := os.Stat(o.Plan.StateDir); err != nil {
+		return nil, fmt.Errorf("no cutover to abort: %w", err)
+	}
+	lock, err := lockStateDir(o.Plan.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
 	j, err := LoadJournal(o.Plan.StateDir)
 	if errors.Is(err, errNoJournal) {
 		return nil, fmt.Errorf("no cutover to abort: no journal in %s", o.Plan.StateDir)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -26,7 +27,7 @@ func (r *runner) describe(step string, verbose bool) string {
 	case StepFence:
 		return fmt.Sprintf("kubefence fence on (wait up to %s for in-flight writes)", p.Proxy.WaitTimeout.D())
 	case StepCopy:
-		s := fmt.Sprintf("wait for blue's raft indexes to converge, snapshot the most advanced member into %s, check its sha256", r.snapshotPath())
+		s := fmt.Sprintf("check blue.etcd.endpoints are blue's members, take a linearizable read, wait for the raft indexes to converge and the most advanced member to apply what is committed, snapshot it into %s, check its sha256 and that its revision is at least the read's", r.snapshotPath())
 		if r.v2Possible() {
 			s += fmt.Sprintf("; copy %s's snapshot files, then its WAL, into %s", p.Blue.Etcd.DataDir, r.memberCopyPath())
 			if p.Migration.Mode == "auto" {
@@ -102,6 +103,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 			r.j.FencedAt = time.Now().UTC()
 			r.j.RefusedAtFence = st.RefusedWrites
 		}
+		r.j.FenceGeneration = resp.Status.Generation
 		return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 	case StepCopy:
 		info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
@@ -109,10 +111,10 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 			return "", err
 		}
 		r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
-		msg := fmt.Sprintf("%.1f MB, %d keys at revision %d from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.Endpoint)
+		msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
 		r.j.Mode = "snapshot"
 		if r.v2Possible() {
-			m, err := r.copyV2Member(info.Path)
+			m, err := r.copyV2Member(info.Path, info.ClusterID)
 			if err != nil {
 				return "", err
 			}
@@ -155,6 +157,9 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		}
 		return msg, nil
 	case StepSwitch:
+		if err := r.checkFenceHeld(ctx); err != nil {
+			return "", err
+		}
 		resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
 		if err != nil {
 			return "", err
@@ -178,35 +183,10 @@ func (r *runner) preflight(ctx context.Context) (string, error) {
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
-	var blueDB int64
-	if cli, err := datadir.NewClient(p.Blue.Etcd.EtcdClientSpec); err != nil {
-		errs = append(errs, fmt.Errorf("blue etcd: %w", err))
-	} else {
-		sts, err := datadir.ClusterStatus(ctx, cli, p.Blue.Etcd.Endpoints)
-		cli.Close()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("blue etcd: %w", err))
-		}
-		for _, s := range sts {
-			blueDB = max(blueDB, s.DBSize)
-		}
-	}
-	st, err := r.adm.Status(ctx)
-	switch {
-	case err != nil:
-		errs = append(errs, err)
-	case st.Fenced:
-		errs = append(errs, fmt.Errorf("the proxy is already fenced (%s): a cutover starts from an open proxy", st.Reason))
-	case st.Backend != strings.TrimSuffix(p.Blue.APIServer.URL, "/"):
-		errs = append(errs, fmt.Errorf("the proxy's backend is %s, not blue's %s", st.Backend, p.Blue.APIServer.URL))
-	default:
-		r.j.BlueBackend = st.Backend
-	}
-	out, err := binaryVersion(ctx, p.Green.Etcd.Binary)
-	if err != nil {
-		errs = append(errs, err)
-	} else if !strings.Contains(out, "etcd Version: "+p.Green.Etcd.Version) {
-		errs = append(errs, fmt.Errorf("green.etcd.binary %s is not etcd %s: %s", p.Green.Etcd.Binary, p.Green.Etcd.Version, firstLine(out)))
+	blueDB, err := r.checkBlueEtcd(ctx)
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p))
+	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
+		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
 	for _, m := range p.Green.Etcd.Members {
 		for _, u := range []string{m.ClientURL, m.PeerURL} {
@@ -217,20 +197,81 @@ func (r *runner) preflight(ctx context.Context) (string, error) {
 		if entries, err := readDirIfExists(m.DataDir); err != nil || len(entries) > 0 {
 			errs = append(errs, fmt.Errorf("green etcd %s: data dir %s must be absent or empty", m.Name, m.DataDir))
 		}
-		if err := enoughSpace(filepath.Dir(m.DataDir), 2*blueDB); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, enoughSpace(filepath.Dir(m.DataDir), 2*blueDB))
 	}
 	if err := portFree(p.Green.APIServer.URL); err != nil {
 		errs = append(errs, fmt.Errorf("green apiserver: %w", err))
 	}
-	if err := enoughSpace(p.StateDir, 2*blueDB); err != nil {
-		errs = append(errs, err)
+	if sp := p.Green.APIServer.StaticPod; sp != nil {
+		errs = append(errs, manifestAbsent(sp))
 	}
+	errs = append(errs, enoughSpace(p.StateDir, 2*blueDB))
 	if err := errors.Join(errs...); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough", float64(blueDB)/1e6, p.Green.Etcd.Version), nil
+}
+
+// checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and
+// returns the largest db size.
+func (r *runner) checkBlueEtcd(ctx context.Context) (int64, error) {
+	cli, err := datadir.NewClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return 0, fmt.Errorf("blue etcd: %w", err)
+	}
+	defer cli.Close()
+	sts, err := datadir.ClusterStatus(ctx, cli, r.p.Blue.Etcd.Endpoints)
+	if err != nil {
+		return 0, fmt.Errorf("blue etcd: %w", err)
+	}
+	var blueDB int64
+	for _, s := range sts {
+		blueDB = max(blueDB, s.DBSize)
+	}
+	if _, err := datadir.CheckMembers(ctx, cli, r.p.Blue.Etcd.Endpoints); err != nil {
+		return blueDB, fmt.Errorf("blue.etcd.endpoints: %w", err)
+	}
+	return blueDB, nil
+}
+
+// checkProxyOnBlue checks the proxy answers, open, with blue as its backend.
+func (r *runner) checkProxyOnBlue(ctx context.Context) error {
+	st, err := r.adm.Status(ctx)
+	switch {
+	case err != nil:
+		return err
+	case st.Fenced:
+		return fmt.Errorf("the proxy is already fenced (%s): a cutover starts from an open proxy", st.Reason)
+	case st.Backend != strings.TrimSuffix(r.p.Blue.APIServer.URL, "/"):
+		return fmt.Errorf("the proxy's backend is %s, not blue's %s", st.Backend, r.p.Blue.APIServer.URL)
+	}
+	r.j.BlueBackend = st.Backend
+	return nil
+}
+
+// checkGreenKubeconfig refuses a green kubeconfig that reaches something other than green:
+// verify reads green through it, and pointed at blue (or at the proxy, still on blue) it would
+// compare blue with blue and pass whatever green holds. Its server must not be blue's URL nor
+// the server of blue's kubeconfig, and, green not being started yet, nothing may answer there.
+func checkGreenKubeconfig(ctx context.Context, p *Plan) error {
+	green, err := restConfig(p.Green.APIServer.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("green.apiserver.kubeconfig: %w", err)
+	}
+	server := hostPort(green.Host)
+	fix := fmt.Sprintf("point green.apiserver.kubeconfig %s at green's apiserver (%s)", p.Green.APIServer.Kubeconfig, p.Green.APIServer.URL)
+	if server == hostPort(p.Blue.APIServer.URL) {
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s is blue's apiserver: verify would compare blue with blue; %s", green.Host, fix)
+	}
+	if blue, err := restConfig(p.Blue.APIServer.Kubeconfig); err == nil && hostPort(blue.Host) == server {
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s is the server of blue.apiserver.kubeconfig: verify would compare blue with blue; %s", green.Host, fix)
+	}
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if c, err := d.DialContext(ctx, "tcp", server); err == nil {
+		c.Close()
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", green.Host, fix)
+	}
+	return nil
 }
 
 func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
@@ -265,7 +306,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 				c.Close()
 				break
 			}
-			if !alive(r.j.GreenPIDs[m.Name], p.Green.Etcd.Binary) {
+			if !alive(r.j.GreenPIDs[m.Name], etcdCommand(p, m)) {
 				return "", fmt.Errorf("green etcd %s exited; see %s", m.Name, filepath.Join(p.StateDir, "logs", m.Name+".log"))
 			}
 			select {
@@ -291,7 +332,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 			return fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev), nil
 		}
 		for _, m := range p.Green.Etcd.Members {
-			if !alive(r.j.GreenPIDs[m.Name], p.Green.Etcd.Binary) {
+			if !alive(r.j.GreenPIDs[m.Name], etcdCommand(p, m)) {
 				return "", fmt.Errorf("green etcd %s exited; see %s", m.Name, filepath.Join(p.StateDir, "logs", m.Name+".log"))
 			}
 		}
@@ -306,7 +347,7 @@ func (r *runner) startGreenEtcd(ctx context.Context) (string, error) {
 func (r *runner) startGreenAPIServer(ctx context.Context) (string, error) {
 	a := r.p.Green.APIServer
 	if a.StaticPod != nil {
-		if err := placeStaticPod(a.StaticPod); err != nil {
+		if err := r.placeGreenManifest(); err != nil {
 			return "", err
 		}
 	} else if r.greenPID("apiserver", a.Command) == 0 {
@@ -328,7 +369,7 @@ func (r *runner) startGreenAPIServer(ctx context.Context) (string, error) {
 		if err == nil {
 			return fmt.Sprintf("%s ready after %s", a.URL, time.Since(start).Round(10*time.Millisecond)), nil
 		}
-		if a.StaticPod == nil && !alive(r.j.GreenPIDs["apiserver"], a.Command[0]) {
+		if a.StaticPod == nil && !alive(r.j.GreenPIDs["apiserver"], a.Command) {
 			return "", fmt.Errorf("green apiserver exited; see %s", filepath.Join(r.p.StateDir, "logs", "green-apiserver.log"))
 		}
 		select {
@@ -357,4 +398,53 @@ func enoughSpace(dir string, need int64) error {
 			return fmt.Errorf("%s: cannot tell free space", dir)
 		}
 	}
+}
+
+// checkFenceHeld refuses the switch unless the proxy is still in the state the cutover's fence
+// on left it in: fenced, on blue, at the generation journaled then. Any change in between (fence
+// off and on by hand, a backend set) means writes may have reached blue after the copy.
+func (r *runner) checkFenceHeld(ctx context.Context) error {
+	st, err := r.adm.Status(ctx)
+	if err != nil {
+		return err
+	}
+	green := strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
+	switch {
+	case st.Backend == green && st.Fenced && st.Generation == r.j.FenceGeneration+1:
+		return nil // switched before a crash, not yet journaled
+	case !st.Fenced:
+		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", st.Generation, st.ChangedAt.Format(time.RFC3339))
+	case st.Generation != r.j.FenceGeneration:
+		return fmt.Errorf("the proxy's state changed since the cutover fenced it (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason)
+	}
+	return nil
+}
+
+// placeGreenManifest writes the green apiserver's manifest into the kubelet's directory. A file
+// of that name the cutover did not place is refused (it is a pod the kubelet runs), and the
+// placement is journaled first, so that abort removes only what the cutover placed.
+func (r *runner) placeGreenManifest() error {
+	sp := r.p.Green.APIServer.StaticPod
+	path := staticPodPath(sp)
+	if r.j.StaticPodPlaced != path {
+		if err := manifestAbsent(sp); err != nil {
+			return err
+		}
+		r.j.StaticPodPlaced = path
+		if err := r.j.save(r.p.StateDir); err != nil {
+			return err
+		}
+	}
+	return placeStaticPod(sp)
+}
+
+// manifestAbsent refuses a green manifest whose file name is already in the kubelet's directory.
+func manifestAbsent(sp *StaticPod) error {
+	path := staticPodPath(sp)
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("green.apiserver.staticPod: %s already exists in the kubelet's manifest dir: the cutover would replace a pod the kubelet runs; give green's manifest a file name of its own", path)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("green.apiserver.staticPod: %w", err)
+	}
+	return nil
 }

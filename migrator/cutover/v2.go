@@ -28,7 +28,7 @@ func (r *runner) memberCopyPath() string { return filepath.Join(r.p.StateDir, "b
 
 // copyV2Member copies blue's member files next to the v3 snapshot (which becomes the copy's
 // member/snap/db) and decides, for mode auto, whether the member holds v2 user content.
-func (r *runner) copyV2Member(snapshotDB string) (string, error) {
+func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, error) {
 	e := r.p.Blue.Etcd
 	dst := r.memberCopyPath()
 	var last error
@@ -38,6 +38,9 @@ func (r *runner) copyV2Member(snapshotDB string) (string, error) {
 		}
 		has, why, err := v2v3.DetectV2(dst, "")
 		if err == nil {
+			if err := sameCluster(e.DataDir, dst, blueCluster); err != nil {
+				return "", err
+			}
 			r.j.Mode = "snapshot"
 			if r.p.Migration.Mode == "v2-to-v3" || has {
 				r.j.Mode = "v2-to-v3"
@@ -139,4 +142,17 @@ func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
 		wrote, found = wrote+int64(want), found+resp.Count
 	}
 	return fmt.Sprintf("green etcd serves the %d migrated v2 keys (%d keys under their prefixes)", wrote, found), nil
+}
+
+// sameCluster refuses a member copy (of dataDir) whose WAL says it belongs to another cluster
+// than the one blue's endpoints reach: its v2 store is not blue's.
+func sameCluster(dataDir, memberCopy string, blueCluster uint64) error {
+	m, err := datadir.ReadMembership(memberCopy, "")
+	if err != nil {
+		return fmt.Errorf("the copy of %s: %w", dataDir, err)
+	}
+	if m.ClusterID != blueCluster {
+		return fmt.Errorf("blue.etcd.dataDir %s is member %x of etcd cluster %x, not of blue's cluster %x (the one blue.etcd.endpoints reach): give the data dir of a blue member on this host", dataDir, m.Self.ID, m.ClusterID, blueCluster)
+	}
+	return nil
 }

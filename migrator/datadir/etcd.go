@@ -130,24 +130,86 @@ type SnapshotInfo struct {
 	Keys     int    `json:"keys"`
 	// Members is every member's status when the raft indexes had converged.
 	Members []MemberStatus `json:"members,omitempty"`
+	// ClusterID is the cluster's; ReadRevision is the revision of the linearizable read taken
+	// before the snapshot (Revision is at least that).
+	ClusterID    uint64 `json:"clusterID,omitempty"`
+	ReadRevision int64  `json:"readRevision,omitempty"`
 }
 
-// TakeSnapshot waits until every member is healthy and converged, then streams a snapshot from
-// the most advanced one into dst (through a temp file renamed into place) and checks the sha256
-// the server appends.
+// TakeSnapshot streams a snapshot of the cluster into dst that holds every write acknowledged
+// before the call: it checks spec's endpoints are exactly the cluster's members (CheckMembers),
+// takes a linearizable read (its revision covers every acknowledged write), waits until every
+// member is healthy and converged, then until the most advanced one has applied every entry
+// committed at that moment, streams the snapshot from it (through a temp file renamed into
+// place, the sha256 the server appends checked), and refuses a snapshot whose revision is
+// below the read's.
 func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, error) {
 	cli, err := NewClient(spec)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	defer cli.Close()
+	clusterID, err := CheckMembers(ctx, cli, spec.Endpoints)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	read, err := cli.Get(ctx, HealthPrefix+"snapshot-barrier") // linearizable: the default
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("etcd: linearizable read before the snapshot: %w", err)
+	}
 	best, all, err := WaitConverged(ctx, cli, spec.Endpoints)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	for {
+		st, err := cli.Status(ctx, best.Endpoint)
+		if err == nil && st.RaftAppliedIndex >= best.RaftIndex {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return SnapshotInfo{}, fmt.Errorf("etcd %s has not applied up to its committed index %d (last: %v): %w", best.Endpoint, best.RaftIndex, err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	info, err := SnapshotFrom(ctx, spec, best.Endpoint, dst)
-	info.Members = all
+	info.Members, info.ClusterID, info.ReadRevision = all, clusterID, read.Header.Revision
+	if err == nil && info.Revision < info.ReadRevision {
+		err = fmt.Errorf("the snapshot from %s is at revision %d, below the revision %d a linearizable read saw before it: it would miss acknowledged writes; run again", best.Endpoint, info.Revision, info.ReadRevision)
+	}
 	return info, err
+}
+
+// CheckMembers checks that endpoints reach exactly the voting members of one cluster, each
+// once, and returns the cluster's ID: an endpoint of another cluster, two endpoints of one
+// member, or a member no endpoint reaches is an error naming it.
+func CheckMembers(ctx context.Context, cli *clientv3.Client, endpoints []string) (uint64, error) {
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("etcd member list: %w", err)
+	}
+	reached := map[uint64]string{}
+	for _, ep := range endpoints {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := cli.Status(sctx, ep)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("etcd %s: %w", ep, err)
+		}
+		if st.Header.ClusterId != ml.Header.ClusterId {
+			return 0, fmt.Errorf("etcd %s belongs to cluster %x, not to cluster %x of the other endpoints: list the members of one cluster", ep, st.Header.ClusterId, ml.Header.ClusterId)
+		}
+		if other, ok := reached[st.Header.MemberId]; ok {
+			return 0, fmt.Errorf("etcd %s and %s are the same member %x: list each member once", other, ep, st.Header.MemberId)
+		}
+		reached[st.Header.MemberId] = ep
+	}
+	for _, m := range ml.Members {
+		if _, ok := reached[m.ID]; !ok && !m.IsLearner {
+			return 0, fmt.Errorf("etcd member %s (%x, client URLs %v) is not among the endpoints %v: list every member", m.Name, m.ID, m.ClientURLs, endpoints)
+		}
+	}
+	return ml.Header.ClusterId, nil
 }
 
 // SnapshotFrom streams a snapshot from one member into dst, verified and renamed into place.

@@ -79,6 +79,16 @@ func checkBinary(ctx context.Context, b Binary) error {
 	return nil
 }
 
+// CheckBinaryVersion runs `bin --version` and checks it reports exactly version (3.6.1 is not
+// 3.6.16); version must be a plain MAJOR.MINOR.PATCH.
+func CheckBinaryVersion(ctx context.Context, bin, version string) error {
+	v, err := ParseVersion(version)
+	if err != nil {
+		return err
+	}
+	return checkBinary(ctx, Binary{Path: bin, Version: v})
+}
+
 func firstLine(b []byte) string {
 	s, _, _ := strings.Cut(string(bytes.TrimSpace(b)), "\n")
 	return s

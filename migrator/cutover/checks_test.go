@@ -1,0 +1,355 @@
+package cutover
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// fakeProxy answers the admin API on a unix socket like a proxy does: every change of its
+// state grows the generation.
+type fakeProxy struct {
+	mu sync.Mutex
+	st admin.Status
+}
+
+func startFakeProxy(t *testing.T, st admin.Status) (*fakeProxy, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kf-admin") // short: a socket path has ~108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "admin.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeProxy{st: st}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return f, sock
+}
+
+func (f *fakeProxy) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out any
+	switch r.URL.Path {
+	case "/v1/status":
+		out = f.st
+	case "/v1/fence":
+		var req admin.FenceRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		f.st.Fenced, f.st.Reason = req.Fenced, req.Reason
+		f.st.Generation++
+		resp := admin.FenceResponse{Status: f.st}
+		if req.Fenced {
+			resp.Barrier = &admin.Barrier{Complete: true}
+		}
+		out = resp
+	case "/v1/backend":
+		var req admin.BackendRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if !f.st.Fenced {
+			w.WriteHeader(http.StatusConflict)
+			out = admin.Error{Error: "not fenced"}
+			break
+		}
+		prev := f.st.Backend
+		f.st.Backend = req.URL
+		f.st.Generation++
+		out = admin.BackendResponse{Status: f.st, Previous: prev}
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		out = admin.Error{Error: "no such path"}
+	}
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+func (f *fakeProxy) status() admin.Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st
+}
+
+// testRunner is a runner for p whose journal is a running cutover, talking to the proxy at sock.
+func testRunner(t *testing.T, p *Plan, sock string) *runner {
+	t.Helper()
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{Version: 1, ID: "test", State: StateRunning, GreenPIDs: map[string]int{}}
+	return &runner{p: p, j: j, adm: admin.NewClient(sock)}
+}
+
+// TestSwitchRefusedWhenFenceChanged: the switch happens only if the proxy's state is still the
+// one the cutover's fence on left (same generation, fenced); fence off/on by hand in between is
+// refused, since writes may have reached blue after the copy.
+func TestSwitchRefusedWhenFenceChanged(t *testing.T) {
+	p, _ := validPlan(t)
+	blue, green := p.Blue.APIServer.URL, p.Green.APIServer.URL
+	cases := []struct {
+		name    string
+		byHand  func(t *testing.T, a *admin.Client)
+		want    string // "" switches
+		backend string
+	}{
+		{"fence held", func(*testing.T, *admin.Client) {}, "", green},
+		{"fence off and on by hand", func(t *testing.T, a *admin.Client) {
+			for _, on := range []bool{false, true} {
+				if _, err := a.Fence(t.Context(), admin.FenceRequest{Fenced: on}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, "someone ran fence off/on", blue},
+		{"fence off by hand", func(t *testing.T, a *admin.Client) {
+			if _, err := a.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+		}, "the proxy is not fenced", blue},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fp, sock := startFakeProxy(t, admin.Status{Backend: blue, Generation: 7})
+			r := testRunner(t, p, sock)
+			if _, err := r.step(t.Context(), StepFence); err != nil {
+				t.Fatal(err)
+			}
+			if r.j.FenceGeneration != 8 {
+				t.Fatalf("journaled generation %d, want the proxy's after fence on (8)", r.j.FenceGeneration)
+			}
+			tc.byHand(t, r.adm)
+			_, err := r.step(t.Context(), StepSwitch)
+			if tc.want == "" && err != nil {
+				t.Fatalf("switch refused: %v", err)
+			}
+			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("switch error %v, want %q", err, tc.want)
+			}
+			if got := fp.status().Backend; got != tc.backend {
+				t.Errorf("proxy backend %s, want %s", got, tc.backend)
+			}
+			if tc.want == "" {
+				// A resume after a crash between the switch and its journal entry switches again.
+				if _, err := r.step(t.Context(), StepSwitch); err != nil {
+					t.Errorf("switch again after a crash: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestAbortAfterCancel: a cutover whose context is cancelled (Ctrl-C, SIGTERM) still aborts
+// back to blue: the abort does not reuse the cancelled context.
+func TestAbortAfterCancel(t *testing.T) {
+	p, _ := validPlan(t)
+	fp, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: 3})
+	r := testRunner(t, p, sock)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	rep, err := r.fail(ctx, StepCopy, ctx.Err())
+	if err == nil || rep == nil || rep.Result != "aborted" {
+		t.Fatalf("report %+v, err %v; want aborted", rep, err)
+	}
+	if st := fp.status(); st.Fenced || st.Backend != p.Blue.APIServer.URL {
+		t.Fatalf("after the abort the proxy is %+v; want open on blue", st)
+	}
+	j, err := LoadJournal(p.StateDir)
+	if err != nil || j.State != StateAborted {
+		t.Fatalf("journal %+v, %v; want aborted", j, err)
+	}
+}
+
+// TestStateLock: one cutover command at a time per state dir; the error names the holder.
+func TestStateLock(t *testing.T) {
+	dir := t.TempDir()
+	l, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lockStateDir(dir)
+	if err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("second lock: %v; want an error naming pid %d", err, os.Getpid())
+	}
+	p, _ := validPlan(t)
+	p.StateDir = dir
+	for name, run := range map[string]func() error{
+		"run":    func() error { _, err := Run(t.Context(), Options{Plan: p}); return err },
+		"resume": func() error { _, err := Run(t.Context(), Options{Plan: p, Resume: true}); return err },
+		"abort":  func() error { _, err := Abort(t.Context(), Options{Plan: p}); return err },
+	} {
+		if err := run(); err == nil || !strings.Contains(err.Error(), "another kubefence cutover") {
+			t.Errorf("%s while locked: %v", name, err)
+		}
+	}
+	l.unlock()
+	l2, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatalf("lock after unlock: %v", err)
+	}
+	l2.unlock()
+}
+
+// TestAliveMatchesWholeCommandLine: a process of the same binary with other arguments (another
+// etcd on this host) is not ours.
+func TestAliveMatchesWholeCommandLine(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	cmd := exec.Command(sleep, "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	cases := []struct {
+		argv []string
+		want bool
+	}{
+		{[]string{sleep, "30"}, true},
+		{[]string{sleep, "31"}, false},
+		{[]string{sleep}, false},
+		{[]string{sleep, "30", "--more"}, false},
+	}
+	for _, tc := range cases {
+		if got := alive(pid, tc.argv); got != tc.want {
+			t.Errorf("alive(%d, %q) = %v, want %v", pid, tc.argv, got, tc.want)
+		}
+	}
+	if got := findProcess([]string{sleep, "30"}); got != pid {
+		t.Errorf("findProcess = %d, want %d", got, pid)
+	}
+}
+
+// TestGreenEtcdVersionExact: the preflight's version check is datadir's exact one: 3.6.16 is
+// not 3.6.1.
+func TestGreenEtcdVersionExact(t *testing.T) {
+	bin := writeFile(t, t.TempDir(), "etcd", "#!/bin/sh\nprintf 'etcd Version: 3.6.16\\nGit SHA: x\\nGo Version: go1.24\\n'\n")
+	cases := []struct {
+		version string
+		ok      bool
+	}{{"3.6.16", true}, {"3.6.1", false}, {"3.6", false}, {"3.6.160", false}}
+	for _, tc := range cases {
+		err := datadir.CheckBinaryVersion(t.Context(), bin, tc.version)
+		if (err == nil) != tc.ok {
+			t.Errorf("version %s: %v, want ok=%v", tc.version, err, tc.ok)
+		}
+	}
+}
+
+func writeKubeconfig(t *testing.T, dir, name, server string) string {
+	t.Helper()
+	return writeFile(t, dir, name, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, server))
+}
+
+// TestCheckGreenKubeconfig: a green kubeconfig that reaches blue or the proxy (verify would
+// compare blue with blue) is refused at preflight.
+func TestCheckGreenKubeconfig(t *testing.T) {
+	proxy := httptest.NewTLSServer(http.NotFoundHandler()) // something already listening
+	t.Cleanup(proxy.Close)
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	greenURL := "https://" + free.Addr().String()
+	free.Close()
+	cases := []struct {
+		name, server string
+		want         string
+	}{
+		{"green", greenURL, ""},
+		{"blue's url", "https://10.0.0.1:6443", "is blue's apiserver"},
+		{"blue kubeconfig's server", "https://blue.example:6443", "server of blue.apiserver.kubeconfig"},
+		{"the proxy", proxy.URL, "already answers before green is started"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, dir := validPlan(t)
+			p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, dir, "blue.kubeconfig", "https://blue.example:6443")
+			p.Green.APIServer.URL = greenURL
+			p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", tc.server)
+			err := checkGreenKubeconfig(t.Context(), p)
+			if tc.want == "" && err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestStaticPodOnlyOurs: a green manifest whose name is already in the kubelet's dir is
+// refused, and abort removes only a manifest the cutover placed.
+func TestStaticPodOnlyOurs(t *testing.T) {
+	p, dir := validPlan(t)
+	kubeletDir := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(kubeletDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	manifest := writeFile(t, dir, "kube-apiserver.yaml", "green\n")
+	existing := writeFile(t, kubeletDir, "kube-apiserver.yaml", "blue\n")
+	p.Green.APIServer.Command = nil
+	p.Green.APIServer.StaticPod = &StaticPod{Manifest: manifest, ManifestDir: kubeletDir}
+	fp, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true})
+	r := testRunner(t, p, sock)
+	if err := manifestAbsent(p.Green.APIServer.StaticPod); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("preflight check: %v", err)
+	}
+	if err := r.placeGreenManifest(); err == nil {
+		t.Fatal("placed over the kubelet's own manifest")
+	}
+	if err := r.abort(t.Context(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(existing); err != nil || string(b) != "blue\n" {
+		t.Fatalf("abort touched a manifest it did not place: %q, %v", b, err)
+	}
+	// A manifest of its own name is placed, journaled, and removed by abort.
+	if err := os.Rename(manifest, filepath.Join(dir, "kube-apiserver-green.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	p.Green.APIServer.StaticPod.Manifest = filepath.Join(dir, "kube-apiserver-green.yaml")
+	fp.st.Fenced = true
+	r = testRunner(t, p, sock)
+	if err := r.placeGreenManifest(); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := LoadJournal(p.StateDir); err != nil || j.StaticPodPlaced != filepath.Join(kubeletDir, "kube-apiserver-green.yaml") {
+		t.Fatalf("journal %+v, %v: placement not journaled", j, err)
+	}
+	if err := r.abort(t.Context(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(kubeletDir, "kube-apiserver-green.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("abort left green's manifest: %v", err)
+	}
+	if _, err := os.Stat(existing); err != nil {
+		t.Errorf("abort removed the kubelet's own manifest: %v", err)
+	}
+}
