@@ -72,7 +72,11 @@ type StepReport struct {
 	Started  bool              `json:"started,omitempty"`
 	Done     bool              `json:"done"`
 	Repeated bool              `json:"repeated,omitempty"`
-	Duration time.Duration     `json:"durationNanos"`
+	// Source is what a rebuild step builds every member from, journaled when first chosen.
+	Source *RebuildSource `json:"source,omitempty"`
+	// Swapped is set once a rebuild step has swapped every member in.
+	Swapped  bool          `json:"swapped,omitempty"`
+	Duration time.Duration `json:"durationNanos"`
 }
 
 // Report is a whole run.
@@ -367,6 +371,9 @@ func checkDowngrade(cur Detection, target Version) error {
 type executor struct {
 	opts Options
 	rep  *Report
+	// afterSwap, when set (by tests), runs after each member's data dir is swapped; an error
+	// stops the step there, as a crash would.
+	afterSwap func(dir string) error
 }
 
 func (e *executor) event(s *StepReport, phase string, d time.Duration) {

@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -184,16 +185,7 @@ func mostAdvanced(dirs []string) (string, map[string]Membership, error) {
 // most advanced member, keeping each member's name and peer URLs; each new dir is swapped in
 // once every one is built and verified.
 func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
-	src, all, err := mostAdvanced(e.opts.DataDirs)
-	if err != nil {
-		return err
-	}
-	for _, d := range e.opts.DataDirs {
-		ms := all[d]
-		tmp := newPath(d)
-		if err := os.RemoveAll(tmp); err != nil {
-			return err
-		}
+	return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			DataDir: src, OutputDir: tmp,
 			Member:     v2v3.Membership{Name: ms.Self.Name, InitialCluster: ms.InitialCluster(), InitialAdvertisePeerURLs: ms.Self.PeerURLs, InitialClusterToken: e.opts.ClusterToken},
@@ -201,25 +193,20 @@ func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
 			OnConflict: e.opts.OnConflict,
 		})
 		if err != nil {
-			os.RemoveAll(tmp)
-			return diskHint(err, filepath.Dir(d))
+			return "", err
 		}
 		if v, err := ParseVersion(s.Version); err == nil {
 			if err := WriteVersionFile(tmp, VersionFile{Version: v, Storage: StorageV3}); err != nil {
-				return err
+				return "", err
 			}
 		}
 		v3 := 0
 		if rep.V3 != nil {
 			v3 = rep.V3.V3Keys
 		}
-		s.Members[d] = fmt.Sprintf("from %s: %d v2 keys migrated (%d with a lease, %d hidden left out), %d v3 keys kept, verified",
-			src, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped, v3)
-		if err := markReady(tmp); err != nil {
-			return err
-		}
-	}
-	return e.swapAll()
+		return fmt.Sprintf("from %s: %d v2 keys migrated (%d with a lease, %d hidden left out), %d v3 keys kept, verified",
+			src, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped, v3), nil
+	})
 }
 
 // downgradeStorage rebuilds every member for etcd 3.5: etcd's restore of the most advanced
@@ -232,22 +219,15 @@ func (e *executor) downgradeStorage(s *StepReport) error {
 	if err != nil {
 		return err
 	}
-	src, all, err := mostAdvanced(e.opts.DataDirs)
-	if err != nil {
-		return err
-	}
-	walv, err := walVersion(src)
-	if err != nil {
-		return err
-	}
-	if min := walv.MinimalEtcdVersion(); min != nil && (semver.Version{Major: int64(target.Major), Minor: int64(target.Minor)}).LessThan(*min) {
-		return fmt.Errorf("etcd cannot downgrade %s to %s: its WAL holds entries only etcd %s reads (etcdutl migrate refuses the same)", src, target.MinorString(), min)
-	}
-	for _, d := range e.opts.DataDirs {
-		ms := all[d]
-		tmp := newPath(d)
-		if err := os.RemoveAll(tmp); err != nil {
-			return err
+	var walv wal.Version
+	return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+		if walv == nil {
+			if walv, err = walVersion(src); err != nil {
+				return "", err
+			}
+			if min := walv.MinimalEtcdVersion(); min != nil && (semver.Version{Major: int64(target.Major), Minor: int64(target.Minor)}).LessThan(*min) {
+				return "", fmt.Errorf("etcd cannot downgrade %s to %s: its WAL holds entries only etcd %s reads (etcdutl migrate refuses the same)", src, target.MinorString(), min)
+			}
 		}
 		err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
 			SnapshotPath: filepath.Join(src, "member", "snap", "db"), SkipHashCheck: true,
@@ -258,15 +238,125 @@ func (e *executor) downgradeStorage(s *StepReport) error {
 			err = migrateSchema(filepath.Join(tmp, "member", "snap", "db"), walv, target)
 		}
 		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("rebuilt from %s as %s with storage version %s", src, ms.Self.Name, target.MinorString()), nil
+	})
+}
+
+// RebuildSource is the member a rebuild step (v2 migration, downgrade) builds every member
+// from. It is journaled when first chosen, before anything is built, so a resumed step uses
+// the same member at the same commit index: after some swaps, the most advanced member on
+// disk may be a rebuilt one or a less advanced one.
+type RebuildSource struct {
+	DataDir     string `json:"dataDir"`
+	Name        string `json:"name"`
+	CommitIndex uint64 `json:"commitIndex"`
+}
+
+func (r RebuildSource) String() string {
+	return fmt.Sprintf("member %s (%s) at commit index %d", r.Name, r.DataDir, r.CommitIndex)
+}
+
+// rebuild builds a new data dir for every member with build (which fills tmp from src and says
+// what it did), marks each ready, and swaps them in, the source's last: until every other
+// member is swapped, the source's data is still there to build from. A repeated step keeps
+// what the interrupted one finished: members swapped in and new dirs marked ready from the
+// same source.
+func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Membership) (string, error)) error {
+	if s.Swapped {
+		return e.clearMarkers() // killed after the last swap: only the markers are left
+	}
+	if err := e.chooseSource(s); err != nil {
+		return err
+	}
+	src := *s.Source
+	var todo []string
+	for _, d := range swapOrder(e.opts.DataDirs, src.DataDir) {
+		if markedFrom(d, src) {
+			s.Members[d] = "rebuilt from " + src.String() + ", swapped in by the interrupted run"
+			continue
+		}
+		todo = append(todo, d)
+	}
+	for _, d := range todo {
+		tmp := newPath(d)
+		if markedFrom(tmp, src) {
+			s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
+			continue
+		}
+		if err := e.checkSource(src); err != nil {
+			return err
+		}
+		ms, err := ReadMembership(d, "")
+		if err != nil {
+			return err
+		}
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+		what, err := build(src.DataDir, tmp, ms)
+		if err != nil {
 			os.RemoveAll(tmp)
 			return diskHint(err, filepath.Dir(d))
 		}
-		s.Members[d] = fmt.Sprintf("rebuilt from %s as %s with storage version %s", src, ms.Self.Name, target.MinorString())
-		if err := markReady(tmp); err != nil {
+		s.Members[d] = what
+		if err := markReady(tmp, src); err != nil {
 			return err
 		}
 	}
-	return e.swapAll()
+	if err := e.swap(todo); err != nil {
+		return err
+	}
+	s.Swapped = true
+	if err := e.save(); err != nil {
+		return err
+	}
+	return e.clearMarkers()
+}
+
+// chooseSource journals the most advanced member as the step's source, the first time.
+func (e *executor) chooseSource(s *StepReport) error {
+	if s.Source != nil {
+		return nil
+	}
+	src, all, err := mostAdvanced(e.opts.DataDirs)
+	if err != nil {
+		return err
+	}
+	s.Source = &RebuildSource{DataDir: src, Name: all[src].Self.Name, CommitIndex: all[src].CommitIndex}
+	return e.save()
+}
+
+// checkSource refuses to build from a journaled source that is gone or not as it was chosen.
+func (e *executor) checkSource(src RebuildSource) error {
+	restore := fmt.Sprintf("restore every member's backup (kubefence migrate restore-backup; the journal %s names them), then delete the journal and run again", e.rep.Journal)
+	if !exists(src.DataDir) || markedFrom(src.DataDir, src) {
+		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, is gone, and the members not yet rebuilt need it: put it back, or %s", src, restore)
+	}
+	ms, err := ReadMembership(src.DataDir, "")
+	switch {
+	case err != nil:
+		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, cannot be read (%w): %s", src, err, restore)
+	case ms.Self.Name != src.Name:
+		return fmt.Errorf("%s now holds member %s, not %s, the rebuild's source chosen by the interrupted run (%s): %s", src.DataDir, ms.Self.Name, src.Name, src, restore)
+	case ms.CommitIndex < src.CommitIndex:
+		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: less advanced than when the interrupted run chose it (%d), so rebuilding from it would lose writes; %s", src, ms.CommitIndex, src.CommitIndex, restore)
+	case ms.CommitIndex > src.CommitIndex:
+		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: it changed since the interrupted run chose it at %d (did an etcd run on it?), and members already rebuilt hold the older data; %s", src, ms.CommitIndex, src.CommitIndex, restore)
+	}
+	return nil
+}
+
+// swapOrder is dirs with the source last.
+func swapOrder(dirs []string, src string) []string {
+	var out []string
+	for _, d := range dirs {
+		if d != src {
+			out = append(out, d)
+		}
+	}
+	return append(out, src)
 }
 
 // walVersion is the newest etcd version the committed WAL entries after the snapshot need.
@@ -291,24 +381,41 @@ func migrateSchema(path string, w wal.Version, target Version) error {
 	return errors.Join(err, be.Close())
 }
 
-// A step that replaces data dirs builds each new one at <dir>.kubefence-new, marks it ready, and
-// swaps: <dir> → <dir>.kubefence-old, new → <dir>, old removed. recoverSwap, run first on every
-// start, finishes or undoes a swap a crash interrupted, so <dir> is always a whole data dir
-// (old or new) that etcd opens.
+// A step that replaces data dirs builds each new one at <dir>.kubefence-new, marks it ready
+// (the marker names the source it was built from), and swaps: <dir> → <dir>.kubefence-old,
+// new → <dir>, old removed. The marker stays in <dir> until every member is swapped, so a
+// repeated step knows which members are done. recoverSwap, run first on every start, finishes
+// or undoes a swap a crash interrupted, so <dir> is always a whole data dir (old or new) that
+// etcd opens.
 const readyMarker = "kubefence-swap-ready"
 
 func newPath(dir string) string { return filepath.Clean(dir) + ".kubefence-new" }
 func oldPath(dir string) string { return filepath.Clean(dir) + ".kubefence-old" }
 
-func markReady(dir string) error {
-	if err := atomicfile.Write(filepath.Join(dir, readyMarker), []byte("ready\n"), 0o600); err != nil {
+func markReady(dir string, src RebuildSource) error {
+	b, err := json.Marshal(src)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(dir, readyMarker), append(b, '\n'), 0o600); err != nil {
 		return diskHint(err, dir)
 	}
 	return nil
 }
 
-func (e *executor) swapAll() error {
-	for _, d := range e.opts.DataDirs {
+// markedFrom reports whether dir holds a ready marker naming src.
+func markedFrom(dir string, src RebuildSource) bool {
+	b, err := os.ReadFile(filepath.Join(dir, readyMarker))
+	if err != nil {
+		return false
+	}
+	var got RebuildSource
+	return json.Unmarshal(b, &got) == nil && got == src
+}
+
+// swap puts each dir's ready new dir in its place, in order.
+func (e *executor) swap(dirs []string) error {
+	for _, d := range dirs {
 		if err := os.Rename(d, oldPath(d)); err != nil {
 			return err
 		}
@@ -319,6 +426,21 @@ func (e *executor) swapAll() error {
 			return err
 		}
 		if err := recoverSwap(d); err != nil {
+			return err
+		}
+		if e.afterSwap != nil {
+			if err := e.afterSwap(d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// clearMarkers removes the ready markers from the swapped-in data dirs once all are swapped.
+func (e *executor) clearMarkers() error {
+	for _, d := range e.opts.DataDirs {
+		if err := os.Remove(filepath.Join(d, readyMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
@@ -355,8 +477,6 @@ func recoverSwap(dir string) error {
 			return err
 		}
 	}
-	if err := os.Remove(filepath.Join(dir, readyMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
+	// A ready marker in dir stays: the step removes it once every member is swapped.
 	return nil
 }

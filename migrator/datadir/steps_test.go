@@ -17,7 +17,8 @@ func TestRecoverSwap(t *testing.T) {
 		return out
 	}
 	// Each state names what exists before recovery; want is <dir>'s content after it (nil: no
-	// dir), and wantNames the whole parent dir.
+	// dir), and wantNames the whole parent dir. The ready marker stays in a swapped-in dir: the
+	// step removes it once every member is swapped (TestRebuildResumesFromJournaledSource).
 	for _, tc := range []struct {
 		name          string
 		dir, new, old map[string]string // nil: absent
@@ -27,12 +28,12 @@ func TestRecoverSwap(t *testing.T) {
 		{
 			name: "crash between the two renames: new is ready",
 			new:  withMarker(newData), old: oldData,
-			want: newData, wantNames: []string{"data"},
+			want: withMarker(newData), wantNames: []string{"data"},
 		},
 		{
 			name: "crash between the two renames, no old left",
 			new:  withMarker(newData),
-			want: newData, wantNames: []string{"data"},
+			want: withMarker(newData), wantNames: []string{"data"},
 		},
 		{
 			name: "dir moved away, new not ready: old comes back",
@@ -47,7 +48,7 @@ func TestRecoverSwap(t *testing.T) {
 		{
 			name: "swapped, old not yet removed",
 			dir:  withMarker(newData), old: oldData,
-			want: newData, wantNames: []string{"data"},
+			want: withMarker(newData), wantNames: []string{"data"},
 		},
 		{
 			name: "crash while building new",
@@ -113,7 +114,7 @@ func TestRecoverSwapTrailingSlash(t *testing.T) {
 	if err := recoverSwap(dir + "/"); err != nil {
 		t.Fatal(err)
 	}
-	assertTree(t, dir, map[string]string{"member/snap/db": "new"})
+	assertTree(t, dir, map[string]string{readyMarker: "ready\n", "member/snap/db": "new"})
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"data"}) {
 		t.Fatalf("parent holds %v", got)
 	}

@@ -1,0 +1,244 @@
+package datadir
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.uber.org/zap"
+)
+
+var testPeers = []Peer{
+	{ID: 0x1, Name: "m1", PeerURLs: []string{"http://127.0.0.1:12380"}},
+	{ID: 0x2, Name: "m2", PeerURLs: []string{"http://127.0.0.1:22380"}},
+	{ID: 0x3, Name: "m3", PeerURLs: []string{"http://127.0.0.1:32380"}},
+}
+
+// writeMember makes a member data dir ReadMembership reads: a WAL for member self of
+// cluster 0xc, with commit entries all committed, and a backend whose members bucket lists peers.
+func writeMember(t *testing.T, dir string, self Peer, commit uint64) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, "member", "snap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	md, err := (&etcdserverpb.Metadata{NodeID: self.ID, ClusterID: 0xc}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wal.Create(zap.NewNop(), filepath.Join(dir, "member", "wal"), md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents := make([]raftpb.Entry, commit)
+	for i := range ents {
+		ents[i] = raftpb.Entry{Term: 1, Index: uint64(i + 1), Type: raftpb.EntryNormal}
+	}
+	if err := errors.Join(w.Save(raftpb.HardState{Term: 1, Commit: commit}, ents), w.Close()); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(filepath.Join(dir, "member", "snap", "db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("members"))
+		if err != nil {
+			return err
+		}
+		for _, p := range testPeers {
+			v, _ := json.Marshal(map[string]any{"id": p.ID, "name": p.Name, "peerURLs": p.PeerURLs})
+			if err := b.Put([]byte(strconv.FormatUint(p.ID, 16)), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rebuildFixture is three stopped members; m2 is the most advanced, m3 next. A fake build
+// makes each new dir a fresh member (commit index 1, as a restore leaves it) with a file
+// saying which member and index it was built from.
+type rebuildFixture struct {
+	t    *testing.T
+	dirs []string
+	opts Options
+}
+
+func newRebuildFixture(t *testing.T) *rebuildFixture {
+	parent := t.TempDir()
+	f := &rebuildFixture{t: t}
+	for i, commit := range []uint64{10, 30, 20} {
+		d := filepath.Join(parent, testPeers[i].Name)
+		writeMember(t, d, testPeers[i], commit)
+		f.dirs = append(f.dirs, d)
+	}
+	f.opts = Options{DataDirs: f.dirs, BackupDir: filepath.Join(parent, "backups"), Target: Version{3, 6, 16}}
+	if err := f.opts.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(f.opts.BackupDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+const builtFrom = "built-from"
+
+func (f *rebuildFixture) build(src, tmp string, ms Membership) (string, error) {
+	from, err := ReadMembership(src, "")
+	if err != nil {
+		return "", err
+	}
+	self := ms.Self
+	writeMember(f.t, tmp, Peer{ID: self.ID, Name: self.Name, PeerURLs: self.PeerURLs}, 1)
+	what := fmt.Sprintf("%s@%d", from.Self.Name, from.CommitIndex)
+	return "from " + what, os.WriteFile(filepath.Join(tmp, builtFrom), []byte(what), 0o600)
+}
+
+// start is what Run does first: finish interrupted swaps, then load the journal (or plan a
+// one-step run when there is none).
+func (f *rebuildFixture) start() (*executor, *StepReport) {
+	f.t.Helper()
+	for _, d := range f.dirs {
+		if err := recoverSwap(d); err != nil {
+			f.t.Fatalf("recoverSwap: %v", err)
+		}
+	}
+	rep, err := loadJournal(f.opts.journalPath(), OpUpgrade, f.opts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if rep == nil {
+		rep = &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(),
+			Steps: []*StepReport{{Name: "migrate", Kind: StepMigrateV2, Version: "3.5.21"}}}
+	}
+	s := rep.Steps[0]
+	s.Started, s.Members = true, map[string]string{}
+	e := &executor{opts: f.opts, rep: rep}
+	if err := e.save(); err != nil {
+		f.t.Fatal(err)
+	}
+	return e, s
+}
+
+func (f *rebuildFixture) builtFrom() []string {
+	var out []string
+	for _, d := range f.dirs {
+		b, _ := os.ReadFile(filepath.Join(d, builtFrom))
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// crashAfter makes the swap stop after n members, as a kill -9 would.
+func crashAfter(n int) func(string) error {
+	return func(string) error {
+		if n--; n == 0 {
+			return errors.New("killed")
+		}
+		return nil
+	}
+}
+
+// TestRebuildResumesFromJournaledSource: a rebuild killed mid-swap resumes from the source the
+// first run chose and journaled, never from a less advanced member, whichever swaps were done.
+func TestRebuildResumesFromJournaledSource(t *testing.T) {
+	for swapsBeforeCrash := 1; swapsBeforeCrash <= 3; swapsBeforeCrash++ {
+		t.Run(fmt.Sprintf("killed after %d swap(s)", swapsBeforeCrash), func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			e.afterSwap = crashAfter(swapsBeforeCrash)
+			if err := e.rebuild(s, f.build); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			e, s = f.start()
+			if err := e.rebuild(s, f.build); err != nil {
+				t.Fatalf("resumed rebuild: %v", err)
+			}
+			for i, got := range f.builtFrom() {
+				if got != "m2@30" {
+					t.Errorf("%s was rebuilt from %q, want m2@30 (the most advanced member, chosen first)", f.dirs[i], got)
+				}
+			}
+			for _, d := range f.dirs {
+				if exists(filepath.Join(d, readyMarker)) || exists(newPath(d)) || exists(oldPath(d)) {
+					t.Errorf("%s: swap leftovers remain", d)
+				}
+			}
+		})
+	}
+}
+
+// TestRebuildRefusesChangedSource: on resume, a journaled source that is gone or no longer at
+// the journaled index is refused, and nothing is swapped.
+func TestRebuildRefusesChangedSource(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, src string)
+		want   []string
+	}{
+		{"source gone", func(t *testing.T, src string) {
+			if err := os.RemoveAll(src); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"m2", "is gone", "restore-backup"}},
+		{"source less advanced", func(t *testing.T, src string) {
+			if err := os.RemoveAll(src); err != nil {
+				t.Fatal(err)
+			}
+			writeMember(t, src, testPeers[1], 25)
+		}, []string{"m2", "commit index 25", "30", "less advanced", "restore-backup"}},
+		{"source more advanced", func(t *testing.T, src string) {
+			if err := os.RemoveAll(src); err != nil {
+				t.Fatal(err)
+			}
+			writeMember(t, src, testPeers[1], 35)
+		}, []string{"m2", "commit index 35", "30", "changed", "restore-backup"}},
+		{"another member in the source's place", func(t *testing.T, src string) {
+			if err := os.RemoveAll(src); err != nil {
+				t.Fatal(err)
+			}
+			writeMember(t, src, testPeers[2], 30)
+		}, []string{"m3", "not m2"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			// Killed while building the second new dir: nothing swapped yet.
+			built := 0
+			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+				if built++; built == 2 {
+					return "", errors.New("killed")
+				}
+				return f.build(src, tmp, ms)
+			}); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			c.change(t, f.dirs[1])
+			before := map[string]string{}
+			for _, d := range []string{f.dirs[0], f.dirs[2]} {
+				before[d] = strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",")
+			}
+			e, s = f.start()
+			err := e.rebuild(s, f.build)
+			assertErrContains(t, err, c.want...)
+			for d, names := range before {
+				if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
+					t.Errorf("%s was swapped although the source was refused", d)
+				}
+			}
+		})
+	}
+}
