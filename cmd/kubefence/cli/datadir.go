@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
@@ -122,13 +123,13 @@ func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
 		if o.live && len(o.memberEPs) != len(o.dataDirs) {
 			return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
 		}
+		if err := copyOutputsApart(o); err != nil {
+			return err
+		}
 		var res copyResult
 		var errs []error
 		for i, d := range o.dataDirs {
-			dst := o.outputDir
-			if len(o.dataDirs) > 1 {
-				dst = filepath.Join(o.outputDir, filepath.Base(filepath.Clean(d)))
-			}
+			dst := copyOutput(o, d)
 			var rep datadir.CopyReport
 			var err error
 			if o.live {
@@ -161,6 +162,31 @@ func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
 		return errors.Join(errs...)
 	}
 	return UsageErrorf("give --endpoints (a snapshot of a live cluster) or --data-dir (a member's files)")
+}
+
+// copyOutput is where data dir d's copy goes.
+func copyOutput(o *copyOptions, d string) string {
+	if len(o.dataDirs) > 1 {
+		return filepath.Join(o.outputDir, filepath.Base(filepath.Clean(d)))
+	}
+	return o.outputDir
+}
+
+// copyOutputsApart refuses, before anything is copied, a member's copy that overlaps any
+// member's data dir (not only its own): with several --data-dir, one member's copy must not
+// land in another.
+func copyOutputsApart(o *copyOptions) error {
+	for _, d := range o.dataDirs {
+		for _, src := range append([]string{o.walDir}, o.dataDirs...) {
+			if src == "" {
+				continue
+			}
+			if err := pathguard.CheckApart("the copy", copyOutput(o, d), "the source", src); err != nil {
+				return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
+			}
+		}
+	}
+	return nil
 }
 
 func newMigrateDetectCommand(g *globals) *cobra.Command {

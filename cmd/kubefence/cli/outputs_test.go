@@ -51,6 +51,7 @@ func TestOutputsApartFromSources(t *testing.T) {
 	for rel, content := range map[string]string{
 		"data/member/snap/db": "backend", "data/member/wal/0.wal": "wal", "data/member/snap/1.snap": "snap",
 		"data/member/sub/x": "x", "backup/kubefence-manifest.sha256": "", "wal/0.wal": "wal",
+		"data2/member/snap/db": "backend", "data2/member/wal/0.wal": "wal",
 	} {
 		p := filepath.Join(root, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
@@ -87,6 +88,7 @@ func TestOutputsApartFromSources(t *testing.T) {
 		{"copy: link/.. lands in the source", []string{"migrate", "copy", "--data-dir", data, "--output-dir", "into-member/../copy"}, "must not be inside"},
 		{"copy: source is .", []string{"migrate", "copy", "--data-dir", ".", "--output-dir", "copy"}, "must not be inside"},
 		{"copy: output inside the WAL dir", []string{"migrate", "copy", "--data-dir", data, "--wal-dir", "wal", "--output-dir", "wal/copy"}, "must not be inside"},
+		{"copy: several members, one copy lands in another member", []string{"migrate", "copy", "--data-dir", "data2", "--data-dir", data, "--output-dir", "alias/copies"}, "must not be inside"},
 		{"copy --live: output inside", []string{"migrate", "copy", "--live", "--endpoint", "http://127.0.0.1:1", "--data-dir", data, "--output-dir", "alias/copy"}, "must not be inside"},
 		{"v2-to-v3: output inside", v2v3("data", "data/out"), "must not be inside"},
 		{"v2-to-v3: output through a symlink", v2v3(data, "alias/out"), "must not be inside"},
