@@ -147,7 +147,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		msg := fmt.Sprintf("%d objects of %d resource types identical; %d changed after the copy by the apiservers", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
+		msg := fmt.Sprintf("%d objects of %d resource types identical; %d differences explained (the apiservers' own objects, expired events)", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
 		if len(r.j.V2Prefixes) > 0 {
 			m, err := r.checkV2Keys(ctx)
 			if err != nil {

@@ -24,8 +24,9 @@ type VerifyReport struct {
 	ResourceTypes int `json:"resourceTypes"`
 	// Objects were identical (UID and content) on blue and green.
 	Objects int `json:"objects"`
-	// ChangedAfterCopy are objects written after the copy by something the fence does not stop:
-	// the apiservers themselves (their leases, endpoints) or writes a policy rule let through.
+	// ChangedAfterCopy are differences verify can explain: objects green's apiserver wrote, objects
+	// the apiservers maintain themselves (their identity leases, the kubernetes endpoints), events
+	// that expired on blue. Every other difference is a mismatch.
 	ChangedAfterCopy []string `json:"changedAfterCopy,omitempty"`
 	// Mismatches are objects that should be identical and are not: the cutover must not go on.
 	Mismatches []string `json:"mismatches,omitempty"`
@@ -42,7 +43,7 @@ func (r *VerifyReport) add(list *[]string, s string, n *int) {
 
 // verifyObjects compares every listable resource type (from blue's discovery) between blue and
 // green. Objects whose resourceVersion is at most the snapshot's revision existed at the copy
-// and must be identical; anything newer changed after the copy and is listed, not failed.
+// and must be identical; what changed after the copy must be explained (compare).
 //
 // Lists are read as raw JSON and objects compared byte for byte (the same stored object served by
 // the same apiserver version encodes identically); only objects whose bytes differ are decoded
@@ -121,7 +122,7 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 	sort.Strings(rep.ChangedAfterCopy)
 	sort.Strings(rep.Mismatches)
 	if mismatched > 0 {
-		return rep, fmt.Errorf("%d object(s) differ between blue and green: %s", mismatched, strings.Join(rep.Mismatches, "; "))
+		return rep, fmt.Errorf("%d object(s) differ between blue and green, green would not have them as blue does: %s. Find what wrote to blue around the proxy (straight to its apiserver or etcd), stop it, and run the cutover again", mismatched, strings.Join(rep.Mismatches, "; "))
 	}
 	if changed > len(rep.ChangedAfterCopy) {
 		rep.ChangedAfterCopy = append(rep.ChangedAfterCopy, fmt.Sprintf("... and %d more", changed-len(rep.ChangedAfterCopy)))
@@ -150,36 +151,76 @@ func (o rawObject) equal(other rawObject) bool {
 	return reflect.DeepEqual(a, b)
 }
 
+// compare classifies every object of one resource type. An object blue holds as it was at the
+// copy must be on green, identical. Anything else must be explained, or it is a mismatch:
+//   - green's own apiserver wrote to green after the start (revision above the copy's): its
+//     leases, endpoints, APF configuration; nothing else writes to green before the switch;
+//   - an object the apiservers maintain themselves changed on blue (maintainedByAPIServers);
+//   - an event the copy has and blue no longer holds (events expire).
+//
+// A blue object created, changed or deleted after the copy outside that list is a write that
+// did not go through the fenced proxy (straight to blue's apiserver or etcd): it is not on green,
+// so the cutover must not go on.
 func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map[string]rawObject, snapRev int64, changed, mismatched *int) {
 	kind := gvr.Resource
 	if gvr.Group != "" {
 		kind += "." + gvr.Group
 	}
+	explained := func(key, why string) { rep.add(&rep.ChangedAfterCopy, kind+" "+key+": "+why, changed) }
+	mismatch := func(key, why string) { rep.add(&rep.Mismatches, kind+" "+key+": "+why, mismatched) }
+	const bypass = " (a write that did not go through the fenced proxy: it is not on green)"
 	for key, b := range blue {
 		g, ok := green[key]
 		switch {
-		case !ok && b.rv > snapRev:
-			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": created on blue after the copy", changed)
-		case !ok:
-			rep.add(&rep.Mismatches, kind+" "+key+": missing on green", mismatched)
-		case b.equal(g):
+		case ok && b.equal(g):
 			rep.Objects++
-		case b.rv > snapRev || g.rv > snapRev:
-			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": changed after the copy", changed)
+		case b.rv > snapRev && maintainedByAPIServers(gvr, key):
+			explained(key, "written on blue after the copy by blue's apiserver (it maintains this object itself)")
+		case !ok && b.rv > snapRev:
+			mismatch(key, "created on blue after the copy"+bypass)
+		case !ok:
+			mismatch(key, "missing on green")
+		case b.rv > snapRev:
+			mismatch(key, "changed on blue after the copy"+bypass)
+		case g.rv > snapRev:
+			explained(key, "changed on green by its apiserver")
 		default:
-			rep.add(&rep.Mismatches, kind+" "+key+": differs (uid "+b.uid+" vs "+g.uid+")", mismatched)
+			mismatch(key, "differs (uid "+b.uid+" vs "+g.uid+")")
 		}
 	}
 	for key, g := range green {
 		if _, ok := blue[key]; ok {
 			continue
 		}
-		if g.rv > snapRev {
-			rep.add(&rep.ChangedAfterCopy, kind+" "+key+": created on green by its apiserver", changed)
-		} else {
-			rep.add(&rep.Mismatches, kind+" "+key+": on green only", mismatched)
+		switch {
+		case g.rv > snapRev:
+			explained(key, "created on green by its apiserver")
+		case isEvent(gvr):
+			explained(key, "deleted on blue after the copy (events expire)")
+		case maintainedByAPIServers(gvr, key):
+			explained(key, "deleted on blue after the copy by blue's apiserver (it maintains this object itself)")
+		default:
+			mismatch(key, "on green only: deleted on blue after the copy"+bypass)
 		}
 	}
+}
+
+// maintainedByAPIServers says whether the apiservers write the object themselves, outside any
+// proxy: their identity leases (kube-system/apiserver-*) and the kubernetes service's
+// endpoints (default/kubernetes). Only these may change on blue while it is fenced.
+func maintainedByAPIServers(gvr schema.GroupVersionResource, key string) bool {
+	ns, name, _ := strings.Cut(key, "/")
+	switch {
+	case gvr.Group == "coordination.k8s.io" && gvr.Resource == "leases":
+		return ns == "kube-system" && strings.HasPrefix(name, "apiserver-")
+	case gvr.Group == "" && gvr.Resource == "endpoints", gvr.Group == "discovery.k8s.io" && gvr.Resource == "endpointslices":
+		return key == "default/kubernetes"
+	}
+	return false
+}
+
+func isEvent(gvr schema.GroupVersionResource) bool {
+	return gvr.Resource == "events" && (gvr.Group == "" || gvr.Group == "events.k8s.io")
 }
 
 // listRaw lists every object of gvr (all namespaces), page by page, as raw JSON.
