@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 type cutoverFixture struct {
@@ -392,5 +394,108 @@ func TestCutoverAbortCommand(t *testing.T) {
 	f.checkAborted(t)
 	if out, err := f.cutoverCmd(ctx, "--resume"); err == nil || !strings.Contains(out, "nothing to resume") {
 		t.Errorf("--resume after abort: %v\n%s", err, out)
+	}
+}
+
+// cutoverWithHook runs `kubefence cutover` and calls hook once, as step starts (the cutover goes
+// on meanwhile), and returns the combined output.
+func (f *cutoverFixture) cutoverWithHook(t *testing.T, step string, hook func()) (string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	hooked := false
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if !hooked && strings.Contains(sc.Text(), ". "+step+": ") {
+			hooked = true
+			hook()
+		}
+	}
+	err = cmd.Wait()
+	out.WriteString(stderr.String())
+	if !hooked {
+		t.Errorf("the cutover never started step %s", step)
+	}
+	return out.String(), err
+}
+
+func (f *cutoverFixture) createNamespace(t *testing.T, name string) {
+	t.Helper()
+	cs := f.proxyClient(t, 100)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCutoverBypassWriteAborts: a write that goes around the fenced proxy, straight to blue's
+// apiserver after the copy, is not on green; verify must abort and name the object.
+func TestCutoverBypassWriteAborts(t *testing.T) {
+	f := newCutoverFixture(t)
+	f.createNamespace(t, "bypass")
+	out, err := f.cutoverWithHook(t, cutover.StepMigrate, func() {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "sneaky"}, Data: map[string]string{"v": "around the proxy"}}
+		if _, err := f.blue.cs.CoreV1().ConfigMaps("bypass").Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+			t.Errorf("write straight to blue: %v", err)
+		}
+	})
+	t.Logf("kubefence cutover:\n%s", out)
+	for _, want := range []string{"ABORT at verify", "configmaps bypass/sneaky: created on blue after the copy", ": aborted"} {
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("cutover (err %v) does not say %q", err, want)
+		}
+	}
+	f.checkAborted(t)
+}
+
+// TestCutoverFenceChangedAborts: someone runs fence off and on by hand while the cutover runs;
+// writes may have reached blue in between, so the cutover must not switch.
+func TestCutoverFenceChangedAborts(t *testing.T) {
+	f := newCutoverFixture(t)
+	out, err := f.cutoverWithHook(t, cutover.StepGreenAPIServer, func() {
+		for _, on := range []bool{false, true} {
+			if _, err := f.px.Admin.Fence(t.Context(), admin.FenceRequest{Fenced: on, Reason: "by hand"}); err != nil {
+				t.Errorf("fence %v by hand: %v", on, err)
+			}
+		}
+	})
+	t.Logf("kubefence cutover:\n%s", out)
+	for _, want := range []string{"ABORT at switch", "someone ran fence off/on", ": aborted"} {
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("cutover (err %v) does not say %q", err, want)
+		}
+	}
+	f.checkAborted(t)
+}
+
+// TestCutoverForeignEndpoint: blue.etcd.endpoints reaching another cluster's etcd is refused at
+// preflight (the snapshot could come from it), naming the endpoint; nothing is fenced.
+func TestCutoverForeignEndpoint(t *testing.T) {
+	f := newCutoverFixture(t)
+	other, err := f.env.StartEtcd(t.Context(), framework.EtcdConfig{Name: "other-etcd", Version: framework.Etcd34})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.green.Plan.Blue.Etcd.Endpoints = append(f.green.Plan.Blue.Etcd.Endpoints, other.Endpoints()[0])
+	f.green.Plan.Timeouts.Copy = cutover.Duration(20 * time.Second)
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.cutoverCmd(t.Context())
+	t.Logf("kubefence cutover:\n%s", out)
+	if err == nil || !strings.Contains(out, other.Endpoints()[0]+" belongs to cluster") || strings.Contains(out, "2. fence") {
+		t.Fatalf("want a preflight refusal naming %s (err %v)", other.Endpoints()[0], err)
+	}
+	if st, err := f.px.Admin.Status(t.Context()); err != nil || st.Fenced {
+		t.Fatalf("proxy after a refused preflight: %+v %v", st, err)
 	}
 }

@@ -141,3 +141,27 @@ func checkV2OnGreen(t *testing.T, f *cutoverFixture, v2 *framework.V2Client, net
 		t.Errorf("blue lost its v2 data: %+v %v", r, err)
 	}
 }
+
+// TestCutoverV2ForeignMember: blue.etcd.dataDir is the member of another etcd cluster on this
+// host: its v2 store is not blue's, so the copy refuses it (naming both clusters) and the
+// cutover aborts back to blue.
+func TestCutoverV2ForeignMember(t *testing.T) {
+	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, EnableV2: true})
+	other, err := f.env.StartEtcd(t.Context(), framework.EtcdConfig{Name: "other-etcd", Version: framework.Etcd34, EnableV2: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.green.Plan.Migration.Mode = "auto"
+	f.green.Plan.Blue.Etcd.DataDir = other.Members[0].DataDir
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.cutoverCmd(t.Context())
+	t.Logf("kubefence cutover:\n%s", out)
+	for _, want := range []string{"ABORT at copy", "blue.etcd.dataDir " + other.Members[0].DataDir + " is member", "not of blue's cluster"} {
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("cutover (err %v) does not say %q", err, want)
+		}
+	}
+	f.checkAborted(t)
+}

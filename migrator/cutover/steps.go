@@ -228,7 +228,7 @@ func (r *runner) checkBlueEtcd(ctx context.Context) (int64, error) {
 	for _, s := range sts {
 		blueDB = max(blueDB, s.DBSize)
 	}
-	if _, err := datadir.CheckMembers(ctx, cli, r.p.Blue.Etcd.Endpoints); err != nil {
+	if _, err := datadir.CheckMembers(ctx, r.p.Blue.Etcd.EtcdClientSpec); err != nil {
 		return blueDB, fmt.Errorf("blue.etcd.endpoints: %w", err)
 	}
 	return blueDB, nil

@@ -147,12 +147,14 @@ func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
 // sameCluster refuses a member copy (of dataDir) whose WAL says it belongs to another cluster
 // than the one blue's endpoints reach: its v2 store is not blue's.
 func sameCluster(dataDir, memberCopy string, blueCluster uint64) error {
-	m, err := datadir.ReadMembership(memberCopy, "")
+	src, err := v2v3.ReadSource(memberCopy, "")
 	if err != nil {
 		return fmt.Errorf("the copy of %s: %w", dataDir, err)
 	}
-	if m.ClusterID != blueCluster {
-		return fmt.Errorf("blue.etcd.dataDir %s is member %x of etcd cluster %x, not of blue's cluster %x (the one blue.etcd.endpoints reach): give the data dir of a blue member on this host", dataDir, m.Self.ID, m.ClusterID, blueCluster)
+	id, cluster := src.NodeID, src.ClusterID
+	src.Close()
+	if cluster != blueCluster {
+		return fmt.Errorf("blue.etcd.dataDir %s is member %x of etcd cluster %x, not of blue's cluster %x (the one blue.etcd.endpoints reach): give the data dir of a blue member on this host", dataDir, id, cluster, blueCluster)
 	}
 	return nil
 }

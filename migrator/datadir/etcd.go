@@ -149,7 +149,7 @@ func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, e
 		return SnapshotInfo{}, err
 	}
 	defer cli.Close()
-	clusterID, err := CheckMembers(ctx, cli, spec.Endpoints)
+	clusterID, err := CheckMembers(ctx, spec)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -180,13 +180,22 @@ func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, e
 	return info, err
 }
 
-// CheckMembers checks that endpoints reach exactly the voting members of one cluster, each
-// once, and returns the cluster's ID: an endpoint of another cluster, two endpoints of one
-// member, or a member no endpoint reaches is an error naming it.
-func CheckMembers(ctx context.Context, cli *clientv3.Client, endpoints []string) (uint64, error) {
+// CheckMembers checks that spec's endpoints reach exactly the voting members of one cluster
+// (the first endpoint's), each once, and returns the cluster's ID: an endpoint of another
+// cluster, two endpoints of one member, or a member no endpoint reaches is an error naming it.
+func CheckMembers(ctx context.Context, spec Client) (uint64, error) {
+	endpoints := spec.Endpoints
+	if len(endpoints) == 0 {
+		return 0, errors.New("no etcd endpoints")
+	}
+	cli, err := NewClient(spec, endpoints[0])
+	if err != nil {
+		return 0, err
+	}
+	defer cli.Close()
 	ml, err := cli.MemberList(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("etcd member list: %w", err)
+		return 0, fmt.Errorf("etcd %s: member list: %w", endpoints[0], err)
 	}
 	reached := map[uint64]string{}
 	for _, ep := range endpoints {
@@ -197,7 +206,7 @@ func CheckMembers(ctx context.Context, cli *clientv3.Client, endpoints []string)
 			return 0, fmt.Errorf("etcd %s: %w", ep, err)
 		}
 		if st.Header.ClusterId != ml.Header.ClusterId {
-			return 0, fmt.Errorf("etcd %s belongs to cluster %x, not to cluster %x of the other endpoints: list the members of one cluster", ep, st.Header.ClusterId, ml.Header.ClusterId)
+			return 0, fmt.Errorf("etcd %s belongs to cluster %x, not to cluster %x of the first endpoint %s: list the members of one cluster", ep, st.Header.ClusterId, ml.Header.ClusterId, endpoints[0])
 		}
 		if other, ok := reached[st.Header.MemberId]; ok {
 			return 0, fmt.Errorf("etcd %s and %s are the same member %x: list each member once", other, ep, st.Header.MemberId)

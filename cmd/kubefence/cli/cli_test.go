@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/proxy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -153,5 +154,19 @@ func TestFenceCommands(t *testing.T) {
 	var fr admin.FenceResponse
 	if err := json.Unmarshal([]byte(out), &fr); code != 0 || err != nil || fr.Status.Fenced || fr.Status.Backend != green.URL {
 		t.Fatalf("fence off json = %d %v %s", code, err, out)
+	}
+}
+
+// TestCutoverReportWording: the report claims only what the proxy knows: how many writes got a
+// 429, not that clients retried them.
+func TestCutoverReportWording(t *testing.T) {
+	var buf bytes.Buffer
+	printReport(&buf, &cutover.Report{ID: "x", Result: "done", RefusedWrites: 3})
+	out := buf.String()
+	if !strings.Contains(out, "writes refused with 429 while fenced: 3 (client-go retries them; clients that do not retry saw an error)") {
+		t.Errorf("report lacks the refused writes line:\n%s", out)
+	}
+	if strings.Contains(out, "retried by clients") {
+		t.Errorf("report claims clients retried:\n%s", out)
 	}
 }
