@@ -8,10 +8,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -497,5 +499,37 @@ func TestCutoverForeignEndpoint(t *testing.T) {
 	}
 	if st, err := f.px.Admin.Status(t.Context()); err != nil || st.Fenced {
 		t.Fatalf("proxy after a refused preflight: %+v %v", st, err)
+	}
+}
+
+// TestCutoverInterrupted: Ctrl-C (SIGINT) or SIGTERM while a step runs aborts the cutover
+// cleanly: the abort does not reuse the cancelled context, so blue is unfenced and green stopped.
+func TestCutoverInterrupted(t *testing.T) {
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			f := newCutoverFixture(t)
+			cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+			pipe, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			sc := bufio.NewScanner(pipe)
+			for sc.Scan() {
+				out.WriteString(sc.Text() + "\n")
+				if strings.Contains(sc.Text(), ". "+cutover.StepGreenAPIServer+": ") {
+					_ = cmd.Process.Signal(sig)
+				}
+			}
+			err = cmd.Wait()
+			t.Logf("kubefence cutover:\n%s", out.String())
+			if err == nil || !strings.Contains(out.String(), "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out.String(), ": aborted") {
+				t.Fatalf("want a clean abort at %s after %s (err %v)", cutover.StepGreenAPIServer, sig, err)
+			}
+			f.checkAborted(t)
+		})
 	}
 }

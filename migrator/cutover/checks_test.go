@@ -14,7 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -351,5 +353,55 @@ func TestStaticPodOnlyOurs(t *testing.T) {
 	}
 	if _, err := os.Stat(existing); err != nil {
 		t.Errorf("abort removed the kubelet's own manifest: %v", err)
+	}
+}
+
+// TestStaticPodWaitsForReadyz: in static-pod mode, as in command mode, the step ends only when
+// green's /readyz says ok (through green's kubeconfig), and fails at its timeout otherwise.
+func TestStaticPodWaitsForReadyz(t *testing.T) {
+	cases := []struct {
+		name     string
+		notReady int32 // /readyz answers 503 this many times
+		wantErr  string
+	}{
+		{"ready after a while", 3, ""},
+		{"never ready", 1 << 30, "not ready"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			green := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/readyz" {
+					http.NotFound(w, r)
+					return
+				}
+				if calls.Add(1) <= tc.notReady {
+					http.Error(w, "etcd not ready", http.StatusServiceUnavailable)
+				}
+			}))
+			t.Cleanup(green.Close)
+			p, dir := validPlan(t)
+			kubeletDir := filepath.Join(dir, "manifests")
+			if err := os.Mkdir(kubeletDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			p.Green.APIServer.Command = nil
+			p.Green.APIServer.StaticPod = &StaticPod{Manifest: writeFile(t, dir, "green.yaml", "kind: Pod\n"), ManifestDir: kubeletDir}
+			p.Green.APIServer.URL = green.URL
+			p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", green.URL)
+			r := testRunner(t, p, "/nonexistent")
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			_, err := r.startGreenAPIServer(ctx)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("step failed: %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("step error %v, want %q", err, tc.wantErr)
+			}
+			if calls.Load() < min(tc.notReady+1, 2) {
+				t.Errorf("/readyz asked %d times", calls.Load())
+			}
+		})
 	}
 }
