@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kubefence/kubefence/migrator/datadir"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -106,21 +106,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		r.j.FenceGeneration = resp.Status.Generation
 		return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 	case StepCopy:
-		info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
-		if err != nil {
-			return "", err
-		}
-		r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
-		msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
-		r.j.Mode = "snapshot"
-		if r.v2Possible() {
-			m, err := r.copyV2Member(info.Path, info.ClusterID)
-			if err != nil {
-				return "", err
-			}
-			msg += "; " + m
-		}
-		return msg, nil
+		return r.copyBlue(ctx)
 	case StepMigrate:
 		if r.j.Mode == "v2-to-v3" {
 			return r.migrateV2(ctx)
@@ -134,28 +120,7 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 	case StepGreenAPIServer:
 		return r.startGreenAPIServer(ctx)
 	case StepVerify:
-		blue, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
-		if err != nil {
-			return "", err
-		}
-		green, err := restConfig(r.p.Green.APIServer.Kubeconfig)
-		if err != nil {
-			return "", err
-		}
-		rep, err := verifyObjects(ctx, blue, green, r.j.SnapshotRevision)
-		r.j.Verified = rep
-		if err != nil {
-			return "", err
-		}
-		msg := fmt.Sprintf("%d objects of %d resource types identical; %d differences explained (the apiservers' own objects, expired events)", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
-		if len(r.j.V2Prefixes) > 0 {
-			m, err := r.checkV2Keys(ctx)
-			if err != nil {
-				return "", err
-			}
-			msg += "; " + m
-		}
-		return msg, nil
+		return r.verify(ctx)
 	case StepSwitch:
 		if err := r.checkFenceHeld(ctx); err != nil {
 			return "", err
@@ -175,6 +140,52 @@ func (r *runner) step(ctx context.Context, step string) (string, error) {
 		return fmt.Sprintf("writes open on green; write-unavailability window %s", r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
 	}
 	return "", fmt.Errorf("unknown step %q", step)
+}
+
+// copyBlue snapshots blue (every acknowledged write in it) and, for a v2 source, copies the
+// member's files next to it.
+func (r *runner) copyBlue(ctx context.Context) (string, error) {
+	info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
+	if err != nil {
+		return "", err
+	}
+	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
+	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
+	r.j.Mode = "snapshot"
+	if r.v2Possible() {
+		m, err := r.copyV2Member(info.Path, info.ClusterID)
+		if err != nil {
+			return "", err
+		}
+		msg += "; " + m
+	}
+	return msg, nil
+}
+
+// verify compares blue and green object by object (and green etcd's migrated v2 keys).
+func (r *runner) verify(ctx context.Context) (string, error) {
+	blue, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	green, err := restConfig(r.p.Green.APIServer.Kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	rep, err := verifyObjects(ctx, blue, green, r.j.SnapshotRevision)
+	r.j.Verified = rep
+	if err != nil {
+		return "", err
+	}
+	msg := fmt.Sprintf("%d objects of %d resource types identical; %d differences explained (the apiservers' own objects, expired events)", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
+	if len(r.j.V2Prefixes) > 0 {
+		m, err := r.checkV2Keys(ctx)
+		if err != nil {
+			return "", err
+		}
+		msg += "; " + m
+	}
+	return msg, nil
 }
 
 func (r *runner) preflight(ctx context.Context) (string, error) {
