@@ -190,7 +190,7 @@ func printReport(w io.Writer, r *cutover.Report) {
 	if v := r.Verified; v != nil {
 		fmt.Fprintf(w, "  objects verified identical: %d across %d resource types\n", v.Objects, v.ResourceTypes)
 		for _, c := range v.ChangedAfterCopy {
-			fmt.Fprintf(w, "    changed after the copy (not a loss): %s\n", c)
+			fmt.Fprintf(w, "    explained difference (not a loss): %s\n", c)
 		}
 		for _, m := range v.Mismatches {
 			fmt.Fprintf(w, "    MISMATCH: %s\n", m)
