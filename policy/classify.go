@@ -50,8 +50,12 @@ type Attributes struct {
 	Path              string
 	// Upgrade is set for a protocol upgrade (WebSocket, SPDY).
 	Upgrade bool
-	// DryRun is set when every dryRun value is "All": the apiserver persists nothing.
+	// DryRun is set when every dryRun value is "All": the apiserver persists nothing. For a
+	// DELETE that carries a body the query does not count (see BodyDecidesDryRun).
 	DryRun bool
+	// HasBody is set when the request may carry a body (a Content-Length above zero, or a body
+	// of unknown length).
+	HasBody bool
 	// Unknown says why the request's shape was not recognised (it is then a write).
 	Unknown string
 	// User and Groups are the authenticated client identity, when the proxy knows it.
@@ -69,6 +73,11 @@ func (a *Attributes) Class() Class {
 		return Write
 	}
 	if a.IsResourceRequest {
+		// RequestInfoFactory calls any method on a /watch/ path "watch", and any method on a
+		// /proxy/ path "proxy": only a plain GET or HEAD can be a read.
+		if a.Method != http.MethodGet && a.Method != http.MethodHead {
+			return Write
+		}
 		switch a.Subresource {
 		case "exec", "attach", "portforward", "proxy":
 			return Write
@@ -122,8 +131,19 @@ func (c *Classifier) Classify(r *http.Request) Attributes {
 	if a.Verb == "" {
 		a.Unknown = "method " + r.Method + " has no Kubernetes verb"
 	}
-	a.DryRun = isDryRunAll(r.URL.RawQuery)
+	a.HasBody = r.ContentLength != 0 || len(r.TransferEncoding) > 0
+	if !a.BodyDecidesDryRun() {
+		a.DryRun = isDryRunAll(r.URL.RawQuery)
+	}
 	return a
+}
+
+// BodyDecidesDryRun reports a delete or deletecollection that carries a body: kube-apiserver
+// then decodes its DeleteOptions from the body alone and ignores the query
+// (k8s.io/apiserver endpoints/handlers/delete.go), so `?dryRun=All` on such a request says
+// nothing. Only DeleteOptionsDryRun, given the body, can make it a dry run.
+func (a *Attributes) BodyDecidesDryRun() bool {
+	return a.HasBody && (a.Verb == "delete" || a.Verb == "deletecollection")
 }
 
 // isUpgrade reports a protocol upgrade request (Connection: upgrade with an Upgrade header).

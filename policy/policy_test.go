@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -94,6 +95,11 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"websocket watch", req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), true, "read"},
 		{"legacy watch path", req("GET", "/api/v1/watch/namespaces/ns/pods"), true, "read"},
 		{"watch then unwatch", req("GET", "/api/v1/pods?watch=true&watch=false"), true, "read"},
+		// RequestInfoFactory calls every method on a /watch/ path "watch": only GET and HEAD are reads.
+		{"post to legacy watch path", req("POST", "/api/v1/watch/pods"), false, "write"},
+		{"put to legacy watch path", req("PUT", "/api/v1/watch/namespaces/ns/configmaps/c"), false, "write"},
+		{"delete on legacy watch path", req("DELETE", "/apis/apps/v1/watch/namespaces/ns/deployments/d"), false, "write"},
+		{"patch on legacy watch path", req("PATCH", "/api/v1/watch/namespaces/ns/pods"), false, "write"},
 		// Reviews persist nothing.
 		{"tokenreview", req("POST", "/apis/authentication.k8s.io/v1/tokenreviews"), true, "review"},
 		{"selfsubjectreview", req("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews"), true, "review"},
@@ -248,19 +254,28 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-// FuzzClassify checks that classification never panics and that nothing but a plain GET or HEAD
-// of a recognised shape is ever called a read.
+// FuzzClassify checks that classification never panics, that nothing but a plain GET or HEAD
+// of a recognised shape is ever called a read, and that a DELETE with a body is never a dry run
+// by its query.
 func FuzzClassify(f *testing.F) {
-	for _, s := range []string{"/api/v1/pods", "/api/v1/namespaces/a/pods/b/exec", "//api", "/apis/apps/v1/namespaces/x/deployments?watch=true&watch=false", "/api/v1/nodes/n/proxy", "/healthz", "/%2F", "/api/v1/namespaces/ns/pods/p/ex%65c"} {
-		for _, m := range []string{"GET", "POST", "HEAD", "PATCH"} {
-			f.Add(m, s, false)
-			f.Add(m, s, true)
+	for _, s := range []string{"/api/v1/pods", "/api/v1/watch/pods", "/api/v1/watch/namespaces/ns/configmaps/c", "/api/v1/namespaces/a/pods/b/exec", "//api", "/apis/apps/v1/namespaces/x/deployments?watch=true&watch=false", "/api/v1/nodes/n/proxy", "/healthz", "/%2F", "/api/v1/namespaces/ns/pods/p/ex%65c"} {
+		for _, m := range []string{"GET", "POST", "HEAD", "PATCH", "PUT", "DELETE"} {
+			f.Add(m, s, false, "")
+			f.Add(m, s, true, "")
 		}
+	}
+	for _, s := range []string{"/api/v1/namespaces/ns/configmaps/cm1?dryRun=All", "/api/v1/namespaces/ns/configmaps?dryRun=All"} {
+		f.Add("DELETE", s, false, `{"kind":"DeleteOptions","apiVersion":"v1"}`)
+		f.Add("DELETE", s, false, `{}`)
 	}
 	c := NewClassifier()
 	pol := &Policy{}
-	f.Fuzz(func(t *testing.T, method, target string, upgrade bool) {
-		r, err := http.NewRequest(method, "https://kube.example"+target, nil)
+	f.Fuzz(func(t *testing.T, method, target string, upgrade bool, body string) {
+		var rb io.Reader
+		if body != "" {
+			rb = strings.NewReader(body)
+		}
+		r, err := http.NewRequest(method, "https://kube.example"+target, rb)
 		if err != nil || r.URL.Host != "kube.example" {
 			return
 		}
@@ -269,6 +284,9 @@ func FuzzClassify(f *testing.F) {
 			r.Header.Set("Upgrade", "websocket")
 		}
 		a := c.Classify(r)
+		if a.BodyDecidesDryRun() && a.DryRun {
+			t.Fatalf("%s %q with a body: dry run taken from the query, which the apiserver ignores", method, target)
+		}
 		d := pol.Decide(&a)
 		if d.Class != Read {
 			return
@@ -287,4 +305,72 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("odd path %q classified as read", r.URL.Path)
 		}
 	})
+}
+
+// TestDryRunQueryAndBody covers every verb × (query, body): kube-apiserver reads a DELETE's
+// DeleteOptions from its body whenever the body is not empty and then ignores the query, so only
+// the body can make such a request a dry run; other verbs take dryRun from the query alone.
+func TestDryRunQueryAndBody(t *testing.T) {
+	const item, coll = "/api/v1/namespaces/ns/configmaps/cm1", "/api/v1/namespaces/ns/configmaps"
+	const optsAll = `{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}`
+	cases := []struct {
+		name, method, target, body, contentType string
+		want                                    bool // allowed while fenced
+	}{
+		{"delete, query, no body", "DELETE", item + "?dryRun=All", "", "", true},
+		{"delete, query, empty object body", "DELETE", item + "?dryRun=All", `{}`, "application/json", false},
+		{"delete, query, DeleteOptions body", "DELETE", item + "?dryRun=All", `{"kind":"DeleteOptions","apiVersion":"v1"}`, "application/json", false},
+		{"delete, query, body says None", "DELETE", item + "?dryRun=All", `{"dryRun":[]}`, "application/json", false},
+		{"delete, no query, body says All", "DELETE", item, optsAll, "application/json", true},
+		{"delete, no query, body says All, no content type", "DELETE", item, optsAll, "", true},
+		{"delete, body says All twice", "DELETE", item, `{"dryRun":["All","All"]}`, "application/json", true},
+		{"delete, body says All then None", "DELETE", item, `{"dryRun":["All","None"]}`, "application/json", false},
+		{"delete, body dryRun key in other case", "DELETE", item, `{"DryRun":["All"]}`, "application/json", false},
+		{"delete, body dryRun duplicate, last empty", "DELETE", item, `{"dryRun":["All"],"dryRun":[]}`, "application/json", false},
+		{"delete, body dryRun duplicate, last All", "DELETE", item, `{"dryRun":[],"dryRun":["All"]}`, "application/json", true},
+		{"delete, body dryRun as string", "DELETE", item, `{"dryRun":"All"}`, "application/json", false},
+		{"delete, body yaml", "DELETE", item, "dryRun: [All]\n", "application/yaml", false},
+		{"delete, body protobuf", "DELETE", item, optsAll, "application/vnd.kubernetes.protobuf", false},
+		{"delete, body not JSON", "DELETE", item, `dryRun`, "application/json", false},
+		{"delete, body trailing garbage", "DELETE", item, optsAll + `x`, "application/json", false},
+		{"delete, body null", "DELETE", item, `null`, "application/json", false},
+		{"deletecollection, query, no body", "DELETE", coll + "?dryRun=All", "", "", true},
+		{"deletecollection, query, body", "DELETE", coll + "?dryRun=All", `{}`, "application/json", false},
+		{"deletecollection, body says All", "DELETE", coll, optsAll, "application/json", true},
+		{"create, query, body", "POST", coll + "?dryRun=All", `{"kind":"ConfigMap"}`, "application/json", true},
+		{"create, no query, body says All", "POST", coll, `{"dryRun":["All"]}`, "application/json", false},
+		{"update, query, body", "PUT", item + "?dryRun=All", `{"kind":"ConfigMap"}`, "application/json", true},
+		{"patch, query, body", "PATCH", item + "?dryRun=All", `{}`, "application/merge-patch+json", true},
+		{"patch, no query", "PATCH", item, `{}`, "application/merge-patch+json", false},
+	}
+	c := NewClassifier()
+	pol := &Policy{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			r := httptest.NewRequest(tc.method, "https://kube.example"+tc.target, body)
+			if tc.contentType != "" {
+				r.Header.Set("Content-Type", tc.contentType)
+			}
+			a := c.Classify(r)
+			if a.BodyDecidesDryRun() && DeleteOptionsDryRun(r.Header.Get("Content-Type"), []byte(tc.body)) {
+				a.DryRun = true
+			}
+			if d := pol.Decide(&a); d.Allow != tc.want {
+				t.Errorf("%s %s body %q: decision %+v, want allow=%v", tc.method, tc.target, tc.body, d, tc.want)
+			}
+		})
+	}
+}
+
+func TestHasBodyUnknownLength(t *testing.T) {
+	r := httptest.NewRequest("DELETE", "https://kube.example/api/v1/namespaces/ns/configmaps/c?dryRun=All", nil)
+	r.ContentLength = -1 // HTTP/2 without content-length, or chunked: a body may follow
+	a := NewClassifier().Classify(r)
+	if !a.BodyDecidesDryRun() || a.DryRun {
+		t.Fatalf("a DELETE whose body length is unknown must not be a dry run by its query: %+v", a)
+	}
 }
