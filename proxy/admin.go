@@ -34,20 +34,23 @@ func (s *Server) adminHandler() http.Handler {
 		} else {
 			resp, err = s.FenceOff()
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrUnconfirmed):
+			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
+		case err != nil:
 			writeJSON(w, http.StatusInternalServerError, admin.Error{Error: err.Error()})
-			return
+		default:
+			writeJSON(w, http.StatusOK, resp)
 		}
-		writeJSON(w, http.StatusOK, resp)
 	})
 	mux.HandleFunc("POST /v1/backend", func(w http.ResponseWriter, r *http.Request) {
 		var req admin.BackendRequest
 		if !readJSON(w, r, &req) {
 			return
 		}
-		resp, err := s.SetBackend(req.URL, req.CAFile)
+		resp, err := s.SetBackend(r.Context(), req.URL, req.CAFile)
 		switch {
-		case errors.Is(err, ErrNotFenced):
+		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
 		case err != nil:
 			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})

@@ -36,9 +36,10 @@ func (n RequestHeaderNames) first(list []string) string {
 }
 
 // stripList is every header name (exact) and prefix (ending in "-") a client must not send.
-// The X-Remote- prefix is always included, whatever the configured names.
+// The X-Remote- prefix is always included, whatever the configured names, and so is X-Real-Ip,
+// which kube-apiserver takes as the client's address in audit logs.
 func (n RequestHeaderNames) stripList() []string {
-	out := []string{"X-Remote-"}
+	out := []string{"X-Remote-", "X-Real-Ip"}
 	out = append(out, n.Username...)
 	out = append(out, n.Group...)
 	out = append(out, n.UID...)

@@ -16,6 +16,9 @@ import (
 // ErrNotFenced is returned by a backend change while writes are open (invariant 3).
 var ErrNotFenced = errors.New("the backend can be changed only while fenced: run 'kubefence fence on' first")
 
+// ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
+var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unreadable at start-up): run 'kubefence backend set URL' first")
+
 // gate is the fence state machine (open ↔ fenced) and the write barrier.
 //
 // A write is admitted under mu.RLock, after checking the state, and registered in inflight; a
@@ -46,6 +49,12 @@ func (g *gate) admitWrite(w inflightWrite) (id uint64, ok bool) {
 	id = g.inflight.add(w)
 	g.mu.RUnlock()
 	return id, true
+}
+
+// admitSession reports whether a session write (see sessionWrite) may pass: the fence is open.
+// It registers nothing: the barrier does not wait for sessions.
+func (g *gate) admitSession() bool {
+	return !g.fenced.Load()
 }
 
 // current returns the acknowledged state.

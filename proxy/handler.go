@@ -47,6 +47,7 @@ func (s *Server) buildHandler() http.Handler {
 	h = withIdentityHeaders(h, s.headerNames.stripList())
 	h = s.withFence(h)
 	h = s.withAccounting(h)
+	h = s.withConfirmedBackend(h)
 	h = s.withAuthentication(h)
 	h = s.withAttributes(h)
 	h = withChunkedRequestClose(h)
@@ -94,6 +95,21 @@ func (s *Server) withAttributes(next http.Handler) http.Handler {
 	})
 }
 
+// withConfirmedBackend answers 503 + Retry-After to everything while the backend is unconfirmed
+// (the state file was unreadable at start-up): failing closed means serving no reads either
+// from a backend the proxy cannot know was the right one.
+func (s *Server) withConfirmedBackend(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.unconfirmed.Load() {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable",
+				"kubefence: the proxy's state file was unreadable at start-up, so it does not know which apiserver to use; "+
+					"an operator must run 'kubefence backend set URL'", s.cfg.opts.RetryAfter)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // withAccounting counts every request by class, decision and status code.
 func (s *Server) withAccounting(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -123,29 +139,57 @@ func (s *Server) withAccounting(next http.Handler) http.Handler {
 
 // withFence refuses what the policy refuses while the fence is on, and registers the writes it
 // admits while open so that 'fence on' can wait for them. It decides before forwarding: a
-// refused request is never sent anywhere (invariant 4).
+// refused request is never sent anywhere (invariant 4). A write's body is read whole first
+// (see writebody.go).
 func (s *Server) withFence(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
-		if a.Class() == policy.Write {
-			if id, ok := s.gate.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()}); ok {
-				st.writeID = id
-				defer s.gate.inflight.remove(id)
+		if a.Class() != policy.Write {
+			if !s.gate.fenced.Load() {
 				next.ServeHTTP(w, r)
 				return
 			}
-		} else if !s.gate.fenced.Load() {
-			next.ServeHTTP(w, r)
+			s.decide(w, r, st, next)
 			return
 		}
-		d := s.policy.Decide(a)
-		if !d.Allow {
-			s.refuse(w, r, st, d)
+		if sessionWrite(a) {
+			if s.gate.admitSession() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			s.decide(w, r, st, next)
 			return
 		}
-		next.ServeHTTP(w, r)
+		body, err := readWriteBody(w, r, s.cfg.opts.MaxWriteBodyBytes, s.cfg.opts.WriteBodyTimeout)
+		if err != nil {
+			s.answerBodyError(w, r, err)
+			return
+		}
+		if a.BodyDecidesDryRun() {
+			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
+		}
+		id, ok := s.gate.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
+		if !ok {
+			s.decide(w, r, st, next)
+			return
+		}
+		st.writeID = id
+		defer s.gate.inflight.remove(id)
+		// From here the write's fate on the backend does not depend on the client: a client that
+		// goes away must not end the registration before the backend has answered (invariant 2).
+		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	})
+}
+
+// decide applies the policy to a request that arrived while fenced.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Handler) {
+	d := s.policy.Decide(&st.attrs)
+	if !d.Allow {
+		s.refuse(w, r, st, d)
+		return
+	}
+	next.ServeHTTP(w, r)
 }
 
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
@@ -249,10 +293,6 @@ func (s *Server) reverseProxy() http.Handler {
 			case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
 				// A refused upgrade: answer it, then close the client connection too.
 				resp.Header.Set("Connection", "close")
-			case resp.StatusCode == http.StatusSwitchingProtocols && st.writeID != 0:
-				// An upgraded stream (exec, attach, port-forward) persists nothing through etcd once
-				// established; the barrier waits for request/response writes, not for sessions.
-				s.gate.inflight.remove(st.writeID)
 			case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
 				wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(resp.Header.Get("Content-Type")))
 				st.stream.mu.Lock()

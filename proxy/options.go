@@ -52,6 +52,16 @@ type Options struct {
 	RetryAfter      int
 	DrainTimeout    time.Duration
 	ShutdownTimeout time.Duration
+
+	// StartFenced starts the proxy fenced when there is no state file yet.
+	StartFenced bool
+	// AllowedBackends are the URLs 'backend set' may switch to (besides --upstream); a URL's
+	// port may be "*".
+	AllowedBackends []string
+	// MaxWriteBodyBytes and WriteBodyTimeout bound the body of a write, which the proxy reads
+	// whole before the fence admits the write.
+	MaxWriteBodyBytes int64
+	WriteBodyTimeout  time.Duration
 }
 
 // NewOptions returns the defaults.
@@ -60,7 +70,9 @@ func NewOptions() *Options {
 		Listen:                   ":6443",
 		AdminSocket:              admin.DefaultSocket,
 		MetricsListen:            "127.0.0.1:9445",
-		RetryAfter:               5,
+		RetryAfter:               1,
+		MaxWriteBodyBytes:        3 << 20,
+		WriteBodyTimeout:         30 * time.Second,
 		MaxHeaderBytes:           256 << 10,
 		ReadHeaderTimeout:        10 * time.Second,
 		RequestHeaderUsername:    []string{"X-Remote-User"},
@@ -95,7 +107,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PolicyFile, "policy-file", o.PolicyFile, "fence policy rules (YAML, see docs/policy.md); without it the defaults apply")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address for /metrics, /healthz and /readyz of the proxy itself; empty disables")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go pprof profiles under /debug/pprof/ on --metrics-listen")
-	fs.IntVar(&o.RetryAfter, "retry-after", o.RetryAfter, "seconds refused clients are told to wait (Retry-After)")
+	fs.IntVar(&o.RetryAfter, "retry-after", o.RetryAfter, "seconds refused clients are told to wait (Retry-After); keep it at 1: client-go's leader election gives each request 5 s, so a longer wait cannot be retried inside it")
+	fs.BoolVar(&o.StartFenced, "start-fenced", o.StartFenced, "start fenced when --state-file does not exist yet (a state file, once written, says how to start)")
+	fs.StringSliceVar(&o.AllowedBackends, "allowed-backends", o.AllowedBackends, "backend URLs 'kubefence backend set' may switch to, besides --upstream, e.g. https://10.0.0.20:6443 or https://127.0.0.1:* (any port); empty allows none")
+	fs.Int64Var(&o.MaxWriteBodyBytes, "max-write-body-bytes", o.MaxWriteBodyBytes, "largest write body accepted (413 beyond), as kube-apiserver's own limit; the proxy reads a write's body whole before admitting it")
+	fs.DurationVar(&o.WriteBodyTimeout, "write-body-timeout", o.WriteBodyTimeout, "time a client has to send a write's body (408 beyond); a write is admitted, and counted by the fence's barrier, only once its body is in")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a backend switch waits for watches on the old backend to end cleanly before cutting them")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long SIGTERM waits for requests to finish")
 }
@@ -165,6 +181,20 @@ func (o *Options) Validate() []error {
 	}
 	if o.DrainTimeout <= 0 {
 		errs = append(errs, errors.New("--drain-timeout must be positive"))
+	}
+	if o.MaxWriteBodyBytes <= 0 {
+		errs = append(errs, errors.New("--max-write-body-bytes must be positive"))
+	}
+	if o.WriteBodyTimeout <= 0 {
+		errs = append(errs, errors.New("--write-body-timeout must be positive"))
+	}
+	if o.StartFenced && o.StateFile == "" {
+		errs = append(errs, errors.New("--start-fenced needs --state-file: without it a restart would forget the fence"))
+	}
+	for _, u := range o.AllowedBackends {
+		if _, err := parseBackendPattern(u); err != nil {
+			errs = append(errs, fmt.Errorf("--allowed-backends: %v", err))
+		}
 	}
 	return errs
 }

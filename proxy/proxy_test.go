@@ -100,6 +100,7 @@ func startProxy(t testing.TB, upstream string, mutate ...func(*Options)) *testPr
 	o.StateFile = filepath.Join(dir, "state.json")
 	o.MetricsListen = "127.0.0.1:0"
 	o.DrainTimeout = 2 * time.Second
+	o.AllowedBackends = []string{"http://127.0.0.1:*"} // the fake backends
 	for _, m := range mutate {
 		m(o)
 	}
@@ -188,7 +189,8 @@ func TestFenceRefusesWritesAndPassesReads(t *testing.T) {
 			forwarded++
 			continue
 		}
-		if got := resp.Header.Get("Retry-After"); got != "5" {
+		// The default is 1 s: client-go's leader election times out each request at 5 s.
+		if got := resp.Header.Get("Retry-After"); got != "1" {
 			t.Errorf("Retry-After = %q", got)
 		}
 		var st metav1.Status
@@ -197,7 +199,7 @@ func TestFenceRefusesWritesAndPassesReads(t *testing.T) {
 		}
 		if st.Kind != "Status" || st.Reason != metav1.StatusReasonTooManyRequests || st.Code != 429 ||
 			!strings.Contains(st.Message, "fenced read-only") || !strings.Contains(st.Message, "moving etcd") ||
-			st.Details == nil || st.Details.RetryAfterSeconds != 5 {
+			st.Details == nil || st.Details.RetryAfterSeconds != 1 {
 			t.Errorf("429 Status = %+v", st)
 		}
 	}
@@ -388,8 +390,10 @@ func TestStatePersistsAcrossRestart(t *testing.T) {
 	}
 }
 
-func TestCorruptStateStartsFenced(t *testing.T) {
-	api := newFakeAPI(t, "blue")
+// TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
+// backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
+// unfenced until 'backend set' names the backend; then reads flow, still fenced.
+func TestCorruptStateServesNothing(t *testing.T) {
 	for name, content := range map[string]string{
 		"garbage":       "{not json",
 		"empty":         "",
@@ -397,17 +401,39 @@ func TestCorruptStateStartsFenced(t *testing.T) {
 		"no backend":    `{"version":1,"fenced":false}`,
 	} {
 		t.Run(name, func(t *testing.T) {
+			api := newFakeAPI(t, "blue")
 			dir := t.TempDir()
 			state := filepath.Join(dir, "state.json")
 			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			p := startProxy(t, api.URL, func(o *Options) { o.StateFile = state })
-			if st := p.Status(); !st.Fenced || !strings.Contains(st.Reason, "state file") {
-				t.Fatalf("status = %+v, want fenced because of the state file", st)
+			if st := p.Status(); !st.Fenced || !st.Unconfirmed || !strings.Contains(st.Reason, "state file") {
+				t.Fatalf("status = %+v, want fenced and unconfirmed because of the state file", st)
+			}
+			for _, m := range []string{"GET", "DELETE"} {
+				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps/x")
+				if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "backend set") {
+					t.Fatalf("%s = %d %q (Retry-After %q), want 503 + Retry-After naming 'backend set'", m, resp.StatusCode, body, resp.Header.Get("Retry-After"))
+				}
+			}
+			if len(api.requests()) != 0 {
+				t.Fatalf("an unconfirmed proxy forwarded %q", api.requests())
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err == nil || !strings.Contains(err.Error(), "backend set") {
+				t.Fatalf("fence off while unconfirmed: %v, want refused naming 'backend set'", err)
+			}
+			if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: api.URL}); err != nil {
+				t.Fatal(err)
+			}
+			if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 200 {
+				t.Fatalf("read after backend set = %d, want 200", resp.StatusCode)
 			}
 			if resp, _ := do(t, "DELETE", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 429 {
-				t.Fatalf("write = %d, want 429", resp.StatusCode)
+				t.Fatalf("write after backend set = %d, want 429 (still fenced)", resp.StatusCode)
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatalf("fence off after backend set: %v", err)
 			}
 		})
 	}

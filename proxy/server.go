@@ -42,6 +42,10 @@ type Server struct {
 	headerNames     RequestHeaderNames
 	authn           authenticator.Request
 
+	// unconfirmed is set while the backend is not known: the state file was unreadable at
+	// start-up and no 'backend set' has named one since. Every API request then gets 503.
+	unconfirmed atomic.Bool
+
 	openWatches  atomic.Int64
 	refusedTotal atomic.Uint64
 	metrics      *metrics
@@ -69,23 +73,9 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if cfg.opts.StateFile != "" {
 		s.gate.store = &stateStore{path: cfg.opts.StateFile}
 	}
-	st, err := s.gate.store.load()
-	switch {
-	case err == nil:
-		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation)
-		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
-			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
-		}
-	case errors.Is(err, errNoState):
-		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
-	default:
-		if cfg.opts.Upstream == "" {
-			return nil, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
-		}
-		log.Error("cannot read the state file: starting FENCED on --upstream (fail closed); check the file, then 'kubefence fence off' when it is safe",
-			"err", err)
-		st = State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
-			Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
+	st, err := s.initialState()
+	if err != nil {
+		return nil, err
 	}
 	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 	if err != nil {
@@ -98,6 +88,41 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.handler = s.buildHandler()
 	return s, nil
+}
+
+// initialState is the state the proxy starts in: the state file's, else open on --upstream (or
+// fenced with --start-fenced). A state file that cannot be read starts the proxy fenced and
+// unconfirmed (invariant 5): it serves nothing, reads included, until the operator names the
+// backend with 'kubefence backend set', because the backend it was on cannot be known.
+func (s *Server) initialState() (State, error) {
+	cfg, log := s.cfg, s.log
+	if err := s.gate.store.checkWritable(); err != nil {
+		return State{}, err
+	}
+	st, err := s.gate.store.load()
+	switch {
+	case err == nil:
+		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation)
+		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
+			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
+		}
+		return st, nil
+	case errors.Is(err, errNoState):
+		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
+		if cfg.opts.StartFenced {
+			st.Fenced, st.Reason = true, "started with --start-fenced"
+			log.Info("no state file yet: starting FENCED (--start-fenced); 'kubefence fence off' opens writes", "stateFile", cfg.opts.StateFile)
+		}
+		return st, nil
+	}
+	if cfg.opts.Upstream == "" {
+		return State{}, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
+	}
+	log.Error("cannot read the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
+		"err", err)
+	s.unconfirmed.Store(true)
+	return State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
+		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}, nil
 }
 
 func (s *Server) setRefusal(reason string) {
@@ -113,7 +138,7 @@ func (s *Server) Status() admin.Status {
 	st := s.gate.current()
 	b := s.active.Load()
 	return admin.Status{
-		Fenced: st.Fenced, Reason: st.Reason, Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusedTotal.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 	}
@@ -143,6 +168,9 @@ func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Du
 func (s *Server) FenceOff() (admin.FenceResponse, error) {
 	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
+		if s.unconfirmed.Load() {
+			return ErrUnconfirmed
+		}
 		st.Fenced = false
 		st.Reason = ""
 		return nil
@@ -158,15 +186,24 @@ func (s *Server) FenceOff() (admin.FenceResponse, error) {
 
 // SetBackend switches to another apiserver; only while fenced (invariant 3). New requests go
 // to it at once; watches and upgraded streams on the old one are ended (see backend.drain).
-func (s *Server) SetBackend(rawURL, caFile string) (admin.BackendResponse, error) {
+func (s *Server) SetBackend(ctx context.Context, rawURL, caFile string) (admin.BackendResponse, error) {
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
+	if !s.gate.fenced.Load() { // checked again, under the gate's lock, when the switch is made
+		return admin.BackendResponse{Status: s.Status()}, ErrNotFenced
+	}
 	old := s.active.Load()
 	if caFile == "" {
 		caFile = old.caFile
 	}
 	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
 	if err != nil {
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	if err := s.checkAllowed(nb.url); err != nil {
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	if err := probeTLS(ctx, nb); err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	_, err = s.gate.update(func(st *State) error {
@@ -177,6 +214,7 @@ func (s *Server) SetBackend(rawURL, caFile string) (admin.BackendResponse, error
 		st.BackendCAFile = caFile
 		// Published under the gate's lock, with the persisted state.
 		s.active.Store(nb)
+		s.unconfirmed.Store(false)
 		return nil
 	})
 	if err != nil {
@@ -336,6 +374,36 @@ func (s *Server) Shutdown(timeout time.Duration) error {
 	return errors.Join(errs...)
 }
 
+// sharedDirs are directories other programs use: tightening one to 0700 would break them.
+var sharedDirs = map[string]bool{"/": true, "/run": true, "/var/run": true, "/tmp": true, "/var/tmp": true, "/dev/shm": true, "/var/lib": true, "/etc": true}
+
+// privateDir creates dir with mode 0700, or tightens an existing one to 0700, so that nobody but
+// the proxy's user can reach the admin socket even in the instant before its own chmod. A shared
+// directory (sticky, like /tmp, or a system one like /run) is refused, not tightened.
+func privateDir(dir string) error {
+	dir = filepath.Clean(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if fi.Mode().Perm() == 0o700 {
+		return nil
+	}
+	if sharedDirs[dir] || fi.Mode()&os.ModeSticky != 0 {
+		return fmt.Errorf("%s is shared with other programs (mode %v): give --admin-socket a path in a directory of its own, e.g. /run/kubefence/admin.sock", dir, fi.Mode())
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("tighten %s to 0700: %w", dir, err)
+	}
+	return nil
+}
+
 // readyz is ready while the active backend answers its own /readyz.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	b := s.active.Load()
@@ -359,9 +427,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// startAdmin listens on the admin unix socket with mode 0600, replacing a stale socket file.
+// startAdmin listens on the admin unix socket with mode 0600, in a directory of mode 0700 (created
+// or tightened before the socket exists), replacing a stale socket file.
 func (s *Server) startAdmin(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	if err := privateDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("admin socket directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
@@ -60,6 +61,22 @@ func (s *stateStore) load() (State, error) {
 		return st, fmt.Errorf("state file %s names no backend", s.path)
 	}
 	return st, nil
+}
+
+// checkWritable fails unless the state file's directory exists and a file can be created in it:
+// found at start-up, not at the first 'fence on', whose acknowledgement needs the save.
+func (s *stateStore) checkWritable() error {
+	if s == nil {
+		return nil
+	}
+	dir := filepath.Dir(s.path)
+	f, err := os.CreateTemp(dir, ".kubefence-write-check-*")
+	if err != nil {
+		return fmt.Errorf("--state-file %s: its directory must exist and be writable: %w", s.path, err)
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
 }
 
 func (s *stateStore) save(st State) error {

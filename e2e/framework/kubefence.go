@@ -80,11 +80,16 @@ func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
 		"admin-socket":              p.AdminSocket,
 		"state-file":                p.StateFile,
 		"metrics-listen":            fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		// The manifest starts a proxy with no state file fenced (an operator then runs fence
+		// off); the harness's proxies start open, as a proxy that was running before the test.
+		"start-fenced": "false",
 	})
 	if err != nil {
 		return nil, err
 	}
-	p.args = append(p.args, "--retry-after", itoa(cfg.RetryAfter))
+	if cfg.RetryAfter != 1 {
+		p.args = append(p.args, "--retry-after", itoa(cfg.RetryAfter))
+	}
 	p.args = append(p.args, cfg.ExtraArgs...)
 	p.Admin = admin.NewClient(p.AdminSocket)
 	p.Kubeconfig = filepath.Join(e.Dir, cfg.Name+".kubeconfig")

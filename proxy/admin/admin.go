@@ -27,11 +27,14 @@ const DefaultSocket = "/run/kubefence/admin.sock"
 
 // Status is the proxy's acknowledged state and live counters.
 type Status struct {
-	Fenced     bool      `json:"fenced"`
-	Reason     string    `json:"reason,omitempty"`
-	Backend    string    `json:"backend"`
-	Generation uint64    `json:"generation"`
-	ChangedAt  time.Time `json:"changedAt"`
+	Fenced bool   `json:"fenced"`
+	Reason string `json:"reason,omitempty"`
+	// Unconfirmed is set while the proxy serves nothing (503) because its state file was
+	// unreadable at start-up; 'backend set' confirms a backend.
+	Unconfirmed bool      `json:"unconfirmed,omitempty"`
+	Backend     string    `json:"backend"`
+	Generation  uint64    `json:"generation"`
+	ChangedAt   time.Time `json:"changedAt"`
 	// InflightWrites are writes forwarded and not yet answered.
 	InflightWrites int `json:"inflightWrites"`
 	// OpenWatches are watches open through the proxy; OpenStreams counts watches and upgraded

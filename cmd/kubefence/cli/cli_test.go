@@ -102,6 +102,7 @@ func TestFenceCommands(t *testing.T) {
 	o := proxy.NewOptions()
 	o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, api.URL, ""
 	o.AdminSocket, o.StateFile = filepath.Join(dir, "a.sock"), filepath.Join(dir, "state.json")
+	o.AllowedBackends = []string{"http://127.0.0.1:*"}
 	cfg, err := o.Complete()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,370 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// recordingAPI records every request that reached it with its body and headers.
+type recordingAPI struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []*http.Request
+	body []string
+}
+
+func newRecordingAPI(t *testing.T) *recordingAPI {
+	a := &recordingAPI{}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		a.mu.Lock()
+		a.seen = append(a.seen, r)
+		a.body = append(a.body, string(b))
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"kind":"Status","status":"Success"}`)
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *recordingAPI) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.seen)
+}
+
+func fenceOn(t *testing.T, p *testProxy, wait time.Duration) admin.FenceResponse {
+	t.Helper()
+	resp, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "test", WaitTimeout: admin.Duration(wait)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func send(t *testing.T, method, url, contentType, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if body == "" {
+		req.Body = http.NoBody
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestFencedDeleteBodyDecidesDryRun: kube-apiserver reads a DELETE's options from its body when
+// there is one, so ?dryRun=All with a body is a real delete and must be refused; a body that
+// itself says dryRun All is forwarded, body intact.
+func TestFencedDeleteBodyDecidesDryRun(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	fenceOn(t, p, time.Second)
+	const cm = "/api/v1/namespaces/default/configmaps/cm1"
+	cases := []struct {
+		name, target, body string
+		want               int
+	}{
+		{"query dry run, DeleteOptions body", cm + "?dryRun=All", `{"kind":"DeleteOptions","apiVersion":"v1"}`, 429},
+		{"query dry run, empty object body", cm + "?dryRun=All", `{}`, 429},
+		{"deletecollection, query dry run, body", "/api/v1/namespaces/default/configmaps?dryRun=All", `{}`, 429},
+		{"query dry run, no body", cm + "?dryRun=All", "", 200},
+		{"body dry run", cm, `{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}`, 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := api.count()
+			if got := send(t, "DELETE", p.url+tc.target, "application/json", tc.body); got != tc.want {
+				t.Fatalf("DELETE %s body %q = %d, want %d", tc.target, tc.body, got, tc.want)
+			}
+			forwarded := api.count() - before
+			if tc.want == 429 && forwarded != 0 {
+				t.Fatalf("a refused delete reached the backend")
+			}
+			if tc.want == 200 {
+				api.mu.Lock()
+				got := api.body[len(api.body)-1]
+				api.mu.Unlock()
+				if forwarded != 1 || got != tc.body {
+					t.Fatalf("backend got %d request(s), last body %q, want the body %q", forwarded, got, tc.body)
+				}
+			}
+		})
+	}
+}
+
+// TestFencedWatchPathWrites: a non-GET method on a /watch/ path is a write.
+func TestFencedWatchPathWrites(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	fenceOn(t, p, time.Second)
+	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+		if got := send(t, m, p.url+"/api/v1/watch/namespaces/default/configmaps/cm1", "application/json", `{}`); got != 429 {
+			t.Errorf("%s on a /watch/ path while fenced = %d, want 429", m, got)
+		}
+	}
+	if api.count() != 0 {
+		t.Fatalf("%d write(s) on /watch/ paths reached the backend", api.count())
+	}
+}
+
+// TestBarrierWaitsForCancelledWrite: a write that reached the backend is still running there
+// after its client gives up; the barrier must wait for the backend's answer.
+func TestBarrierWaitsForCancelledWrite(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	api.hold = make(chan struct{})
+	var release sync.Once
+	releaseHold := func() { release.Do(func() { close(api.hold) }) }
+	t.Cleanup(releaseHold) // before the server's Close, which waits for the held handler
+	p := startProxy(t, api.URL)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "PUT", p.url+"/api/v1/namespaces/default/configmaps/c", strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	waitFor(t, func() bool { return api.writesIn.Load() == 1 })
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled client got an answer")
+	}
+	resp := fenceOn(t, p, 300*time.Millisecond)
+	if resp.Barrier.Complete {
+		t.Fatal("the barrier completed while the backend was still applying a write whose client went away")
+	}
+	releaseHold()
+	if resp := fenceOn(t, p, 5*time.Second); !resp.Barrier.Complete {
+		t.Fatalf("barrier after the backend answered: %+v", resp.Barrier)
+	}
+}
+
+// TestSlowBodyCannotHoldBarrier: a write trickling its body is not admitted until the body is in,
+// so 'fence on' does not wait for it; finished after the flip, it is refused and never forwarded.
+func TestSlowBodyCannotHoldBarrier(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"slow"}}`
+	fmt.Fprintf(c, "PUT /api/v1/namespaces/default/configmaps/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+	time.Sleep(100 * time.Millisecond)
+
+	start := time.Now()
+	resp := fenceOn(t, p, 2*time.Second)
+	if !resp.Barrier.Complete || time.Since(start) > time.Second {
+		t.Fatalf("fence on took %s with barrier %+v: a trickling body held it", time.Since(start), resp.Barrier)
+	}
+	if _, err := io.WriteString(c, body[10:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 429 || api.count() != 0 {
+		t.Fatalf("slow write finished after the flip: %d, %d forwarded; want 429, none", r.StatusCode, api.count())
+	}
+}
+
+// TestWriteBodyBounds: a body that never finishes gets 408 after --write-body-timeout; one over
+// --max-write-body-bytes gets 413. Neither is forwarded.
+func TestWriteBodyBounds(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = 300 * time.Millisecond; o.MaxWriteBodyBytes = 1 << 10 })
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("stalled body = %d, want 408", r.StatusCode)
+	}
+	if got := send(t, "POST", p.url+"/api/v1/namespaces/default/configmaps", "application/json", strings.Repeat("x", 2<<10)); got != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized body = %d, want 413", got)
+	}
+	if api.count() != 0 {
+		t.Fatalf("%d bad write(s) forwarded", api.count())
+	}
+}
+
+// TestLongProxyGetCannotHoldBarrier: a */proxy GET streaming for as long as it likes does not
+// make 'fence on' wait; new ones are refused once fenced.
+func TestLongProxyGetCannotHoldBarrier(t *testing.T) {
+	release := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer api.Close()
+	defer close(release)
+	p := startProxy(t, api.URL)
+	resp, err := http.Get(p.url + "/api/v1/namespaces/default/services/s:80/proxy/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	if fr := fenceOn(t, p, 2*time.Second); !fr.Barrier.Complete || time.Since(start) > time.Second {
+		t.Fatalf("fence on took %s with barrier %+v: a */proxy stream held it", time.Since(start), fr.Barrier)
+	}
+	if got := send(t, "GET", p.url+"/api/v1/namespaces/default/services/s:80/proxy/other", "", ""); got != 429 {
+		t.Fatalf("a new */proxy request while fenced = %d, want 429", got)
+	}
+}
+
+// TestStartFenced: with --start-fenced and no state file the proxy starts fenced; the state file
+// it then writes decides later starts.
+func TestStartFenced(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL, func(o *Options) { o.StartFenced = true })
+	if st := p.Status(); !st.Fenced || st.Unconfirmed {
+		t.Fatalf("status = %+v, want fenced (and confirmed)", st)
+	}
+	if got := send(t, "POST", p.url+"/api/v1/namespaces/default/configmaps", "application/json", "{}"); got != 429 {
+		t.Fatalf("write = %d, want 429", got)
+	}
+	if got := send(t, "GET", p.url+"/api/v1/namespaces/default/configmaps", "", ""); got != 200 {
+		t.Fatalf("read = %d, want 200", got)
+	}
+}
+
+func TestStateDirChecked(t *testing.T) {
+	api := newRecordingAPI(t)
+	o := NewOptions()
+	o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, api.URL, ""
+	o.AdminSocket = filepath.Join(t.TempDir(), "admin.sock")
+	o.StateFile = filepath.Join(t.TempDir(), "missing", "state.json")
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(cfg, discardLog()); err == nil || !strings.Contains(err.Error(), "writable") {
+		t.Fatalf("state file in a missing directory: %v, want an error at start naming the directory", err)
+	}
+}
+
+// TestXRealIPStripped: kube-apiserver takes X-Real-Ip as the client's address in audit logs.
+func TestXRealIPStripped(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	req, _ := http.NewRequest("GET", p.url+"/api/v1/namespaces", nil)
+	req.Header.Set("X-Real-Ip", "10.9.9.9")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if len(api.seen) != 1 || api.seen[0].Header.Get("X-Real-Ip") != "" {
+		t.Fatalf("backend saw X-Real-Ip %q", api.seen[0].Header.Get("X-Real-Ip"))
+	}
+}
+
+// TestAdminSocketDirTightened: the socket's directory is 0700 before the socket exists; a shared
+// directory is refused rather than tightened.
+func TestAdminSocketDirTightened(t *testing.T) {
+	api := newRecordingAPI(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	startProxy(t, api.URL, func(o *Options) { o.AdminSocket = filepath.Join(dir, "admin.sock") })
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("admin socket dir mode = %v (%v), want 0700", fi.Mode(), err)
+	}
+	sticky := filepath.Join(t.TempDir(), "tmp")
+	if err := os.Mkdir(sticky, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := privateDir(sticky); err == nil || !strings.Contains(err.Error(), "shared") {
+		t.Fatalf("sticky dir: %v, want refused as shared", err)
+	}
+}
+
+// TestBackendSetChecked: only --upstream and --allowed-backends may be switched to, and an https
+// backend's certificate must verify with the CA file given.
+func TestBackendSetChecked(t *testing.T) {
+	blue := newRecordingAPI(t)
+	green := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer green.Close()
+	dir := t.TempDir()
+	goodCA := filepath.Join(dir, "green-ca.crt")
+	writePEMCert(t, goodCA, green.Certificate().Raw)
+	otherCA := newTestCA(t, dir, "other")
+
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{"https://127.0.0.1:*"} })
+	fenceOn(t, p, time.Second)
+	ctx := t.Context()
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: "https://10.255.0.1:6443", CAFile: goodCA}); err == nil || !strings.Contains(err.Error(), "allowed-backends") {
+		t.Fatalf("switch to a URL not allowed: %v", err)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, CAFile: otherCA.pem}); err == nil || !strings.Contains(err.Error(), "TLS handshake") {
+		t.Fatalf("switch with a CA that does not verify green: %v", err)
+	}
+	if st := p.Status(); st.Backend != blue.URL {
+		t.Fatalf("a refused switch changed the backend to %s", st.Backend)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, CAFile: goodCA}); err != nil {
+		t.Fatalf("switch to an allowed, verified backend: %v", err)
+	}
+}
+
+func writePEMCert(t *testing.T, path string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

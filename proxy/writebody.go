@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+// A write's body is read whole before the fence admits the write (readWriteBody), so that:
+//   - a client trickling its body is not an admitted write: it cannot hold 'fence on''s barrier
+//     hostage, and if the fence comes on meanwhile the write is refused, never forwarded;
+//   - a DELETE's DeleteOptions can be read to tell a real dry run from a delete (the apiserver
+//     ignores ?dryRun=All when a DELETE has a body);
+//   - once admitted and forwarded, the write's outcome on the backend no longer depends on the
+//     client: the barrier waits for the backend's answer even if the client went away.
+
+// errBodyTooLarge and errBodyTimeout say why a write's body was not read.
+var (
+	errBodyTooLarge = errors.New("write body too large")
+	errBodyTimeout  = errors.New("write body not received in time")
+)
+
+// readWriteBody reads r's body whole, at most max bytes and within timeout, and replaces it by
+// the bytes read. A request with no body is left alone.
+func readWriteBody(w http.ResponseWriter, r *http.Request, max int64, timeout time.Duration) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, nil
+	}
+	if r.ContentLength > max {
+		return nil, errBodyTooLarge
+	}
+	rc := http.NewResponseController(w)
+	deadlineSet := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
+	if deadlineSet {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, errBodyTimeout
+	case err != nil:
+		return nil, fmt.Errorf("read write body: %w", err)
+	case int64(buf.Len()) > max:
+		return nil, errBodyTooLarge
+	}
+	body := buf.Bytes()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	return body, nil
+}
+
+// answerBodyError answers a write whose body could not be read; nothing was forwarded.
+func (s *Server) answerBodyError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		writeStatus(w, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge",
+			fmt.Sprintf("kubefence: the request body is larger than --max-write-body-bytes (%d)", s.cfg.opts.MaxWriteBodyBytes), 0)
+	case errors.Is(err, errBodyTimeout):
+		w.Header().Set("Connection", "close")
+		writeStatus(w, http.StatusRequestTimeout, "Timeout",
+			fmt.Sprintf("kubefence: the request body did not arrive within --write-body-timeout (%s)", s.cfg.opts.WriteBodyTimeout), 0)
+	default:
+		s.log.Debug("client went away while sending a write body", "path", r.URL.Path, "err", err)
+		w.Header().Set("Connection", "close")
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "kubefence: "+err.Error(), 0)
+	}
+}
+
+// sessionWrite reports writes that open a session rather than change stored state: upgrades
+// (exec, attach, port-forward) and */proxy requests. They pass the fence only while it is open,
+// but the barrier does not wait for them: they go to kubelets, pods and services, not etcd, and
+// may last for hours.
+func sessionWrite(a *policy.Attributes) bool {
+	return a.Upgrade || a.Subresource == "proxy" || a.Verb == "proxy"
+}
