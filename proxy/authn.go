@@ -4,18 +4,16 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/user"
-
-	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // RequestHeaderNames are the headers the backend apiserver reads a forwarded identity from; they
@@ -52,25 +50,26 @@ func (n RequestHeaderNames) stripList() []string {
 	return out
 }
 
-// clientAuthenticator turns a verified client certificate into a user with k8s.io/apiserver's
-// x509 authenticator (CN → user, O → groups), the same mapping the apiserver uses.
-func newClientAuthenticator(caFile string) (authenticator.Request, *x509.CertPool, error) {
-	pool, err := tlsutil.LoadCAPool(caFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--client-ca-file: %w", err)
-	}
-	opts := x509request.DefaultVerifyOptions()
-	opts.Roots = pool
-	return x509request.New(opts, x509request.CommonNameUserConversion), pool, nil
+// newClientAuthenticator turns a verified client certificate into a user with k8s.io/apiserver's
+// x509 authenticator (CN → user, O → groups), the same mapping the apiserver uses, verifying
+// against the client CA bundle current at each call.
+func newClientAuthenticator(verifyOptions x509request.VerifyOptionFunc) authenticator.Request {
+	return x509request.NewDynamic(verifyOptions, x509request.CommonNameUserConversion)
 }
 
-// connIdentity caches the authentication of one TLS connection: the client certificate cannot
-// change within a connection (Go's server does not renegotiate), so it is verified once.
+// connIdentity caches the authentication of one TLS connection: the certificate cannot change
+// within a connection (Go's server does not renegotiate), but time passes and the CA bundle may
+// be reloaded, so the result holds only while every certificate of the chain is valid and the
+// bundle it was verified with is still the current one. A kubelet's HTTP/2 connection lives for
+// days; its certificate's expiry is enforced on every request.
 type connIdentity struct {
-	once sync.Once
-	resp *authenticator.Response
-	ok   bool
-	err  error
+	mu        sync.Mutex
+	roots     *x509.CertPool
+	notBefore time.Time
+	notAfter  time.Time
+	resp      *authenticator.Response
+	ok        bool
+	err       error
 }
 
 type connIdentityKey struct{}
@@ -78,6 +77,19 @@ type connIdentityKey struct{}
 // connContext gives every accepted connection its identity cache.
 func connContext(ctx context.Context, _ net.Conn) context.Context {
 	return context.WithValue(ctx, connIdentityKey{}, &connIdentity{})
+}
+
+// authenticate returns the connection's identity, verifying the certificate again when the
+// cached result no longer holds.
+func (ci *connIdentity) authenticate(r *http.Request, authn authenticator.Request, roots *x509.CertPool, now time.Time) (*authenticator.Response, bool, error) {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	if ci.roots != roots || ci.roots == nil || now.Before(ci.notBefore) || now.After(ci.notAfter) {
+		ci.resp, ci.ok, ci.err = authn.AuthenticateRequest(r)
+		ci.roots = roots
+		ci.notBefore, ci.notAfter = validity(r.TLS.PeerCertificates, r.TLS.VerifiedChains)
+	}
+	return ci.resp, ci.ok, ci.err
 }
 
 // withAuthentication authenticates client certificates when --client-ca-file is set; other
@@ -96,19 +108,20 @@ func (s *Server) withAuthentication(next http.Handler) http.Handler {
 		if ci == nil {
 			ci = &connIdentity{}
 		}
-		ci.once.Do(func() { ci.resp, ci.ok, ci.err = s.authn.AuthenticateRequest(r) })
-		if ci.err != nil || !ci.ok {
+		opts, _ := s.cfg.certs.clientVerifyOptions()
+		resp, ok, err := ci.authenticate(r, s.authn, opts.Roots, time.Now())
+		if err != nil || !ok {
 			why := "certificate has no common name"
-			if ci.err != nil {
-				why = ci.err.Error()
+			if err != nil {
+				why = err.Error()
 			}
 			s.log.Info("client certificate refused", "why", why, "remote", r.RemoteAddr)
 			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "kubefence: client certificate not accepted: "+why, 0)
 			return
 		}
 		st := reqStateFrom(r.Context())
-		st.identity = ci.resp.User
-		st.attrs.User, st.attrs.Groups = ci.resp.User.GetName(), ci.resp.User.GetGroups()
+		st.identity = resp.User
+		st.attrs.User, st.attrs.Groups = resp.User.GetName(), resp.User.GetGroups()
 		next.ServeHTTP(w, r)
 	})
 }

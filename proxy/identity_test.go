@@ -51,8 +51,15 @@ func newTestCA(t testing.TB, dir, name string) *testCA {
 var serialMu sync.Mutex
 var nextSerial int64 = 100
 
-// issue returns a certificate and writes cert and key files named name.crt/name.key into dir.
+// issue returns a certificate valid for an hour and writes cert and key files named
+// name.crt/name.key into dir.
 func (ca *testCA) issue(t testing.TB, dir, name, cn string, orgs []string, usage x509.ExtKeyUsage) (tls.Certificate, string, string) {
+	t.Helper()
+	return ca.issueUntil(t, dir, name, cn, orgs, usage, time.Now().Add(time.Hour))
+}
+
+// issueUntil is issue with the certificate's NotAfter.
+func (ca *testCA) issueUntil(t testing.TB, dir, name, cn string, orgs []string, usage x509.ExtKeyUsage, notAfter time.Time) (tls.Certificate, string, string) {
 	t.Helper()
 	serialMu.Lock()
 	nextSerial++
@@ -60,7 +67,7 @@ func (ca *testCA) issue(t testing.TB, dir, name, cn string, orgs []string, usage
 	serialMu.Unlock()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -103,6 +110,7 @@ type identityFixture struct {
 	p                 *testProxy
 	backend           *tlsBackend
 	clientCA, otherCA *testCA
+	servingCA         *testCA
 	proxyURL          string
 	serverCAs         *x509.CertPool
 	logs              *syncBuf
@@ -121,6 +129,7 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 	dir := t.TempDir()
 	f := &identityFixture{dir: dir, logs: &syncBuf{}}
 	serving := newTestCA(t, dir, "serving-ca")
+	f.servingCA = serving
 	f.clientCA = newTestCA(t, dir, "client-ca")
 	f.otherCA = newTestCA(t, dir, "other-ca")
 	frontCA := newTestCA(t, dir, "front-proxy-ca")

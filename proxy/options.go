@@ -202,12 +202,11 @@ func (o *Options) Validate() []error {
 // Config is the proxy's completed configuration; only Complete builds one.
 type Config struct {
 	opts        Options
-	cert        *tls.Certificate
+	certs       *certFiles // nil with --insecure-listen
 	policy      *policy.Policy
 	backend     TransportOptions
 	headerNames RequestHeaderNames
 	authn       authenticator.Request
-	clientCAs   *x509.CertPool
 	adminCAs    *x509.CertPool
 }
 
@@ -218,11 +217,11 @@ func (o *Options) Complete() (*Config, error) {
 	}}
 	var errs []error
 	if !o.InsecureListen {
-		cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
+		certs, err := loadCertFiles(o.TLSCertFile, o.TLSKeyFile, o.ClientCAFile)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("load serving certificate: %w", err))
+			errs = append(errs, err)
 		} else {
-			c.cert = &cert
+			c.certs = certs
 		}
 	}
 	if o.PolicyFile != "" {
@@ -233,12 +232,8 @@ func (o *Options) Complete() (*Config, error) {
 			c.policy = p
 		}
 	}
-	if o.ClientCAFile != "" {
-		authn, pool, err := newClientAuthenticator(o.ClientCAFile)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		c.authn, c.clientCAs = authn, pool
+	if o.ClientCAFile != "" && c.certs != nil {
+		c.authn = newClientAuthenticator(c.certs.clientVerifyOptions)
 	}
 	if o.AdminClientCAFile != "" {
 		var err error

@@ -54,6 +54,7 @@ type Server struct {
 	apiServer, metricsServer, adminServer, adminNetServer *http.Server
 	apiLn, metricsLn, adminLn, adminNetLn                 net.Listener
 	serveErr                                              chan error
+	stopCerts                                             context.CancelFunc // ends the certificate file watches
 }
 
 // New builds the proxy: it restores the persisted state (or starts open on --upstream) and
@@ -247,17 +248,10 @@ func (s *Server) Start() error {
 		ConnContext:       connContext,
 	}
 	if !o.InsecureListen {
-		s.apiServer.TLSConfig = &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			Certificates: []tls.Certificate{*s.cfg.cert},
-			NextProtos:   []string{"h2", "http/1.1"},
-		}
-		if s.cfg.clientCAs != nil {
-			// Ask for a certificate; verify it if given. Clients without one (tokens, anonymous)
-			// are the apiserver's to authenticate.
-			s.apiServer.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
-			s.apiServer.TLSConfig.ClientCAs = s.cfg.clientCAs
-		}
+		s.apiServer.TLSConfig = s.cfg.certs.serverTLS()
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopCerts = cancel
+		s.cfg.certs.run(ctx)
 	}
 	if err := s.startAdmin(o.AdminSocket); err != nil {
 		s.apiLn.Close()
@@ -294,10 +288,10 @@ func (s *Server) Start() error {
 			Handler:           s.adminServer.Handler,
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig: &tls.Config{
-				MinVersion:   tls.VersionTLS12,
-				Certificates: []tls.Certificate{*s.cfg.cert},
-				ClientAuth:   tls.RequireAndVerifyClientCert,
-				ClientCAs:    s.cfg.adminCAs,
+				MinVersion:     tls.VersionTLS12,
+				GetCertificate: s.cfg.certs.getCertificate,
+				ClientAuth:     tls.RequireAndVerifyClientCert,
+				ClientCAs:      s.cfg.adminCAs,
 			},
 		}
 		go s.serve("admin-tls", func() error { return s.adminNetServer.ServeTLS(s.adminNetLn, "", "") })
@@ -371,6 +365,9 @@ func (s *Server) Shutdown(timeout time.Duration) error {
 		}
 	}
 	_ = os.Remove(s.cfg.opts.AdminSocket)
+	if s.stopCerts != nil {
+		s.stopCerts()
+	}
 	return errors.Join(errs...)
 }
 

@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"testing"
+	"time"
+)
+
+// h2Client returns a client that keeps one HTTP/2 connection, as a kubelet does, and reports
+// whether each request reused it.
+func (f *identityFixture) h2Client(cert *tls.Certificate) *http.Client {
+	c := f.client(cert)
+	c.Transport.(*http.Transport).ForceAttemptHTTP2 = true
+	return c
+}
+
+func getReused(t *testing.T, c *http.Client, url string) (code int, reused bool) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url+"/api/v1/namespaces", nil)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("proto %s, want HTTP/2", resp.Proto)
+	}
+	return resp.StatusCode, reused
+}
+
+// TestClientCertExpiryPerRequest: a client certificate that expires while its connection stays
+// open is refused on the next request on that connection.
+func TestClientCertExpiryPerRequest(t *testing.T) {
+	f := newIdentityFixture(t)
+	short, _, _ := f.clientCA.issueUntil(t, f.dir, "short", "short-lived", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(1500*time.Millisecond))
+	c := f.h2Client(&short)
+	if code, _ := getReused(t, c, f.proxyURL); code != 200 {
+		t.Fatalf("before expiry = %d, want 200", code)
+	}
+	time.Sleep(2 * time.Second)
+	code, reused := getReused(t, c, f.proxyURL)
+	if !reused {
+		t.Fatal("the second request did not reuse the connection: the test proves nothing")
+	}
+	if code != http.StatusUnauthorized {
+		t.Fatalf("after expiry on the same connection = %d, want 401", code)
+	}
+}
+
+// TestClientCAReloaded: replacing --client-ca-file's content takes effect without a restart, on
+// new connections and on open ones.
+func TestClientCAReloaded(t *testing.T) {
+	f := newIdentityFixture(t)
+	alice, _, _ := f.clientCA.issue(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth)
+	bob, _, _ := f.otherCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
+	ca := f.h2Client(&alice)
+	if code, _ := getReused(t, ca, f.proxyURL); code != 200 {
+		t.Fatalf("alice before the rotation = %d", code)
+	}
+	other, err := os.ReadFile(f.otherCA.pem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.clientCA.pem, other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitForT(t, 10*time.Second, "bob's CA accepted on a new connection", func() bool {
+		code, _ := getReused(t, f.h2Client(&bob), f.proxyURL)
+		return code == 200
+	})
+	code, reused := getReused(t, ca, f.proxyURL)
+	if !reused || code != http.StatusUnauthorized {
+		t.Fatalf("alice on her open connection after her CA was removed = %d (reused %v), want 401 on the same connection", code, reused)
+	}
+}
+
+// TestServingCertReloaded: a new serving certificate is served to new connections without a
+// restart.
+func TestServingCertReloaded(t *testing.T) {
+	f := newIdentityFixture(t)
+	servedCN := func() string {
+		c, err := tls.Dial("tcp", f.p.Addr().String(), &tls.Config{RootCAs: f.serverCAs, ServerName: "127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].Subject.CommonName
+	}
+	if cn := servedCN(); cn != "proxy" {
+		t.Fatalf("serving CN = %q", cn)
+	}
+	f.servingCA.issue(t, f.dir, "proxy", "proxy-rotated", nil, x509.ExtKeyUsageServerAuth) // rewrites proxy.crt/key
+	waitForT(t, 10*time.Second, "the rotated serving certificate", func() bool { return servedCN() == "proxy-rotated" })
+}
+
+func waitForT(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
