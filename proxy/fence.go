@@ -13,7 +13,7 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
-// ErrNotFenced is returned by a backend change while writes are open (invariant 3).
+// ErrNotFenced is returned by a backend change while writes are open (invariant switch-only-fenced, docs/invariants.md).
 var ErrNotFenced = errors.New("the backend can be changed only while fenced: run 'kubefence fence on' first")
 
 // ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
@@ -24,7 +24,7 @@ var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was 
 // A write is admitted under mu.RLock, after checking the state, and registered in inflight; a
 // flip takes mu.Lock. So once a flip to fenced has returned from mu.Lock, no later write can be
 // admitted, and the writes admitted before it are exactly those in inflight: the barrier waits
-// for them to drain. The state is persisted before it is published (invariant 5).
+// for them to drain. The state is persisted before it is published (invariant persist-then-ack).
 type gate struct {
 	mu     sync.RWMutex
 	fenced atomic.Bool // read without mu on the refusal fast path

@@ -139,7 +139,7 @@ func (s *Server) withAccounting(next http.Handler) http.Handler {
 
 // withFence refuses what the policy refuses while the fence is on, and registers the writes it
 // admits while open so that 'fence on' can wait for them. It decides before forwarding: a
-// refused request is never sent anywhere (invariant 4). A write's body is read whole first
+// refused request is never sent anywhere (invariant refused-never-forwarded, docs/invariants.md). A write's body is read whole first
 // (see writebody.go).
 func (s *Server) withFence(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -177,7 +177,7 @@ func (s *Server) withFence(next http.Handler) http.Handler {
 		st.writeID = id
 		defer s.gate.inflight.remove(id)
 		// From here the write's fate on the backend does not depend on the client: a client that
-		// goes away must not end the registration before the backend has answered (invariant 2).
+		// goes away must not end the registration before the backend has answered (invariant barrier).
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	})
 }

@@ -58,7 +58,7 @@ type Server struct {
 }
 
 // New builds the proxy: it restores the persisted state (or starts open on --upstream) and
-// assembles the handler chain. An unreadable state file starts the proxy fenced (invariant 5).
+// assembles the handler chain. An unreadable state file starts the proxy fenced (invariant persist-then-ack).
 func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	s := &Server{
 		cfg:             cfg,
@@ -93,7 +93,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 
 // initialState is the state the proxy starts in: the state file's, else open on --upstream (or
 // fenced with --start-fenced). A state file that cannot be read starts the proxy fenced and
-// unconfirmed (invariant 5): it serves nothing, reads included, until the operator names the
+// unconfirmed (invariant persist-then-ack): it serves nothing, reads included, until the operator names the
 // backend with 'kubefence backend set', because the backend it was on cannot be known.
 func (s *Server) initialState() (State, error) {
 	cfg, log := s.cfg, s.log
@@ -146,7 +146,7 @@ func (s *Server) Status() admin.Status {
 }
 
 // FenceOn refuses writes from now on, then waits up to waitTimeout for the writes admitted
-// before to finish (invariant 2). The fence stays on whatever the barrier's outcome.
+// before to finish (invariant barrier). The fence stays on whatever the barrier's outcome.
 func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Duration) (admin.FenceResponse, error) {
 	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
@@ -185,7 +185,7 @@ func (s *Server) FenceOff() (admin.FenceResponse, error) {
 	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip)}, nil
 }
 
-// SetBackend switches to another apiserver; only while fenced (invariant 3). New requests go
+// SetBackend switches to another apiserver; only while fenced (invariant switch-only-fenced, docs/invariants.md). New requests go
 // to it at once; watches and upgraded streams on the old one are ended (see backend.drain).
 func (s *Server) SetBackend(ctx context.Context, rawURL, caFile string) (admin.BackendResponse, error) {
 	s.switchMu.Lock()
