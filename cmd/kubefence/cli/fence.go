@@ -79,7 +79,9 @@ func newFenceOnCommand(g *globals) *cobra.Command {
 		Use:   "on",
 		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
 		Long: `Refuse writes from now on: reads and watches keep flowing, writes get 429 with Retry-After
-and a Kubernetes Status, so client-go writers wait and retry by themselves. The command returns
+and a Kubernetes Status. client-go retries them by itself (up to 10 times); a client that does
+not retry (the official Python client's POST and PATCH, curl, most scripts) sees an error. The
+command returns
 once every write admitted before the fence has finished. If some are still running after
 --wait-timeout it lists them and exits 1; the fence stays on either way.`,
 		Args: args(cobra.NoArgs),
@@ -249,9 +251,12 @@ func newBackendSetCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "set URL",
 		Short: "Send new requests to the apiserver at URL and end watches on the old one",
-		Long: `Switch the proxy to the kube-apiserver at URL. Only while fenced: the proxy refuses otherwise.
-New requests go to URL at once. Watches open on the old backend end cleanly between two events
-(clients reconnect, to the new one); upgraded streams (exec, attach, port-forward) are closed.`,
+		Long: `Switch the proxy to the kube-apiserver at URL. Only while fenced, and only to --upstream or a URL
+the proxy's --allowed-backends allows, whose certificate verifies with --ca-file (or the current
+backend's CA): the proxy refuses otherwise. New requests go to URL at once. Watches open on the
+old backend are ended between two events: client-go informers reconnect to the new backend and
+relist (about a second without events); a client that does not reconnect, such as
+'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if err := validateOutput(o.output); err != nil {

@@ -89,8 +89,8 @@ func NewRootCommand(streams Streams) (*cobra.Command, func()) {
 a new etcd version, etcd v2 data migrated to v3) while clients keep working.
 
 'kubefence proxy' stands where the API load balancer stood. 'kubefence fence on' makes it
-read-only: reads and watches flow, writes get 429 + Retry-After so client-go retries them by
-itself. While fenced the proxy can be switched to a new apiserver, then 'fence off' reopens writes.`,
+read-only: reads and watches flow, writes get 429 + Retry-After (client-go retries them by
+itself; clients that do not retry see an error). While fenced the proxy can be switched to a new apiserver, then 'fence off' reopens writes.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
