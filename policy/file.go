@@ -1,14 +1,11 @@
 package policy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/kubefence/kubefence/internal/strictyaml"
 )
 
 // APIVersion and Kind of a policy file.
@@ -23,47 +20,32 @@ type file struct {
 	Rules      []Rule `yaml:"rules"`
 }
 
-// LoadFile reads a policy file (see docs/policy.md).
-func LoadFile(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read policy file: %w", err)
-	}
-	p, err := Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("policy file %s: %w", path, err)
-	}
-	return p, nil
-}
-
-// Parse parses a policy document. Every problem is reported, each with its line.
+// Parse parses a policy document (see docs/policy.md). Every problem is reported, each with its
+// line. Reading the file is the caller's business: this package does no I/O.
 func Parse(data []byte) (*Policy, error) {
 	var f file
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
+	if err := strictyaml.Decode(data, &f); err != nil {
+		if errors.Is(err, strictyaml.ErrEmpty) {
 			return nil, errors.New("empty document: want apiVersion " + FileAPIVersion + ", kind " + FileKind + " and rules")
 		}
-		return nil, cleanYAMLError(err)
+		return nil, err
 	}
-	// A second pass over the node tree gives each rule its line.
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, cleanYAMLError(err)
+	lines, err := strictyaml.LinesOf(data)
+	if err != nil {
+		return nil, err
 	}
-	lines := ruleLines(&root)
+	ruleLines := lines.Items("rules")
 	var errs []error
 	if f.APIVersion != FileAPIVersion {
-		errs = append(errs, fmt.Errorf("line %d: apiVersion %q: want %q", keyLine(&root, "apiVersion"), f.APIVersion, FileAPIVersion))
+		errs = append(errs, fmt.Errorf("line %d: apiVersion %q: want %q", lines.Key("apiVersion"), f.APIVersion, FileAPIVersion))
 	}
 	if f.Kind != FileKind {
-		errs = append(errs, fmt.Errorf("line %d: kind %q: want %q", keyLine(&root, "kind"), f.Kind, FileKind))
+		errs = append(errs, fmt.Errorf("line %d: kind %q: want %q", lines.Key("kind"), f.Kind, FileKind))
 	}
 	for i := range f.Rules {
 		r := &f.Rules[i]
-		if i < len(lines) {
-			r.line = lines[i]
+		if i < len(ruleLines) {
+			r.line = ruleLines[i]
 		}
 		errs = append(errs, r.validate(i)...)
 	}
@@ -106,46 +88,4 @@ func (r *Rule) validate(i int) []error {
 		}
 	}
 	return errs
-}
-
-// ruleLines returns the line of each item of the top-level rules sequence.
-func ruleLines(root *yaml.Node) []int {
-	doc := root
-	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
-		doc = doc.Content[0]
-	}
-	if doc.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(doc.Content); i += 2 {
-		if doc.Content[i].Value == "rules" {
-			var lines []int
-			for _, item := range doc.Content[i+1].Content {
-				lines = append(lines, item.Line)
-			}
-			return lines
-		}
-	}
-	return nil
-}
-
-func keyLine(root *yaml.Node, key string) int {
-	doc := root
-	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
-		doc = doc.Content[0]
-	}
-	for i := 0; i+1 < len(doc.Content); i += 2 {
-		if doc.Content[i].Value == key {
-			return doc.Content[i].Line
-		}
-	}
-	return 1
-}
-
-// cleanYAMLError drops the "yaml: " prefixes so that messages read "line 3: ...".
-func cleanYAMLError(err error) error {
-	msg := err.Error()
-	msg = strings.ReplaceAll(msg, "yaml: unmarshal errors:\n  ", "")
-	msg = strings.TrimPrefix(msg, "yaml: ")
-	return errors.New(msg)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -225,7 +226,7 @@ func (o *Options) Complete() (*Config, error) {
 		}
 	}
 	if o.PolicyFile != "" {
-		p, err := policy.LoadFile(o.PolicyFile)
+		p, err := loadPolicyFile(o.PolicyFile)
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -258,4 +259,17 @@ func (o *Options) Complete() (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// loadPolicyFile reads and parses --policy-file; policy itself does no I/O.
+func loadPolicyFile(path string) (*policy.Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy file: %w", err)
+	}
+	p, err := policy.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	return p, nil
 }
