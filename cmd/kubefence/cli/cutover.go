@@ -1,9 +1,11 @@
 package cli
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -12,31 +14,53 @@ import (
 	"github.com/kubefence/kubefence/migrator/cutover"
 )
 
+// cutoverOptions are the flags every cutover command shares; Complete loads the plan, so every
+// problem with it is a usage error (exit 2), found before anything happens.
 type cutoverOptions struct {
-	plan   string
-	resume bool
-	dryRun bool
-	output string
+	Streams
+	planFile string
+	print    printFlags
+	logger   func() *slog.Logger
+
+	plan    *cutover.Plan
+	printer printer
 }
 
-// load checks the flags every cutover command shares and reads the plan; every problem is a
-// usage error (exit 2), found before anything happens.
-func (o *cutoverOptions) load() (*cutover.Plan, error) {
-	if err := validateOutput(o.output); err != nil {
-		return nil, err
+func (o *cutoverOptions) addFlags(cmd *cobra.Command, planUsage string) {
+	cmd.Flags().StringVar(&o.planFile, "plan", "", planUsage)
+	o.print.addFlags(cmd)
+}
+
+func (o *cutoverOptions) Complete([]string) (err error) {
+	if o.printer, err = o.print.toPrinter(); err != nil {
+		return err
 	}
-	if o.plan == "" {
-		return nil, UsageErrorf("--plan is required")
+	if o.planFile != "" {
+		o.plan, err = cutover.LoadPlan(o.planFile)
 	}
-	p, err := cutover.LoadPlan(o.plan)
-	if err != nil {
-		return nil, usage(err)
+	return err
+}
+
+func (o *cutoverOptions) Validate() error {
+	if o.planFile == "" {
+		return UsageErrorf("--plan is required")
 	}
-	return p, nil
+	return nil
+}
+
+// options are the library's options for the loaded plan, events going to emit.
+func (o *cutoverOptions) options(emit func(cutover.Event)) cutover.Options {
+	return cutover.Options{Plan: o.plan, Emit: emit, Log: o.logger()}
+}
+
+type cutoverRunOptions struct {
+	cutoverOptions
+	resume bool
+	dryRun bool
 }
 
 func newCutoverCommand(g *globals) *cobra.Command {
-	o := &cutoverOptions{}
+	o := &cutoverRunOptions{cutoverOptions: cutoverOptions{Streams: g.streams, logger: g.logger}}
 	cmd := &cobra.Command{
 		Use:   "cutover --plan PLAN",
 		Short: "Move the cluster behind the proxy from blue etcd + apiserver to green, journaled",
@@ -48,126 +72,98 @@ Each finished step is journaled in the plan's stateDir before the next starts: a
 run the same command with --resume. A failure before the switch aborts: green is stopped and
 blue unfenced, as before. After the switch there is no abort; the report says how to reverse.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := o.load()
-			if err != nil {
-				return err
-			}
-			if o.dryRun {
-				steps := cutover.DryRun(p)
-				if o.output == "json" {
-					return printJSON(g.streams.Out, steps)
-				}
-				fmt.Fprintf(g.streams.Out, "cutover plan %s (dry run: nothing is changed)\n", o.plan)
-				for i, s := range steps {
-					fmt.Fprintf(g.streams.Out, "%2d. %-22s %s\n", i+1, s.Step, s.Action)
-				}
-				return nil
-			}
-			emit := eventPrinter(g.streams.Out, o.output)
-			_, err = cutover.Run(cmd.Context(), cutover.Options{Plan: p, Resume: o.resume, Emit: emit, Log: g.logger()})
-			return err
-		},
+		RunE: runE(o),
 	}
-	cmd.Flags().StringVar(&o.plan, "plan", "", "the cutover plan (YAML, docs/plan.md)")
+	o.addFlags(cmd, "the cutover plan (YAML, docs/plan.md)")
 	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the cutover journaled in the plan's stateDir after a crash")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the steps with their exact actions and change nothing")
-	addOutputFlag(cmd, &o.output)
 	cmd.AddCommand(newCutoverAbortCommand(g))
 	return cmd
 }
 
+func (o *cutoverRunOptions) Run(ctx context.Context) error {
+	if o.dryRun {
+		steps := cutover.DryRun(o.plan)
+		return o.printer.print(o.Out, steps, func(w io.Writer) {
+			fmt.Fprintf(w, "cutover plan %s (dry run: nothing is changed)\n", o.planFile)
+			for i, s := range steps {
+				fmt.Fprintf(w, "%2d. %-22s %s\n", i+1, s.Step, s.Action)
+			}
+		})
+	}
+	ev := newEventPrinter(o.Out, o.printer)
+	defer ev.close()
+	opts := o.options(ev.emit)
+	opts.Resume = o.resume
+	_, err := cutover.Run(ctx, opts)
+	return err
+}
+
+type cutoverAbortOptions struct {
+	cutoverOptions
+}
+
 func newCutoverAbortCommand(g *globals) *cobra.Command {
-	o := &cutoverOptions{}
+	o := &cutoverAbortOptions{cutoverOptions{Streams: g.streams, logger: g.logger}}
 	cmd := &cobra.Command{
 		Use:   "abort --plan PLAN",
 		Short: "Stop a cutover before its switch: stop green, unfence blue",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := o.load()
-			if err != nil {
-				return err
-			}
-			_, err = cutover.Abort(cmd.Context(), cutover.Options{Plan: p, Emit: eventPrinter(g.streams.Out, o.output), Log: g.logger()})
-			return err
-		},
+		RunE:  runE(o),
 	}
-	cmd.Flags().StringVar(&o.plan, "plan", "", "the cutover plan (YAML)")
-	addOutputFlag(cmd, &o.output)
+	o.addFlags(cmd, "the cutover plan (YAML)")
 	return cmd
 }
 
+func (o *cutoverAbortOptions) Run(ctx context.Context) error {
+	ev := newEventPrinter(o.Out, o.printer)
+	defer ev.close()
+	_, err := cutover.Abort(ctx, o.options(ev.emit))
+	return err
+}
+
 // eventPrinter prints cutover events: one JSON object per line with -o json, else plain lines
-// with each step's duration and a final summary.
-func eventPrinter(w io.Writer, output string) func(cutover.Event) {
-	var mu sync.Mutex
-	start := time.Now()
-	n := 0
-	enc := json.NewEncoder(w)
-	// On a terminal, a status line under the running step shows how long it has run and how
-	// long writes have been fenced; elsewhere only the plain lines are written.
-	tty := terminal(w)
-	var tick chan struct{}
-	var fencedAt time.Time
-	stopTick := func() {
-		if tick != nil {
-			close(tick)
-			tick = nil
-			fmt.Fprint(tty, "\r\033[K")
-		}
-	}
-	startTick := func(step string) {
-		if tty == nil {
-			return
-		}
-		stop, began := make(chan struct{}), time.Now()
-		tick = stop
-		go func() {
-			t := time.NewTicker(200 * time.Millisecond)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-t.C:
-				}
-				mu.Lock()
-				if tick == stop {
-					line := fmt.Sprintf("    ... %s running %.1fs", step, time.Since(began).Seconds())
-					if !fencedAt.IsZero() {
-						line += fmt.Sprintf(", writes fenced for %.1fs", time.Since(fencedAt).Seconds())
-					}
-					fmt.Fprint(tty, "\r\033[K"+line)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	return func(e cutover.Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		if output == "json" {
-			_ = enc.Encode(e)
-			return
-		}
-		stopTick()
-		at := fmt.Sprintf("[%7.2fs]", time.Since(start).Seconds())
+// with each step's duration and a final summary. On a terminal, a status line under the running
+// step shows how long it has run and how long writes have been fenced; elsewhere only the plain
+// lines are written. close stops the status line.
+type eventPrinter struct {
+	w       io.Writer
+	printer printer
+	tty     *os.File
+	start   time.Time
+
+	mu       sync.Mutex
+	n        int           // steps started or skipped so far
+	tick     chan struct{} // closed to stop the running step's status line
+	fencedAt time.Time     // when writes were fenced, zero while they flow
+}
+
+func newEventPrinter(w io.Writer, p printer) *eventPrinter {
+	return &eventPrinter{w: w, printer: p, tty: terminal(w), start: time.Now()}
+}
+
+func (ep *eventPrinter) emit(e cutover.Event) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	_ = ep.printer.printLine(ep.w, e, func(w io.Writer) {
+		ep.stopTick()
+		at := fmt.Sprintf("[%7.2fs]", time.Since(ep.start).Seconds())
 		switch e.Type {
 		case "step-start":
-			n++
-			fmt.Fprintf(w, "%s %d. %s: %s\n", at, n, e.Step, e.Detail)
-			startTick(e.Step)
+			ep.n++
+			fmt.Fprintf(w, "%s %d. %s: %s\n", at, ep.n, e.Step, e.Detail)
+			ep.startTick(e.Step)
 		case "step-end":
 			switch e.Step {
 			case cutover.StepFence:
-				fencedAt = time.Now()
+				ep.fencedAt = time.Now()
 			case cutover.StepUnfence:
-				fencedAt = time.Time{}
+				ep.fencedAt = time.Time{}
 			}
 			fmt.Fprintf(w, "%s    done in %s: %s\n", at, e.Duration.Round(time.Millisecond), e.Detail)
 		case "step-skip":
-			n++
-			fmt.Fprintf(w, "%s %d. %s: already done (%s)\n", at, n, e.Step, e.Detail)
+			ep.n++
+			fmt.Fprintf(w, "%s %d. %s: already done (%s)\n", at, ep.n, e.Step, e.Detail)
 		case "note":
 			fmt.Fprintf(w, "%s %s\n", at, e.Detail)
 		case "abort":
@@ -175,7 +171,52 @@ func eventPrinter(w io.Writer, output string) func(cutover.Event) {
 		case "report":
 			printReport(w, e.Report)
 		}
+	})
+}
+
+// close stops and clears the status line, if one is drawn.
+func (ep *eventPrinter) close() {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	ep.stopTick()
+}
+
+// stopTick stops the status line; called with mu held.
+func (ep *eventPrinter) stopTick() {
+	if ep.tick != nil {
+		close(ep.tick)
+		ep.tick = nil
+		fmt.Fprint(ep.tty, "\r\033[K")
 	}
+}
+
+// startTick draws a status line for step on the terminal until stopTick; called with mu held.
+func (ep *eventPrinter) startTick(step string) {
+	if ep.tty == nil {
+		return
+	}
+	stop, began := make(chan struct{}), time.Now()
+	ep.tick = stop
+	go func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			ep.mu.Lock()
+			if ep.tick == stop {
+				line := fmt.Sprintf("    ... %s running %.1fs", step, time.Since(began).Seconds())
+				if !ep.fencedAt.IsZero() {
+					line += fmt.Sprintf(", writes fenced for %.1fs", time.Since(ep.fencedAt).Seconds())
+				}
+				fmt.Fprint(ep.tty, "\r\033[K"+line)
+			}
+			ep.mu.Unlock()
+		}
+	}()
 }
 
 func printReport(w io.Writer, r *cutover.Report) {

@@ -7,22 +7,71 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// addOutputFlag adds -o/--output: a human table by default, or stable json.
+// printFlags is -o/--output, as kubectl's PrintFlags: the one place that registers the flag,
+// checks its value and turns it into a printer.
+type printFlags struct {
+	output string
+}
+
+// addFlags adds -o/--output: a human form by default, or stable json.
+func (f *printFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: empty for human-readable, or json")
+}
+
+// toPrinter returns the printer -o asks for; an unknown format is a usage error.
+func (f *printFlags) toPrinter() (printer, error) {
+	switch f.output {
+	case "":
+		return printer{}, nil
+	case "json":
+		return printer{json: true}, nil
+	}
+	return printer{}, UsageErrorf("unknown output format %q: use -o json or leave it out", f.output)
+}
+
+// printer prints a command's output either as JSON, the one machine-readable format kubefence
+// prints (stable: fields are only ever added), or in the human form the command gives it.
+type printer struct {
+	json bool
+}
+
+// print writes a command's result v: indented JSON with -o json, else human(w).
+func (p printer) print(w io.Writer, v any, human func(w io.Writer)) error {
+	if p.json {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	human(w)
+	return nil
+}
+
+// printLine writes one item v of a stream (a cutover's events): one compact JSON object per
+// line with -o json, else human(w).
+func (p printer) printLine(w io.Writer, v any, human func(w io.Writer)) error {
+	if p.json {
+		return json.NewEncoder(w).Encode(v)
+	}
+	human(w)
+	return nil
+}
+
+// progress writes lines meant for a person watching a long command (steps as they start and
+// end); with -o json the output is the result alone, and progress writes nothing.
+func (p printer) progress(w io.Writer, human func(w io.Writer)) {
+	if !p.json {
+		human(w)
+	}
+}
+
+// Until every command has its Options: the old helpers.
 func addOutputFlag(cmd *cobra.Command, out *string) {
 	cmd.Flags().StringVarP(out, "output", "o", "", "output format: empty for human-readable, or json")
 }
 
 func validateOutput(o string) error {
-	switch o {
-	case "", "json":
-		return nil
-	}
-	return UsageErrorf("unknown output format %q: use -o json or leave it out", o)
+	_, err := (&printFlags{output: o}).toPrinter()
+	return err
 }
 
-// printJSON writes v as indented JSON, the one machine-readable format kubefence prints.
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
+func printJSON(w io.Writer, v any) error { return printer{json: true}.print(w, v, nil) }

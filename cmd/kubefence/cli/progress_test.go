@@ -40,20 +40,27 @@ func openPTY(t *testing.T) (master, tty *os.File) {
 // writes the plain lines only.
 func TestLiveView(t *testing.T) {
 	master, tty := openPTY(t)
-	got := make(chan string)
+	got := make(chan string, 1)
 	go func() {
-		b, _ := io.ReadAll(master) // ends with EIO once the tty side is closed
+		b, _ := io.ReadAll(master) // ends with EIO once the tty side is closed: not a failure
 		got <- string(b)
 	}()
-	emit := eventPrinter(tty, "")
+	ep := newEventPrinter(tty, printer{})
+	emit := ep.emit
 	emit(cutover.Event{Type: "step-start", Step: cutover.StepFence, Detail: "fence on"})
 	emit(cutover.Event{Type: "step-end", Step: cutover.StepFence, Detail: "fenced"})
 	emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
 	time.Sleep(700 * time.Millisecond)
 	emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Duration: 700 * time.Millisecond, Detail: "copied"})
 	time.Sleep(300 * time.Millisecond) // no status line after the step ended
+	ep.close()
 	tty.Close()
-	out := <-got
+	var out string
+	select {
+	case out = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the terminal's output did not end 10s after the tty was closed")
+	}
 	i, j := strings.Index(out, "... copy running"), strings.Index(out, "done in 700ms: copied")
 	if i < 0 || j < i || !strings.Contains(out, "writes fenced for") {
 		t.Fatalf("terminal output lacks the live line before the step's end:\n%q", out)
@@ -66,12 +73,19 @@ func TestLiveView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emit = eventPrinter(w, "")
-	emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
+	ep = newEventPrinter(w, printer{})
+	ep.emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
 	time.Sleep(300 * time.Millisecond)
-	emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Detail: "copied"})
+	ep.emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Detail: "copied"})
+	ep.close()
 	w.Close()
-	plain, _ := io.ReadAll(r)
+	plain, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(plain), "done in 0s: copied") {
+		t.Errorf("a pipe did not get the plain lines: %q", plain)
+	}
 	if strings.Contains(string(plain), "running") || strings.Contains(string(plain), "\033") {
 		t.Errorf("a pipe got terminal output: %q", plain)
 	}

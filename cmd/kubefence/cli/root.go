@@ -1,5 +1,7 @@
 // Package cli holds kubefence's cobra commands. Commands are thin: each has an Options struct with
-// Complete/Validate/Run, writes to injected streams, and returns errors; only main exits.
+// Complete/Validate/Run (the command interface), writes to injected streams, prints its result
+// through one printer (-o json or the human form), and returns errors; only main exits. The
+// logic lives in the library packages (proxy, migrator/...).
 package cli
 
 import (
@@ -35,6 +37,31 @@ type Streams struct {
 	In     io.Reader
 	Out    io.Writer
 	ErrOut io.Writer
+}
+
+// command is the shape of every kubefence command, kubectl's: an Options struct whose Complete
+// turns flags and arguments into what Run needs (the printer, parsed values, clients, a loaded
+// plan), whose Validate checks what must be given and what must not be combined, and whose Run
+// does the work, writing to the injected streams. Complete and Validate may read files but
+// change nothing; an error from either is the caller's (exit 2).
+type command interface {
+	Complete(args []string) error
+	Validate() error
+	Run(ctx context.Context) error
+}
+
+// runE runs o as a cobra RunE: Complete, Validate, then Run with the command's context, which
+// Main cancels on SIGINT or SIGTERM.
+func runE(o command) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, a []string) error {
+		if err := o.Complete(a); err != nil {
+			return usage(err)
+		}
+		if err := o.Validate(); err != nil {
+			return usage(err)
+		}
+		return o.Run(cmd.Context())
+	}
 }
 
 // usageError marks an error as the caller's (bad flags, arguments or input files): exit code 2.
@@ -121,6 +148,9 @@ itself; clients that do not retry see an error). While fenced the proxy can be s
 func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	root, closeLogs := NewRootCommand(Streams{In: in, Out: out, ErrOut: errOut})
 	root.SetArgs(args)
+	// The one signal handler: SIGINT and SIGTERM cancel the context every command runs with.
+	// A running proxy then shuts down gracefully; an offline operation stops where it is (any
+	// etcd it started is killed with it, as after a crash) and the same command resumes it.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)

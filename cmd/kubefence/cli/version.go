@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -9,35 +11,41 @@ import (
 )
 
 type versionOptions struct {
-	output string
+	Streams
+	print   printFlags
+	printer printer
 }
 
 func newVersionCommand(g *globals) *cobra.Command {
-	o := &versionOptions{}
+	o := &versionOptions{Streams: g.streams}
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the kubefence version",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			info := version.Get()
-			if o.output == "json" {
-				return printJSON(g.streams.Out, info)
-			}
-			fmt.Fprintf(g.streams.Out, "kubefence %s", info.Version)
-			if info.Commit != "" {
-				fmt.Fprintf(g.streams.Out, " (commit %.12s", info.Commit)
-				if info.Modified {
-					fmt.Fprint(g.streams.Out, ", modified")
-				}
-				fmt.Fprint(g.streams.Out, ")")
-			}
-			fmt.Fprintf(g.streams.Out, " %s %s\n", info.GoVersion, info.Platform)
-			return nil
-		},
+		RunE:  runE(o),
 	}
-	addOutputFlag(cmd, &o.output)
+	o.print.addFlags(cmd)
 	return cmd
+}
+
+func (o *versionOptions) Complete([]string) (err error) {
+	o.printer, err = o.print.toPrinter()
+	return err
+}
+
+func (o *versionOptions) Validate() error { return nil }
+
+func (o *versionOptions) Run(context.Context) error {
+	info := version.Get()
+	return o.printer.print(o.Out, info, func(w io.Writer) {
+		fmt.Fprintf(w, "kubefence %s", info.Version)
+		if info.Commit != "" {
+			fmt.Fprintf(w, " (commit %.12s", info.Commit)
+			if info.Modified {
+				fmt.Fprint(w, ", modified")
+			}
+			fmt.Fprint(w, ")")
+		}
+		fmt.Fprintf(w, " %s %s\n", info.GoVersion, info.Platform)
+	})
 }
