@@ -31,8 +31,36 @@ type gate struct {
 	state  State       // guarded by mu
 	store  *stateStore
 	now    func() time.Time
+	// opened is closed while the fence is open and replaced by a new channel when it comes on
+	// (guarded by mu): held writes wait on it.
+	opened chan struct{}
 
 	inflight inflightSet
+}
+
+// publish makes st the acknowledged state; mu must be held.
+func (g *gate) publish(st State) {
+	if g.opened == nil {
+		g.opened = make(chan struct{})
+		if !st.Fenced {
+			close(g.opened)
+		}
+	} else if st.Fenced != g.state.Fenced {
+		if st.Fenced {
+			g.opened = make(chan struct{})
+		} else {
+			close(g.opened)
+		}
+	}
+	g.state = st
+	g.fenced.Store(st.Fenced)
+}
+
+// openCh returns a channel that is closed while the fence is open.
+func (g *gate) openCh() <-chan struct{} {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.opened
 }
 
 // admitWrite registers a write that arrives while the fence is open and returns its id (end it
@@ -78,8 +106,7 @@ func (g *gate) update(change func(*State) error) (State, error) {
 	if err := g.store.save(next); err != nil {
 		return g.state, fmt.Errorf("state not changed: %w", err)
 	}
-	g.state = next
-	g.fenced.Store(next.Fenced)
+	g.publish(next)
 	return next, nil
 }
 

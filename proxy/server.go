@@ -83,8 +83,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.active.Store(b)
-	s.gate.state = st
-	s.gate.fenced.Store(st.Fenced)
+	s.gate.publish(st)
 	s.setRefusal(st.Reason)
 	s.metrics = newMetrics(s)
 	s.handler = s.buildHandler()

@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Hold mode: a write that arrives while the fence is on in hold mode is not refused but kept
+// (its body already read, see writebody.go) until the fence lifts, then forwarded to the backend
+// active at that moment, in arrival order, at most once (invariant held-at-most-once). Bounds:
+// a hold timeout, after which it is refused as in refuse mode and never forwarded; a total of
+// held requests and bytes, beyond which new writes are refused at once; and, per HTTP/2
+// connection, a share of its streams, so that reads on the same connection do not starve.
+
+// holdQueue is the waiting room: it orders held writes by arrival and enforces the totals.
+type holdQueue struct {
+	maxCount int
+	maxBytes int64
+
+	mu    sync.Mutex
+	last  *heldWrite // the newest write still waiting for its turn, or nil
+	count int
+	bytes int64
+
+	released, timedOut, abandoned, full atomic.Uint64
+}
+
+// heldWrite is one write in the waiting room. Its turn comes when the write that arrived before
+// it has started forwarding or has left (timed out, client gone); it closes its own turn channel
+// when it does either, so the next one may go.
+type heldWrite struct {
+	q     *holdQueue
+	prev  <-chan struct{} // nil for the first
+	turn  chan struct{}
+	once  sync.Once
+	size  int64
+	since time.Time
+}
+
+var errHoldFull = errors.New("hold mode: too many writes held")
+
+// enter puts a write of size body bytes in the waiting room, or refuses it (errHoldFull) when the
+// totals would be exceeded.
+func (q *holdQueue) enter(size int64, now time.Time) (*heldWrite, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.count+1 > q.maxCount || q.bytes+size > q.maxBytes {
+		q.full.Add(1)
+		return nil, errHoldFull
+	}
+	h := &heldWrite{q: q, turn: make(chan struct{}), size: size, since: now}
+	if q.last != nil {
+		h.prev = q.last.turn
+	}
+	q.last = h
+	q.count++
+	q.bytes += size
+	return h, nil
+}
+
+// leave frees the write's place and passes the turn on; calling it again is harmless.
+func (h *heldWrite) leave() {
+	h.once.Do(func() {
+		q := h.q
+		q.mu.Lock()
+		q.count--
+		q.bytes -= h.size
+		if q.last == h {
+			q.last = nil
+		}
+		q.mu.Unlock()
+		close(h.turn)
+	})
+}
+
+// stats returns the writes and bytes held now.
+func (q *holdQueue) stats() (count int, bytes int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.count, q.bytes
+}
+
+// holdOutcome is how a hold ended.
+type holdOutcome uint8
+
+const (
+	holdReleased holdOutcome = iota // admitted after the fence lifted: forward it
+	holdTimedOut                    // refuse it, as in refuse mode
+	holdAbandoned                   // the client went away: answer nothing, forward nothing
+)
+
+// awaitRelease waits for h's turn and for the fence to be open, then admits the write under the
+// gate (so a fence that comes back on before that keeps it waiting). It gives up at deadline or
+// when ctx (the client's) ends. On holdReleased the caller owns the registration id.
+func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan time.Time, w inflightWrite) (uint64, holdOutcome) {
+	if h.prev != nil {
+		select {
+		case <-h.prev:
+		case <-deadline:
+			return 0, holdTimedOut
+		case <-ctx.Done():
+			return 0, holdAbandoned
+		}
+	}
+	for {
+		select {
+		case <-g.openCh():
+		case <-deadline:
+			return 0, holdTimedOut
+		case <-ctx.Done():
+			return 0, holdAbandoned
+		}
+		id, ok := g.admitWrite(w)
+		if !ok {
+			continue // fenced again before our turn: wait for the next opening
+		}
+		if ctx.Err() != nil { // the client left just as the fence opened: never forward
+			g.inflight.remove(id)
+			return 0, holdAbandoned
+		}
+		return id, holdReleased
+	}
+}

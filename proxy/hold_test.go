@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+func newTestGate(t *testing.T, fenced bool) *gate {
+	t.Helper()
+	g := &gate{now: time.Now}
+	g.publish(State{Version: stateVersion, Fenced: fenced})
+	return g
+}
+
+func setFence(t *testing.T, g *gate, on bool) {
+	t.Helper()
+	if _, err := g.update(func(st *State) error { st.Fenced = on; return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testWrite() inflightWrite {
+	return inflightWrite{attrs: &policy.Attributes{Verb: "create"}, start: time.Now()}
+}
+
+// TestHoldReleasesInArrivalOrder: held writes are admitted one after the other in the order they
+// arrived, and only once the fence is open.
+func TestHoldReleasesInArrivalOrder(t *testing.T) {
+	g := newTestGate(t, true)
+	q := &holdQueue{maxCount: 100, maxBytes: 1 << 20}
+	const n = 50
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	held := make([]*heldWrite, n)
+	for i := range n {
+		h, err := q.enter(10, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = h
+	}
+	if c, b := q.stats(); c != n || b != 10*n {
+		t.Fatalf("stats = %d, %d", c, b)
+	}
+	for i := n - 1; i >= 0; i-- { // start the waiters in reverse: order must come from arrival
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id, out := g.awaitRelease(context.Background(), held[i], nil, testWrite())
+			if out != holdReleased {
+				t.Errorf("write %d: outcome %d", i, out)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			held[i].leave()
+			g.inflight.remove(id)
+		}(i)
+	}
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	early := len(order)
+	mu.Unlock()
+	if early != 0 {
+		t.Fatalf("%d held write(s) admitted while fenced", early)
+	}
+	setFence(t, g, false)
+	wg.Wait()
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("admitted in order %v, want arrival order", order)
+		}
+	}
+	if c, b := q.stats(); c != 0 || b != 0 {
+		t.Fatalf("after release: %d held, %d bytes", c, b)
+	}
+}
+
+func TestHoldBounds(t *testing.T) {
+	q := &holdQueue{maxCount: 2, maxBytes: 100}
+	a, err := q.enter(60, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enter(50, time.Now()); !errors.Is(err, errHoldFull) {
+		t.Fatalf("over the byte bound: %v", err)
+	}
+	b, err := q.enter(40, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.enter(0, time.Now()); !errors.Is(err, errHoldFull) {
+		t.Fatalf("over the count bound: %v", err)
+	}
+	a.leave()
+	a.leave() // harmless twice
+	if c, by := q.stats(); c != 1 || by != 40 {
+		t.Fatalf("stats after one left = %d, %d", c, by)
+	}
+	b.leave()
+	if q.full.Load() != 2 {
+		t.Fatalf("full = %d, want 2", q.full.Load())
+	}
+}
+
+// TestHoldTimeoutAndAbandon: a write whose hold times out, or whose client leaves, is never
+// admitted and passes its turn on.
+func TestHoldTimeoutAndAbandon(t *testing.T) {
+	g := newTestGate(t, true)
+	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
+	first, _ := q.enter(1, time.Now())
+	second, _ := q.enter(1, time.Now())
+	third, _ := q.enter(1, time.Now())
+
+	if _, out := g.awaitRelease(context.Background(), first, time.After(20*time.Millisecond), testWrite()); out != holdTimedOut {
+		t.Fatalf("first: outcome %d, want timed out", out)
+	}
+	first.leave()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, out := g.awaitRelease(ctx, second, nil, testWrite()); out != holdAbandoned {
+		t.Fatalf("second: outcome %d, want abandoned", out)
+	}
+	second.leave()
+	if g.inflight.len() != 0 {
+		t.Fatal("a write that was not released is registered as in flight")
+	}
+	setFence(t, g, false)
+	id, out := g.awaitRelease(context.Background(), third, time.After(time.Second), testWrite())
+	if out != holdReleased || id == 0 {
+		t.Fatalf("third: outcome %d, want released after the others left", out)
+	}
+}
+
+// TestHoldRefenced: a fence that comes back on before a held write's turn keeps it waiting.
+func TestHoldRefenced(t *testing.T) {
+	g := newTestGate(t, true)
+	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
+	first, _ := q.enter(1, time.Now())
+	second, _ := q.enter(1, time.Now())
+	setFence(t, g, false)
+	if _, out := g.awaitRelease(context.Background(), first, nil, testWrite()); out != holdReleased {
+		t.Fatal("first not released")
+	}
+	setFence(t, g, true) // on again before second's turn
+	first.leave()
+	done := make(chan holdOutcome, 1)
+	go func() {
+		_, out := g.awaitRelease(context.Background(), second, time.After(5*time.Second), testWrite())
+		done <- out
+	}()
+	select {
+	case out := <-done:
+		t.Fatalf("second ended (%d) while fenced again", out)
+	case <-time.After(50 * time.Millisecond):
+	}
+	setFence(t, g, false)
+	if out := <-done; out != holdReleased {
+		t.Fatalf("second: outcome %d after the fence lifted again", out)
+	}
+}
