@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,7 +96,9 @@ func TestFenceCommands(t *testing.T) {
 		_, _ = w.Write([]byte("{}"))
 	}))
 	defer api.Close()
-	defer close(hold)
+	var once sync.Once
+	releaseHold := func() { once.Do(func() { close(hold) }) }
+	defer releaseHold()
 	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("{}")) }))
 	defer green.Close()
 
@@ -126,16 +130,36 @@ func TestFenceCommands(t *testing.T) {
 		t.Fatalf("backend set while open = %d %q", code, errOut)
 	}
 
-	// A write held open by the backend keeps the barrier from completing.
+	// A write held open by the backend keeps the barrier from completing. Its result is checked
+	// once the backend lets it go: admitted before the fence, it must succeed.
+	held := make(chan error, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPut, "http://"+s.Addr().String()+"/api/v1/namespaces/a/configmaps/held", nil)
-		req.Header.Set("User-Agent", "held-writer")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://"+s.Addr().String()+"/api/v1/namespaces/a/configmaps/held", nil)
+		if err != nil {
+			held <- err
+			return
 		}
+		req.Header.Set("User-Agent", "held-writer")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- err
+			return
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		held <- err
 	}()
-	for s.Status().InflightWrites == 0 {
-		time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); s.Status().InflightWrites == 0; time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-held:
+			t.Fatalf("the held write ended before the fence: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the held write was not in flight at the proxy after 10s")
+		}
 	}
 	code, out, errOut = runCLI(append([]string{"fence", "on", "--reason", "test", "--wait-timeout", "50ms"}, sock...)...)
 	if code != ExitFailure || !strings.Contains(out, "fence is ON") || !strings.Contains(out, "update configmaps -n a held (held-writer)") ||
@@ -155,6 +179,15 @@ func TestFenceCommands(t *testing.T) {
 	var fr admin.FenceResponse
 	if err := json.Unmarshal([]byte(out), &fr); code != 0 || err != nil || fr.Status.Fenced || fr.Status.Backend != green.URL {
 		t.Fatalf("fence off json = %d %v %s", code, err, out)
+	}
+	releaseHold()
+	select {
+	case err := <-held:
+		if err != nil {
+			t.Errorf("the write admitted before the fence: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the write admitted before the fence had not ended 10s after its backend answered")
 	}
 }
 

@@ -17,14 +17,19 @@ import (
 	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
-// adminOptions are the flags every admin-API command shares.
+// adminOptions are the flags every admin-API command shares; Complete makes the admin client
+// and the printer they ask for.
 type adminOptions struct {
+	Streams
 	socket  string
-	output  string
 	address string
 	cert    string
 	key     string
 	ca      string
+	print   printFlags
+
+	client  *admin.Client
+	printer printer
 }
 
 func (o *adminOptions) addFlags(cmd *cobra.Command) {
@@ -33,11 +38,21 @@ func (o *adminOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.cert, "admin-cert-file", "", "client certificate for --admin-address")
 	cmd.Flags().StringVar(&o.key, "admin-key-file", "", "private key of --admin-cert-file")
 	cmd.Flags().StringVar(&o.ca, "admin-ca-file", "", "CA of the proxy's serving certificate, for --admin-address")
-	addOutputFlag(cmd, &o.output)
+	o.print.addFlags(cmd)
 }
 
-// client returns the admin client the flags ask for; called after validate.
-func (o *adminOptions) client() (*admin.Client, error) {
+func (o *adminOptions) Complete([]string) (err error) {
+	if o.printer, err = o.print.toPrinter(); err != nil {
+		return err
+	}
+	o.client, err = o.newClient()
+	return err
+}
+
+func (o *adminOptions) Validate() error { return nil }
+
+// newClient returns the admin client the flags ask for.
+func (o *adminOptions) newClient() (*admin.Client, error) {
 	if o.address == "" {
 		return admin.NewClient(o.socket), nil
 	}
@@ -74,7 +89,7 @@ type fenceOnOptions struct {
 }
 
 func newFenceOnCommand(g *globals) *cobra.Command {
-	o := &fenceOnOptions{}
+	o := &fenceOnOptions{adminOptions: adminOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "on",
 		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
@@ -85,40 +100,35 @@ command returns
 once every write admitted before the fence has finished. If some are still running after
 --wait-timeout it lists them and exits 1; the fence stays on either way.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			if o.waitTimeout <= 0 {
-				return UsageErrorf("--wait-timeout must be positive")
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), o.waitTimeout+30*time.Second)
-			defer cancel()
-			c, err := o.client()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
-			if err != nil {
-				return err
-			}
-			if o.output == "json" {
-				if err := printJSON(g.streams.Out, resp); err != nil {
-					return err
-				}
-			} else {
-				printFenceOn(g.streams.Out, resp)
-			}
-			if b := resp.Barrier; b != nil && !b.Complete {
-				return fmt.Errorf("fence is ON, but %d write(s) admitted before it were still running after %s", len(b.Remaining), o.waitTimeout)
-			}
-			return nil
-		},
+		RunE: runE(o),
 	}
 	o.addFlags(cmd)
 	cmd.Flags().StringVar(&o.reason, "reason", "", "why the API is fenced (shown to refused clients and in status)")
 	cmd.Flags().DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "how long to wait for writes admitted before the fence to finish")
 	return cmd
+}
+
+func (o *fenceOnOptions) Validate() error {
+	if o.waitTimeout <= 0 {
+		return UsageErrorf("--wait-timeout must be positive")
+	}
+	return nil
+}
+
+func (o *fenceOnOptions) Run(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout+30*time.Second)
+	defer cancel()
+	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
+	if err != nil {
+		return err
+	}
+	if err := o.printer.print(o.Out, resp, func(w io.Writer) { printFenceOn(w, resp) }); err != nil {
+		return err
+	}
+	if b := resp.Barrier; b != nil && !b.Complete {
+		return fmt.Errorf("fence is ON, but %d write(s) admitted before it were still running after %s", len(b.Remaining), o.waitTimeout)
+	}
+	return nil
 }
 
 func printFenceOn(w io.Writer, resp admin.FenceResponse) {
@@ -156,62 +166,50 @@ func describeInflight(r admin.InflightWrite) string {
 	return fmt.Sprintf("%s, running %s", s, time.Duration(r.Running).Round(time.Millisecond))
 }
 
+type fenceOffOptions struct{ adminOptions }
+
 func newFenceOffCommand(g *globals) *cobra.Command {
-	o := &adminOptions{}
+	o := &fenceOffOptions{adminOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "off",
 		Short: "Reopen writes",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			c, err := o.client()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Fence(cmd.Context(), admin.FenceRequest{Fenced: false})
-			if err != nil {
-				return err
-			}
-			if o.output == "json" {
-				return printJSON(g.streams.Out, resp)
-			}
-			fmt.Fprintf(g.streams.Out, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
-			return nil
-		},
+		RunE:  runE(o),
 	}
 	o.addFlags(cmd)
 	return cmd
 }
 
+func (o *fenceOffOptions) Run(ctx context.Context) error {
+	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: false})
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, resp, func(w io.Writer) {
+		fmt.Fprintf(w, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
+	})
+}
+
+type fenceStatusOptions struct{ adminOptions }
+
 func newFenceStatusCommand(g *globals) *cobra.Command {
-	o := &adminOptions{}
+	o := &fenceStatusOptions{adminOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the fence state, backend and live counters",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			c, err := o.client()
-			if err != nil {
-				return err
-			}
-			st, err := c.Status(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if o.output == "json" {
-				return printJSON(g.streams.Out, st)
-			}
-			printStatus(g.streams.Out, st)
-			return nil
-		},
+		RunE:  runE(o),
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+func (o *fenceStatusOptions) Run(ctx context.Context) error {
+	st, err := o.client.Status(ctx)
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, st, func(w io.Writer) { printStatus(w, st) })
 }
 
 func printStatus(w io.Writer, st admin.Status) {
@@ -244,10 +242,11 @@ func newBackendCommand(g *globals) *cobra.Command {
 type backendSetOptions struct {
 	adminOptions
 	caFile string
+	url    string
 }
 
 func newBackendSetCommand(g *globals) *cobra.Command {
-	o := &backendSetOptions{}
+	o := &backendSetOptions{adminOptions: adminOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "set URL",
 		Short: "Send new requests to the apiserver at URL and end watches on the old one",
@@ -258,38 +257,40 @@ old backend are ended between two events: client-go informers reconnect to the n
 relist (about a second without events); a client that does not reconnect, such as
 'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.`,
 		Args: args(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			if !strings.HasPrefix(a[0], "https://") && !strings.HasPrefix(a[0], "http://") {
-				return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", a[0])
-			}
-			c, err := o.client()
-			if err != nil {
-				return err
-			}
-			resp, err := c.SetBackend(cmd.Context(), admin.BackendRequest{URL: a[0], CAFile: o.caFile})
-			var apiErr *admin.APIError
-			if errors.As(err, &apiErr) && apiErr.Code == 409 {
-				return fmt.Errorf("backend not changed: %s", apiErr.Message)
-			}
-			if err != nil {
-				return err
-			}
-			if o.output == "json" {
-				return printJSON(g.streams.Out, resp)
-			}
-			fmt.Fprintf(g.streams.Out, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
-				resp.Status.Backend, resp.Previous, resp.Drain.Streams, time.Duration(resp.Drain.Duration).Round(time.Millisecond))
-			if resp.Drain.Forced > 0 {
-				fmt.Fprintf(g.streams.Out, " (%d cut at --drain-timeout)", resp.Drain.Forced)
-			}
-			fmt.Fprintln(g.streams.Out)
-			return nil
-		},
+		RunE: runE(o),
 	}
 	o.addFlags(cmd)
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
 	return cmd
+}
+
+func (o *backendSetOptions) Complete(a []string) error {
+	o.url = a[0]
+	return o.adminOptions.Complete(a)
+}
+
+func (o *backendSetOptions) Validate() error {
+	if !strings.HasPrefix(o.url, "https://") && !strings.HasPrefix(o.url, "http://") {
+		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", o.url)
+	}
+	return nil
+}
+
+func (o *backendSetOptions) Run(ctx context.Context) error {
+	resp, err := o.client.SetBackend(ctx, admin.BackendRequest{URL: o.url, CAFile: o.caFile})
+	var apiErr *admin.APIError
+	if errors.As(err, &apiErr) && apiErr.Code == 409 {
+		return fmt.Errorf("backend not changed: %s", apiErr.Message)
+	}
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, resp, func(w io.Writer) {
+		fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
+			resp.Status.Backend, resp.Previous, resp.Drain.Streams, time.Duration(resp.Drain.Duration).Round(time.Millisecond))
+		if resp.Drain.Forced > 0 {
+			fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
+		}
+		fmt.Fprintln(w)
+	})
 }
