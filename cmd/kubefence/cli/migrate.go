@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -26,14 +28,17 @@ func newMigrateCommand(g *globals) *cobra.Command {
 }
 
 type migrateV2Options struct {
+	Streams
 	cfg      v2v3.Config
 	peerURLs string
 	clock    string
-	output   string
+	print    printFlags
+
+	printer printer
 }
 
 func newMigrateV2ToV3Command(g *globals) *cobra.Command {
-	o := &migrateV2Options{}
+	o := &migrateV2Options{Streams: g.streams}
 	cmd := &cobra.Command{
 		Use:   "v2-to-v3 --data-dir SRC --output-dir DST --name N --initial-cluster N=URL --initial-advertise-peer-urls URL",
 		Short: "Convert a copy of a member's v2 store into a new etcd v3 member data dir",
@@ -60,36 +65,7 @@ and only the nodes the WAL tail touches are loaded for the replay. On a terminal
 The source is never written; the output is built and verified next to --output-dir and
 renamed into place, and a non-empty --output-dir is refused.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.output); err != nil {
-				return err
-			}
-			if o.peerURLs != "" {
-				o.cfg.Member.InitialAdvertisePeerURLs = strings.Split(o.peerURLs, ",")
-			}
-			if o.clock != "" {
-				t, err := time.Parse(time.RFC3339, o.clock)
-				if err != nil {
-					return UsageErrorf("--ttl-clock %q: want RFC 3339, like 2026-11-21T10:00:00Z", o.clock)
-				}
-				o.cfg.Now = t
-			}
-			if err := o.cfg.Validate(); err != nil {
-				return usage(err)
-			}
-			progress, clear := terminalProgress(g.streams.ErrOut)
-			o.cfg.Progress = progress
-			rep, err := v2v3.RunContext(cmd.Context(), o.cfg)
-			clear()
-			if err != nil {
-				return err
-			}
-			if o.output == "json" {
-				return printJSON(g.streams.Out, rep)
-			}
-			printMigrateReport(g.streams.Out, rep)
-			return nil
-		},
+		RunE: runE(o),
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.cfg.DataDir, "data-dir", "", "copy of the member data dir to read (never written)")
@@ -108,11 +84,41 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.cfg.PrefixFrom, "prefix-from", "", "rewrite keys that start with this prefix (with --prefix-to)")
 	f.StringVar(&o.cfg.PrefixTo, "prefix-to", "", "the prefix those keys get instead (an apiserver --etcd-prefix change)")
 	f.StringVar(&o.cfg.Transformer, "transformer", "", "program that maps v2 nodes to v3 keys, with etcdctl migrate's protocol")
-	addOutputFlag(cmd, &o.output)
+	o.print.addFlags(cmd)
 	return cmd
 }
 
-func printMigrateReport(w interface{ Write([]byte) (int, error) }, r *v2v3.Report) {
+func (o *migrateV2Options) Complete([]string) (err error) {
+	if o.printer, err = o.print.toPrinter(); err != nil {
+		return err
+	}
+	if o.peerURLs != "" {
+		o.cfg.Member.InitialAdvertisePeerURLs = strings.Split(o.peerURLs, ",")
+	}
+	if o.clock != "" {
+		t, err := time.Parse(time.RFC3339, o.clock)
+		if err != nil {
+			return UsageErrorf("--ttl-clock %q: want RFC 3339, like 2026-11-21T10:00:00Z", o.clock)
+		}
+		o.cfg.Now = t
+	}
+	return nil
+}
+
+func (o *migrateV2Options) Validate() error { return o.cfg.Validate() }
+
+func (o *migrateV2Options) Run(ctx context.Context) error {
+	progress, clear := terminalProgress(o.ErrOut)
+	o.cfg.Progress = progress
+	rep, err := v2v3.RunContext(ctx, o.cfg)
+	clear()
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, rep, func(w io.Writer) { printMigrateReport(w, rep) })
+}
+
+func printMigrateReport(w io.Writer, r *v2v3.Report) {
 	fmt.Fprintf(w, "migrated %s -> %s\n", r.DataDir, r.OutputDir)
 	if r.Snapshot != "" {
 		fmt.Fprintf(w, "  v2 snapshot: %s (index %d)\n", r.Snapshot, r.SnapshotIdx)
