@@ -7,21 +7,18 @@ import (
 	"io"
 	"maps"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // The data-dir lifecycle commands: copy, detect, upgrade, downgrade, restore-backup.
 
 type copyOptions struct {
+	Streams
 	endpoints []string
 	tls       datadir.Client
 	snapshot  string // snapshot file (endpoints mode)
@@ -31,7 +28,9 @@ type copyOptions struct {
 	live      bool
 	memberEPs []string
 	timeout   time.Duration
-	format    string
+	print     printFlags
+
+	printer printer
 }
 
 // copyResult is `migrate copy -o json`.
@@ -41,7 +40,7 @@ type copyResult struct {
 }
 
 func newMigrateCopyCommand(g *globals) *cobra.Command {
-	o := &copyOptions{}
+	o := &copyOptions{Streams: g.streams}
 	cmd := &cobra.Command{
 		Use:   "copy (--endpoints URL,... --snapshot FILE | --data-dir DIR... --output-dir DIR [--live --endpoint URL...])",
 		Short: "Take a consistent copy of etcd data: a snapshot of a live cluster, or member data dirs",
@@ -62,12 +61,7 @@ stops at the committed index its WAL records; a copy that raced a WAL purge is t
 With one --data-dir, --output-dir is the copy; with several, each member's copy is
 --output-dir/<data dir name>. The source is never written; a non-empty output is refused.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(o.format); err != nil {
-				return err
-			}
-			return runCopy(cmd.Context(), g, o)
-		},
+		RunE: runE(o),
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
@@ -81,12 +75,16 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f.StringVar(&o.outputDir, "output-dir", "", "where the data dir copy goes (absent or empty)")
 	f.BoolVar(&o.live, "live", false, "copy a running member (needs --endpoint)")
 	f.StringSliceVar(&o.memberEPs, "endpoint", nil, "with --live: the member's client URL (one per --data-dir, in order)")
-	addOutputFlag(cmd, &o.format)
+	o.print.addFlags(cmd)
 	return cmd
 }
 
-func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
-	w := g.streams.Out
+func (o *copyOptions) Complete([]string) (err error) {
+	o.printer, err = o.print.toPrinter()
+	return err
+}
+
+func (o *copyOptions) Validate() error {
 	switch {
 	case len(o.endpoints) > 0 && len(o.dataDirs) > 0:
 		return UsageErrorf("--endpoints (a snapshot of a live cluster) and --data-dir (a member's files) are two kinds of copy: give one")
@@ -97,21 +95,6 @@ func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
 		if _, err := os.Stat(o.snapshot); err == nil {
 			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
 		}
-		o.tls.Endpoints = o.endpoints
-		cctx, cancel := context.WithTimeout(ctx, o.timeout)
-		defer cancel()
-		info, err := datadir.TakeSnapshot(cctx, o.tls, o.snapshot)
-		if err != nil {
-			return err
-		}
-		if o.format == "json" {
-			return printJSON(w, copyResult{Snapshot: &info})
-		}
-		fmt.Fprintf(w, "members converged:\n")
-		for _, m := range info.Members {
-			fmt.Fprintf(w, "  %s  etcd %s  raft index %d  revision %d\n", m.Endpoint, m.Version, m.RaftIndex, m.Revision)
-		}
-		fmt.Fprintf(w, "snapshot from %s: %s (%d bytes, %d keys, revision %d), sha256 verified\n", info.Endpoint, info.Path, info.Bytes, info.Keys, info.Revision)
 		return nil
 	case len(o.dataDirs) > 0:
 		if o.outputDir == "" {
@@ -123,75 +106,71 @@ func runCopy(ctx context.Context, g *globals, o *copyOptions) error {
 		if o.live && len(o.memberEPs) != len(o.dataDirs) {
 			return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
 		}
-		if err := copyOutputsApart(o); err != nil {
-			return err
+		if err := o.members().Check(); err != nil {
+			return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
 		}
-		var res copyResult
-		var errs []error
-		for i, d := range o.dataDirs {
-			dst := copyOutput(o, d)
-			var rep datadir.CopyReport
-			var err error
-			if o.live {
-				rep, err = datadir.CopyLive(ctx, d, o.walDir, dst, o.tls, o.memberEPs[i])
-			} else {
-				rep, err = datadir.CopyStopped(d, o.walDir, dst)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", d, err))
-				continue
-			}
-			res.Members = append(res.Members, rep)
-		}
-		if o.format == "json" {
-			if err := printJSON(w, res); err != nil {
-				return err
-			}
-		} else {
-			for _, r := range res.Members {
-				how := "stopped member"
-				if r.Live {
-					how = fmt.Sprintf("running member, backend from %s at revision %d, WAL committed to index %d, %d attempt(s)", r.Snapshot.Endpoint, r.Snapshot.Revision, r.CommitIndex, r.Attempts)
-				}
-				fmt.Fprintf(w, "copied %s -> %s (%s): %d files, %d bytes in %s; manifest %s\n", r.Source, r.Output, how, r.Files, r.Bytes, r.Duration.Round(time.Millisecond), r.Manifest)
-				if r.Detection != nil {
-					fmt.Fprintf(w, "  holds %s\n", r.Detection)
-				}
-			}
-		}
-		return errors.Join(errs...)
+		return nil
 	}
 	return UsageErrorf("give --endpoints (a snapshot of a live cluster) or --data-dir (a member's files)")
 }
 
-// copyOutput is where data dir d's copy goes.
-func copyOutput(o *copyOptions, d string) string {
-	if len(o.dataDirs) > 1 {
-		return filepath.Join(o.outputDir, filepath.Base(filepath.Clean(d)))
-	}
-	return o.outputDir
+func (o *copyOptions) members() datadir.MemberCopies {
+	return datadir.MemberCopies{DataDirs: o.dataDirs, WALDir: o.walDir, OutputDir: o.outputDir, Live: o.live, Endpoints: o.memberEPs, Conn: o.tls}
 }
 
-// copyOutputsApart refuses, before anything is copied, a member's copy that overlaps any
-// member's data dir (not only its own): with several --data-dir, one member's copy must not
-// land in another.
-func copyOutputsApart(o *copyOptions) error {
-	for _, d := range o.dataDirs {
-		for _, src := range append([]string{o.walDir}, o.dataDirs...) {
-			if src == "" {
-				continue
+func (o *copyOptions) Run(ctx context.Context) error {
+	if len(o.endpoints) > 0 {
+		return o.runSnapshot(ctx)
+	}
+	reps, err := datadir.CopyMembers(ctx, o.members())
+	perr := o.printer.print(o.Out, copyResult{Members: reps}, func(w io.Writer) {
+		for _, r := range reps {
+			how := "stopped member"
+			if r.Live {
+				how = fmt.Sprintf("running member, backend from %s at revision %d, WAL committed to index %d, %d attempt(s)", r.Snapshot.Endpoint, r.Snapshot.Revision, r.CommitIndex, r.Attempts)
 			}
-			if err := pathguard.CheckApart("the copy", copyOutput(o, d), "the source", src); err != nil {
-				return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
+			fmt.Fprintf(w, "copied %s -> %s (%s): %d files, %d bytes in %s; manifest %s\n", r.Source, r.Output, how, r.Files, r.Bytes, r.Duration.Round(time.Millisecond), r.Manifest)
+			if r.Detection != nil {
+				fmt.Fprintf(w, "  holds %s\n", r.Detection)
 			}
 		}
+	})
+	if perr != nil {
+		return errors.Join(err, perr)
 	}
-	return nil
+	return err
+}
+
+// runSnapshot takes a snapshot of a live cluster once its members have converged.
+func (o *copyOptions) runSnapshot(ctx context.Context) error {
+	conn := o.tls
+	conn.Endpoints = o.endpoints
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	info, err := datadir.TakeSnapshot(ctx, conn, o.snapshot)
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, copyResult{Snapshot: &info}, func(w io.Writer) {
+		fmt.Fprintf(w, "members converged:\n")
+		for _, m := range info.Members {
+			fmt.Fprintf(w, "  %s  etcd %s  raft index %d  revision %d\n", m.Endpoint, m.Version, m.RaftIndex, m.Revision)
+		}
+		fmt.Fprintf(w, "snapshot from %s: %s (%d bytes, %d keys, revision %d), sha256 verified\n", info.Endpoint, info.Path, info.Bytes, info.Keys, info.Revision)
+	})
+}
+
+type detectOptions struct {
+	Streams
+	dirs   []string
+	walDir string
+	print  printFlags
+
+	printer printer
 }
 
 func newMigrateDetectCommand(g *globals) *cobra.Command {
-	var dirs []string
-	var walDir, format string
+	o := &detectOptions{Streams: g.streams}
 	cmd := &cobra.Command{
 		Use:   "detect --data-dir DIR...",
 		Short: "Say which etcd version and storage (etcd2/etcd3) a data dir holds, and how that is known",
@@ -201,50 +180,58 @@ kept). Without one, infer the version from the backend (storageVersion: 3.6+; th
 print the evidence. An empty or garbled version file is an error that says how to fix it.
 Nothing is written.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(format); err != nil {
-				return err
-			}
-			if len(dirs) == 0 {
-				return UsageErrorf("--data-dir is required")
-			}
-			var out []datadir.Detection
-			var errs []error
-			for _, d := range dirs {
-				det, err := datadir.Detect(d, walDir)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				out = append(out, det)
-			}
-			if format == "json" {
-				if err := printJSON(g.streams.Out, out); err != nil {
-					return err
-				}
-			} else {
-				for _, d := range out {
-					fmt.Fprintf(g.streams.Out, "%s: %s\n", d.DataDir, d)
-				}
-			}
-			return errors.Join(errs...)
-		},
+		RunE: runE(o),
 	}
-	cmd.Flags().StringSliceVar(&dirs, "data-dir", nil, "member data dir (repeatable)")
-	cmd.Flags().StringVar(&walDir, "wal-dir", "", "its WAL dir, when separate")
-	addOutputFlag(cmd, &format)
+	cmd.Flags().StringSliceVar(&o.dirs, "data-dir", nil, "member data dir (repeatable)")
+	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate")
+	o.print.addFlags(cmd)
 	return cmd
 }
 
+func (o *detectOptions) Complete([]string) (err error) {
+	o.printer, err = o.print.toPrinter()
+	return err
+}
+
+func (o *detectOptions) Validate() error {
+	if len(o.dirs) == 0 {
+		return UsageErrorf("--data-dir is required")
+	}
+	return nil
+}
+
+func (o *detectOptions) Run(context.Context) error {
+	var out []datadir.Detection
+	var errs []error
+	for _, d := range o.dirs {
+		det, err := datadir.Detect(d, o.walDir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, det)
+	}
+	err := o.printer.print(o.Out, out, func(w io.Writer) {
+		for _, d := range out {
+			fmt.Fprintf(w, "%s: %s\n", d.DataDir, d)
+		}
+	})
+	return errors.Join(append([]error{err}, errs...)...)
+}
+
 type lifecycleOptions struct {
+	Streams
+	op     datadir.Operation
 	opts   datadir.Options
 	target string
-	format string
+	print  printFlags
+
+	printer printer
 }
 
 func newMigrateLifecycleCommand(g *globals, op datadir.Operation) *cobra.Command {
-	o := &lifecycleOptions{}
-	cmd := &cobra.Command{Args: args(cobra.NoArgs)}
+	o := &lifecycleOptions{Streams: g.streams, op: op}
+	cmd := &cobra.Command{Args: args(cobra.NoArgs), RunE: runE(o)}
 	switch op {
 	case datadir.OpUpgrade:
 		cmd.Use = "upgrade --data-dir DIR... --target-version V --bin-dir B"
@@ -278,20 +265,6 @@ reason; to go back further, restore the backup taken before the upgrade.
 
 Journaled and resumable like upgrade.`
 	}
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := validateOutput(o.format); err != nil {
-			return err
-		}
-		if o.target == "" {
-			return UsageErrorf("--target-version is required (e.g. 3.6.16)")
-		}
-		v, err := datadir.ParseVersion(o.target)
-		if err != nil {
-			return usage(fmt.Errorf("--target-version: %w", err))
-		}
-		o.opts.Target = v
-		return runLifecycle(cmd.Context(), g, op, o)
-	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.opts.DataDirs, "data-dir", nil, "member data dir (repeatable: all members of a multi-member cluster, started together)")
 	f.StringVar(&o.target, "target-version", "", "etcd version to end at, e.g. 3.6.16")
@@ -304,50 +277,80 @@ Journaled and resumable like upgrade.`
 		f.StringVar(&o.opts.OnConflict, "on-conflict", "", "v2 migration: for a key in both stores, v3 or v2 wins (default: refuse)")
 		f.BoolVar(&o.opts.IncludeHidden, "include-hidden", false, "v2 migration: keep hidden keys (a path segment starting with _)")
 	}
-	addOutputFlag(cmd, &o.format)
+	o.print.addFlags(cmd)
 	return cmd
 }
 
-func runLifecycle(ctx context.Context, g *globals, op datadir.Operation, o *lifecycleOptions) error {
-	w := g.streams.Out
-	human := o.format == ""
-	n, total := 0, 0
-	o.opts.Events = func(e datadir.Event) {
-		if !human {
-			return
-		}
-		switch e.Phase {
-		case "plan":
-			total = len(e.Report.Steps)
-			if !e.Report.DryRun {
-				printPlanHeader(w, e.Report)
-			}
-		case "start":
-			n++
-			fmt.Fprintf(w, "[%d/%d] %s ...", n, total, e.Step.Name)
-			if e.Step.Repeated {
-				fmt.Fprint(w, " (repeated: the last run stopped in this step)")
-			}
-			fmt.Fprintln(w)
-		case "skipped":
-			n++
-			fmt.Fprintf(w, "[%d/%d] %s: done by an earlier run\n", n, total, e.Step.Name)
-		case "done":
-			printMembers(w, e.Step.Members)
-			fmt.Fprintf(w, "      done in %s\n", e.Duration.Round(time.Millisecond))
+func (o *lifecycleOptions) Complete([]string) (err error) {
+	if o.printer, err = o.print.toPrinter(); err != nil {
+		return err
+	}
+	if o.target != "" {
+		if o.opts.Target, err = datadir.ParseVersion(o.target); err != nil {
+			return fmt.Errorf("--target-version: %w", err)
 		}
 	}
-	// SIGINT/SIGTERM end the run; etcd is then killed with us, as after a crash, and the same
-	// command resumes.
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	rep, err := datadir.Run(ctx, op, o.opts)
-	switch {
-	case !human && rep != nil:
-		if perr := printJSON(w, rep); perr != nil {
-			return errors.Join(err, perr)
+	return nil
+}
+
+func (o *lifecycleOptions) Validate() error {
+	if o.target == "" {
+		return UsageErrorf("--target-version is required (e.g. 3.6.16)")
+	}
+	return nil
+}
+
+// Run carries out the upgrade or downgrade. Stopped by SIGINT/SIGTERM (the context), any etcd
+// it started is killed with it, as after a crash, and the same command resumes.
+func (o *lifecycleOptions) Run(ctx context.Context) error {
+	lp := &lifecycleProgress{}
+	o.opts.Events = func(e datadir.Event) {
+		o.printer.progress(o.Out, func(w io.Writer) { lp.print(w, e) })
+	}
+	rep, err := datadir.Run(ctx, o.op, o.opts)
+	if rep == nil {
+		return err
+	}
+	perr := o.printer.print(o.Out, rep, func(w io.Writer) { printLifecycleResult(w, o.op, rep, err) })
+	if perr != nil {
+		return errors.Join(err, perr)
+	}
+	return err
+}
+
+// lifecycleProgress prints an upgrade's or downgrade's steps as they start and end.
+type lifecycleProgress struct {
+	n, total int
+}
+
+func (lp *lifecycleProgress) print(w io.Writer, e datadir.Event) {
+	switch e.Phase {
+	case "plan":
+		lp.total = len(e.Report.Steps)
+		if !e.Report.DryRun {
+			printPlanHeader(w, e.Report)
 		}
-	case rep != nil && rep.DryRun:
+	case "start":
+		lp.n++
+		fmt.Fprintf(w, "[%d/%d] %s ...", lp.n, lp.total, e.Step.Name)
+		if e.Step.Repeated {
+			fmt.Fprint(w, " (repeated: the last run stopped in this step)")
+		}
+		fmt.Fprintln(w)
+	case "skipped":
+		lp.n++
+		fmt.Fprintf(w, "[%d/%d] %s: done by an earlier run\n", lp.n, lp.total, e.Step.Name)
+	case "done":
+		printMembers(w, e.Step.Members)
+		fmt.Fprintf(w, "      done in %s\n", e.Duration.Round(time.Millisecond))
+	}
+}
+
+// printLifecycleResult prints the end of a run in the human form: the plan of a dry run, or
+// what the data dirs hold after a run that succeeded (a failed run's error says the rest).
+func printLifecycleResult(w io.Writer, op datadir.Operation, rep *datadir.Report, err error) {
+	switch {
+	case rep.DryRun:
 		printPlanHeader(w, rep)
 		for i, s := range rep.Steps {
 			state := ""
@@ -360,7 +363,7 @@ func runLifecycle(ctx context.Context, g *globals, op datadir.Operation, o *life
 			}
 		}
 		fmt.Fprintln(w, "dry run: nothing was changed")
-	case rep != nil && err == nil:
+	case err == nil:
 		if len(rep.Steps) == 0 {
 			fmt.Fprintf(w, "nothing to do: already at %s\n", rep.Target)
 		}
@@ -369,7 +372,6 @@ func runLifecycle(ctx context.Context, g *globals, op datadir.Operation, o *life
 		}
 		fmt.Fprintf(w, "%s to %s done in %s; backups: %s\n", op, rep.Target, rep.Duration.Round(time.Millisecond), rep.BackupDir)
 	}
-	return err
 }
 
 func printPlanHeader(w io.Writer, rep *datadir.Report) {
@@ -388,8 +390,17 @@ func printMembers(w io.Writer, m map[string]string) {
 	}
 }
 
+type restoreBackupOptions struct {
+	Streams
+	backup  string
+	dataDir string
+	print   printFlags
+
+	printer printer
+}
+
 func newMigrateRestoreBackupCommand(g *globals) *cobra.Command {
-	var backup, dataDir, format string
+	o := &restoreBackupOptions{Streams: g.streams}
 	cmd := &cobra.Command{
 		Use:   "restore-backup --backup DIR --data-dir DIR",
 		Short: "Put a backup back in place of a data dir, verified against its sha256 manifest",
@@ -397,29 +408,35 @@ func newMigrateRestoreBackupCommand(g *globals) *cobra.Command {
 --data-dir, verify the copy, and rename it into place. A data dir already there is kept,
 renamed to <data dir>.replaced-<time>; it must not be in use by a running etcd.`,
 		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := validateOutput(format); err != nil {
-				return err
-			}
-			if backup == "" || dataDir == "" {
-				return UsageErrorf("--backup and --data-dir are required")
-			}
-			rep, err := datadir.RestoreBackup(backup, dataDir, time.Now())
-			if err != nil {
-				return err
-			}
-			if format == "json" {
-				return printJSON(g.streams.Out, rep)
-			}
-			fmt.Fprintf(g.streams.Out, "restored %s -> %s: %d files verified against the manifest in %s\n", rep.Backup, rep.DataDir, rep.Files, rep.Duration.Round(time.Millisecond))
-			if rep.Replaced != "" {
-				fmt.Fprintf(g.streams.Out, "the data dir that was there is kept at %s\n", rep.Replaced)
-			}
-			return nil
-		},
+		RunE: runE(o),
 	}
-	cmd.Flags().StringVar(&backup, "backup", "", "backup dir (as printed by upgrade or downgrade)")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "", "data dir to restore into")
-	addOutputFlag(cmd, &format)
+	cmd.Flags().StringVar(&o.backup, "backup", "", "backup dir (as printed by upgrade or downgrade)")
+	cmd.Flags().StringVar(&o.dataDir, "data-dir", "", "data dir to restore into")
+	o.print.addFlags(cmd)
 	return cmd
+}
+
+func (o *restoreBackupOptions) Complete([]string) (err error) {
+	o.printer, err = o.print.toPrinter()
+	return err
+}
+
+func (o *restoreBackupOptions) Validate() error {
+	if o.backup == "" || o.dataDir == "" {
+		return UsageErrorf("--backup and --data-dir are required")
+	}
+	return nil
+}
+
+func (o *restoreBackupOptions) Run(context.Context) error {
+	rep, err := datadir.RestoreBackup(o.backup, o.dataDir, time.Now())
+	if err != nil {
+		return err
+	}
+	return o.printer.print(o.Out, rep, func(w io.Writer) {
+		fmt.Fprintf(w, "restored %s -> %s: %d files verified against the manifest in %s\n", rep.Backup, rep.DataDir, rep.Files, rep.Duration.Round(time.Millisecond))
+		if rep.Replaced != "" {
+			fmt.Fprintf(w, "the data dir that was there is kept at %s\n", rep.Replaced)
+		}
+	})
 }

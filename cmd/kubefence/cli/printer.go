@@ -63,15 +63,3 @@ func (p printer) progress(w io.Writer, human func(w io.Writer)) {
 		human(w)
 	}
 }
-
-// Until every command has its Options: the old helpers.
-func addOutputFlag(cmd *cobra.Command, out *string) {
-	cmd.Flags().StringVarP(out, "output", "o", "", "output format: empty for human-readable, or json")
-}
-
-func validateOutput(o string) error {
-	_, err := (&printFlags{output: o}).toPrinter()
-	return err
-}
-
-func printJSON(w io.Writer, v any) error { return printer{json: true}.print(w, v, nil) }
