@@ -41,6 +41,13 @@ func (o *adminOptions) addFlags(cmd *cobra.Command) {
 	o.print.addFlags(cmd)
 }
 
+// command makes cmd an admin-API command that runs run (o's command) with the shared flags.
+func (o *adminOptions) command(cmd *cobra.Command, run command) *cobra.Command {
+	cmd.RunE = runE(run)
+	o.addFlags(cmd)
+	return cmd
+}
+
 func (o *adminOptions) Complete([]string) (err error) {
 	if o.printer, err = o.print.toPrinter(); err != nil {
 		return err
@@ -90,7 +97,7 @@ type fenceOnOptions struct {
 
 func newFenceOnCommand(g *globals) *cobra.Command {
 	o := &fenceOnOptions{adminOptions: adminOptions{Streams: g.streams}}
-	cmd := &cobra.Command{
+	cmd := o.command(&cobra.Command{
 		Use:   "on",
 		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
 		Long: `Refuse writes from now on: reads and watches keep flowing, writes get 429 with Retry-After
@@ -100,9 +107,7 @@ command returns
 once every write admitted before the fence has finished. If some are still running after
 --wait-timeout it lists them and exits 1; the fence stays on either way.`,
 		Args: args(cobra.NoArgs),
-		RunE: runE(o),
-	}
-	o.addFlags(cmd)
+	}, o)
 	cmd.Flags().StringVar(&o.reason, "reason", "", "why the API is fenced (shown to refused clients and in status)")
 	cmd.Flags().DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "how long to wait for writes admitted before the fence to finish")
 	return cmd
@@ -170,14 +175,7 @@ type fenceOffOptions struct{ adminOptions }
 
 func newFenceOffCommand(g *globals) *cobra.Command {
 	o := &fenceOffOptions{adminOptions{Streams: g.streams}}
-	cmd := &cobra.Command{
-		Use:   "off",
-		Short: "Reopen writes",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd)
-	return cmd
+	return o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o)
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
@@ -194,14 +192,7 @@ type fenceStatusOptions struct{ adminOptions }
 
 func newFenceStatusCommand(g *globals) *cobra.Command {
 	o := &fenceStatusOptions{adminOptions{Streams: g.streams}}
-	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show the fence state, backend and live counters",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd)
-	return cmd
+	return o.command(&cobra.Command{Use: "status", Short: "Show the fence state, backend and live counters", Args: args(cobra.NoArgs)}, o)
 }
 
 func (o *fenceStatusOptions) Run(ctx context.Context) error {
@@ -247,7 +238,7 @@ type backendSetOptions struct {
 
 func newBackendSetCommand(g *globals) *cobra.Command {
 	o := &backendSetOptions{adminOptions: adminOptions{Streams: g.streams}}
-	cmd := &cobra.Command{
+	cmd := o.command(&cobra.Command{
 		Use:   "set URL",
 		Short: "Send new requests to the apiserver at URL and end watches on the old one",
 		Long: `Switch the proxy to the kube-apiserver at URL. Only while fenced, and only to --upstream or a URL
@@ -257,9 +248,7 @@ old backend are ended between two events: client-go informers reconnect to the n
 relist (about a second without events); a client that does not reconnect, such as
 'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.`,
 		Args: args(cobra.ExactArgs(1)),
-		RunE: runE(o),
-	}
-	o.addFlags(cmd)
+	}, o)
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
 	return cmd
 }
