@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// TestPrinter: -o is checked in one place, and each output form prints only itself.
+func TestPrinter(t *testing.T) {
+	type result struct {
+		Name string `json:"name"`
+	}
+	human := func(w io.Writer) { _, _ = io.WriteString(w, "human form\n") }
+	for _, tc := range []struct {
+		output                string
+		usageErr              bool
+		print, line, progress string
+	}{
+		{output: "", print: "human form\n", line: "human form\n", progress: "human form\n"},
+		{output: "json", print: "{\n  \"name\": \"x\"\n}\n", line: "{\"name\":\"x\"}\n", progress: ""},
+		{output: "yaml", usageErr: true},
+	} {
+		t.Run("-o "+tc.output, func(t *testing.T) {
+			p, err := (&printFlags{output: tc.output}).toPrinter()
+			var ue usageError
+			if tc.usageErr {
+				if !errors.As(err, &ue) || !strings.Contains(err.Error(), `unknown output format "yaml"`) {
+					t.Fatalf("toPrinter = %v, want a usage error naming the format", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var print, line, progress bytes.Buffer
+			if err := p.print(&print, result{"x"}, human); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.printLine(&line, result{"x"}, human); err != nil {
+				t.Fatal(err)
+			}
+			p.progress(&progress, human)
+			if print.String() != tc.print || line.String() != tc.line || progress.String() != tc.progress {
+				t.Errorf("print %q, printLine %q, progress %q; want %q, %q, %q", &print, &line, &progress, tc.print, tc.line, tc.progress)
+			}
+		})
+	}
+}
+
+// runOptions runs a command's Options as cobra would, without cobra.
+func runOptions(t *testing.T, o command, args ...string) error {
+	t.Helper()
+	if err := o.Complete(args); err != nil {
+		return usage(err)
+	}
+	if err := o.Validate(); err != nil {
+		return usage(err)
+	}
+	return o.Run(t.Context())
+}
+
+// TestDetectWithBuffers calls a command's Options with buffers: with -o json stdout holds the
+// detections that succeeded and nothing else, and the error names the data dir that failed.
+func TestDetectWithBuffers(t *testing.T) {
+	root := t.TempDir()
+	good, missing := filepath.Join(root, "good"), filepath.Join(root, "missing")
+	if err := os.MkdirAll(filepath.Join(good, "member", "snap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(good, "version.txt"), []byte("3.5.9/etcd3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, output := range []string{"", "json"} {
+		t.Run("-o "+output, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			o := &detectOptions{Streams: Streams{Out: &out, ErrOut: &errOut}, dirs: []string{good, missing}}
+			o.print.output = output
+			err := runOptions(t, o)
+			if err == nil || !strings.Contains(err.Error(), missing) || errors.As(err, new(usageError)) {
+				t.Errorf("error %v: want a failure (not a usage error) naming %s", err, missing)
+			}
+			if errOut.Len() != 0 {
+				t.Errorf("stderr: %q", &errOut)
+			}
+			if output == "" {
+				if want := good + ": 3.5.9/etcd3 (from version.txt)"; !strings.HasPrefix(out.String(), want) || strings.Count(out.String(), "\n") != 1 {
+					t.Errorf("stdout %q, want one line starting %q", &out, want)
+				}
+				return
+			}
+			var dets []datadir.Detection
+			if err := json.Unmarshal(out.Bytes(), &dets); err != nil || len(dets) != 1 || dets[0].DataDir != good || dets[0].Version.String() != "3.5.9" {
+				t.Errorf("stdout %q (%v), want the one detection of %s", &out, err, good)
+			}
+		})
+	}
+}
