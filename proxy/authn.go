@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -92,11 +93,12 @@ func (ci *connIdentity) authenticate(r *http.Request, authn authenticator.Reques
 	return ci.resp, ci.ok, ci.err
 }
 
-// withAuthentication authenticates client certificates when --client-ca-file is set; other
-// requests (bearer tokens, anonymous) pass untouched, for the apiserver to authenticate.
-// A switched-off filter is next itself.
-func (s *Server) withAuthentication(next http.Handler) http.Handler {
-	if s.authn == nil {
+// withAuthentication authenticates client certificates with authn (set with --client-ca-file),
+// caching the result per connection while clientCA's bundle is the one it was verified with;
+// other requests (bearer tokens, anonymous) pass untouched, for the apiserver to authenticate.
+// Without authn the filter is switched off: it returns next itself.
+func withAuthentication(next http.Handler, authn authenticator.Request, clientCA x509request.VerifyOptionFunc, log *slog.Logger) http.Handler {
+	if authn == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -108,14 +110,14 @@ func (s *Server) withAuthentication(next http.Handler) http.Handler {
 		if ci == nil {
 			ci = &connIdentity{}
 		}
-		opts, _ := s.cfg.certs.clientVerifyOptions()
-		resp, ok, err := ci.authenticate(r, s.authn, opts.Roots, time.Now())
+		opts, _ := clientCA()
+		resp, ok, err := ci.authenticate(r, authn, opts.Roots, time.Now())
 		if err != nil || !ok {
 			why := "certificate has no common name"
 			if err != nil {
 				why = err.Error()
 			}
-			s.log.Info("client certificate refused", "why", why, "remote", r.RemoteAddr)
+			log.Info("client certificate refused", "why", why, "remote", r.RemoteAddr)
 			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "kubefence: client certificate not accepted: "+why, 0)
 			return
 		}

@@ -3,10 +3,14 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -138,17 +142,32 @@ func startProxyWith(t testing.TB, o *Options, logs ...io.Writer) *testProxy {
 
 func do(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader("{}"))
+	resp, body, err := doErr(method, url, hdr...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// doErr is do for goroutines other than the test's, which must not call t.Fatal.
+func doErr(method, url string, hdr ...string) (*http.Response, string, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader("{}"))
+	if err != nil {
+		return nil, "", err
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return nil, "", err
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp, string(body)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s %s: reading the body: %w", method, url, err)
+	}
+	return resp, string(body), nil
 }
 
 func TestFenceRefusesWritesAndPassesReads(t *testing.T) {
@@ -203,7 +222,7 @@ func TestFenceRefusesWritesAndPassesReads(t *testing.T) {
 			t.Errorf("429 Status = %+v", st)
 		}
 	}
-	// Invariant 4: nothing refused reached the backend.
+	// Invariant refused-never-forwarded: nothing refused reached the backend.
 	if got := len(api.requests()) - before; got != forwarded {
 		t.Errorf("backend saw %d requests while fenced, want the %d allowed ones: %v", got, forwarded, api.requests()[before:])
 	}
@@ -232,12 +251,23 @@ func TestIdentityHeadersStripped(t *testing.T) {
 func TestBarrierWaitsForInflightWrites(t *testing.T) {
 	api := newFakeAPI(t, "blue")
 	api.hold = make(chan struct{})
+	var release sync.Once
+	releaseHold := func() { release.Do(func() { close(api.hold) }) }
+	t.Cleanup(releaseHold) // a failing test must not leave the server's Close waiting for the held write
 	p := startProxy(t, api.URL)
 
-	done := make(chan int, 1)
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
 	go func() {
-		resp, _ := do(t, "PUT", p.url+"/api/v1/namespaces/default/configmaps/slow", "User-Agent", "slow-writer")
-		done <- resp.StatusCode
+		resp, _, err := doErr("PUT", p.url+"/api/v1/namespaces/default/configmaps/slow", "User-Agent", "slow-writer")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		done <- result{code: resp.StatusCode}
 	}()
 	waitFor(t, func() bool { return api.writesIn.Load() == 1 })
 
@@ -251,7 +281,7 @@ func TestBarrierWaitsForInflightWrites(t *testing.T) {
 		t.Fatalf("barrier = %+v", resp.Barrier)
 	}
 	// A second fence on waits until the write finishes.
-	go func() { time.Sleep(200 * time.Millisecond); close(api.hold) }()
+	time.AfterFunc(200*time.Millisecond, releaseHold)
 	start := time.Now()
 	resp, err = p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, WaitTimeout: admin.Duration(5 * time.Second)})
 	if err != nil {
@@ -260,8 +290,13 @@ func TestBarrierWaitsForInflightWrites(t *testing.T) {
 	if !resp.Barrier.Complete || time.Since(start) < 150*time.Millisecond {
 		t.Fatalf("barrier = %+v after %s", resp.Barrier, time.Since(start))
 	}
-	if code := <-done; code != 200 {
-		t.Fatalf("the write admitted before the fence got %d, want 200", code)
+	select {
+	case res := <-done:
+		if res.err != nil || res.code != 200 {
+			t.Fatalf("the write admitted before the fence got %d, %v; want 200", res.code, res.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the write admitted before the fence got no answer in 5s after the barrier completed")
 	}
 }
 
@@ -270,14 +305,20 @@ func TestBackendSwitch(t *testing.T) {
 	p := startProxy(t, blue.URL)
 	ctx := t.Context()
 
-	// Invariant 3: not while open.
+	// Invariant switch-only-fenced: not while open.
 	_, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL})
 	if apiErr, ok := err.(*admin.APIError); !ok || apiErr.Code != 409 {
 		t.Fatalf("switch while open: %v, want 409", err)
 	}
 
-	// A watch through the proxy, on blue.
-	req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1/namespaces/default/configmaps?watch=true", nil)
+	// A watch through the proxy, on blue; bounded, so that a watch the switch does not end fails
+	// the test instead of hanging it.
+	watchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(watchCtx, "GET", p.url+"/api/v1/namespaces/default/configmaps?watch=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -285,8 +326,8 @@ func TestBackendSwitch(t *testing.T) {
 	defer resp.Body.Close()
 	lines := bufio.NewReader(resp.Body)
 	blue.events <- "a"
-	if l, _ := lines.ReadString('\n'); !strings.Contains(l, `"from":"blue","name":"a"`) {
-		t.Fatalf("watch event = %q", l)
+	if l, err := lines.ReadString('\n'); !strings.Contains(l, `"from":"blue","name":"a"`) {
+		t.Fatalf("watch event = %q, %v", l, err)
 	}
 	waitFor(t, func() bool { return p.Status().OpenStreams == 1 })
 
@@ -452,7 +493,10 @@ func TestAdminSocketMode(t *testing.T) {
 	// A second proxy on the same socket is refused rather than stealing it.
 	o := *p.opts
 	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg, _ := o.Complete()
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
 	s2, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -460,6 +504,72 @@ func TestAdminSocketMode(t *testing.T) {
 	if err := s2.Start(); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("second proxy on the same socket: %v", err)
 	}
+}
+
+// TestFailedStartClosesListeners: a Start that fails at its last listener (--admin-listen on an
+// address in use) leaves nothing bound: the API and metrics addresses and the admin socket can
+// all be bound again.
+func TestFailedStartClosesListeners(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "ca")
+	_, certFile, keyFile := ca.issue(t, dir, "proxy", "proxy", nil, x509.ExtKeyUsageServerAuth)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+
+	o := NewOptions()
+	o.Listen, o.MetricsListen = freeAddr(t), freeAddr(t)
+	o.TLSCertFile, o.TLSKeyFile = certFile, keyFile
+	o.Upstream = api.URL
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+	o.AdminListen, o.AdminClientCAFile = busy.Addr().String(), ca.pem
+	if errs := o.Validate(); len(errs) > 0 {
+		t.Fatalf("options: %v", errs)
+	}
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err == nil {
+		_ = s.Shutdown(time.Second)
+		t.Fatal("Start succeeded with --admin-listen on an address in use")
+	} else if !strings.Contains(err.Error(), "admin API on "+o.AdminListen) {
+		t.Fatalf("Start: %v, want the --admin-listen failure", err)
+	}
+	for _, addr := range []string{o.Listen, o.MetricsListen} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("%s is still bound after the failed start: %v", addr, err)
+			continue
+		}
+		ln.Close()
+	}
+	if _, err := os.Lstat(o.AdminSocket); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("admin socket left behind after the failed start: %v", err)
+	}
+	ln, err := net.Listen("unix", o.AdminSocket)
+	if err != nil {
+		t.Fatalf("admin socket cannot be bound again: %v", err)
+	}
+	ln.Close()
+}
+
+// freeAddr returns a loopback address no one listens on at the time of the call.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 func TestMetricsAndHealth(t *testing.T) {

@@ -15,13 +15,13 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -34,22 +34,21 @@ type Server struct {
 	classifier *policy.Classifier
 	policy     *policy.Policy
 
-	gate            gate
-	active          atomic.Pointer[backend]
-	switchMu        sync.Mutex // serialises backend changes
-	refusal         atomic.Pointer[[]byte]
-	retryAfterValue string
-	headerNames     RequestHeaderNames
-	authn           authenticator.Request
+	gate        gate
+	active      atomic.Pointer[backend]
+	switchMu    sync.Mutex // serialises backend changes
+	refusals    *refusals
+	headerNames RequestHeaderNames
+	authn       authenticator.Request
+	clientCA    x509request.VerifyOptionFunc // the current client CA bundle; set with authn
 
 	// unconfirmed is set while the backend is not known: the state file was unreadable at
 	// start-up and no 'backend set' has named one since. Every API request then gets 503.
 	unconfirmed atomic.Bool
 
-	openWatches  atomic.Int64
-	refusedTotal atomic.Uint64
-	metrics      *metrics
-	handler      http.Handler
+	openWatches atomic.Int64
+	metrics     *metrics
+	handler     http.Handler
 
 	apiServer, metricsServer, adminServer, adminNetServer *http.Server
 	apiLn, metricsLn, adminLn, adminNetLn                 net.Listener
@@ -61,15 +60,19 @@ type Server struct {
 // assembles the handler chain. An unreadable state file starts the proxy fenced (invariant persist-then-ack).
 func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	s := &Server{
-		cfg:             cfg,
-		log:             log,
-		classifier:      policy.NewClassifier(),
-		policy:          cfg.policy,
-		retryAfterValue: strconv.Itoa(cfg.opts.RetryAfter),
-		headerNames:     cfg.headerNames,
-		authn:           cfg.authn,
-		serveErr:        make(chan error, 3),
+		cfg:         cfg,
+		log:         log,
+		classifier:  policy.NewClassifier(),
+		policy:      cfg.policy,
+		headerNames: cfg.headerNames,
+		authn:       cfg.authn,
+		serveErr:    make(chan error, 3),
 	}
+	if cfg.authn != nil {
+		s.clientCA = cfg.certs.clientVerifyOptions
+	}
+	s.metrics = newMetrics(s)
+	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)
 	s.gate.now = time.Now
 	if cfg.opts.StateFile != "" {
 		s.gate.store = &stateStore{path: cfg.opts.StateFile}
@@ -84,8 +87,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	}
 	s.active.Store(b)
 	s.gate.publish(st)
-	s.setRefusal(st.Reason)
-	s.metrics = newMetrics(s)
+	s.refusals.setReason(st.Reason)
 	s.handler = s.buildHandler()
 	return s, nil
 }
@@ -125,11 +127,6 @@ func (s *Server) initialState() (State, error) {
 		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}, nil
 }
 
-func (s *Server) setRefusal(reason string) {
-	body := refusalBody(reason, s.cfg.opts.RetryAfter)
-	s.refusal.Store(&body)
-}
-
 // Handler is the proxy's request path (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.handler }
 
@@ -140,7 +137,7 @@ func (s *Server) Status() admin.Status {
 	return admin.Status{
 		Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
-		RefusedWrites: s.refusedTotal.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
+		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 	}
 }
 
@@ -151,7 +148,7 @@ func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Du
 	_, err := s.gate.update(func(st *State) error {
 		st.Fenced = true
 		st.Reason = reason
-		s.setRefusal(reason)
+		s.refusals.setReason(reason)
 		return nil
 	})
 	if err != nil {
@@ -230,14 +227,52 @@ func (s *Server) SetBackend(ctx context.Context, rawURL, caFile string) (admin.B
 	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain}, nil
 }
 
-// Start binds every listener and serves in the background.
-func (s *Server) Start() error {
+// Start binds every listener, then serves on each in the background. A start that fails closes
+// the listeners it had bound (the admin socket file goes with its listener) and serves nothing,
+// as etcd's embed.StartEtcd cleans up a partial start: the addresses can be bound again.
+func (s *Server) Start() (err error) {
 	o := s.cfg.opts
-	var err error
-	s.apiLn, err = net.Listen("tcp", o.Listen)
-	if err != nil {
+	defer func() {
+		if err != nil {
+			s.closeListeners()
+		}
+	}()
+	if s.apiLn, err = net.Listen("tcp", o.Listen); err != nil {
 		return fmt.Errorf("listen on %s: %w", o.Listen, err)
 	}
+	if s.adminLn, err = listenAdminSocket(o.AdminSocket); err != nil {
+		return err
+	}
+	if o.MetricsListen != "" {
+		if s.metricsLn, err = net.Listen("tcp", o.MetricsListen); err != nil {
+			return fmt.Errorf("listen for metrics on %s: %w", o.MetricsListen, err)
+		}
+	}
+	if o.AdminListen != "" {
+		if s.adminNetLn, err = net.Listen("tcp", o.AdminListen); err != nil {
+			return fmt.Errorf("listen for the admin API on %s: %w", o.AdminListen, err)
+		}
+	}
+	s.serveAll()
+	st := s.Status()
+	s.log.Info("kubefence proxy serving", "listen", s.apiLn.Addr().String(), "tls", !o.InsecureListen, "backend", st.Backend,
+		"fenced", st.Fenced, "adminSocket", o.AdminSocket, "metrics", o.MetricsListen)
+	return nil
+}
+
+// closeListeners closes the listeners a failed Start had bound.
+func (s *Server) closeListeners() {
+	for _, ln := range []net.Listener{s.apiLn, s.adminLn, s.metricsLn, s.adminNetLn} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+}
+
+// serveAll serves on every listener Start bound, each in its own goroutine; a listener that
+// fails ends Run through serveErr.
+func (s *Server) serveAll() {
+	o := s.cfg.opts
 	s.apiServer = &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
@@ -252,37 +287,13 @@ func (s *Server) Start() error {
 		s.stopCerts = cancel
 		s.cfg.certs.run(ctx)
 	}
-	if err := s.startAdmin(o.AdminSocket); err != nil {
-		s.apiLn.Close()
-		return err
-	}
-	if o.MetricsListen != "" {
-		s.metricsLn, err = net.Listen("tcp", o.MetricsListen)
-		if err != nil {
-			s.apiLn.Close()
-			s.adminLn.Close()
-			return fmt.Errorf("listen for metrics on %s: %w", o.MetricsListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		mux.HandleFunc("/readyz", s.readyz)
-		if o.Profiling {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		s.metricsServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.adminServer = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	if s.metricsLn != nil {
+		s.metricsServer = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go s.serve("metrics", func() error { return s.metricsServer.Serve(s.metricsLn) })
 	}
 	go s.serve("admin", func() error { return s.adminServer.Serve(s.adminLn) })
-	if o.AdminListen != "" {
-		if s.adminNetLn, err = net.Listen("tcp", o.AdminListen); err != nil {
-			s.apiLn.Close()
-			s.adminLn.Close()
-			return fmt.Errorf("listen for the admin API on %s: %w", o.AdminListen, err)
-		}
+	if s.adminNetLn != nil {
 		s.adminNetServer = &http.Server{
 			Handler:           s.adminServer.Handler,
 			ReadHeaderTimeout: 10 * time.Second,
@@ -301,10 +312,21 @@ func (s *Server) Start() error {
 		}
 		return s.apiServer.ServeTLS(s.apiLn, "", "")
 	})
-	st := s.Status()
-	s.log.Info("kubefence proxy serving", "listen", s.apiLn.Addr().String(), "tls", !o.InsecureListen, "backend", st.Backend,
-		"fenced", st.Fenced, "adminSocket", o.AdminSocket, "metrics", o.MetricsListen)
-	return nil
+}
+
+// metricsHandler serves /metrics, the health endpoints and, with --profiling, pprof.
+func (s *Server) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", s.readyz)
+	if s.cfg.opts.Profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
 }
 
 func (s *Server) serve(name string, f func() error) {
@@ -423,31 +445,29 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// startAdmin listens on the admin unix socket with mode 0600, in a directory of mode 0700 (created
-// or tightened before the socket exists), replacing a stale socket file.
-func (s *Server) startAdmin(path string) error {
+// listenAdminSocket listens on the admin unix socket with mode 0600, in a directory of mode 0700
+// (created or tightened before the socket exists), replacing a stale socket file.
+func listenAdminSocket(path string) (net.Listener, error) {
 	if err := privateDir(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("admin socket directory: %w", err)
+		return nil, fmt.Errorf("admin socket directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
-			return fmt.Errorf("--admin-socket %s exists and is not a socket: refusing to replace it", path)
+			return nil, fmt.Errorf("--admin-socket %s exists and is not a socket: refusing to replace it", path)
 		}
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
-			return fmt.Errorf("--admin-socket %s is in use by another running proxy", path)
+			return nil, fmt.Errorf("--admin-socket %s is in use by another running proxy", path)
 		}
 		_ = os.Remove(path)
 	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen on admin socket: %w", err)
+		return nil, fmt.Errorf("listen on admin socket: %w", err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
-		return fmt.Errorf("chmod admin socket: %w", err)
+		return nil, fmt.Errorf("chmod admin socket: %w", err)
 	}
-	s.adminLn = ln
-	s.adminServer = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	return nil
+	return ln, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"time"
@@ -26,22 +27,28 @@ var (
 	errBodyTimeout  = errors.New("write body not received in time")
 )
 
-// readWriteBody reads r's body whole, at most max bytes and within timeout, and replaces it by
-// the bytes read. A request with no body is left alone.
-func readWriteBody(w http.ResponseWriter, r *http.Request, max int64, timeout time.Duration) ([]byte, error) {
+// bodyLimits bound a write's body: --max-write-body-bytes and --write-body-timeout.
+type bodyLimits struct {
+	max     int64
+	timeout time.Duration
+}
+
+// readWriteBody reads r's body whole, within limits, and replaces it by the bytes read. A
+// request with no body is left alone.
+func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, nil
 	}
-	if r.ContentLength > max {
+	if r.ContentLength > limits.max {
 		return nil, errBodyTooLarge
 	}
 	rc := http.NewResponseController(w)
-	deadlineSet := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	deadlineSet := rc.SetReadDeadline(time.Now().Add(limits.timeout)) == nil
 	var buf bytes.Buffer
 	if r.ContentLength > 0 {
 		buf.Grow(int(r.ContentLength))
 	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, limits.max+1))
 	if deadlineSet {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -50,7 +57,7 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, max int64, timeout ti
 		return nil, errBodyTimeout
 	case err != nil:
 		return nil, fmt.Errorf("read write body: %w", err)
-	case int64(buf.Len()) > max:
+	case int64(buf.Len()) > limits.max:
 		return nil, errBodyTooLarge
 	}
 	body := buf.Bytes()
@@ -61,17 +68,17 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, max int64, timeout ti
 }
 
 // answerBodyError answers a write whose body could not be read; nothing was forwarded.
-func (s *Server) answerBodyError(w http.ResponseWriter, r *http.Request, err error) {
+func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits bodyLimits, log *slog.Logger) {
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		writeStatus(w, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge",
-			fmt.Sprintf("kubefence: the request body is larger than --max-write-body-bytes (%d)", s.cfg.opts.MaxWriteBodyBytes), 0)
+			fmt.Sprintf("kubefence: the request body is larger than --max-write-body-bytes (%d)", limits.max), 0)
 	case errors.Is(err, errBodyTimeout):
 		w.Header().Set("Connection", "close")
 		writeStatus(w, http.StatusRequestTimeout, "Timeout",
-			fmt.Sprintf("kubefence: the request body did not arrive within --write-body-timeout (%s)", s.cfg.opts.WriteBodyTimeout), 0)
+			fmt.Sprintf("kubefence: the request body did not arrive within --write-body-timeout (%s)", limits.timeout), 0)
 	default:
-		s.log.Debug("client went away while sending a write body", "path", r.URL.Path, "err", err)
+		log.Debug("client went away while sending a write body", "path", r.URL.Path, "err", err)
 		w.Header().Set("Connection", "close")
 		writeStatus(w, http.StatusBadRequest, "BadRequest", "kubefence: "+err.Error(), 0)
 	}

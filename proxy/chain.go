@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+// buildHandler assembles the request path once, innermost first, so that reading it bottom-up
+// is the order a request goes through. Each filter takes what it needs as parameters; a
+// switched-off filter is next itself.
+func (s *Server) buildHandler() http.Handler {
+	o := s.cfg.opts
+	var h http.Handler = newReverseProxy(s.headerNames, s.metrics.upstreamDuration, s.log)
+	h = withBackend(h, &s.active)
+	h = withIdentityHeaders(h, s.headerNames.stripList())
+	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.log)
+	h = withAccounting(h, s.metrics.requests, &s.openWatches)
+	h = withConfirmedBackend(h, &s.unconfirmed, o.RetryAfter)
+	h = withAuthentication(h, s.authn, s.clientCA, s.log)
+	h = withAttributes(h, s.classifier)
+	h = withChunkedRequestClose(h)
+	h = withRecover(h, s.log)
+	return h
+}
+
+// reqState is what the filters learn about one request; it rides in the request context.
+type reqState struct {
+	attrs   policy.Attributes
+	backend *backend
+	stream  *stream // for watches and upgrades
+	writeID uint64  // the request's registration as an in-flight write, or 0
+	refused bool
+	// identity is the client-certificate user the proxy forwards, or nil.
+	identity user.Info
+}
+
+type reqStateKey struct{}
+
+func withReqState(ctx context.Context, st *reqState) context.Context {
+	return context.WithValue(ctx, reqStateKey{}, st)
+}
+
+func reqStateFrom(ctx context.Context) *reqState {
+	st, _ := ctx.Value(reqStateKey{}).(*reqState)
+	return st
+}

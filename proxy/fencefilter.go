@@ -1,0 +1,122 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+// withFence refuses what pol refuses while the gate is fenced, and registers with the gate the
+// writes it admits while open so that 'fence on' can wait for them (invariant barrier). It
+// decides before forwarding: a refused request is never sent anywhere (invariant
+// refused-never-forwarded). A write's body is read whole first, within limits (see writebody.go).
+func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := reqStateFrom(r.Context())
+		a := &st.attrs
+		if a.Class() != policy.Write {
+			if !g.fenced.Load() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			decide(w, r, st, next, pol, rf)
+			return
+		}
+		if sessionWrite(a) {
+			if g.admitSession() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			decide(w, r, st, next, pol, rf)
+			return
+		}
+		body, err := readWriteBody(w, r, limits)
+		if err != nil {
+			answerBodyError(w, r, err, limits, log)
+			return
+		}
+		if a.BodyDecidesDryRun() {
+			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
+		}
+		id, ok := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
+		if !ok {
+			decide(w, r, st, next, pol, rf)
+			return
+		}
+		st.writeID = id
+		defer g.inflight.remove(id)
+		// From here the write's fate on the backend does not depend on the client: a client that
+		// goes away must not end the registration before the backend has answered (invariant barrier).
+		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+	})
+}
+
+// decide applies the policy to a request that arrived while fenced.
+func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Handler, pol *policy.Policy, rf *refusals) {
+	d := pol.Decide(&st.attrs)
+	if !d.Allow {
+		rf.refuse(w, r, st, d)
+		return
+	}
+	next.ServeHTTP(w, r)
+}
+
+// refusals answers the requests the fence refuses (429 + Retry-After + the current fence's
+// Status), counts and logs them.
+type refusals struct {
+	body            atomic.Pointer[[]byte] // the current fence's 429 body: built once per fence change, not per request
+	retryAfter      int                    // --retry-after
+	retryAfterValue string                 // the Retry-After header, formatted once
+	total           atomic.Uint64
+	counter         prometheus.Counter // kubefence_refused_writes_total
+	log             *slog.Logger
+}
+
+func newRefusals(retryAfter int, counter prometheus.Counter, log *slog.Logger) *refusals {
+	return &refusals{retryAfter: retryAfter, retryAfterValue: strconv.Itoa(retryAfter), counter: counter, log: log}
+}
+
+// setReason builds the 429 body for a fence put on for reason.
+func (rf *refusals) setReason(reason string) {
+	body := refusalBody(reason, rf.retryAfter)
+	rf.body.Store(&body)
+}
+
+func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
+	st.refused = true
+	rf.counter.Inc()
+	rf.total.Add(1)
+	a := &st.attrs
+	rf.log.Info("refused write: fence is on", "verb", a.Verb, "resource", resourceString(a), "namespace", a.Namespace,
+		"name", a.Name, "user", a.User, "userAgent", r.UserAgent(), "why", d.Reason)
+	body := *rf.body.Load()
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Retry-After"] = []string{rf.retryAfterValue}
+	h["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+}
+
+// resourceString names a request's target for logs and the barrier's report:
+// resource.group/subresource, or the path of a non-resource request.
+func resourceString(a *policy.Attributes) string {
+	if !a.IsResourceRequest {
+		return a.Path
+	}
+	r := a.Resource
+	if a.APIGroup != "" {
+		r += "." + a.APIGroup
+	}
+	if a.Subresource != "" {
+		r += "/" + a.Subresource
+	}
+	return r
+}

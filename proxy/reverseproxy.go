@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// newReverseProxy is the innermost handler: it forwards to the backend withBackend chose, with
+// the identity withAuthentication found (as names' headers), and observes each round trip's
+// time in upstreamDuration. Every backend failure is answered by upstreamError.
+func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Observer, log *slog.Logger) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			st := reqStateFrom(pr.In.Context())
+			pr.SetURL(st.backend.url)
+			pr.SetXForwarded()
+			if st.identity != nil {
+				names.setIdentityHeaders(pr.Out.Header, st.identity)
+			}
+			if st.attrs.Upgrade {
+				// Never reuse a backend connection that was asked to upgrade: if the answer is not
+				// 101, nothing of it may carry another request (CVE-2018-1002105).
+				pr.Out.Close = true
+			}
+		},
+		Transport: roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			start := time.Now()
+			st := reqStateFrom(req.Context())
+			resp, err := st.backend.transportFor(st.identity != nil).RoundTrip(req)
+			upstreamDuration.Observe(time.Since(start).Seconds())
+			return resp, err
+		}),
+		ModifyResponse: modifyResponse,
+		ErrorHandler:   upstreamError(log),
+		BufferPool:     bufferPool{},
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// modifyResponse closes the client connection after a refused upgrade, and wraps the body of a
+// watch so that a backend switch can end it at an event boundary.
+func modifyResponse(resp *http.Response) error {
+	st := reqStateFrom(resp.Request.Context())
+	switch {
+	case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
+		// A refused upgrade: answer it, then close the client connection too.
+		resp.Header.Set("Connection", "close")
+	case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
+		wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(resp.Header.Get("Content-Type")))
+		st.stream.mu.Lock()
+		st.stream.body = wb
+		st.stream.mu.Unlock()
+		resp.Body = wb
+	}
+	return nil
+}
+
+// upstreamError turns every backend failure into a Kubernetes Status in one place: 499 when the
+// client went away, 504 on a timeout, 502 otherwise. A request that never left (the dial failed)
+// carries Retry-After, so client-go retries it; one that may have reached the backend does not,
+// so a write is never applied twice by our doing.
+func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		st := reqStateFrom(r.Context())
+		backendURL := st.backend.url.String()
+		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+			log.Debug("client went away before the backend answered", "path", r.URL.Path, "backend", backendURL)
+			w.WriteHeader(499)
+			return
+		}
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
+			writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver "+backendURL+" timed out", 0)
+			return
+		}
+		retry := 0
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			retry = 1
+		}
+		log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)
+		writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver "+backendURL+" is unreachable: "+err.Error(), retry)
+	}
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// bufferPool recycles ReverseProxy's copy buffers (32 KB each) instead of allocating one per
+// response.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
