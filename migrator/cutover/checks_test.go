@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -99,7 +98,7 @@ func testRunner(t *testing.T, p *Plan, sock string) *runner {
 		t.Fatal(err)
 	}
 	j := &Journal{Version: 1, ID: "test", State: StateRunning, GreenPIDs: map[string]int{}}
-	return &runner{p: p, j: j, adm: admin.NewClient(sock)}
+	return &runner{p: p, j: j, adm: admin.NewClient(sock), procs: osProcesses, steps: steps}
 }
 
 // TestSwitchRefusedWhenFenceChanged: the switch happens only if the proxy's state is still the
@@ -132,14 +131,14 @@ func TestSwitchRefusedWhenFenceChanged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fp, sock := startFakeProxy(t, admin.Status{Backend: blue, Generation: 7})
 			r := testRunner(t, p, sock)
-			if _, err := r.step(t.Context(), StepFence); err != nil {
+			if _, err := (fenceStep{}).run(t.Context(), r); err != nil {
 				t.Fatal(err)
 			}
 			if r.j.FenceGeneration != 8 {
 				t.Fatalf("journaled generation %d, want the proxy's after fence on (8)", r.j.FenceGeneration)
 			}
-			tc.byHand(t, r.adm)
-			_, err := r.step(t.Context(), StepSwitch)
+			tc.byHand(t, r.adm.(*admin.Client))
+			_, err := (switchStep{}).run(t.Context(), r)
 			if tc.want == "" && err != nil {
 				t.Fatalf("switch refused: %v", err)
 			}
@@ -151,7 +150,7 @@ func TestSwitchRefusedWhenFenceChanged(t *testing.T) {
 			}
 			if tc.want == "" {
 				// A resume after a crash between the switch and its journal entry switches again.
-				if _, err := r.step(t.Context(), StepSwitch); err != nil {
+				if _, err := (switchStep{}).run(t.Context(), r); err != nil {
 					t.Errorf("switch again after a crash: %v", err)
 				}
 			}
@@ -167,7 +166,7 @@ func TestAbortAfterCancel(t *testing.T) {
 	r := testRunner(t, p, sock)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	rep, err := r.fail(ctx, StepCopy, ctx.Err())
+	rep, err := r.fail(ctx, copyStep{}, ctx.Err())
 	if err == nil || rep == nil || rep.Result != "aborted" {
 		t.Fatalf("report %+v, err %v; want aborted", rep, err)
 	}
@@ -208,38 +207,6 @@ func TestStateLock(t *testing.T) {
 		t.Fatalf("lock after unlock: %v", err)
 	}
 	l2.unlock()
-}
-
-// TestAliveMatchesWholeCommandLine: a process of the same binary with other arguments (another
-// etcd on this host) is not ours.
-func TestAliveMatchesWholeCommandLine(t *testing.T) {
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Skip("no sleep binary")
-	}
-	cmd := exec.Command(sleep, "30")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	pid := cmd.Process.Pid
-	cases := []struct {
-		argv []string
-		want bool
-	}{
-		{[]string{sleep, "30"}, true},
-		{[]string{sleep, "31"}, false},
-		{[]string{sleep}, false},
-		{[]string{sleep, "30", "--more"}, false},
-	}
-	for _, tc := range cases {
-		if got := alive(pid, tc.argv); got != tc.want {
-			t.Errorf("alive(%d, %q) = %v, want %v", pid, tc.argv, got, tc.want)
-		}
-	}
-	if got := findProcess([]string{sleep, "30"}); got != pid {
-		t.Errorf("findProcess = %d, want %d", got, pid)
-	}
 }
 
 // TestGreenEtcdVersionExact: the preflight's version check is datadir's exact one: 3.6.16 is
@@ -392,7 +359,7 @@ func TestStaticPodWaitsForReadyz(t *testing.T) {
 			r := testRunner(t, p, "/nonexistent")
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 			defer cancel()
-			_, err := r.startGreenAPIServer(ctx)
+			_, err := (greenAPIServerStep{}).run(ctx, r)
 			if tc.wantErr == "" && err != nil {
 				t.Fatalf("step failed: %v", err)
 			}

@@ -65,10 +65,10 @@ func TestParsePlan(t *testing.T) {
 			p.Migration.Mode = "magic"
 		}, []string{"stateDir is required", `blue.apiserver.url "10.0.0.1:6443"`, "members: 2 given, want 1 or 3", "is used twice", "give command", `migration.mode "magic"`}},
 		{"v2 without a member dir", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"needs blue.etcd.dataDir"}},
-		{"v2 member dir is not one", func(p *Plan) {
+		{"bad conflict rule", func(p *Plan) {
 			p.Migration.Mode, p.Blue.Etcd.DataDir, p.Migration.OnConflict = "auto", p.StateDir, "mine"
-		}, []string{"is not an etcd member data dir", `onConflict "mine"`}},
-		{"missing files", func(p *Plan) { p.Green.Etcd.Binary = "/nonexistent/etcd"; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary", "blue.apiserver.kubeconfig is required"}},
+		}, []string{`onConflict "mine"`}},
+		{"missing fields", func(p *Plan) { p.Green.Etcd.Binary = ""; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary is required", "blue.apiserver.kubeconfig is required"}},
 		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
 		{"version not exact", func(p *Plan) { p.Green.Etcd.Version = "3.6" }, []string{`green.etcd.version: "3.6" is not an etcd version`}},
@@ -99,6 +99,31 @@ func TestParsePlan(t *testing.T) {
 	}
 	if _, err := ParsePlan([]byte("apiVersion: kubefence.io/v1alpha1\nkind: CutoverPlan\nstatedir: x\n")); err == nil || !strings.Contains(err.Error(), "field statedir not found") {
 		t.Errorf("unknown field: %v", err)
+	}
+}
+
+// TestCheckFiles: parsing checks the plan's shape only, so a plan naming files of another
+// machine parses; CheckFiles (the CLI's load and the preflight) names every missing one.
+func TestCheckFiles(t *testing.T) {
+	p, _ := validPlan(t)
+	if err := p.CheckFiles(); err != nil {
+		t.Fatalf("valid plan: %v", err)
+	}
+	p.Green.Etcd.Binary = "/nonexistent/etcd"
+	p.Blue.Etcd.CAFile = "/nonexistent/ca.crt"
+	p.Migration.Mode, p.Blue.Etcd.DataDir = "auto", t.TempDir()
+	p.Green.APIServer.Command = nil
+	p.Green.APIServer.StaticPod = &StaticPod{Manifest: "/nonexistent/green.yaml", ManifestDir: "/nonexistent/manifests"}
+	data, _ := yaml.Marshal(p)
+	parsed, err := ParsePlan(data)
+	if err != nil {
+		t.Fatalf("ParsePlan looked at files: %v", err)
+	}
+	err = parsed.CheckFiles()
+	for _, w := range []string{"green.etcd.binary: stat /nonexistent/etcd", "blue.etcd.caFile", "staticPod.manifest: stat", `manifestDir "/nonexistent/manifests" is not a directory`, "is not an etcd member data dir"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("CheckFiles: %v; want %q", err, w)
+		}
 	}
 }
 

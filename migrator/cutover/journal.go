@@ -12,22 +12,6 @@ import (
 	"github.com/kubefence/kubefence/internal/atomicfile"
 )
 
-// Step names, in order.
-const (
-	StepPreflight      = "preflight"
-	StepFence          = "fence"
-	StepCopy           = "copy"
-	StepMigrate        = "migrate"
-	StepGreenEtcd      = "start-green-etcd"
-	StepGreenAPIServer = "start-green-apiserver"
-	StepVerify         = "verify"
-	StepSwitch         = "switch"
-	StepUnfence        = "unfence"
-)
-
-// Steps is the order of a cutover.
-var Steps = []string{StepPreflight, StepFence, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAPIServer, StepVerify, StepSwitch, StepUnfence}
-
 // Journal states.
 const (
 	StateRunning = "running"
@@ -55,7 +39,8 @@ type Journal struct {
 	// StaticPodPlaced is the manifest the cutover wrote into the kubelet's directory (abort
 	// removes it, and only it).
 	StaticPodPlaced string `json:"staticPodPlaced,omitempty"`
-	// BlueBackend is the proxy's backend before the cutover (abort checks it is still there).
+	// BlueBackend is the proxy's backend the preflight found (blue's): a record for the
+	// operator; nothing reads it back.
 	BlueBackend string `json:"blueBackend,omitempty"`
 	// Snapshot is the copy of blue: its path, revision and size.
 	Snapshot         string `json:"snapshot,omitempty"`
@@ -67,7 +52,8 @@ type Journal struct {
 	V2Prefixes map[string]int `json:"v2Prefixes,omitempty"`
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
-	// Refused counts writes refused while fenced during this cutover.
+	// RefusedAtFence and RefusedAtUnfence are the proxy's count of refused writes at the fence
+	// and at the unfence; the report's RefusedWrites is their difference.
 	RefusedAtFence   uint64        `json:"refusedAtFence,omitempty"`
 	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
@@ -83,12 +69,18 @@ type StepRecord struct {
 }
 
 func (j *Journal) done(step string) bool {
+	_, ok := j.record(step)
+	return ok
+}
+
+// record is the finished step's record, if it finished.
+func (j *Journal) record(step string) (StepRecord, bool) {
 	for _, r := range j.Done {
 		if r.Step == step {
-			return true
+			return r, true
 		}
 	}
-	return false
+	return StepRecord{}, false
 }
 
 func journalPath(stateDir string) string { return filepath.Join(stateDir, "journal.json") }

@@ -6,23 +6,20 @@
 package cutover
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/kubefence/kubefence/migrator/datadir"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
+	"github.com/kubefence/kubefence/internal/strictyaml"
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // Plan API version and kind.
@@ -64,7 +61,7 @@ type APIServerRef struct {
 }
 
 // EtcdClientSpec is how to reach an etcd cluster.
-type EtcdClientSpec = datadir.Client
+type EtcdClientSpec = datadir.ConnSpec
 
 // BlueSpec is the cluster being moved away from.
 type BlueSpec struct {
@@ -144,6 +141,7 @@ type Timeouts struct {
 	GreenAPIServer Duration `yaml:"greenAPIServer" json:"greenAPIServer"`
 	Verify         Duration `yaml:"verify" json:"verify"`
 	Switch         Duration `yaml:"switch" json:"switch"`
+	Unfence        Duration `yaml:"unfence" json:"unfence"`
 }
 
 // Duration reads "30s" style values.
@@ -197,31 +195,36 @@ func (p *Plan) setDefaults() {
 	def(&t.GreenAPIServer, 3*time.Minute)
 	def(&t.Verify, 5*time.Minute)
 	def(&t.Switch, 1*time.Minute)
+	def(&t.Unfence, 1*time.Minute)
 }
 
-// LoadPlan reads and validates a plan file; every problem is reported at once.
+// LoadPlan reads a plan file and checks its shape (ParsePlan) and the files it names
+// (CheckFiles); every problem is reported at once.
 func LoadPlan(path string) (*Plan, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read plan: %w", err)
 	}
 	p, err := ParsePlan(data)
+	if err == nil {
+		err = p.CheckFiles()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("plan %s: %w", path, err)
 	}
 	return p, nil
 }
 
-// ParsePlan parses and validates a plan document.
+// ParsePlan parses a plan document and checks its shape: required fields, URLs, versions,
+// member names and the choice of modes. It does no I/O beyond what pathguard does to resolve
+// paths; the files the plan names are checked by CheckFiles.
 func ParsePlan(data []byte) (*Plan, error) {
 	var p Plan
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&p); err != nil {
-		if errors.Is(err, io.EOF) {
+	if err := strictyaml.Decode(data, &p); err != nil {
+		if errors.Is(err, strictyaml.ErrEmpty) {
 			return nil, errors.New("empty plan")
 		}
-		return nil, errors.New(strings.TrimPrefix(strings.ReplaceAll(err.Error(), "yaml: unmarshal errors:\n  ", ""), "yaml: "))
+		return nil, err
 	}
 	p.setDefaults()
 	if err := errors.Join(p.validate()...); err != nil {
@@ -232,138 +235,169 @@ func ParsePlan(data []byte) (*Plan, error) {
 	return &p, nil
 }
 
+// problems collects a check's errors.
+type problems []error
+
+func (ps *problems) add(format string, args ...any) { *ps = append(*ps, fmt.Errorf(format, args...)) }
+
+// url refuses an empty or non-http(s) URL.
+func (ps *problems) url(field, u string) {
+	if u == "" {
+		ps.add("%s is required", field)
+		return
+	}
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
+		ps.add("%s %q: want a URL like https://10.0.0.1:6443", field, u)
+	}
+}
+
+// required refuses an empty value.
+func (ps *problems) required(field, v string) {
+	if v == "" {
+		ps.add("%s is required", field)
+	}
+}
+
+// validate checks the plan's shape; it touches no file.
 func (p *Plan) validate() []error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var ps problems
 	if p.APIVersion != PlanAPIVersion || p.Kind != PlanKind {
-		bad("apiVersion/kind %q/%q: want %s/%s", p.APIVersion, p.Kind, PlanAPIVersion, PlanKind)
+		ps.add("apiVersion/kind %q/%q: want %s/%s", p.APIVersion, p.Kind, PlanAPIVersion, PlanKind)
 	}
 	if p.StateDir == "" {
-		bad("stateDir is required: the journal, the snapshot and green's logs go there")
+		ps.add("stateDir is required: the journal, the snapshot and green's logs go there")
 	}
-	checkURL := func(field, u string) {
-		if u == "" {
-			bad("%s is required", field)
-			return
-		}
-		pu, err := url.Parse(u)
-		if err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
-			bad("%s %q: want a URL like https://10.0.0.1:6443", field, u)
-		}
-	}
-	checkFile := func(field, f string, required bool) {
-		if f == "" {
-			if required {
-				bad("%s is required", field)
-			}
-			return
-		}
-		if _, err := os.Stat(f); err != nil {
-			bad("%s: %v", field, err)
-		}
-	}
-	checkURL("blue.apiserver.url", p.Blue.APIServer.URL)
-	checkFile("blue.apiserver.kubeconfig", p.Blue.APIServer.Kubeconfig, true)
+	p.validateBlue(&ps)
+	p.validateGreenEtcd(&ps)
+	p.validateGreenAPIServer(&ps)
+	p.validateMigration(&ps)
+	return ps
+}
+
+func (p *Plan) validateBlue(ps *problems) {
+	ps.url("blue.apiserver.url", p.Blue.APIServer.URL)
+	ps.required("blue.apiserver.kubeconfig", p.Blue.APIServer.Kubeconfig)
 	if len(p.Blue.Etcd.Endpoints) == 0 {
-		bad("blue.etcd.endpoints is required (the copy is a snapshot through etcd's maintenance API)")
+		ps.add("blue.etcd.endpoints is required (the copy is a snapshot through etcd's maintenance API)")
 	}
 	for i, e := range p.Blue.Etcd.Endpoints {
-		checkURL(fmt.Sprintf("blue.etcd.endpoints[%d]", i), e)
+		ps.url(fmt.Sprintf("blue.etcd.endpoints[%d]", i), e)
 	}
-	checkFile("blue.etcd.caFile", p.Blue.Etcd.CAFile, false)
-	checkFile("blue.etcd.certFile", p.Blue.Etcd.CertFile, false)
-	checkFile("blue.etcd.keyFile", p.Blue.Etcd.KeyFile, false)
 	if (p.Blue.Etcd.CertFile == "") != (p.Blue.Etcd.KeyFile == "") {
-		bad("blue.etcd.certFile and keyFile go together")
+		ps.add("blue.etcd.certFile and keyFile go together")
 	}
+}
+
+func (p *Plan) validateGreenEtcd(ps *problems) {
 	g := p.Green.Etcd
-	checkFile("green.etcd.binary", g.Binary, true)
+	ps.required("green.etcd.binary", g.Binary)
 	if g.Version == "" {
-		bad("green.etcd.version is required (checked against the binary's --version)")
+		ps.add("green.etcd.version is required (checked against the binary's --version)")
 	} else if _, err := datadir.ParseVersion(g.Version); err != nil {
-		bad("green.etcd.version: %v", err)
+		ps.add("green.etcd.version: %v", err)
 	}
 	if n := len(g.Members); n != 1 && n != 3 {
-		bad("green.etcd.members: %d given, want 1 or 3", n)
+		ps.add("green.etcd.members: %d given, want 1 or 3", n)
 	}
 	seen := map[string]bool{}
 	for i, m := range g.Members {
 		f := fmt.Sprintf("green.etcd.members[%d]", i)
-		if m.Name == "" {
-			bad("%s.name is required", f)
-		}
+		ps.required(f+".name", m.Name)
 		if m.DataDir == "" {
-			bad("%s.dataDir is required", f)
+			ps.add("%s.dataDir is required", f)
 		} else if !filepath.IsAbs(m.DataDir) {
-			bad("%s.dataDir %q must be absolute", f, m.DataDir)
+			ps.add("%s.dataDir %q must be absolute", f, m.DataDir)
 		}
-		errs = append(errs, apartFromBlue(f+".dataDir", m.DataDir, p.Blue.Etcd)...)
-		checkURL(f+".clientURL", m.ClientURL)
-		checkURL(f+".peerURL", m.PeerURL)
+		*ps = append(*ps, apartFromBlue(f+".dataDir", m.DataDir, p.Blue.Etcd)...)
+		ps.url(f+".clientURL", m.ClientURL)
+		ps.url(f+".peerURL", m.PeerURL)
 		for _, v := range []string{m.Name, m.DataDir, m.ClientURL, m.PeerURL} {
 			if v != "" && seen[v] {
-				bad("%s: %q is used twice", f, v)
+				ps.add("%s: %q is used twice", f, v)
 			}
 			seen[v] = true
 		}
 	}
+}
+
+func (p *Plan) validateGreenAPIServer(ps *problems) {
 	a := p.Green.APIServer
-	checkURL("green.apiserver.url", a.URL)
-	checkFile("green.apiserver.kubeconfig", a.Kubeconfig, true)
-	checkFile("green.apiserver.caFile", a.CAFile, false)
+	ps.url("green.apiserver.url", a.URL)
+	ps.required("green.apiserver.kubeconfig", a.Kubeconfig)
 	switch {
 	case len(a.Command) > 0 && a.StaticPod != nil:
-		bad("green.apiserver: give command or staticPod, not both")
+		ps.add("green.apiserver: give command or staticPod, not both")
 	case len(a.Command) > 0:
-		checkFile("green.apiserver.command[0]", a.Command[0], true)
+		ps.required("green.apiserver.command[0]", a.Command[0])
 	case a.StaticPod != nil:
-		checkFile("green.apiserver.staticPod.manifest", a.StaticPod.Manifest, true)
-		if st, err := os.Stat(a.StaticPod.ManifestDir); err != nil || !st.IsDir() {
-			bad("green.apiserver.staticPod.manifestDir %q is not a directory", a.StaticPod.ManifestDir)
-		}
+		ps.required("green.apiserver.staticPod.manifest", a.StaticPod.Manifest)
+		ps.required("green.apiserver.staticPod.manifestDir", a.StaticPod.ManifestDir)
 	default:
-		bad("green.apiserver: give command (kubefence starts it) or staticPod (the kubelet starts it)")
+		ps.add("green.apiserver: give command (kubefence starts it) or staticPod (the kubelet starts it)")
 	}
 	if a.URL != "" && a.URL == p.Blue.APIServer.URL {
-		bad("green.apiserver.url is blue's URL")
+		ps.add("green.apiserver.url is blue's URL")
 	}
+}
+
+func (p *Plan) validateMigration(ps *problems) {
 	switch p.Migration.Mode {
 	case "snapshot":
 	case "v2-to-v3", "auto":
-		if d := p.Blue.Etcd.DataDir; d != "" {
-			if st, err := os.Stat(filepath.Join(d, "member")); err != nil || !st.IsDir() {
-				bad("blue.etcd.dataDir %s is not an etcd member data dir (no member/ directory)", d)
-			}
-		} else if p.Migration.Mode == "v2-to-v3" {
-			bad("migration.mode v2-to-v3 needs blue.etcd.dataDir: a member data dir on this host (its v2 store is not reachable through the v3 API)")
+		if p.Blue.Etcd.DataDir == "" && p.Migration.Mode == "v2-to-v3" {
+			ps.add("migration.mode v2-to-v3 needs blue.etcd.dataDir: a member data dir on this host (its v2 store is not reachable through the v3 API)")
 		}
 		switch p.Migration.OnConflict {
 		case "", "v2", "v3":
 		default:
-			bad("migration.onConflict %q: use v2 or v3 (or leave it out to refuse conflicts)", p.Migration.OnConflict)
+			ps.add("migration.onConflict %q: use v2 or v3 (or leave it out to refuse conflicts)", p.Migration.OnConflict)
 		}
 	default:
-		bad("migration.mode %q: use snapshot, v2-to-v3 or auto", p.Migration.Mode)
+		ps.add("migration.mode %q: use snapshot, v2-to-v3 or auto", p.Migration.Mode)
 	}
 	if p.Migration.RevisionBump < 0 {
-		bad("migration.revisionBump must not be negative")
+		ps.add("migration.revisionBump must not be negative")
 	}
-	return errs
 }
 
-// hostPort returns the host:port of a URL (with the scheme's default port).
-func hostPort(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
+// CheckFiles checks that the files and directories the plan names exist (the kubeconfigs, the
+// etcd TLS files, the binaries, the static pod's manifest and directory, blue's member data
+// dir); every problem is reported at once. The CLI calls it when it loads a plan and the
+// preflight again before anything changes.
+func (p *Plan) CheckFiles() error {
+	var ps problems
+	file := func(field, f string) {
+		if f == "" {
+			return
+		}
+		if _, err := os.Stat(f); err != nil {
+			ps.add("%s: %v", field, err)
+		}
 	}
-	if u.Port() != "" {
-		return u.Host
+	file("blue.apiserver.kubeconfig", p.Blue.APIServer.Kubeconfig)
+	file("blue.etcd.caFile", p.Blue.Etcd.CAFile)
+	file("blue.etcd.certFile", p.Blue.Etcd.CertFile)
+	file("blue.etcd.keyFile", p.Blue.Etcd.KeyFile)
+	file("green.etcd.binary", p.Green.Etcd.Binary)
+	a := p.Green.APIServer
+	file("green.apiserver.kubeconfig", a.Kubeconfig)
+	file("green.apiserver.caFile", a.CAFile)
+	if len(a.Command) > 0 {
+		file("green.apiserver.command[0]", a.Command[0])
 	}
-	if u.Scheme == "https" {
-		return net.JoinHostPort(u.Hostname(), "443")
+	if sp := a.StaticPod; sp != nil {
+		file("green.apiserver.staticPod.manifest", sp.Manifest)
+		if st, err := os.Stat(sp.ManifestDir); sp.ManifestDir != "" && (err != nil || !st.IsDir()) {
+			ps.add("green.apiserver.staticPod.manifestDir %q is not a directory", sp.ManifestDir)
+		}
 	}
-	return net.JoinHostPort(u.Hostname(), "80")
+	if d := p.Blue.Etcd.DataDir; d != "" && p.Migration.Mode != "snapshot" {
+		if st, err := os.Stat(filepath.Join(d, "member")); err != nil || !st.IsDir() {
+			ps.add("blue.etcd.dataDir %s is not an etcd member data dir (no member/ directory)", d)
+		}
+	}
+	return errors.Join(ps...)
 }
 
 // apartFromBlue refuses a green data dir that is, lies inside or holds blue's member data dir

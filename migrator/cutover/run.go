@@ -10,30 +10,50 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kubefence/kubefence/internal/steprun"
 	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// EventType is what an Event reports; its values are the JSON wire values -o json prints.
+type EventType string
+
+// Event types.
+const (
+	EventStepStart           = EventType(steprun.Start)
+	EventStepEnd             = EventType(steprun.End)
+	EventStepSkip            = EventType(steprun.Skip)
+	EventNote      EventType = "note"
+	EventAbort     EventType = "abort"
+	EventReport    EventType = "report"
 )
 
 // Event is one line of a cutover's progress (-o json prints them as they happen).
 type Event struct {
 	Time     time.Time     `json:"time"`
-	Type     string        `json:"type"` // step-start, step-end, step-skip, note, abort, report
+	Type     EventType     `json:"type"`
 	Step     string        `json:"step,omitempty"`
 	Duration time.Duration `json:"durationNanos,omitempty"`
 	Detail   string        `json:"detail,omitempty"`
 	Report   *Report       `json:"report,omitempty"`
 }
 
+// Report results.
+const (
+	ResultDone    = "done"
+	ResultAborted = "aborted"
+	ResultFailed  = "failed"
+)
+
 // Report is a cutover's outcome.
 type Report struct {
 	ID     string `json:"id"`
-	Result string `json:"result"` // done, aborted, failed
+	Result string `json:"result"` // ResultDone, ResultAborted, ResultFailed
 	// WriteUnavailability is fence on → fence off: the time writes were refused.
 	WriteUnavailability time.Duration `json:"writeUnavailabilityNanos,omitempty"`
 	Steps               []StepRecord  `json:"steps"`
@@ -55,11 +75,25 @@ type Options struct {
 	Log  *slog.Logger
 }
 
+// proxyAdmin is the proxy's admin API as a cutover uses it: an *admin.Client, or a fake in
+// tests.
+type proxyAdmin interface {
+	Status(ctx context.Context) (admin.Status, error)
+	Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error)
+	SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error)
+}
+
 type runner struct {
-	o   Options
-	p   *Plan
-	j   *Journal
-	adm *admin.Client
+	o     Options
+	p     *Plan
+	j     *Journal
+	adm   proxyAdmin
+	procs processes
+	steps []step
+}
+
+func newRunner(o Options, j *Journal) *runner {
+	return &runner{o: o, p: o.Plan, j: j, adm: admin.NewClient(o.Plan.Proxy.AdminSocket), procs: osProcesses, steps: steps}
 }
 
 func (r *runner) emit(e Event) {
@@ -84,66 +118,88 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer lock.unlock()
-	r := &runner{o: o, p: p, adm: admin.NewClient(p.Proxy.AdminSocket)}
+	r := newRunner(o, nil)
+	if err := r.openJournal(); err != nil {
+		return nil, err
+	}
+	return r.run(ctx)
+}
+
+// openJournal continues the journaled cutover (--resume) or starts a new journal, refusing
+// what does not fit: a resume without a cutover in progress, a run over one, a changed plan.
+func (r *runner) openJournal() error {
+	p, o := r.p, r.o
 	j, err := LoadJournal(p.StateDir)
 	switch {
 	case errors.Is(err, errNoJournal):
 		if o.Resume {
-			return nil, fmt.Errorf("nothing to resume: no journal in %s", p.StateDir)
+			return fmt.Errorf("nothing to resume: no journal in %s", p.StateDir)
 		}
 	case err != nil:
-		return nil, err
+		return err
 	case j.State == StateRunning && !o.Resume:
-		return nil, fmt.Errorf("%w (id %s, last finished step %q): run again with --resume to continue, or 'kubefence cutover abort' to go back to blue", ErrInProgress, j.ID, lastStep(j))
+		return fmt.Errorf("%w (id %s, last finished step %q): run again with --resume to continue, or 'kubefence cutover abort' to go back to blue", ErrInProgress, j.ID, lastStep(j))
 	case j.State == StateRunning && j.PlanHash != p.hash:
-		return nil, fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): resume with the same plan", j.ID, p.hash, j.PlanHash)
+		return fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): resume with the same plan", j.ID, p.hash, j.PlanHash)
 	case j.State == StateRunning:
 		r.j = j
-		r.emit(Event{Type: "note", Detail: fmt.Sprintf("resuming cutover %s after step %q", j.ID, lastStep(j))})
+		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming cutover %s after step %q", j.ID, lastStep(j))})
 	case o.Resume:
-		return nil, fmt.Errorf("nothing to resume: cutover %s is %s", j.ID, j.State)
+		return fmt.Errorf("nothing to resume: cutover %s is %s", j.ID, j.State)
 	case j.State == StateDone:
-		return nil, fmt.Errorf("cutover %s is done: green serves; a new cutover (e.g. back from green) needs a new plan and state dir", j.ID)
+		return fmt.Errorf("cutover %s is done: green serves; a new cutover (e.g. back from green) needs a new plan and state dir", j.ID)
 	default: // aborted: keep its journal next to the new one
 		_ = os.Rename(journalPath(p.StateDir), filepath.Join(p.StateDir, "journal-"+j.ID+".json"))
 	}
 	if r.j == nil {
 		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}}
 		if err := r.j.save(p.StateDir); err != nil {
-			return nil, fmt.Errorf("write journal: %w", err)
+			return fmt.Errorf("write journal: %w", err)
 		}
 	}
 	if r.j.GreenPIDs == nil {
 		r.j.GreenPIDs = map[string]int{}
 	}
-	for _, step := range Steps {
-		if r.j.done(step) {
-			r.emit(Event{Type: "step-skip", Step: step, Detail: "finished before the resume"})
-			continue
-		}
-		r.emit(Event{Type: "step-start", Step: step, Detail: r.describe(step, false)})
-		start := time.Now()
-		sctx, cancel := context.WithTimeout(ctx, r.timeout(step))
-		detail, err := r.step(sctx, step)
-		cancel()
-		if err != nil {
-			return r.fail(ctx, step, err)
-		}
-		rec := StepRecord{Step: step, Started: start.UTC(), Duration: time.Since(start), Detail: detail}
-		r.j.Done = append(r.j.Done, rec)
-		if err := r.j.save(p.StateDir); err != nil {
-			return r.fail(ctx, step, fmt.Errorf("write journal: %w", err))
-		}
-		r.emit(Event{Type: "step-end", Step: step, Duration: rec.Duration, Detail: detail})
+	return nil
+}
+
+// run walks the steps the journal has not finished; a failed step ends in fail.
+func (r *runner) run(ctx context.Context) (*Report, error) {
+	var walk []steprun.Step
+	for _, s := range r.steps {
+		walk = append(walk, steprun.Step{
+			Name: s.name(), Detail: s.describe(r, false), Timeout: s.timeout(r.p), Done: r.j.done(s.name()),
+			Run: func(ctx context.Context) (string, error) { return s.run(ctx, r) },
+		})
+	}
+	err := steprun.Run(ctx, walk, journalSteps{r.j, r.p.StateDir}, func(e steprun.Event) {
+		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
+	})
+	var serr *steprun.Error
+	if errors.As(err, &serr) {
+		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
 	r.j.State = StateDone
-	if err := r.j.save(p.StateDir); err != nil {
+	if err := r.j.save(r.p.StateDir); err != nil {
 		return nil, err
 	}
-	rep := r.report("done", nil)
+	rep := r.report(ResultDone, nil)
 	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it)."
-	r.emit(Event{Type: "report", Report: rep})
+	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// journalSteps is the journal as steprun writes it: a finished step is appended and saved.
+type journalSteps struct {
+	j        *Journal
+	stateDir string
+}
+
+func (journalSteps) Begin(int) error { return nil }
+
+func (js journalSteps) Finish(rec steprun.Record) error {
+	js.j.Done = append(js.j.Done, StepRecord{Step: rec.Step, Started: rec.Started, Duration: rec.Duration, Detail: rec.Detail})
+	return js.j.save(js.stateDir)
 }
 
 func lastStep(j *Journal) string {
@@ -159,57 +215,44 @@ func newID() string {
 	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
 }
 
-func (r *runner) timeout(step string) time.Duration {
-	t := r.p.Timeouts
-	switch step {
-	case StepPreflight:
-		return t.Preflight.D()
-	case StepFence:
-		return r.p.Proxy.WaitTimeout.D() + 30*time.Second
-	case StepCopy:
-		return t.Copy.D()
-	case StepMigrate:
-		return t.Migrate.D()
-	case StepGreenEtcd:
-		return t.GreenEtcd.D()
-	case StepGreenAPIServer:
-		return t.GreenAPIServer.D()
-	case StepVerify:
-		return t.Verify.D()
-	}
-	return t.Switch.D()
-}
-
 // abortTimeout bounds an abort after a failed step.
 const abortTimeout = 2 * time.Minute
 
-// fail handles a step's error: before the switch it aborts back to blue. The abort runs on a
-// context of its own: the step may have failed because ctx was cancelled (Ctrl-C, SIGTERM), and
-// that must not stop the way back to blue.
-func (r *runner) fail(ctx context.Context, step string, err error) (*Report, error) {
+// nextAfterAbort is the advice after an abort that completed.
+const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
+
+// fail handles a step's error. Before the point of no return it aborts back to blue; from the
+// switch on, it aborts too unless the proxy already sends requests to green, in which case the
+// run stops with advice to --resume. The abort runs on a context of its own: the step may have
+// failed because ctx was cancelled (Ctrl-C, SIGTERM), and that must not stop the way back to
+// blue.
+func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	if slices.Index(Steps, step) >= slices.Index(Steps, StepSwitch) {
-		st, serr := r.adm.Status(ctx)
-		if serr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
-			rep := r.report("failed", err)
-			rep.Next = "the proxy already sends requests to green; fix the cause and run again with --resume to finish (unfence)"
-			r.emit(Event{Type: "report", Report: rep})
-			return rep, fmt.Errorf("step %s: %w", step, err)
-		}
+	if s.pastNoReturn() && r.proxyOnGreen(ctx) {
+		rep := r.report(ResultFailed, err)
+		rep.Next = "the proxy already sends requests to green; fix the cause and run again with --resume to finish (unfence)"
+		r.emit(Event{Type: EventReport, Report: rep})
+		return rep, fmt.Errorf("step %s: %w", s.name(), err)
 	}
-	r.emit(Event{Type: "abort", Step: step, Detail: err.Error()})
-	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", step, err))
-	rep := r.report("aborted", err)
+	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
+	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err))
+	rep := r.report(ResultAborted, err)
 	if abortErr != nil {
-		rep.Result = "failed"
+		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
 		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
 	} else {
-		rep.Next = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
+		rep.Next = nextAfterAbort
 	}
-	r.emit(Event{Type: "report", Report: rep})
-	return rep, fmt.Errorf("cutover aborted at step %s: %w", step, err)
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
+}
+
+// proxyOnGreen reports whether the proxy answers with green as its backend.
+func (r *runner) proxyOnGreen(ctx context.Context) bool {
+	st, err := r.adm.Status(ctx)
+	return err == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
 }
 
 func (r *runner) report(result string, err error) *Report {
@@ -232,8 +275,8 @@ func (r *runner) report(result string, err error) *Report {
 
 // abort stops green and unfences blue, unless the proxy already points at green.
 func (r *runner) abort(ctx context.Context, reason string) error {
-	if r.j.done(StepSwitch) {
-		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, r.j.Done[slices.IndexFunc(r.j.Done, func(s StepRecord) bool { return s.Step == StepSwitch })].Started.Format(time.RFC3339))
+	if rec, ok := r.j.record(StepSwitch); ok {
+		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339))
 	}
 	st, err := r.adm.Status(ctx)
 	if err != nil {
@@ -242,19 +285,8 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
-	if a := r.p.Green.APIServer; a.StaticPod != nil {
-		if placed := r.j.StaticPodPlaced; placed != "" {
-			if err := os.Remove(placed); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-		}
-	} else if pid := r.greenPID("apiserver", a.Command); pid > 0 {
-		stop(pid, a.Command, 30*time.Second)
-	}
-	for _, m := range r.p.Green.Etcd.Members {
-		if pid := r.greenPID(m.Name, etcdCommand(r.p, m)); pid > 0 {
-			stop(pid, etcdCommand(r.p, m), 30*time.Second)
-		}
+	if err := r.stopGreen(); err != nil {
+		return err
 	}
 	if st.Fenced {
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
@@ -264,6 +296,31 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	r.j.State = StateAborted
 	r.j.AbortReason = reason
 	return r.j.save(r.p.StateDir)
+}
+
+// stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,
+// and only it) and its etcd members.
+func (r *runner) stopGreen() error {
+	a := r.p.Green.APIServer
+	var gps []greenProcess
+	if a.StaticPod != nil {
+		if placed := r.j.StaticPodPlaced; placed != "" {
+			if err := os.Remove(placed); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	} else {
+		gps = append(gps, greenAPIServerProcess(a))
+	}
+	for _, m := range r.p.Green.Etcd.Members {
+		gps = append(gps, greenEtcdProcess(r.p, m))
+	}
+	for _, gp := range gps {
+		if pid := r.greenPID(gp.name, gp.argv); pid > 0 {
+			r.procs.stop(pid, gp.argv, 30*time.Second)
+		}
+	}
+	return nil
 }
 
 // Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.
@@ -283,16 +340,23 @@ func Abort(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if j.State != StateRunning {
-		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", j.ID, j.State)
+	return newRunner(o, j).abortByOperator(ctx)
+}
+
+// abortByOperator is `kubefence cutover abort` on the journal of a cutover.
+func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
+	if r.j.State != StateRunning {
+		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", r.j.ID, r.j.State)
 	}
-	r := &runner{o: o, p: o.Plan, j: j, adm: admin.NewClient(o.Plan.Proxy.AdminSocket)}
+	if r.j.GreenPIDs == nil {
+		r.j.GreenPIDs = map[string]int{}
+	}
 	if err := r.abort(ctx, "aborted by the operator"); err != nil {
 		return nil, err
 	}
-	rep := r.report("aborted", nil)
-	rep.Next = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
-	r.emit(Event{Type: "report", Report: rep})
+	rep := r.report(ResultAborted, nil)
+	rep.Next = nextAfterAbort
+	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
 }
 
@@ -330,10 +394,10 @@ type PlannedStep struct {
 
 // DryRun returns the steps the plan would run, with their exact actions; it changes nothing.
 func DryRun(p *Plan) []PlannedStep {
-	r := &runner{p: p, j: &Journal{ID: "dry-run"}}
+	r := &runner{p: p, j: &Journal{ID: "dry-run"}, steps: steps}
 	var out []PlannedStep
-	for _, s := range Steps {
-		out = append(out, PlannedStep{Step: s, Action: r.describe(s, true)})
+	for _, s := range r.steps {
+		out = append(out, PlannedStep{Step: s.name(), Action: s.describe(r, true)})
 	}
 	return out
 }
@@ -343,11 +407,4 @@ func DryRun(p *Plan) []PlannedStep {
 // Python client does not retry POST or PATCH), so it claims nothing about that.
 func RefusedWritesLine(n uint64) string {
 	return fmt.Sprintf("writes refused with 429 while fenced: %d (client-go retries them; clients that do not retry saw an error)", n)
-}
-
-// switchDetail says what the switch did to the watches open on blue: they were ended. Informers
-// reconnect and relist (on green); a client that does not reconnect, like `kubectl get -w`,
-// exits.
-func switchDetail(resp admin.BackendResponse) string {
-	return fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
 }

@@ -129,7 +129,7 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 const LiveAttempts = 3
 
 // CopyLive copies a running member's data dir; endpoint is that member's client URL.
-func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec Client, endpoint string) (CopyReport, error) {
+func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec ConnSpec, endpoint string) (CopyReport, error) {
 	start := time.Now()
 	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst, Live: true}
 	if endpoint == "" {
@@ -280,30 +280,43 @@ func apart(outRole, output, srcRole string, sources ...string) error {
 
 func partPath(dst string) string { return filepath.Clean(dst) + ".kubefence-part" }
 
-// BuildDir builds dst through a temp dir next to it: build fills the temp dir and returns the
-// manifest of what it wrote, which is written into it; then the temp dir is renamed to dst,
-// never over anything but an empty dir. On any error the temp dir is removed and dst is
-// untouched.
+// BuildDir builds dst through a temp dir next to it (BuildInto): build fills the temp dir and
+// returns the manifest of what it wrote, which is written into it.
 func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, error) {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+	var m Manifest
+	err := BuildInto(dst, func(tmp string) error {
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return err
+		}
+		var err error
+		if m, err = build(tmp); err != nil {
+			return err
+		}
+		return m.Write(tmp)
+	})
+	if err != nil {
 		return nil, err
+	}
+	return m, nil
+}
+
+// BuildInto builds dst through a temp dir next to it, absent when build starts (build creates
+// it, as etcd's restore does); then the temp dir is renamed to dst, never over anything but an
+// empty dir, and dst's parent is synced. On any error the temp dir is removed and dst is
+// untouched.
+func BuildInto(dst string, build func(tmp string) error) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
 	}
 	tmp := partPath(dst)
 	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
+		return err
 	}
-	fail := func(err error) (Manifest, error) {
+	fail := func(err error) error {
 		os.RemoveAll(tmp)
-		return nil, diskHint(err, filepath.Dir(dst))
+		return diskHint(err, filepath.Dir(dst))
 	}
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return fail(err)
-	}
-	m, err := build(tmp)
-	if err != nil {
-		return fail(err)
-	}
-	if err := m.Write(tmp); err != nil {
+	if err := build(tmp); err != nil {
 		return fail(err)
 	}
 	if entries, err := os.ReadDir(dst); err == nil && len(entries) == 0 {
@@ -314,7 +327,7 @@ func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, e
 	if err := renameNoReplace(tmp, dst); err != nil {
 		return fail(err)
 	}
-	return m, atomicfile.SyncDir(filepath.Dir(dst))
+	return atomicfile.SyncDir(filepath.Dir(dst))
 }
 
 // diskHint adds what to do to a full disk.

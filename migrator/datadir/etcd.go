@@ -14,20 +14,27 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
-// Client says how to reach an etcd cluster.
-type Client struct {
+// ConnSpec says how to reach an etcd cluster: its endpoints and TLS files. NewClient makes a
+// client of it.
+type ConnSpec struct {
 	Endpoints []string `yaml:"endpoints" json:"endpoints"`
 	CAFile    string   `yaml:"caFile" json:"caFile"`
 	CertFile  string   `yaml:"certFile" json:"certFile"`
 	KeyFile   string   `yaml:"keyFile" json:"keyFile"`
 }
 
-func clientTLS(spec Client) (*tls.Config, error) {
+// Client is the old name of ConnSpec.
+//
+// Deprecated: use ConnSpec (kept until the CLI's pending changes move to it).
+type Client = ConnSpec
+
+func clientTLS(spec ConnSpec) (*tls.Config, error) {
 	if spec.CAFile == "" && spec.CertFile == "" {
 		return nil, nil
 	}
@@ -48,7 +55,8 @@ func clientTLS(spec Client) (*tls.Config, error) {
 	return cfg, nil
 }
 
-func NewClient(spec Client, endpoints ...string) (*clientv3.Client, error) {
+// NewClient connects to spec's endpoints, or to the given ones with spec's TLS settings.
+func NewClient(spec ConnSpec, endpoints ...string) (*clientv3.Client, error) {
 	tc, err := clientTLS(spec)
 	if err != nil {
 		return nil, fmt.Errorf("etcd TLS: %w", err)
@@ -93,32 +101,33 @@ func ClusterStatus(ctx context.Context, cli *clientv3.Client, endpoints []string
 // other (etcd's migration guidance), and returns the most advanced member and every member's
 // status at that moment.
 func WaitConverged(ctx context.Context, cli *clientv3.Client, endpoints []string) (MemberStatus, []MemberStatus, error) {
+	var best MemberStatus
+	var sts []MemberStatus
 	var last error
-	for {
-		sts, err := ClusterStatus(ctx, cli, endpoints)
-		if err == nil {
-			lo, hi := sts[0], sts[0]
-			for _, s := range sts {
-				if s.RaftIndex < lo.RaftIndex {
-					lo = s
-				}
-				if s.RaftIndex > hi.RaftIndex {
-					hi = s
-				}
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if sts, last = ClusterStatus(ctx, cli, endpoints); last != nil {
+			return false, nil
+		}
+		lo, hi := sts[0], sts[0]
+		for _, s := range sts {
+			if s.RaftIndex < lo.RaftIndex {
+				lo = s
 			}
-			if hi.RaftIndex-lo.RaftIndex <= 1 {
-				return hi, sts, nil
+			if s.RaftIndex > hi.RaftIndex {
+				hi = s
 			}
+		}
+		if hi.RaftIndex-lo.RaftIndex > 1 {
 			last = fmt.Errorf("raft indexes not converged: %s at %d, %s at %d", lo.Endpoint, lo.RaftIndex, hi.Endpoint, hi.RaftIndex)
-		} else {
-			last = err
+			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return MemberStatus{}, nil, fmt.Errorf("etcd members not healthy and converged in time: %w (last: %v)", ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
+		best = hi
+		return true, nil
+	})
+	if err != nil {
+		return MemberStatus{}, nil, fmt.Errorf("etcd members not healthy and converged in time: %w (last: %v)", err, last)
 	}
+	return best, sts, nil
 }
 
 // SnapshotInfo describes a snapshot taken through the maintenance API.
@@ -143,7 +152,7 @@ type SnapshotInfo struct {
 // committed at that moment, streams the snapshot from it (through a temp file renamed into
 // place, the sha256 the server appends checked), and refuses a snapshot whose revision is
 // below the read's.
-func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, error) {
+func TakeSnapshot(ctx context.Context, spec ConnSpec, dst string) (SnapshotInfo, error) {
 	cli, err := NewClient(spec)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -161,16 +170,14 @@ func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, e
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	for {
+	var last error
+	err = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		st, err := cli.Status(ctx, best.Endpoint)
-		if err == nil && st.RaftAppliedIndex >= best.RaftIndex {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return SnapshotInfo{}, fmt.Errorf("etcd %s has not applied up to its committed index %d (last: %v): %w", best.Endpoint, best.RaftIndex, err, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+		last = err
+		return err == nil && st.RaftAppliedIndex >= best.RaftIndex, nil
+	})
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("etcd %s has not applied up to its committed index %d (last: %v): %w", best.Endpoint, best.RaftIndex, last, err)
 	}
 	info, err := SnapshotFrom(ctx, spec, best.Endpoint, dst)
 	info.Members, info.ClusterID, info.ReadRevision = all, clusterID, read.Header.Revision
@@ -183,7 +190,7 @@ func TakeSnapshot(ctx context.Context, spec Client, dst string) (SnapshotInfo, e
 // CheckMembers checks that spec's endpoints reach exactly the voting members of one cluster
 // (the first endpoint's), each once, and returns the cluster's ID: an endpoint of another
 // cluster, two endpoints of one member, or a member no endpoint reaches is an error naming it.
-func CheckMembers(ctx context.Context, spec Client) (uint64, error) {
+func CheckMembers(ctx context.Context, spec ConnSpec) (uint64, error) {
 	endpoints := spec.Endpoints
 	if len(endpoints) == 0 {
 		return 0, errors.New("no etcd endpoints")
@@ -222,7 +229,7 @@ func CheckMembers(ctx context.Context, spec Client) (uint64, error) {
 }
 
 // SnapshotFrom streams a snapshot from one member into dst, verified and renamed into place.
-func SnapshotFrom(ctx context.Context, spec Client, endpoint, dst string) (SnapshotInfo, error) {
+func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (SnapshotInfo, error) {
 	one, err := NewClient(spec, endpoint)
 	if err != nil {
 		return SnapshotInfo{}, err

@@ -30,10 +30,14 @@ type Membership struct {
 	CommitIndex uint64 `json:"commitIndex"`
 }
 
-// InitialCluster is NAME=PEER-URL,... for a restore.
-func (m Membership) InitialCluster() string {
+// InitialCluster is the data dir's cluster as etcd's --initial-cluster (for a restore).
+func (m Membership) InitialCluster() string { return InitialCluster(m.Peers) }
+
+// InitialCluster is etcd's --initial-cluster for peers: NAME=PEER-URL,... with one entry per
+// peer URL.
+func InitialCluster(peers []Peer) string {
 	var parts []string
-	for _, p := range m.Peers {
+	for _, p := range peers {
 		for _, u := range p.PeerURLs {
 			parts = append(parts, p.Name+"="+u)
 		}

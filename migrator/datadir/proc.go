@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +15,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/proc"
 )
 
 // HealthPrefix is the reserved key prefix of the health check's write: a step writes one key
@@ -109,61 +110,26 @@ type etcdProc struct {
 // peerURLs (recorded ones for a multi-member set, else a free loopback port). It dies with
 // kubefence (SIGKILL on parent death), so a killed run leaves no etcd holding the dir.
 func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64) (*etcdProc, error) {
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
 	client := "http://127.0.0.1:" + strconv.Itoa(port)
-	args := []string{
+	argv := []string{
+		bin.Path,
 		"--name", ms.Self.Name, "--data-dir", dataDir,
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", strings.Join(peerURLs, ","), "--initial-advertise-peer-urls", strings.Join(peerURLs, ","),
 		"--initial-cluster", initialCluster,
 		"--quota-backend-bytes", strconv.FormatInt(quota, 10),
 	}
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return nil, err
-	}
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	cmd, err := proc.Start(argv, logPath, "migrate", &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true})
 	if err != nil {
 		return nil, err
-	}
-	defer lf.Close()
-	fmt.Fprintf(lf, "### %s kubefence migrate starts %s %q\n", time.Now().Format(time.RFC3339Nano), bin.Path, args)
-	cmd := exec.Command(bin.Path, args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin.Path, err)
 	}
 	p := &etcdProc{cmd: cmd, clientURL: client, logPath: logPath, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	return p, nil
-}
-
-// bindable checks that each URL's host:port can be listened on here, now.
-func bindable(urls []string) error {
-	for _, raw := range urls {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return fmt.Errorf("peer URL %q: %w", raw, err)
-		}
-		ln, err := net.Listen("tcp", u.Host)
-		if err != nil {
-			return fmt.Errorf("cannot listen on peer URL %s: %w", raw, err)
-		}
-		ln.Close()
-	}
-	return nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // exited reports the process's end, with the tail of its log.
@@ -221,24 +187,27 @@ func (p *etcdProc) kill() {
 // the error then names what was awaited and the last answer.
 func (p *etcdProc) waitStatus(ctx context.Context, cli *clientv3.Client, what string, ok func(*clientv3.StatusResponse) error) error {
 	var last error
-	for {
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := cli.Status(sctx, p.clientURL)
 		cancel()
 		if err == nil {
-			if err = ok(st); err == nil {
-				return nil
-			}
+			err = ok(st)
 		}
-		last = err
+		if last = err; last == nil {
+			return true, nil
+		}
 		select {
 		case <-p.done:
-			return p.exited()
-		case <-ctx.Done():
-			return fmt.Errorf("etcd on %s: %s not reached in time (%v); see %s", p.clientURL, what, last, p.logPath)
-		case <-time.After(200 * time.Millisecond):
+			return false, p.exited()
+		default:
+			return false, nil
 		}
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("etcd on %s: %s not reached in time (%v); see %s", p.clientURL, what, last, p.logPath)
 	}
+	return err
 }
 
 // waitHealthy waits until the member answers a status with a leader elected.

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/coreos/go-semver/semver"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/storage/backend"
 	"go.etcd.io/etcd/server/v3/storage/schema"
@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
@@ -51,20 +52,10 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 	if err != nil {
 		return err
 	}
-	bin := Binary{Path: s.Binary, Version: v}
 	storage := e.storageAt(s)
-	type member struct {
-		dir string
-		ms  Membership
-		p   *etcdProc
-	}
-	var members []*member
-	for _, d := range e.opts.DataDirs {
-		ms, err := ReadMembership(d, "")
-		if err != nil {
-			return err
-		}
-		members = append(members, &member{dir: d, ms: ms})
+	members, err := e.readMembers()
+	if err != nil {
+		return err
 	}
 	defer func() {
 		for _, m := range members {
@@ -73,64 +64,15 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 			}
 		}
 	}()
-	var initial []string
-	peers := map[string][]string{}
-	for _, m := range members {
-		if len(members) == 1 {
-			port, err := freePort()
-			if err != nil {
-				return err
-			}
-			peers[m.dir] = []string{fmt.Sprintf("http://127.0.0.1:%d", port)}
-		} else {
-			// Members find each other at the peer URLs their data records.
-			peers[m.dir] = m.ms.Self.PeerURLs
-			if err := bindable(m.ms.Self.PeerURLs); err != nil {
-				return fmt.Errorf("%s (member %s): %w; a multi-member upgrade starts all members on this host at the peer URLs their data records, so those must be local and free (for members on separate hosts, upgrade them rolling, one at a time, with etcd itself)", m.dir, m.ms.Self.Name, err)
-			}
-		}
-		for _, u := range peers[m.dir] {
-			initial = append(initial, m.ms.Self.Name+"="+u)
-		}
-	}
-	var urls []string
-	for _, m := range members {
-		quota := int64(8 << 30)
-		if st, err := os.Stat(filepath.Join(m.dir, "member", "snap", "db")); err == nil && 2*st.Size() > quota {
-			quota = 2 * st.Size()
-		}
-		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", filepath.Base(m.dir), v))
-		if m.p, err = startEtcd(bin, m.dir, m.ms, peers[m.dir], strings.Join(initial, ","), log, quota); err != nil {
-			return err
-		}
-		urls = append(urls, m.p.clientURL)
-	}
-	cli, err := NewClient(Client{}, urls...)
+	cli, err := e.startMembers(Binary{Path: s.Binary, Version: v}, members)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
 	sctx, cancel := context.WithTimeout(ctx, e.opts.StepTimeout)
 	defer cancel()
-	for _, m := range members {
-		if err := m.p.waitHealthy(sctx, cli); err != nil {
-			return fmt.Errorf("%s: %w", m.dir, err)
-		}
-	}
-	if err := healthCheck(sctx, cli, storage == StorageV3); err != nil {
+	if err := serveCheck(sctx, cli, members, v, storage); err != nil {
 		return err
-	}
-	health := "read and write checked"
-	if storage == StorageV2 {
-		health = "read checked (v2 data: nothing written)"
-	}
-	sv := Version{v.Major, v.Minor, 0}.String()
-	if v.Minor >= 6 {
-		for _, m := range members {
-			if err := m.p.waitStorageVersion(sctx, cli, sv); err != nil {
-				return fmt.Errorf("%s: %w", m.dir, err)
-			}
-		}
 	}
 	var errs []error
 	for _, m := range members {
@@ -143,7 +85,97 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	vf := VersionFile{Version: v, Storage: storage}
+	health := "read and write checked"
+	if storage == StorageV2 {
+		health = "read checked (v2 data: nothing written)"
+	}
+	return recordStopped(s, members, VersionFile{Version: v, Storage: storage}, health)
+}
+
+// runMember is one data dir a run step starts etcd on.
+type runMember struct {
+	dir   string
+	ms    Membership
+	peers []string
+	p     *etcdProc
+}
+
+func (e *executor) readMembers() ([]*runMember, error) {
+	var members []*runMember
+	for _, d := range e.opts.DataDirs {
+		ms, err := ReadMembership(d, "")
+		if err != nil {
+			return nil, err
+		}
+		members = append(members, &runMember{dir: d, ms: ms})
+	}
+	return members, nil
+}
+
+// startMembers starts etcd bin on every member and returns a client of them all. A single
+// member gets a free loopback peer port; members of a set find each other at the peer URLs
+// their data records.
+func (e *executor) startMembers(bin Binary, members []*runMember) (*clientv3.Client, error) {
+	var peers []Peer
+	for _, m := range members {
+		if len(members) == 1 {
+			port, err := proc.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			m.peers = []string{fmt.Sprintf("http://127.0.0.1:%d", port)}
+		} else {
+			m.peers = m.ms.Self.PeerURLs
+			if err := proc.PortFree(m.peers...); err != nil {
+				return nil, fmt.Errorf("%s (member %s): cannot listen on its peer URL: %w; a multi-member upgrade starts all members on this host at the peer URLs their data records, so those must be local and free (for members on separate hosts, upgrade them rolling, one at a time, with etcd itself)", m.dir, m.ms.Self.Name, err)
+			}
+		}
+		peers = append(peers, Peer{Name: m.ms.Self.Name, PeerURLs: m.peers})
+	}
+	var urls []string
+	for _, m := range members {
+		quota := int64(8 << 30)
+		if st, err := os.Stat(filepath.Join(m.dir, "member", "snap", "db")); err == nil && 2*st.Size() > quota {
+			quota = 2 * st.Size()
+		}
+		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", filepath.Base(m.dir), bin.Version))
+		var err error
+		if m.p, err = startEtcd(bin, m.dir, m.ms, m.peers, InitialCluster(peers), log, quota); err != nil {
+			return nil, err
+		}
+		urls = append(urls, m.p.clientURL)
+	}
+	return NewClient(ConnSpec{}, urls...)
+}
+
+// serveCheck waits until every member is healthy, checks the cluster serves, and for 3.6+
+// waits until each member has recorded its storage version.
+func serveCheck(ctx context.Context, cli *clientv3.Client, members []*runMember, v Version, storage Storage) error {
+	for _, m := range members {
+		if err := m.p.waitHealthy(ctx, cli); err != nil {
+			return fmt.Errorf("%s: %w", m.dir, err)
+		}
+	}
+	if err := healthCheck(ctx, cli, storage == StorageV3); err != nil {
+		return err
+	}
+	if v.Minor < 6 {
+		return nil
+	}
+	sv := Version{v.Major, v.Minor, 0}.String()
+	for _, m := range members {
+		if err := m.p.waitStorageVersion(ctx, cli, sv); err != nil {
+			return fmt.Errorf("%s: %w", m.dir, err)
+		}
+	}
+	return nil
+}
+
+// recordStopped checks each stopped member's backend carries vf's version markers and writes
+// vf into it.
+func recordStopped(s *StepReport, members []*runMember, vf VersionFile, health string) error {
+	v := vf.Version
+	sv := Version{v.Major, v.Minor, 0}.String()
 	for _, m := range members {
 		meta, err := readMeta(filepath.Join(m.dir, "member", "snap", "db"))
 		if err != nil {

@@ -1,0 +1,103 @@
+// Package proc starts, finds and stops the etcd and kube-apiserver processes the migrator and
+// the cutover run, and probes the ports they listen on.
+package proc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// Start starts argv (binary first) with its output appended to logPath, after a line saying
+// who started what and when; attr says how the process relates to kubefence (its own session,
+// or killed with it).
+func Start(argv []string, logPath, who string, attr *syscall.SysProcAttr) (*exec.Cmd, error) {
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "### %s kubefence %s starts %q\n", time.Now().Format(time.RFC3339Nano), who, argv)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	return cmd, nil
+}
+
+// Daemon starts a process that outlives kubefence (its own session; output to logPath) and
+// returns its pid. While kubefence runs it reaps the process if it exits; after, init does.
+func Daemon(argv []string, logPath, who string) (int, error) {
+	cmd, err := Start(argv, logPath, who, &syscall.SysProcAttr{Setsid: true})
+	if err != nil {
+		return 0, err
+	}
+	go func() { _ = cmd.Wait() }()
+	return cmd.Process.Pid, nil
+}
+
+// Alive reports whether pid runs exactly the command line argv: a recycled pid, or another
+// process of the same binary (another etcd, say), is not mistaken for ours. A zombie is not
+// alive.
+func Alive(pid int, argv []string) bool {
+	if pid <= 0 || len(argv) == 0 {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.Equal(cmdline, cmdlineOf(argv)) {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// state is the field after the ")" of the command name; Z is a zombie.
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// cmdlineOf is argv as /proc/PID/cmdline shows it.
+func cmdlineOf(argv []string) []byte { return []byte(strings.Join(argv, "\x00") + "\x00") }
+
+// Find returns a live process whose command line is exactly argv, or 0.
+func Find(argv []string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && Alive(pid, argv) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// Stop sends SIGTERM, then SIGKILL after grace, and waits (up to 5s more) for the process to
+// be gone.
+func Stop(pid int, argv []string, grace time.Duration) {
+	if !Alive(pid, argv) {
+		return
+	}
+	gone := func(context.Context) (bool, error) { return !Alive(pid, argv), nil }
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	if wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, grace, true, gone) == nil {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 5*time.Second, true, gone)
+}

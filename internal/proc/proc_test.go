@@ -1,0 +1,109 @@
+package proc
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAliveMatchesWholeCommandLine: a process of the same binary with other arguments (another
+// etcd on this host) is not ours.
+func TestAliveMatchesWholeCommandLine(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	cmd := exec.Command(sleep, "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	// Until the child has exec'd, its command line is the test binary's.
+	for deadline := time.Now().Add(5 * time.Second); !Alive(pid, []string{sleep, "30"}) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cases := []struct {
+		argv []string
+		want bool
+	}{
+		{[]string{sleep, "30"}, true},
+		{[]string{sleep, "31"}, false},
+		{[]string{sleep}, false},
+		{[]string{sleep, "30", "--more"}, false},
+	}
+	for _, tc := range cases {
+		if got := Alive(pid, tc.argv); got != tc.want {
+			t.Errorf("Alive(%d, %q) = %v, want %v", pid, tc.argv, got, tc.want)
+		}
+	}
+	if got := Find([]string{sleep, "30"}); got != pid {
+		t.Errorf("Find = %d, want %d", got, pid)
+	}
+}
+
+// TestDaemonStop: a daemon's output goes to its log after a line naming the starter; Stop ends
+// it with SIGTERM, and with SIGKILL one that ignores SIGTERM.
+func TestDaemonStop(t *testing.T) {
+	cases := []struct {
+		name   string
+		script string
+	}{
+		{"exits on SIGTERM", "echo hello; sleep 30; true"},
+		{"ignores SIGTERM", "trap '' TERM; echo hello; sleep 30; true"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			log := t.TempDir() + "/logs/x.log"
+			argv := []string{"/bin/sh", "-c", tc.script}
+			pid, err := Daemon(argv, log, "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { Stop(pid, argv, 0) })
+			// Once it said hello, it has set its trap.
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if b, _ := os.ReadFile(log); strings.Contains(string(b), "hello\n") && Alive(pid, argv) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("pid %d not running and saying hello in its log", pid)
+				}
+			}
+			start := time.Now()
+			Stop(pid, argv, 300*time.Millisecond)
+			if Alive(pid, argv) {
+				t.Fatalf("pid %d alive after Stop (%s)", pid, time.Since(start))
+			}
+			if b, err := os.ReadFile(log); err != nil || !strings.HasPrefix(string(b), "### ") || !strings.Contains(string(b), "kubefence test starts") {
+				t.Errorf("log %q, %v: want the start line first", b, err)
+			}
+		})
+	}
+}
+
+func TestPortFree(t *testing.T) {
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "http://127.0.0.1:" + strconv.Itoa(port)
+	if err := PortFree(u, u); err != nil {
+		t.Fatalf("free port %s: %v", u, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := PortFree(u); err == nil || !strings.Contains(err.Error(), "is in use") {
+		t.Errorf("port in use: %v", err)
+	}
+	if got := HostPort("https://example.com"); got != "example.com:443" {
+		t.Errorf("HostPort = %q", got)
+	}
+}

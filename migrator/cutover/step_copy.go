@@ -1,0 +1,55 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// copyStep snapshots blue (every acknowledged write in it) and, for a v2 source, copies a blue
+// member's files next to it and decides the migration (v2.go).
+type copyStep struct{}
+
+func (copyStep) name() string                  { return StepCopy }
+func (copyStep) timeout(p *Plan) time.Duration { return p.Timeouts.Copy.D() }
+func (copyStep) pastNoReturn() bool            { return false }
+
+func (copyStep) describe(r *runner, _ bool) string {
+	p := r.p
+	s := fmt.Sprintf("check blue.etcd.endpoints are blue's members, take a linearizable read, wait for the raft indexes to converge and the most advanced member to apply what is committed, snapshot it into %s, check its sha256 and that its revision is at least the read's", r.snapshotPath())
+	if r.v2Possible() {
+		s += fmt.Sprintf("; copy %s's snapshot files, then its WAL, into %s", p.Blue.Etcd.DataDir, r.memberCopyPath())
+		if p.Migration.Mode == "auto" {
+			s += "; look for v2 user content there (v2-to-v3 if any, snapshot otherwise)"
+		}
+	}
+	return s
+}
+
+func (copyStep) run(ctx context.Context, r *runner) (string, error) {
+	info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
+	if err != nil {
+		return "", err
+	}
+	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
+	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
+	r.j.Mode = "snapshot"
+	if r.v2Possible() {
+		m, err := r.copyV2Member(info.Path, info.ClusterID)
+		if err != nil {
+			return "", err
+		}
+		msg += "; " + m
+	}
+	return msg, nil
+}
+
+func (r *runner) snapshotPath() string { return filepath.Join(r.p.StateDir, "blue-snapshot.db") }
+
+// v2Possible says whether the copy looks at a blue member's v2 store.
+func (r *runner) v2Possible() bool {
+	return r.p.Migration.Mode != "snapshot" && r.p.Blue.Etcd.DataDir != ""
+}

@@ -1,0 +1,159 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// greenEtcdStep starts green's etcd members (processes that outlive kubefence) and waits until
+// they serve the bumped revision.
+type greenEtcdStep struct{}
+
+func (greenEtcdStep) name() string                  { return StepGreenEtcd }
+func (greenEtcdStep) timeout(p *Plan) time.Duration { return p.Timeouts.GreenEtcd.D() }
+func (greenEtcdStep) pastNoReturn() bool            { return false }
+
+func (greenEtcdStep) describe(r *runner, verbose bool) string {
+	p := r.p
+	var cmds []string
+	for _, m := range p.Green.Etcd.Members {
+		if verbose {
+			cmds = append(cmds, strings.Join(etcdCommand(p, m), " "))
+		} else {
+			cmds = append(cmds, m.Name+" at "+m.ClientURL)
+		}
+	}
+	return "start etcd " + p.Green.Etcd.Version + ": " + strings.Join(cmds, "; ")
+}
+
+func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
+	p := r.p
+	var eps []string
+	var members []greenProcess
+	for _, m := range p.Green.Etcd.Members {
+		eps = append(eps, m.ClientURL)
+		gp := greenEtcdProcess(p, m)
+		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
+			return "", err
+		}
+		members = append(members, gp)
+	}
+	// Connect once every member accepts connections: a gRPC client that dials too early backs
+	// off for a second before trying again.
+	for i, m := range p.Green.Etcd.Members {
+		err := r.pollGreen(ctx, 20*time.Millisecond, "green etcd "+m.Name+" does not accept connections", func(context.Context) error {
+			c, err := net.DialTimeout("tcp", proc.HostPort(m.ClientURL), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}, members[i])
+		if err != nil {
+			return "", err
+		}
+	}
+	cli, err := datadir.NewClient(EtcdClientSpec{Endpoints: eps})
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	var sts []datadir.MemberStatus
+	err = r.pollGreen(ctx, 20*time.Millisecond, "green etcd not healthy", func(ctx context.Context) (err error) {
+		sts, err = datadir.ClusterStatus(ctx, cli, eps)
+		return err
+	}, members...)
+	if err != nil {
+		return "", err
+	}
+	rev := sts[0].Revision
+	if want := r.j.SnapshotRevision + p.Migration.RevisionBump; rev < want {
+		return "", fmt.Errorf("green etcd serves revision %d, below the bumped %d", rev, want)
+	}
+	return fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev), nil
+}
+
+func greenEtcdProcess(p *Plan, m GreenMember) greenProcess {
+	return greenProcess{name: m.Name, what: "green etcd " + m.Name, log: m.Name, argv: etcdCommand(p, m)}
+}
+
+// etcdCommand is the command line a green member starts with, binary first.
+func etcdCommand(p *Plan, m GreenMember) []string {
+	args := []string{
+		p.Green.Etcd.Binary,
+		"--name", m.Name, "--data-dir", m.DataDir,
+		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
+		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
+		"--initial-cluster", p.greenInitialCluster(), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
+	}
+	if m.MetricsURL != "" {
+		args = append(args, "--listen-metrics-urls", m.MetricsURL)
+	}
+	return append(args, p.Green.Etcd.ExtraArgs...)
+}
+
+// greenInitialCluster is green's NAME=PEER-URL,... list.
+func (p *Plan) greenInitialCluster() string {
+	var peers []datadir.Peer
+	for _, m := range p.Green.Etcd.Members {
+		peers = append(peers, datadir.Peer{Name: m.Name, PeerURLs: []string{m.PeerURL}})
+	}
+	return datadir.InitialCluster(peers)
+}
+
+// greenProcess is a process of green's that kubefence starts: journaled under name, started
+// with argv, its output in logs/<log>.log.
+type greenProcess struct {
+	name, what, log string
+	argv            []string
+}
+
+// startGreenProcess starts gp unless it runs already (started before a crash), after checking
+// its ports are free, and journals its pid.
+func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
+	if r.greenPID(gp.name, gp.argv) > 0 {
+		return nil
+	}
+	if err := proc.PortFree(urls...); err != nil {
+		return fmt.Errorf("%s: %w", gp.what, err)
+	}
+	pid, err := r.procs.start(gp.argv, r.logPath(gp.log))
+	if err != nil {
+		return err
+	}
+	r.j.GreenPIDs[gp.name] = pid
+	return r.j.save(r.p.StateDir)
+}
+
+func (r *runner) logPath(log string) string {
+	return filepath.Join(r.p.StateDir, "logs", log+".log")
+}
+
+// pollGreen calls ready every interval until it returns nil; it fails at once when one of the watched
+// processes has exited, and says what it waited for, with ready's last error, when ctx ends.
+func (r *runner) pollGreen(ctx context.Context, interval time.Duration, what string, ready func(context.Context) error, watch ...greenProcess) error {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, interval, true, func(ctx context.Context) (bool, error) {
+		if last = ready(ctx); last == nil {
+			return true, nil
+		}
+		for _, gp := range watch {
+			if !r.procs.alive(r.j.GreenPIDs[gp.name], gp.argv) {
+				return false, fmt.Errorf("%s exited; see %s", gp.what, r.logPath(gp.log))
+			}
+		}
+		return false, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), last)
+	}
+	return err
+}

@@ -1,0 +1,148 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// preflightStep checks everything the cutover needs before it changes anything: blue serves,
+// the proxy is open on blue, green's binaries, ports, data dirs and disk space are ready.
+type preflightStep struct{}
+
+func (preflightStep) name() string                  { return StepPreflight }
+func (preflightStep) timeout(p *Plan) time.Duration { return p.Timeouts.Preflight.D() }
+func (preflightStep) pastNoReturn() bool            { return false }
+
+func (preflightStep) describe(r *runner, _ bool) string {
+	p := r.p
+	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s",
+		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), p.Proxy.AdminSocket, p.StateDir)
+}
+
+func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
+	p := r.p
+	errs := []error{p.CheckFiles()}
+	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
+		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
+	}
+	blueDB, err := r.checkBlueEtcd(ctx)
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p))
+	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
+		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
+	}
+	for _, m := range p.Green.Etcd.Members {
+		if err := proc.PortFree(m.ClientURL, m.PeerURL); err != nil {
+			errs = append(errs, fmt.Errorf("green etcd %s: %w", m.Name, err))
+		}
+		if entries, err := readDirIfExists(m.DataDir); err != nil || len(entries) > 0 {
+			errs = append(errs, fmt.Errorf("green etcd %s: data dir %s must be absent or empty", m.Name, m.DataDir))
+		}
+		errs = append(errs, enoughSpace(filepath.Dir(m.DataDir), 2*blueDB))
+	}
+	if err := proc.PortFree(p.Green.APIServer.URL); err != nil {
+		errs = append(errs, fmt.Errorf("green apiserver: %w", err))
+	}
+	if sp := p.Green.APIServer.StaticPod; sp != nil {
+		errs = append(errs, manifestAbsent(sp))
+	}
+	errs = append(errs, enoughSpace(p.StateDir, 2*blueDB))
+	if err := errors.Join(errs...); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough", float64(blueDB)/1e6, p.Green.Etcd.Version), nil
+}
+
+// checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and
+// returns the largest db size.
+func (r *runner) checkBlueEtcd(ctx context.Context) (int64, error) {
+	cli, err := datadir.NewClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return 0, fmt.Errorf("blue etcd: %w", err)
+	}
+	defer cli.Close()
+	sts, err := datadir.ClusterStatus(ctx, cli, r.p.Blue.Etcd.Endpoints)
+	if err != nil {
+		return 0, fmt.Errorf("blue etcd: %w", err)
+	}
+	var blueDB int64
+	for _, s := range sts {
+		blueDB = max(blueDB, s.DBSize)
+	}
+	if _, err := datadir.CheckMembers(ctx, r.p.Blue.Etcd.EtcdClientSpec); err != nil {
+		return blueDB, fmt.Errorf("blue.etcd.endpoints: %w", err)
+	}
+	return blueDB, nil
+}
+
+// checkProxyOnBlue checks the proxy answers, open, with blue as its backend.
+func (r *runner) checkProxyOnBlue(ctx context.Context) error {
+	st, err := r.adm.Status(ctx)
+	switch {
+	case err != nil:
+		return err
+	case st.Fenced:
+		return fmt.Errorf("the proxy is already fenced (%s): a cutover starts from an open proxy", st.Reason)
+	case st.Backend != strings.TrimSuffix(r.p.Blue.APIServer.URL, "/"):
+		return fmt.Errorf("the proxy's backend is %s, not blue's %s", st.Backend, r.p.Blue.APIServer.URL)
+	}
+	r.j.BlueBackend = st.Backend
+	return nil
+}
+
+// checkGreenKubeconfig refuses a green kubeconfig that reaches something other than green:
+// verify reads green through it, and pointed at blue (or at the proxy, still on blue) it would
+// compare blue with blue and pass whatever green holds. Its server must not be blue's URL nor
+// the server of blue's kubeconfig, and, green not being started yet, nothing may answer there.
+func checkGreenKubeconfig(ctx context.Context, p *Plan) error {
+	green, err := restConfig(p.Green.APIServer.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("green.apiserver.kubeconfig: %w", err)
+	}
+	server := proc.HostPort(green.Host)
+	fix := fmt.Sprintf("point green.apiserver.kubeconfig %s at green's apiserver (%s)", p.Green.APIServer.Kubeconfig, p.Green.APIServer.URL)
+	if server == proc.HostPort(p.Blue.APIServer.URL) {
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s is blue's apiserver: verify would compare blue with blue; %s", green.Host, fix)
+	}
+	if blue, err := restConfig(p.Blue.APIServer.Kubeconfig); err == nil && proc.HostPort(blue.Host) == server {
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s is the server of blue.apiserver.kubeconfig: verify would compare blue with blue; %s", green.Host, fix)
+	}
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if c, err := d.DialContext(ctx, "tcp", server); err == nil {
+		c.Close()
+		return fmt.Errorf("green.apiserver.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", green.Host, fix)
+	}
+	return nil
+}
+
+func readDirIfExists(dir string) ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	return entries, err
+}
+
+func enoughSpace(dir string, need int64) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(d, &st); err == nil {
+			if free := int64(st.Bavail) * st.Bsize; free < need {
+				return fmt.Errorf("%s: %.1f MB free, need %.1f MB", dir, float64(free)/1e6, float64(need)/1e6)
+			}
+			return nil
+		}
+		if d == filepath.Dir(d) {
+			return fmt.Errorf("%s: cannot tell free space", dir)
+		}
+	}
+}

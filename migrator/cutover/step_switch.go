@@ -1,0 +1,60 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// switchStep points the proxy at green, only if the fence held since the fence step: the
+// point of no return.
+type switchStep struct{}
+
+func (switchStep) name() string                  { return StepSwitch }
+func (switchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (switchStep) pastNoReturn() bool            { return true }
+
+func (switchStep) describe(r *runner, _ bool) string {
+	return "kubefence backend set " + r.p.Green.APIServer.URL
+}
+
+func (switchStep) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.checkFenceHeld(ctx); err != nil {
+		return "", err
+	}
+	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
+	if err != nil {
+		return "", err
+	}
+	return switchDetail(resp), nil
+}
+
+// checkFenceHeld refuses the switch unless the proxy is still in the state the cutover's fence
+// on left it in: fenced, on blue, at the generation journaled then. Any change in between (fence
+// off and on by hand, a backend set) means writes may have reached blue after the copy.
+func (r *runner) checkFenceHeld(ctx context.Context) error {
+	st, err := r.adm.Status(ctx)
+	if err != nil {
+		return err
+	}
+	green := strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
+	switch {
+	case st.Backend == green && st.Fenced && st.Generation == r.j.FenceGeneration+1:
+		return nil // switched before a crash, not yet journaled
+	case !st.Fenced:
+		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", st.Generation, st.ChangedAt.Format(time.RFC3339))
+	case st.Generation != r.j.FenceGeneration:
+		return fmt.Errorf("the proxy's state changed since the cutover fenced it (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason)
+	}
+	return nil
+}
+
+// switchDetail says what the switch did to the watches open on blue: they were ended. Informers
+// reconnect and relist (on green); a client that does not reconnect, like `kubectl get -w`,
+// exits.
+func switchDetail(resp admin.BackendResponse) string {
+	return fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
+}

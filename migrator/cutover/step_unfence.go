@@ -1,0 +1,27 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// unfenceStep opens writes again, on green.
+type unfenceStep struct{}
+
+func (unfenceStep) name() string                  { return StepUnfence }
+func (unfenceStep) timeout(p *Plan) time.Duration { return p.Timeouts.Unfence.D() }
+func (unfenceStep) pastNoReturn() bool            { return true }
+func (unfenceStep) describe(*runner, bool) string { return "kubefence fence off" }
+
+func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
+	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false})
+	if err != nil {
+		return "", err
+	}
+	r.j.UnfencedAt = time.Now().UTC()
+	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
+	return fmt.Sprintf("writes open on green; write-unavailability window %s", r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
+}
