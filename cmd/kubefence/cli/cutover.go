@@ -17,22 +17,20 @@ import (
 // cutoverOptions are the flags every cutover command shares; Complete loads the plan, so every
 // problem with it is a usage error (exit 2), found before anything happens.
 type cutoverOptions struct {
-	Streams
+	printOptions
 	planFile string
-	print    printFlags
 	logger   func() *slog.Logger
 
-	plan    *cutover.Plan
-	printer printer
+	plan *cutover.Plan
 }
 
 func (o *cutoverOptions) addFlags(cmd *cobra.Command, planUsage string) {
 	cmd.Flags().StringVar(&o.planFile, "plan", "", planUsage)
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 }
 
 func (o *cutoverOptions) Complete([]string) (err error) {
-	if o.printer, err = o.print.toPrinter(); err != nil {
+	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
 	if o.planFile != "" {
@@ -60,7 +58,7 @@ type cutoverRunOptions struct {
 }
 
 func newCutoverCommand(g *globals) *cobra.Command {
-	o := &cutoverRunOptions{cutoverOptions: cutoverOptions{Streams: g.streams, logger: g.logger}}
+	o := &cutoverRunOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
 	cmd := &cobra.Command{
 		Use:   "cutover --plan PLAN",
 		Short: "Move the cluster behind the proxy from blue etcd + apiserver to green, journaled",
@@ -104,7 +102,7 @@ type cutoverAbortOptions struct {
 }
 
 func newCutoverAbortCommand(g *globals) *cobra.Command {
-	o := &cutoverAbortOptions{cutoverOptions{Streams: g.streams, logger: g.logger}}
+	o := &cutoverAbortOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
 	cmd := &cobra.Command{
 		Use:   "abort --plan PLAN",
 		Short: "Stop a cutover before its switch: stop green, unfence blue",

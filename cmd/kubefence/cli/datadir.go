@@ -18,7 +18,7 @@ import (
 // The data-dir lifecycle commands: copy, detect, upgrade, downgrade, restore-backup.
 
 type copyOptions struct {
-	Streams
+	printOptions
 	endpoints []string
 	tls       datadir.Client
 	snapshot  string // snapshot file (endpoints mode)
@@ -28,9 +28,6 @@ type copyOptions struct {
 	live      bool
 	memberEPs []string
 	timeout   time.Duration
-	print     printFlags
-
-	printer printer
 }
 
 // copyResult is `migrate copy -o json`.
@@ -40,7 +37,7 @@ type copyResult struct {
 }
 
 func newMigrateCopyCommand(g *globals) *cobra.Command {
-	o := &copyOptions{Streams: g.streams}
+	o := &copyOptions{printOptions: printOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "copy (--endpoints URL,... --snapshot FILE | --data-dir DIR... --output-dir DIR [--live --endpoint URL...])",
 		Short: "Take a consistent copy of etcd data: a snapshot of a live cluster, or member data dirs",
@@ -75,13 +72,8 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f.StringVar(&o.outputDir, "output-dir", "", "where the data dir copy goes (absent or empty)")
 	f.BoolVar(&o.live, "live", false, "copy a running member (needs --endpoint)")
 	f.StringSliceVar(&o.memberEPs, "endpoint", nil, "with --live: the member's client URL (one per --data-dir, in order)")
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
-}
-
-func (o *copyOptions) Complete([]string) (err error) {
-	o.printer, err = o.print.toPrinter()
-	return err
 }
 
 func (o *copyOptions) Validate() error {
@@ -161,16 +153,13 @@ func (o *copyOptions) runSnapshot(ctx context.Context) error {
 }
 
 type detectOptions struct {
-	Streams
+	printOptions
 	dirs   []string
 	walDir string
-	print  printFlags
-
-	printer printer
 }
 
 func newMigrateDetectCommand(g *globals) *cobra.Command {
-	o := &detectOptions{Streams: g.streams}
+	o := &detectOptions{printOptions: printOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "detect --data-dir DIR...",
 		Short: "Say which etcd version and storage (etcd2/etcd3) a data dir holds, and how that is known",
@@ -184,13 +173,8 @@ Nothing is written.`,
 	}
 	cmd.Flags().StringSliceVar(&o.dirs, "data-dir", nil, "member data dir (repeatable)")
 	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate")
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
-}
-
-func (o *detectOptions) Complete([]string) (err error) {
-	o.printer, err = o.print.toPrinter()
-	return err
 }
 
 func (o *detectOptions) Validate() error {
@@ -220,17 +204,14 @@ func (o *detectOptions) Run(context.Context) error {
 }
 
 type lifecycleOptions struct {
-	Streams
+	printOptions
 	op     datadir.Operation
 	opts   datadir.Options
 	target string
-	print  printFlags
-
-	printer printer
 }
 
 func newMigrateLifecycleCommand(g *globals, op datadir.Operation) *cobra.Command {
-	o := &lifecycleOptions{Streams: g.streams, op: op}
+	o := &lifecycleOptions{printOptions: printOptions{Streams: g.streams}, op: op}
 	cmd := &cobra.Command{Args: args(cobra.NoArgs), RunE: runE(o)}
 	switch op {
 	case datadir.OpUpgrade:
@@ -277,12 +258,12 @@ Journaled and resumable like upgrade.`
 		f.StringVar(&o.opts.OnConflict, "on-conflict", "", "v2 migration: for a key in both stores, v3 or v2 wins (default: refuse)")
 		f.BoolVar(&o.opts.IncludeHidden, "include-hidden", false, "v2 migration: keep hidden keys (a path segment starting with _)")
 	}
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
 }
 
 func (o *lifecycleOptions) Complete([]string) (err error) {
-	if o.printer, err = o.print.toPrinter(); err != nil {
+	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
 	if o.target != "" {
@@ -324,23 +305,23 @@ type lifecycleProgress struct {
 }
 
 func (lp *lifecycleProgress) print(w io.Writer, e datadir.Event) {
-	switch e.Phase {
-	case "plan":
+	switch e.Kind {
+	case datadir.EventPlan:
 		lp.total = len(e.Report.Steps)
 		if !e.Report.DryRun {
 			printPlanHeader(w, e.Report)
 		}
-	case "start":
+	case datadir.EventStart:
 		lp.n++
 		fmt.Fprintf(w, "[%d/%d] %s ...", lp.n, lp.total, e.Step.Name)
 		if e.Step.Repeated {
 			fmt.Fprint(w, " (repeated: the last run stopped in this step)")
 		}
 		fmt.Fprintln(w)
-	case "skipped":
+	case datadir.EventSkip:
 		lp.n++
 		fmt.Fprintf(w, "[%d/%d] %s: done by an earlier run\n", lp.n, lp.total, e.Step.Name)
-	case "done":
+	case datadir.EventEnd:
 		printMembers(w, e.Step.Members)
 		fmt.Fprintf(w, "      done in %s\n", e.Duration.Round(time.Millisecond))
 	}
@@ -391,16 +372,13 @@ func printMembers(w io.Writer, m map[string]string) {
 }
 
 type restoreBackupOptions struct {
-	Streams
+	printOptions
 	backup  string
 	dataDir string
-	print   printFlags
-
-	printer printer
 }
 
 func newMigrateRestoreBackupCommand(g *globals) *cobra.Command {
-	o := &restoreBackupOptions{Streams: g.streams}
+	o := &restoreBackupOptions{printOptions: printOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "restore-backup --backup DIR --data-dir DIR",
 		Short: "Put a backup back in place of a data dir, verified against its sha256 manifest",
@@ -412,13 +390,8 @@ renamed to <data dir>.replaced-<time>; it must not be in use by a running etcd.`
 	}
 	cmd.Flags().StringVar(&o.backup, "backup", "", "backup dir (as printed by upgrade or downgrade)")
 	cmd.Flags().StringVar(&o.dataDir, "data-dir", "", "data dir to restore into")
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
-}
-
-func (o *restoreBackupOptions) Complete([]string) (err error) {
-	o.printer, err = o.print.toPrinter()
-	return err
 }
 
 func (o *restoreBackupOptions) Validate() error {

@@ -20,16 +20,14 @@ import (
 // adminOptions are the flags every admin-API command shares; Complete makes the admin client
 // and the printer they ask for.
 type adminOptions struct {
-	Streams
+	printOptions
 	socket  string
 	address string
 	cert    string
 	key     string
 	ca      string
-	print   printFlags
 
-	client  *admin.Client
-	printer printer
+	client *admin.Client
 }
 
 func (o *adminOptions) addFlags(cmd *cobra.Command) {
@@ -38,7 +36,7 @@ func (o *adminOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.cert, "admin-cert-file", "", "client certificate for --admin-address")
 	cmd.Flags().StringVar(&o.key, "admin-key-file", "", "private key of --admin-cert-file")
 	cmd.Flags().StringVar(&o.ca, "admin-ca-file", "", "CA of the proxy's serving certificate, for --admin-address")
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 }
 
 // command makes cmd an admin-API command that runs run (o's command) with the shared flags.
@@ -49,7 +47,7 @@ func (o *adminOptions) command(cmd *cobra.Command, run command) *cobra.Command {
 }
 
 func (o *adminOptions) Complete([]string) (err error) {
-	if o.printer, err = o.print.toPrinter(); err != nil {
+	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
 	o.client, err = o.newClient()
@@ -96,7 +94,7 @@ type fenceOnOptions struct {
 }
 
 func newFenceOnCommand(g *globals) *cobra.Command {
-	o := &fenceOnOptions{adminOptions: adminOptions{Streams: g.streams}}
+	o := &fenceOnOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "on",
 		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
@@ -174,7 +172,7 @@ func describeInflight(r admin.InflightWrite) string {
 type fenceOffOptions struct{ adminOptions }
 
 func newFenceOffCommand(g *globals) *cobra.Command {
-	o := &fenceOffOptions{adminOptions{Streams: g.streams}}
+	o := &fenceOffOptions{adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	return o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o)
 }
 
@@ -191,7 +189,7 @@ func (o *fenceOffOptions) Run(ctx context.Context) error {
 type fenceStatusOptions struct{ adminOptions }
 
 func newFenceStatusCommand(g *globals) *cobra.Command {
-	o := &fenceStatusOptions{adminOptions{Streams: g.streams}}
+	o := &fenceStatusOptions{adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	return o.command(&cobra.Command{Use: "status", Short: "Show the fence state, backend and live counters", Args: args(cobra.NoArgs)}, o)
 }
 
@@ -237,7 +235,7 @@ type backendSetOptions struct {
 }
 
 func newBackendSetCommand(g *globals) *cobra.Command {
-	o := &backendSetOptions{adminOptions: adminOptions{Streams: g.streams}}
+	o := &backendSetOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "set URL",
 		Short: "Send new requests to the apiserver at URL and end watches on the old one",

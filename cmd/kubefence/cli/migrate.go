@@ -28,17 +28,14 @@ func newMigrateCommand(g *globals) *cobra.Command {
 }
 
 type migrateV2Options struct {
-	Streams
+	printOptions
 	cfg      v2v3.Config
 	peerURLs string
 	clock    string
-	print    printFlags
-
-	printer printer
 }
 
 func newMigrateV2ToV3Command(g *globals) *cobra.Command {
-	o := &migrateV2Options{Streams: g.streams}
+	o := &migrateV2Options{printOptions: printOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "v2-to-v3 --data-dir SRC --output-dir DST --name N --initial-cluster N=URL --initial-advertise-peer-urls URL",
 		Short: "Convert a copy of a member's v2 store into a new etcd v3 member data dir",
@@ -84,12 +81,12 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.cfg.PrefixFrom, "prefix-from", "", "rewrite keys that start with this prefix (with --prefix-to)")
 	f.StringVar(&o.cfg.PrefixTo, "prefix-to", "", "the prefix those keys get instead (an apiserver --etcd-prefix change)")
 	f.StringVar(&o.cfg.Transformer, "transformer", "", "program that maps v2 nodes to v3 keys, with etcdctl migrate's protocol")
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
 }
 
-func (o *migrateV2Options) Complete([]string) (err error) {
-	if o.printer, err = o.print.toPrinter(); err != nil {
+func (o *migrateV2Options) Complete([]string) error {
+	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
 	if o.peerURLs != "" {

@@ -10,23 +10,36 @@ import (
 // printFlags is -o/--output, as kubectl's PrintFlags: the one place that registers the flag,
 // checks its value and turns it into a printer.
 type printFlags struct {
-	output string
+	format string
 }
 
 // addFlags adds -o/--output: a human form by default, or stable json.
 func (f *printFlags) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: empty for human-readable, or json")
+	cmd.Flags().StringVarP(&f.format, "output", "o", "", "output format: empty for human-readable, or json")
 }
 
 // toPrinter returns the printer -o asks for; an unknown format is a usage error.
 func (f *printFlags) toPrinter() (printer, error) {
-	switch f.output {
+	switch f.format {
 	case "":
 		return printer{}, nil
 	case "json":
 		return printer{json: true}, nil
 	}
-	return printer{}, UsageErrorf("unknown output format %q: use -o json or leave it out", f.output)
+	return printer{}, UsageErrorf("unknown output format %q: use -o json or leave it out", f.format)
+}
+
+// printOptions are what every command that prints embeds, as kubectl's Options embed IOStreams
+// and PrintFlags: the injected streams, -o, and the printer Complete makes of it.
+type printOptions struct {
+	Streams
+	output  printFlags
+	printer printer
+}
+
+func (o *printOptions) Complete([]string) (err error) {
+	o.printer, err = o.output.toPrinter()
+	return err
 }
 
 // printer prints a command's output either as JSON, the one machine-readable format kubefence

@@ -29,7 +29,7 @@ func TestPrinter(t *testing.T) {
 		{output: "yaml", usageErr: true},
 	} {
 		t.Run("-o "+tc.output, func(t *testing.T) {
-			p, err := (&printFlags{output: tc.output}).toPrinter()
+			p, err := (&printFlags{format: tc.output}).toPrinter()
 			var ue usageError
 			if tc.usageErr {
 				if !errors.As(err, &ue) || !strings.Contains(err.Error(), `unknown output format "yaml"`) {
@@ -81,8 +81,8 @@ func TestDetectWithBuffers(t *testing.T) {
 	for _, output := range []string{"", "json"} {
 		t.Run("-o "+output, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			o := &detectOptions{Streams: Streams{Out: &out, ErrOut: &errOut}, dirs: []string{good, missing}}
-			o.print.output = output
+			o := &detectOptions{printOptions: printOptions{Streams: Streams{Out: &out, ErrOut: &errOut}}, dirs: []string{good, missing}}
+			o.output.format = output
 			err := runOptions(t, o)
 			if err == nil || !strings.Contains(err.Error(), missing) || errors.As(err, new(usageError)) {
 				t.Errorf("error %v: want a failure (not a usage error) naming %s", err, missing)

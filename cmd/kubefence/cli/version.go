@@ -11,26 +11,19 @@ import (
 )
 
 type versionOptions struct {
-	Streams
-	print   printFlags
-	printer printer
+	printOptions
 }
 
 func newVersionCommand(g *globals) *cobra.Command {
-	o := &versionOptions{Streams: g.streams}
+	o := &versionOptions{printOptions{Streams: g.streams}}
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the kubefence version",
 		Args:  args(cobra.NoArgs),
 		RunE:  runE(o),
 	}
-	o.print.addFlags(cmd)
+	o.output.addFlags(cmd)
 	return cmd
-}
-
-func (o *versionOptions) Complete([]string) (err error) {
-	o.printer, err = o.print.toPrinter()
-	return err
 }
 
 func (o *versionOptions) Validate() error { return nil }
