@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/steprun"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
@@ -52,10 +53,21 @@ type Options struct {
 	Events func(Event) `json:"-"`
 }
 
-// Event is the plan made ("plan", with Report), or a step starting ("start") or ending
-// ("done", "skipped").
+// EventKind is what an Event reports.
+type EventKind string
+
+// Event kinds: the plan made, then each step starting, ending, or skipped (done by an earlier
+// run), as internal/steprun reports them.
+const (
+	EventPlan  EventKind = "plan"
+	EventStart           = EventKind(steprun.Start)
+	EventEnd             = EventKind(steprun.End)
+	EventSkip            = EventKind(steprun.Skip)
+)
+
+// Event is the plan made (EventPlan, with Report), or a step's progress (with Step).
 type Event struct {
-	Phase    string
+	Kind     EventKind
 	Report   *Report
 	Step     *StepReport
 	Duration time.Duration
@@ -189,7 +201,7 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	}
 	rep.DryRun = opts.DryRun
 	if opts.Events != nil {
-		opts.Events(Event{Phase: "plan", Report: rep})
+		opts.Events(Event{Kind: EventPlan, Report: rep})
 	}
 	if opts.DryRun {
 		return rep, nil
@@ -205,28 +217,8 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		return rep, err
 	}
 	e := &executor{opts: opts, rep: rep}
-	for _, s := range rep.Steps {
-		if s.Done {
-			e.event(s, "skipped", 0)
-			continue
-		}
-		if s.Started {
-			s.Repeated = true
-		}
-		s.Started = true
-		if err := e.save(); err != nil {
-			return rep, err
-		}
-		e.event(s, "start", 0)
-		t := time.Now()
-		if err := e.do(ctx, s); err != nil {
-			return rep, fmt.Errorf("step %s: %w (nothing later was done; run the same command again to repeat this step, or restore the backup: kubefence migrate restore-backup)", s.Name, err)
-		}
-		s.Done, s.Duration = true, time.Since(t)
-		if err := e.save(); err != nil {
-			return rep, err
-		}
-		e.event(s, "done", s.Duration)
+	if err := e.walk(ctx); err != nil {
+		return rep, err
 	}
 	rep.After = map[string]string{}
 	for _, d := range opts.DataDirs {
@@ -376,10 +368,41 @@ type executor struct {
 	afterSwap func(dir string) error
 }
 
-func (e *executor) event(s *StepReport, phase string, d time.Duration) {
-	if e.opts.Events != nil {
-		e.opts.Events(Event{Step: s, Phase: phase, Duration: d})
+// walk runs the steps the journal has not finished.
+func (e *executor) walk(ctx context.Context) error {
+	var walk []steprun.Step
+	for _, s := range e.rep.Steps {
+		walk = append(walk, steprun.Step{Name: s.Name, Done: s.Done, Run: func(ctx context.Context) (string, error) {
+			return "", e.do(ctx, s)
+		}})
 	}
+	err := steprun.Run(ctx, walk, e, func(ev steprun.Event) {
+		if e.opts.Events != nil {
+			e.opts.Events(Event{Kind: EventKind(ev.Kind), Step: e.rep.Steps[ev.Index], Duration: ev.Duration})
+		}
+	})
+	var serr *steprun.Error
+	if errors.As(err, &serr) {
+		return fmt.Errorf("step %s: %w (nothing later was done; run the same command again to repeat this step, or restore the backup: kubefence migrate restore-backup)", serr.Step, serr.Err)
+	}
+	return err
+}
+
+// Begin journals that step i started (a step started before is repeated).
+func (e *executor) Begin(i int) error {
+	s := e.rep.Steps[i]
+	if s.Started {
+		s.Repeated = true
+	}
+	s.Started = true
+	return e.save()
+}
+
+// Finish journals step i as done.
+func (e *executor) Finish(rec steprun.Record) error {
+	s := e.rep.Steps[rec.Index]
+	s.Done, s.Duration = true, rec.Duration
+	return e.save()
 }
 
 func (e *executor) save() error {
