@@ -23,7 +23,7 @@ type MemberCopies struct {
 	// in order) reached with Conn's TLS settings.
 	Live      bool
 	Endpoints []string
-	Conn      Client
+	Conn      ConnSpec
 }
 
 // Output is where data dir d's copy goes.

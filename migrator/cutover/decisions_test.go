@@ -1,0 +1,360 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// funcProxy is a proxyAdmin made of functions.
+type funcProxy struct {
+	status     func(context.Context) (admin.Status, error)
+	fence      func(context.Context, admin.FenceRequest) (admin.FenceResponse, error)
+	setBackend func(context.Context, admin.BackendRequest) (admin.BackendResponse, error)
+}
+
+func (f funcProxy) Status(ctx context.Context) (admin.Status, error) { return f.status(ctx) }
+func (f funcProxy) Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+	return f.fence(ctx, req)
+}
+func (f funcProxy) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+	return f.setBackend(ctx, req)
+}
+
+// memProxy is a funcProxy over st; calls lists the changes asked of it.
+func memProxy(st *admin.Status, calls *[]string) funcProxy {
+	return funcProxy{
+		status: func(context.Context) (admin.Status, error) { return *st, nil },
+		fence: func(_ context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+			*calls = append(*calls, "fence "+map[bool]string{true: "on", false: "off"}[req.Fenced])
+			st.Fenced = req.Fenced
+			st.Generation++
+			return admin.FenceResponse{Status: *st, Barrier: &admin.Barrier{Complete: true}}, nil
+		},
+		setBackend: func(_ context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			*calls = append(*calls, "backend "+req.URL)
+			st.Backend = req.URL
+			st.Generation++
+			return admin.BackendResponse{Status: *st}, nil
+		},
+	}
+}
+
+// fakeProcesses runs nothing: running is the set of live pids; stop ends one and records it.
+func fakeProcesses(running map[int]bool, stopped *[]int) processes {
+	return processes{
+		start: func([]string, string) (int, error) { return 0, errors.New("fake: no processes started") },
+		alive: func(pid int, _ []string) bool { return running[pid] },
+		find:  func([]string) int { return 0 },
+		stop: func(pid int, _ []string, _ time.Duration) {
+			*stopped = append(*stopped, pid)
+			delete(running, pid)
+		},
+	}
+}
+
+// fakeStep is a step that runs do and, with switches, points the proxy at green as the real
+// switch does.
+type fakeStep struct {
+	n    string
+	past bool
+	do   func(ctx context.Context, r *runner) (string, error)
+}
+
+func (s fakeStep) name() string                                       { return s.n }
+func (s fakeStep) describe(*runner, bool) string                      { return "fake " + s.n }
+func (s fakeStep) timeout(*Plan) time.Duration                        { return time.Minute }
+func (s fakeStep) pastNoReturn() bool                                 { return s.past }
+func (s fakeStep) run(ctx context.Context, r *runner) (string, error) { return s.do(ctx, r) }
+
+// decisionWorld is a runner over fakes: a proxy in memory, green processes 101 (etcd g0) and
+// 102 (apiserver), and a copy of the real step table whose steps only record that they ran,
+// except that fence and switch change the proxy, and the step named fail fails (after the
+// proxy change, for the switch, when switched is set).
+type decisionWorld struct {
+	r       *runner
+	st      *admin.Status
+	calls   []string
+	stopped []int
+	ran     []string
+	events  []Event
+}
+
+func newDecisionWorld(t *testing.T, resume bool, fail string, switched bool) *decisionWorld {
+	t.Helper()
+	p, _ := validPlan(t)
+	p.hash = "plan-hash"
+	w := &decisionWorld{st: &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}}
+	var table []step
+	for _, s := range steps {
+		name := s.name()
+		table = append(table, fakeStep{n: name, past: s.pastNoReturn(), do: func(ctx context.Context, r *runner) (string, error) {
+			w.ran = append(w.ran, name)
+			r.j.GreenPIDs["g0"], r.j.GreenPIDs["apiserver"] = 101, 102
+			switch {
+			case name == StepFence:
+				_, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true})
+				return "", err
+			case name == StepSwitch && (name != fail || switched):
+				_, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL})
+				if err == nil && name == fail {
+					err = errors.New("the answer to backend set was lost")
+				}
+				return "", err
+			case name == StepUnfence && name != fail:
+				_, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false})
+				return "", err
+			case name == fail:
+				return "", errors.New(name + " broke")
+			}
+			return "", nil
+		}})
+	}
+	w.r = &runner{
+		o:     Options{Plan: p, Resume: resume, Emit: func(e Event) { w.events = append(w.events, e) }},
+		p:     p,
+		adm:   memProxy(w.st, &w.calls),
+		procs: fakeProcesses(map[int]bool{101: true, 102: true}, &w.stopped),
+		steps: table,
+	}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func (w *decisionWorld) eventTypes() []string {
+	var out []string
+	for _, e := range w.events {
+		out = append(out, string(e.Type)+" "+e.Step)
+	}
+	return out
+}
+
+// TestFailureDecisions: what a failed step leads to. Before the point of no return: abort
+// (green stopped, blue unfenced, journal aborted). From the switch on: abort only while the
+// proxy still points at blue; once it points at green, the run stops with the journal still
+// running and advice to --resume.
+func TestFailureDecisions(t *testing.T) {
+	cases := []struct {
+		name        string
+		fail        string
+		switched    bool // the failing switch changed the proxy before it failed
+		wantResult  string
+		wantState   string
+		wantStopped []int
+		wantCalls   []string
+		wantNext    string
+	}{
+		{"copy fails: abort", StepCopy, false, ResultAborted, StateAborted, []int{102, 101}, []string{"fence on", "fence off"}, "blue serves as before"},
+		{"verify fails: abort", StepVerify, false, ResultAborted, StateAborted, []int{102, 101}, []string{"fence on", "fence off"}, "blue serves as before"},
+		{"switch fails on blue: abort", StepSwitch, false, ResultAborted, StateAborted, []int{102, 101}, []string{"fence on", "fence off"}, "blue serves as before"},
+		{"switch fails after switching: resume", StepSwitch, true, ResultFailed, StateRunning, nil, []string{"fence on", "backend https://10.0.0.2:6443"}, "--resume"},
+		{"unfence fails: resume", StepUnfence, false, ResultFailed, StateRunning, nil, []string{"fence on", "backend https://10.0.0.2:6443"}, "--resume"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, false, tc.fail, tc.switched)
+			if err := w.r.openJournal(); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := w.r.run(t.Context())
+			if err == nil || !strings.Contains(err.Error(), tc.fail+" broke") && !strings.Contains(err.Error(), "lost") {
+				t.Fatalf("error %v, want the step's", err)
+			}
+			if rep.Result != tc.wantResult || !strings.Contains(rep.Next, tc.wantNext) {
+				t.Errorf("report %s, next %q; want %s, %q", rep.Result, rep.Next, tc.wantResult, tc.wantNext)
+			}
+			if j, err := LoadJournal(w.r.p.StateDir); err != nil || j.State != tc.wantState {
+				t.Errorf("journal %+v, %v; want state %s", j, err, tc.wantState)
+			}
+			if !slices.Equal(w.stopped, tc.wantStopped) {
+				t.Errorf("stopped %v, want %v", w.stopped, tc.wantStopped)
+			}
+			if !slices.Equal(w.calls, tc.wantCalls) {
+				t.Errorf("proxy calls %q, want %q", w.calls, tc.wantCalls)
+			}
+			if i := slices.Index(w.ran, tc.fail); i != len(w.ran)-1 {
+				t.Errorf("steps run %v: want none after %s", w.ran, tc.fail)
+			}
+		})
+	}
+}
+
+// TestAbortFailsAndSaysSo: an abort that cannot complete (the proxy does not answer) leaves the
+// journal running and says to check and abort again.
+func TestAbortFailsAndSaysSo(t *testing.T) {
+	w := newDecisionWorld(t, false, StepCopy, false)
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	down := w.r.adm.(funcProxy)
+	w.r.steps[stepIndex(t, StepCopy)] = fakeStep{n: StepCopy, do: func(context.Context, *runner) (string, error) {
+		down.status = func(context.Context) (admin.Status, error) { return admin.Status{}, errors.New("connection refused") }
+		w.r.adm = down
+		return "", errors.New("copy broke")
+	}}
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "abort: proxy: connection refused") || !strings.Contains(rep.Next, "run 'kubefence cutover abort' again") {
+		t.Fatalf("report %+v, err %v", rep, err)
+	}
+	if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning {
+		t.Errorf("journal %s, want running", j.State)
+	}
+}
+
+// stepIndex is the index of the named step in the table.
+func stepIndex(t *testing.T, name string) int {
+	t.Helper()
+	i := slices.Index(Steps, name)
+	if i < 0 {
+		t.Fatalf("no step %s", name)
+	}
+	return i
+}
+
+// TestResumeDecisions: which journals a run or a resume continues, and what a resume runs.
+func TestResumeDecisions(t *testing.T) {
+	cases := []struct {
+		name     string
+		journal  *Journal // nil: none
+		resume   bool
+		wantErr  string
+		wantRan  []string
+		wantSkip int
+	}{
+		{"resume after copy", &Journal{State: StateRunning, PlanHash: "plan-hash", Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}, {Step: StepCopy}}}, true, "",
+			[]string{StepMigrate, StepGreenEtcd, StepGreenAPIServer, StepVerify, StepSwitch, StepUnfence}, 3},
+		{"resume after the switch", &Journal{State: StateRunning, PlanHash: "plan-hash", Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}, {Step: StepCopy}, {Step: StepMigrate}, {Step: StepGreenEtcd}, {Step: StepGreenAPIServer}, {Step: StepVerify}, {Step: StepSwitch}}}, true, "",
+			[]string{StepUnfence}, 8},
+		{"fresh run", nil, false, "", Steps, 0},
+		{"run over a running cutover", &Journal{State: StateRunning, PlanHash: "plan-hash"}, false, "--resume to continue", nil, 0},
+		{"resume with another plan", &Journal{State: StateRunning, PlanHash: "other"}, true, "the plan changed", nil, 0},
+		{"resume without a journal", nil, true, "nothing to resume: no journal", nil, 0},
+		{"resume a finished cutover", &Journal{State: StateDone}, true, "nothing to resume: cutover x is done", nil, 0},
+		{"run again after an abort", &Journal{State: StateAborted}, false, "", Steps, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, tc.resume, "", false)
+			if tc.journal != nil {
+				tc.journal.ID = "x"
+				if err := tc.journal.save(w.r.p.StateDir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The proxy as the interrupted run left it.
+			if tc.journal != nil && tc.journal.done(StepFence) {
+				w.st.Fenced = true
+			}
+			if tc.journal != nil && tc.journal.done(StepSwitch) {
+				w.st.Backend = w.r.p.Green.APIServer.URL
+			}
+			err := w.r.openJournal()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := w.r.run(t.Context())
+			if err != nil || rep.Result != ResultDone {
+				t.Fatalf("report %+v, %v", rep, err)
+			}
+			if !slices.Equal(w.ran, tc.wantRan) {
+				t.Errorf("ran %v, want %v", w.ran, tc.wantRan)
+			}
+			skips := 0
+			for _, e := range w.events {
+				if e.Type == EventStepSkip {
+					skips++
+				}
+			}
+			if skips != tc.wantSkip {
+				t.Errorf("events %v: %d skips, want %d", w.eventTypes(), skips, tc.wantSkip)
+			}
+			if w.st.Fenced || w.st.Backend != w.r.p.Green.APIServer.URL {
+				t.Errorf("proxy %+v, want open on green", *w.st)
+			}
+		})
+	}
+}
+
+// TestAbortDecisions: `kubefence cutover abort` goes back to blue only while the proxy points
+// at blue and the switch is not journaled.
+func TestAbortDecisions(t *testing.T) {
+	cases := []struct {
+		name        string
+		onGreen     bool
+		done        []StepRecord
+		state       string
+		wantErr     string
+		wantStopped []int
+	}{
+		{"before the switch", false, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "", []int{102, 101}},
+		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "already sends requests to green", nil},
+		{"after the switch is journaled", true, []StepRecord{{Step: StepSwitch, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}, StateRunning, "switched to green at 2026-01-02T03:04:05Z", nil},
+		{"an aborted cutover", false, nil, StateAborted, "nothing to abort", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			w.st.Fenced = true
+			if tc.onGreen {
+				w.st.Backend = w.r.p.Green.APIServer.URL
+			}
+			w.r.j = &Journal{ID: "x", State: tc.state, Done: tc.done, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			rep, err := w.r.abortByOperator(t.Context())
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				if !w.st.Fenced || len(w.calls) > 0 {
+					t.Errorf("a refused abort changed the proxy: %+v, calls %q", *w.st, w.calls)
+				}
+			} else if err != nil || rep.Result != ResultAborted || w.st.Fenced || w.r.j.State != StateAborted {
+				t.Fatalf("report %+v, err %v, proxy %+v, journal %s", rep, err, *w.st, w.r.j.State)
+			}
+			if !slices.Equal(w.stopped, tc.wantStopped) {
+				t.Errorf("stopped %v, want %v", w.stopped, tc.wantStopped)
+			}
+		})
+	}
+}
+
+// TestStepTable: every step of the table has a name of the journal's, a description in both
+// forms and a positive timeout; names are unique, and the point of no return is the switch:
+// every step from it on is past it, none before.
+func TestStepTable(t *testing.T) {
+	p, _ := validPlan(t)
+	p.setDefaults()
+	r := &runner{p: p, j: &Journal{}}
+	want := []string{"preflight", "fence", "copy", "migrate", "start-green-etcd", "start-green-apiserver", "verify", "switch", "unfence"}
+	if !slices.Equal(Steps, want) {
+		t.Fatalf("steps %v: the journal's names are %v (an old journal resumes by them)", Steps, want)
+	}
+	past := false
+	for _, s := range steps {
+		past = past || s.name() == StepSwitch
+		if s.pastNoReturn() != past {
+			t.Errorf("%s: pastNoReturn %v, want %v", s.name(), s.pastNoReturn(), past)
+		}
+		if s.describe(r, false) == "" || s.describe(r, true) == "" || s.timeout(p) <= 0 {
+			t.Errorf("%s: description %q / %q, timeout %s", s.name(), s.describe(r, false), s.describe(r, true), s.timeout(p))
+		}
+	}
+	sw := (switchStep{}).timeout(p)
+	p.Timeouts.Unfence = Duration(7 * time.Second)
+	if got := (unfenceStep{}).timeout(p); got != 7*time.Second || (switchStep{}).timeout(p) != sw {
+		t.Errorf("unfence timeout %s, want its own (7s), the switch's staying %s", got, sw)
+	}
+}
