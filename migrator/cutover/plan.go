@@ -361,40 +361,66 @@ func (p *Plan) validateMigration(ps *problems) {
 	}
 }
 
-// CheckFiles checks that the files and directories the plan names exist (the kubeconfigs, the
-// etcd TLS files, the binaries, the static pod's manifest and directory, blue's member data
-// dir); every problem is reported at once. The CLI calls it when it loads a plan and the
-// preflight again before anything changes.
-func (p *Plan) CheckFiles() error {
-	var ps problems
-	file := func(field, f string) {
-		if f == "" {
-			return
-		}
-		if _, err := os.Stat(f); err != nil {
-			ps.add("%s: %v", field, err)
-		}
-	}
-	file("blue.apiserver.kubeconfig", p.Blue.APIServer.Kubeconfig)
-	file("blue.etcd.caFile", p.Blue.Etcd.CAFile)
-	file("blue.etcd.certFile", p.Blue.Etcd.CertFile)
-	file("blue.etcd.keyFile", p.Blue.Etcd.KeyFile)
-	file("green.etcd.binary", p.Green.Etcd.Binary)
+// planPath is a file or directory a plan names.
+type planPath struct {
+	field, path string
+	// want is what must be there: a file (anything stat-able), a directory, or an etcd member
+	// data dir (a directory holding member/).
+	want pathKind
+}
+
+type pathKind int
+
+const (
+	aFile pathKind = iota
+	aDir
+	aMemberDir
+)
+
+// paths lists the files and directories the plan names and the cutover reads, set or not.
+func (p *Plan) paths() []planPath {
 	a := p.Green.APIServer
-	file("green.apiserver.kubeconfig", a.Kubeconfig)
-	file("green.apiserver.caFile", a.CAFile)
+	ps := []planPath{
+		{"blue.apiserver.kubeconfig", p.Blue.APIServer.Kubeconfig, aFile},
+		{"blue.etcd.caFile", p.Blue.Etcd.CAFile, aFile},
+		{"blue.etcd.certFile", p.Blue.Etcd.CertFile, aFile},
+		{"blue.etcd.keyFile", p.Blue.Etcd.KeyFile, aFile},
+		{"green.etcd.binary", p.Green.Etcd.Binary, aFile},
+		{"green.apiserver.kubeconfig", a.Kubeconfig, aFile},
+		{"green.apiserver.caFile", a.CAFile, aFile},
+	}
 	if len(a.Command) > 0 {
-		file("green.apiserver.command[0]", a.Command[0])
+		ps = append(ps, planPath{"green.apiserver.command[0]", a.Command[0], aFile})
 	}
 	if sp := a.StaticPod; sp != nil {
-		file("green.apiserver.staticPod.manifest", sp.Manifest)
-		if st, err := os.Stat(sp.ManifestDir); sp.ManifestDir != "" && (err != nil || !st.IsDir()) {
-			ps.add("green.apiserver.staticPod.manifestDir %q is not a directory", sp.ManifestDir)
-		}
+		ps = append(ps, planPath{"green.apiserver.staticPod.manifest", sp.Manifest, aFile}, planPath{"green.apiserver.staticPod.manifestDir", sp.ManifestDir, aDir})
 	}
-	if d := p.Blue.Etcd.DataDir; d != "" && p.Migration.Mode != "snapshot" {
-		if st, err := os.Stat(filepath.Join(d, "member")); err != nil || !st.IsDir() {
-			ps.add("blue.etcd.dataDir %s is not an etcd member data dir (no member/ directory)", d)
+	if p.Migration.Mode != "snapshot" {
+		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir})
+	}
+	return ps
+}
+
+// CheckFiles checks that the files and directories the plan names exist (the kubeconfigs, the
+// etcd TLS files, the binaries, the static pod's manifest and directory, blue's member data
+// dir); every problem is reported at once. LoadPlan (the CLI) calls it, and the preflight again
+// before anything changes.
+func (p *Plan) CheckFiles() error {
+	var ps problems
+	for _, f := range p.paths() {
+		if f.path == "" {
+			continue
+		}
+		st, err := os.Stat(f.path)
+		switch {
+		case f.want == aFile && err != nil:
+			ps.add("%s: %v", f.field, err)
+		case f.want == aDir && (err != nil || !st.IsDir()):
+			ps.add("%s %q is not a directory", f.field, f.path)
+		case f.want == aMemberDir:
+			if st, err := os.Stat(filepath.Join(f.path, "member")); err != nil || !st.IsDir() {
+				ps.add("%s %s is not an etcd member data dir (no member/ directory)", f.field, f.path)
+			}
 		}
 	}
 	return errors.Join(ps...)
