@@ -16,7 +16,9 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 
@@ -59,13 +61,26 @@ func TestIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer w.Stop()
 	mustKubectl(t, kc, "-n", "ident", "create", "configmap", "c2")
-	for ev := range w.ResultChan() {
-		if cm, ok := ev.Object.(*corev1.ConfigMap); ok && cm.Name == "c2" {
-			break
+	// The watch through the proxy shows the new configmap: a watch that closes, fails or stays
+	// silent fails the test.
+	watchDeadline := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case ev, open := <-w.ResultChan():
+			if !open {
+				t.Fatal("the watch through the proxy closed before it showed configmap c2")
+			}
+			if ev.Type == watch.Error {
+				t.Fatalf("the watch through the proxy failed: %v", apierrors.FromObject(ev.Object))
+			}
+			cm, ok := ev.Object.(*corev1.ConfigMap)
+			seen = ok && ev.Type == watch.Added && cm.Name == "c2"
+		case <-watchDeadline:
+			t.Fatal("the watch through the proxy did not show configmap c2 within 30s")
 		}
 	}
-	w.Stop()
 
 	// A certificate user without RBAC rights is refused by the apiserver: the identity is the
 	// client's, not the proxy's.
@@ -146,15 +161,17 @@ func TestIdentity(t *testing.T) {
 		t.Fatalf("fenced writes: certificate %d, token %d; want 429 both", c1, c2)
 	}
 	for _, name := range []string{"fenced-cert", "fenced-token"} {
-		if _, err := blue.cs.CoreV1().ConfigMaps("ident").Get(ctx, name, metav1.GetOptions{}); err == nil {
+		_, err := blue.cs.CoreV1().ConfigMaps("ident").Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
 			t.Fatalf("fenced write %s reached the apiserver", name)
 		}
+		if !apierrors.IsNotFound(err) {
+			t.Fatalf("looking for fenced write %s on the apiserver: %v, want not found", name, err)
+		}
 	}
-	out, _, err := px.CLI(ctx, "fence", "off")
-	if err != nil {
+	if _, _, err := px.CLI(ctx, "fence", "off"); err != nil {
 		t.Fatal(err)
 	}
-	_ = out
 	if c1, c2 := post(&adminPair, "", "open-cert"), post(nil, "Bearer "+tok.Status.Token, "open-token"); c1 != 201 || c2 != 201 {
 		t.Fatalf("writes after fence off: certificate %d, token %d; want 201 both", c1, c2)
 	}
@@ -193,7 +210,10 @@ func rawDo(t *testing.T, method, url, caFile string, cert *tls.Certificate, body
 		cfg.Certificates = []tls.Certificate{*cert}
 	}
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
-	req, _ := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i+1] != "" {
@@ -205,6 +225,9 @@ func rawDo(t *testing.T, method, url, caFile string, cert *tls.Certificate, body
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, url, err)
+	}
 	return resp.StatusCode, string(b)
 }

@@ -222,19 +222,7 @@ func TestFenceProxy(t *testing.T) {
 	}
 	ackedAtFence := w.count()
 	// Every configmap write after the barrier would show up here.
-	wctx, wcancel := context.WithCancel(ctx)
-	leaked := ecli.Watch(wctx, "/registry/configmaps/e2e/", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	var leakedKeys []string
-	var leakMu sync.Mutex
-	go func() {
-		for resp := range leaked {
-			for _, ev := range resp.Events {
-				leakMu.Lock()
-				leakedKeys = append(leakedKeys, string(ev.Kv.Key))
-				leakMu.Unlock()
-			}
-		}
-	}()
+	leaks := watchEtcd(ctx, ecli, "/registry/configmaps/e2e/", rev+1)
 	reads, readErrs := 0, 0
 	fenceUntil := time.Now().Add(4 * time.Second)
 	for time.Now().Before(fenceUntil) {
@@ -249,10 +237,14 @@ func TestFenceProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fenceEnd, err := blue.etcd.Revision(ctx) // still fenced: no configmap write may lie in (rev, fenceEnd]
+	if err != nil {
+		t.Fatal(err)
+	}
+	leakedKeys := leaks.changesThrough(t, fenceEnd)
 	if _, _, err := px.CLI(ctx, "fence", "off"); err != nil {
 		t.Fatal(err)
 	}
-	wcancel()
 	if readErrs > 0 {
 		t.Errorf("%d of %d lists failed while fenced", readErrs, reads)
 	}
@@ -262,11 +254,9 @@ func TestFenceProxy(t *testing.T) {
 	if got := w.count(); got != ackedAtFence {
 		t.Errorf("writer got %d acknowledgements while fenced", got-ackedAtFence)
 	}
-	leakMu.Lock()
 	if len(leakedKeys) > 0 {
 		t.Errorf("writes reached etcd while fenced: %v", leakedKeys)
 	}
-	leakMu.Unlock()
 	if n := watchErrors.Load(); n > 0 {
 		t.Errorf("the informer's watch failed %d times across the fence", n)
 	}
@@ -373,6 +363,82 @@ func TestFenceProxy(t *testing.T) {
 		_, exists, _ := inf.GetStore().GetByKey("e2e/after-switch")
 		return exists
 	})
+}
+
+// etcdWatch records the changes under a prefix from a revision on, as an etcd watch delivers
+// them, and the highest revision up to which etcd has said it delivered every change.
+type etcdWatch struct {
+	cli    *clientv3.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	changes  []*clientv3.Event
+	progress int64 // from etcd's progress notifications: every change up to here was delivered
+	err      error
+}
+
+func watchEtcd(ctx context.Context, cli *clientv3.Client, prefix string, from int64) *etcdWatch {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &etcdWatch{cli: cli, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	ch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from))
+	go func() {
+		defer close(w.done)
+		for resp := range ch {
+			w.mu.Lock()
+			if err := resp.Err(); err != nil && ctx.Err() == nil && w.err == nil {
+				w.err = err
+			}
+			if resp.IsProgressNotify() && resp.Header.Revision > w.progress {
+				w.progress = resp.Header.Revision
+			}
+			w.changes = append(w.changes, resp.Events...)
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// changesThrough waits until etcd says the watch has delivered every change up to rev, stops
+// the watch, waits for it to end, and returns the keys changed up to rev. A watch that fails,
+// or ends before it got there, fails the test: it cannot vouch for anything.
+func (w *etcdWatch) changesThrough(t *testing.T, rev int64) []string {
+	t.Helper()
+	defer func() {
+		w.cancel()
+		select {
+		case <-w.done:
+		case <-time.After(10 * time.Second):
+			t.Error("the etcd watch did not end within 10s of its cancellation")
+		}
+	}()
+	waitForT(t, 15*time.Second, fmt.Sprintf("the etcd watch has delivered every change up to revision %d", rev), func() bool {
+		_ = w.cli.RequestProgress(w.ctx) // answered once the watch has caught up
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.err != nil {
+			t.Fatalf("etcd watch: %v", w.err)
+		}
+		if w.progress >= rev {
+			return true
+		}
+		select {
+		case <-w.done:
+			t.Fatalf("the etcd watch ended before it reached revision %d", rev)
+		default:
+		}
+		return false
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var keys []string
+	for _, ev := range w.changes {
+		if ev.Kv.ModRevision <= rev {
+			keys = append(keys, fmt.Sprintf("%s %s@%d", ev.Type, ev.Kv.Key, ev.Kv.ModRevision))
+		}
+	}
+	return keys
 }
 
 // rawStatus sends one request through the proxy with the admin token and returns the status.
