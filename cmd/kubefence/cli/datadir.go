@@ -20,7 +20,7 @@ import (
 type copyOptions struct {
 	printOptions
 	endpoints []string
-	tls       datadir.Client
+	conn      datadir.ConnSpec
 	snapshot  string // snapshot file (endpoints mode)
 	dataDirs  []string
 	walDir    string
@@ -64,9 +64,9 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
 	f.StringVar(&o.snapshot, "snapshot", "", "snapshot file to write (with --endpoints)")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every member to be healthy with converged raft indexes")
-	f.StringVar(&o.tls.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
-	f.StringVar(&o.tls.CertFile, "cert", "", "client certificate for etcd")
-	f.StringVar(&o.tls.KeyFile, "key", "", "client key for etcd")
+	f.StringVar(&o.conn.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
+	f.StringVar(&o.conn.CertFile, "cert", "", "client certificate for etcd")
+	f.StringVar(&o.conn.KeyFile, "key", "", "client key for etcd")
 	f.StringSliceVar(&o.dataDirs, "data-dir", nil, "member data dir to copy (repeatable)")
 	f.StringVar(&o.walDir, "wal-dir", "", "the member's WAL dir, when separate (one --data-dir only)")
 	f.StringVar(&o.outputDir, "output-dir", "", "where the data dir copy goes (absent or empty)")
@@ -107,7 +107,7 @@ func (o *copyOptions) Validate() error {
 }
 
 func (o *copyOptions) members() datadir.MemberCopies {
-	return datadir.MemberCopies{DataDirs: o.dataDirs, WALDir: o.walDir, OutputDir: o.outputDir, Live: o.live, Endpoints: o.memberEPs, Conn: o.tls}
+	return datadir.MemberCopies{DataDirs: o.dataDirs, WALDir: o.walDir, OutputDir: o.outputDir, Live: o.live, Endpoints: o.memberEPs, Conn: o.conn}
 }
 
 func (o *copyOptions) Run(ctx context.Context) error {
@@ -135,7 +135,7 @@ func (o *copyOptions) Run(ctx context.Context) error {
 
 // runSnapshot takes a snapshot of a live cluster once its members have converged.
 func (o *copyOptions) runSnapshot(ctx context.Context) error {
-	conn := o.tls
+	conn := o.conn
 	conn.Endpoints = o.endpoints
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
