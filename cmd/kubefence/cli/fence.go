@@ -54,8 +54,6 @@ func (o *adminOptions) Complete([]string) (err error) {
 	return err
 }
 
-func (o *adminOptions) Validate() error { return nil }
-
 // newClient returns the admin client the flags ask for.
 func (o *adminOptions) newClient() (*admin.Client, error) {
 	if o.address == "" {

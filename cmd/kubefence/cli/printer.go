@@ -42,6 +42,9 @@ func (o *printOptions) Complete([]string) (err error) {
 	return err
 }
 
+// Validate is for the commands that have nothing more to check than -o, which Complete did.
+func (o *printOptions) Validate() error { return nil }
+
 // printer prints a command's output either as JSON, the one machine-readable format kubefence
 // prints (stable: fields are only ever added), or in the human form the command gives it.
 type printer struct {

@@ -26,8 +26,6 @@ func newVersionCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
-func (o *versionOptions) Validate() error { return nil }
-
 func (o *versionOptions) Run(context.Context) error {
 	info := version.Get()
 	return o.printer.print(o.Out, info, func(w io.Writer) {
