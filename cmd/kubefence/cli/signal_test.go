@@ -1,0 +1,56 @@
+package cli
+
+import (
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSignalCancelsCommand: SIGINT cancels the context Main gives the running command, which
+// then returns its error (exit 1) instead of the process dying or the command hanging.
+func TestSignalCancelsCommand(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived := make(chan struct{}, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done() // an admin API that never answers
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+
+	type result struct {
+		code   int
+		errOut string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, _, errOut := runCLI("fence", "status", "--admin-socket", sock)
+		done <- result{code, errOut}
+	}()
+	select {
+	case <-arrived:
+	case r := <-done:
+		t.Fatalf("fence status returned before its request reached the admin API: %d %s", r.code, r.errOut)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach the admin API in 10s")
+	}
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.code != ExitFailure || !strings.Contains(r.errOut, "interrupt signal received") {
+			t.Errorf("after SIGINT: exit %d, stderr %q; want %d and the cancellation", r.code, r.errOut, ExitFailure)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command was still running 10s after SIGINT")
+	}
+}
