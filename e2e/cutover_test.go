@@ -120,9 +120,10 @@ func TestCutover(t *testing.T) {
 	}
 
 	// The writer creates configmap i and updates configmap i-1, as fast as it can, and records
-	// the last acknowledged content of each.
+	// the last acknowledged content of each, and when each write was sent and acknowledged.
 	var wmu sync.Mutex
 	want := map[string]string{}
+	times := map[string]*writeTimes{}
 	var writeErrs []error
 	// Requests are never cancelled: an answer the writer did not wait for would leave its
 	// outcome unknown. The loops stop between requests.
@@ -135,24 +136,28 @@ func TestCutover(t *testing.T) {
 		defer wg.Done()
 		for i := 0; !stopping.Load(); i++ {
 			name := fmt.Sprintf("w-%05d", i)
+			sent := time.Now()
 			_, err := cs.CoreV1().ConfigMaps("load").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
 			wmu.Lock()
 			if err != nil {
 				writeErrs = append(writeErrs, err)
 			} else {
 				want[name] = "created"
+				times[name] = &writeTimes{createSent: sent, createAcked: time.Now()}
 			}
 			wmu.Unlock()
 			if i == 0 {
 				continue
 			}
 			prev := fmt.Sprintf("w-%05d", i-1)
+			sent = time.Now()
 			_, err = cs.CoreV1().ConfigMaps("load").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
 			wmu.Lock()
 			if err != nil {
 				writeErrs = append(writeErrs, err)
-			} else {
+			} else if wt := times[prev]; wt != nil {
 				want[prev] = "updated"
+				wt.updateSent, wt.updateAcked = sent, time.Now()
 			}
 			wmu.Unlock()
 		}
@@ -240,14 +245,12 @@ func TestCutover(t *testing.T) {
 			t.Errorf("configmap load/%s on green: %q, want the last acknowledged %q", name, got[name], v)
 		}
 	}
-	// Blue was left as it was at the fence: none of the writes after the switch reached it.
+	// Blue was left as it was at the fence, checked write by write.
 	blueCMs, err := f.blue.cs.CoreV1().ConfigMaps("load").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(blueCMs.Items) >= len(got) {
-		t.Errorf("blue has %d configmaps in load, green %d: writes after the switch reached blue", len(blueCMs.Items), len(got))
-	}
+	checkBlueAtFence(t, j, blueCMs.Items, times)
 	// Informers end with exactly green's content (once the last events have arrived).
 	sameKeys := func() (missing, extra []string) {
 		infKeys := map[string]bool{}
@@ -286,6 +289,63 @@ func TestCutover(t *testing.T) {
 	if !strings.Contains(kwOut.String(), "configmap/w-") {
 		t.Errorf("kubectl get -w saw no writes: %q", kwOut.String())
 	}
+}
+
+// writeTimes is when the writer sent a configmap's create and update, and when each was
+// acknowledged (zero: not sent or not acknowledged).
+type writeTimes struct {
+	createSent, createAcked time.Time
+	updateSent, updateAcked time.Time
+}
+
+// checkBlueAtFence checks, by name and time, that blue holds exactly the writer's writes of
+// before the fence: every write acknowledged before the fence step began is on blue, and no
+// write sent after the fence was on (refused, retried, and after the switch sent to green)
+// reached blue. One leaked write fails it.
+func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap, times map[string]*writeTimes) {
+	t.Helper()
+	var fenceBegan time.Time
+	for _, s := range j.Done {
+		if s.Step == cutover.StepFence {
+			fenceBegan = s.Started
+		}
+	}
+	fencedAt := j.FencedAt
+	if fenceBegan.IsZero() || fencedAt.IsZero() {
+		t.Fatalf("journal has no fence times: %+v", j)
+	}
+	onBlue := map[string]string{}
+	for _, cm := range blue {
+		if !strings.HasPrefix(cm.Name, "w-") {
+			continue // kube-root-ca.crt and the like
+		}
+		onBlue[cm.Name] = cm.Data["v"]
+		wt := times[cm.Name]
+		switch {
+		case wt == nil:
+			t.Errorf("blue holds load/%s, which no acknowledged write created", cm.Name)
+		case !wt.createSent.Before(fencedAt):
+			t.Errorf("load/%s reached blue: its create was sent at %s, after the fence was on (%s)", cm.Name, wt.createSent.Format(time.RFC3339Nano), fencedAt.Format(time.RFC3339Nano))
+		case cm.Data["v"] == "updated" && !wt.updateSent.Before(fencedAt):
+			t.Errorf("the update of load/%s reached blue: sent at %s, after the fence was on (%s)", cm.Name, wt.updateSent.Format(time.RFC3339Nano), fencedAt.Format(time.RFC3339Nano))
+		}
+	}
+	after := 0
+	for name, wt := range times {
+		if !wt.createSent.Before(fencedAt) {
+			after++
+		}
+		if wt.createAcked.Before(fenceBegan) && onBlue[name] == "" {
+			t.Errorf("load/%s, acknowledged at %s before the fence began (%s), is not on blue", name, wt.createAcked.Format(time.RFC3339Nano), fenceBegan.Format(time.RFC3339Nano))
+		}
+		if !wt.updateAcked.IsZero() && wt.updateAcked.Before(fenceBegan) && onBlue[name] != "updated" {
+			t.Errorf("load/%s on blue is %q; its update was acknowledged before the fence began", name, onBlue[name])
+		}
+	}
+	if after == 0 {
+		t.Errorf("the writer sent no create after the fence: the check proves nothing")
+	}
+	t.Logf("blue holds %d of the writer's configmaps; %d were created after the fence (on green only)", len(onBlue), after)
 }
 
 // TestCutoverAbort: a green apiserver that never gets ready aborts the cutover; blue serves,

@@ -53,32 +53,10 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 		c.QPS, c.Burst = 200, 400
 		c.WarningHandler = rest.NoWarnings{} // deprecated types are listed on purpose
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(blue)
+	targets, err := listableResources(blue)
 	if err != nil {
 		return nil, err
 	}
-	lists, err := dc.ServerPreferredResources()
-	if err != nil {
-		return nil, fmt.Errorf("discovery on blue: %w", err)
-	}
-	type target struct {
-		gvr        schema.GroupVersionResource
-		namespaced bool
-	}
-	var targets []target
-	for _, l := range lists {
-		gv, err := schema.ParseGroupVersion(l.GroupVersion)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range l.APIResources {
-			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") {
-				continue
-			}
-			targets = append(targets, target{gv.WithResource(r.Name), r.Namespaced})
-		}
-	}
-	sort.Slice(targets, func(i, j int) bool { return targets[i].gvr.String() < targets[j].gvr.String() })
 	bhc, err := rest.HTTPClientFor(blue)
 	if err != nil {
 		return nil, err
@@ -103,16 +81,16 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 			var berr, gerr error
 			var inner sync.WaitGroup
 			inner.Add(2)
-			go func() { defer inner.Done(); b, berr = listRaw(ctx, bhc, blue.Host, tg.gvr) }()
-			go func() { defer inner.Done(); g, gerr = listRaw(ctx, ghc, green.Host, tg.gvr) }()
+			go func() { defer inner.Done(); b, berr = listRaw(ctx, bhc, blue.Host, tg) }()
+			go func() { defer inner.Done(); g, gerr = listRaw(ctx, ghc, green.Host, tg) }()
 			inner.Wait()
 			mu.Lock()
 			defer mu.Unlock()
 			if err := errors.Join(berr, gerr); err != nil {
-				errs = append(errs, fmt.Errorf("list %s: %w", tg.gvr, err))
+				errs = append(errs, fmt.Errorf("list %s: %w", tg, err))
 				return
 			}
-			compare(rep, tg.gvr, b, g, snapRev, &changed, &mismatched)
+			compare(rep, tg, b, g, snapRev, &changed, &mismatched)
 		}()
 	}
 	wg.Wait()
@@ -128,6 +106,34 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 		rep.ChangedAfterCopy = append(rep.ChangedAfterCopy, fmt.Sprintf("... and %d more", changed-len(rep.ChangedAfterCopy)))
 	}
 	return rep, nil
+}
+
+// listableResources is every resource type blue's discovery lists (its preferred versions),
+// in order.
+func listableResources(blue *rest.Config) ([]schema.GroupVersionResource, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(blue)
+	if err != nil {
+		return nil, err
+	}
+	lists, err := dc.ServerPreferredResources()
+	if err != nil {
+		return nil, fmt.Errorf("discovery on blue: %w", err)
+	}
+	var targets []schema.GroupVersionResource
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range l.APIResources {
+			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") {
+				continue
+			}
+			targets = append(targets, gv.WithResource(r.Name))
+		}
+	}
+	sort.Slice(targets, func(i, j int) bool { return targets[i].String() < targets[j].String() })
+	return targets, nil
 }
 
 // rawObject is one listed object: its identity and its JSON.

@@ -290,57 +290,77 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			}
 		}
 	}
-	add := func(s *StepReport) { rep.Steps = append(rep.Steps, s) }
-	add(&StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionText()})
+	rep.Steps = append(rep.Steps, &StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionText()})
+	var steps []*StepReport
+	var err error
 	switch op {
 	case OpUpgrade:
-		if opts.Target.Minor < cur.Version.Minor {
-			return rep, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
-		}
-		// One run step per minor after the data's; the data's own minor too when the target is a
-		// newer patch of it (or the patch is unknown), or when its v2 content must go first.
-		first := cur.Version.Minor + 1
-		if opts.Target.SameMinor(cur.Version) {
-			if cur.Source == VersionFileName && !cur.Version.Less(opts.Target) && !(v2 && opts.Target.Minor >= 6) {
-				rep.Steps = nil // already there: nothing to do, and no backup either
-				return rep, nil
-			}
-			first = cur.Version.Minor
-		}
-		at, migrated := cur.VersionText(), false
-		for minor := first; minor <= opts.Target.Minor; minor++ {
-			if v2 && minor >= 6 && !migrated {
-				add(&StepReport{Name: "migrate the v2 store to v3 keys (etcd 3.6 refuses v2 data)", Kind: StepMigrateV2, Version: at})
-				migrated = true
-			}
-			want, exact := Version{3, minor, 0}, minor == opts.Target.Minor
-			if exact {
-				want = opts.Target
-			}
-			b, err := findBinary(ctx, opts.BinDir, want, exact)
-			if err != nil {
-				return rep, err
-			}
-			add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
-			at = b.Version.String()
+		steps, err = planUpgrade(ctx, opts, cur, v2)
+		if err == nil && steps == nil {
+			rep.Steps = nil // already there: nothing to do, and no backup either
+			return rep, nil
 		}
 	case OpDowngrade:
-		if err := checkDowngrade(cur, opts.Target); err != nil {
-			return rep, err
-		}
-		settle, err := findBinary(ctx, opts.BinDir, cur.Version, cur.Source == VersionFileName)
-		if err != nil {
-			return rep, err
-		}
-		b, err := findBinary(ctx, opts.BinDir, opts.Target, true)
-		if err != nil {
-			return rep, err
-		}
-		add(&StepReport{Name: "run etcd " + settle.Version.String() + " (apply the whole WAL, so the backend is complete)", Kind: StepRun, Version: settle.Version.String(), Binary: settle.Path})
-		add(&StepReport{Name: "downgrade the storage version to " + opts.Target.MinorString() + " and rebuild the member from its backend", Kind: StepDowngrade, Version: opts.Target.String()})
-		add(&StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+		steps, err = planDowngrade(ctx, opts, cur)
 	}
-	return rep, nil
+	rep.Steps = append(rep.Steps, steps...)
+	return rep, err
+}
+
+// planUpgrade lists the steps from cur to opts.Target: one run step per minor after the
+// data's; the data's own minor too when the target is a newer patch of it (or the patch is
+// unknown), or when its v2 content must go first. None when the data is there already.
+func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*StepReport, error) {
+	if opts.Target.Minor < cur.Version.Minor {
+		return nil, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
+	}
+	first := cur.Version.Minor + 1
+	if opts.Target.SameMinor(cur.Version) {
+		if cur.Source == VersionFileName && !cur.Version.Less(opts.Target) && !(v2 && opts.Target.Minor >= 6) {
+			return nil, nil
+		}
+		first = cur.Version.Minor
+	}
+	var steps []*StepReport
+	at, migrated := cur.VersionText(), false
+	for minor := first; minor <= opts.Target.Minor; minor++ {
+		if v2 && minor >= 6 && !migrated {
+			steps = append(steps, &StepReport{Name: "migrate the v2 store to v3 keys (etcd 3.6 refuses v2 data)", Kind: StepMigrateV2, Version: at})
+			migrated = true
+		}
+		want, exact := Version{3, minor, 0}, minor == opts.Target.Minor
+		if exact {
+			want = opts.Target
+		}
+		b, err := findBinary(ctx, opts.BinDir, want, exact)
+		if err != nil {
+			return steps, err
+		}
+		steps = append(steps, &StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+		at = b.Version.String()
+	}
+	return steps, nil
+}
+
+// planDowngrade lists the steps from cur down to opts.Target: settle the WAL on cur's etcd,
+// downgrade the storage, run the target's etcd.
+func planDowngrade(ctx context.Context, opts Options, cur Detection) ([]*StepReport, error) {
+	if err := checkDowngrade(cur, opts.Target); err != nil {
+		return nil, err
+	}
+	settle, err := findBinary(ctx, opts.BinDir, cur.Version, cur.Source == VersionFileName)
+	if err != nil {
+		return nil, err
+	}
+	b, err := findBinary(ctx, opts.BinDir, opts.Target, true)
+	if err != nil {
+		return nil, err
+	}
+	return []*StepReport{
+		{Name: "run etcd " + settle.Version.String() + " (apply the whole WAL, so the backend is complete)", Kind: StepRun, Version: settle.Version.String(), Binary: settle.Path},
+		{Name: "downgrade the storage version to " + opts.Target.MinorString() + " and rebuild the member from its backend", Kind: StepDowngrade, Version: opts.Target.String()},
+		{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path},
+	}, nil
 }
 
 // checkDowngrade refuses what etcd cannot do, with the reason.
