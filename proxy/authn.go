@@ -26,7 +26,7 @@ type RequestHeaderNames struct {
 	UID         []string
 }
 
-// forwarded returns the first configured name of each kind, the ones the proxy sets.
+// first returns the first name of list: of each kind of header, the one the proxy sets.
 func (n RequestHeaderNames) first(list []string) string {
 	if len(list) == 0 {
 		return ""
