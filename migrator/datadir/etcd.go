@@ -29,11 +29,6 @@ type ConnSpec struct {
 	KeyFile   string   `yaml:"keyFile" json:"keyFile"`
 }
 
-// Client is the old name of ConnSpec.
-//
-// Deprecated: use ConnSpec (kept until the CLI's pending changes move to it).
-type Client = ConnSpec
-
 func clientTLS(spec ConnSpec) (*tls.Config, error) {
 	if spec.CAFile == "" && spec.CertFile == "" {
 		return nil, nil
