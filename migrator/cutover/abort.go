@@ -1,0 +1,142 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// The way back to blue: fail decides what a failed step leads to, abort goes back (invariant
+// abort-to-blue), Abort is `kubefence cutover abort`.
+
+// abortTimeout bounds an abort after a failed step.
+const abortTimeout = 2 * time.Minute
+
+// nextAfterAbort is the advice after an abort that completed.
+const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
+
+// fail handles a step's error. Before the point of no return it aborts back to blue; from the
+// switch on, it aborts too unless the proxy already sends requests to green, in which case the
+// run stops with advice to --resume. The abort runs on a context of its own: the step may have
+// failed because ctx was cancelled (Ctrl-C, SIGTERM), and that must not stop the way back to
+// blue.
+func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	if s.pastNoReturn() && r.proxyOnGreen(ctx) {
+		rep := r.report(ResultFailed, err)
+		rep.Next = "the proxy already sends requests to green; fix the cause and run again with --resume to finish (unfence)"
+		r.emit(Event{Type: EventReport, Report: rep})
+		return rep, fmt.Errorf("step %s: %w", s.name(), err)
+	}
+	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
+	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err))
+	rep := r.report(ResultAborted, err)
+	if abortErr != nil {
+		rep.Result = ResultFailed
+		rep.Error += "; abort: " + abortErr.Error()
+		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
+	} else {
+		rep.Next = nextAfterAbort
+	}
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
+}
+
+// proxyOnGreen reports whether the proxy answers with green as its backend.
+func (r *runner) proxyOnGreen(ctx context.Context) bool {
+	st, err := r.adm.Status(ctx)
+	return err == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
+}
+
+// abort stops green and unfences blue, unless the proxy already points at green.
+func (r *runner) abort(ctx context.Context, reason string) error {
+	if rec, ok := r.j.record(StepSwitch); ok {
+		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339))
+	}
+	st, err := r.adm.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	if st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
+		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
+	}
+	if err := r.stopGreen(); err != nil {
+		return err
+	}
+	if st.Fenced {
+		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+			return fmt.Errorf("unfence: %w", err)
+		}
+	}
+	r.j.State = StateAborted
+	r.j.AbortReason = reason
+	return r.j.save(r.p.StateDir)
+}
+
+// stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,
+// and only it) and its etcd members.
+func (r *runner) stopGreen() error {
+	a := r.p.Green.APIServer
+	var gps []greenProcess
+	if a.StaticPod != nil {
+		if placed := r.j.StaticPodPlaced; placed != "" {
+			if err := os.Remove(placed); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	} else {
+		gps = append(gps, greenAPIServerProcess(a))
+	}
+	for _, m := range r.p.Green.Etcd.Members {
+		gps = append(gps, greenEtcdProcess(r.p, m))
+	}
+	for _, gp := range gps {
+		if pid := r.greenPID(gp.name, gp.argv); pid > 0 {
+			r.procs.stop(pid, gp.argv, 30*time.Second)
+		}
+	}
+	return nil
+}
+
+// Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.
+func Abort(ctx context.Context, o Options) (*Report, error) {
+	if _, err := os.Stat(o.Plan.StateDir); err != nil {
+		return nil, fmt.Errorf("no cutover to abort: %w", err)
+	}
+	lock, err := lockStateDir(o.Plan.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
+	j, err := LoadJournal(o.Plan.StateDir)
+	if errors.Is(err, errNoJournal) {
+		return nil, fmt.Errorf("no cutover to abort: no journal in %s", o.Plan.StateDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return newRunner(o, j).abortByOperator(ctx)
+}
+
+// abortByOperator is `kubefence cutover abort` on the journal of a cutover.
+func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
+	if r.j.State != StateRunning {
+		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", r.j.ID, r.j.State)
+	}
+	if r.j.GreenPIDs == nil {
+		r.j.GreenPIDs = map[string]int{}
+	}
+	if err := r.abort(ctx, "aborted by the operator"); err != nil {
+		return nil, err
+	}
+	rep := r.report(ResultAborted, nil)
+	rep.Next = nextAfterAbort
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, nil
+}
