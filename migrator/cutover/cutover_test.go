@@ -72,13 +72,6 @@ func TestParsePlan(t *testing.T) {
 		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
 		{"version not exact", func(p *Plan) { p.Green.Etcd.Version = "3.6" }, []string{`green.etcd.version: "3.6" is not an etcd version`}},
-		{"green data dir inside blue's", func(p *Plan) {
-			blue := filepath.Join(filepath.Dir(p.StateDir), "blue")
-			_ = os.MkdirAll(filepath.Join(blue, "member"), 0o700)
-			_ = os.Symlink(blue, filepath.Join(filepath.Dir(p.StateDir), "blue-link"))
-			p.Migration.Mode, p.Blue.Etcd.DataDir = "auto", blue
-			p.Green.Etcd.Members[0].DataDir = filepath.Join(filepath.Dir(p.StateDir), "blue-link", "green")
-		}, []string{"green.etcd.members[0].dataDir", "must not be inside blue.etcd.dataDir", "outside blue's"}},
 		{"both launchers", func(p *Plan) { p.Green.APIServer.StaticPod = &StaticPod{Manifest: "x", ManifestDir: "/"} }, []string{"not both"}},
 	}
 	for _, tc := range cases {
@@ -121,6 +114,28 @@ func TestCheckFiles(t *testing.T) {
 	}
 	err = parsed.CheckFiles()
 	for _, w := range []string{"green.etcd.binary: stat /nonexistent/etcd", "blue.etcd.caFile", "staticPod.manifest: stat", `manifestDir "/nonexistent/manifests" is not a directory`, "is not an etcd member data dir"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("CheckFiles: %v; want %q", err, w)
+		}
+	}
+}
+
+// TestGreenApartFromBlue: a green data dir inside blue's member (through a symlink) parses,
+// and is refused by CheckFiles.
+func TestGreenApartFromBlue(t *testing.T) {
+	p, _ := validPlan(t)
+	blue := filepath.Join(filepath.Dir(p.StateDir), "blue")
+	_ = os.MkdirAll(filepath.Join(blue, "member"), 0o700)
+	_ = os.Symlink(blue, filepath.Join(filepath.Dir(p.StateDir), "blue-link"))
+	p.Migration.Mode, p.Blue.Etcd.DataDir = "auto", blue
+	p.Green.Etcd.Members[0].DataDir = filepath.Join(filepath.Dir(p.StateDir), "blue-link", "green")
+	data, _ := yaml.Marshal(p)
+	parsed, err := ParsePlan(data)
+	if err != nil {
+		t.Fatalf("ParsePlan: %v", err)
+	}
+	err = parsed.CheckFiles()
+	for _, w := range []string{"green.etcd.members[0].dataDir", "must not be inside blue.etcd.dataDir", "outside blue's"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("CheckFiles: %v; want %q", err, w)
 		}

@@ -216,8 +216,8 @@ func LoadPlan(path string) (*Plan, error) {
 }
 
 // ParsePlan parses a plan document and checks its shape: required fields, URLs, versions,
-// member names and the choice of modes. It does no I/O beyond what pathguard does to resolve
-// paths; the files the plan names are checked by CheckFiles.
+// member names and the choice of modes. It does no I/O: the files and directories the plan
+// names are checked by CheckFiles.
 func ParsePlan(data []byte) (*Plan, error) {
 	var p Plan
 	if err := strictyaml.Decode(data, &p); err != nil {
@@ -309,7 +309,6 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		} else if !filepath.IsAbs(m.DataDir) {
 			ps.add("%s.dataDir %q must be absolute", f, m.DataDir)
 		}
-		*ps = append(*ps, apartFromBlue(f+".dataDir", m.DataDir, p.Blue.Etcd)...)
 		ps.url(f+".clientURL", m.ClientURL)
 		ps.url(f+".peerURL", m.PeerURL)
 		for _, v := range []string{m.Name, m.DataDir, m.ClientURL, m.PeerURL} {
@@ -401,10 +400,12 @@ func (p *Plan) paths() []planPath {
 	return ps
 }
 
-// CheckFiles checks that the files and directories the plan names exist (the kubeconfigs, the
-// etcd TLS files, the binaries, the static pod's manifest and directory, blue's member data
-// dir); every problem is reported at once. LoadPlan (the CLI) calls it, and the preflight again
-// before anything changes.
+// CheckFiles checks the files and directories the plan names: that they exist (the
+// kubeconfigs, the etcd TLS files, the binaries, the static pod's manifest and directory,
+// blue's member data dir), and that no green data dir is, lies inside or holds blue's member
+// data dir or WAL dir, symlinks and bind mounts resolved (invariant source-untouched); every
+// problem is reported at once. LoadPlan (the CLI) calls it, and the preflight again before
+// anything changes.
 func (p *Plan) CheckFiles() error {
 	var ps problems
 	for _, f := range p.paths() {
@@ -422,6 +423,9 @@ func (p *Plan) CheckFiles() error {
 				ps.add("%s %s is not an etcd member data dir (no member/ directory)", f.field, f.path)
 			}
 		}
+	}
+	for i, m := range p.Green.Etcd.Members {
+		ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
 	}
 	return errors.Join(ps...)
 }
