@@ -30,13 +30,15 @@ func (s *Server) adminHandler() http.Handler {
 			if wait <= 0 {
 				wait = defaultWaitTimeout
 			}
-			resp, err = s.FenceOn(r.Context(), req.Reason, wait)
+			resp, err = s.FenceOn(r.Context(), req.Reason, req.Mode, wait)
 		} else {
 			resp, err = s.FenceOff()
 		}
 		switch {
 		case errors.Is(err, ErrUnconfirmed):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
+		case errors.Is(err, ErrBadRequest):
+			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})
 		case err != nil:
 			writeJSON(w, http.StatusInternalServerError, admin.Error{Error: err.Error()})
 		default:

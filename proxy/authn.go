@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -75,8 +76,9 @@ type connIdentity struct {
 
 type connIdentityKey struct{}
 
-// connContext gives every accepted connection its identity cache.
+// connContext gives every accepted connection its identity cache and its count of held writes.
 func connContext(ctx context.Context, _ net.Conn) context.Context {
+	ctx = context.WithValue(ctx, connHoldsKey{}, new(atomic.Int32))
 	return context.WithValue(ctx, connIdentityKey{}, &connIdentity{})
 }
 

@@ -17,7 +17,7 @@ func (s *Server) buildHandler() http.Handler {
 	var h http.Handler = newReverseProxy(s.headerNames, s.metrics.upstreamDuration, s.log)
 	h = withBackend(h, &s.active)
 	h = withIdentityHeaders(h, s.headerNames.stripList())
-	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.log)
+	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.holder, s.log)
 	h = withAccounting(h, s.metrics.requests, &s.openWatches)
 	h = withConfirmedBackend(h, &s.unconfirmed, o.RetryAfter)
 	h = withAuthentication(h, s.authn, s.clientCA, s.log)

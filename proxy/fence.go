@@ -16,6 +16,9 @@ import (
 // ErrNotFenced is returned by a backend change while writes are open (invariant switch-only-fenced, docs/invariants.md).
 var ErrNotFenced = errors.New("the backend can be changed only while fenced: run 'kubefence fence on' first")
 
+// ErrBadRequest marks an admin request that is not well formed.
+var ErrBadRequest = errors.New("bad request")
+
 // ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
 var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unreadable at start-up): run 'kubefence backend set URL' first")
 
@@ -28,6 +31,7 @@ var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was 
 type gate struct {
 	mu     sync.RWMutex
 	fenced atomic.Bool // read without mu on the refusal fast path
+	hold   atomic.Bool // fenced in hold mode
 	state  State       // guarded by mu
 	store  *stateStore
 	now    func() time.Time
@@ -54,6 +58,7 @@ func (g *gate) publish(st State) {
 	}
 	g.state = st
 	g.fenced.Store(st.Fenced)
+	g.hold.Store(st.Fenced && st.Mode == admin.ModeHold)
 }
 
 // openCh returns a channel that is closed while the fence is open.

@@ -17,7 +17,8 @@ import (
 // writes it admits while open so that 'fence on' can wait for them (invariant barrier). It
 // decides before forwarding: a refused request is never sent anywhere (invariant
 // refused-never-forwarded). A write's body is read whole first, within limits (see writebody.go).
-func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, log *slog.Logger) http.Handler {
+// In hold mode a write the policy would refuse is held instead (see hold.go).
+func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, hd *holder, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
@@ -47,6 +48,10 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		}
 		id, ok := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
 		if !ok {
+			if d := pol.Decide(a); !d.Allow && g.hold.Load() {
+				hd.hold(w, r, st, next, g, rf, int64(len(body)))
+				return
+			}
 			decide(w, r, st, next, pol, rf)
 			return
 		}

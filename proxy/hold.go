@@ -3,9 +3,16 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kubefence/kubefence/policy"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // Hold mode: a write that arrives while the fence is on in hold mode is not refused but kept
@@ -87,9 +94,9 @@ func (q *holdQueue) stats() (count int, bytes int64) {
 type holdOutcome uint8
 
 const (
-	holdReleased holdOutcome = iota // admitted after the fence lifted: forward it
-	holdTimedOut                    // refuse it, as in refuse mode
-	holdAbandoned                   // the client went away: answer nothing, forward nothing
+	holdReleased  holdOutcome = iota // admitted after the fence lifted: forward it
+	holdTimedOut                     // refuse it, as in refuse mode
+	holdAbandoned                    // the client went away: answer nothing, forward nothing
 )
 
 // awaitRelease waits for h's turn and for the fence to be open, then admits the write under the
@@ -123,4 +130,83 @@ func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan t
 		}
 		return id, holdReleased
 	}
+}
+
+// holder holds writes in hold mode: the waiting room, its bounds and its metrics.
+type holder struct {
+	q       holdQueue
+	timeout time.Duration
+	// perConn bounds the held writes of one HTTP/2 connection: a share of its streams, so that
+	// reads on it are never starved of streams.
+	perConn int32
+	seconds prometheus.Histogram
+	log     *slog.Logger
+}
+
+func newHolder(o *Options, log *slog.Logger) *holder {
+	return &holder{
+		q:       holdQueue{maxCount: o.MaxHeldRequests, maxBytes: o.MaxHeldBytes},
+		timeout: o.HoldTimeout,
+		perConn: int32(o.MaxConcurrentStreams / 2),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubefence_hold_duration_seconds",
+			Help:    "How long writes were held in hold mode, whatever the outcome.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 3, 4, 5, 10},
+		}),
+		log: log,
+	}
+}
+
+// connHoldsKey keys the count of writes held on one client connection.
+type connHoldsKey struct{}
+
+// hold keeps a write that arrived while fenced in hold mode until the fence lifts, then forwards
+// it to the backend active at that moment; past the hold timeout, or beyond the bounds, it is
+// refused as in refuse mode and never forwarded. A client that leaves while held gets nothing
+// and nothing is forwarded.
+func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, next http.Handler, g *gate, rf *refusals, size int64) {
+	if n, _ := r.Context().Value(connHoldsKey{}).(*atomic.Int32); n != nil && r.ProtoMajor == 2 {
+		if n.Add(1) > hd.perConn {
+			n.Add(-1)
+			hd.q.full.Add(1)
+			rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: "hold: this connection's share of held streams is full"})
+			return
+		}
+		defer n.Add(-1)
+	}
+	start := time.Now()
+	h, err := hd.q.enter(size, start)
+	if err != nil {
+		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: err.Error()})
+		return
+	}
+	a := &st.attrs
+	hd.log.Info("held write: fence is on", "verb", a.Verb, "resource", resourceString(a), "namespace", a.Namespace,
+		"name", a.Name, "user", a.User, "userAgent", r.UserAgent())
+	timer := time.NewTimer(hd.timeout)
+	defer timer.Stop()
+	id, out := g.awaitRelease(r.Context(), h, timer.C, inflightWrite{attrs: a, userAgent: r.UserAgent(), start: start})
+	h.leave()
+	hd.seconds.Observe(time.Since(start).Seconds())
+	switch out {
+	case holdTimedOut:
+		hd.q.timedOut.Add(1)
+		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: "held for --hold-timeout " + hd.timeout.String()})
+	case holdAbandoned:
+		hd.q.abandoned.Add(1)
+		st.refused = true
+		w.WriteHeader(499) // nobody reads it: the client is gone
+	case holdReleased:
+		hd.q.released.Add(1)
+		st.writeID = id
+		defer g.inflight.remove(id)
+		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+	}
+}
+
+// status is the waiting room for 'fence status'.
+func (hd *holder) status() admin.HoldStatus {
+	n, b := hd.q.stats()
+	return admin.HoldStatus{Held: n, HeldBytes: b, Released: hd.q.released.Load(), TimedOut: hd.q.timedOut.Load(),
+		Abandoned: hd.q.abandoned.Load(), Full: hd.q.full.Load()}
 }

@@ -60,7 +60,7 @@ func TestHostileInput(t *testing.T) {
 		o.MaxHeaderBytes = 8 << 10
 		o.ReadHeaderTimeout = 300 * time.Millisecond
 	})
-	if _, err := p.FenceOn(t.Context(), "hostile", time.Second); err != nil {
+	if _, err := p.FenceOn(t.Context(), "hostile", "", time.Second); err != nil {
 		t.Fatal(err)
 	}
 	addr := p.Addr().String()

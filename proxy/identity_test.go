@@ -276,7 +276,7 @@ func TestClientCertificateIdentityForwarded(t *testing.T) {
 		})
 	}
 	// Refusals name the authenticated user; logs never hold a token.
-	if _, err := f.p.FenceOn(t.Context(), "identity test", time.Second); err != nil {
+	if _, err := f.p.FenceOn(t.Context(), "identity test", "", time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []*http.Client{f.client(&alice), f.client(nil)} {

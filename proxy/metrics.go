@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -69,7 +71,27 @@ func newMetrics(s *Server) *metrics {
 		}, func() float64 { return float64(s.gate.current().Generation) }),
 		backendInfo{s},
 	)
+	m.registry.MustRegister(holdMetrics(s.holder)...)
 	return m
+}
+
+// holdMetrics are hold mode's: the waiting room now, and how holds ended.
+func holdMetrics(hd *holder) []prometheus.Collector {
+	q := &hd.q
+	count := func(name, help string, v *atomic.Uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	return []prometheus.Collector{
+		hd.seconds,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kubefence_held_writes", Help: "Writes held now (hold mode)."},
+			func() float64 { n, _ := q.stats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kubefence_held_bytes", Help: "Body bytes of the writes held now (hold mode)."},
+			func() float64 { _, b := q.stats(); return float64(b) }),
+		count("kubefence_hold_released_total", "Held writes forwarded after the fence lifted.", &q.released),
+		count("kubefence_hold_timed_out_total", "Held writes refused with 429 at --hold-timeout (never forwarded).", &q.timedOut),
+		count("kubefence_hold_abandoned_total", "Held writes whose client went away (never forwarded).", &q.abandoned),
+		count("kubefence_hold_full_total", "Writes refused at once because the waiting room (or the connection's share) was full.", &q.full),
+	}
 }
 
 // backendInfo exports kubefence_backend_info{url} = 1 for the active backend.

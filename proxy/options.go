@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -63,6 +64,13 @@ type Options struct {
 	// whole before the fence admits the write.
 	MaxWriteBodyBytes int64
 	WriteBodyTimeout  time.Duration
+
+	// Hold mode bounds: how long a write may be held, and how many writes and body bytes may be
+	// held at once (per proxy, and per HTTP/2 connection as a share of its streams).
+	HoldTimeout          time.Duration
+	MaxHeldRequests      int
+	MaxHeldBytes         int64
+	MaxConcurrentStreams uint32
 }
 
 // NewOptions returns the defaults.
@@ -74,6 +82,10 @@ func NewOptions() *Options {
 		RetryAfter:               1,
 		MaxWriteBodyBytes:        3 << 20,
 		WriteBodyTimeout:         30 * time.Second,
+		HoldTimeout:              4 * time.Second,
+		MaxHeldRequests:          20000,
+		MaxHeldBytes:             256 << 20,
+		MaxConcurrentStreams:     1000,
 		MaxHeaderBytes:           256 << 10,
 		ReadHeaderTimeout:        10 * time.Second,
 		RequestHeaderUsername:    []string{"X-Remote-User"},
@@ -112,6 +124,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.StartFenced, "start-fenced", o.StartFenced, "start fenced when --state-file does not exist yet (a state file, once written, says how to start)")
 	fs.StringSliceVar(&o.AllowedBackends, "allowed-backends", o.AllowedBackends, "backend URLs 'kubefence backend set' may switch to, besides --upstream, e.g. https://10.0.0.20:6443 or https://127.0.0.1:* (any port); empty allows none")
 	fs.Int64Var(&o.MaxWriteBodyBytes, "max-write-body-bytes", o.MaxWriteBodyBytes, "largest write body accepted (413 beyond), as kube-apiserver's own limit; the proxy reads a write's body whole before admitting it")
+	fs.DurationVar(&o.HoldTimeout, "hold-timeout", o.HoldTimeout, "in hold mode, how long a write is held before it is refused with 429 (never forwarded); keep it under 5 s, the request timeout of client-go's leader election")
+	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
+	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")
+	fs.Uint32Var(&o.MaxConcurrentStreams, "http2-max-streams-per-connection", o.MaxConcurrentStreams, "HTTP/2 streams a client connection may open at once (kube-apiserver's default is 1000); in hold mode at most half of them may be held writes, so reads on the connection go on")
 	fs.DurationVar(&o.WriteBodyTimeout, "write-body-timeout", o.WriteBodyTimeout, "time a client has to send a write's body (408 beyond); a write is admitted, and counted by the fence's barrier, only once its body is in")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a backend switch waits for watches on the old backend to end cleanly before cutting them")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long SIGTERM waits for requests to finish")
@@ -119,6 +135,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // Validate reports every problem with the options at once.
 func (o *Options) Validate() []error {
+	return slices.Concat(o.validateListeners(), o.validateIdentity(), o.validateLimits())
+}
+
+// validateListeners checks where the proxy listens and what it forwards to.
+func (o *Options) validateListeners() []error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("--listen %q: %v", o.Listen, err))
@@ -157,6 +178,12 @@ func (o *Options) Validate() []error {
 			errs = append(errs, fmt.Errorf("--metrics-listen %q: %v", o.MetricsListen, err))
 		}
 	}
+	return errs
+}
+
+// validateIdentity checks client-certificate authentication and identity forwarding.
+func (o *Options) validateIdentity() []error {
+	var errs []error
 	if o.ClientCAFile != "" {
 		if o.InsecureListen {
 			errs = append(errs, errors.New("--client-ca-file needs TLS: it cannot be used with --insecure-listen"))
@@ -171,6 +198,12 @@ func (o *Options) Validate() []error {
 	if (o.UpstreamClientCertFile == "") != (o.UpstreamClientKeyFile == "") {
 		errs = append(errs, errors.New("--upstream-client-cert-file and --upstream-client-key-file go together"))
 	}
+	return errs
+}
+
+// validateLimits checks the bounds, timeouts and the fence's own flags.
+func (o *Options) validateLimits() []error {
+	var errs []error
 	if o.MaxHeaderBytes < 4<<10 {
 		errs = append(errs, fmt.Errorf("--max-header-bytes %d: at least 4096", o.MaxHeaderBytes))
 	}
@@ -188,6 +221,12 @@ func (o *Options) Validate() []error {
 	}
 	if o.WriteBodyTimeout <= 0 {
 		errs = append(errs, errors.New("--write-body-timeout must be positive"))
+	}
+	if o.HoldTimeout <= 0 || o.MaxHeldRequests <= 0 || o.MaxHeldBytes <= 0 {
+		errs = append(errs, errors.New("--hold-timeout, --max-held-requests and --max-held-bytes must be positive"))
+	}
+	if o.MaxConcurrentStreams < 2 {
+		errs = append(errs, errors.New("--http2-max-streams-per-connection must be at least 2"))
 	}
 	if o.StartFenced && o.StateFile == "" {
 		errs = append(errs, errors.New("--start-fenced needs --state-file: without it a restart would forget the fence"))

@@ -38,6 +38,7 @@ type Server struct {
 	active      atomic.Pointer[backend]
 	switchMu    sync.Mutex // serialises backend changes
 	refusals    *refusals
+	holder      *holder
 	headerNames RequestHeaderNames
 	authn       authenticator.Request
 	clientCA    x509request.VerifyOptionFunc // the current client CA bundle; set with authn
@@ -71,6 +72,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if cfg.authn != nil {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
+	s.holder = newHolder(&cfg.opts, log)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)
 	s.gate.now = time.Now
@@ -138,16 +140,25 @@ func (s *Server) Status() admin.Status {
 		Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
+		Mode: st.Mode, Hold: s.holder.status(),
 	}
 }
 
 // FenceOn refuses writes from now on, then waits up to waitTimeout for the writes admitted
 // before to finish (invariant barrier). The fence stays on whatever the barrier's outcome.
-func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Duration) (admin.FenceResponse, error) {
+func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout time.Duration) (admin.FenceResponse, error) {
+	switch mode {
+	case "":
+		mode = admin.ModeRefuse
+	case admin.ModeRefuse, admin.ModeHold:
+	default:
+		return admin.FenceResponse{Status: s.Status()}, fmt.Errorf("%w: fence mode %q: want %s or %s", ErrBadRequest, mode, admin.ModeRefuse, admin.ModeHold)
+	}
 	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
 		st.Fenced = true
 		st.Reason = reason
+		st.Mode = mode
 		s.refusals.setReason(reason)
 		return nil
 	})
@@ -157,7 +168,7 @@ func (s *Server) FenceOn(ctx context.Context, reason string, waitTimeout time.Du
 	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
-	s.log.Info("fence on", "reason", reason, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
+	s.log.Info("fence on", "reason", reason, "mode", mode, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
 	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}, nil
 }
 
@@ -170,6 +181,7 @@ func (s *Server) FenceOff() (admin.FenceResponse, error) {
 		}
 		st.Fenced = false
 		st.Reason = ""
+		st.Mode = ""
 		return nil
 	})
 	if err != nil {
@@ -280,6 +292,8 @@ func (s *Server) serveAll() {
 		MaxHeaderBytes:    o.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ConnContext:       connContext,
+		// As kube-apiserver (--http2-max-streams-per-connection): room for reads beside held writes.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(o.MaxConcurrentStreams)},
 	}
 	if !o.InsecureListen {
 		s.apiServer.TLSConfig = s.cfg.certs.serverTLS()

@@ -22,6 +22,8 @@ type State struct {
 	Fenced  bool `json:"fenced"`
 	// Reason is the operator's text for the current fence.
 	Reason string `json:"reason,omitempty"`
+	// Mode is admin.ModeRefuse or admin.ModeHold while fenced; empty means refuse.
+	Mode string `json:"mode,omitempty"`
 	// Backend is the apiserver URL requests go to; BackendCAFile verifies its serving certificate.
 	Backend       string `json:"backend"`
 	BackendCAFile string `json:"backendCAFile,omitempty"`

@@ -20,6 +20,7 @@ import (
 	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/internal/strictyaml"
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // Plan API version and kind.
@@ -49,6 +50,10 @@ type ProxySpec struct {
 	// WaitTimeout bounds the fence barrier.
 	WaitTimeout Duration `yaml:"waitTimeout" json:"waitTimeout"`
 	Reason      string   `yaml:"reason" json:"reason"`
+	// FenceMode is what the proxy does with a write during the window: "refuse" (429, the
+	// default) or "hold" (keep it until writes reopen, then send it to green; refused after the
+	// proxy's --hold-timeout).
+	FenceMode string `yaml:"fenceMode" json:"fenceMode"`
 }
 
 // APIServerRef is how the cutover reads an apiserver directly (not through the proxy).
@@ -173,6 +178,9 @@ func (p *Plan) setDefaults() {
 	if p.Proxy.WaitTimeout == 0 {
 		p.Proxy.WaitTimeout = Duration(30 * time.Second)
 	}
+	if p.Proxy.FenceMode == "" {
+		p.Proxy.FenceMode = admin.ModeRefuse
+	}
 	if p.Migration.Mode == "" {
 		p.Migration.Mode = "snapshot"
 	}
@@ -267,6 +275,9 @@ func (p *Plan) validate() []error {
 	}
 	if p.StateDir == "" {
 		ps.add("stateDir is required: the journal, the snapshot and green's logs go there")
+	}
+	if m := p.Proxy.FenceMode; m != admin.ModeRefuse && m != admin.ModeHold {
+		ps.add("proxy.fenceMode %q: want %s or %s", m, admin.ModeRefuse, admin.ModeHold)
 	}
 	p.validateBlue(&ps)
 	p.validateGreenEtcd(&ps)

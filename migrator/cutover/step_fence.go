@@ -19,7 +19,7 @@ func (fenceStep) pastNoReturn() bool { return false }
 func (fenceStep) timeout(p *Plan) time.Duration { return p.Proxy.WaitTimeout.D() + 30*time.Second }
 
 func (fenceStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("kubefence fence on (wait up to %s for in-flight writes)", r.p.Proxy.WaitTimeout.D())
+	return fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
 }
 
 func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
@@ -31,7 +31,7 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID
 	}
-	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
+	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
 	if err != nil {
 		return "", err
 	}
@@ -43,5 +43,9 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		r.j.RefusedAtFence = st.RefusedWrites
 	}
 	r.j.FenceGeneration = resp.Status.Generation
-	return fmt.Sprintf("writes refused from now; in-flight writes finished in %s", time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+	what := "refused"
+	if r.p.Proxy.FenceMode == admin.ModeHold {
+		what = "held"
+	}
+	return fmt.Sprintf("writes %s from now; in-flight writes finished in %s", what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 }

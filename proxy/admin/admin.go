@@ -45,6 +45,31 @@ type Status struct {
 	RefusedWrites uint64 `json:"refusedWrites"`
 	// RetryAfterSeconds is what refused clients are told.
 	RetryAfterSeconds int `json:"retryAfterSeconds"`
+	// Mode is what the fence does with a write: "refuse" (429) or "hold" (keep it until the fence
+	// lifts, then forward it). Empty means refuse.
+	Mode string `json:"mode,omitempty"`
+	// Hold is hold mode's waiting room.
+	Hold HoldStatus `json:"hold"`
+}
+
+// Fence modes.
+const (
+	ModeRefuse = "refuse"
+	ModeHold   = "hold"
+)
+
+// HoldStatus counts held writes since the proxy started.
+type HoldStatus struct {
+	// Held and HeldBytes are the writes (and their body bytes) waiting now.
+	Held      int   `json:"held"`
+	HeldBytes int64 `json:"heldBytes"`
+	// Released were forwarded after the fence lifted; TimedOut were refused at --hold-timeout;
+	// Abandoned left (their client went away) while held; Full were refused at once because the
+	// waiting room was full.
+	Released  uint64 `json:"released"`
+	TimedOut  uint64 `json:"timedOut"`
+	Abandoned uint64 `json:"abandoned"`
+	Full      uint64 `json:"full"`
 }
 
 // FenceRequest turns the fence on or off.
@@ -53,6 +78,8 @@ type FenceRequest struct {
 	Reason string `json:"reason,omitempty"`
 	// WaitTimeout bounds the barrier: how long fence on waits for writes admitted before it.
 	WaitTimeout Duration `json:"waitTimeout,omitempty"`
+	// Mode is ModeRefuse (the default) or ModeHold; only for fence on.
+	Mode string `json:"mode,omitempty"`
 }
 
 // InflightWrite describes a write still running when the barrier timed out.

@@ -88,6 +88,7 @@ func newFenceCommand(g *globals) *cobra.Command {
 type fenceOnOptions struct {
 	adminOptions
 	reason      string
+	mode        string
 	waitTimeout time.Duration
 }
 
@@ -95,16 +96,19 @@ func newFenceOnCommand(g *globals) *cobra.Command {
 	o := &fenceOnOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "on",
-		Short: "Refuse writes (429 + Retry-After) and wait for in-flight writes to finish",
-		Long: `Refuse writes from now on: reads and watches keep flowing, writes get 429 with Retry-After
-and a Kubernetes Status. client-go retries them by itself (up to 10 times); a client that does
-not retry (the official Python client's POST and PATCH, curl, most scripts) sees an error. The
-command returns
+		Short: "Refuse (or hold) writes and wait for in-flight writes to finish",
+		Long: `Fence the API from now on: reads and watches keep flowing. With --mode refuse (the default)
+writes get 429 with Retry-After and a Kubernetes Status: client-go retries them by itself (up to
+10 times); a client that does not retry (the official Python client's POST and PATCH, curl, most
+scripts) sees an error. With --mode hold a write is kept, unanswered, until 'fence off' and then
+sent to the backend active at that moment, whose answer the client gets; a write held longer
+than the proxy's --hold-timeout gets the 429 instead and is never sent. The command returns
 once every write admitted before the fence has finished. If some are still running after
 --wait-timeout it lists them and exits 1; the fence stays on either way.`,
 		Args: args(cobra.NoArgs),
 	}, o)
 	cmd.Flags().StringVar(&o.reason, "reason", "", "why the API is fenced (shown to refused clients and in status)")
+	cmd.Flags().StringVar(&o.mode, "mode", admin.ModeRefuse, "what the fence does with a write: refuse (429 + Retry-After) or hold (keep it until fence off, then forward it)")
 	cmd.Flags().DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "how long to wait for writes admitted before the fence to finish")
 	return cmd
 }
@@ -113,13 +117,16 @@ func (o *fenceOnOptions) Validate() error {
 	if o.waitTimeout <= 0 {
 		return UsageErrorf("--wait-timeout must be positive")
 	}
+	if o.mode != admin.ModeRefuse && o.mode != admin.ModeHold {
+		return UsageErrorf("--mode %q: want %s or %s", o.mode, admin.ModeRefuse, admin.ModeHold)
+	}
 	return nil
 }
 
 func (o *fenceOnOptions) Run(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout+30*time.Second)
 	defer cancel()
-	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, WaitTimeout: admin.Duration(o.waitTimeout)})
+	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, Mode: o.mode, WaitTimeout: admin.Duration(o.waitTimeout)})
 	if err != nil {
 		return err
 	}
@@ -202,8 +209,14 @@ func (o *fenceStatusOptions) Run(ctx context.Context) error {
 func printStatus(w io.Writer, st admin.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	state := "OPEN (writes flow)"
-	if st.Fenced {
+	switch {
+	case st.Fenced && st.Mode == admin.ModeHold:
+		state = "FENCED, HOLD mode (writes held until fence off)"
+	case st.Fenced:
 		state = "FENCED (writes refused with 429, Retry-After: " + fmt.Sprint(st.RetryAfterSeconds) + "s)"
+	}
+	if st.Unconfirmed {
+		state += "; backend UNCONFIRMED, serving nothing (503) until 'kubefence backend set URL'"
 	}
 	fmt.Fprintf(tw, "fence:\t%s\n", state)
 	if st.Reason != "" {
@@ -214,6 +227,9 @@ func printStatus(w io.Writer, st admin.Status) {
 	fmt.Fprintf(tw, "in-flight writes:\t%d\n", st.InflightWrites)
 	fmt.Fprintf(tw, "open watches:\t%d\n", st.OpenWatches)
 	fmt.Fprintf(tw, "refused writes:\t%d (since the proxy started)\n", st.RefusedWrites)
+	h := st.Hold
+	fmt.Fprintf(tw, "held writes:\t%d now (%d bytes); since start: %d released, %d timed out (refused), %d abandoned by their clients, %d refused (waiting room full)\n",
+		h.Held, h.HeldBytes, h.Released, h.TimedOut, h.Abandoned, h.Full)
 	_ = tw.Flush()
 }
 

@@ -178,6 +178,15 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	h2, err := h2Clients(pki.CACert, c.concurrency)
+	if err != nil {
+		return err
+	}
+	const holdWriters = 313 // per connection: 32 x 313 = 10,016 held writes
+	held, err := benchHold(ctx, px, h2, holdWriters, time.Second)
+	if err != nil {
+		return err
+	}
 
 	direct := reads[0].r
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
@@ -205,7 +214,8 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	fmt.Fprintf(out, "Fence flips under load (kubefence, %d flips, GET+POST mix, %d connections):\n", len(flips.durations), c.concurrency)
 	fmt.Fprintf(out, "  flip inside the proxy (state fsynced, then writes refused): p50 %s, max %s (target <= 10ms)\n", ms(pct(flips.flips, 50)), ms(slices.Max(flips.flips)))
 	fmt.Fprintf(out, "  as the admin client sees it (incl. barrier and scheduling on saturated cores): p50 %s, max %s\n", ms(pct(flips.durations, 50)), ms(slices.Max(flips.durations)))
-	fmt.Fprintf(out, "  requests: %d, answered 429: %d, other errors: %d\n", flips.load.n, flips.load.codes[429], flips.load.errors+flips.load.n-flips.load.codes[200]-flips.load.codes[201]-flips.load.codes[429])
+	fmt.Fprintf(out, "  requests: %d, answered 429: %d, other errors: %d\n\n", flips.load.n, flips.load.codes[429], flips.load.errors+flips.load.n-flips.load.codes[200]-flips.load.codes[201]-flips.load.codes[429])
+	printHold(out, held, len(h2), holdWriters)
 	return nil
 }
 

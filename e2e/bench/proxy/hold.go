@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/internal/tlsutil"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// holdResult is one run of the hold scenario: writes held while fenced in hold mode, then
+// released by fence off.
+type holdResult struct {
+	held, answered, failed int
+	// afterOff is, for each held write, the time from fence off to its answer.
+	afterOff []time.Duration
+	// rssPerHeld is the proxy's RSS growth while holding, per held write.
+	rssPerHeld float64
+	// reads during the hold and without it, on the same connections.
+	readsHeld, readsBase []time.Duration
+}
+
+// h2Clients returns n HTTP/2 clients, each with a connection of its own.
+func h2Clients(caFile string, n int) ([]*http.Client, error) {
+	pool, err := tlsutil.LoadCAPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*http.Client, n)
+	for i := range out {
+		out[i] = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true, DisableCompression: true}}
+	}
+	return out, nil
+}
+
+// benchHold fences px in hold mode, sends writers per connection on each client, lets them be
+// held for hold, then lifts the fence and times the answers; readers on the same connections
+// measure read latency before and during the hold.
+func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client, writers int, hold time.Duration) (holdResult, error) {
+	var res holdResult
+	url := px.URL + "/api/v1/namespaces/default/configmaps"
+	res.readsBase = readLoop(ctx, clients, url, 300*time.Millisecond)
+	rss0 := procRSS(px.Proc.Pid())
+	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Mode: admin.ModeHold, Reason: "bench-hold"}); err != nil {
+		return res, err
+	}
+	var offAt atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	body := []byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"held"},"data":{"k":"` + strings.Repeat("v", 512) + `"}}`)
+	for _, c := range clients {
+		for range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, err := post(ctx, c, url, body)
+				done := time.Now().UnixNano()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil || code != http.StatusCreated {
+					res.failed++
+					return
+				}
+				res.answered++
+				if off := offAt.Load(); off > 0 {
+					res.afterOff = append(res.afterOff, time.Duration(done-off))
+				}
+			}()
+		}
+	}
+	deadline := time.Now().Add(hold)
+	res.readsHeld = readLoop(ctx, clients, url, time.Until(deadline)/2)
+	time.Sleep(time.Until(deadline))
+	st, err := px.Admin.Status(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.held = st.Hold.Held
+	if rss := procRSS(px.Proc.Pid()); res.held > 0 && rss > rss0 {
+		res.rssPerHeld = float64(rss-rss0) / float64(res.held)
+	}
+	offAt.Store(time.Now().UnixNano())
+	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		return res, err
+	}
+	wg.Wait()
+	slices.Sort(res.afterOff)
+	slices.Sort(res.readsHeld)
+	slices.Sort(res.readsBase)
+	return res, nil
+}
+
+func post(ctx context.Context, c *http.Client, url string, body []byte) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// readLoop sends GETs on every client, one at a time per client, for d; it returns latencies.
+func readLoop(ctx context.Context, clients []*http.Client, url string, d time.Duration) []time.Duration {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				start := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				lat = append(lat, time.Since(start))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return lat
+}
+
+// procRSS is a process's resident set in bytes, from /proc.
+func procRSS(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func printHold(out io.Writer, r holdResult, conns, writers int) {
+	fmt.Fprintf(out, "Hold mode (%d HTTP/2 connections x %d writers, fence off after the hold):\n", conns, writers)
+	fmt.Fprintf(out, "  writes held at fence off: %d; answered 201 after it: %d; failed: %d\n", r.held, r.answered, r.failed)
+	if len(r.afterOff) > 0 {
+		fmt.Fprintf(out, "  fence off -> held write answered: p50 %s, p99 %s, max %s (target: all <= 500ms)\n",
+			ms(pct(r.afterOff, 50)), ms(pct(r.afterOff, 99)), ms(r.afterOff[len(r.afterOff)-1]))
+	}
+	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes\n", r.rssPerHeld)
+	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
+		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",
+			len(r.readsHeld), ms(pct(r.readsHeld, 50)), ms(pct(r.readsHeld, 99)), len(r.readsBase), ms(pct(r.readsBase, 50)), ms(pct(r.readsBase, 99)))
+	}
+}

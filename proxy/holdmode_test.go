@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+func fenceHold(t *testing.T, p *testProxy) {
+	t.Helper()
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Mode: admin.ModeHold, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type answer struct {
+	code int
+	body string
+	err  error
+}
+
+// postAsync sends a write and delivers its answer on the returned channel.
+func postAsync(ctx context.Context, c *http.Client, url string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"kind":"ConfigMap"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ch <- answer{code: resp.StatusCode, body: string(b)}
+	}()
+	return ch
+}
+
+// TestHoldModeForwardsToTheBackendAfterTheSwitch: writes that arrive while fenced in hold mode
+// reach no backend while fenced, then go, once each, to the backend active when the fence lifts.
+func TestHoldModeForwardsToTheBackendAfterTheSwitch(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL)
+	fenceHold(t, p)
+	const n = 20
+	var answers []<-chan answer
+	for range n {
+		answers = append(answers, postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps"))
+	}
+	waitFor(t, func() bool { return p.Status().Hold.Held == n })
+	if len(blue.requests())+len(green.requests()) != 0 {
+		t.Fatal("a held write reached a backend while fenced")
+	}
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range answers {
+		a := <-ch
+		if a.err != nil || a.code != 200 || !strings.Contains(a.body, `"green"`) {
+			t.Fatalf("held write answered %+v, want 200 from green", a)
+		}
+	}
+	if got := len(green.requests()); got != n || len(blue.requests()) != 0 {
+		t.Fatalf("green saw %d writes, blue %d; want %d and 0", got, len(blue.requests()), n)
+	}
+	if h := p.Status().Hold; h.Held != 0 || h.Released != n {
+		t.Fatalf("hold status %+v, want %d released", h, n)
+	}
+}
+
+// TestHoldTimeoutRefusesAndNeverForwards: past --hold-timeout a held write gets 429 + Retry-After
+// and is not forwarded when the fence lifts later.
+func TestHoldTimeoutRefusesAndNeverForwards(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL, func(o *Options) { o.HoldTimeout = 200 * time.Millisecond })
+	fenceHold(t, p)
+	start := time.Now()
+	a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
+	if a.code != 429 || time.Since(start) < 200*time.Millisecond {
+		t.Fatalf("held past the timeout: %+v after %s, want 429 after 200ms", a, time.Since(start))
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if len(api.requests()) != 0 || p.Status().Hold.TimedOut != 1 {
+		t.Fatalf("backend saw %q, hold %+v", api.requests(), p.Status().Hold)
+	}
+}
+
+// TestHoldClientGoneNeverForwarded: a client that disconnects while held is never forwarded.
+func TestHoldClientGoneNeverForwarded(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	fenceHold(t, p)
+	ctx, cancel := context.WithCancel(t.Context())
+	ch := postAsync(ctx, http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
+	waitFor(t, func() bool { return p.Status().Hold.Held == 1 })
+	cancel()
+	if a := <-ch; a.err == nil {
+		t.Fatalf("cancelled client got %+v", a)
+	}
+	waitFor(t, func() bool { return p.Status().Hold.Abandoned == 1 })
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if len(api.requests()) != 0 {
+		t.Fatalf("an abandoned held write was forwarded: %q", api.requests())
+	}
+}
+
+// TestHoldBoundsRefuseAtOnce: beyond --max-held-requests a write gets 429 at once; reads and
+// exempt writes are never held.
+func TestHoldBoundsRefuseAtOnce(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL, func(o *Options) { o.MaxHeldRequests = 2 })
+	fenceHold(t, p)
+	a1 := postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
+	a2 := postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
+	waitFor(t, func() bool { return p.Status().Hold.Held == 2 })
+	start := time.Now()
+	if a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps"); a.code != 429 || time.Since(start) > time.Second {
+		t.Fatalf("write beyond the bound: %+v after %s, want an immediate 429", a, time.Since(start))
+	}
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps"); resp.StatusCode != 200 {
+		t.Fatalf("read while holding = %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, "POST", p.url+"/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"); resp.StatusCode != 200 {
+		t.Fatalf("review create while holding = %d, want forwarded at once", resp.StatusCode)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []<-chan answer{a1, a2} {
+		if a := <-ch; a.code != 200 {
+			t.Fatalf("held write: %+v", a)
+		}
+	}
+}
+
+// TestHoldPerConnectionShare: on one HTTP/2 connection at most half the streams may be held
+// writes; reads on that connection go on meanwhile.
+func TestHoldPerConnectionShare(t *testing.T) {
+	f := newIdentityFixture(t, func(o *Options, _ string) { o.MaxConcurrentStreams = 4 })
+	c := f.h2Client(nil)
+	if code, _ := getReused(t, c, f.proxyURL); code != 200 {
+		t.Fatal("warm-up read failed")
+	}
+	if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Mode: admin.ModeHold}); err != nil {
+		t.Fatal(err)
+	}
+	var held []<-chan answer
+	for range 2 {
+		held = append(held, postAsync(t.Context(), c, f.proxyURL+"/api/v1/namespaces/default/configmaps"))
+	}
+	waitForT(t, 5*time.Second, "two held writes", func() bool { return f.p.Status().Hold.Held == 2 })
+	if a := <-postAsync(t.Context(), c, f.proxyURL+"/api/v1/namespaces/default/configmaps"); a.code != 429 {
+		t.Fatalf("third held write on one connection of 4 streams: %+v, want 429", a)
+	}
+	var wg sync.WaitGroup
+	for range 2 { // the streams not held
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, reused := getReused(t, c, f.proxyURL); code != 200 || !reused {
+				t.Errorf("read on the holding connection: %d (reused %v)", code, reused)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range held {
+		if a := <-ch; a.code != 200 {
+			t.Fatalf("held write: %+v", a)
+		}
+	}
+}
+
+func TestFenceModeChecked(t *testing.T) {
+	p := startProxy(t, newFakeAPI(t, "blue").URL)
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Mode: "queue"}); err == nil || !strings.Contains(err.Error(), "hold") {
+		t.Fatalf("unknown mode: %v", err)
+	}
+	if p.Status().Fenced {
+		t.Fatal("a refused fence request fenced")
+	}
+}
