@@ -1,0 +1,230 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/internal/tlsutil"
+	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// holdWrite is one acknowledged (or failed) write of a hold-mode writer.
+type holdWrite struct {
+	name       string
+	sent, done time.Time
+	rv         string
+	err        error
+}
+
+// holdWriters collects the writes of several writers.
+type holdWriters struct {
+	mu     sync.Mutex
+	writes map[string][]holdWrite // by writer
+	stop   atomic.Bool
+	wg     sync.WaitGroup
+}
+
+func (h *holdWriters) record(writer string, w holdWrite) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.writes[writer] = append(h.writes[writer], w)
+}
+
+// run calls write(i) in a loop until stopped; write returns the created object's
+// resourceVersion.
+func (h *holdWriters) run(writer string, write func(i int) (name, rv string, err error)) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for i := 0; !h.stop.Load(); i++ {
+			sent := time.Now()
+			name, rv, err := write(i)
+			h.record(writer, holdWrite{name: name, sent: sent, done: time.Now(), rv: rv, err: err})
+		}
+	}()
+}
+
+// TestCutoverHoldMode: with proxy.fenceMode hold, writers that retry (client-go), that never
+// retry (plain HTTP) and `kubectl apply` in a loop see no failed write across a cutover; writes
+// sent during the window are answered by green after it; every acknowledged write is on green.
+func TestCutoverHoldMode(t *testing.T) {
+	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
+	ctx := t.Context()
+	f := &cutoverFixture{env: newEnv(t)}
+	var err error
+	if f.pki, err = framework.NewPKI(f.env.Dir + "/pki"); err != nil {
+		t.Fatal(err)
+	}
+	f.blue = startClusterWith(t, f.env, f.pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
+	// The hold timeout covers the whole window of this stop-the-world cutover on a loaded CI
+	// machine; a replication cutover's sub-second window needs no more than the default 4 s.
+	if f.px, err = f.env.StartProxy(ctx, framework.ProxyConfig{Binary: kubefenceBin, Upstream: f.blue.api.URL, PKI: f.pki, ExtraArgs: []string{"--hold-timeout=15s"}}); err != nil {
+		t.Fatal(err)
+	}
+	if f.green, err = f.env.WriteCutoverPlan("green", f.pki, f.px, f.blue.api, f.blue.etcd, framework.Etcd36, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = framework.StopCutoverProcesses(f.green.Plan.StateDir) })
+	f.green.Plan.Proxy.FenceMode = admin.ModeHold
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	cs := f.proxyClient(t, 1000)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "hold"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	hw := &holdWriters{writes: map[string][]holdWrite{}}
+	hw.run("client-go", func(i int) (string, string, error) {
+		name := fmt.Sprintf("cg-%05d", i)
+		cm, err := cs.CoreV1().ConfigMaps("hold").Create(context.WithoutCancel(ctx), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		if err != nil {
+			return name, "", err
+		}
+		return name, cm.ResourceVersion, nil
+	})
+	raw := rawWriter(t, f)
+	hw.run("plain-http", func(i int) (string, string, error) { return raw(fmt.Sprintf("raw-%05d", i)) })
+	hw.run("kubectl-apply", kubectlApply(t, f))
+	time.Sleep(time.Second)
+
+	out, err := f.cutoverCmd(ctx)
+	t.Logf("kubefence cutover:\n%s", out)
+	if err != nil {
+		t.Fatalf("cutover failed: %v", err)
+	}
+	time.Sleep(time.Second)
+	hw.stop.Store(true)
+	hw.wg.Wait()
+
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil || j.State != cutover.StateDone {
+		t.Fatalf("journal: %+v %v", j, err)
+	}
+	checkHoldWrites(t, f, j, hw)
+}
+
+// checkHoldWrites asserts no writer failed, every acknowledged create is on green, and the writes
+// held through the window were answered by green (a resourceVersion above the bump).
+func checkHoldWrites(t *testing.T, f *cutoverFixture, j *cutover.Journal, hw *holdWriters) {
+	t.Helper()
+	window := j.UnfencedAt.Sub(j.FencedAt)
+	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onGreen := map[string]bool{}
+	cms, err := gcs.CoreV1().ConfigMaps("hold").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range cms.Items {
+		onGreen[cm.Name] = true
+	}
+	bump := j.SnapshotRevision + f.green.Plan.Migration.RevisionBump
+	for writer, ws := range hw.writes {
+		var failed, inWindow int
+		var longest time.Duration
+		for _, w := range ws {
+			if w.err != nil {
+				failed++
+				if failed <= 3 {
+					t.Errorf("%s: write %s failed: %v", writer, w.name, w.err)
+				}
+				continue
+			}
+			longest = max(longest, w.done.Sub(w.sent))
+			if writer != "kubectl-apply" && !onGreen[w.name] {
+				t.Errorf("%s: acknowledged %s is not on green", writer, w.name)
+			}
+			// Outstanding when writes reopened: held through the window, answered after it.
+			if w.sent.Before(j.UnfencedAt) && w.done.After(j.UnfencedAt) {
+				inWindow++
+				if rv, _ := strconv.ParseInt(w.rv, 10, 64); rv <= bump {
+					t.Errorf("%s: %s, held through the window, was acknowledged with resourceVersion %s, not by green (above %d)", writer, w.name, w.rv, bump)
+				}
+			}
+		}
+		t.Logf("%s: %d writes, %d failed, %d held through the %s window and answered by green, longest %s", writer, len(ws), failed, inWindow, window.Round(time.Millisecond), longest.Round(time.Millisecond))
+		if inWindow == 0 {
+			t.Errorf("%s had no write outstanding when writes reopened: the test proves nothing for it", writer)
+		}
+		if longest > window+2*time.Second {
+			t.Errorf("%s: longest write %s, want about the window %s", writer, longest, window)
+		}
+	}
+	st, err := f.px.Admin.Status(t.Context())
+	if err != nil || st.Hold.TimedOut != 0 || st.Hold.Released == 0 {
+		t.Errorf("proxy hold status after the cutover: %+v %v", st.Hold, err)
+	}
+}
+
+// rawWriter returns a writer that POSTs configmaps with a plain HTTP client that never retries,
+// authenticated with the admin client certificate, and returns each answer's resourceVersion.
+func rawWriter(t *testing.T, f *cutoverFixture) func(name string) (string, string, error) {
+	t.Helper()
+	pool, err := tlsutil.LoadCAPool(f.pki.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(f.pki.AdminCert, f.pki.AdminKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	return func(name string) (string, string, error) {
+		body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)
+		resp, err := hc.Post(f.px.URL+"/api/v1/namespaces/hold/configmaps", "application/json", bytes.NewBufferString(body))
+		if err != nil {
+			return name, "", err
+		}
+		defer resp.Body.Close()
+		var cm corev1.ConfigMap
+		if err := json.NewDecoder(resp.Body).Decode(&cm); err != nil || resp.StatusCode != http.StatusCreated {
+			return name, "", fmt.Errorf("POST %s: %s (%v)", name, resp.Status, err)
+		}
+		return name, cm.ResourceVersion, nil
+	}
+}
+
+// kubectlApply returns a writer that runs `kubectl apply` of one configmap with a new value each
+// time, and returns the resourceVersion kubectl printed.
+func kubectlApply(t *testing.T, f *cutoverFixture) func(i int) (string, string, error) {
+	t.Helper()
+	kubectl, err := framework.Bin("kubectl", framework.Kube136)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	return func(i int) (string, string, error) {
+		manifest := filepath.Join(dir, "cm.yaml")
+		doc := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: hold\ndata:\n  i: %q\n", strconv.Itoa(i))
+		if err := os.WriteFile(manifest, []byte(doc), 0o600); err != nil {
+			return "applied", "", err
+		}
+		out, err := exec.Command(kubectl, "--kubeconfig", f.px.Kubeconfig, "apply", "-f", manifest, "-o", "jsonpath={.metadata.resourceVersion}").CombinedOutput()
+		if err != nil {
+			return "applied", "", fmt.Errorf("kubectl apply: %v: %s", err, out)
+		}
+		return "applied", string(bytes.TrimSpace(out)), nil
+	}
+}
