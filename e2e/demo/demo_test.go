@@ -25,7 +25,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo failed: %v (logs in %s/logs)", err, dir)
 	}
 	defer os.RemoveAll(dir)
-	if sum.WriterErrors != 0 || sum.ReadErr != 0 || len(sum.Missing) != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
+	if sum.WriterErrors != 0 || sum.PlainErrors != 0 || sum.PlainAcked == 0 || sum.ReadErr != 0 || len(sum.Missing) != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
 		t.Errorf("summary = %+v", sum)
 	}
 	if !strings.Contains(out.String(), "acknowledged writes lost: 0") {

@@ -21,18 +21,21 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // summary is what the demo measured.
 type summary struct {
-	Window         time.Duration
-	WritesAcked    int
-	WriterErrors   int
-	Refused        uint64
-	Reads, ReadErr int
-	WatchEvents    int64
-	Verified       int
-	Missing        []string
+	Window       time.Duration
+	WritesAcked  int
+	WriterErrors int
+	// PlainAcked and PlainErrors are the plain HTTP writer's, which never retries.
+	PlainAcked, PlainErrors int
+	Held, Refused           uint64
+	Reads, ReadErr          int
+	WatchEvents             int64
+	Verified                int
+	Missing                 []string
 }
 
 func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
@@ -81,8 +84,11 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	done(blueAPI.URL)
 
-	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands)")
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1})
+	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands), --hold-timeout=10s")
+	// Hold mode holds a write at most --hold-timeout (default 4 s, under client-go leader
+	// election's 5 s request timeout). This cutover copies and starts green inside the window,
+	// 2.5-4.5 s here, so the demo's proxy holds longer; it runs no leader-elected component.
+	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1, ExtraArgs: []string{"--hold-timeout=10s"}})
 	if err != nil {
 		return nil, err
 	}
@@ -98,13 +104,18 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", o.objects))
 
-	done = p.begin("start a live writer, a watcher (informer) and a reader, all through the proxy")
+	done = p.begin("start live writers (client-go, and plain HTTP that never retries), a watcher (informer) and a reader, all through the proxy")
 	wcs, err := clientset(px.Kubeconfig, 200)
 	if err != nil {
 		return nil, err
 	}
 	traffic := startTraffic(ctx, wcs)
 	defer traffic.stop()
+	plain, err := startPlainWriter(ctx, px.URL, pki)
+	if err != nil {
+		return nil, err
+	}
+	defer plain.stop()
 	time.Sleep(2 * time.Second)
 	done(fmt.Sprintf("%d writes acknowledged so far", traffic.acked.Load()))
 
@@ -114,6 +125,11 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	done = p.begin("start green's plan: etcd %s + kube-apiserver %s, launched by the cutover", framework.Etcd36, framework.Kube136)
 	green, err := env.WriteCutoverPlan("green", pki, px, blueAPI, blueEtcd, framework.Etcd36, 1)
 	if err != nil {
+		return nil, err
+	}
+	// Hold mode: writes that arrive during the window wait and are answered by green.
+	green.Plan.Proxy.FenceMode = admin.ModeHold
+	if err := green.Save(); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -171,8 +187,11 @@ Press Ctrl-C here to stop everything, green included.
 		return traffic.acked.Load() > before+20, nil
 	})
 	traffic.stop()
+	plainAcked, plainErrs := plain.stop()
 	st, _ = px.Admin.Status(ctx)
 	sum.WritesAcked, sum.WriterErrors = int(traffic.acked.Load()), len(traffic.errors())
+	sum.PlainAcked, sum.PlainErrors = len(plainAcked), len(plainErrs)
+	sum.Held = st.Hold.Released
 	sum.Refused, sum.Reads, sum.ReadErr, sum.WatchEvents = st.RefusedWrites, int(traffic.reads.Load()), int(traffic.readErrs.Load()), traffic.watchEvents.Load()
 
 	done = p.begin("check: every write the writer saw acknowledged is on green")
@@ -180,19 +199,20 @@ Press Ctrl-C here to stop everything, green included.
 	if err != nil {
 		return nil, err
 	}
-	lost, err := checkAcked(ctx, gcs, traffic.ackedNames())
+	lost, err := checkAcked(ctx, gcs, append(traffic.ackedNames(), plainAcked...))
 	if err != nil {
 		return nil, err
 	}
 	if len(lost) > 0 {
 		return sum, fmt.Errorf("%d acknowledged writes missing on green: %v", len(lost), lost[:min(len(lost), 10)])
 	}
-	done(fmt.Sprintf("%d of %d present", sum.WritesAcked, sum.WritesAcked))
+	done(fmt.Sprintf("%d of %d present", sum.WritesAcked+sum.PlainAcked, sum.WritesAcked+sum.PlainAcked))
 
 	fmt.Fprintf(out, "\nSummary\n")
 	fmt.Fprintf(out, "  write-unavailability window (fence on -> fence off): %s\n", sum.Window.Round(time.Millisecond))
-	fmt.Fprintf(out, "  writes refused with 429 while fenced, retried by client-go: %d\n", sum.Refused)
-	fmt.Fprintf(out, "  writer: %d writes acknowledged, %d errors surfaced\n", sum.WritesAcked, sum.WriterErrors)
+	fmt.Fprintf(out, "  writes held while fenced (hold mode), then answered by green: %d; refused with 429: %d\n", sum.Held, sum.Refused)
+	fmt.Fprintf(out, "  client-go writer: %d writes acknowledged, %d errors surfaced\n", sum.WritesAcked, sum.WriterErrors)
+	fmt.Fprintf(out, "  plain HTTP writer (never retries): %d writes acknowledged, %d failed\n", sum.PlainAcked, sum.PlainErrors)
 	fmt.Fprintf(out, "  reader: %d lists, %d failed; watcher: %d events\n", sum.Reads, sum.ReadErr, sum.WatchEvents)
 	fmt.Fprintf(out, "  objects verified on green: %d; acknowledged writes lost: 0\n", sum.Verified)
 	fmt.Fprintf(out, "  proxy backend now: %s (green), fence: %s\n", st.Backend, fenceWord(st.Fenced))
@@ -201,6 +221,9 @@ Press Ctrl-C here to stop everything, green included.
 	}
 	if sum.WriterErrors > 0 {
 		return sum, fmt.Errorf("the writer saw %d errors: %v", sum.WriterErrors, traffic.errors()[0])
+	}
+	if sum.PlainErrors > 0 {
+		return sum, fmt.Errorf("the plain HTTP writer saw %d failed writes: %v", sum.PlainErrors, plainErrs[0])
 	}
 
 	if o.keep {
@@ -228,6 +251,7 @@ Everything is still running (KEEP=1). Try it by hand in another terminal:
   %s fence status --admin-socket %s
   %s fence on --reason "trying it" --admin-socket %s
   kubectl -n demo create configmap while-fenced   # waits: 429 + Retry-After, retried by kubectl
+  (or: fence on --mode hold, and the create waits, unanswered, until fence off)
   %s fence off --admin-socket %s                  # ... and now it goes through
 
   blue apiserver (stopped serving clients, still running): %s
