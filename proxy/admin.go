@@ -50,7 +50,7 @@ func (s *Server) adminHandler() http.Handler {
 		if !readJSON(w, r, &req) {
 			return
 		}
-		resp, err := s.SetBackend(r.Context(), req.URL, req.CAFile)
+		resp, err := s.SetBackend(r.Context(), req)
 		switch {
 		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})

@@ -31,6 +31,7 @@ type backend struct {
 	draining bool
 	streams  map[*stream]struct{}
 	idle     chan struct{} // closed when streams becomes empty while draining
+	resumed  int           // watches handed off to the next backend while draining
 }
 
 // TransportOptions shape the connection pools to every backend.
@@ -148,6 +149,20 @@ func (b *backend) track(s *stream) error {
 func (b *backend) untrack(s *stream) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.remove(s)
+}
+
+// handOff takes off b a watch that now streams from the next backend.
+func (b *backend) handOff(s *stream) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.streams[s]; ok {
+		b.resumed++
+	}
+	b.remove(s)
+}
+
+func (b *backend) remove(s *stream) {
 	delete(b.streams, s)
 	if len(b.streams) == 0 && b.idle != nil {
 		close(b.idle)
@@ -156,9 +171,11 @@ func (b *backend) untrack(s *stream) {
 }
 
 // drain ends every long-running request on b: a watch ends cleanly at its next event boundary
-// (clients see a normal end of watch and reconnect, to the new backend); an upgraded stream, or
-// a watch still open at the timeout, is cut.
-func (b *backend) drain(timeout time.Duration) admin.Drain {
+// (clients see a normal end of watch and reconnect, to the new backend), or, when resumeOn is
+// given, goes on at its next event boundary as the same watch re-issued to resumeOn from the
+// last resourceVersion it delivered (watchresume.go); an upgraded stream, or a watch still open
+// at the timeout, is cut.
+func (b *backend) drain(timeout time.Duration, resumeOn *backend) admin.Drain {
 	start := time.Now()
 	b.mu.Lock()
 	b.draining = true
@@ -177,7 +194,14 @@ func (b *backend) drain(timeout time.Duration) admin.Drain {
 		s.mu.Lock()
 		body := s.body
 		s.mu.Unlock()
-		if body == nil || !body.endAtBoundary() {
+		switch {
+		case body == nil:
+			s.cancel()
+		case resumeOn != nil:
+			if !body.moveTo(resumeOn) {
+				s.cancel()
+			}
+		case !body.endAtBoundary():
 			s.cancel()
 		}
 	}
@@ -194,6 +218,10 @@ func (b *backend) drain(timeout time.Duration) admin.Drain {
 		}
 	}
 	b.closeIdle()
+	b.mu.Lock()
+	res.Resumed = b.resumed
+	b.mu.Unlock()
+	res.Ended = res.Streams - res.Resumed
 	res.Duration = admin.Duration(time.Since(start))
 	return res
 }

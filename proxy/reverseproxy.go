@@ -38,7 +38,7 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 			upstreamDuration.Observe(time.Since(start).Seconds())
 			return resp, err
 		}),
-		ModifyResponse: modifyResponse,
+		ModifyResponse: modifyResponse(log),
 		ErrorHandler:   upstreamError(log),
 		BufferPool:     bufferPool{},
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -46,21 +46,28 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 }
 
 // modifyResponse closes the client connection after a refused upgrade, and wraps the body of a
-// watch so that a backend switch can end it at an event boundary.
-func modifyResponse(resp *http.Response) error {
-	st := reqStateFrom(resp.Request.Context())
-	switch {
-	case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
-		// A refused upgrade: answer it, then close the client connection too.
-		resp.Header.Set("Connection", "close")
-	case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
-		wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(resp.Header.Get("Content-Type")))
-		st.stream.mu.Lock()
-		st.stream.body = wb
-		st.stream.mu.Unlock()
-		resp.Body = wb
+// watch so that a backend switch can end it at an event boundary, or resume it on the new
+// backend (watchresume.go).
+func modifyResponse(log *slog.Logger) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		st := reqStateFrom(resp.Request.Context())
+		switch {
+		case st.attrs.Upgrade && resp.StatusCode != http.StatusSwitchingProtocols:
+			// A refused upgrade: answer it, then close the client connection too.
+			resp.Header.Set("Connection", "close")
+		case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
+			ct := resp.Header.Get("Content-Type")
+			wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(ct))
+			if wb.fr != framingUnknown && resp.Header.Get("Content-Encoding") == "" {
+				wb.enableResume(&resumeInfo{req: resp.Request, identity: st.identity != nil, contentType: ct, s: st.stream, on: st.backend, log: log})
+			}
+			st.stream.mu.Lock()
+			st.stream.body = wb
+			st.stream.mu.Unlock()
+			resp.Body = wb
+		}
+		return nil
 	}
-	return nil
 }
 
 // upstreamError turns every backend failure into a Kubernetes Status in one place: 499 when the

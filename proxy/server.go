@@ -194,8 +194,10 @@ func (s *Server) FenceOff() (admin.FenceResponse, error) {
 }
 
 // SetBackend switches to another apiserver; only while fenced (invariant switch-only-fenced, docs/invariants.md). New requests go
-// to it at once; watches and upgraded streams on the old one are ended (see backend.drain).
-func (s *Server) SetBackend(ctx context.Context, rawURL, caFile string) (admin.BackendResponse, error) {
+// to it at once; upgraded streams on the old one are ended, and watches too unless
+// req.ResumeWatches moves them to the new one (see backend.drain).
+func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+	rawURL, caFile := req.URL, req.CAFile
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	if !s.gate.fenced.Load() { // checked again, under the gate's lock, when the switch is made
@@ -233,9 +235,14 @@ func (s *Server) SetBackend(ctx context.Context, rawURL, caFile string) (admin.B
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	s.metrics.backendSwitches.Inc()
-	drain := old.drain(s.cfg.opts.DrainTimeout)
+	var resumeOn *backend
+	if req.ResumeWatches {
+		resumeOn = nb
+	}
+	drain := old.drain(s.cfg.opts.DrainTimeout, resumeOn)
 	s.metrics.drainForced.Add(float64(drain.Forced))
-	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "streamsEnded", drain.Streams, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))
+	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "resumeWatches", req.ResumeWatches,
+		"streams", drain.Streams, "resumed", drain.Resumed, "ended", drain.Ended, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))
 	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain}, nil
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"io"
@@ -33,13 +34,15 @@ func watchFraming(contentType string) framing {
 
 // watchBody wraps a watch response body so that a backend switch can end it cleanly between two
 // events: the client sees a normal end of the watch (as when the apiserver's watch timeout fires)
-// and re-establishes it, rather than a stream cut in the middle of an event.
+// and re-establishes it, rather than a stream cut in the middle of an event. When the switch
+// resumes watches (watchresume.go), the stream instead goes on, at an event boundary, with the
+// body of the same watch re-issued to the new backend from the last resourceVersion delivered.
 type watchBody struct {
-	rc     io.ReadCloser
 	cancel context.CancelFunc
 	fr     framing
 
 	mu       sync.Mutex
+	rc       io.ReadCloser // the current backend's body; replaced when the watch resumes
 	draining bool
 	// boundary is true when the bytes passed so far end exactly at an event boundary.
 	boundary bool
@@ -47,6 +50,18 @@ type watchBody struct {
 	hdr     [4]byte
 	hdrSeen int
 	due     uint32
+	// ends is scratch space: the offsets just past each event that ends in the bytes read.
+	ends []int
+
+	// resume is how to re-issue the watch; nil when it cannot be resumed.
+	resume *resumeInfo
+	// rv tracks the resourceVersion delivered; nil when resume is.
+	rv *rvTracker
+	// resumeTo is the backend a resuming switch moves the watch to, at the next boundary.
+	resumeTo *backend
+	// interrupted is set when the switch closed rc to wake an idle Read: bytes of an event
+	// that was cut by it are not passed on (the new backend sends that event again).
+	interrupted bool
 }
 
 func newWatchBody(rc io.ReadCloser, cancel context.CancelFunc, fr framing) *watchBody {
@@ -71,52 +86,110 @@ func (w *watchBody) endAtBoundary() bool {
 }
 
 func (w *watchBody) Read(p []byte) (int, error) {
-	w.mu.Lock()
-	if w.draining && w.boundary {
+	for {
+		w.mu.Lock()
+		if w.draining && w.boundary {
+			to := w.resumeTo
+			w.resumeTo = nil
+			w.mu.Unlock()
+			if to != nil && w.resumeOn(to) {
+				continue // the same watch, now on the new backend
+			}
+			w.cancel()
+			return 0, io.EOF
+		}
+		rc := w.rc
 		w.mu.Unlock()
-		w.cancel()
-		return 0, io.EOF
+		n, err := rc.Read(p)
+		w.mu.Lock()
+		n = w.advance(p[:n])
+		at := w.draining && w.boundary
+		resuming := w.resumeTo != nil
+		w.mu.Unlock()
+		if !at {
+			return n, err
+		}
+		switch {
+		case n > 0 && resuming:
+			return n, nil // deliver these events; the next Read moves the watch
+		case n > 0 && err != nil:
+			return n, io.EOF
+		case n > 0:
+			return n, nil
+		}
+		// Nothing to deliver and at a boundary: loop to end or resume.
 	}
-	w.mu.Unlock()
-	n, err := w.rc.Read(p)
-	w.mu.Lock()
-	w.advance(p[:n])
-	clean := w.draining && w.boundary
-	w.mu.Unlock()
-	if err != nil && clean {
-		return n, io.EOF
-	}
-	return n, err
 }
 
-func (w *watchBody) Close() error { return w.rc.Close() }
-
-// advance updates boundary after the bytes b passed through.
-func (w *watchBody) advance(b []byte) {
-	if len(b) == 0 {
-		return
+// Close closes the current backend's body and takes the stream off the backend it moved to.
+func (w *watchBody) Close() error {
+	w.mu.Lock()
+	rc := w.rc
+	w.mu.Unlock()
+	if w.resume != nil {
+		w.resume.untrack()
 	}
+	return rc.Close()
+}
+
+// advance updates boundary after the bytes b passed through, and the resourceVersion tracker
+// with the events they complete. It returns how many of them to pass on: all, except after
+// the switch interrupted the stream in the middle of an event, whose bytes are dropped.
+func (w *watchBody) advance(b []byte) int {
+	if len(b) == 0 {
+		return 0
+	}
+	ends := w.ends[:0]
 	switch w.fr {
 	case framingJSON:
+		for off := 0; ; {
+			i := bytes.IndexByte(b[off:], '\n')
+			if i < 0 {
+				break
+			}
+			off += i + 1
+			ends = append(ends, off)
+		}
 		w.boundary = b[len(b)-1] == '\n'
 	case framingProtobuf:
-		for len(b) > 0 {
+		for off := 0; off < len(b); {
 			if w.due > 0 {
-				k := min(uint32(len(b)), w.due)
+				k := min(uint32(len(b)-off), w.due)
 				w.due -= k
-				b = b[k:]
+				off += int(k)
+				if w.due == 0 {
+					ends = append(ends, off)
+				}
 				continue
 			}
-			k := copy(w.hdr[w.hdrSeen:], b)
+			k := copy(w.hdr[w.hdrSeen:], b[off:])
 			w.hdrSeen += k
-			b = b[k:]
+			off += k
 			if w.hdrSeen == 4 {
 				w.due = binary.BigEndian.Uint32(w.hdr[:])
 				w.hdrSeen = 0
+				if w.due == 0 {
+					ends = append(ends, off)
+				}
 			}
 		}
 		w.boundary = w.due == 0 && w.hdrSeen == 0
 	default:
 		w.boundary = false
+		return len(b)
 	}
+	w.ends = ends
+	n := len(b)
+	if w.interrupted && !w.boundary {
+		// The read raced the switch's close: cut back to the last whole event.
+		n = 0
+		if len(ends) > 0 {
+			n = ends[len(ends)-1]
+		}
+		w.boundary, w.hdrSeen, w.due = true, 0, 0
+	}
+	if w.rv != nil {
+		w.rv.observe(b[:n], ends)
+	}
+	return n
 }

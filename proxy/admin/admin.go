@@ -114,11 +114,20 @@ type BackendRequest struct {
 	URL string `json:"url"`
 	// CAFile verifies the new backend's serving certificate; empty keeps the current one.
 	CAFile string `json:"caFile,omitempty"`
+	// ResumeWatches moves each open watch to the new backend, from the last resourceVersion it
+	// delivered, on the same client response, instead of ending it. Only when the new backend
+	// serves the same etcd revisions as the old (a replication cutover, or another apiserver on
+	// the same etcd): otherwise resourceVersions mean different things there.
+	ResumeWatches bool `json:"resumeWatches,omitempty"`
 }
 
 // Drain says how the long-running requests on the previous backend ended.
 type Drain struct {
+	// Streams were open on the previous backend: Resumed of them are watches that go on on the
+	// new backend (resumeWatches), Ended were ended, Forced of those cut at the drain timeout.
 	Streams  int      `json:"streams"`
+	Resumed  int      `json:"resumed"`
+	Ended    int      `json:"ended"`
 	Forced   int      `json:"forced"`
 	Duration Duration `json:"duration"`
 }

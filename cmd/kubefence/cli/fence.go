@@ -244,24 +244,33 @@ func newBackendCommand(g *globals) *cobra.Command {
 
 type backendSetOptions struct {
 	adminOptions
-	caFile string
-	url    string
+	caFile        string
+	url           string
+	resumeWatches bool
 }
 
 func newBackendSetCommand(g *globals) *cobra.Command {
 	o := &backendSetOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "set URL",
-		Short: "Send new requests to the apiserver at URL and end watches on the old one",
+		Short: "Send new requests to the apiserver at URL and end (or resume) watches on the old one",
 		Long: `Switch the proxy to the kube-apiserver at URL. Only while fenced, and only to --upstream or a URL
 the proxy's --allowed-backends allows, whose certificate verifies with --ca-file (or the current
 backend's CA): the proxy refuses otherwise. New requests go to URL at once. Watches open on the
 old backend are ended between two events: client-go informers reconnect to the new backend and
 relist (about a second without events); a client that does not reconnect, such as
-'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.`,
+'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.
+
+With --resume-watches each watch instead goes on, on the same client connection: between two
+events the proxy re-issues it to URL from the last resourceVersion it delivered, so clients see
+one stream, with no relist and no event lost or repeated. Use it only when URL serves the same
+etcd revisions as the old backend (a replication cutover, or another apiserver on the same
+etcd); otherwise resourceVersions mean different things there and watches must end. A watch
+that cannot be resumed (still sending its initial events, or refused by URL) ends as without it.`,
 		Args: args(cobra.ExactArgs(1)),
 	}, o)
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
+	cmd.Flags().BoolVar(&o.resumeWatches, "resume-watches", false, "resume open watches on the new backend from the last resourceVersion delivered, instead of ending them; only when it serves the same etcd revisions as the old (otherwise resourceVersions mean different things there and watches must end)")
 	return cmd
 }
 
@@ -278,7 +287,7 @@ func (o *backendSetOptions) Validate() error {
 }
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
-	resp, err := o.client.SetBackend(ctx, admin.BackendRequest{URL: o.url, CAFile: o.caFile})
+	resp, err := o.client.SetBackend(ctx, admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches})
 	var apiErr *admin.APIError
 	if errors.As(err, &apiErr) && apiErr.Code == 409 {
 		return fmt.Errorf("backend not changed: %s", apiErr.Message)
@@ -287,8 +296,15 @@ func (o *backendSetOptions) Run(ctx context.Context) error {
 		return err
 	}
 	return o.printer.print(o.Out, resp, func(w io.Writer) {
-		fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
-			resp.Status.Backend, resp.Previous, resp.Drain.Streams, time.Duration(resp.Drain.Duration).Round(time.Millisecond))
+		d := resp.Drain
+		took := time.Duration(d.Duration).Round(time.Millisecond)
+		if o.resumeWatches {
+			fmt.Fprintf(w, "backend is %s (was %s); of %d long-running request(s) on the old backend, %d watch(es) resumed on the new one and %d ended, in %s",
+				resp.Status.Backend, resp.Previous, d.Streams, d.Resumed, d.Ended, took)
+		} else {
+			fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
+				resp.Status.Backend, resp.Previous, d.Streams, took)
+		}
 		if resp.Drain.Forced > 0 {
 			fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
 		}

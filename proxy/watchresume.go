@@ -1,0 +1,420 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Watch resumption. A backend switch made with resumeWatches (the new backend serves the same
+// etcd revisions as the old: a replication cutover, or a second apiserver on the same etcd)
+// moves each open watch to the new backend instead of ending it: at an event boundary the proxy
+// re-issues the watch there from the last resourceVersion it delivered, and streams the new
+// body on the same client response. The client sees one stream: no relist, no event lost or
+// repeated. Anything that does not fit (an event that does not parse, a watch still sending its
+// initial events, the new backend answering anything but 200 with the same Content-Type) ends
+// the watch as a switch without resumption does.
+
+// initialEventsEnd is the annotation of the bookmark that ends a sendInitialEvents watch's
+// initial events (metav1.InitialEventsAnnotationKey).
+const initialEventsEnd = "k8s.io/initial-events-end"
+
+// maxTrackedEvent bounds the bytes kept of one event that spans reads; a larger event makes the
+// watch not resumable rather than the proxy's memory unbounded.
+const maxTrackedEvent = 64 << 20
+
+// resumeInfo is how to re-issue a watch on another backend.
+type resumeInfo struct {
+	req         *http.Request // the outbound request as first sent, after Rewrite
+	identity    bool          // it forwards a client-certificate identity (the front-proxy pool)
+	contentType string        // the first backend's answer; a resumed answer must match
+	s           *stream
+	on          *backend // the backend the stream is tracked on now
+	log         *slog.Logger
+}
+
+// enableResume lets a resuming switch move this watch; req is the outbound request.
+func (w *watchBody) enableResume(ri *resumeInfo) {
+	q := ri.req.URL.Query()
+	w.resume = ri
+	w.rv = &rvTracker{fr: w.fr, start: q.Get("resourceVersion"), initialPending: q.Get("sendInitialEvents") == "true"}
+	if ri.req.ContentLength != 0 {
+		w.rv.broken = true // a watch with a body is not one the proxy can re-issue
+	}
+}
+
+func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
+
+// moveTo asks the watch to go on on nb from its next event boundary, or to end there when it
+// cannot be resumed. It returns false when the framing is unknown: the caller must cut it.
+func (w *watchBody) moveTo(nb *backend) bool {
+	if w.fr == framingUnknown {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.draining = true
+	if w.resume == nil || !w.rv.resumable() {
+		if w.boundary {
+			w.cancel() // as endAtBoundary
+		}
+		return true
+	}
+	w.resumeTo = nb
+	if w.boundary {
+		// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
+		// request's context: that context also carries the re-issued watch.
+		w.interrupted = true
+		_ = w.rc.Close()
+	}
+	return true
+}
+
+// resumeOn re-issues the watch on nb from the last resourceVersion delivered and, when nb
+// answers as the old backend did, makes its body this stream's. Called by Read at a boundary.
+func (w *watchBody) resumeOn(nb *backend) bool {
+	ri := w.resume
+	w.mu.Lock()
+	old := w.rc
+	rv, ok := w.rv.from()
+	w.mu.Unlock()
+	_ = old.Close()
+	log := ri.log.With("path", ri.req.URL.Path, "from", ri.on.url.String(), "to", nb.url.String())
+	if !ok {
+		log.Info("watch not resumable; ended", "reason", w.rv.why())
+		return false
+	}
+	resp, err := nb.transportFor(ri.identity).RoundTrip(resumeRequest(ri.req, nb, rv))
+	if err != nil {
+		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
+		return false
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != ri.contentType {
+		_ = resp.Body.Close()
+		log.Warn("watch resume refused by the new backend; ended", "resourceVersion", rv, "status", resp.Status, "contentType", resp.Header.Get("Content-Type"))
+		return false
+	}
+	if err := nb.track(ri.s); err != nil {
+		_ = resp.Body.Close()
+		return false
+	}
+	ri.on.handOff(ri.s)
+	ri.on = nb
+	w.mu.Lock()
+	w.rc = resp.Body
+	w.draining, w.interrupted = false, false
+	w.boundary, w.hdrSeen, w.due = true, 0, 0
+	w.rv.cur = w.rv.cur[:0]
+	w.mu.Unlock()
+	log.Debug("watch resumed", "resourceVersion", rv)
+	return true
+}
+
+// resumeRequest is req re-addressed to nb, from resourceVersion rv. resourceVersionMatch and
+// sendInitialEvents go: the watch continues from an exact revision, its initial events are
+// behind it (rvTracker refuses to resume before their end).
+func resumeRequest(req *http.Request, nb *backend, rv string) *http.Request {
+	out := req.Clone(req.Context())
+	out.URL.Scheme, out.URL.Host = nb.url.Scheme, nb.url.Host
+	out.Host = ""
+	q := out.URL.Query()
+	q.Set("resourceVersion", rv)
+	q.Del("resourceVersionMatch")
+	q.Del("sendInitialEvents")
+	out.URL.RawQuery = q.Encode()
+	out.Body, out.GetBody, out.ContentLength = nil, nil, 0
+	return out
+}
+
+// rvTracker follows the resourceVersion of the last event delivered to the client. It is fed
+// whole events only (at boundaries); of the events one read completes it parses only the last
+// (walking back over ERROR events, which do not change it), unless the watch's initial events
+// are still coming, when it looks at each for the bookmark that ends them.
+type rvTracker struct {
+	fr    framing
+	start string // the request's resourceVersion, used when no event was delivered yet
+	rv    string // of the last event delivered; BOOKMARKs count, ERRORs do not
+	// initialPending: sendInitialEvents=true and its closing bookmark not delivered yet.
+	initialPending bool
+	// broken: an event did not parse (or had no resourceVersion); the watch can only end.
+	broken bool
+	err    error
+	cur    []byte // the bytes of an event that began in an earlier read
+}
+
+func (t *rvTracker) resumable() bool { return t != nil && !t.broken && !t.initialPending }
+
+// from is the resourceVersion to resume from.
+func (t *rvTracker) from() (string, bool) {
+	if !t.resumable() {
+		return "", false
+	}
+	if t.rv != "" {
+		return t.rv, true
+	}
+	return t.start, true
+}
+
+func (t *rvTracker) why() string {
+	switch {
+	case t.broken:
+		return fmt.Sprint(t.err)
+	case t.initialPending:
+		return "its initial events (sendInitialEvents) are not all delivered"
+	}
+	return ""
+}
+
+// observe takes the bytes b just delivered; ends are the offsets in b just past each event that
+// ends there.
+func (t *rvTracker) observe(b []byte, ends []int) {
+	if t.broken || len(b) == 0 {
+		return
+	}
+	if len(ends) == 0 {
+		if len(t.cur)+len(b) > maxTrackedEvent {
+			t.fail(fmt.Errorf("an event over %d bytes", maxTrackedEvent))
+			return
+		}
+		t.cur = append(t.cur, b...)
+		return
+	}
+	first := b[:ends[0]]
+	if len(t.cur) > 0 {
+		t.cur = append(t.cur, first...)
+		first = t.cur
+	}
+	event := func(i int) []byte {
+		if i == 0 {
+			return first
+		}
+		return b[ends[i-1]:ends[i]]
+	}
+	if t.initialPending {
+		for i := range ends {
+			t.take(event(i))
+		}
+	} else {
+		for i := len(ends) - 1; i >= 0 && !t.take(event(i)); i-- {
+		}
+	}
+	t.cur = append(t.cur[:0], b[ends[len(ends)-1]:]...)
+	if cap(t.cur) > 1<<20 && len(t.cur) == 0 {
+		t.cur = nil // do not keep a large event's buffer for the life of the watch
+	}
+}
+
+// take reads one event; it returns false for an ERROR event, which leaves the resourceVersion.
+func (t *rvTracker) take(ev []byte) bool {
+	if t.broken {
+		return true
+	}
+	var e eventMeta
+	var err error
+	if t.fr == framingProtobuf {
+		err = e.parseProtobuf(ev, t.initialPending)
+	} else {
+		err = e.parseJSON(ev, t.initialPending)
+	}
+	switch {
+	case err != nil:
+		t.fail(err)
+	case e.typ == "ERROR":
+		return false
+	case e.rv == "":
+		t.fail(fmt.Errorf("a %s event without a resourceVersion", e.typ))
+	default:
+		t.rv = e.rv
+		if t.initialPending && e.typ == "BOOKMARK" && e.initialEnd {
+			t.initialPending = false
+		}
+	}
+	return true
+}
+
+func (t *rvTracker) fail(err error) {
+	t.broken, t.err, t.cur = true, err, nil
+}
+
+// eventMeta is what the tracker needs of one watch event.
+type eventMeta struct {
+	typ, rv    string
+	initialEnd bool // a bookmark annotated k8s.io/initial-events-end: "true"
+}
+
+type jsonEvent struct {
+	Type   string `json:"type"`
+	Object struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	} `json:"object"`
+}
+
+type jsonEventAnnotated struct {
+	Type   string `json:"type"`
+	Object struct {
+		Metadata struct {
+			ResourceVersion string            `json:"resourceVersion"`
+			Annotations     map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	} `json:"object"`
+}
+
+// parseJSON reads one line of a JSON watch stream (a metav1.WatchEvent); annotations only when
+// asked, to spare the map on every event.
+func (e *eventMeta) parseJSON(ev []byte, annotations bool) error {
+	if annotations {
+		var v jsonEventAnnotated
+		if err := json.Unmarshal(ev, &v); err != nil {
+			return fmt.Errorf("watch event: %w", err)
+		}
+		e.typ, e.rv = v.Type, v.Object.Metadata.ResourceVersion
+		e.initialEnd = v.Object.Metadata.Annotations[initialEventsEnd] == "true"
+		return nil
+	}
+	var v jsonEvent
+	if err := json.Unmarshal(ev, &v); err != nil {
+		return fmt.Errorf("watch event: %w", err)
+	}
+	e.typ, e.rv = v.Type, v.Object.Metadata.ResourceVersion
+	return nil
+}
+
+// protobufMagic prefixes an object encoded by apimachinery's protobuf serializer.
+var protobufMagic = []byte("k8s\x00")
+
+// The field numbers read from a protobuf watch frame (k8s.io/apimachinery generated.proto).
+const (
+	fieldWatchEventType   = 1 // metav1.WatchEvent.type
+	fieldWatchEventObject = 2 // metav1.WatchEvent.object (runtime.RawExtension)
+	fieldRawExtensionRaw  = 1 // runtime.RawExtension.raw
+	fieldUnknownRaw       = 2 // runtime.Unknown.raw
+	fieldUnknownEncoding  = 3 // runtime.Unknown.contentEncoding
+	fieldObjectMeta       = 1 // every object's metadata
+	fieldResourceVersion  = 6 // metav1.ObjectMeta.resourceVersion
+	fieldAnnotations      = 12
+	fieldMapKey           = 1
+	fieldMapValue         = 2
+)
+
+var errNotWatchEvent = errors.New("protobuf watch frame does not parse as a WatchEvent")
+
+// parseProtobuf reads one frame of a protobuf watch stream: a 4-byte length, then a
+// metav1.WatchEvent whose object is "k8s\x00" and a runtime.Unknown holding the object, whose
+// field 1 is its ObjectMeta.
+func (e *eventMeta) parseProtobuf(frame []byte, annotations bool) error {
+	if len(frame) < 4 {
+		return errNotWatchEvent
+	}
+	ev := frame[4:]
+	typ, _, err := protoField(ev, fieldWatchEventType)
+	if err != nil {
+		return err
+	}
+	e.typ = string(typ)
+	if e.typ == "ERROR" {
+		return nil
+	}
+	ext, _, err := protoField(ev, fieldWatchEventObject)
+	if err != nil {
+		return err
+	}
+	raw, _, err := protoField(ext, fieldRawExtensionRaw)
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(raw, protobufMagic) {
+		return fmt.Errorf("%w: the object lacks the k8s protobuf magic", errNotWatchEvent)
+	}
+	unknown := raw[len(protobufMagic):]
+	if enc, _, err := protoField(unknown, fieldUnknownEncoding); err != nil || len(enc) > 0 {
+		return fmt.Errorf("%w: the object has a content encoding %q (%v)", errNotWatchEvent, enc, err)
+	}
+	obj, _, err := protoField(unknown, fieldUnknownRaw)
+	if err != nil {
+		return err
+	}
+	meta, _, err := protoField(obj, fieldObjectMeta)
+	if err != nil {
+		return err
+	}
+	rv, _, err := protoField(meta, fieldResourceVersion)
+	if err != nil {
+		return err
+	}
+	e.rv = string(rv)
+	if annotations {
+		e.initialEnd, err = protoMapHas(meta, fieldAnnotations, initialEventsEnd, "true")
+	}
+	return err
+}
+
+// protoField returns the last length-delimited field num of the message m (empty when absent).
+func protoField(m []byte, num protowire.Number) ([]byte, bool, error) {
+	var val []byte
+	found := false
+	for len(m) > 0 {
+		n, typ, k := protowire.ConsumeTag(m)
+		if k < 0 {
+			return nil, false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+		}
+		m = m[k:]
+		if n == num && typ == protowire.BytesType {
+			v, k := protowire.ConsumeBytes(m)
+			if k < 0 {
+				return nil, false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+			}
+			val, found = v, true
+			m = m[k:]
+			continue
+		}
+		k = protowire.ConsumeFieldValue(n, typ, m)
+		if k < 0 {
+			return nil, false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+		}
+		m = m[k:]
+	}
+	return val, found, nil
+}
+
+// protoMapHas reports whether the map<string,string> field num of m holds key: value.
+func protoMapHas(m []byte, num protowire.Number, key, value string) (bool, error) {
+	has := false
+	for len(m) > 0 {
+		n, typ, k := protowire.ConsumeTag(m)
+		if k < 0 {
+			return false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+		}
+		m = m[k:]
+		if n != num || typ != protowire.BytesType {
+			if k = protowire.ConsumeFieldValue(n, typ, m); k < 0 {
+				return false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+			}
+			m = m[k:]
+			continue
+		}
+		entry, k := protowire.ConsumeBytes(m)
+		if k < 0 {
+			return false, fmt.Errorf("%w: %v", errNotWatchEvent, protowire.ParseError(k))
+		}
+		m = m[k:]
+		kb, _, err := protoField(entry, fieldMapKey)
+		if err != nil {
+			return false, err
+		}
+		if string(kb) == key {
+			vb, _, err := protoField(entry, fieldMapValue)
+			if err != nil {
+				return false, err
+			}
+			has = string(vb) == value
+		}
+	}
+	return has, nil
+}

@@ -1,0 +1,459 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// watchAPI is a kube-apiserver stand-in for watches: each watch request it gets is recorded,
+// answered with status (200 unless set) and then fed the bytes the test sends it.
+type watchAPI struct {
+	*httptest.Server
+	fr      framing
+	mu      sync.Mutex
+	status  int
+	watches []*apiWatch
+}
+
+type apiWatch struct {
+	query  url.Values
+	header http.Header
+	feed   chan []byte
+}
+
+func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
+	a := &watchAPI{fr: fr}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "true" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"from":%q}`, name)
+			return
+		}
+		wt := &apiWatch{query: r.URL.Query(), header: r.Header.Clone(), feed: make(chan []byte, 16)}
+		a.mu.Lock()
+		a.watches = append(a.watches, wt)
+		status := a.status
+		a.mu.Unlock()
+		if status != 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			fmt.Fprintf(w, `{"kind":"Status","code":%d}`, status)
+			return
+		}
+		w.Header().Set("Content-Type", contentTypeOf(fr))
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		for {
+			select {
+			case b := <-wt.feed:
+				_, _ = w.Write(b)
+				http.NewResponseController(w).Flush()
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func contentTypeOf(fr framing) string {
+	if fr == framingProtobuf {
+		return "application/vnd.kubernetes.protobuf;stream=watch"
+	}
+	return "application/json"
+}
+
+// watch waits for the backend's n-th watch request (1-based).
+func (a *watchAPI) watch(t *testing.T, n int) *apiWatch {
+	t.Helper()
+	var wt *apiWatch
+	waitFor(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if len(a.watches) >= n {
+			wt = a.watches[n-1]
+		}
+		return wt != nil
+	})
+	return wt
+}
+
+func (a *watchAPI) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.watches)
+}
+
+// testEvent is one watch event as the client decodes it.
+type testEvent struct{ typ, name, rv string }
+
+// frame encodes a watch event as kube-apiserver does: a JSON line, or a length-prefixed
+// metav1.WatchEvent whose object is "k8s\x00" + runtime.Unknown (apimachinery's own types).
+func frame(t *testing.T, fr framing, ev testEvent, annotations map[string]string) []byte {
+	t.Helper()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ev.name, Namespace: "default", ResourceVersion: ev.rv, Annotations: annotations}}
+	if fr == framingJSON {
+		obj, err := json.Marshal(cm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line, err := json.Marshal(metav1.WatchEvent{Type: ev.typ, Object: runtime.RawExtension{Raw: obj}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(line, '\n')
+	}
+	obj, err := cm.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unk, err := (&runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, Raw: obj, ContentType: "application/vnd.kubernetes.protobuf"}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	we, err := (&metav1.WatchEvent{Type: ev.typ, Object: runtime.RawExtension{Raw: append([]byte("k8s\x00"), unk...)}}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(we))), we...)
+}
+
+// watchClient reads one watch response through the proxy, decoding events independently of the
+// proxy's own parser.
+type watchClient struct {
+	fr   framing
+	body io.ReadCloser
+	r    *bufio.Reader
+}
+
+func openWatch(t *testing.T, p *testProxy, fr framing, query string) *watchClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, "GET", p.url+"/api/v1/namespaces/default/configmaps?watch=true&"+query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", contentTypeOf(fr))
+	req.Header.Set("Authorization", "Bearer client-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 {
+		t.Fatalf("watch through the proxy = %s", resp.Status)
+	}
+	return &watchClient{fr: fr, body: resp.Body, r: bufio.NewReader(resp.Body)}
+}
+
+// next reads one event; io.EOF when the watch ended cleanly between events.
+func (c *watchClient) next() (testEvent, error) {
+	var raw []byte
+	if c.fr == framingJSON {
+		line, err := c.r.ReadBytes('\n')
+		if err != nil {
+			if len(line) > 0 {
+				return testEvent{}, fmt.Errorf("partial event %q: %w", line, err)
+			}
+			return testEvent{}, err
+		}
+		var we struct {
+			Type   string
+			Object corev1.ConfigMap
+		}
+		if err := json.Unmarshal(line, &we); err != nil {
+			return testEvent{}, err
+		}
+		return testEvent{we.Type, we.Object.Name, we.Object.ResourceVersion}, nil
+	}
+	var hdr [4]byte
+	if n, err := io.ReadFull(c.r, hdr[:]); err != nil {
+		if n > 0 {
+			return testEvent{}, fmt.Errorf("partial frame header: %w", err)
+		}
+		return testEvent{}, err
+	}
+	raw = make([]byte, binary.BigEndian.Uint32(hdr[:]))
+	if _, err := io.ReadFull(c.r, raw); err != nil {
+		return testEvent{}, fmt.Errorf("partial frame: %w", err)
+	}
+	var we metav1.WatchEvent
+	if err := we.Unmarshal(raw); err != nil {
+		return testEvent{}, err
+	}
+	var unk runtime.Unknown
+	if err := unk.Unmarshal(we.Object.Raw[4:]); err != nil {
+		return testEvent{}, err
+	}
+	var cm corev1.ConfigMap
+	if err := cm.Unmarshal(unk.Raw); err != nil {
+		return testEvent{}, err
+	}
+	return testEvent{we.Type, cm.Name, cm.ResourceVersion}, nil
+}
+
+func (c *watchClient) expect(t *testing.T, want testEvent) {
+	t.Helper()
+	got, err := c.next()
+	if err != nil || got != want {
+		t.Fatalf("watch event = %+v, %v; want %+v", got, err, want)
+	}
+}
+
+func (c *watchClient) expectEnd(t *testing.T) {
+	t.Helper()
+	got, err := c.next()
+	if err != io.EOF {
+		t.Fatalf("watch gave %+v, %v; want a clean end between events", got, err)
+	}
+}
+
+func switchTo(t *testing.T, p *testProxy, to string, resume bool) admin.BackendResponse {
+	t.Helper()
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: to, ResumeWatches: resume})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+var framings = []framing{framingJSON, framingProtobuf}
+
+func (f framing) String() string {
+	return map[framing]string{framingJSON: "json", framingProtobuf: "protobuf", framingUnknown: "unknown"}[f]
+}
+
+// TestWatchResumesAcrossSwitch: a watch open through the proxy keeps streaming across a
+// resuming backend switch, on one response: events from blue, then from green, which was asked
+// for the watch from the last resourceVersion delivered (a bookmark's), with the client's
+// headers and without resourceVersionMatch; and again on a second switch, back to blue.
+func TestWatchResumesAcrossSwitch(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, fr, "resourceVersion=5&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+			bw := blue.watch(t, 1)
+			bw.feed <- append(frame(t, fr, testEvent{"ADDED", "a", "10"}, nil), frame(t, fr, testEvent{"MODIFIED", "a", "11"}, nil)...)
+			c.expect(t, testEvent{"ADDED", "a", "10"})
+			c.expect(t, testEvent{"MODIFIED", "a", "11"})
+			bw.feed <- frame(t, fr, testEvent{"BOOKMARK", "", "15"}, nil)
+			c.expect(t, testEvent{"BOOKMARK", "", "15"})
+
+			// The watch is idle (blocked in Read) when the switch comes.
+			sw := switchTo(t, p, green.URL, true)
+			if sw.Drain.Streams != 1 || sw.Drain.Resumed != 1 || sw.Drain.Ended != 0 || sw.Drain.Forced != 0 {
+				t.Fatalf("drain = %+v, want the one watch resumed", sw.Drain)
+			}
+			gw := green.watch(t, 1)
+			if got := gw.query.Get("resourceVersion"); got != "15" {
+				t.Fatalf("green was asked to watch from resourceVersion %q, want 15 (the bookmark's)", got)
+			}
+			if gw.query.Has("resourceVersionMatch") || gw.query.Get("allowWatchBookmarks") != "true" || gw.query.Get("watch") != "true" {
+				t.Fatalf("resumed query = %v", gw.query)
+			}
+			if gw.header.Get("Authorization") != "Bearer client-token" || gw.header.Get("Accept") != contentTypeOf(fr) {
+				t.Fatalf("resumed request headers = %v", gw.header)
+			}
+			gw.feed <- frame(t, fr, testEvent{"ADDED", "b", "16"}, nil)
+			c.expect(t, testEvent{"ADDED", "b", "16"})
+			if st := p.Status(); st.OpenStreams != 1 || st.Backend != green.URL {
+				t.Fatalf("status after resume = %+v, want the watch tracked on green", st)
+			}
+
+			// Back to blue while an event is half sent: the proxy waits for its end.
+			ev := frame(t, fr, testEvent{"DELETED", "a", "17"}, nil)
+			gw.feed <- ev[:len(ev)/2]
+			done := make(chan admin.BackendResponse, 1)
+			go func() {
+				resp, _ := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: blue.URL, ResumeWatches: true})
+				done <- resp
+			}()
+			time.Sleep(100 * time.Millisecond)
+			if blue.count() != 1 {
+				t.Fatal("the watch moved in the middle of an event")
+			}
+			gw.feed <- ev[len(ev)/2:]
+			c.expect(t, testEvent{"DELETED", "a", "17"})
+			var sw2 admin.BackendResponse
+			select {
+			case sw2 = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("second switch did not return")
+			}
+			if sw2.Drain.Resumed != 1 {
+				t.Fatalf("second drain = %+v", sw2.Drain)
+			}
+			bw2 := blue.watch(t, 2)
+			if got := bw2.query.Get("resourceVersion"); got != "17" {
+				t.Fatalf("blue was asked to resume from %q, want 17", got)
+			}
+			bw2.feed <- frame(t, fr, testEvent{"ADDED", "c", "18"}, nil)
+			c.expect(t, testEvent{"ADDED", "c", "18"})
+		})
+	}
+}
+
+// TestWatchEndsWithoutResume: the default switch ends the watch between events, as before;
+// green never sees it.
+func TestWatchEndsWithoutResume(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, fr, "resourceVersion=5")
+			blue.watch(t, 1).feed <- frame(t, fr, testEvent{"ADDED", "a", "10"}, nil)
+			c.expect(t, testEvent{"ADDED", "a", "10"})
+			sw := switchTo(t, p, green.URL, false)
+			c.expectEnd(t)
+			if sw.Drain.Streams != 1 || sw.Drain.Resumed != 0 || sw.Drain.Ended != 1 {
+				t.Fatalf("drain = %+v", sw.Drain)
+			}
+			if green.count() != 0 {
+				t.Fatal("a switch without resume re-issued the watch")
+			}
+		})
+	}
+}
+
+// TestWatchNotResumable: watches the proxy cannot continue exactly end cleanly, as without
+// resume: initial events (sendInitialEvents) not finished, an event without a resourceVersion,
+// and a new backend that refuses the resourceVersion (410) or fails (500).
+func TestWatchNotResumable(t *testing.T) {
+	initialEnd := map[string]string{initialEventsEnd: "true"}
+	cases := []struct {
+		name        string
+		query       string
+		events      []testEvent
+		annotations map[string]string // of the last event
+		greenStatus int
+		wantGreen   int // watch requests green gets
+	}{
+		{name: "initial events pending", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+			events: []testEvent{{"ADDED", "a", "7"}, {"ADDED", "b", "3"}}},
+		{name: "bookmark without the initial-events-end annotation", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+			events: []testEvent{{"ADDED", "a", "7"}, {"BOOKMARK", "", "9"}}},
+		{name: "no resourceVersion", events: []testEvent{{"ADDED", "a", ""}}},
+		{name: "green answers 410", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusGone, wantGreen: 1},
+		{name: "green answers 500", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusInternalServerError, wantGreen: 1},
+		{name: "initial events done, green fails", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+			events: []testEvent{{"ADDED", "a", "7"}, {"BOOKMARK", "", "9"}}, annotations: initialEnd, greenStatus: http.StatusGone, wantGreen: 1},
+	}
+	for _, fr := range framings {
+		for _, tc := range cases {
+			t.Run(fr.String()+"/"+tc.name, func(t *testing.T) {
+				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+				green.status = tc.greenStatus
+				p := startProxy(t, blue.URL)
+				c := openWatch(t, p, fr, tc.query)
+				bw := blue.watch(t, 1)
+				for i, ev := range tc.events {
+					var ann map[string]string
+					if i == len(tc.events)-1 {
+						ann = tc.annotations
+					}
+					bw.feed <- frame(t, fr, ev, ann)
+					c.expect(t, ev)
+				}
+				sw := switchTo(t, p, green.URL, true)
+				c.expectEnd(t)
+				if sw.Drain.Streams != 1 || sw.Drain.Resumed != 0 || sw.Drain.Ended != 1 || sw.Drain.Forced != 0 {
+					t.Fatalf("drain = %+v, want the watch ended, not forced", sw.Drain)
+				}
+				if got := green.count(); got != tc.wantGreen {
+					t.Fatalf("green got %d watch requests, want %d", got, tc.wantGreen)
+				}
+				if tc.wantGreen > 0 && green.watch(t, 1).query.Has("sendInitialEvents") {
+					t.Fatalf("resumed watch kept sendInitialEvents: %v", green.watch(t, 1).query)
+				}
+				if st := p.Status(); st.OpenStreams != 0 {
+					t.Fatalf("status = %+v, want no stream left on green", st)
+				}
+			})
+		}
+	}
+}
+
+// TestWatchResumesAfterInitialEvents: once the initial-events-end bookmark is delivered, a
+// sendInitialEvents watch resumes from it, without sendInitialEvents.
+func TestWatchResumesAfterInitialEvents(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, fr, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+			bw := blue.watch(t, 1)
+			bw.feed <- append(frame(t, fr, testEvent{"ADDED", "a", "7"}, nil), frame(t, fr, testEvent{"ADDED", "b", "3"}, nil)...)
+			c.expect(t, testEvent{"ADDED", "a", "7"})
+			c.expect(t, testEvent{"ADDED", "b", "3"})
+			bw.feed <- frame(t, fr, testEvent{"BOOKMARK", "", "9"}, map[string]string{initialEventsEnd: "true"})
+			c.expect(t, testEvent{"BOOKMARK", "", "9"})
+			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
+				t.Fatalf("drain = %+v", sw.Drain)
+			}
+			q := green.watch(t, 1).query
+			if q.Get("resourceVersion") != "9" || q.Has("sendInitialEvents") || q.Has("resourceVersionMatch") {
+				t.Fatalf("resumed query = %v", q)
+			}
+		})
+	}
+}
+
+// TestRVTracker checks the parser on what apiservers send: unstructured objects (keys sorted,
+// so annotations come before resourceVersion), ERROR events, events split across reads, and
+// bytes that do not parse.
+func TestRVTracker(t *testing.T) {
+	unstructured := `{"type":"MODIFIED","object":{"apiVersion":"x/v1","kind":"Y","metadata":{"annotations":{"note":"\"resourceVersion\":\"999\""},"name":"n","resourceVersion":"42"}}}` + "\n"
+	errorEvent := `{"type":"ERROR","object":{"kind":"Status","code":410,"metadata":{}}}` + "\n"
+	cases := []struct {
+		name    string
+		fr      framing
+		reads   []string
+		wantRV  string
+		wantOK  bool
+		initial bool
+	}{
+		{name: "unstructured", fr: framingJSON, reads: []string{unstructured}, wantRV: "42", wantOK: true},
+		{name: "split across reads", fr: framingJSON, reads: []string{unstructured[:20], unstructured[20:90], unstructured[90:]}, wantRV: "42", wantOK: true},
+		{name: "ERROR keeps the last", fr: framingJSON, reads: []string{unstructured + errorEvent}, wantRV: "42", wantOK: true},
+		{name: "garbage", fr: framingJSON, reads: []string{"{nope\n"}, wantOK: false},
+		{name: "protobuf garbage", fr: framingProtobuf, reads: []string{"\x00\x00\x00\x03\xff\xff\xff"}, wantOK: false},
+		{name: "nothing delivered", fr: framingJSON, wantRV: "5", wantOK: true},
+		{name: "initial events pending", fr: framingJSON, reads: []string{unstructured}, initial: true, wantOK: false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWatchBody(io.NopCloser(strings.NewReader(strings.Join(tc.reads, ""))), func() {}, tc.fr)
+			w.rv = &rvTracker{fr: tc.fr, start: "5", initialPending: tc.initial}
+			for _, r := range tc.reads {
+				w.advance([]byte(r))
+			}
+			rv, ok := w.rv.from()
+			if rv != tc.wantRV || ok != tc.wantOK {
+				t.Fatalf("from() = %q, %v; want %q, %v (%s)", rv, ok, tc.wantRV, tc.wantOK, w.rv.why())
+			}
+		})
+	}
+}
