@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,36 @@ func TestCutoverHoldMode(t *testing.T) {
 		t.Fatalf("journal: %+v %v", j, err)
 	}
 	checkHoldWrites(t, f, j, hw)
+	checkGreenEtcdTLS(t, f)
+}
+
+// checkGreenEtcdTLS: green etcd, now the production etcd, refuses a client without a
+// certificate (etcdctl over TLS, and over plain http) and serves one with kubeadm's
+// health-check client certificate.
+func checkGreenEtcdTLS(t *testing.T, f *cutoverFixture) {
+	t.Helper()
+	etcdctl, err := framework.Bin("etcdctl", framework.Etcd36)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := f.green.EtcdConn()
+	ep := conn.Endpoints[0]
+	get := func(args ...string) (string, error) {
+		cmd := exec.Command(etcdctl, append([]string{"--endpoints", ep, "--dial-timeout=3s", "--command-timeout=5s", "get", "--prefix", "/registry/namespaces/", "--keys-only"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := get("--cacert", conn.CAFile); err == nil {
+		t.Errorf("etcdctl without a client certificate read green etcd: %s", out)
+	}
+	plain := "http://" + strings.TrimPrefix(ep, "https://")
+	if out, err := exec.Command(etcdctl, "--endpoints", plain, "--dial-timeout=3s", "--command-timeout=5s", "get", "x").CombinedOutput(); err == nil {
+		t.Errorf("etcdctl over plain http read green etcd: %s", out)
+	}
+	out, err := get("--cacert", conn.CAFile, "--cert", conn.CertFile, "--key", conn.KeyFile)
+	if err != nil || !strings.Contains(out, "/registry/namespaces/hold") {
+		t.Errorf("etcdctl with the health-check client certificate: %v: %s", err, out)
+	}
 }
 
 // checkHoldWrites asserts no writer failed, every acknowledged create is on green, and the writes

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // TestCutoverV2Source moves a cluster whose etcd 3.4 holds v2 data (a flannel-style network
@@ -119,7 +120,7 @@ func checkV2OnGreen(t *testing.T, f *cutoverFixture, v2 *framework.V2Client, net
 	}
 
 	// Green etcd (3.6) serves the v2 keys as v3 keys; TTL keys hold leases.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: f.green.GreenEtcd, DialTimeout: 5 * time.Second})
+	cli, err := datadir.NewClient(f.green.EtcdConn())
 	if err != nil {
 		t.Fatal(err)
 	}

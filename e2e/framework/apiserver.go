@@ -22,7 +22,9 @@ type APIServerConfig struct {
 	Name          string // log file and kubeconfig names, e.g. "blue-apiserver"
 	Version       string // Kube136
 	EtcdEndpoints []string
-	PKI           *PKI
+	// EtcdTLS makes the apiserver present PKI's etcd client certificate (green etcd's TLS).
+	EtcdTLS bool
+	PKI     *PKI
 	// StorageMediaType is passed as --storage-media-type when set (e.g. application/json).
 	StorageMediaType string
 	ExtraArgs        []string
@@ -102,6 +104,9 @@ func APIServerArgs(cfg APIServerConfig, port int) []string {
 	}
 	if cfg.StorageMediaType != "" {
 		args = append(args, "--storage-media-type="+cfg.StorageMediaType)
+	}
+	if cfg.EtcdTLS {
+		args = append(args, "--etcd-cafile="+p.EtcdCACert, "--etcd-certfile="+p.APIServerEtcdClientCert, "--etcd-keyfile="+p.APIServerEtcdClientKey)
 	}
 	return append(args, cfg.ExtraArgs...)
 }

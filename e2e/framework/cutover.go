@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // GreenSetup is a cutover plan for the harness: green etcd of a version with members on free
@@ -45,8 +46,8 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		m := cutover.GreenMember{
 			Name:      fmt.Sprintf("%s-etcd-%d", name, i),
 			DataDir:   filepath.Join(e.Dir, fmt.Sprintf("%s-etcd-%d.etcd", name, i)),
-			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
-			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+			ClientURL: fmt.Sprintf("https://127.0.0.1:%d", ports[2*i]),
+			PeerURL:   fmt.Sprintf("https://127.0.0.1:%d", ports[2*i+1]),
 		}
 		ms = append(ms, m)
 		g.GreenEtcd = append(g.GreenEtcd, m.ClientURL)
@@ -67,11 +68,12 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 			Etcd:      cutover.BlueEtcd{EtcdClientSpec: cutover.EtcdClientSpec{Endpoints: blueEtcd.Endpoints()}},
 		},
 		Green: cutover.GreenSpec{
-			Etcd: cutover.GreenEtcd{Binary: etcdBin, Version: etcdVersion, Members: ms},
+			// Green etcd as in production: TLS with client certificates, kubeadm's layout.
+			Etcd: cutover.GreenEtcd{Binary: etcdBin, Version: etcdVersion, Members: ms, TLS: &cutover.GreenEtcdTLS{PKIDir: pki.EtcdDir}},
 			APIServer: cutover.GreenAPIServer{
 				APIServerRef: cutover.APIServerRef{URL: g.GreenURL, Kubeconfig: g.GreenKubeconfig},
 				Command: append([]string{apiBin}, APIServerArgs(APIServerConfig{
-					Name: name + "-apiserver", EtcdEndpoints: g.GreenEtcd, PKI: pki,
+					Name: name + "-apiserver", EtcdEndpoints: g.GreenEtcd, PKI: pki, EtcdTLS: true,
 					StorageMediaType: blueAPI.Config.StorageMediaType,
 				}, apiPort)...),
 			},
@@ -82,6 +84,17 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		return nil, err
 	}
 	return g, nil
+}
+
+// EtcdConn is how a test reaches green etcd: its client URLs with the health-check client
+// certificate (green requires client certificates).
+func (g *GreenSetup) EtcdConn() datadir.ConnSpec {
+	spec := datadir.ConnSpec{Endpoints: g.GreenEtcd}
+	if t := g.Plan.Green.Etcd.TLS; t != nil {
+		spec.CAFile = filepath.Join(t.PKIDir, "ca.crt")
+		spec.CertFile, spec.KeyFile = filepath.Join(t.PKIDir, "healthcheck-client.crt"), filepath.Join(t.PKIDir, "healthcheck-client.key")
+	}
+	return spec
 }
 
 // Save writes Plan to PlanPath (after a test changed it).

@@ -31,6 +31,11 @@ type PKI struct {
 	ProxyServingCert, ProxyServingKey string // kubefence-proxy.crt/key
 	TokenFile                         string // static tokens for --token-auth-file
 	AdminToken                        string // bearer token of user "token-admin" in system:masters
+	// EtcdDir holds green etcd's PKI in kubeadm's layout (etcd/ca.crt, server, peer,
+	// healthcheck-client); APIServerEtcdClientCert/Key is the apiserver's client certificate.
+	EtcdDir                                         string
+	EtcdCACert                                      string
+	APIServerEtcdClientCert, APIServerEtcdClientKey string
 
 	ca, frontCA *issuer
 }
@@ -84,6 +89,9 @@ func NewPKI(dir string) (*PKI, error) {
 	if err := writePEM(p.SAPub, "PUBLIC KEY", pub, 0o644); err != nil {
 		return nil, err
 	}
+	if err := p.etcdPKI(); err != nil {
+		return nil, err
+	}
 	tok := make([]byte, 16)
 	if _, err := rand.Read(tok); err != nil {
 		return nil, err
@@ -134,7 +142,37 @@ func (p *PKI) newCA(cn, file string) (*issuer, error) {
 	return &issuer{cert: cert, key: key}, nil
 }
 
-func (p *PKI) issue(ca *issuer, file, cn string, orgs, dns []string, ips []net.IP, usage x509.ExtKeyUsage) (string, string, error) {
+// etcdPKI writes an etcd CA and certificates in kubeadm's layout under Dir/etcd, and the
+// apiserver's etcd client certificate.
+func (p *PKI) etcdPKI() error {
+	p.EtcdDir = p.path("etcd")
+	if err := os.MkdirAll(p.EtcdDir, 0o700); err != nil {
+		return err
+	}
+	ca, err := p.newCA("etcd-ca", "etcd/ca")
+	if err != nil {
+		return err
+	}
+	p.EtcdCACert = p.path("etcd/ca.crt")
+	ips := []net.IP{net.ParseIP("127.0.0.1")}
+	both := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	for _, c := range []struct {
+		file, cn string
+		usages   []x509.ExtKeyUsage
+	}{
+		{"etcd/server", "etcd-server", both},
+		{"etcd/peer", "etcd-peer", both},
+		{"etcd/healthcheck-client", "kube-etcd-healthcheck-client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+	} {
+		if _, _, err := p.issue(ca, c.file, c.cn, nil, []string{"localhost"}, ips, c.usages...); err != nil {
+			return err
+		}
+	}
+	p.APIServerEtcdClientCert, p.APIServerEtcdClientKey, err = p.issue(ca, "apiserver-etcd-client", "kube-apiserver-etcd-client", nil, nil, nil, x509.ExtKeyUsageClientAuth)
+	return err
+}
+
+func (p *PKI) issue(ca *issuer, file, cn string, orgs, dns []string, ips []net.IP, usages ...x509.ExtKeyUsage) (string, string, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", "", err
@@ -145,7 +183,7 @@ func (p *PKI) issue(ca *issuer, file, cn string, orgs, dns []string, ips []net.I
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(365 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		ExtKeyUsage:  usages,
 		DNSNames:     dns,
 		IPAddresses:  ips,
 	}

@@ -23,6 +23,13 @@ var examplePaths = map[string]map[string]string{
 		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
 		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
+		"green.etcd.tls.caFile":                 "/etc/kubernetes/pki/etcd/ca.crt",
+		"green.etcd.tls.serverCertFile":         "/etc/kubernetes/pki/etcd/server.crt",
+		"green.etcd.tls.serverKeyFile":          "/etc/kubernetes/pki/etcd/server.key",
+		"green.etcd.tls.peerCertFile":           "/etc/kubernetes/pki/etcd/peer.crt",
+		"green.etcd.tls.peerKeyFile":            "/etc/kubernetes/pki/etcd/peer.key",
+		"green.etcd.tls.clientCertFile":         "/etc/kubernetes/pki/etcd/healthcheck-client.crt",
+		"green.etcd.tls.clientKeyFile":          "/etc/kubernetes/pki/etcd/healthcheck-client.key",
 	},
 	"cutover-plan-v2-source.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
@@ -31,6 +38,13 @@ var examplePaths = map[string]map[string]string{
 		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
 		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
+		"green.etcd.tls.caFile":                 "/etc/kubernetes/pki/etcd/ca.crt",
+		"green.etcd.tls.serverCertFile":         "/etc/kubernetes/pki/etcd/server.crt",
+		"green.etcd.tls.serverKeyFile":          "/etc/kubernetes/pki/etcd/server.key",
+		"green.etcd.tls.peerCertFile":           "/etc/kubernetes/pki/etcd/peer.crt",
+		"green.etcd.tls.peerKeyFile":            "/etc/kubernetes/pki/etcd/peer.key",
+		"green.etcd.tls.clientCertFile":         "/etc/kubernetes/pki/etcd/healthcheck-client.crt",
+		"green.etcd.tls.clientKeyFile":          "/etc/kubernetes/pki/etcd/healthcheck-client.key",
 	},
 }
 

@@ -98,6 +98,9 @@ type GreenEtcd struct {
 	ClusterToken string        `yaml:"clusterToken" json:"clusterToken"`
 	Members      []GreenMember `yaml:"members" json:"members"`
 	ExtraArgs    []string      `yaml:"extraArgs" json:"extraArgs,omitempty"`
+	// TLS is required unless Insecure: green etcd serves TLS with client-certificate auth.
+	TLS      *GreenEtcdTLS `yaml:"tls" json:"tls,omitempty"`
+	Insecure bool          `yaml:"insecure" json:"insecure,omitempty"`
 }
 
 // GreenAPIServer is the new kube-apiserver: how to launch it and how to reach it.
@@ -187,6 +190,7 @@ func (p *Plan) setDefaults() {
 	if p.Migration.RevisionBump == 0 {
 		p.Migration.RevisionBump = DefaultRevisionBump
 	}
+	p.Green.Etcd.TLS.setDefaults()
 	if p.Green.Etcd.ClusterToken == "" {
 		p.Green.Etcd.ClusterToken = "kubefence-green"
 	}
@@ -281,6 +285,7 @@ func (p *Plan) validate() []error {
 	}
 	p.validateBlue(&ps)
 	p.validateGreenEtcd(&ps)
+	p.validateGreenTLS(&ps)
 	p.validateGreenAPIServer(&ps)
 	p.validateMigration(&ps)
 	return ps
@@ -408,7 +413,7 @@ func (p *Plan) paths() []planPath {
 	if p.Migration.Mode != "snapshot" {
 		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir})
 	}
-	return ps
+	return append(ps, p.Green.Etcd.TLS.files()...)
 }
 
 // CheckFiles checks the files and directories the plan names: that they exist (the

@@ -61,7 +61,7 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
-	cli, err := datadir.NewClient(EtcdClientSpec{Endpoints: eps})
+	cli, err := datadir.NewClient(p.greenConn())
 	if err != nil {
 		return "", err
 	}
@@ -97,6 +97,7 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 	if m.MetricsURL != "" {
 		args = append(args, "--listen-metrics-urls", m.MetricsURL)
 	}
+	args = append(args, p.Green.Etcd.TLS.tlsArgs()...)
 	return append(args, p.Green.Etcd.ExtraArgs...)
 }
 

@@ -121,11 +121,7 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 // checkV2Keys counts, on green etcd, the keys under each prefix the v2 migration wrote to: at
 // least as many as it wrote must be there (v3 keys may share a prefix).
 func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
-	var eps []string
-	for _, m := range r.p.Green.Etcd.Members {
-		eps = append(eps, m.ClientURL)
-	}
-	cli, err := datadir.NewClient(EtcdClientSpec{}, eps...)
+	cli, err := datadir.NewClient(r.p.greenConn())
 	if err != nil {
 		return "", err
 	}
