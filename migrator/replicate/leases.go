@@ -1,0 +1,222 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// leaseMirror holds green's copies of blue's leases: same IDs, blue's granted TTLs, kept alive
+// from here so green never expires one (an expiry would delete keys on green alone and bump its
+// revision). Granting and revoking a lease that holds no keys does not change etcd's revision.
+type leaseMirror struct {
+	cfg Config
+	ctx context.Context // Run's; the keepalives live as long as it
+
+	mu   sync.Mutex
+	kept map[clientv3.LeaseID]context.CancelFunc
+	// goneAt: leases blue no longer has, with blue's revision when that was seen. Every put with
+	// such a lease is below that revision, so once green has applied it the lease holds no key
+	// on green either and can be revoked there.
+	goneAt map[clientv3.LeaseID]int64
+	wg     sync.WaitGroup
+}
+
+func newLeaseMirror(cfg Config) *leaseMirror {
+	return &leaseMirror{cfg: cfg, kept: map[clientv3.LeaseID]context.CancelFunc{}, goneAt: map[clientv3.LeaseID]int64{}}
+}
+
+func (m *leaseMirror) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.kept)
+}
+
+// adoptDest keeps alive every lease green already has (restored from blue's snapshot).
+func (m *leaseMirror) adoptDest(ctx context.Context) error {
+	m.ctx = ctx
+	resp, err := m.cfg.Dest.Leases(ctx)
+	if err != nil {
+		return fmt.Errorf("replicate: listing green's leases: %w", err)
+	}
+	for _, l := range resp.Leases {
+		if err := m.keepAlive(l.ID); err != nil {
+			return err
+		}
+	}
+	m.cfg.Log.Info("keeping green's restored leases alive", "leases", len(resp.Leases))
+	return nil
+}
+
+// ensure makes lease id exist on green before a put that names it, granted with blue's TTL and
+// the same ID, and keeps it alive. green is green's revision, which the grant must not change.
+func (m *leaseMirror) ensure(ctx context.Context, id clientv3.LeaseID, green int64) error {
+	m.mu.Lock()
+	_, ok := m.kept[id]
+	m.mu.Unlock()
+	if ok {
+		return nil
+	}
+	ttl := m.cfg.MissingLeaseTTL
+	src, err := m.cfg.Source.TimeToLive(ctx, id)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading blue's lease %x: %w", int64(id), err)
+	case src.TTL == -1: // gone on blue since the put; its deletes follow in the stream
+		m.cfg.Log.Info("a replicated put names a lease blue no longer has; granting it on green", "lease", fmt.Sprintf("%x", int64(id)), "ttl", ttl)
+	default:
+		ttl = src.GrantedTTL
+	}
+	resp, err := pb.NewLeaseClient(m.cfg.Dest.ActiveConnection()).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: ttl})
+	switch {
+	case err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist):
+		// Green has it but did not when the replicator started: something else granted it
+		// (green's gated apiserver may grant leases). Keep it alive all the same.
+		m.cfg.Log.Warn("green already has a lease blue's stream names; keeping it alive", "lease", fmt.Sprintf("%x", int64(id)))
+	case err != nil:
+		return fmt.Errorf("granting lease %x (TTL %d s) on green: %w", int64(id), ttl, rpctypes.Error(err))
+	case resp.Error != "":
+		return fmt.Errorf("granting lease %x (TTL %d s) on green: %s", int64(id), ttl, resp.Error)
+	case resp.Header.Revision != green:
+		return fmt.Errorf("%w: granting lease %x moved green from revision %d to %d", ErrRevisionMismatch, int64(id), green, resp.Header.Revision)
+	}
+	return m.keepAlive(id)
+}
+
+// keepAlive keeps id alive on green until Run ends or the lease is revoked by collect.
+func (m *leaseMirror) keepAlive(id clientv3.LeaseID) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.kept[id]; ok {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	ch, err := m.cfg.Dest.KeepAlive(ctx, id)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("replicate: keeping lease %x alive on green: %w", int64(id), err)
+	}
+	m.kept[id] = cancel
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for range ch { // drained, so the client never logs a full queue
+		}
+		if ctx.Err() == nil {
+			// The client gives up only when green says the lease is gone: green expired or
+			// revoked it by itself. The next apply's revision check reports what that did.
+			m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", fmt.Sprintf("%x", int64(id)))
+			m.mu.Lock()
+			delete(m.kept, id)
+			m.mu.Unlock()
+		}
+		cancel()
+	}()
+	return nil
+}
+
+// stopAll ends every keepalive and waits for them.
+func (m *leaseMirror) stopAll() {
+	m.mu.Lock()
+	for _, cancel := range m.kept {
+		cancel()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+}
+
+// checkLoop revokes on green, every LeaseCheckInterval, the leases blue no longer has once green
+// has applied every revision that could have used them, so that keepalives do not pile up (the
+// apiservers grant a lease every few seconds).
+func (m *leaseMirror) checkLoop(ctx context.Context, applied func() int64) {
+	t := time.NewTicker(m.cfg.LeaseCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := m.check(ctx, applied); err != nil && ctx.Err() == nil {
+			m.cfg.Log.Warn("checking green's leases against blue", "err", err)
+		}
+	}
+}
+
+func (m *leaseMirror) check(ctx context.Context, applied func() int64) error {
+	m.mu.Lock()
+	ids := make([]clientv3.LeaseID, 0, len(m.kept))
+	for id := range m.kept {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	for _, id := range ids {
+		m.mu.Lock()
+		at, gone := m.goneAt[id]
+		m.mu.Unlock()
+		if !gone {
+			src, err := m.cfg.Source.TimeToLive(ctx, id)
+			if err != nil {
+				return fmt.Errorf("reading blue's lease %x: %w", int64(id), err)
+			}
+			if src.TTL != -1 {
+				continue
+			}
+			// A linearizable read after blue said the lease is gone: its revision covers the
+			// revision that deleted the lease's keys (a lease reply's header is the answering
+			// member's, which may lag).
+			rd, err := m.cfg.Source.Get(ctx, probeKey, clientv3.WithCountOnly())
+			if err != nil {
+				return fmt.Errorf("reading blue's revision: %w", err)
+			}
+			at = rd.Header.Revision
+			m.mu.Lock()
+			m.goneAt[id] = at
+			m.mu.Unlock()
+		}
+		if applied() < at {
+			continue
+		}
+		if err := m.collect(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// collect revokes id on green, which blue no longer has, if it holds no key there: revoking a
+// lease without keys does not change the revision.
+func (m *leaseMirror) collect(ctx context.Context, id clientv3.LeaseID) error {
+	dst, err := m.cfg.Dest.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+	if err != nil {
+		return fmt.Errorf("reading green's lease %x: %w", int64(id), err)
+	}
+	if len(dst.Keys) > 0 {
+		// Blue deleted these keys when the lease went; green has applied past that, so
+		// they should be gone. Revoking would delete them on green alone: leave it to the
+		// cutover's verification.
+		m.cfg.Log.Error("green's copy of a lease blue no longer has still holds keys; keeping it", "lease", fmt.Sprintf("%x", int64(id)), "keys", len(dst.Keys))
+		return nil
+	}
+	m.mu.Lock()
+	if cancel, ok := m.kept[id]; ok {
+		cancel()
+		delete(m.kept, id)
+	}
+	delete(m.goneAt, id)
+	m.mu.Unlock()
+	if dst.TTL == -1 {
+		return nil
+	}
+	if _, err := m.cfg.Dest.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("revoking lease %x on green: %w", int64(id), err)
+	}
+	m.cfg.Log.Debug("revoked on green a lease blue no longer has", "lease", fmt.Sprintf("%x", int64(id)))
+	return nil
+}

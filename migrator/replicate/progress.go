@@ -1,0 +1,132 @@
+package replicate
+
+import (
+	"context"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Progress is where replication stands. The JSON form is what `-o json` prints.
+type Progress struct {
+	// Applied is the last blue revision applied to green (green's revision).
+	Applied int64 `json:"appliedRevision"`
+	// Source is the newest blue revision seen (watch headers, and a read every ProgressInterval).
+	Source int64 `json:"sourceRevision"`
+	// LagRevisions is Source - Applied.
+	LagRevisions int64 `json:"lagRevisions"`
+	// LagSeconds is how long green has been behind: the time since the oldest blue revision
+	// not yet applied was seen; 0 when caught up.
+	LagSeconds float64 `json:"lagSeconds"`
+	// Revisions is how many revisions this run applied.
+	Revisions int64 `json:"revisions"`
+	// RevisionsPerSecond is the apply rate over the last rateWindow (over the whole run while it
+	// is shorter).
+	RevisionsPerSecond float64 `json:"revisionsPerSecond"`
+	// Leases is how many leases the replicator keeps alive on green.
+	Leases int `json:"leases"`
+}
+
+const rateWindow = 10 * time.Second
+
+type sample struct {
+	at time.Time
+	n  int64
+}
+
+// tracker is the state behind Progress; guarded by Replicator.mu.
+type tracker struct {
+	applied, source int64
+	behindSince     time.Time // zero when caught up
+	revisions       int64
+	samples         []sample // one per applied batch at most every rateWindow/40
+}
+
+func (t *tracker) sawSource(rev int64, now time.Time) {
+	if rev > t.source {
+		t.source = rev
+	}
+	if t.source > t.applied && t.behindSince.IsZero() {
+		t.behindSince = now
+	}
+}
+
+func (t *tracker) didApply(rev int64, now time.Time) {
+	t.applied = rev
+	t.revisions++
+	t.sawSource(rev, now)
+	if t.applied >= t.source {
+		t.behindSince = time.Time{}
+	}
+	if n := len(t.samples); n == 0 || now.Sub(t.samples[n-1].at) >= rateWindow/40 {
+		t.samples = append(t.samples, sample{now, t.revisions})
+	} else {
+		t.samples[n-1].n = t.revisions
+	}
+	for len(t.samples) > 2 && now.Sub(t.samples[1].at) > rateWindow {
+		t.samples = t.samples[1:]
+	}
+}
+
+func (t *tracker) snapshot(now time.Time) Progress {
+	p := Progress{Applied: t.applied, Source: t.source, LagRevisions: t.source - t.applied, Revisions: t.revisions}
+	if !t.behindSince.IsZero() {
+		p.LagSeconds = now.Sub(t.behindSince).Seconds()
+	}
+	if n := len(t.samples); n >= 2 {
+		first, last := t.samples[0], t.samples[n-1]
+		if dt := last.at.Sub(first.at).Seconds(); dt > 0 {
+			p.RevisionsPerSecond = float64(last.n-first.n) / dt
+		}
+	}
+	return p
+}
+
+// Progress reports where replication stands now.
+func (r *Replicator) Progress() Progress {
+	r.mu.Lock()
+	p := r.progress.snapshot(time.Now())
+	r.mu.Unlock()
+	p.Leases = r.leases.count()
+	return p
+}
+
+func (r *Replicator) sawSource(rev int64) {
+	r.mu.Lock()
+	r.progress.sawSource(rev, time.Now())
+	r.mu.Unlock()
+}
+
+// applied records rev as applied, wakes WaitFor and calls OnApplied.
+func (r *Replicator) applied(rev int64) {
+	r.mu.Lock()
+	r.progress.didApply(rev, time.Now())
+	close(r.cond)
+	r.cond = make(chan struct{})
+	r.mu.Unlock()
+	if r.cfg.OnApplied != nil {
+		r.cfg.OnApplied(r.Progress())
+	}
+}
+
+// pollSource reads blue's current revision every ProgressInterval, so the lag is right while
+// the watch is quiet or behind.
+func (r *Replicator) pollSource(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ProgressInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		resp, err := r.cfg.Source.Get(ctx, probeKey, clientv3.WithCountOnly()) // linearizable: blue's newest revision
+		if err != nil {
+			if ctx.Err() == nil {
+				r.cfg.Log.Warn("reading blue's revision for the lag", "err", err)
+			}
+			continue
+		}
+		r.sawSource(resp.Header.Revision)
+	}
+}
