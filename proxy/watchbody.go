@@ -142,7 +142,7 @@ func (w *watchBody) advance(b []byte) int {
 	ends := w.ends[:0]
 	switch w.fr {
 	case framingJSON:
-		for off := 0; ; {
+		for off := 0; w.rv != nil; { // untracked, the last byte says all
 			i := bytes.IndexByte(b[off:], '\n')
 			if i < 0 {
 				break

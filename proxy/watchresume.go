@@ -132,27 +132,42 @@ func resumeRequest(req *http.Request, nb *backend, rv string) *http.Request {
 }
 
 // rvTracker follows the resourceVersion of the last event delivered to the client. It is fed
-// whole events only (at boundaries); of the events one read completes it parses only the last
-// (walking back over ERROR events, which do not change it), unless the watch's initial events
-// are still coming, when it looks at each for the bookmark that ends them.
+// whole events only (at boundaries) and keeps a copy of the last one, parsed only when a switch
+// asks for it: per event the watch path pays a copy, not a decode. Events are parsed as they
+// pass only while a sendInitialEvents watch waits for the bookmark that ends its initial
+// events, and when one is over maxKeptEvent (rare; a copy would cost memory for the life of the
+// watch).
 type rvTracker struct {
 	fr    framing
 	start string // the request's resourceVersion, used when no event was delivered yet
-	rv    string // of the last event delivered; BOOKMARKs count, ERRORs do not
+	rv    string // of the last event parsed as it passed
+	last  []byte // the last event delivered, when newer than rv; parsed by from
 	// initialPending: sendInitialEvents=true and its closing bookmark not delivered yet.
 	initialPending bool
-	// broken: an event did not parse (or had no resourceVersion); the watch can only end.
+	// broken: an event did not parse, had no resourceVersion, or was an ERROR (after which
+	// the apiserver ends the watch); the watch can only end.
 	broken bool
 	err    error
 	cur    []byte // the bytes of an event that began in an earlier read
 }
 
+// maxKeptEvent is the largest event the tracker copies rather than parses at once.
+const maxKeptEvent = 64 << 10
+
 func (t *rvTracker) resumable() bool { return t != nil && !t.broken && !t.initialPending }
 
-// from is the resourceVersion to resume from.
+// from is the resourceVersion to resume from: the last event's (a BOOKMARK's counts), else the
+// request's own.
 func (t *rvTracker) from() (string, bool) {
 	if !t.resumable() {
 		return "", false
+	}
+	if len(t.last) > 0 {
+		t.take(t.last)
+		t.last = t.last[:0]
+		if t.broken {
+			return "", false
+		}
 	}
 	if t.rv != "" {
 		return t.rv, true
@@ -195,12 +210,16 @@ func (t *rvTracker) observe(b []byte, ends []int) {
 		}
 		return b[ends[i-1]:ends[i]]
 	}
-	if t.initialPending {
-		for i := range ends {
-			t.take(event(i))
-		}
-	} else {
-		for i := len(ends) - 1; i >= 0 && !t.take(event(i)); i-- {
+	i := 0
+	for ; i < len(ends) && t.initialPending; i++ {
+		t.take(event(i))
+	}
+	if i < len(ends) {
+		if ev := event(len(ends) - 1); len(ev) > maxKeptEvent {
+			t.last = t.last[:0]
+			t.take(ev)
+		} else {
+			t.last = append(t.last[:0], ev...)
 		}
 	}
 	t.cur = append(t.cur[:0], b[ends[len(ends)-1]:]...)
@@ -209,10 +228,10 @@ func (t *rvTracker) observe(b []byte, ends []int) {
 	}
 }
 
-// take reads one event; it returns false for an ERROR event, which leaves the resourceVersion.
-func (t *rvTracker) take(ev []byte) bool {
+// take parses one event and moves rv to it.
+func (t *rvTracker) take(ev []byte) {
 	if t.broken {
-		return true
+		return
 	}
 	var e eventMeta
 	var err error
@@ -225,7 +244,7 @@ func (t *rvTracker) take(ev []byte) bool {
 	case err != nil:
 		t.fail(err)
 	case e.typ == "ERROR":
-		return false
+		t.fail(errors.New("the backend sent an ERROR event, after which it ends the watch"))
 	case e.rv == "":
 		t.fail(fmt.Errorf("a %s event without a resourceVersion", e.typ))
 	default:
@@ -234,11 +253,10 @@ func (t *rvTracker) take(ev []byte) bool {
 			t.initialPending = false
 		}
 	}
-	return true
 }
 
 func (t *rvTracker) fail(err error) {
-	t.broken, t.err, t.cur = true, err, nil
+	t.broken, t.err, t.cur, t.last = true, err, nil, nil
 }
 
 // eventMeta is what the tracker needs of one watch event.
