@@ -516,3 +516,28 @@ func (r *eventReader) Read(p []byte) (int, error) {
 }
 
 func (r *eventReader) Close() error { return nil }
+
+// TestWatchBodyInterruptedMidEvent: when the switch closes an idle-looking body just as an
+// event arrives, the bytes of the cut event are not passed on (the new backend sends it again
+// from the last resourceVersion delivered); whole events before it are.
+func TestWatchBodyInterruptedMidEvent(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			whole := frame(t, fr, testEvent{"ADDED", "a", "10"}, nil)
+			cut := frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
+			w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, fr)
+			w.rv = &rvTracker{fr: fr, start: "5"}
+			w.interrupted = true
+			chunk := append(append([]byte(nil), whole...), cut[:len(cut)/2]...)
+			if n := w.advance(chunk); n != len(whole) {
+				t.Fatalf("passed on %d bytes, want %d (the whole event only)", n, len(whole))
+			}
+			if !w.boundary {
+				t.Fatal("not at a boundary after the cut")
+			}
+			if rv, ok := w.rv.from(); rv != "10" || !ok {
+				t.Fatalf("from() = %q, %v; want 10", rv, ok)
+			}
+		})
+	}
+}
