@@ -29,6 +29,7 @@ type Progress struct {
 
 const rateWindow = 10 * time.Second
 
+// sample is a count (a revision, or revisions applied) at a time.
 type sample struct {
 	at time.Time
 	n  int64
@@ -37,27 +38,30 @@ type sample struct {
 // tracker is the state behind Progress; guarded by Replicator.mu.
 type tracker struct {
 	applied, source int64
-	behindSince     time.Time // zero when caught up
-	revisions       int64
-	samples         []sample // one per applied batch at most every rateWindow/40
+	// seen holds, oldest first, when each newest-so-far blue revision was seen; the first
+	// entry above applied is when the oldest unapplied revision was first seen.
+	seen      []sample
+	revisions int64
+	samples   []sample // applied counts, one per rateWindow/40 at most
 }
 
 func (t *tracker) sawSource(rev int64, now time.Time) {
-	if rev > t.source {
-		t.source = rev
+	if rev <= t.source {
+		return
 	}
-	if t.source > t.applied && t.behindSince.IsZero() {
-		t.behindSince = now
-	}
+	t.source = rev
+	t.seen = append(t.seen, sample{now, rev})
 }
 
 func (t *tracker) didApply(rev int64, now time.Time) {
 	t.applied = rev
 	t.revisions++
 	t.sawSource(rev, now)
-	if t.applied >= t.source {
-		t.behindSince = time.Time{}
+	i := 0
+	for i < len(t.seen) && t.seen[i].n <= t.applied {
+		i++
 	}
+	t.seen = t.seen[i:]
 	if n := len(t.samples); n == 0 || now.Sub(t.samples[n-1].at) >= rateWindow/40 {
 		t.samples = append(t.samples, sample{now, t.revisions})
 	} else {
@@ -70,8 +74,8 @@ func (t *tracker) didApply(rev int64, now time.Time) {
 
 func (t *tracker) snapshot(now time.Time) Progress {
 	p := Progress{Applied: t.applied, Source: t.source, LagRevisions: t.source - t.applied, Revisions: t.revisions}
-	if !t.behindSince.IsZero() {
-		p.LagSeconds = now.Sub(t.behindSince).Seconds()
+	if len(t.seen) > 0 {
+		p.LagSeconds = now.Sub(t.seen[0].at).Seconds()
 	}
 	if n := len(t.samples); n >= 2 {
 		first, last := t.samples[0], t.samples[n-1]

@@ -1,0 +1,400 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const bigTxn = 100000 // green's --max-txn-ops, as docs/replicate.md asks
+
+func put(t *testing.T, m *member, k, v string, opts ...clientv3.OpOption) int64 {
+	t.Helper()
+	resp, err := m.cli.Put(t.Context(), k, v, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func grant(t *testing.T, m *member, ttl int64) clientv3.LeaseID {
+	t.Helper()
+	l, err := m.cli.Grant(t.Context(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.ID
+}
+
+// TestReplicateExactRevisions: puts, updates, deletes, multi-key txns, a range delete, a lease
+// revoke and a lease expiry that each delete hundreds of keys in one revision all reach green,
+// and at every revision green holds what blue holds (keys, values, create/mod revisions,
+// versions, leases), green's revision equal to blue's.
+func TestReplicateExactRevisions(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	// Before the snapshot: plain keys, and a short lease holding 300 keys that blue will let
+	// expire during replication; green restores it and must not expire it by itself.
+	for i := range 20 {
+		put(t, blue, fmt.Sprintf("/registry/configmaps/default/cm-%02d", i), "v1")
+	}
+	expiring := grant(t, blue, 4)
+	for i := range 300 {
+		put(t, blue, fmt.Sprintf("/registry/events/default/ev-%03d", i), "event", clientv3.WithLease(expiring))
+	}
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+
+	var mu sync.Mutex
+	var seen []Progress
+	run := start(t, blue, green, s, func(c *Config) {
+		c.LeaseCheckInterval = 200 * time.Millisecond
+		c.OnApplied = func(p Progress) { mu.Lock(); seen = append(seen, p); mu.Unlock() }
+	})
+
+	put(t, blue, "/registry/configmaps/default/cm-00", "v2") // update
+	put(t, blue, "/registry/configmaps/default/new", "v1")   // create
+	if _, err := blue.cli.Delete(ctx, "/registry/configmaps/default/cm-01"); err != nil {
+		t.Fatal(err)
+	}
+	// a multi-key txn: two puts and a delete in one revision
+	_, err := blue.cli.Txn(ctx).Then(
+		clientv3.OpPut("/registry/pods/a", "pa"),
+		clientv3.OpPut("/registry/configmaps/default/cm-02", "v3"),
+		clientv3.OpDelete("/registry/configmaps/default/cm-03"),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a range delete: 10 keys in one revision
+	if _, err := blue.cli.Delete(ctx, "/registry/configmaps/default/cm-1", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	// a lease granted after the snapshot, 200 keys on it, revoked: 200 deletes in one revision
+	revoked := grant(t, blue, 60)
+	for i := range 200 {
+		put(t, blue, fmt.Sprintf("/registry/events/kube-system/ev-%03d", i), "event", clientv3.WithLease(revoked))
+	}
+	if _, err := blue.cli.Revoke(ctx, revoked); err != nil {
+		t.Fatal(err)
+	}
+	// blue expires `expiring`: 300 deletes in one revision; wait for it.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := blue.cli.Get(ctx, "/registry/events/default/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("blue has not expired its 4 s lease in 20 s (%d keys left)", resp.Count)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	put(t, blue, "/registry/configmaps/default/last", "v1")
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+
+	mu.Lock()
+	for i, p := range seen {
+		if p.Applied != s+int64(i)+1 {
+			t.Fatalf("OnApplied call %d reported revision %d, want %d", i, p.Applied, s+int64(i)+1)
+		}
+	}
+	if int64(len(seen)) != last-s {
+		t.Fatalf("OnApplied called %d times for %d revisions", len(seen), last-s)
+	}
+	mu.Unlock()
+	if p := run.r.Progress(); p.Applied != last || p.LagRevisions != 0 || p.LagSeconds != 0 || p.Revisions != last-s {
+		t.Fatalf("caught up, Progress says %+v (blue at %d, %d revisions)", p, last, last-s)
+	}
+
+	// Both leases are gone on blue; the replicator revokes green's copies once they hold no
+	// key, and that moves no revision.
+	deadline = time.Now().Add(10 * time.Second)
+	for _, id := range []clientv3.LeaseID{expiring, revoked} {
+		for {
+			l, err := green.cli.TimeToLive(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.TTL == -1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("green still has lease %x, which blue no longer has", id)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if got := revision(t, green); got != last {
+		t.Fatalf("revoking leases moved green from revision %d to %d", last, got)
+	}
+	run.stop()
+	if err := run.wait(t, 10*time.Second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run after cancel = %v, want context.Canceled", err)
+	}
+}
+
+// TestLeases: a lease blue grants after the snapshot reaches green with the same ID and blue's
+// TTL, and is kept alive on green past its TTL; a lease granted on green (green's gated
+// apiserver does that) does not move green's revision and replication goes on.
+func TestLeases(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	run := start(t, blue, green, s, nil)
+
+	// blue keeps its lease alive; green's copy is kept alive by the replicator alone.
+	id := grant(t, blue, 3)
+	ka, err := blue.cli.KeepAlive(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	put(t, blue, "leased", "x", clientv3.WithLease(id))
+	catchUp(t, run, blue)
+	l, err := green.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.TTL == -1 || l.GrantedTTL != 3 || len(l.Keys) != 1 || string(l.Keys[0]) != "leased" {
+		t.Fatalf("green's lease %x: ttl %d granted %d keys %q; want blue's ID, granted TTL 3, key leased", id, l.TTL, l.GrantedTTL, l.Keys)
+	}
+
+	before := revision(t, green)
+	g, err := pb.NewLeaseClient(green.cli.ActiveConnection()).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: 0x5eed, TTL: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Header.Revision != before || revision(t, green) != before {
+		t.Fatalf("granting a lease moved green from revision %d to %d", before, g.Header.Revision)
+	}
+
+	time.Sleep(5 * time.Second) // past the 3 s TTL
+	put(t, blue, "b", "2")
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	if l, err := green.cli.TimeToLive(ctx, id); err != nil || l.TTL == -1 {
+		t.Fatalf("green let lease %x expire (ttl %v, err %v)", id, l.TTL, err)
+	}
+	if p := run.r.Progress(); p.Leases != 1 {
+		t.Fatalf("Progress().Leases = %d, want 1", p.Leases)
+	}
+}
+
+// TestWriteToGreenStops: a write made straight to green makes the next apply fail with an
+// error that names blue's revision and green's.
+func TestWriteToGreenStops(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	run := start(t, blue, green, s, nil)
+	put(t, blue, "b", "1")
+	catchUp(t, run, blue)
+
+	put(t, green, "intruder", "x")
+	rev := put(t, blue, "c", "1")
+	err := run.wait(t, 30*time.Second)
+	if !errors.Is(err, ErrRevisionMismatch) {
+		t.Fatalf("Run = %v, want ErrRevisionMismatch", err)
+	}
+	want := fmt.Sprintf("blue's revision %d (1 operations) green is at revision %d", rev, rev+1)
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+	if p := run.r.Progress(); p.Applied != rev-1 {
+		t.Fatalf("Progress().Applied = %d, want %d", p.Applied, rev-1)
+	}
+}
+
+// TestStartRefusesMovedGreen: green not at FromRevision is refused before anything is applied.
+func TestStartRefusesMovedGreen(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	put(t, green, "intruder", "x")
+	err := Run(t.Context(), Config{Source: blue.cli, Dest: green.cli, FromRevision: s})
+	if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), fmt.Sprintf("green is at revision %d", s+1)) {
+		t.Fatalf("Run = %v, want ErrRevisionMismatch naming green's revision %d", err, s+1)
+	}
+}
+
+// TestCompacted: blue compacted past green's revision stops replication with ErrCompacted.
+func TestCompacted(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	var rev int64
+	for i := range 5 {
+		rev = put(t, blue, "a", fmt.Sprint(i))
+	}
+	if _, err := blue.cli.Compact(t.Context(), rev); err != nil {
+		t.Fatal(err)
+	}
+	run := start(t, blue, green, s, nil)
+	err := run.wait(t, 30*time.Second)
+	if !errors.Is(err, ErrCompacted) || !strings.Contains(err.Error(), "new snapshot") {
+		t.Fatalf("Run = %v, want ErrCompacted asking for a new snapshot", err)
+	}
+	if got := revision(t, green); got != s {
+		t.Fatalf("green moved from %d to %d", s, got)
+	}
+}
+
+// TestTooManyOps: a blue revision with more operations than green's --max-txn-ops stops with
+// ErrTooManyOps saying which flag to set; green is left untouched at the revision before.
+func TestTooManyOps(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	for i := range 200 {
+		put(t, blue, fmt.Sprintf("k/%03d", i), "v")
+	}
+	green, s := greenFrom(t, blue, etcdOpts{}) // etcd's default --max-txn-ops, 128
+	run := start(t, blue, green, s, nil)
+	if _, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()); err != nil { // one op on blue, 200 deletes
+		t.Fatal(err)
+	}
+	err := run.wait(t, 30*time.Second)
+	if !errors.Is(err, ErrTooManyOps) || !strings.Contains(err.Error(), "--max-txn-ops 100000") || !strings.Contains(err.Error(), "200 operations") {
+		t.Fatalf("Run = %v, want ErrTooManyOps naming 200 operations and --max-txn-ops 100000", err)
+	}
+	if got := revision(t, green); got != s {
+		t.Fatalf("green moved from %d to %d", s, got)
+	}
+}
+
+// TestWaitFor: WaitFor returns once the revision is applied, not before; it returns ctx's error
+// when ctx ends first and Run's error when Run stopped before the revision.
+func TestWaitFor(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	run := start(t, blue, green, s, nil)
+
+	if err := run.r.WaitFor(t.Context(), s); err != nil { // already applied
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := run.r.WaitFor(short, s+1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitFor a revision blue does not have = %v, want a deadline error", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- run.r.WaitFor(t.Context(), s+3) }()
+	put(t, blue, "b", "1")
+	put(t, blue, "c", "1")
+	select {
+	case err := <-got:
+		t.Fatalf("WaitFor(%d) returned %v with blue at %d", s+3, err, s+2)
+	case <-time.After(300 * time.Millisecond):
+	}
+	put(t, blue, "d", "1")
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("WaitFor(%d) has not returned 10 s after blue reached it", s+3)
+	}
+	if got := revision(t, green); got < s+3 {
+		t.Fatalf("WaitFor(%d) returned with green at %d", s+3, got)
+	}
+
+	run.stop()
+	if err := run.r.WaitFor(t.Context(), s+100); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitFor after Run stopped = %v, want Run's error (context.Canceled)", err)
+	}
+}
+
+// TestConfig: a config that cannot work is refused with every reason at once.
+func TestConfig(t *testing.T) {
+	cli := &clientv3.Client{}
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want []string
+	}{
+		"empty":       {Config{}, []string{"Source", "Dest", "FromRevision 0"}},
+		"same client": {Config{Source: cli, Dest: cli, FromRevision: 5}, []string{"the same client"}},
+		"ok":          {Config{Source: cli, Dest: &clientv3.Client{}, FromRevision: 5}, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(tc.cfg)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestThroughput logs how many revisions per second green takes (fsync on, as in production),
+// with writers on blue at full speed; it asserts only that every revision arrived exactly.
+func TestThroughput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("throughput in -short")
+	}
+	o := etcdOpts{maxTxnOps: bigTxn, fsync: true}
+	blue := startEtcd(t, "blue", t.TempDir(), o)
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, o)
+	run := start(t, blue, green, s, func(c *Config) { c.Log = nil })
+
+	const writers, each = 8, 250
+	value := strings.Repeat("x", 2048)
+	begin := time.Now()
+	var wg sync.WaitGroup
+	var maxLag Progress
+	var lagMu sync.Mutex
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				put(t, blue, fmt.Sprintf("/registry/configmaps/bench/cm-%d-%d", w, i%50), value)
+				if i%25 == 0 {
+					p := run.r.Progress()
+					lagMu.Lock()
+					if p.LagRevisions > maxLag.LagRevisions {
+						maxLag = p
+					}
+					lagMu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wrote := time.Since(begin)
+	last := catchUp(t, run, blue)
+	took := time.Since(begin)
+	n := last - s
+	t.Logf("%d revisions (2 KiB values, %d writers): blue took them in %s (%.0f/s); green applied all %.0f revisions/s, caught up %s after the last write; largest lag seen %d revisions / %.2f s; Progress %.0f revisions/s",
+		n, writers, wrote.Round(time.Millisecond), float64(n)/wrote.Seconds(), float64(n)/took.Seconds(), (took - wrote).Round(time.Millisecond),
+		maxLag.LagRevisions, maxLag.LagSeconds, run.r.Progress().RevisionsPerSecond)
+	if got := revision(t, green); got != last {
+		t.Fatalf("green at %d, blue at %d", got, last)
+	}
+	if a, b := all(t, blue, last), all(t, green, last); a != b {
+		t.Fatal("blue and green differ at the last revision")
+	}
+}
