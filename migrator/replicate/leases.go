@@ -106,19 +106,49 @@ func (m *leaseMirror) keepAlive(id clientv3.LeaseID) error {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		for range ch { // drained, so the client never logs a full queue
+		defer cancel()
+		m.renew(ctx, id, ch)
+	}()
+	return nil
+}
+
+// renew drains a keepalive channel (so the client never logs a full queue) and starts the
+// keepalive again while green still has the lease: the client closes the channel when green
+// says the lease is gone, and also when no renewal got through for a whole TTL (green
+// unreachable, a leader change).
+func (m *leaseMirror) renew(ctx context.Context, id clientv3.LeaseID, ch <-chan *clientv3.LeaseKeepAliveResponse) {
+	lease := fmt.Sprintf("%x", int64(id))
+	backoff := 100 * time.Millisecond
+	for {
+		for range ch {
+			backoff = 100 * time.Millisecond
 		}
-		if ctx.Err() == nil {
-			// The client gives up only when green says the lease is gone: green expired or
-			// revoked it by itself. The next apply's revision check reports what that did.
-			m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", fmt.Sprintf("%x", int64(id)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+		l, err := m.cfg.Dest.TimeToLive(ctx, id)
+		if err == nil && l.TTL == -1 {
+			// Green expired or revoked it by itself; if it held keys, green's revision moved
+			// and the next apply says so.
+			m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", lease)
 			m.mu.Lock()
 			delete(m.kept, id)
 			m.mu.Unlock()
+			return
 		}
-		cancel()
-	}()
-	return nil
+		if err == nil {
+			ch, err = m.cfg.Dest.KeepAlive(ctx, id)
+		}
+		if err != nil {
+			m.cfg.Log.Warn("keeping a lease alive on green", "lease", lease, "err", err, "retry", backoff)
+			closed := make(chan *clientv3.LeaseKeepAliveResponse)
+			close(closed)
+			ch = closed
+		}
+	}
 }
 
 // stopAll ends every keepalive and waits for them.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -93,8 +94,9 @@ func (c *Config) defaults() {
 // Replicator replicates blue into green; Progress and WaitFor may be called from any goroutine
 // while Run runs.
 type Replicator struct {
-	cfg    Config
-	leases *leaseMirror
+	cfg     Config
+	leases  *leaseMirror
+	started atomic.Bool
 
 	mu       sync.Mutex
 	cond     chan struct{} // closed and replaced whenever applied or done changes
@@ -131,6 +133,9 @@ func Run(ctx context.Context, cfg Config) error {
 // ErrTooManyOps), or blue compacted what is needed (ErrCompacted). When Run returns, green's
 // leases are no longer kept alive by it. Run may be called once.
 func (r *Replicator) Run(ctx context.Context) (err error) {
+	if r.started.Swap(true) {
+		return errors.New("replicate: Run called twice on one Replicator")
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer func() { r.finish(err) }()
