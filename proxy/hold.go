@@ -139,6 +139,9 @@ type holder struct {
 	// perConn bounds the held writes of one HTTP/2 connection: a share of its streams, so that
 	// reads on it are never starved of streams.
 	perConn int32
+	// release bounds the held writes forwarded at once when the fence lifts: thousands at once
+	// would open as many backend connections (a TLS handshake each) instead of reusing a pool.
+	release chan struct{}
 	seconds prometheus.Histogram
 	log     *slog.Logger
 }
@@ -148,6 +151,7 @@ func newHolder(o *Options, log *slog.Logger) *holder {
 		q:       holdQueue{maxCount: o.MaxHeldRequests, maxBytes: o.MaxHeldBytes},
 		timeout: o.HoldTimeout,
 		perConn: int32(o.MaxConcurrentStreams / 2),
+		release: make(chan struct{}, o.HoldReleaseConcurrency),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kubefence_hold_duration_seconds",
 			Help:    "How long writes were held in hold mode, whatever the outcome.",
@@ -200,6 +204,8 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		hd.q.released.Add(1)
 		st.writeID = id
 		defer g.inflight.remove(id)
+		hd.release <- struct{}{} // blocked senders are woken in order: arrival order holds
+		defer func() { <-hd.release }()
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	}
 }

@@ -71,6 +71,8 @@ type Options struct {
 	MaxHeldRequests      int
 	MaxHeldBytes         int64
 	MaxConcurrentStreams uint32
+	// HoldReleaseConcurrency bounds the held writes forwarded at once after the fence lifts.
+	HoldReleaseConcurrency int
 }
 
 // NewOptions returns the defaults.
@@ -86,6 +88,7 @@ func NewOptions() *Options {
 		MaxHeldRequests:          20000,
 		MaxHeldBytes:             256 << 20,
 		MaxConcurrentStreams:     1000,
+		HoldReleaseConcurrency:   128,
 		MaxHeaderBytes:           256 << 10,
 		ReadHeaderTimeout:        10 * time.Second,
 		RequestHeaderUsername:    []string{"X-Remote-User"},
@@ -127,6 +130,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.HoldTimeout, "hold-timeout", o.HoldTimeout, "in hold mode, how long a write is held before it is refused with 429 (never forwarded); keep it under 5 s, the request timeout of client-go's leader election")
 	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
 	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")
+	fs.IntVar(&o.HoldReleaseConcurrency, "hold-release-concurrency", o.HoldReleaseConcurrency, "in hold mode, held writes forwarded at once when the fence lifts (the rest wait their turn, in arrival order), so that the backend sees a pool of connections, not a storm")
 	fs.Uint32Var(&o.MaxConcurrentStreams, "http2-max-streams-per-connection", o.MaxConcurrentStreams, "HTTP/2 streams a client connection may open at once (kube-apiserver's default is 1000); in hold mode at most half of them may be held writes, so reads on the connection go on")
 	fs.DurationVar(&o.WriteBodyTimeout, "write-body-timeout", o.WriteBodyTimeout, "time a client has to send a write's body (408 beyond); a write is admitted, and counted by the fence's barrier, only once its body is in")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a backend switch waits for watches on the old backend to end cleanly before cutting them")
@@ -222,8 +226,8 @@ func (o *Options) validateLimits() []error {
 	if o.WriteBodyTimeout <= 0 {
 		errs = append(errs, errors.New("--write-body-timeout must be positive"))
 	}
-	if o.HoldTimeout <= 0 || o.MaxHeldRequests <= 0 || o.MaxHeldBytes <= 0 {
-		errs = append(errs, errors.New("--hold-timeout, --max-held-requests and --max-held-bytes must be positive"))
+	if o.HoldTimeout <= 0 || o.MaxHeldRequests <= 0 || o.MaxHeldBytes <= 0 || o.HoldReleaseConcurrency <= 0 {
+		errs = append(errs, errors.New("--hold-timeout, --max-held-requests, --max-held-bytes and --hold-release-concurrency must be positive"))
 	}
 	if o.MaxConcurrentStreams < 2 {
 		errs = append(errs, errors.New("--http2-max-streams-per-connection must be at least 2"))

@@ -80,8 +80,17 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 			}()
 		}
 	}
+	// Reads are measured once every write is held (the steady state of a fence), not while
+	// 10,000 writes are still arriving.
 	deadline := time.Now().Add(hold)
-	res.readsHeld = readLoop(ctx, clients, url, time.Until(deadline)/2)
+	want := len(clients) * writers
+	for time.Now().Before(deadline) {
+		if st, err := px.Admin.Status(ctx); err == nil && st.Hold.Held >= want {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res.readsHeld = readLoop(ctx, clients, url, 300*time.Millisecond)
 	time.Sleep(time.Until(deadline))
 	st, err := px.Admin.Status(ctx)
 	if err != nil {
