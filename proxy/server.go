@@ -359,6 +359,9 @@ func (s *Server) serve(name string, f func() error) {
 // Addr is the address the API listener is bound to.
 func (s *Server) Addr() net.Addr { return s.apiLn.Addr() }
 
+// AdminSocket is the path of the admin unix socket.
+func (s *Server) AdminSocket() string { return s.cfg.opts.AdminSocket }
+
 // AdminAddr is the address of the mutual-TLS admin listener, or nil.
 func (s *Server) AdminAddr() net.Addr {
 	if s.adminNetLn == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,18 +22,25 @@ import (
 // and the printer they ask for.
 type adminOptions struct {
 	printOptions
-	socket  string
-	address string
-	cert    string
-	key     string
-	ca      string
+	sockets   []string
+	addresses []string
+	cert      string
+	key       string
+	ca        string
 
-	client *admin.Client
+	cmd     *cobra.Command
+	proxies admin.Group
 }
 
+// Environment variables that name the proxies when the flags do not (comma-separated).
+const (
+	envAdminSocket  = "KUBEFENCE_ADMIN_SOCKET"
+	envAdminAddress = "KUBEFENCE_ADMIN_ADDRESS"
+)
+
 func (o *adminOptions) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&o.socket, "admin-socket", admin.DefaultSocket, "the proxy's admin socket")
-	cmd.Flags().StringVar(&o.address, "admin-address", "", "reach the admin API over the network instead (https://HOST:PORT of the proxy's --admin-listen)")
+	cmd.Flags().StringSliceVar(&o.sockets, "admin-socket", nil, "a proxy's admin socket; repeat (or comma-separate) for every proxy: the command acts on all of them. Default $"+envAdminSocket+", else "+admin.DefaultSocket)
+	cmd.Flags().StringSliceVar(&o.addresses, "admin-address", nil, "a proxy's admin API over the network (https://HOST:PORT of its --admin-listen); repeatable like --admin-socket. Default $"+envAdminAddress)
 	cmd.Flags().StringVar(&o.cert, "admin-cert-file", "", "client certificate for --admin-address")
 	cmd.Flags().StringVar(&o.key, "admin-key-file", "", "private key of --admin-cert-file")
 	cmd.Flags().StringVar(&o.ca, "admin-ca-file", "", "CA of the proxy's serving certificate, for --admin-address")
@@ -43,24 +51,51 @@ func (o *adminOptions) addFlags(cmd *cobra.Command) {
 func (o *adminOptions) command(cmd *cobra.Command, run command) *cobra.Command {
 	cmd.RunE = runE(run)
 	o.addFlags(cmd)
+	o.cmd = cmd
 	return cmd
 }
 
-func (o *adminOptions) Complete([]string) (err error) {
+func (o *adminOptions) Complete([]string) error {
 	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
-	o.client, err = o.newClient()
-	return err
+	sockets, addresses := o.sockets, o.addresses
+	if !o.changed("admin-socket") && !o.changed("admin-address") {
+		sockets, addresses = envList(envAdminSocket), envList(envAdminAddress)
+		if len(sockets) == 0 && len(addresses) == 0 {
+			sockets = []string{admin.DefaultSocket}
+		}
+	}
+	o.proxies = nil
+	for _, s := range sockets {
+		o.proxies = append(o.proxies, admin.Proxy{Name: s, Client: admin.NewClient(s)})
+	}
+	for _, a := range addresses {
+		c, err := o.newTLSClient(a)
+		if err != nil {
+			return err
+		}
+		o.proxies = append(o.proxies, admin.Proxy{Name: a, Client: c})
+	}
+	return nil
 }
 
-// newClient returns the admin client the flags ask for.
-func (o *adminOptions) newClient() (*admin.Client, error) {
-	if o.address == "" {
-		return admin.NewClient(o.socket), nil
+func (o *adminOptions) changed(flag string) bool { return o.cmd != nil && o.cmd.Flags().Changed(flag) }
+
+func envList(name string) []string {
+	var out []string
+	for v := range strings.SplitSeq(os.Getenv(name), ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
 	}
-	if !strings.HasPrefix(o.address, "https://") {
-		return nil, UsageErrorf("--admin-address %q: give https://HOST:PORT (the admin API is mutual TLS only)", o.address)
+	return out
+}
+
+// newTLSClient returns a client for one proxy's admin API over mutual TLS.
+func (o *adminOptions) newTLSClient(address string) (*admin.Client, error) {
+	if !strings.HasPrefix(address, "https://") {
+		return nil, UsageErrorf("--admin-address %q: give https://HOST:PORT (the admin API is mutual TLS only)", address)
 	}
 	if o.cert == "" || o.key == "" || o.ca == "" {
 		return nil, UsageErrorf("--admin-address needs --admin-cert-file, --admin-key-file and --admin-ca-file")
@@ -73,7 +108,7 @@ func (o *adminOptions) newClient() (*admin.Client, error) {
 	if err != nil {
 		return nil, UsageErrorf("--admin-ca-file: %v", err)
 	}
-	return admin.NewTLSClient(o.address, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
+	return admin.NewTLSClient(address, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
 }
 
 func newFenceCommand(g *globals) *cobra.Command {
@@ -126,17 +161,44 @@ func (o *fenceOnOptions) Validate() error {
 func (o *fenceOnOptions) Run(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout+30*time.Second)
 	defer cancel()
-	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: o.reason, Mode: o.mode, WaitTimeout: admin.Duration(o.waitTimeout)})
+	req := admin.FenceRequest{Fenced: true, Reason: o.reason, Mode: o.mode, WaitTimeout: admin.Duration(o.waitTimeout)}
+	res, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
+		return c.Fence(ctx, req)
+	}, printFenceOn)
 	if err != nil {
 		return err
 	}
-	if err := o.printer.print(o.Out, resp, func(w io.Writer) { printFenceOn(w, resp) }); err != nil {
-		return err
+	var errs []error
+	for _, r := range res {
+		if b := r.Value.Barrier; b != nil && !b.Complete {
+			errs = append(errs, fmt.Errorf("%s: fence is ON, but %d write(s) admitted before it were still running after %s", r.Proxy, len(b.Remaining), o.waitTimeout))
+		}
 	}
-	if b := resp.Barrier; b != nil && !b.Complete {
-		return fmt.Errorf("fence is ON, but %d write(s) admitted before it were still running after %s", len(b.Remaining), o.waitTimeout)
+	return errors.Join(errs...)
+}
+
+// eachProxy runs f on every proxy at once and prints the answers: with one proxy as human says,
+// with several each under its proxy's name (-o json: a list of {proxy, result, error}). The
+// error names every proxy that did not acknowledge.
+func eachProxy[T any](ctx context.Context, o *adminOptions, f func(context.Context, *admin.Client) (T, error), human func(io.Writer, T)) ([]admin.Result[T], error) {
+	res, err := admin.Each(ctx, o.proxies, f)
+	if len(res) == 1 {
+		if err != nil {
+			return res, res[0].Err
+		}
+		return res, o.printer.print(o.Out, res[0].Value, func(w io.Writer) { human(w, res[0].Value) })
 	}
-	return nil
+	perr := o.printer.print(o.Out, res, func(w io.Writer) {
+		for _, r := range res {
+			if r.Err != nil {
+				fmt.Fprintf(w, "%s: NOT ACKNOWLEDGED: %v\n", r.Proxy, r.Err)
+				continue
+			}
+			fmt.Fprintf(w, "%s: ", r.Proxy)
+			human(w, r.Value)
+		}
+	})
+	return res, errors.Join(err, perr)
 }
 
 func printFenceOn(w io.Writer, resp admin.FenceResponse) {
@@ -182,13 +244,12 @@ func newFenceOffCommand(g *globals) *cobra.Command {
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
-	resp, err := o.client.Fence(ctx, admin.FenceRequest{Fenced: false})
-	if err != nil {
-		return err
-	}
-	return o.printer.print(o.Out, resp, func(w io.Writer) {
+	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
+		return c.Fence(ctx, admin.FenceRequest{Fenced: false})
+	}, func(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintf(w, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
 	})
+	return err
 }
 
 type fenceStatusOptions struct{ adminOptions }
@@ -199,11 +260,38 @@ func newFenceStatusCommand(g *globals) *cobra.Command {
 }
 
 func (o *fenceStatusOptions) Run(ctx context.Context) error {
-	st, err := o.client.Status(ctx)
-	if err != nil {
+	status := func(ctx context.Context, c *admin.Client) (admin.Status, error) { return c.Status(ctx) }
+	if len(o.proxies) == 1 {
+		_, err := eachProxy(ctx, &o.adminOptions, status, printStatus)
 		return err
 	}
-	return o.printer.print(o.Out, st, func(w io.Writer) { printStatus(w, st) })
+	res, err := admin.Each(ctx, o.proxies, status)
+	if perr := o.printer.print(o.Out, res, func(w io.Writer) { printStatuses(w, res) }); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// printStatuses shows several proxies side by side, one row each: they must agree.
+func printStatuses(w io.Writer, res []admin.Result[admin.Status]) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROXY\tFENCE\tMODE\tBACKEND\tGENERATION\tIN-FLIGHT\tHELD\tREFUSED")
+	for _, r := range res {
+		if r.Err != nil {
+			fmt.Fprintf(tw, "%s\tUNREACHABLE: %v\n", r.Proxy, r.Err)
+			continue
+		}
+		st := r.Value
+		fence, mode := "open", "-"
+		if st.Fenced {
+			fence, mode = "FENCED", st.Mode
+		}
+		if st.Unconfirmed {
+			fence += " (unconfirmed)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", r.Proxy, fence, mode, st.Backend, st.Generation, st.InflightWrites, st.Hold.Held, st.RefusedWrites)
+	}
+	_ = tw.Flush()
 }
 
 func printStatus(w io.Writer, st admin.Status) {
@@ -287,27 +375,30 @@ func (o *backendSetOptions) Validate() error {
 }
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
-	resp, err := o.client.SetBackend(ctx, admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches})
-	var apiErr *admin.APIError
-	if errors.As(err, &apiErr) && apiErr.Code == 409 {
-		return fmt.Errorf("backend not changed: %s", apiErr.Message)
-	}
-	if err != nil {
-		return err
-	}
-	return o.printer.print(o.Out, resp, func(w io.Writer) {
-		d := resp.Drain
-		took := time.Duration(d.Duration).Round(time.Millisecond)
-		if o.resumeWatches {
-			fmt.Fprintf(w, "backend is %s (was %s); of %d long-running request(s) on the old backend, %d watch(es) resumed on the new one and %d ended, in %s",
-				resp.Status.Backend, resp.Previous, d.Streams, d.Resumed, d.Ended, took)
-		} else {
-			fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
-				resp.Status.Backend, resp.Previous, d.Streams, took)
+	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches}
+	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.BackendResponse, error) {
+		resp, err := c.SetBackend(ctx, req)
+		var apiErr *admin.APIError
+		if errors.As(err, &apiErr) && apiErr.Code == 409 {
+			return resp, fmt.Errorf("backend not changed: %s", apiErr.Message)
 		}
-		if resp.Drain.Forced > 0 {
-			fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
-		}
-		fmt.Fprintln(w)
-	})
+		return resp, err
+	}, o.printSwitch)
+	return err
+}
+
+func (o *backendSetOptions) printSwitch(w io.Writer, resp admin.BackendResponse) {
+	d := resp.Drain
+	took := time.Duration(d.Duration).Round(time.Millisecond)
+	if o.resumeWatches {
+		fmt.Fprintf(w, "backend is %s (was %s); of %d long-running request(s) on the old backend, %d watch(es) resumed on the new one and %d ended, in %s",
+			resp.Status.Backend, resp.Previous, d.Streams, d.Resumed, d.Ended, took)
+	} else {
+		fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
+			resp.Status.Backend, resp.Previous, d.Streams, took)
+	}
+	if resp.Drain.Forced > 0 {
+		fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
+	}
+	fmt.Fprintln(w)
 }

@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// startTestProxy starts an in-process proxy in front of upstream and returns its admin socket.
+func startTestProxy(t *testing.T, upstream string) *proxy.Server {
+	t.Helper()
+	dir := t.TempDir()
+	o := proxy.NewOptions()
+	o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, upstream, ""
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "a.sock"), filepath.Join(dir, "state.json")
+	o.AllowedBackends = []string{"http://127.0.0.1:*"}
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(time.Second) })
+	return s
+}
+
+// TestSeveralProxies: the fence commands act on every proxy named (flags repeated, or the
+// environment), show them side by side, and fail naming the ones that did not acknowledge.
+func TestSeveralProxies(t *testing.T) {
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer blue.Close()
+	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer green.Close()
+	a, b := startTestProxy(t, blue.URL), startTestProxy(t, blue.URL)
+	socks := []string{a.AdminSocket(), b.AdminSocket()}
+	both := []string{"--admin-socket", socks[0], "--admin-socket", socks[1]}
+
+	if code, out, errOut := runCLI(append([]string{"fence", "on", "--mode", "hold"}, both...)...); code != 0 || strings.Count(out, "fence is ON") != 2 {
+		t.Fatalf("fence on, two proxies = %d\n%s%s", code, out, errOut)
+	}
+	if !a.Status().Fenced || !b.Status().Fenced || b.Status().Mode != admin.ModeHold {
+		t.Fatal("not every proxy was fenced")
+	}
+	t.Setenv(envAdminSocket, strings.Join(socks, ","))
+	code, out, errOut := runCLI("backend", "set", green.URL)
+	if code != 0 || a.Status().Backend != green.URL || b.Status().Backend != green.URL {
+		t.Fatalf("backend set through %s = %d\n%s%s", envAdminSocket, code, out, errOut)
+	}
+	code, out, _ = runCLI("fence", "status")
+	if code != 0 || !strings.Contains(out, "PROXY") || strings.Count(out, green.URL) != 2 || strings.Count(out, "FENCED") != 2 {
+		t.Fatalf("status side by side = %d\n%s", code, out)
+	}
+	code, out, _ = runCLI("fence", "status", "-o", "json")
+	var res []admin.Result[admin.Status]
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res) != 2 || res[1].Proxy != socks[1] {
+		t.Fatalf("status -o json = %d %s", code, out)
+	}
+	gone := filepath.Join(t.TempDir(), "gone.sock")
+	code, out, errOut = runCLI("fence", "off", "--admin-socket", socks[0], "--admin-socket", gone)
+	if code != ExitFailure || !strings.Contains(errOut, "1 of 2 proxies did not acknowledge") || !strings.Contains(errOut, gone) {
+		t.Fatalf("fence off with one proxy gone = %d\n%s%s", code, out, errOut)
+	}
+	if a.Status().Fenced {
+		t.Fatal("the reachable proxy was not unfenced")
+	}
+}

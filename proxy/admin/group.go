@@ -1,0 +1,55 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Proxy is one proxy's admin client and the name it is reported under (its socket or address).
+type Proxy struct {
+	Name string
+	*Client
+}
+
+// Group is every proxy in front of the cluster: a fence, a switch or an unfence counts only when
+// all of them acknowledged it (invariant all-proxies-agree).
+type Group []Proxy
+
+// Result is one proxy's answer, or its error.
+type Result[T any] struct {
+	Proxy string `json:"proxy"`
+	Value T      `json:"result"`
+	Err   error  `json:"-"`
+	Error string `json:"error,omitempty"`
+}
+
+// Each runs f on every proxy of g at once and returns their results in g's order. The error
+// names every proxy that did not acknowledge, or is nil when all did.
+func Each[T any](ctx context.Context, g Group, f func(context.Context, *Client) (T, error)) ([]Result[T], error) {
+	out := make([]Result[T], len(g))
+	var wg sync.WaitGroup
+	for i, p := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := f(ctx, p.Client)
+			out[i] = Result[T]{Proxy: p.Name, Value: v, Err: err}
+			if err != nil {
+				out[i].Error = err.Error()
+			}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, r := range out {
+		if r.Err != nil {
+			errs = append(errs, fmt.Errorf("proxy %s: %w", r.Proxy, r.Err))
+		}
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("%d of %d proxies did not acknowledge: %w", len(errs), len(g), errors.Join(errs...))
+	}
+	return out, nil
+}
