@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,7 +15,6 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
-	"github.com/kubefence/kubefence/proxy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -102,24 +99,8 @@ func TestFenceCommands(t *testing.T) {
 	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("{}")) }))
 	defer green.Close()
 
-	dir := t.TempDir()
-	o := proxy.NewOptions()
-	o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, api.URL, ""
-	o.AdminSocket, o.StateFile = filepath.Join(dir, "a.sock"), filepath.Join(dir, "state.json")
-	o.AllowedBackends = []string{"http://127.0.0.1:*"}
-	cfg, err := o.Complete()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := proxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(time.Second)
-	sock := []string{"--admin-socket", o.AdminSocket}
+	s := startTestProxy(t, api.URL)
+	sock := []string{"--admin-socket", s.AdminSocket()}
 
 	code, out, _ := runCLI(append([]string{"fence", "status"}, sock...)...)
 	if code != 0 || !strings.Contains(out, "OPEN (writes flow)") || !strings.Contains(out, api.URL) {
