@@ -97,7 +97,7 @@ func (r *Replicator) apply(ctx context.Context, rev int64, evs []*clientv3.Event
 			return fmt.Errorf("replicate: revision %d: unknown event type %v for key %q", rev, ev.Type, ev.Kv.Key)
 		}
 	}
-	got, err := r.commit(ctx, rev, ops)
+	got, err := r.commit(ctx, rev, evs, ops)
 	if err != nil {
 		return err
 	}
@@ -110,25 +110,21 @@ func (r *Replicator) apply(ctx context.Context, rev int64, evs []*clientv3.Event
 
 // commit sends the txn and returns green's revision after it. An error that leaves it unknown
 // whether green applied the txn (a timeout, a lost connection, a leader change) is settled by
-// reading green's revision: rev means applied, rev-1 means not applied (sent again), anything
-// else is returned for apply to report.
-func (r *Replicator) commit(ctx context.Context, rev int64, ops []clientv3.Op) (int64, error) {
+// reading green: at rev-1 it was not applied (sent again); at rev or beyond, green's revision rev
+// must hold exactly blue's events (green may have moved by itself, e.g. a lease it expired while
+// the replicator could not reach it, and a revision number alone would not show that).
+func (r *Replicator) commit(ctx context.Context, rev int64, evs []*clientv3.Event, ops []clientv3.Op) (int64, error) {
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		resp, err := r.cfg.Dest.Txn(ctx).Then(ops...).Commit()
+		got, err := r.try(ctx, rev, evs, ops)
 		if err == nil {
-			return resp.Header.Revision, nil
+			return got, nil
 		}
 		if err := definite(err, rev, len(ops)); err != nil {
 			return 0, err
 		}
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
-		}
-		g, gerr := r.cfg.Dest.Get(ctx, probeKey, clientv3.WithCountOnly())
-		if gerr == nil && g.Header.Revision != rev-1 {
-			r.cfg.Log.Warn("txn failed but green's revision says whether it was applied", "revision", rev, "green", g.Header.Revision, "err", err)
-			return g.Header.Revision, nil
 		}
 		if attempt == 10 {
 			return 0, fmt.Errorf("replicate: applying blue's revision %d to green failed %d times: %w", rev, attempt, err)
@@ -141,6 +137,72 @@ func (r *Replicator) commit(ctx context.Context, rev int64, ops []clientv3.Op) (
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// try sends the txn once, within ApplyTimeout, and returns green's revision after it. After an
+// error it reads green's revision: rev-1 returns the error (send again); rev returns rev if green's
+// revision rev is blue's, else a mismatch; anything else is returned as green's revision.
+func (r *Replicator) try(ctx context.Context, rev int64, evs []*clientv3.Event, ops []clientv3.Op) (int64, error) {
+	tctx, cancel := context.WithTimeout(ctx, r.cfg.ApplyTimeout)
+	resp, err := r.cfg.Dest.Txn(tctx).Then(ops...).Commit()
+	cancel()
+	if err == nil {
+		return resp.Header.Revision, nil
+	}
+	if definite(err, rev, len(ops)) != nil || ctx.Err() != nil {
+		return 0, err
+	}
+	gctx, cancel := context.WithTimeout(ctx, r.cfg.ApplyTimeout)
+	defer cancel()
+	g, gerr := r.cfg.Dest.Get(gctx, probeKey, clientv3.WithCountOnly())
+	switch {
+	case gerr != nil || g.Header.Revision == rev-1:
+		return 0, err
+	case g.Header.Revision != rev:
+		return g.Header.Revision, nil
+	}
+	diff, cerr := r.compareRevision(gctx, rev, evs)
+	if cerr != nil {
+		return 0, fmt.Errorf("%w (then reading green's revision %d: %w)", err, rev, cerr)
+	}
+	if diff != "" {
+		return 0, fmt.Errorf("%w: applying blue's revision %d failed (%v) and green's revision %d is not blue's: %s", ErrRevisionMismatch, rev, err, rev, diff)
+	}
+	r.cfg.Log.Warn("a txn failed but green holds it", "revision", rev, "err", err)
+	return rev, nil
+}
+
+// compareRevision says how green's revision rev differs from blue's events of it ("" if not).
+func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clientv3.Event) (string, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var got []*clientv3.Event
+	for resp := range r.cfg.Dest.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+		if err := resp.Err(); err != nil {
+			return "", err
+		}
+		for _, ev := range resp.Events {
+			if ev.Kv.ModRevision == rev {
+				got = append(got, ev)
+			}
+		}
+		if len(resp.Events) > 0 {
+			break
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if len(got) != len(evs) {
+		return fmt.Sprintf("green's has %d events, blue's %d", len(got), len(evs)), nil
+	}
+	for i, g := range got {
+		b := evs[i]
+		if g.Type != b.Type || string(g.Kv.Key) != string(b.Kv.Key) || string(g.Kv.Value) != string(b.Kv.Value) || g.Kv.Lease != b.Kv.Lease {
+			return fmt.Sprintf("event %d: green %v %q, blue %v %q", i, g.Type, g.Kv.Key, b.Type, b.Kv.Key), nil
+		}
+	}
+	return "", nil
 }
 
 // definite turns the errors that sending again cannot fix into what to do about them; nil for

@@ -16,12 +16,17 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // member is one in-process etcd and a client of it.
 type member struct {
-	e   *embed.Etcd
-	cli *clientv3.Client
+	e    *embed.Etcd
+	cli  *clientv3.Client
+	name string
+	dir  string
+	o    etcdOpts
 }
 
 type etcdOpts struct {
@@ -33,18 +38,58 @@ type etcdOpts struct {
 // kernel picks, and stops it when the test ends.
 func startEtcd(t *testing.T, name, dir string, o etcdOpts) *member {
 	t.Helper()
+	e := launch(t, name, dir, o, "http://127.0.0.1:0", "http://127.0.0.1:0")
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{e.Clients[0].Addr().String()},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		// reconnect within half a second of a restart (gRPC's default backoff grows to 120 s):
+		// green must be renewing its leases again within their TTL
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		e.Close()
+		t.Fatal(err)
+	}
+	m := &member{e: e, cli: cli, name: name, dir: dir, o: o}
+	t.Cleanup(func() {
+		cli.Close()
+		m.e.Close()
+	})
+	return m
+}
+
+// restart stops m's etcd and starts it again on the same data dir and ports; m's client
+// reconnects by itself.
+func (m *member) restart(t *testing.T, down time.Duration) {
+	t.Helper()
+	client := "http://" + m.e.Clients[0].Addr().String()
+	peer := "http://" + m.e.Peers[0].Addr().String()
+	m.e.Close()
+	time.Sleep(down)
+	m.e = launch(t, m.name, m.dir, m.o, client, peer)
+}
+
+func launch(t *testing.T, name, dir string, o etcdOpts, client, peer string) *embed.Etcd {
+	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Name, cfg.Dir = name, dir
 	cfg.Logger, cfg.LogLevel = "zap", "error"
 	cfg.LogOutputs = []string{filepath.Join(t.TempDir(), "etcd.log")}
-	u, err := url.Parse("http://127.0.0.1:0")
+	c, err := url.Parse(client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	us := []url.URL{*u}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = us, us
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = us, us
-	cfg.InitialCluster = name + "=" + u.String()
+	p, err := url.Parse(peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*c}, []url.URL{*c}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*p}, []url.URL{*p}
+	cfg.InitialCluster = name + "=" + p.String()
 	cfg.InitialClusterToken = name
 	cfg.UnsafeNoFsync = !o.fsync
 	if o.maxTxnOps > 0 {
@@ -63,20 +108,7 @@ func startEtcd(t *testing.T, name, dir string, o etcdOpts) *member {
 		e.Close()
 		t.Fatalf("etcd %s not ready in 30 s", name)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{e.Clients[0].Addr().String()},
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		e.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cli.Close()
-		e.Close()
-	})
-	return &member{e: e, cli: cli}
+	return e
 }
 
 // greenFrom snapshots blue, restores the snapshot into a new data dir without a revision bump

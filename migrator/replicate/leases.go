@@ -142,6 +142,9 @@ func (m *leaseMirror) renew(ctx context.Context, id clientv3.LeaseID, ch <-chan 
 		if err == nil {
 			ch, err = m.cfg.Dest.KeepAlive(ctx, id)
 		}
+		if err == nil {
+			m.cfg.Log.Info("keepalive of a lease on green dropped by the client; started again", "lease", lease, "ttl", l.TTL)
+		}
 		if err != nil {
 			m.cfg.Log.Warn("keeping a lease alive on green", "lease", lease, "err", err, "retry", backoff)
 			closed := make(chan *clientv3.LeaseKeepAliveResponse)

@@ -53,6 +53,10 @@ type Config struct {
 	// LeaseCheckInterval is how often mirrored leases are checked against blue, so that leases
 	// blue no longer has stop being kept alive on green (default 30 s).
 	LeaseCheckInterval time.Duration
+	// ApplyTimeout bounds one attempt to apply a revision to green (default 10 s); a revision is
+	// attempted 10 times before Run gives up, so an unreachable green stops Run in minutes
+	// rather than leaving it waiting for ever.
+	ApplyTimeout time.Duration
 	// MissingLeaseTTL is the TTL green grants a lease with when a replicated put names a lease
 	// blue no longer has (it expired on blue after the put; its deletes follow in the stream).
 	// Default 60 s.
@@ -85,6 +89,9 @@ func (c *Config) defaults() {
 	}
 	if c.LeaseCheckInterval <= 0 {
 		c.LeaseCheckInterval = 30 * time.Second
+	}
+	if c.ApplyTimeout <= 0 {
+		c.ApplyTimeout = 10 * time.Second
 	}
 	if c.MissingLeaseTTL <= 0 {
 		c.MissingLeaseTTL = 60

@@ -398,3 +398,57 @@ func TestThroughput(t *testing.T) {
 		t.Fatal("blue and green differ at the last revision")
 	}
 }
+
+// TestRestarts: green restarted for longer than a mirrored lease's TTL (the client drops that
+// keepalive; the replicator starts it again) and blue restarted (the watch is opened again from
+// green's revision), a writer on blue throughout: every revision arrives exactly and green still
+// has the lease.
+func TestRestarts(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = 2 * time.Second })
+
+	id := grant(t, blue, 3)
+	ka, err := blue.cli.KeepAlive(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	put(t, blue, "leased", "x", clientv3.WithLease(id))
+	catchUp(t, run, blue)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			blue.cli.Put(wctx, fmt.Sprintf("w/%d", i%20), fmt.Sprint(i)) // fails while blue is down
+			cancel()
+		}
+	})
+	time.Sleep(300 * time.Millisecond)
+	green.restart(t, 4*time.Second) // past the lease's 3 s TTL
+	time.Sleep(time.Second)
+	blue.restart(t, 500*time.Millisecond)
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+
+	put(t, blue, "last", "1")
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	if l, err := green.cli.TimeToLive(ctx, id); err != nil || l.TTL == -1 {
+		t.Fatalf("green lost lease %x (ttl %v, err %v)", id, l.TTL, err)
+	}
+	t.Logf("%d revisions across a green and a blue restart", last-s)
+}
