@@ -194,12 +194,12 @@ func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clie
 		return "", err
 	}
 	if len(got) != len(evs) {
-		return fmt.Sprintf("green's has %d events, blue's %d", len(got), len(evs)), nil
+		return fmt.Sprintf("green's holds %d events, blue's %d", len(got), len(evs)), nil
 	}
 	for i, g := range got {
 		b := evs[i]
 		if g.Type != b.Type || string(g.Kv.Key) != string(b.Kv.Key) || string(g.Kv.Value) != string(b.Kv.Value) || g.Kv.Lease != b.Kv.Lease {
-			return fmt.Sprintf("event %d: green %v %q, blue %v %q", i, g.Type, g.Kv.Key, b.Type, b.Kv.Key), nil
+			return fmt.Sprintf("event %d: green %v %q (%d bytes, lease %x), blue %v %q (%d bytes, lease %x)", i, g.Type, g.Kv.Key, len(g.Kv.Value), g.Kv.Lease, b.Type, b.Kv.Key, len(b.Kv.Value), b.Kv.Lease), nil
 		}
 	}
 	return "", nil

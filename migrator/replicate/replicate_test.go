@@ -452,3 +452,33 @@ func TestRestarts(t *testing.T) {
 	}
 	t.Logf("%d revisions across a green and a blue restart", last-s)
 }
+
+// TestCompareRevision: after a failed txn, whether green's revision r is blue's r is decided by
+// its events, not its number.
+func TestCompareRevision(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := func(m *member, rev int64) []*clientv3.Event {
+		t.Helper()
+		resp := <-m.cli.Watch(t.Context(), "", clientv3.WithPrefix(), clientv3.WithRev(rev))
+		return resp.Events
+	}
+	for _, m := range []*member{blue, green} { // the same write on both: the same revision
+		if _, err := m.cli.Txn(t.Context()).Then(clientv3.OpPut("b", "2"), clientv3.OpDelete("a")).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if diff, err := r.compareRevision(t.Context(), s+1, events(blue, s+1)); err != nil || diff != "" {
+		t.Fatalf("the same revision on both: diff %q, err %v", diff, err)
+	}
+	put(t, blue, "c", "blue")
+	put(t, green, "c", "green") // the same number, another write
+	if diff, err := r.compareRevision(t.Context(), s+2, events(blue, s+2)); err != nil || !strings.Contains(diff, `"c"`) {
+		t.Fatalf("different writes at revision %d: diff %q, err %v", s+2, diff, err)
+	}
+}
