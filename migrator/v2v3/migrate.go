@@ -110,95 +110,140 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 	}
 	// A batch job whose peak memory matters more than its CPU: collect at 1.5x the live heap.
 	defer debug.SetGCPercent(debug.SetGCPercent(50))
-	rep := &Report{DataDir: c.DataDir, OutputDir: c.OutputDir, Now: c.Now.UTC(), Durations: map[string]time.Duration{}}
-	t := time.Now()
-	src, err := ReadSource(c.DataDir, c.WALDir)
-	if err != nil {
-		return nil, err
-	}
-	defer src.Close()
-	var v3 *v3Data
-	v3path := ""
-	if src.V3Keys > 0 {
-		v3path = filepath.Join(c.DataDir, "member", "snap", "db")
-		if v3, err = readV3(v3path); err != nil {
+	m := &migration{c: c, rep: &Report{DataDir: c.DataDir, OutputDir: c.OutputDir, Now: c.Now.UTC(), Durations: map[string]time.Duration{}}}
+	defer m.close()
+	for _, ph := range []struct {
+		name string
+		run  func(context.Context) error
+	}{{"read", m.read}, {"replay", m.replay}, {"transform", m.transform}, {"write", m.write}, {"verify", m.verify}} {
+		t := time.Now()
+		if err := ph.run(ctx); err != nil {
+			if ph.name == "verify" {
+				return m.rep, err
+			}
 			return nil, err
 		}
+		m.rep.Durations[ph.name] = time.Since(t)
 	}
-	rep.Snapshot, rep.SnapshotIdx, rep.CommitIndex, rep.SkippedSnaps = src.SnapshotFile, src.Meta.Index, src.HardState.Commit, src.Skipped
-	rep.Durations["read"] = time.Since(t)
+	return m.rep, nil
+}
 
-	t = time.Now()
-	res, err := readV2(src, c.Options, c.Transformer != "", false, c.Progress)
-	if err != nil {
-		return nil, err
+// migration is one run's state, passed from phase to phase: read the source, replay the v2
+// store, transform its keys into v3 keys, write the new member, verify it.
+type migration struct {
+	c      Config
+	rep    *Report
+	src    *Source
+	v3     *v3Data
+	v3path string
+	res    *v2Result
+	data   []byte // the v2 snapshot's JSON
+	kvs    []KV
+	leases map[int64]*Lease
+	work   string // the output being built
+	member string // its member dir
+	dbPath string
+	marker int64
+}
+
+func (m *migration) close() {
+	if m.src != nil {
+		m.src.Close()
 	}
-	rep.Replay = res.replay
-	rep.Durations["replay"] = time.Since(t)
+	if m.work != "" {
+		os.RemoveAll(m.work)
+	}
+}
+
+// read opens the member's snapshot and WAL, and its v3 backend when it holds v3 keys.
+func (m *migration) read(context.Context) (err error) {
+	c := m.c
+	if m.src, err = ReadSource(c.DataDir, c.WALDir); err != nil {
+		return err
+	}
+	if m.src.V3Keys > 0 {
+		m.v3path = filepath.Join(c.DataDir, "member", "snap", "db")
+		if m.v3, err = readV3(m.v3path); err != nil {
+			return err
+		}
+	}
+	m.rep.Snapshot, m.rep.SnapshotIdx, m.rep.CommitIndex, m.rep.SkippedSnaps = m.src.SnapshotFile, m.src.Meta.Index, m.src.HardState.Commit, m.src.Skipped
+	if m.src.snap != nil {
+		m.data = m.src.snap.data
+	}
+	return nil
+}
+
+// replay builds the final v2 state: the snapshot with the committed WAL tail replayed.
+func (m *migration) replay(context.Context) (err error) {
+	if m.res, err = readV2(m.src, m.c.Options, m.c.Transformer != "", false, m.c.Progress); err != nil {
+		return err
+	}
+	m.rep.Replay = m.res.replay
 	debug.FreeOSMemory() // the WAL tail and the replay's garbage: give it back before writing
+	return nil
+}
 
-	t = time.Now()
-	var data []byte
-	if src.snap != nil {
-		data = src.snap.data
-	}
-	kvs := res.c.kvs
+// transform turns the v2 nodes into v3 keys: the transformer or the built-in mapping, the
+// prefix rewrite, and the renumbering around v3 keys already there.
+func (m *migration) transform(ctx context.Context) (err error) {
+	c, res := m.c, m.res
+	m.kvs = res.c.kvs
 	if c.Transformer != "" {
-		if kvs, err = runTransformer(ctx, c.Transformer, res.c, data); err != nil {
-			return nil, err
+		if m.kvs, err = runTransformer(ctx, c.Transformer, res.c, m.data); err != nil {
+			return err
 		}
 		res.c.nodes = nil
-	} else if err := sortKVs(kvs); err != nil {
-		return nil, fmt.Errorf("the v2 store is inconsistent: %w", err)
+	} else if err := sortKVs(m.kvs); err != nil {
+		return fmt.Errorf("the v2 store is inconsistent: %w", err)
 	}
-	leases, ts := res.c.leases, res.c.stats
+	m.leases = res.c.leases
+	ts := res.c.stats
 	if c.PrefixFrom != "" {
-		if ts.Rewritten, err = rewritePrefix(kvs, c.PrefixFrom, c.PrefixTo); err != nil {
-			return nil, err
+		if ts.Rewritten, err = rewritePrefix(m.kvs, c.PrefixFrom, c.PrefixTo); err != nil {
+			return err
 		}
 	}
-	if v3 != nil {
+	if m.v3 != nil {
 		var ms MergeStats
-		if kvs, ms, err = renumber(kvs, v3, c.OnConflict); err != nil {
-			return nil, err
+		if m.kvs, ms, err = renumber(m.kvs, m.v3, c.OnConflict); err != nil {
+			return err
 		}
-		rep.V3 = &ms
-		leases = moveLeases(kvs, leases, v3.leaseIDs)
+		m.rep.V3 = &ms
+		m.leases = moveLeases(m.kvs, m.leases, m.v3.leaseIDs)
 	}
-	ts.Keys = len(kvs)
-	rep.Keys, rep.Leases = ts, len(leases)
-	rep.Prefixes = prefixCounts(kvs)
-	rep.Durations["transform"] = time.Since(t)
+	ts.Keys = len(m.kvs)
+	m.rep.Keys, m.rep.Leases = ts, len(m.leases)
+	m.rep.Prefixes = prefixCounts(m.kvs)
+	return nil
+}
 
-	t = time.Now()
-	work, member, err := restoreBase(c.OutputDir, v3path, c.Member)
-	if err != nil {
-		return nil, err
+// write builds the new member in a temp dir: etcd's restore of the base, then the keys.
+func (m *migration) write(context.Context) (err error) {
+	if m.work, m.member, err = restoreBase(m.c.OutputDir, m.v3path, m.c.Member); err != nil {
+		return err
 	}
-	defer os.RemoveAll(work)
-	dbPath := filepath.Join(member, "member", "snap", "db")
+	m.dbPath = filepath.Join(m.member, "member", "snap", "db")
 	var bump uint64
-	if c.MarkCompacted {
-		bump = c.RevisionBump
+	if m.c.MarkCompacted {
+		bump = m.c.RevisionBump
 	}
-	marker, err := appendKeys(dbPath, data, src.snap.release, kvs, leases, bump, c.Progress)
-	if err != nil {
-		return nil, fmt.Errorf("write the v3 backend: %w", err)
+	if m.marker, err = appendKeys(m.dbPath, m.data, m.src.snap.release, m.kvs, m.leases, bump, m.c.Progress); err != nil {
+		return fmt.Errorf("write the v3 backend: %w", err)
 	}
-	rep.Durations["write"] = time.Since(t)
 	debug.FreeOSMemory()
+	return nil
+}
 
-	t = time.Now()
-	n, err := verifyOutput(dbPath, expected{data: data, release: src.snap.release, v3: v3, kvs: kvs, leases: leases, marker: marker}, c.Progress)
+// verify reads the new backend back against what was meant to be written, then renames the
+// member into place.
+func (m *migration) verify(context.Context) error {
+	n, err := verifyOutput(m.dbPath, expected{data: m.data, release: m.src.snap.release, v3: m.v3, kvs: m.kvs, leases: m.leases, marker: m.marker}, m.c.Progress)
 	if err != nil {
-		return rep, fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", c.OutputDir, err)
+		return fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", m.c.OutputDir, err)
 	}
-	rep.Verified = n
-	if err := finish(member, c.OutputDir); err != nil {
-		return rep, err
-	}
-	rep.Durations["verify"] = time.Since(t)
-	return rep, nil
+	m.rep.Verified = n
+	return finish(m.member, m.c.OutputDir)
 }
 
 // prefixCounts counts keys per /registry/<resource> (or per first path segment elsewhere).

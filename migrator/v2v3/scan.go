@@ -253,6 +253,46 @@ func (s *scanner) store() error {
 
 const zeroTime = "0001-01-01T00:00:00Z"
 
+// nodeField reads one of a node's fields before Children into n, and marks it in have.
+func (s *scanner) nodeField(k string, n *v2Node, have *int) error {
+	switch k {
+	case "Path":
+		p, err := s.goString()
+		n.path, *have = p, *have|1
+		return err
+	case "CreatedIndex":
+		v, err := s.uint()
+		n.created, *have = v, *have|2
+		return err
+	case "ModifiedIndex":
+		v, err := s.uint()
+		n.modified, *have = v, *have|4
+		return err
+	case "ExpireTime":
+		a, b, _, err := s.str()
+		if err != nil {
+			return err
+		}
+		*have |= 8
+		if t := s.b[a:b]; string(t) != zeroTime {
+			if n.expire, err = time.Parse(time.RFC3339Nano, string(t)); err != nil {
+				return s.errf("ExpireTime %q: %v", t, err)
+			}
+		}
+		return nil
+	}
+	// Value
+	a, b, esc, err := s.str()
+	if err != nil {
+		return err
+	}
+	if b-a > 1<<31-1 {
+		return s.errf("value larger than 2 GiB")
+	}
+	n.value, *have = span{off: int64(a), n: int32(b - a), esc: esc}, *have|16
+	return nil
+}
+
 func (s *scanner) node(forced bool) error {
 	if s.tick != nil && s.i >= s.next {
 		s.tick(s.i)
@@ -263,40 +303,8 @@ func (s *scanner) node(forced bool) error {
 	decided, keep := false, false
 	err := s.object(func(k []byte) error {
 		switch string(k) {
-		case "Path":
-			p, err := s.goString()
-			n.path, have = p, have|1
-			return err
-		case "CreatedIndex":
-			v, err := s.uint()
-			n.created, have = v, have|2
-			return err
-		case "ModifiedIndex":
-			v, err := s.uint()
-			n.modified, have = v, have|4
-			return err
-		case "ExpireTime":
-			a, b, _, err := s.str()
-			if err != nil {
-				return err
-			}
-			have |= 8
-			if t := s.b[a:b]; string(t) != zeroTime {
-				if n.expire, err = time.Parse(time.RFC3339Nano, string(t)); err != nil {
-					return s.errf("ExpireTime %q: %v", t, err)
-				}
-			}
-			return nil
-		case "Value":
-			a, b, esc, err := s.str()
-			if err != nil {
-				return err
-			}
-			if b-a > 1<<31-1 {
-				return s.errf("value larger than 2 GiB")
-			}
-			n.value, have = span{off: int64(a), n: int32(b - a), esc: esc}, have|16
-			return nil
+		case "Path", "CreatedIndex", "ModifiedIndex", "ExpireTime", "Value":
+			return s.nodeField(string(k), &n, &have)
 		case "Children":
 			if have != 31 {
 				return s.errf("node %q: Children before its other fields; this snapshot was not written by etcd", n.path)

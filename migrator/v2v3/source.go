@@ -179,38 +179,9 @@ func openSnapFile(path string) (sf *snapFile, err error) {
 			sf = nil
 		}
 	}()
-	b := m
-	var crc uint32
-	var inner []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
-			}
-			crc, b = uint32(v), b[n:]
-		case num == 2 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return nil, fmt.Errorf("truncated or corrupt at byte %d (the data field is longer than the file)", len(m)-len(b))
-			}
-			inner, b = v, b[n:]
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return nil, fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
-			}
-			b = b[n:]
-		}
-	}
-	if len(inner) == 0 || crc == 0 {
-		return nil, errors.New("no data or checksum")
+	crc, inner, err := snapEnvelope(m)
+	if err != nil {
+		return nil, err
 	}
 	var sum uint32
 	for rest := inner; len(rest) > 0; {
@@ -222,23 +193,70 @@ func openSnapFile(path string) (sf *snapFile, err error) {
 	if sum != crc {
 		return nil, errors.New("checksum mismatch")
 	}
+	if err := sf.readRaftSnapshot(inner); err != nil {
+		return nil, err
+	}
+	return sf, nil
+}
+
+// snapEnvelope reads a .snap file's snappb.Snapshot: its crc (field 1) and data (field 2).
+func snapEnvelope(m []byte) (crc uint32, inner []byte, err error) {
+	corrupt := func(b []byte, n int) error {
+		return fmt.Errorf("truncated or corrupt at byte %d: %w", len(m)-len(b), protowire.ParseError(n))
+	}
+	for b := m; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, nil, corrupt(b, n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, nil, corrupt(b, n)
+			}
+			crc, b = uint32(v), b[n:]
+		case num == 2 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return 0, nil, fmt.Errorf("truncated or corrupt at byte %d (the data field is longer than the file)", len(m)-len(b))
+			}
+			inner, b = v, b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return 0, nil, corrupt(b, n)
+			}
+			b = b[n:]
+		}
+	}
+	if len(inner) == 0 || crc == 0 {
+		return 0, nil, errors.New("no data or checksum")
+	}
+	return crc, inner, nil
+}
+
+// readRaftSnapshot reads the raftpb.Snapshot inside the envelope: its data (field 1, the v2
+// store's JSON, kept in place) and its metadata (field 2).
+func (sf *snapFile) readRaftSnapshot(inner []byte) error {
 	for len(inner) > 0 {
 		num, typ, n := protowire.ConsumeTag(inner)
 		if n < 0 {
-			return nil, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+			return fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
 		}
 		inner = inner[n:]
 		if typ != protowire.BytesType {
 			n = protowire.ConsumeFieldValue(num, typ, inner)
 			if n < 0 {
-				return nil, fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
+				return fmt.Errorf("corrupt raft snapshot: %w", protowire.ParseError(n))
 			}
 			inner = inner[n:]
 			continue
 		}
 		v, n := protowire.ConsumeBytes(inner)
 		if n < 0 {
-			return nil, errors.New("corrupt raft snapshot: truncated field")
+			return errors.New("corrupt raft snapshot: truncated field")
 		}
 		inner = inner[n:]
 		switch num {
@@ -246,11 +264,11 @@ func openSnapFile(path string) (sf *snapFile, err error) {
 			sf.data = v
 		case 2:
 			if err := sf.meta.Unmarshal(v); err != nil {
-				return nil, fmt.Errorf("corrupt raft snapshot metadata: %w", err)
+				return fmt.Errorf("corrupt raft snapshot metadata: %w", err)
 			}
 		}
 	}
-	return sf, nil
+	return nil
 }
 
 // countV3Keys counts the keys of the v3 backend read-only. A live etcd holds the file's lock, so

@@ -35,111 +35,141 @@ type expected struct {
 // value is compared with what encoding/json decodes from the snapshot's JSON string, not with
 // kubefence's own decoder, so the check is independent of the writer.
 func verifyOutput(dbPath string, e expected, progress Progress) (int, error) {
-	var problems []string
-	problem := func(format string, a ...any) {
-		if len(problems) < 21 {
-			problems = append(problems, fmt.Sprintf(format, a...))
-		}
-	}
-	var v3entries []digest
+	v := &verifier{e: e}
 	if e.v3 != nil {
-		v3entries = e.v3.entries
-	}
-	i3, iv, seen, markerSeen := 0, 0, 0, false
-	check := func(k, v []byte) {
-		switch {
-		case i3 < len(v3entries):
-			d := v3entries[i3]
-			i3++
-			if d.key != string(k) || d.hash != maphash.Bytes(hashSeed, v) {
-				problem("v3 entry at revision %x differs from the source's", k)
-			}
-		case iv < len(e.kvs):
-			w := &e.kvs[iv]
-			iv++
-			var kv mvccpb.KeyValue
-			if err := kv.Unmarshal(v); err != nil {
-				problem("entry at revision %x: %v", k, err)
-				return
-			}
-			want := w.Value
-			if w.streamed() {
-				var s string
-				if err := json.Unmarshal(e.data[w.raw.off-1:w.raw.off+int64(w.raw.n)+1], &s); err != nil {
-					problem("key %q: the snapshot's value does not decode: %v", w.Key, err)
-					return
-				}
-				want = []byte(s)
-			}
-			switch {
-			case !bytes.Equal(k, revBytes(w.ModRevision)):
-				problem("key %q: expected at revision %d, found revision %x", w.Key, w.ModRevision, k)
-			case !bytes.Equal(kv.Key, w.Key) || !bytes.Equal(kv.Value, want):
-				problem("key %q: key or value differs", w.Key)
-			case kv.CreateRevision != w.CreateRevision || kv.ModRevision != w.ModRevision || kv.Version != max(w.version, 1) || kv.Lease != w.Lease:
-				problem("key %q: revisions, version or lease differ", w.Key)
-			default:
-				seen++
-			}
-		case e.marker > 0 && !markerSeen && bytes.Equal(k, revBytes(e.marker)) && len(v) == 0:
-			markerSeen = true
-		default:
-			problem("unexpected entry at revision %x", k)
-		}
+		v.v3entries = e.v3.entries
 	}
 	var next []byte
 	for done := false; !done; {
-		db, err := bolt.Open(dbPath, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-		if err != nil {
-			return seen, err
-		}
-		err = db.View(func(tx *bolt.Tx) error {
-			kb := tx.Bucket([]byte("key"))
-			if kb == nil {
-				return errors.New("no key bucket")
-			}
-			c := kb.Cursor()
-			k, v := c.First()
-			if next != nil {
-				k, v = c.Seek(next)
-			}
-			for size := 0; k != nil; k, v = c.Next() {
-				if size >= verifyChunkBytes {
-					next = bytes.Clone(k)
-					return nil
-				}
-				check(k, v)
-				size += len(v)
-			}
-			done = true
-			return nil
-		})
-		if err == nil && done {
-			err = verifyLeases(db, e, problem)
-		}
-		if err := joinClose(err, db); err != nil {
-			return seen, err
+		var err error
+		if next, done, err = v.chunk(dbPath, next); err != nil {
+			return v.seen, err
 		}
 		e.release()
-		progress.report("verify", int64(iv), int64(len(e.kvs)))
+		progress.report("verify", int64(v.iv), int64(len(e.kvs)))
 	}
-	if seen != len(e.kvs) {
-		problem("%d of %d keys as expected", seen, len(e.kvs))
+	return v.seen, v.result()
+}
+
+// verifier compares the backend's key bucket, in revision order, with what was meant to be
+// written: the v3 entries kept, then the v2 keys, then the bump marker.
+type verifier struct {
+	e            expected
+	v3entries    []digest
+	i3, iv, seen int
+	markerSeen   bool
+	problems     []string
+}
+
+func (v *verifier) problem(format string, a ...any) {
+	if len(v.problems) < 21 {
+		v.problems = append(v.problems, fmt.Sprintf(format, a...))
 	}
-	if i3 != len(v3entries) {
-		problem("%d of %d v3 entries present", i3, len(v3entries))
+}
+
+// chunk checks up to verifyChunkBytes of entries from next (nil: the first), with the database
+// open only meanwhile; it returns where to go on, or done.
+func (v *verifier) chunk(dbPath string, next []byte) ([]byte, bool, error) {
+	db, err := bolt.Open(dbPath, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, false, err
 	}
-	if e.marker > 0 && !markerSeen {
-		problem("the revision bump marker at %d is missing", e.marker)
-	}
-	if len(problems) > 0 {
-		sort.Strings(problems)
-		if len(problems) > 20 {
-			problems = append(problems[:20], "... and more")
+	done := false
+	err = db.View(func(tx *bolt.Tx) error {
+		kb := tx.Bucket([]byte("key"))
+		if kb == nil {
+			return errors.New("no key bucket")
 		}
-		return seen, errors.New(strings.Join(problems, "; "))
+		c := kb.Cursor()
+		k, val := c.First()
+		if next != nil {
+			k, val = c.Seek(next)
+		}
+		for size := 0; k != nil; k, val = c.Next() {
+			if size >= verifyChunkBytes {
+				next = bytes.Clone(k)
+				return nil
+			}
+			v.check(k, val)
+			size += len(val)
+		}
+		done = true
+		return nil
+	})
+	if err == nil && done {
+		err = verifyLeases(db, v.e, v.problem)
 	}
-	return seen, nil
+	return next, done, joinClose(err, db)
+}
+
+func (v *verifier) check(k, val []byte) {
+	e := &v.e
+	switch {
+	case v.i3 < len(v.v3entries):
+		d := v.v3entries[v.i3]
+		v.i3++
+		if d.key != string(k) || d.hash != maphash.Bytes(hashSeed, val) {
+			v.problem("v3 entry at revision %x differs from the source's", k)
+		}
+	case v.iv < len(e.kvs):
+		w := &e.kvs[v.iv]
+		v.iv++
+		v.checkKV(k, val, w)
+	case e.marker > 0 && !v.markerSeen && bytes.Equal(k, revBytes(e.marker)) && len(val) == 0:
+		v.markerSeen = true
+	default:
+		v.problem("unexpected entry at revision %x", k)
+	}
+}
+
+// checkKV compares one written entry with the key w it should hold.
+func (v *verifier) checkKV(k, val []byte, w *KV) {
+	var kv mvccpb.KeyValue
+	if err := kv.Unmarshal(val); err != nil {
+		v.problem("entry at revision %x: %v", k, err)
+		return
+	}
+	want := w.Value
+	if w.streamed() {
+		var s string
+		if err := json.Unmarshal(v.e.data[w.raw.off-1:w.raw.off+int64(w.raw.n)+1], &s); err != nil {
+			v.problem("key %q: the snapshot's value does not decode: %v", w.Key, err)
+			return
+		}
+		want = []byte(s)
+	}
+	switch {
+	case !bytes.Equal(k, revBytes(w.ModRevision)):
+		v.problem("key %q: expected at revision %d, found revision %x", w.Key, w.ModRevision, k)
+	case !bytes.Equal(kv.Key, w.Key) || !bytes.Equal(kv.Value, want):
+		v.problem("key %q: key or value differs", w.Key)
+	case kv.CreateRevision != w.CreateRevision || kv.ModRevision != w.ModRevision || kv.Version != max(w.version, 1) || kv.Lease != w.Lease:
+		v.problem("key %q: revisions, version or lease differ", w.Key)
+	default:
+		v.seen++
+	}
+}
+
+// result is nil when everything expected was found, else up to 20 problems.
+func (v *verifier) result() error {
+	e := &v.e
+	if v.seen != len(e.kvs) {
+		v.problem("%d of %d keys as expected", v.seen, len(e.kvs))
+	}
+	if v.i3 != len(v.v3entries) {
+		v.problem("%d of %d v3 entries present", v.i3, len(v.v3entries))
+	}
+	if e.marker > 0 && !v.markerSeen {
+		v.problem("the revision bump marker at %d is missing", e.marker)
+	}
+	if len(v.problems) == 0 {
+		return nil
+	}
+	sort.Strings(v.problems)
+	if len(v.problems) > 20 {
+		v.problems = append(v.problems[:20], "... and more")
+	}
+	return errors.New(strings.Join(v.problems, "; "))
 }
 
 func verifyLeases(db *bolt.DB, e expected, problem func(string, ...any)) error {
