@@ -25,6 +25,9 @@ func (r *Replicator) replicate(ctx context.Context) error {
 		if !errors.Is(err, errRewatch) {
 			return err
 		}
+		if cerr := r.cfg.Source.Ctx().Err(); cerr != nil {
+			return fmt.Errorf("replicate: blue's client is closed (%w) with green at %d", cerr, r.appliedRev())
+		}
 		r.cfg.Log.Warn("blue's watch ended; watching again", "from", r.appliedRev()+1, "err", err, "after", backoff)
 		select {
 		case <-ctx.Done():
@@ -50,7 +53,8 @@ func (r *Replicator) watch(ctx context.Context, from int64) error {
 	r.cfg.Log.Info("watching blue", "from", from)
 	for resp := range r.cfg.Source.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from)) {
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-			return fmt.Errorf("%w: blue is compacted at revision %d, green is at %d and needs %d onwards: take a new snapshot of blue and restore green from it", ErrCompacted, resp.CompactRevision, from-1, from)
+			green := r.appliedRev()
+			return fmt.Errorf("%w: blue is compacted at revision %d, green is at %d and needs %d onwards: take a new snapshot of blue and restore green from it", ErrCompacted, resp.CompactRevision, green, green+1)
 		}
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("%w: %w", errRewatch, err)
