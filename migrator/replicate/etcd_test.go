@@ -31,6 +31,7 @@ type member struct {
 
 type etcdOpts struct {
 	maxTxnOps uint // 0: etcd's default (128)
+	maxReq    uint // --max-request-bytes; 0: etcd's default (1.5 MiB)
 	fsync     bool // false: --unsafe-no-fsync, for speed
 }
 
@@ -92,6 +93,9 @@ func launch(t *testing.T, name, dir string, o etcdOpts, client, peer string) *em
 	cfg.InitialCluster = name + "=" + p.String()
 	cfg.InitialClusterToken = name
 	cfg.UnsafeNoFsync = !o.fsync
+	if o.maxReq > 0 {
+		cfg.MaxRequestBytes = o.maxReq
+	}
 	if o.maxTxnOps > 0 {
 		cfg.MaxTxnOps = o.maxTxnOps
 	}

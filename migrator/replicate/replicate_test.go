@@ -481,3 +481,23 @@ func TestCompareRevision(t *testing.T) {
 		t.Fatalf("different writes at revision %d: diff %q, err %v", s+2, diff, err)
 	}
 }
+
+// TestRequestTooLarge: a blue revision bigger than green's --max-request-bytes stops Run with an
+// error that names the flag; green is left untouched.
+func TestRequestTooLarge(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxReq: 8 << 20})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{}) // 1.5 MiB
+	run := start(t, blue, green, s, nil)
+	big := strings.Repeat("x", 900<<10)
+	if _, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("big/1", big), clientv3.OpPut("big/2", big)).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	err := run.wait(t, 30*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "--max-request-bytes") {
+		t.Fatalf("Run = %v, want an error naming --max-request-bytes", err)
+	}
+	if got := revision(t, green); got != s {
+		t.Fatalf("green moved from %d to %d", s, got)
+	}
+}
