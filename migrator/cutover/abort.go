@@ -59,19 +59,18 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if rec, ok := r.j.record(StepSwitch); ok {
 		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339))
 	}
-	st, err := r.adm.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
-	}
-	if st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
+	// A proxy that cannot be reached does not stop the others from going back to blue: they
+	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete.
+	st, statusErr := r.adm.Status(ctx)
+	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
 	if err := r.stopGreen(); err != nil {
 		return err
 	}
-	if st.Fenced {
+	if statusErr != nil || st.Fenced {
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
-			return fmt.Errorf("unfence: %w", err)
+			return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 		}
 	}
 	r.j.State = StateAborted
@@ -121,7 +120,11 @@ func Abort(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newRunner(o, j).abortByOperator(ctx)
+	r, err := newRunner(o, j)
+	if err != nil {
+		return nil, err
+	}
+	return r.abortByOperator(ctx)
 }
 
 // abortByOperator is `kubefence cutover abort` on the journal of a cutover.

@@ -197,11 +197,14 @@ func TestAbortFailsAndSaysSo(t *testing.T) {
 	down := w.r.adm.(funcProxy)
 	w.r.steps[stepIndex(t, StepCopy)] = fakeStep{n: StepCopy, do: func(context.Context, *runner) (string, error) {
 		down.status = func(context.Context) (admin.Status, error) { return admin.Status{}, errors.New("connection refused") }
+		down.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, errors.New("connection refused")
+		}
 		w.r.adm = down
 		return "", errors.New("copy broke")
 	}}
 	rep, err := w.r.run(t.Context())
-	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "abort: proxy: connection refused") || !strings.Contains(rep.Next, "run 'kubefence cutover abort' again") {
+	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "abort: unfence: connection refused") || !strings.Contains(rep.Next, "run 'kubefence cutover abort' again") {
 		t.Fatalf("report %+v, err %v", rep, err)
 	}
 	if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning {

@@ -37,8 +37,12 @@ type Plan struct {
 	Proxy      ProxySpec `yaml:"proxy" json:"proxy"`
 	Blue       BlueSpec  `yaml:"blue" json:"blue"`
 	Green      GreenSpec `yaml:"green" json:"green"`
-	Migration  Migration `yaml:"migration" json:"migration"`
-	Timeouts   Timeouts  `yaml:"timeouts" json:"timeouts"`
+	// Proxies lists every proxy in front of blue when there are several (an HA control plane):
+	// each step that changes a proxy changes all of them, or the cutover goes back to blue.
+	// Without it, proxy.adminSocket names the one proxy.
+	Proxies   []ProxyRef `yaml:"proxies" json:"proxies,omitempty"`
+	Migration Migration  `yaml:"migration" json:"migration"`
+	Timeouts  Timeouts   `yaml:"timeouts" json:"timeouts"`
 
 	// hash identifies the plan's content in the journal.
 	hash string
@@ -283,6 +287,7 @@ func (p *Plan) validate() []error {
 	if m := p.Proxy.FenceMode; m != admin.ModeRefuse && m != admin.ModeHold {
 		ps.add("proxy.fenceMode %q: want %s or %s", m, admin.ModeRefuse, admin.ModeHold)
 	}
+	p.validateProxies(&ps)
 	p.validateBlue(&ps)
 	p.validateGreenEtcd(&ps)
 	p.validateGreenTLS(&ps)

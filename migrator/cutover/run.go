@@ -92,8 +92,12 @@ type runner struct {
 	steps []step
 }
 
-func newRunner(o Options, j *Journal) *runner {
-	return &runner{o: o, p: o.Plan, j: j, adm: admin.NewClient(o.Plan.Proxy.AdminSocket), procs: osProcesses, steps: steps}
+func newRunner(o Options, j *Journal) (*runner, error) {
+	g, err := newProxyGroup(o.Plan)
+	if err != nil {
+		return nil, err
+	}
+	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: steps}, nil
 }
 
 func (r *runner) emit(e Event) {
@@ -118,7 +122,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer lock.unlock()
-	r := newRunner(o, nil)
+	r, err := newRunner(o, nil)
+	if err != nil {
+		return nil, err
+	}
 	if err := r.openJournal(); err != nil {
 		return nil, err
 	}

@@ -26,7 +26,7 @@ func (preflightStep) pastNoReturn() bool            { return false }
 func (preflightStep) describe(r *runner, _ bool) string {
 	p := r.p
 	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s",
-		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), p.Proxy.AdminSocket, p.StateDir)
+		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir)
 }
 
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {

@@ -42,8 +42,8 @@ func (r *runner) checkFenceHeld(ctx context.Context) error {
 	}
 	green := strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
 	switch {
-	case st.Backend == green && st.Fenced && st.Generation == r.j.FenceGeneration+1:
-		return nil // switched before a crash, not yet journaled
+	case st.Backend == green && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
+		return nil // switched (each proxy one generation on) before a crash, not yet journaled
 	case !st.Fenced:
 		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", st.Generation, st.ChangedAt.Format(time.RFC3339))
 	case st.Generation != r.j.FenceGeneration:

@@ -7,15 +7,19 @@ import (
 	"sync"
 )
 
-// Proxy is one proxy's admin client and the name it is reported under (its socket or address).
-type Proxy struct {
-	Name string
-	*Client
+// Target is one proxy's admin API (a *Client, or anything with its methods) and the name it is
+// reported under (its socket or address).
+type Target[C any] struct {
+	Name   string
+	Client C
 }
+
+// Proxy is one proxy's admin client and its name.
+type Proxy = Target[*Client]
 
 // Group is every proxy in front of the cluster: a fence, a switch or an unfence counts only when
 // all of them acknowledged it (invariant all-proxies-agree).
-type Group []Proxy
+type Group = []Proxy
 
 // Result is one proxy's answer, or its error.
 type Result[T any] struct {
@@ -27,7 +31,7 @@ type Result[T any] struct {
 
 // Each runs f on every proxy of g at once and returns their results in g's order. The error
 // names every proxy that did not acknowledge, or is nil when all did.
-func Each[T any](ctx context.Context, g Group, f func(context.Context, *Client) (T, error)) ([]Result[T], error) {
+func Each[C, T any](ctx context.Context, g []Target[C], f func(context.Context, C) (T, error)) ([]Result[T], error) {
 	out := make([]Result[T], len(g))
 	var wg sync.WaitGroup
 	for i, p := range g {

@@ -1,0 +1,200 @@
+package cutover
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// ProxyRef is one proxy in front of blue: its admin socket on this host, or its admin API over
+// the network (--admin-listen, mutual TLS) with the client certificate and the CA of the
+// proxy's serving certificate.
+type ProxyRef struct {
+	AdminSocket  string `yaml:"adminSocket" json:"adminSocket,omitempty"`
+	AdminAddress string `yaml:"adminAddress" json:"adminAddress,omitempty"`
+	CertFile     string `yaml:"certFile" json:"certFile,omitempty"`
+	KeyFile      string `yaml:"keyFile" json:"keyFile,omitempty"`
+	CAFile       string `yaml:"caFile" json:"caFile,omitempty"`
+}
+
+func (pr ProxyRef) name() string {
+	if pr.AdminAddress != "" {
+		return pr.AdminAddress
+	}
+	return pr.AdminSocket
+}
+
+// proxyRefs are the plan's proxies: proxies, or the one proxy.adminSocket names.
+func (p *Plan) proxyRefs() []ProxyRef {
+	if len(p.Proxies) > 0 {
+		return p.Proxies
+	}
+	return []ProxyRef{{AdminSocket: p.Proxy.AdminSocket}}
+}
+
+func (p *Plan) validateProxies(ps *problems) {
+	for i, pr := range p.Proxies {
+		f := fmt.Sprintf("proxies[%d]", i)
+		switch {
+		case (pr.AdminSocket == "") == (pr.AdminAddress == ""):
+			ps.add("%s: give adminSocket or adminAddress (one of them)", f)
+		case pr.AdminAddress != "" && (!strings.HasPrefix(pr.AdminAddress, "https://") || pr.CertFile == "" || pr.KeyFile == "" || pr.CAFile == ""):
+			ps.add("%s.adminAddress %q needs https:// and certFile, keyFile, caFile (the admin API is mutual TLS only)", f, pr.AdminAddress)
+		}
+	}
+}
+
+// newProxyGroup connects to every proxy of the plan.
+func newProxyGroup(p *Plan) (*proxyGroup, error) {
+	g := &proxyGroup{blueCA: p.Blue.APIServer.CAFile}
+	for _, pr := range p.proxyRefs() {
+		if pr.AdminAddress == "" {
+			g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: admin.NewClient(pr.AdminSocket)})
+			continue
+		}
+		cert, err := tls.LoadX509KeyPair(pr.CertFile, pr.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("proxy %s: %w", pr.name(), err)
+		}
+		pool, err := tlsutil.LoadCAPool(pr.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("proxy %s: %w", pr.name(), err)
+		}
+		c := admin.NewTLSClient(pr.AdminAddress, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool})
+		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: c})
+	}
+	return g, nil
+}
+
+// proxyGroup is every proxy of the plan as one proxyAdmin: each call goes to all of them at once
+// and succeeds only when all acknowledged (invariant all-proxies-agree). Their states merge:
+// fenced if any is (so an abort unfences every one), one backend if they agree (else a
+// "mixed" backend no step accepts), generations and refusals added up (a generation sum that
+// did not change means no proxy changed: generations only grow).
+type proxyGroup struct {
+	proxies []admin.Target[proxyAdmin]
+	blueCA  string // for switching a proxy back to blue after a partial switch
+}
+
+func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	if err != nil {
+		return admin.Status{}, err
+	}
+	return mergeStatus(res), nil
+}
+
+func (g *proxyGroup) Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.FenceResponse, error) { return c.Fence(ctx, req) })
+	if err != nil {
+		return admin.FenceResponse{}, err
+	}
+	out := admin.FenceResponse{Status: mergeStatus(statuses(res, func(r admin.FenceResponse) admin.Status { return r.Status }))}
+	for _, r := range res {
+		out.Flip = max(out.Flip, r.Value.Flip)
+		if b := r.Value.Barrier; b != nil {
+			if out.Barrier == nil {
+				out.Barrier = &admin.Barrier{Complete: true}
+			}
+			out.Barrier.Complete = out.Barrier.Complete && b.Complete
+			out.Barrier.Waited = max(out.Barrier.Waited, b.Waited)
+			out.Barrier.Remaining = append(out.Barrier.Remaining, b.Remaining...)
+		}
+	}
+	return out, nil
+}
+
+// SetBackend switches every proxy. If some did not acknowledge, the ones that did are switched
+// back before the error is returned: no proxy may serve green while another serves blue.
+func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.BackendResponse, error) { return c.SetBackend(ctx, req) })
+	if err != nil {
+		return admin.BackendResponse{}, g.switchBack(ctx, res, err)
+	}
+	out := admin.BackendResponse{Status: mergeStatus(statuses(res, func(r admin.BackendResponse) admin.Status { return r.Status })), Previous: res[0].Value.Previous}
+	for _, r := range res {
+		out.Drain.Streams += r.Value.Drain.Streams
+		out.Drain.Forced += r.Value.Drain.Forced
+		out.Drain.Resumed += r.Value.Drain.Resumed
+		out.Drain.Ended += r.Value.Drain.Ended
+		out.Drain.Duration = max(out.Drain.Duration, r.Value.Drain.Duration)
+	}
+	return out, nil
+}
+
+func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.BackendResponse], cause error) error {
+	errs := []error{cause}
+	for i, r := range res {
+		if r.Err != nil {
+			continue
+		}
+		back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.blueCA}
+		if _, err := g.proxies[i].Client.SetBackend(ctx, back); err != nil {
+			errs = append(errs, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", r.Proxy, r.Value.Status.Backend, r.Value.Previous, err))
+		}
+	}
+	if len(errs) == 1 {
+		return fmt.Errorf("%w (the proxies that switched were switched back)", cause)
+	}
+	return fmt.Errorf("%v", errs)
+}
+
+func statuses[T any](res []admin.Result[T], get func(T) admin.Status) []admin.Result[admin.Status] {
+	out := make([]admin.Result[admin.Status], len(res))
+	for i, r := range res {
+		out[i] = admin.Result[admin.Status]{Proxy: r.Proxy, Value: get(r.Value)}
+	}
+	return out
+}
+
+// mergeStatus is the group's state as one proxy's.
+func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
+	var out admin.Status
+	backends := map[string][]string{}
+	for _, r := range res {
+		st := r.Value
+		out.Fenced = out.Fenced || st.Fenced
+		out.Generation += st.Generation
+		out.RefusedWrites += st.RefusedWrites
+		out.InflightWrites += st.InflightWrites
+		if out.Reason == "" {
+			out.Reason = st.Reason
+		}
+		if st.ChangedAt.After(out.ChangedAt) {
+			out.ChangedAt = st.ChangedAt
+		}
+		backends[st.Backend] = append(backends[st.Backend], r.Proxy)
+	}
+	if len(backends) == 1 {
+		for b := range backends {
+			out.Backend = b
+		}
+		return out
+	}
+	var parts []string
+	for _, b := range slices.Sorted(func(yield func(string) bool) {
+		for b := range backends {
+			if !yield(b) {
+				return
+			}
+		}
+	}) {
+		parts = append(parts, b+" ("+strings.Join(backends[b], ", ")+")")
+	}
+	out.Backend = "mixed: " + strings.Join(parts, "; ")
+	return out
+}
+
+// proxyNames lists the plan's proxies for messages.
+func proxyNames(p *Plan) string {
+	var names []string
+	for _, pr := range p.proxyRefs() {
+		names = append(names, pr.name())
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,144 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+const blueURL, greenURL = "https://blue:6443", "https://green:6443"
+
+// threeProxies is a group of three in-memory proxies open on blue; broken makes one of them
+// refuse backend changes.
+func threeProxies(broken int) (*proxyGroup, []*admin.Status, [][]string) {
+	sts := make([]*admin.Status, 3)
+	calls := make([][]string, 3)
+	g := &proxyGroup{}
+	for i := range 3 {
+		sts[i] = &admin.Status{Backend: blueURL, Generation: uint64(10 * (i + 1))}
+		p := memProxy(sts[i], &calls[i])
+		if i == broken {
+			p.setBackend = func(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+				return admin.BackendResponse{}, errors.New("unreachable")
+			}
+		}
+		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: []string{"a", "b", "c"}[i], Client: p})
+	}
+	return g, sts, calls
+}
+
+func TestProxyGroupFencesAndSwitchesAll(t *testing.T) {
+	g, sts, _ := threeProxies(-1)
+	ctx := t.Context()
+	resp, err := g.Fence(ctx, admin.FenceRequest{Fenced: true})
+	if err != nil || !resp.Barrier.Complete || !resp.Status.Fenced || resp.Status.Generation != 10+20+30+3 {
+		t.Fatalf("fence: %+v %v", resp, err)
+	}
+	if _, err := g.SetBackend(ctx, admin.BackendRequest{URL: greenURL}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := g.Status(ctx)
+	if err != nil || st.Backend != greenURL {
+		t.Fatalf("after the switch: %+v %v", st, err)
+	}
+	for i, s := range sts {
+		if s.Backend != greenURL || !s.Fenced {
+			t.Errorf("proxy %d: %+v", i, s)
+		}
+	}
+}
+
+// TestProxyGroupPartialSwitchGoesBack: a proxy that does not acknowledge the switch makes the
+// ones that did go back to blue: no proxy may serve green while another serves blue.
+func TestProxyGroupPartialSwitchGoesBack(t *testing.T) {
+	g, sts, calls := threeProxies(1)
+	g.blueCA = "/blue-ca.crt"
+	for _, s := range sts {
+		s.Fenced = true
+	}
+	// memProxy answers Previous as the backend it had: set it as the real proxy does.
+	for i := range g.proxies {
+		p := g.proxies[i].Client.(funcProxy)
+		if i == 1 {
+			continue
+		}
+		inner, st := p.setBackend, sts[i]
+		p.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			prev := st.Backend
+			resp, err := inner(ctx, req)
+			resp.Previous = prev
+			return resp, err
+		}
+		g.proxies[i].Client = p
+	}
+	_, err := g.SetBackend(t.Context(), admin.BackendRequest{URL: greenURL})
+	if err == nil || !strings.Contains(err.Error(), "proxy b") || !strings.Contains(err.Error(), "switched back") {
+		t.Fatalf("partial switch: %v", err)
+	}
+	for i, s := range sts {
+		if s.Backend != blueURL {
+			t.Errorf("proxy %d left on %s after a partial switch", i, s.Backend)
+		}
+	}
+	if got := strings.Join(calls[0], ","); got != "backend "+greenURL+",backend "+blueURL {
+		t.Errorf("proxy a was asked %q", got)
+	}
+}
+
+func TestMergeStatus(t *testing.T) {
+	res := []admin.Result[admin.Status]{
+		{Proxy: "a", Value: admin.Status{Backend: blueURL, Fenced: true, Generation: 3, RefusedWrites: 1}},
+		{Proxy: "b", Value: admin.Status{Backend: greenURL, Generation: 4, RefusedWrites: 2}},
+	}
+	st := mergeStatus(res)
+	if !st.Fenced || st.Generation != 7 || st.RefusedWrites != 3 {
+		t.Errorf("merged %+v: want fenced (any), generations and refusals added", st)
+	}
+	if !strings.HasPrefix(st.Backend, "mixed: ") || !strings.Contains(st.Backend, greenURL+" (b)") {
+		t.Errorf("merged backend %q: want a mixed backend naming who is where", st.Backend)
+	}
+}
+
+func TestPlanProxies(t *testing.T) {
+	p, _ := validPlan(t)
+	if refs := p.proxyRefs(); len(refs) != 1 || refs[0].AdminSocket != p.Proxy.AdminSocket {
+		t.Fatalf("without proxies: %+v", refs)
+	}
+	p.Proxies = []ProxyRef{{AdminSocket: "/run/a.sock"}, {AdminSocket: "/run/b.sock", AdminAddress: "https://x:1"}, {AdminAddress: "http://x:1"}}
+	var ps problems
+	p.validateProxies(&ps)
+	if len(ps) != 2 || !strings.Contains(ps[0].Error(), "proxies[1]") || !strings.Contains(ps[1].Error(), "mutual TLS") {
+		t.Fatalf("problems %v", ps)
+	}
+}
+
+// TestAbortWithAProxyDown: a failure before the switch with one of two proxies unreachable
+// still puts the other one back open on blue, and says the abort is incomplete.
+func TestAbortWithAProxyDown(t *testing.T) {
+	w := newDecisionWorld(t, false, StepCopy, false)
+	var callsB []string
+	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
+	b := memProxy(stB, &callsB)
+	group := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: b}}}
+	w.r.adm = group
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	w.r.steps[stepIndex(t, StepCopy)] = fakeStep{n: StepCopy, do: func(context.Context, *runner) (string, error) {
+		down := errors.New("connection refused")
+		b.status = func(context.Context) (admin.Status, error) { return admin.Status{}, down }
+		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) { return admin.FenceResponse{}, down }
+		group.proxies[1].Client = b
+		return "", errors.New("copy broke")
+	}}
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "proxy b") {
+		t.Fatalf("report %+v, err %v", rep, err)
+	}
+	if w.st.Fenced || !stB.Fenced {
+		t.Fatalf("proxy a fenced %v (want open), proxy b fenced %v (down, still fenced)", w.st.Fenced, stB.Fenced)
+	}
+}
