@@ -130,7 +130,9 @@ func TestAbortWithAProxyDown(t *testing.T) {
 	w.r.steps[stepIndex(t, StepCopy)] = fakeStep{n: StepCopy, do: func(context.Context, *runner) (string, error) {
 		down := errors.New("connection refused")
 		b.status = func(context.Context) (admin.Status, error) { return admin.Status{}, down }
-		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) { return admin.FenceResponse{}, down }
+		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, down
+		}
 		group.proxies[1].Client = b
 		return "", errors.New("copy broke")
 	}}
