@@ -65,6 +65,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
+	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
+		r.o.Log.Warn("replication had stopped with an error", "err", err)
+	}
 	if err := r.stopGreen(); err != nil {
 		return err
 	}

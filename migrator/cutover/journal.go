@@ -46,6 +46,10 @@ type Journal struct {
 	Snapshot         string `json:"snapshot,omitempty"`
 	SnapshotRevision int64  `json:"snapshotRevision,omitempty"`
 	SnapshotBytes    int64  `json:"snapshotBytes,omitempty"`
+	// DrainRevision and SwitchRevision (mode replicate) are the revision green and blue were
+	// both at after the drain, and when the proxy was switched.
+	DrainRevision  int64 `json:"drainRevision,omitempty"`
+	SwitchRevision int64 `json:"switchRevision,omitempty"`
 	// Mode is the migration the copy chose (auto resolves to snapshot or v2-to-v3).
 	Mode string `json:"mode,omitempty"`
 	// V2Prefixes counts the keys the v2 migration wrote per prefix (green etcd is checked for them).

@@ -115,6 +115,9 @@ type GreenAPIServer struct {
 	Command []string `yaml:"command" json:"command,omitempty"`
 	// StaticPod writes Manifest into ManifestDir for the kubelet to run, instead of Command.
 	StaticPod *StaticPod `yaml:"staticPod" json:"staticPod,omitempty"`
+	// EtcdUser is the etcd user green's apiserver is (the CN of its etcd client certificate):
+	// in migration mode replicate it may only read green etcd until the switch.
+	EtcdUser string `yaml:"etcdUser" json:"etcdUser,omitempty"`
 }
 
 // StaticPod places a pod manifest into a kubelet's static pod directory.
@@ -131,7 +134,9 @@ type GreenSpec struct {
 
 // Migration says how green's data is built from blue's.
 type Migration struct {
-	// Mode: snapshot (v3 data: snapshot restore), v2-to-v3 (a member's v2 store migrated along
+	// Mode: snapshot (v3 data: snapshot restore), replicate (v3 data: snapshot restore without a
+	// revision bump, then live replication of blue into green until the window; replicate.go),
+	// v2-to-v3 (a member's v2 store migrated along
 	// with the v3 snapshot, needs blue.etcd.dataDir), or auto (v2-to-v3 when that member holds v2
 	// user content, snapshot otherwise or without blue.etcd.dataDir).
 	Mode string `yaml:"mode" json:"mode"`
@@ -154,6 +159,11 @@ type Timeouts struct {
 	Verify         Duration `yaml:"verify" json:"verify"`
 	Switch         Duration `yaml:"switch" json:"switch"`
 	Unfence        Duration `yaml:"unfence" json:"unfence"`
+	// Replicate bounds green catching up with blue (mode replicate).
+	Replicate Duration `yaml:"replicate" json:"replicate"`
+	// Window bounds fence on → the switch in mode replicate: a drain not done inside it unfences
+	// blue and aborts.
+	Window Duration `yaml:"window" json:"window"`
 }
 
 // Duration reads "30s" style values.
@@ -212,6 +222,29 @@ func (p *Plan) setDefaults() {
 	def(&t.Verify, 5*time.Minute)
 	def(&t.Switch, 1*time.Minute)
 	def(&t.Unfence, 1*time.Minute)
+	def(&t.Replicate, 10*time.Minute)
+	def(&t.Window, 5*time.Second)
+	if p.Green.APIServer.EtcdUser == "" {
+		p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser
+	}
+}
+
+// DefaultGreenEtcdUser is the CN of kubeadm's apiserver-etcd-client certificate.
+const DefaultGreenEtcdUser = "kube-apiserver-etcd-client"
+
+// replicating says whether the plan's migration is mode replicate.
+func (p *Plan) replicating() bool { return p.Migration.Mode == ModeReplicate }
+
+// ModeReplicate is migration.mode replicate.
+const ModeReplicate = "replicate"
+
+// revisionBump is what the restore adds to green's revision: none when replicating (green
+// must be at blue's revisions exactly).
+func (p *Plan) revisionBump() int64 {
+	if p.replicating() {
+		return 0
+	}
+	return p.Migration.RevisionBump
 }
 
 // LoadPlan reads a plan file and checks its shape (ParsePlan) and the files it names
@@ -364,6 +397,10 @@ func (p *Plan) validateGreenAPIServer(ps *problems) {
 func (p *Plan) validateMigration(ps *problems) {
 	switch p.Migration.Mode {
 	case "snapshot":
+	case ModeReplicate:
+		if p.Green.Etcd.Insecure || p.Green.Etcd.TLS == nil {
+			ps.add("migration.mode replicate needs green.etcd.tls (not insecure): green's apiserver is kept from writing by etcd auth on its client certificate")
+		}
 	case "v2-to-v3", "auto":
 		if p.Blue.Etcd.DataDir == "" && p.Migration.Mode == "v2-to-v3" {
 			ps.add("migration.mode v2-to-v3 needs blue.etcd.dataDir: a member data dir on this host (its v2 store is not reachable through the v3 API)")
@@ -374,7 +411,7 @@ func (p *Plan) validateMigration(ps *problems) {
 			ps.add("migration.onConflict %q: use v2 or v3 (or leave it out to refuse conflicts)", p.Migration.OnConflict)
 		}
 	default:
-		ps.add("migration.mode %q: use snapshot, v2-to-v3 or auto", p.Migration.Mode)
+		ps.add("migration.mode %q: use snapshot, replicate, v2-to-v3 or auto", p.Migration.Mode)
 	}
 	if p.Migration.RevisionBump < 0 {
 		ps.add("migration.revisionBump must not be negative")
@@ -415,7 +452,7 @@ func (p *Plan) paths() []planPath {
 	if sp := a.StaticPod; sp != nil {
 		ps = append(ps, planPath{"green.apiserver.staticPod.manifest", sp.Manifest, aFile}, planPath{"green.apiserver.staticPod.manifestDir", sp.ManifestDir, aDir})
 	}
-	if p.Migration.Mode != "snapshot" {
+	if p.Migration.Mode != "snapshot" && !p.replicating() {
 		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir})
 	}
 	return append(ps, p.Green.Etcd.TLS.files()...)

@@ -60,10 +60,13 @@ type Report struct {
 	RefusedWrites       uint64        `json:"refusedWrites"`
 	SnapshotRevision    int64         `json:"snapshotRevision,omitempty"`
 	SnapshotBytes       int64         `json:"snapshotBytes,omitempty"`
-	Verified            *VerifyReport `json:"verified,omitempty"`
-	Backend             string        `json:"backend,omitempty"`
-	Error               string        `json:"error,omitempty"`
-	Next                string        `json:"next,omitempty"`
+	// SwitchRevision (mode replicate) is the etcd revision blue and green were both at when the
+	// proxy was switched.
+	SwitchRevision int64         `json:"switchRevision,omitempty"`
+	Verified       *VerifyReport `json:"verified,omitempty"`
+	Backend        string        `json:"backend,omitempty"`
+	Error          string        `json:"error,omitempty"`
+	Next           string        `json:"next,omitempty"`
 }
 
 // Options are a run's inputs.
@@ -90,6 +93,9 @@ type runner struct {
 	adm   proxyAdmin
 	procs processes
 	steps []step
+	// repl is the replicator this process runs (mode replicate), from the replicate step to
+	// stop-replication or the abort.
+	repl *replication
 }
 
 func newRunner(o Options, j *Journal) (*runner, error) {
@@ -97,7 +103,7 @@ func newRunner(o Options, j *Journal) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: steps}, nil
+	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: stepsFor(o.Plan)}, nil
 }
 
 func (r *runner) emit(e Event) {
@@ -172,6 +178,7 @@ func (r *runner) openJournal() error {
 
 // run walks the steps the journal has not finished; a failed step ends in fail.
 func (r *runner) run(ctx context.Context) (*Report, error) {
+	defer func() { _, _ = r.stopReplication() }()
 	var walk []steprun.Step
 	for _, s := range r.steps {
 		walk = append(walk, steprun.Step{
@@ -224,7 +231,7 @@ func newID() string {
 
 func (r *runner) report(result string, err error) *Report {
 	j := r.j
-	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, Verified: j.Verified}
+	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, SwitchRevision: j.SwitchRevision, Verified: j.Verified}
 	if !j.FencedAt.IsZero() && !j.UnfencedAt.IsZero() {
 		rep.WriteUnavailability = j.UnfencedAt.Sub(j.FencedAt)
 	}
@@ -274,7 +281,7 @@ type PlannedStep struct {
 
 // DryRun returns the steps the plan would run, with their exact actions; it changes nothing.
 func DryRun(p *Plan) []PlannedStep {
-	r := &runner{p: p, j: &Journal{ID: "dry-run"}, steps: steps}
+	r := &runner{p: p, j: &Journal{ID: "dry-run"}, steps: stepsFor(p)}
 	var out []PlannedStep
 	for _, s := range r.steps {
 		out = append(out, PlannedStep{Step: s.name(), Action: s.describe(r, true)})

@@ -37,6 +37,9 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
 	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
 	r.j.Mode = "snapshot"
+	if r.p.replicating() {
+		r.j.Mode = ModeReplicate
+	}
 	if r.v2Possible() {
 		m, err := r.copyV2Member(info.Path, info.ClusterID)
 		if err != nil {
@@ -51,5 +54,5 @@ func (r *runner) snapshotPath() string { return filepath.Join(r.p.StateDir, "blu
 
 // v2Possible says whether the copy looks at a blue member's v2 store.
 func (r *runner) v2Possible() bool {
-	return r.p.Migration.Mode != "snapshot" && r.p.Blue.Etcd.DataDir != ""
+	return r.p.Migration.Mode != "snapshot" && !r.p.replicating() && r.p.Blue.Etcd.DataDir != ""
 }

@@ -75,7 +75,7 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	rev := sts[0].Revision
-	if want := r.j.SnapshotRevision + p.Migration.RevisionBump; rev < want {
+	if want := r.j.SnapshotRevision + p.revisionBump(); rev < want {
 		return "", fmt.Errorf("green etcd serves revision %d, below the bumped %d", rev, want)
 	}
 	return fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev), nil
@@ -98,6 +98,9 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 		args = append(args, "--listen-metrics-urls", m.MetricsURL)
 	}
 	args = append(args, p.Green.Etcd.TLS.tlsArgs()...)
+	if p.replicating() {
+		args = append(args, replicationEtcdArgs...)
+	}
 	return append(args, p.Green.Etcd.ExtraArgs...)
 }
 

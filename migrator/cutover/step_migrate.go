@@ -33,6 +33,9 @@ func (migrateStep) describe(r *runner, _ bool) string {
 		return fmt.Sprintf("kubefence migrate v2-to-v3 from %s into %s (v3 keys kept, v2 keys renumbered above them, TTLs as leases; revision +%d, marked compacted), or for auto without v2 content a snapshot restore",
 			r.memberCopyPath(), strings.Join(dirs, ", "), p.Migration.RevisionBump)
 	}
+	if p.replicating() {
+		return fmt.Sprintf("restore the snapshot into %s without a revision bump (green at the snapshot's revision, for replication)", strings.Join(dirs, ", "))
+	}
 	return fmt.Sprintf("restore the snapshot into %s (revision +%d, marked compacted)", strings.Join(dirs, ", "), p.Migration.RevisionBump)
 }
 
@@ -43,11 +46,11 @@ func (migrateStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := r.restoreGreen(); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.Green.Etcd.Members), r.j.SnapshotRevision+r.p.Migration.RevisionBump), nil
+	return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.Green.Etcd.Members), r.j.SnapshotRevision+r.p.revisionBump()), nil
 }
 
 // restoreGreen builds every green member's data dir from the snapshot with etcd's restore,
-// revisions bumped and marked compacted.
+// revisions bumped and marked compacted (not in mode replicate: Plan.revisionBump).
 func (r *runner) restoreGreen() error {
 	p := r.p
 	return buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
@@ -58,8 +61,8 @@ func (r *runner) restoreGreen() error {
 			PeerURLs:            []string{m.PeerURL},
 			InitialCluster:      p.greenInitialCluster(),
 			InitialClusterToken: p.Green.Etcd.ClusterToken,
-			RevisionBump:        uint64(p.Migration.RevisionBump),
-			MarkCompacted:       p.Migration.RevisionBump > 0,
+			RevisionBump:        uint64(p.revisionBump()),
+			MarkCompacted:       p.revisionBump() > 0,
 		})
 	})
 }

@@ -49,6 +49,23 @@ func (r *VerifyReport) add(list *[]string, s string, n *int) {
 // the same apiserver version encodes identically); only objects whose bytes differ are decoded
 // and compared semantically. Blue and green are listed at the same time, in pages of 5,000.
 func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64) (*VerifyReport, error) {
+	return verifyWith(ctx, blue, green, 0, func(rep *VerifyReport, tg schema.GroupVersionResource, b, g map[string]rawObject, changed, mismatched *int) {
+		compare(rep, tg, b, g, snapRev, changed, mismatched)
+	})
+}
+
+// verifyAt compares blue and green as they were at revision rev (mode replicate: both hold it,
+// with the same revisions): lists at exactly resourceVersion rev; every difference is a mismatch.
+func verifyAt(ctx context.Context, blue, green *rest.Config, rev int64) (*VerifyReport, error) {
+	return verifyWith(ctx, blue, green, rev, compareExact)
+}
+
+// compareFunc classifies the objects of one resource type listed on blue and green.
+type compareFunc func(rep *VerifyReport, tg schema.GroupVersionResource, b, g map[string]rawObject, changed, mismatched *int)
+
+// verifyWith lists every resource type on blue and green (at exactly resourceVersion at, or
+// current lists for 0) and compares them with cmp.
+func verifyWith(ctx context.Context, blue, green *rest.Config, at int64, cmp compareFunc) (*VerifyReport, error) {
 	for _, c := range []*rest.Config{blue, green} {
 		c.QPS, c.Burst = 200, 400
 		c.WarningHandler = rest.NoWarnings{} // deprecated types are listed on purpose
@@ -81,8 +98,8 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 			var berr, gerr error
 			var inner sync.WaitGroup
 			inner.Add(2)
-			go func() { defer inner.Done(); b, berr = listRaw(ctx, bhc, blue.Host, tg) }()
-			go func() { defer inner.Done(); g, gerr = listRaw(ctx, ghc, green.Host, tg) }()
+			go func() { defer inner.Done(); b, berr = listRaw(ctx, bhc, blue.Host, tg, at) }()
+			go func() { defer inner.Done(); g, gerr = listRaw(ctx, ghc, green.Host, tg, at) }()
 			inner.Wait()
 			mu.Lock()
 			defer mu.Unlock()
@@ -90,7 +107,7 @@ func verifyObjects(ctx context.Context, blue, green *rest.Config, snapRev int64)
 				errs = append(errs, fmt.Errorf("list %s: %w", tg, err))
 				return
 			}
-			compare(rep, tg, b, g, snapRev, &changed, &mismatched)
+			cmp(rep, tg, b, g, &changed, &mismatched)
 		}()
 	}
 	wg.Wait()
@@ -211,6 +228,31 @@ func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map
 	}
 }
 
+// compareExact is compare for two lists at the same revision of the same history: any
+// difference is a mismatch.
+func compareExact(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map[string]rawObject, _, mismatched *int) {
+	kind := gvr.Resource
+	if gvr.Group != "" {
+		kind += "." + gvr.Group
+	}
+	mismatch := func(key, why string) { rep.add(&rep.Mismatches, kind+" "+key+": "+why, mismatched) }
+	for key, b := range blue {
+		switch g, ok := green[key]; {
+		case ok && b.equal(g):
+			rep.Objects++
+		case !ok:
+			mismatch(key, "missing on green")
+		default:
+			mismatch(key, fmt.Sprintf("differs (resourceVersion %d on blue, %d on green)", b.rv, g.rv))
+		}
+	}
+	for key := range green {
+		if _, ok := blue[key]; !ok {
+			mismatch(key, "on green only")
+		}
+	}
+}
+
 // maintainedByAPIServers says whether the apiservers write the object themselves, outside any
 // proxy: their identity leases (kube-system/apiserver-*) and the kubernetes service's
 // endpoints (default/kubernetes). Only these may change on blue while it is fenced.
@@ -230,7 +272,7 @@ func isEvent(gvr schema.GroupVersionResource) bool {
 }
 
 // listRaw lists every object of gvr (all namespaces), page by page, as raw JSON.
-func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.GroupVersionResource) (map[string]rawObject, error) {
+func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.GroupVersionResource, at int64) (map[string]rawObject, error) {
 	base := strings.TrimSuffix(host, "/") + "/api/" + gvr.Version + "/" + gvr.Resource
 	if gvr.Group != "" {
 		base = strings.TrimSuffix(host, "/") + "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
@@ -241,6 +283,9 @@ func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.Group
 		q := url.Values{"limit": {"5000"}}
 		if cont != "" {
 			q.Set("continue", cont)
+		} else if at > 0 {
+			q.Set("resourceVersion", strconv.FormatInt(at, 10))
+			q.Set("resourceVersionMatch", "Exact")
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"?"+q.Encode(), nil)
 		if err != nil {

@@ -1,0 +1,188 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// TestCutoverReplicate: migration.mode replicate under a client-go writer through the proxy
+// (fence mode hold). Green is restored at blue's revision, replicated live, verified at a
+// common revision before the fence; the window is fence → drain → switch. A write made straight
+// to blue etcd during replication is on green; at the switch both are at the same revision with
+// the same keys; every acknowledged write is on green; the writer saw no error.
+func TestCutoverReplicate(t *testing.T) {
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	f.green.Plan.Migration.Mode = cutover.ModeReplicate
+	f.green.Plan.Proxy.FenceMode = admin.ModeHold
+	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	cs := f.proxyClient(t, 1000)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "repl"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pre-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}
+		if _, err := cs.CoreV1().ConfigMaps("repl").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := startWriter(cs, "repl")
+	time.Sleep(time.Second)
+
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := f.cutoverCmd(context.WithoutCancel(ctx))
+		done <- result{out, err}
+	}()
+	blueCli, err := f.blue.etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blueCli.Close()
+	directRev := putWhenReplicating(t, f, blueCli)
+	res := <-done
+	t.Logf("kubefence cutover:\n%s", res.out)
+	if res.err != nil {
+		t.Fatalf("cutover failed: %v", res.err)
+	}
+	time.Sleep(2 * time.Second) // writes go on, on green
+	acked, errs := w.finish()
+
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != cutover.StateDone || j.SwitchRevision == 0 || j.UnfencedAt.Sub(j.FencedAt) <= 0 {
+		t.Fatalf("journal: %+v", j)
+	}
+	t.Logf("write window (fence on → off) %s; snapshot revision %d, direct write at %d, drain %d, switch at revision %d; writer: %d acknowledged, %d errors",
+		j.UnfencedAt.Sub(j.FencedAt), j.SnapshotRevision, directRev, j.DrainRevision, j.SwitchRevision, len(acked), len(errs))
+	for _, rec := range j.Done {
+		t.Logf("step %s %s: %s", rec.Step, rec.Duration.Round(time.Millisecond), rec.Detail)
+	}
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
+	}
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
+		t.Fatalf("proxy after cutover: %+v %v", st, err)
+	}
+	greenCli, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer greenCli.Close()
+	sameKeysAt(t, blueCli, greenCli, j.SwitchRevision)
+	if resp, err := greenCli.Get(ctx, "/kubefence-test/direct"); err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "straight to blue" {
+		t.Errorf("the write made straight to blue etcd during replication, on green: %+v %v", resp, err)
+	}
+	checkAckedOnGreen(t, f, acked)
+}
+
+// putWhenReplicating waits until the cutover's journal shows the replicate step done, then
+// writes straight to blue etcd (around the proxy) and returns that write's revision.
+func putWhenReplicating(t *testing.T, f *cutoverFixture, blue *clientv3.Client) int64 {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		if j, err := cutover.LoadJournal(f.green.Plan.StateDir); err == nil {
+			if _, ok := journalStep(j, cutover.StepReplicate); ok {
+				resp, err := blue.Put(t.Context(), "/kubefence-test/direct", "straight to blue")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.Header.Revision
+			}
+			if j.State != cutover.StateRunning {
+				t.Fatalf("cutover %s before the replicate step: %s", j.State, j.AbortReason)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the replicate step did not finish in 5 minutes")
+	return 0
+}
+
+func journalStep(j *cutover.Journal, name string) (cutover.StepRecord, bool) {
+	for _, r := range j.Done {
+		if r.Step == name {
+			return r, true
+		}
+	}
+	return cutover.StepRecord{}, false
+}
+
+// sameKeysAt checks blue and green etcd hold the same keys at revision rev: values, create and
+// mod revisions, versions and leases (green's history up to the switch is blue's).
+func sameKeysAt(t *testing.T, blue, green *clientv3.Client, rev int64) {
+	t.Helper()
+	get := func(c *clientv3.Client) *clientv3.GetResponse {
+		resp, err := c.Get(t.Context(), "\x00", clientv3.WithFromKey(), clientv3.WithRev(rev))
+		if err != nil {
+			t.Fatalf("get at revision %d: %v", rev, err)
+		}
+		return resp
+	}
+	b, g := get(blue), get(green)
+	if len(b.Kvs) != len(g.Kvs) {
+		t.Fatalf("at revision %d blue holds %d keys, green %d", rev, len(b.Kvs), len(g.Kvs))
+	}
+	for i, bk := range b.Kvs {
+		gk := g.Kvs[i]
+		if !bytes.Equal(bk.Key, gk.Key) || !bytes.Equal(bk.Value, gk.Value) || bk.CreateRevision != gk.CreateRevision || bk.ModRevision != gk.ModRevision || bk.Version != gk.Version || bk.Lease != gk.Lease {
+			t.Errorf("at revision %d key %q differs: blue %s rev %d/%d v%d lease %x, green %q rev %d/%d v%d lease %x", rev, bk.Key, bk.Key, bk.CreateRevision, bk.ModRevision, bk.Version, bk.Lease, gk.Key, gk.CreateRevision, gk.ModRevision, gk.Version, gk.Lease)
+		}
+	}
+	t.Logf("blue and green hold the same %d keys at revision %d", len(b.Kvs), rev)
+}
+
+// checkAckedOnGreen checks every configmap the writer saw acknowledged is on green.
+func checkAckedOnGreen(t *testing.T, f *cutoverFixture, acked []string) {
+	t.Helper()
+	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := gcs.CoreV1().ConfigMaps("repl").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, cm := range list.Items {
+		have[cm.Name] = true
+	}
+	missing := 0
+	for _, name := range acked {
+		if !have[name] {
+			missing++
+			if missing <= 10 {
+				t.Errorf("acknowledged configmap repl/%s is not on green", name)
+			}
+		}
+	}
+	if missing > 0 {
+		t.Errorf("%d of %d acknowledged configmaps missing on green", missing, len(acked))
+	}
+}

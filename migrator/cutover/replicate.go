@@ -1,0 +1,207 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// Mode replicate (docs/plan.md): green is restored at blue's snapshot revision without a bump,
+// and blue's revisions are replicated into it one txn each (migrator/replicate) while writes
+// stay open; green's apiserver starts warm but may only read (etcd auth on its client
+// certificate); the window is only fence → drain → switch → stop replication → ungate green →
+// unfence.
+
+// replicateSteps is a cutover in mode replicate, in order. The steps that need the replicator
+// of this process are wrapped in needsReplication: a --resume after the cutover process died
+// cannot trust green (its leases ran out while nobody kept them alive) and aborts.
+var replicateSteps = []step{
+	preflightStep{},
+	copyStep{},
+	migrateStep{},
+	greenEtcdStep{},
+	greenAuthStep{},
+	replicateStep{},
+	needsReplication{greenAPIServerStep{}},
+	needsReplication{replicaVerifyStep{}},
+	needsReplication{fenceStep{}},
+	needsReplication{drainStep{}},
+	replicaSwitchStep{},
+	stopReplicationStep{},
+	ungateGreenStep{},
+	unfenceStep{},
+}
+
+// Step names of mode replicate, besides the common ones.
+const (
+	StepGreenAuth       = "green-etcd-auth"
+	StepReplicate       = "replicate"
+	StepDrain           = "drain"
+	StepStopReplication = "stop-replication"
+	StepUngateGreen     = "ungate-green"
+)
+
+// stepsFor is the plan's table of steps.
+func stepsFor(p *Plan) []step {
+	if p.replicating() {
+		return replicateSteps
+	}
+	return steps
+}
+
+// greenMaxRequestBytes is green etcd's --max-request-bytes in mode replicate: one blue revision
+// is one txn, and may be larger than etcd's default 1.5 MiB.
+const greenMaxRequestBytes = 10 << 20
+
+// replicationEtcdArgs are green etcd's extra flags in mode replicate (docs/replicate.md).
+var replicationEtcdArgs = []string{"--max-txn-ops", "100000", "--max-request-bytes", strconv.Itoa(greenMaxRequestBytes)}
+
+// replication is the replicator running in this process, with its clients.
+type replication struct {
+	rep         *replicate.Replicator
+	blue, green *clientv3.Client
+	cancel      context.CancelFunc
+	done        chan struct{}
+	err         error // Run's error, once done is closed
+}
+
+// newEtcdClient connects to spec for replication: large requests allowed, and a short reconnect
+// backoff (a green restart must be followed within a lease's TTL).
+func newEtcdClient(spec datadir.ConnSpec) (*clientv3.Client, error) {
+	cfg := clientv3.Config{
+		Endpoints: spec.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		MaxCallSendMsgSize: greenMaxRequestBytes + 1<<20,
+		DialOptions:        []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 500 * time.Millisecond}, MinConnectTimeout: time.Second})},
+	}
+	if spec.CAFile != "" || spec.CertFile != "" {
+		tc, err := (transport.TLSInfo{CertFile: spec.CertFile, KeyFile: spec.KeyFile, TrustedCAFile: spec.CAFile}).ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS: %w", err)
+		}
+		cfg.TLS = tc
+	}
+	return clientv3.New(cfg)
+}
+
+// startReplication starts replicating blue into green from revision from, in a goroutine of
+// this process that runs until stopReplication.
+func (r *runner) startReplication(from int64) error {
+	blue, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	green, err := newEtcdClient(r.p.greenConn())
+	if err != nil {
+		blue.Close()
+		return fmt.Errorf("green etcd: %w", err)
+	}
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: from, Log: r.o.Log})
+	if err != nil {
+		blue.Close()
+		green.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rp := &replication{rep: rep, blue: blue, green: green, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(rp.done)
+		rp.err = rep.Run(ctx)
+	}()
+	r.repl = rp
+	return nil
+}
+
+// errNoReplication is a step of mode replicate that needs the replicator of a process that is
+// gone: green cannot be trusted any more.
+var errNoReplication = errors.New("replication is not running: it ran in the cutover process that stopped, and green may have expired leases by itself since (nothing kept them alive), so its data at its revision may differ from blue's. Abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again")
+
+// replicationAlive says why replication cannot be relied on, or nil while it runs.
+func (r *runner) replicationAlive() error {
+	if r.repl == nil {
+		return errNoReplication
+	}
+	select {
+	case <-r.repl.done:
+		return fmt.Errorf("replication stopped: %v", r.repl.err)
+	default:
+		return nil
+	}
+}
+
+// stopReplication stops the replicator (if this process runs one) and closes its clients; it
+// returns where it stood and why it had stopped, if it had before.
+func (r *runner) stopReplication() (replicate.Progress, error) {
+	rp := r.repl
+	if rp == nil {
+		return replicate.Progress{}, nil
+	}
+	r.repl = nil
+	rp.cancel()
+	<-rp.done
+	prog := rp.rep.Progress()
+	rp.blue.Close()
+	rp.green.Close()
+	if rp.err != nil && !errors.Is(rp.err, context.Canceled) {
+		return prog, rp.err
+	}
+	return prog, nil
+}
+
+// currentRevision is a cluster's revision by a linearizable read.
+func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	resp, err := cli.Get(ctx, "\x00kubefence-cutover-probe", clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
+}
+
+// caughtUp waits until green is at blue's revision: blue's revision R (linearizable), the
+// replicator applied it, and green's revision equals blue's read again after it (blue's own
+// apiserver may write meanwhile: then once more). It returns that revision.
+func (r *runner) caughtUp(ctx context.Context) (int64, error) {
+	if err := r.replicationAlive(); err != nil {
+		return 0, err
+	}
+	rp := r.repl
+	for {
+		target, err := currentRevision(ctx, rp.blue)
+		if err != nil {
+			return 0, fmt.Errorf("blue's revision: %w", err)
+		}
+		if err := rp.rep.WaitFor(ctx, target); err != nil {
+			return 0, err
+		}
+		g, err := currentRevision(ctx, rp.green)
+		if err != nil {
+			return 0, fmt.Errorf("green's revision: %w", err)
+		}
+		b, err := currentRevision(ctx, rp.blue)
+		if err != nil {
+			return 0, fmt.Errorf("blue's revision: %w", err)
+		}
+		if g == b {
+			return g, nil
+		}
+		if g > b {
+			return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", replicate.ErrRevisionMismatch, g, b)
+		}
+	}
+}
+
+// progressLine says where replication stands.
+func progressLine(p replicate.Progress) string {
+	return fmt.Sprintf("green at revision %d, blue at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
+		p.Applied, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
+}

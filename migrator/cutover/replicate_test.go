@@ -1,0 +1,115 @@
+package cutover
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// replicatePlan is validPlan in mode replicate, green with TLS files.
+func replicatePlan(t *testing.T) *Plan {
+	t.Helper()
+	p, dir := validPlan(t)
+	f := writeFile(t, dir, "pem", "x")
+	p.Green.Etcd.Insecure = false
+	p.Green.Etcd.TLS = &GreenEtcdTLS{CAFile: f, ServerCertFile: f, ServerKeyFile: f, PeerCertFile: f, PeerKeyFile: f, ClientCertFile: f, ClientKeyFile: f}
+	for i := range p.Green.Etcd.Members {
+		m := &p.Green.Etcd.Members[i]
+		m.ClientURL = strings.Replace(m.ClientURL, "http:", "https:", 1)
+		m.PeerURL = strings.Replace(m.PeerURL, "http:", "https:", 1)
+	}
+	p.Migration.Mode = ModeReplicate
+	return p
+}
+
+// TestReplicatePlan: mode replicate is opt-in, needs green TLS, restores without a bump, starts
+// green with room for one revision per txn, and runs its own table of steps.
+func TestReplicatePlan(t *testing.T) {
+	p := replicatePlan(t)
+	data, err := yaml.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParsePlan(data)
+	if err != nil {
+		t.Fatalf("replicate plan refused: %v", err)
+	}
+	if got.revisionBump() != 0 || got.Green.APIServer.EtcdUser != DefaultGreenEtcdUser || got.Timeouts.Window.D().Seconds() != 5 {
+		t.Errorf("defaults: bump %d, etcd user %q, window %s", got.revisionBump(), got.Green.APIServer.EtcdUser, got.Timeouts.Window.D())
+	}
+	cmd := strings.Join(etcdCommand(got, got.Green.Etcd.Members[0]), " ")
+	if !strings.Contains(cmd, "--max-txn-ops 100000 --max-request-bytes 10485760") {
+		t.Errorf("green etcd command lacks the replication flags: %s", cmd)
+	}
+	var names []string
+	for _, s := range DryRun(got) {
+		names = append(names, s.Step)
+	}
+	want := []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate, StepGreenAPIServer, StepVerify, StepFence, StepDrain, StepSwitch, StepStopReplication, StepUngateGreen, StepUnfence}
+	if !slices.Equal(names, want) {
+		t.Errorf("steps %v, want %v", names, want)
+	}
+	// The default stays as it was.
+	def, _ := validPlan(t)
+	if def.Migration.Mode = ""; len(DryRun(def)) != len(Steps) {
+		t.Errorf("default plan has %d steps, want %d", len(DryRun(def)), len(Steps))
+	}
+	insecure, _ := validPlan(t)
+	insecure.Migration.Mode = ModeReplicate
+	data, _ = yaml.Marshal(insecure)
+	if _, err := ParsePlan(data); err == nil || !strings.Contains(err.Error(), "migration.mode replicate needs green.etcd.tls") {
+		t.Errorf("insecure green in mode replicate: %v", err)
+	}
+}
+
+// TestReplicateResumeAborts: a --resume after the cutover process died during replication
+// cannot trust green (nothing kept its leases alive): the next step fails and the cutover goes
+// back to blue.
+func TestReplicateResumeAborts(t *testing.T) {
+	p := replicatePlan(t)
+	p.hash = "plan-hash"
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
+	var calls []string
+	var stopped []int
+	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{101: true}, &stopped), steps: replicateSteps}
+	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", GreenPIDs: map[string]int{}}
+	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate} {
+		j.Done = append(j.Done, StepRecord{Step: s})
+	}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.run(context.Background())
+	if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "replication is not running") {
+		t.Fatalf("resume without the replicator: %+v, %v", rep, err)
+	}
+	if st.Fenced || st.Backend != p.Blue.APIServer.URL {
+		t.Errorf("proxy after the abort: %+v", st)
+	}
+}
+
+// TestCompareExact: at one revision of one history, every difference is a mismatch.
+func TestCompareExact(t *testing.T) {
+	cms := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	rep := &VerifyReport{}
+	var changed, mismatched int
+	blue := map[string]rawObject{"ns/same": obj("u1", "50", "a"), "ns/differs": obj("u2", "60", "a"), "ns/blue-only": obj("u3", "70", "a")}
+	green := map[string]rawObject{"ns/same": obj("u1", "50", "a"), "ns/differs": obj("u2", "61", "b"), "ns/green-only": obj("u4", "80", "a")}
+	compareExact(rep, cms, blue, green, &changed, &mismatched)
+	if rep.Objects != 1 || mismatched != 3 || changed != 0 {
+		t.Errorf("objects %d, mismatched %d, changed %d: %v", rep.Objects, mismatched, changed, rep.Mismatches)
+	}
+}

@@ -1,0 +1,74 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// windowContext bounds ctx by the fence budget: timeouts.window from the fence on. A drain or
+// check not done by then fails its step, and the cutover aborts to blue, unfenced.
+func (r *runner) windowContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, r.j.FencedAt.Add(r.p.Timeouts.Window.D()))
+}
+
+// drainStep (mode replicate, fenced) waits until green has applied blue's current revision and
+// is at blue's revision.
+type drainStep struct{}
+
+func (drainStep) name() string                  { return StepDrain }
+func (drainStep) timeout(p *Plan) time.Duration { return p.Timeouts.Window.D() + 5*time.Second }
+func (drainStep) pastNoReturn() bool            { return false }
+
+func (drainStep) describe(r *runner, _ bool) string {
+	return fmt.Sprintf("read blue's revision (linearizable), wait until green applied it and green's revision equals blue's; within timeouts.window (%s) from the fence, else unfence blue and abort", r.p.Timeouts.Window.D())
+}
+
+func (drainStep) run(ctx context.Context, r *runner) (string, error) {
+	wctx, cancel := r.windowContext(ctx)
+	defer cancel()
+	start := time.Now()
+	rev, err := r.caughtUp(wctx)
+	if err != nil {
+		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), err)
+	}
+	r.j.DrainRevision = rev
+	return fmt.Sprintf("green at blue's revision %d after %s", rev, time.Since(start).Round(time.Microsecond)), nil
+}
+
+// replicaSwitchStep (mode replicate) checks once more that green is at blue's revision, within
+// the window, and points the proxy at green with the open watches resumed there (the same
+// revisions mean the same resourceVersions).
+type replicaSwitchStep struct{}
+
+func (replicaSwitchStep) name() string                  { return StepSwitch }
+func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (replicaSwitchStep) pastNoReturn() bool            { return true }
+
+func (replicaSwitchStep) describe(r *runner, _ bool) string {
+	return "check green's revision equals blue's (within timeouts.window), then kubefence backend set --resume-watches " + r.p.Green.APIServer.URL
+}
+
+func (replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.checkFenceHeld(ctx); err != nil {
+		return "", err
+	}
+	if r.proxyOnGreen(ctx) {
+		return "the proxy was switched to green before the cutover process stopped", nil
+	}
+	wctx, cancel := r.windowContext(ctx)
+	rev, err := r.caughtUp(wctx)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("green at blue's revision within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), err)
+	}
+	r.j.SwitchRevision = rev
+	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ResumeWatches: true})
+	if err != nil {
+		return "", err
+	}
+	d := resp.Drain
+	return fmt.Sprintf("green and blue at revision %d; proxy backend %s; of %d watch(es) and stream(s) on blue, %d resumed on green, %d ended", rev, resp.Status.Backend, d.Streams, d.Resumed, d.Ended), nil
+}

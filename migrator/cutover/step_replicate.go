@@ -1,0 +1,70 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// replicateStep starts replicating blue into green (mode replicate) from the snapshot's
+// revision, in this process, and waits until green has caught up with blue once. Replication
+// goes on through the next steps until stopReplicationStep, or the abort.
+type replicateStep struct{}
+
+func (replicateStep) name() string                  { return StepReplicate }
+func (replicateStep) timeout(p *Plan) time.Duration { return p.Timeouts.Replicate.D() }
+func (replicateStep) pastNoReturn() bool            { return false }
+
+func (replicateStep) describe(r *runner, _ bool) string {
+	return "replicate blue into green from the snapshot's revision, each blue revision one txn on green (green's revision checked after each), in this process until the switch; wait until green has caught up with blue"
+}
+
+func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
+	if r.repl == nil {
+		if err := r.startReplication(r.j.SnapshotRevision); err != nil {
+			return "", err
+		}
+	}
+	start := time.Now()
+	rev, err := r.caughtUp(ctx)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), progressLine(r.repl.rep.Progress())), nil
+}
+
+// needsReplication is a step of mode replicate that relies on the replicator running in this
+// process: without it (a --resume after the cutover process died) the step fails and the
+// cutover aborts to blue (errNoReplication says why).
+type needsReplication struct{ step }
+
+func (s needsReplication) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.replicationAlive(); err != nil {
+		return "", err
+	}
+	return s.step.run(ctx, r)
+}
+
+// stopReplicationStep stops the replicator after the switch, before green's apiserver may
+// write: from here green's revisions are green's own.
+type stopReplicationStep struct{}
+
+func (stopReplicationStep) name() string                  { return StepStopReplication }
+func (stopReplicationStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (stopReplicationStep) pastNoReturn() bool            { return true }
+func (stopReplicationStep) describe(*runner, bool) string {
+	return "stop replicating blue into green (before green's apiserver may write)"
+}
+
+func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
+	if r.repl == nil {
+		return "replication was not running in this process (it stopped with the cutover process before)", nil
+	}
+	prog, err := r.stopReplication()
+	if err != nil {
+		// The switch happened with green at blue's revision; what the replicator did after is
+		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.
+		return fmt.Sprintf("stopped (it had failed after the switch: %v): %s", err, progressLine(prog)), nil
+	}
+	return "stopped: " + progressLine(prog), nil
+}
