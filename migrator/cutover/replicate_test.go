@@ -6,10 +6,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -111,5 +115,55 @@ func TestCompareExact(t *testing.T) {
 	compareExact(rep, cms, blue, green, &changed, &mismatched)
 	if rep.Objects != 1 || mismatched != 3 || changed != 0 {
 		t.Errorf("objects %d, mismatched %d, changed %d: %v", rep.Objects, mismatched, changed, rep.Mismatches)
+	}
+}
+
+// TestReplicateWindowBudget: a drain not done within timeouts.window of the fence aborts: the
+// replicator is stopped, green stopped, blue unfenced, and the proxy was never switched.
+func TestReplicateWindowBudget(t *testing.T) {
+	p := replicatePlan(t)
+	p.hash = "plan-hash"
+	p.Timeouts.Window = Duration(time.Nanosecond)
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
+	var calls []string
+	var stopped []int
+	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{101: true}, &stopped), steps: replicateSteps}
+	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", SnapshotRevision: 5, GreenPIDs: map[string]int{"g0": 101}}
+	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate, StepGreenAPIServer, StepVerify} {
+		j.Done = append(j.Done, StepRecord{Step: s})
+	}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	// A replicator that runs (nothing answers its clients: the drain cannot finish).
+	blue, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	green, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2"}, DialTimeout: time.Second})
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rp := &replication{rep: rep, blue: blue, green: green, cancel: cancel, done: make(chan struct{})}
+	go func() { <-ctx.Done(); rp.err = ctx.Err(); close(rp.done) }()
+	r.repl = rp
+
+	rep2, err := r.run(context.Background())
+	if err == nil || rep2.Result != ResultAborted || !strings.Contains(rep2.Error, "within the window") {
+		t.Fatalf("drain past the window: %+v, %v", rep2, err)
+	}
+	if want := []string{"fence on", "fence off"}; !slices.Equal(calls, want) {
+		t.Errorf("proxy calls %v, want %v", calls, want)
+	}
+	if r.repl != nil || ctx.Err() == nil {
+		t.Error("the replicator was not stopped by the abort")
+	}
+	if !slices.Equal(stopped, []int{101}) {
+		t.Errorf("green processes stopped: %v", stopped)
 	}
 }

@@ -35,7 +35,11 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
-	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read after the fence saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, info.ReadRevision, info.Endpoint)
+	when := "after the fence"
+	if r.p.replicating() {
+		when = "before it, writes open"
+	}
+	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read %s saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, when, info.ReadRevision, info.Endpoint)
 	r.j.Mode = "snapshot"
 	if r.p.replicating() {
 		r.j.Mode = ModeReplicate
