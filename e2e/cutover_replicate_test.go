@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
@@ -43,6 +45,13 @@ func TestCutoverReplicate(t *testing.T) {
 		if _, err := cs.CoreV1().ConfigMaps("repl").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// An informer through the proxy: its watch is moved to green at the switch (same revisions).
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace("repl"))
+	cmInf := factory.Core().V1().ConfigMaps().Informer()
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), cmInf.HasSynced) {
+		t.Fatal("informer did not sync")
 	}
 	w := startWriter(cs, "repl")
 	time.Sleep(time.Second)
@@ -99,6 +108,26 @@ func TestCutoverReplicate(t *testing.T) {
 		t.Errorf("the write made straight to blue etcd during replication, on green: %+v %v", resp, err)
 	}
 	checkAckedOnGreen(t, f, acked)
+	informerHas(t, cmInf.GetStore(), acked)
+}
+
+// informerHas waits until the informer's store holds every acknowledged configmap.
+func informerHas(t *testing.T, store cache.Store, acked []string) {
+	t.Helper()
+	missing := ""
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		missing = ""
+		for _, name := range acked {
+			if _, ok, _ := store.GetByKey("repl/" + name); !ok {
+				missing = name
+				break
+			}
+		}
+		if missing == "" {
+			return
+		}
+	}
+	t.Errorf("the informer through the proxy never saw configmap repl/%s", missing)
 }
 
 // putWhenReplicating waits until the cutover's journal shows the replicate step done, then

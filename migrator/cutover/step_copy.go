@@ -37,7 +37,7 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
 	when := "after the fence"
 	if r.p.replicating() {
-		when = "before it, writes open"
+		when = "just before, writes open,"
 	}
 	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read %s saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, when, info.ReadRevision, info.Endpoint)
 	r.j.Mode = "snapshot"
