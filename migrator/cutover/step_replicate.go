@@ -26,11 +26,28 @@ func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 	}
 	start := time.Now()
-	rev, err := r.caughtUp(ctx)
+	rev, err := r.catchUp(ctx)
 	if err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), progressLine(r.repl.rep.Progress())), nil
+}
+
+// progressEvery is how often the replicate step reports progress while green catches up.
+const progressEvery = 5 * time.Second
+
+// catchUp is caughtUp with a progress note (EventNote) every progressEvery.
+func (r *runner) catchUp(ctx context.Context) (int64, error) {
+	for {
+		pctx, cancel := context.WithTimeout(ctx, progressEvery)
+		rev, err := r.caughtUp(pctx)
+		timedOut := pctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil || !timedOut {
+			return rev, err
+		}
+		r.emit(Event{Type: EventNote, Step: StepReplicate, Detail: "catching up: " + progressLine(r.repl.rep.Progress())})
+	}
 }
 
 // needsReplication is a step of mode replicate that relies on the replicator running in this
