@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubefence/kubefence/e2e/framework"
@@ -30,22 +31,7 @@ import (
 func TestCutoverReplicate(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
-	f.green.Plan.Migration.Mode = cutover.ModeReplicate
-	f.green.Plan.Proxy.FenceMode = admin.ModeHold
-	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
-	if err := f.green.Save(); err != nil {
-		t.Fatal(err)
-	}
-	cs := f.proxyClient(t, 1000)
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "repl"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 100 {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pre-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}
-		if _, err := cs.CoreV1().ConfigMaps("repl").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cs := f.replicatePlan(t)
 	// An informer through the proxy: its watch is moved to green at the switch (same revisions).
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace("repl"))
 	cmInf := factory.Core().V1().ConfigMaps().Informer()
@@ -128,6 +114,29 @@ func informerHas(t *testing.T, store cache.Store, acked []string) {
 		}
 	}
 	t.Errorf("the informer through the proxy never saw configmap repl/%s", missing)
+}
+
+// replicatePlan turns the fixture's plan into mode replicate with fence mode hold, and creates
+// namespace repl with 100 configmaps of 2 KB; it returns a client of the proxy.
+func (f *cutoverFixture) replicatePlan(t *testing.T) *kubernetes.Clientset {
+	t.Helper()
+	f.green.Plan.Migration.Mode = cutover.ModeReplicate
+	f.green.Plan.Proxy.FenceMode = admin.ModeHold
+	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	cs := f.proxyClient(t, 1000)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "repl"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pre-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}
+		if _, err := cs.CoreV1().ConfigMaps("repl").Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cs
 }
 
 // putWhenReplicating waits until the cutover's journal shows the replicate step done, then
