@@ -68,13 +68,28 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("replication had stopped with an error", "err", err)
 	}
+	fenced := statusErr != nil || st.Fenced
+	unfence := func() error {
+		if fenced {
+			if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
+			}
+			fenced = false
+		}
+		return nil
+	}
+	// In mode replicate the proxy is unfenced first: an abort inside the window must not keep
+	// writes held while green's write-gated apiserver takes its grace period to stop.
+	if r.p.replicating() {
+		if err := unfence(); err != nil {
+			return err
+		}
+	}
 	if err := r.stopGreen(); err != nil {
 		return err
 	}
-	if statusErr != nil || st.Fenced {
-		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
-			return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
-		}
+	if err := unfence(); err != nil {
+		return err
 	}
 	r.j.State = StateAborted
 	r.j.AbortReason = reason
