@@ -84,11 +84,8 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	done(blueAPI.URL)
 
-	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands), --hold-timeout=10s")
-	// Hold mode holds a write at most --hold-timeout (default 4 s, under client-go leader
-	// election's 5 s request timeout). This cutover copies and starts green inside the window,
-	// 2.5-4.5 s here, so the demo's proxy holds longer; it runs no leader-elected component.
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1, ExtraArgs: []string{"--hold-timeout=10s"}})
+	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands)")
+	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1})
 	if err != nil {
 		return nil, err
 	}
@@ -122,12 +119,16 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	st, _ := px.Admin.Status(ctx)
 	p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
 
-	done = p.begin("start green's plan: etcd %s + kube-apiserver %s, launched by the cutover", framework.Etcd36, framework.Kube136)
+	done = p.begin("write green's plan: etcd %s + kube-apiserver %s, launched by the cutover (migration.mode replicate, fence mode hold)", framework.Etcd36, framework.Kube136)
 	green, err := env.WriteCutoverPlan("green", pki, px, blueAPI, blueEtcd, framework.Etcd36, 1)
 	if err != nil {
 		return nil, err
 	}
-	// Hold mode: writes that arrive during the window wait and are answered by green.
+	// The replication cutover: green is built, replicated live and verified before the fence;
+	// the window is only the drain, the switch and the unfence. Hold mode: writes that arrive
+	// during it wait and are answered by green.
+	green.Plan.Migration.Mode = cutover.ModeReplicate
+	green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
 	green.Plan.Proxy.FenceMode = admin.ModeHold
 	if err := green.Save(); err != nil {
 		return nil, err
