@@ -198,3 +198,35 @@ func TestFenceModeChecked(t *testing.T) {
 		t.Fatal("a refused fence request fenced")
 	}
 }
+
+// TestHoldByteBound: beyond --max-held-bytes a write gets 429 at once, never held or forwarded;
+// the held writes within the bound are answered after the fence lifts.
+func TestHoldByteBound(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL, func(o *Options) { o.MaxHeldBytes = 100 })
+	fenceHold(t, p)
+	small := postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps") // 20 bytes
+	waitFor(t, func() bool { return p.Status().Hold.Held == 1 })
+	start := time.Now()
+	req, _ := http.NewRequest("POST", p.url+"/api/v1/namespaces/default/configmaps", strings.NewReader(strings.Repeat("x", 200)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 429 || time.Since(start) > time.Second {
+		t.Fatalf("a write over the byte bound: %d after %s, want an immediate 429", resp.StatusCode, time.Since(start))
+	}
+	if h := p.Status().Hold; h.Full != 1 || h.Held != 1 || h.HeldBytes != int64(len(`{"kind":"ConfigMap"}`)) {
+		t.Fatalf("hold status %+v", h)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-small; a.code != 200 {
+		t.Fatalf("the held write within the bound: %+v", a)
+	}
+	if n := len(api.requests()); n != 1 {
+		t.Fatalf("backend saw %d writes, want only the held one", n)
+	}
+}
