@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,7 @@ func TestCutoverReplicate(t *testing.T) {
 	if !cache.WaitForCacheSync(ctx.Done(), cmInf.HasSynced) {
 		t.Fatal("informer did not sync")
 	}
+	kw := startKubectlWatch(t, f.px.Kubeconfig, "repl")
 	w := startWriter(cs, "repl")
 	time.Sleep(time.Second)
 
@@ -95,6 +97,70 @@ func TestCutoverReplicate(t *testing.T) {
 	}
 	checkAckedOnGreen(t, f, acked)
 	informerHas(t, cmInf.GetStore(), acked)
+	kw.check(t, acked)
+}
+
+// kubectlWatch is `kubectl get configmaps -w -o name` through the proxy.
+type kubectlWatch struct {
+	out  *syncBuffer
+	done chan error
+}
+
+func startKubectlWatch(t *testing.T, kubeconfig, ns string) *kubectlWatch {
+	t.Helper()
+	bin, err := framework.Bin("kubectl", framework.Kube136)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name")
+	kw := &kubectlWatch{out: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = kw.out, kw.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { kw.done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return kw
+}
+
+// check: kubectl get -w kept running across the cutover (its watch resumed on green) and
+// printed every acknowledged configmap exactly once.
+func (kw *kubectlWatch) check(t *testing.T, acked []string) {
+	t.Helper()
+	lines := func() map[string]int {
+		n := map[string]int{}
+		for l := range strings.SplitSeq(kw.out.String(), "\n") {
+			n[strings.TrimSpace(l)]++
+		}
+		return n
+	}
+	var missing string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		missing = ""
+		got := lines()
+		for _, name := range acked {
+			if got["configmap/"+name] == 0 {
+				missing = name
+				break
+			}
+		}
+		if missing == "" {
+			break
+		}
+	}
+	select {
+	case err := <-kw.done:
+		t.Fatalf("kubectl get -w exited (%v) during the cutover:\n%s", err, kw.out.String())
+	default:
+	}
+	if missing != "" {
+		t.Fatalf("kubectl get -w never printed configmap/%s", missing)
+	}
+	for _, name := range acked {
+		if n := lines()["configmap/"+name]; n != 1 {
+			t.Errorf("kubectl get -w printed configmap/%s %d times, want once", name, n)
+		}
+	}
 }
 
 // informerHas waits until the informer's store holds every acknowledged configmap.
