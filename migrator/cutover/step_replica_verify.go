@@ -20,11 +20,7 @@ func (replicaVerifyStep) describe(*runner, bool) string {
 }
 
 func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
-	blue, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
-	if err != nil {
-		return "", err
-	}
-	green, err := restConfig(r.p.Green.APIServer.Kubeconfig)
+	blue, green, err := r.apiserverConfigs()
 	if err != nil {
 		return "", err
 	}

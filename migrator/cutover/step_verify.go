@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"k8s.io/client-go/rest"
 )
 
 // verifyStep compares blue and green object by object through their apiservers (verify.go),
@@ -18,12 +20,19 @@ func (verifyStep) describe(*runner, bool) string {
 	return "compare every listable resource type on blue and green (UID and content)"
 }
 
-func (verifyStep) run(ctx context.Context, r *runner) (string, error) {
-	blue, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
-	if err != nil {
-		return "", err
+// apiserverConfigs are the client configs of blue's and green's apiservers, read directly.
+func (r *runner) apiserverConfigs() (blue, green *rest.Config, err error) {
+	if blue, err = restConfig(r.p.Blue.APIServer.Kubeconfig); err != nil {
+		return nil, nil, err
 	}
-	green, err := restConfig(r.p.Green.APIServer.Kubeconfig)
+	if green, err = restConfig(r.p.Green.APIServer.Kubeconfig); err != nil {
+		return nil, nil, err
+	}
+	return blue, green, nil
+}
+
+func (verifyStep) run(ctx context.Context, r *runner) (string, error) {
+	blue, green, err := r.apiserverConfigs()
 	if err != nil {
 		return "", err
 	}
