@@ -95,6 +95,14 @@ func (a *Attributes) Class() Class {
 	return Write
 }
 
+// Session reports a write that opens a session rather than changes stored state: a protocol
+// upgrade (exec, attach, port-forward) or a */proxy request. It passes the fence only while it is
+// open, but the fence's barrier does not wait for it: it goes to kubelets, pods and services,
+// not etcd, and may last for hours (docs/proxy.md).
+func (a *Attributes) Session() bool {
+	return a.Class() == Write && (a.Upgrade || a.Subresource == "proxy" || a.Verb == "proxy")
+}
+
 // Classifier classifies requests. The zero value is not usable; use NewClassifier.
 type Classifier struct {
 	info *request.RequestInfoFactory

@@ -374,3 +374,25 @@ func TestHasBodyUnknownLength(t *testing.T) {
 		t.Fatalf("a DELETE whose body length is unknown must not be a dry run by its query: %+v", a)
 	}
 }
+
+func TestSession(t *testing.T) {
+	c := NewClassifier()
+	cases := []struct {
+		r    *http.Request
+		want bool
+	}{
+		{req("GET", "/api/v1/namespaces/ns/pods/p/exec?command=sh", upgradeWS...), true},
+		{req("POST", "/api/v1/namespaces/ns/pods/p/portforward", upgradeSPDY...), true},
+		{req("GET", "/api/v1/namespaces/ns/services/s:80/proxy/x"), true},
+		{req("GET", "/api/v1/proxy/namespaces/ns/pods/p/"), true},
+		{req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), false}, // a read
+		{req("POST", "/api/v1/namespaces/ns/configmaps"), false},
+		{req("GET", "/api/v1/namespaces/ns/pods/p/log"), false},
+	}
+	for _, tc := range cases {
+		a := c.Classify(tc.r)
+		if got := a.Session(); got != tc.want {
+			t.Errorf("%s %s: Session() = %v, want %v", tc.r.Method, tc.r.URL, got, tc.want)
+		}
+	}
+}

@@ -30,7 +30,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			decide(w, r, st, next, pol, rf)
 			return
 		}
-		if sessionWrite(a) {
+		if a.Session() {
 			if g.admitSession() {
 				next.ServeHTTP(w, r)
 				return
@@ -48,11 +48,14 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		}
 		id, ok := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
 		if !ok {
-			if d := pol.Decide(a); !d.Allow && g.hold.Load() {
+			switch d := pol.Decide(a); {
+			case d.Allow:
+				next.ServeHTTP(w, r)
+			case g.hold.Load():
 				hd.hold(w, r, st, next, g, rf, int64(len(body)))
-				return
+			default:
+				rf.refuse(w, r, st, d)
 			}
-			decide(w, r, st, next, pol, rf)
 			return
 		}
 		st.writeID = id

@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"os"
 	"time"
-
-	"github.com/kubefence/kubefence/policy"
 )
 
 // A write's body is read whole before the fence admits the write (readWriteBody), so that:
@@ -82,12 +80,4 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 		w.Header().Set("Connection", "close")
 		writeStatus(w, http.StatusBadRequest, "BadRequest", "kubefence: "+err.Error(), 0)
 	}
-}
-
-// sessionWrite reports writes that open a session rather than change stored state: upgrades
-// (exec, attach, port-forward) and */proxy requests. They pass the fence only while it is open,
-// but the barrier does not wait for them: they go to kubelets, pods and services, not etcd, and
-// may last for hours.
-func sessionWrite(a *policy.Attributes) bool {
-	return a.Upgrade || a.Subresource == "proxy" || a.Verb == "proxy"
 }
