@@ -10,7 +10,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -36,15 +35,7 @@ func TestFenceHolesOnRealAPIServer(t *testing.T) {
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "e2e", WaitTimeout: admin.Duration(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	_, cfg, err := framework.ClientsetFor(px.TokenKubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RateLimiter = nil
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc := tokenClient(t, px)
 	const cms = "/api/v1/namespaces/default/configmaps"
 	cases := []struct {
 		name, method, path, body string

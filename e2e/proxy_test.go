@@ -441,8 +441,8 @@ func (w *etcdWatch) changesThrough(t *testing.T, rev int64) []string {
 	return keys
 }
 
-// rawStatus sends one request through the proxy with the admin token and returns the status.
-func rawStatus(t *testing.T, px *framework.Proxy, method, path string) int {
+// tokenClient is an HTTP client through the proxy with the admin bearer token, unthrottled.
+func tokenClient(t *testing.T, px *framework.Proxy) *http.Client {
 	t.Helper()
 	_, cfg, err := framework.ClientsetFor(px.TokenKubeconfig)
 	if err != nil {
@@ -453,6 +453,13 @@ func rawStatus(t *testing.T, px *framework.Proxy, method, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return hc
+}
+
+// rawStatus sends one request through the proxy with the admin token and returns the status.
+func rawStatus(t *testing.T, px *framework.Proxy, method, path string) int {
+	t.Helper()
+	hc := tokenClient(t, px)
 	req, _ := http.NewRequestWithContext(t.Context(), method, px.URL+path, strings.NewReader(`{"metadata":{"name":"raw"}}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)

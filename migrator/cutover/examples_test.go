@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,7 @@ import (
 // default paths, and kubefence's own (docs/plan.md, "The examples"). An example that names
 // any other path, or leaves one out, fails: a typo in a shipped path is caught here, not on
 // the operator's node.
-var examplePaths = map[string]map[string]string{
+var examplePaths = withGreenTLS(map[string]map[string]string{
 	"cutover-plan-kubeadm.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
 		"blue.etcd.caFile":                      "/etc/kubernetes/pki/etcd/ca.crt",
@@ -23,13 +24,6 @@ var examplePaths = map[string]map[string]string{
 		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
 		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
-		"green.etcd.tls.caFile":                 "/etc/kubernetes/pki/etcd/ca.crt",
-		"green.etcd.tls.serverCertFile":         "/etc/kubernetes/pki/etcd/server.crt",
-		"green.etcd.tls.serverKeyFile":          "/etc/kubernetes/pki/etcd/server.key",
-		"green.etcd.tls.peerCertFile":           "/etc/kubernetes/pki/etcd/peer.crt",
-		"green.etcd.tls.peerKeyFile":            "/etc/kubernetes/pki/etcd/peer.key",
-		"green.etcd.tls.clientCertFile":         "/etc/kubernetes/pki/etcd/healthcheck-client.crt",
-		"green.etcd.tls.clientKeyFile":          "/etc/kubernetes/pki/etcd/healthcheck-client.key",
 	},
 	"cutover-plan-v2-source.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
@@ -38,14 +32,25 @@ var examplePaths = map[string]map[string]string{
 		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
 		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
-		"green.etcd.tls.caFile":                 "/etc/kubernetes/pki/etcd/ca.crt",
-		"green.etcd.tls.serverCertFile":         "/etc/kubernetes/pki/etcd/server.crt",
-		"green.etcd.tls.serverKeyFile":          "/etc/kubernetes/pki/etcd/server.key",
-		"green.etcd.tls.peerCertFile":           "/etc/kubernetes/pki/etcd/peer.crt",
-		"green.etcd.tls.peerKeyFile":            "/etc/kubernetes/pki/etcd/peer.key",
-		"green.etcd.tls.clientCertFile":         "/etc/kubernetes/pki/etcd/healthcheck-client.crt",
-		"green.etcd.tls.clientKeyFile":          "/etc/kubernetes/pki/etcd/healthcheck-client.key",
 	},
+})
+
+// greenTLSPaths are green etcd's TLS files in kubeadm's layout, which every example names.
+var greenTLSPaths = map[string]string{
+	"green.etcd.tls.caFile":         "/etc/kubernetes/pki/etcd/ca.crt",
+	"green.etcd.tls.serverCertFile": "/etc/kubernetes/pki/etcd/server.crt",
+	"green.etcd.tls.serverKeyFile":  "/etc/kubernetes/pki/etcd/server.key",
+	"green.etcd.tls.peerCertFile":   "/etc/kubernetes/pki/etcd/peer.crt",
+	"green.etcd.tls.peerKeyFile":    "/etc/kubernetes/pki/etcd/peer.key",
+	"green.etcd.tls.clientCertFile": "/etc/kubernetes/pki/etcd/healthcheck-client.crt",
+	"green.etcd.tls.clientKeyFile":  "/etc/kubernetes/pki/etcd/healthcheck-client.key",
+}
+
+func withGreenTLS(m map[string]map[string]string) map[string]map[string]string {
+	for _, paths := range m {
+		maps.Copy(paths, greenTLSPaths)
+	}
+	return m
 }
 
 // TestShippedExamples parses every example in deploy/examples. A plan must parse without any
