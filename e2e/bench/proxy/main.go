@@ -37,7 +37,12 @@ type config struct {
 	warmup      time.Duration
 	rounds      int
 	profile     string
+	holdProfile string
+	only        string
 }
+
+// want says whether the scenario runs: all of them unless -only names one.
+func (c config) want(scenario string) bool { return c.only == "" || c.only == scenario }
 
 func main() {
 	var c config
@@ -47,6 +52,8 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
 	flag.IntVar(&c.rounds, "rounds", 3, "runs per scenario; the median run is reported")
 	flag.StringVar(&c.profile, "cpuprofile", "", "write a CPU profile of the kubefence proxy during its read run to this file")
+	flag.StringVar(&c.holdProfile, "hold-cpuprofile", "", "write a CPU profile of the kubefence proxy from fence off in the hold scenario to this file")
+	flag.StringVar(&c.only, "only", "", "run only one scenario: reads, refusals, flips or hold")
 	flag.Parse()
 	if err := run(context.Background(), c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-proxy:", err)
@@ -129,22 +136,50 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), c.concurrency, c.duration, c.warmup, c.rounds)
 	fmt.Fprintf(out, "backend: Go TLS server answering a %d-byte JSON list; HAProxy %s with nbthread 2, TLS termination and a method ACL\n\n", len(listBody), haproxyVersion(haproxy))
 
-	path := "/api/v1/namespaces/default/configmaps"
-	type row struct {
+	b := &bench{c: c, px: px, client: client, certClient: certClient, backendURL: backendURL, haOpen: haOpen, haFenced: haFenced, caFile: pki.CACert}
+	for _, sc := range []struct {
 		name string
-		r    result
+		run  func(context.Context, io.Writer) error
+	}{{"reads", b.reads}, {"refusals", b.refusals}, {"flips", b.flips}, {"hold", b.hold}} {
+		if !c.want(sc.name) {
+			continue
+		}
+		if err := sc.run(ctx, out); err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
 	}
+	return nil
+}
+
+const benchPath = "/api/v1/namespaces/default/configmaps"
+
+// bench is what every scenario runs against.
+type bench struct {
+	c                                    config
+	px                                   *framework.Proxy
+	client, certClient                   *http.Client
+	backendURL, haOpen, haFenced, caFile string
+}
+
+type row struct {
+	name string
+	r    result
+}
+
+// reads: GETs straight to the backend, through kubefence, HAProxy, and kubefence with client
+// certificates.
+func (b *bench) reads(ctx context.Context, out io.Writer) error {
 	var reads []row
 	for _, peer := range []struct {
 		name, url string
 		client    *http.Client
-	}{{"direct", backendURL, client}, {"kubefence", px.URL, client}, {"haproxy", haOpen, client}, {"kubefence+cert", px.URL, certClient}} {
+	}{{"direct", b.backendURL, b.client}, {"kubefence", b.px.URL, b.client}, {"haproxy", b.haOpen, b.client}, {"kubefence+cert", b.px.URL, b.certClient}} {
 		var prof chan error
-		if peer.name == "kubefence" && c.profile != "" {
+		if peer.name == "kubefence" && b.c.profile != "" {
 			prof = make(chan error, 1)
-			go func() { prof <- fetchProfile(px.MetricsURL, c.profile, c.warmup) }()
+			go func() { prof <- fetchProfile(b.px.MetricsURL, b.c.profile, b.c.warmup, 3) }()
 		}
-		r := median(c.rounds, func() result { return load(ctx, peer.client, "GET", peer.url+path, nil, c) })
+		r := median(b.c.rounds, func() result { return load(ctx, peer.client, "GET", peer.url+benchPath, nil, b.c) })
 		if prof != nil {
 			if err := <-prof; err != nil {
 				return err
@@ -155,39 +190,6 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		}
 		reads = append(reads, row{peer.name, r})
 	}
-	// Fenced refusals: POSTs answered 429 by the fence, never reaching the backend.
-	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "bench"}); err != nil {
-		return err
-	}
-	backendPostsBefore := backendPosts.Load()
-	var refusals []row
-	for _, peer := range []struct{ name, url string }{{"kubefence", px.URL}, {"haproxy", haFenced}} {
-		r := median(c.rounds, func() result { return load(ctx, client, "POST", peer.url+path, []byte(`{"kind":"ConfigMap"}`), c) })
-		if r.errors > 0 || r.codes[429] != r.n {
-			return fmt.Errorf("%s refusals: %d errors, codes %v", peer.name, r.errors, r.codes)
-		}
-		refusals = append(refusals, row{peer.name, r})
-	}
-	if n := backendPosts.Load() - backendPostsBefore; n != 0 {
-		return fmt.Errorf("%d refused POSTs reached the backend", n)
-	}
-	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
-		return err
-	}
-	flips, err := flipUnderLoad(ctx, client, px, path, c)
-	if err != nil {
-		return err
-	}
-	h2, err := h2Clients(pki.CACert, c.concurrency)
-	if err != nil {
-		return err
-	}
-	const holdWriters = 313 // per connection: 32 x 313 = 10,016 held writes
-	held, err := benchHold(ctx, px, h2, holdWriters, time.Second)
-	if err != nil {
-		return err
-	}
-
 	direct := reads[0].r
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(out, "Reads (GET, 200):")
@@ -203,19 +205,52 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	kc := reads[3].r
 	fmt.Fprintf(out, "kubefence with client certificates (verified once per connection, identity forwarded): throughput %.2fx, added p99 %.2fx of kubefence without (target: within 10%%)\n\n",
 		kc.rps()/kf.rps(), ratio(kc.p(99)-direct.p(99), addedKF))
+	return nil
+}
+
+// refusals: POSTs answered 429 by the fence, never reaching the backend.
+func (b *bench) refusals(ctx context.Context, out io.Writer) error {
+	if _, err := b.px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "bench"}); err != nil {
+		return err
+	}
+	backendPostsBefore := backendPosts.Load()
+	var refusals []row
+	for _, peer := range []struct{ name, url string }{{"kubefence", b.px.URL}, {"haproxy", b.haFenced}} {
+		r := median(b.c.rounds, func() result {
+			return load(ctx, b.client, "POST", peer.url+benchPath, []byte(`{"kind":"ConfigMap"}`), b.c)
+		})
+		if r.errors > 0 || r.codes[429] != r.n {
+			return fmt.Errorf("%s refusals: %d errors, codes %v", peer.name, r.errors, r.codes)
+		}
+		refusals = append(refusals, row{peer.name, r})
+	}
+	if n := backendPosts.Load() - backendPostsBefore; n != 0 {
+		return fmt.Errorf("%d refused POSTs reached the backend", n)
+	}
+	if _, err := b.px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "Fenced writes (POST, refused 429 + Retry-After, none reached the backend):")
-	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "peer\trefusals/s\tp50\tp99\t")
 	for _, r := range refusals {
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t\n", r.name, r.r.rps(), ms(r.r.p(50)), ms(r.r.p(99)))
 	}
 	tw.Flush()
 	fmt.Fprintf(out, "kubefence refusals/s: %.0f (target >= 20000)\n\n", refusals[0].r.rps())
-	fmt.Fprintf(out, "Fence flips under load (kubefence, %d flips, GET+POST mix, %d connections):\n", len(flips.durations), c.concurrency)
+	return nil
+}
+
+// flips: fence on and off under a GET+POST load.
+func (b *bench) flips(ctx context.Context, out io.Writer) error {
+	flips, err := flipUnderLoad(ctx, b.client, b.px, benchPath, b.c)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Fence flips under load (kubefence, %d flips, GET+POST mix, %d connections):\n", len(flips.durations), b.c.concurrency)
 	fmt.Fprintf(out, "  flip inside the proxy (state fsynced, then writes refused): p50 %s, max %s (target <= 10ms)\n", ms(pct(flips.flips, 50)), ms(slices.Max(flips.flips)))
 	fmt.Fprintf(out, "  as the admin client sees it (incl. barrier and scheduling on saturated cores): p50 %s, max %s\n", ms(pct(flips.durations, 50)), ms(slices.Max(flips.durations)))
 	fmt.Fprintf(out, "  requests: %d, answered 429: %d, other errors: %d\n\n", flips.load.n, flips.load.codes[429], flips.load.errors+flips.load.n-flips.load.codes[200]-flips.load.codes[201]-flips.load.codes[429])
-	printHold(out, held, len(h2), holdWriters)
 	return nil
 }
 
@@ -494,9 +529,9 @@ func flipUnderLoad(ctx context.Context, client *http.Client, px *framework.Proxy
 	return fr, nil
 }
 
-func fetchProfile(metricsURL, path string, delay time.Duration) error {
+func fetchProfile(metricsURL, path string, delay time.Duration, seconds int) error {
 	time.Sleep(delay)
-	resp, err := http.Get(metricsURL + "/debug/pprof/profile?seconds=3")
+	resp, err := http.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", metricsURL, seconds))
 	if err != nil {
 		return err
 	}
