@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # e2e-deps.sh installs the real components the e2e tests, the demo and the benchmarks run:
 #   etcd 3.4.23 (Debian etcd-server/etcd-client: v2 API and `etcdctl migrate`),
-#   etcd/etcdctl/etcdutl 3.5.x and 3.6.x and kube-apiserver/kubectl 1.36.x, built from the Go
-#   module proxy by the tools modules under e2e/tools/, and (with --bench) HAProxy.
+#   etcd/etcdctl/etcdutl 3.5.x and 3.6.x and kube-apiserver/kubectl/kube-controller-manager/
+#   kube-scheduler 1.36.x, built from the Go module proxy by the tools modules under e2e/tools/,
+#   and (with --bench) HAProxy.
 # Binaries land in $KUBEFENCE_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin) as
 # <component>-<version>; an existing binary is reused, so a second run only checks.
 # It prints one line per component saying what it did.
@@ -89,6 +90,10 @@ kldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=v$kv -X k8s.io/client-go/
 kldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$(echo "$kv" | cut -d. -f2)"
 build_tools e2e/tools/kube "$kv" "$kldflags" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl
+# The controller manager and scheduler the leader-election e2e test runs behind the proxy.
+build_tools e2e/tools/kube "$kv" "$kldflags" \
+  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
 
 if [ "$bench" = 1 ]; then
   if ! command -v haproxy >/dev/null; then

@@ -1,6 +1,7 @@
-// Package framework starts real etcd, kube-apiserver, kubectl and kubefence processes for the
-// end-to-end tests and the demo: free loopback ports, data under temp dirs, a kubeadm-style PKI,
-// logs kept when something fails. Binaries come from `make e2e-deps` (hack/e2e-deps.sh).
+// Package framework starts real etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+// kubectl and kubefence processes for the end-to-end tests and the demo: free loopback ports,
+// data under temp dirs, a kubeadm-style PKI, logs kept when something fails. Binaries come from
+// `make e2e-deps` (hack/e2e-deps.sh).
 package framework
 
 import (
@@ -41,10 +42,14 @@ var ErrMissingBinary = errors.New("missing e2e binary")
 func Bin(component, version string) (string, error) {
 	p := filepath.Join(BinDir(), component+"-"+version)
 	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("%w: %s not found (run 'make e2e-deps' to install the pinned etcd, kube-apiserver and kubectl)", ErrMissingBinary, p)
+		return "", fmt.Errorf("%w: %s not found (run 'make e2e-deps' to install the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl)", ErrMissingBinary, p)
 	}
 	return p, nil
 }
+
+// ControlPlaneBins are the RequireBins pairs of the tests that run kube-controller-manager and
+// kube-scheduler (StartControllerManager, StartScheduler) besides the apiserver.
+var ControlPlaneBins = []string{"kube-controller-manager", Kube136, "kube-scheduler", Kube136}
 
 // Skipper is the part of testing.TB that RequireBins uses.
 type Skipper interface {
