@@ -1,0 +1,190 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// leader is a control-plane component behind the proxy and its Lease before the cutover.
+type leader struct {
+	c      *framework.ControlPlaneComponent
+	before framework.LeaseState
+}
+
+// TestCutoverReplicateLeaders: real kube-controller-manager and kube-scheduler, with kubeadm's
+// client certificates and leader election at the defaults (15 s lease, 10 s renew deadline, 2 s
+// retry), talk to blue through the proxy. The replication cutover (fence mode hold, default
+// policy: their Lease updates are writes and are held while fenced) moves them to green, and
+// neither loses its lease: same holder, leaseTransitions unchanged, no exit and no "leaderelection
+// lost", the Lease renewed on green after the unfence, and both still do their work on green.
+func TestCutoverReplicateLeaders(t *testing.T) {
+	framework.RequireBins(t, framework.ControlPlaneBins...)
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	leadersPlan(t, f)
+	cs := f.proxyClient(t, 100)
+	leaders := startLeaders(t, f, cs)
+	deploymentScheduled(t, cs, "before")
+
+	start := time.Now()
+	out, err := f.cutoverCmd(context.WithoutCancel(ctx))
+	t.Logf("kubefence cutover (%s):\n%s", time.Since(start).Round(time.Millisecond), out)
+	if err != nil {
+		t.Fatalf("cutover failed: %v", err)
+	}
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != cutover.StateDone {
+		t.Fatalf("journal: %+v", j)
+	}
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
+		t.Fatalf("proxy after cutover: %+v %v; want open on green %s", st, err, f.green.GreenURL)
+	}
+	t.Logf("write window (fence on → off) %s", j.UnfencedAt.Sub(j.FencedAt))
+
+	// Read green directly: the Leases renewed there after the unfence are the leaders' own.
+	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leaders {
+		checkKeptLease(t, gcs, l, j.UnfencedAt)
+	}
+	deploymentScheduled(t, cs, "after")
+	for _, l := range leaders {
+		if err := l.c.Restarted(); err != nil {
+			t.Errorf("after the cutover: %v", err)
+		}
+	}
+}
+
+// leadersPlan turns the fixture's plan into mode replicate with fence mode hold.
+func leadersPlan(t *testing.T, f *cutoverFixture) {
+	t.Helper()
+	f.green.Plan.Migration.Mode = cutover.ModeReplicate
+	f.green.Plan.Proxy.FenceMode = admin.ModeHold
+	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startLeaders starts kube-controller-manager and kube-scheduler behind the proxy, waits until
+// each holds its Lease and has renewed it once (steady state), and returns them.
+func startLeaders(t *testing.T, f *cutoverFixture, cs kubernetes.Interface) []*leader {
+	t.Helper()
+	cfg := framework.ControlPlaneConfig{Server: f.px.URL, PKI: f.pki}
+	kcm, err := f.env.StartControllerManager(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := f.env.StartScheduler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leaders []*leader
+	for _, c := range []*framework.ControlPlaneComponent{kcm, sched} {
+		start := time.Now()
+		acquired, err := c.WaitLeader(t.Context(), cs, 2*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, err := c.WaitRenewedAfter(t.Context(), cs, acquired.RenewTime, framework.LeaseDuration)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s leads after %s: %s", c.Name, time.Since(start).Round(time.Millisecond), before)
+		leaders = append(leaders, &leader{c: c, before: before})
+	}
+	return leaders
+}
+
+// checkKeptLease checks l still holds its Lease on green: renewed after unfenced, by the same
+// holder, with no new transition, and the process neither exited nor lost the election.
+func checkKeptLease(t *testing.T, green kubernetes.Interface, l *leader, unfenced time.Time) {
+	t.Helper()
+	after, err := l.c.WaitRenewedAfter(t.Context(), green, unfenced, framework.RenewDeadline)
+	if err != nil {
+		t.Errorf("the leader did not keep renewing on green: %v", err)
+		return
+	}
+	t.Logf("%s on green: %s (renewed %s after the unfence)", l.c.Name, after, after.RenewTime.Sub(unfenced).Round(time.Millisecond))
+	if after.Holder != l.before.Holder {
+		t.Errorf("%s lease holder changed across the cutover: %q, was %q", l.c.Name, after.Holder, l.before.Holder)
+	}
+	if after.Transitions != l.before.Transitions {
+		t.Errorf("%s leaseTransitions changed across the cutover: %d, was %d", l.c.Name, after.Transitions, l.before.Transitions)
+	}
+	if !after.AcquireTime.Equal(l.before.AcquireTime) {
+		t.Errorf("%s lease re-acquired across the cutover at %s, first at %s", l.c.Name, after.AcquireTime, l.before.AcquireTime)
+	}
+	if err := l.c.Restarted(); err != nil {
+		t.Errorf("across the cutover: %v", err)
+	}
+}
+
+// deploymentScheduled creates a one-replica Deployment through the proxy and waits until
+// kube-controller-manager made its pod (deployment and replicaset controllers, the namespace's
+// default ServiceAccount) and kube-scheduler tried to place it: with no nodes it marks the pod
+// Unschedulable. Both components work, not only hold their leases.
+func deploymentScheduled(t *testing.T, cs kubernetes.Interface, name string) {
+	t.Helper()
+	ctx := t.Context()
+	ns := "leaders-" + name
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": name}
+	one := int32(1)
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var seen string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) == 0 {
+			seen = fmt.Sprintf("no pod yet (%v)", err)
+			return false, nil
+		}
+		seen = fmt.Sprintf("pod %s conditions %+v", pods.Items[0].Name, pods.Items[0].Status.Conditions)
+		for _, c := range pods.Items[0].Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("deployment %s/%s: kube-controller-manager and kube-scheduler did not act within a minute: %v; last: %s", ns, name, err, seen)
+	}
+	t.Logf("deployment %s/%s: pod made and found unschedulable in %s", ns, name, time.Since(start).Round(time.Millisecond))
+}
