@@ -1,8 +1,9 @@
 // Command migrate measures `kubefence migrate v2-to-v3` against `etcdctl migrate` (etcd 3.4.23)
-// on a v2 data dir written by real etcd 3.4 through its v2 API (`make bench-migrate`):
+// on a v2 member data dir etcd 3.4 loads and wrote the WAL tail of (`make bench-migrate`):
 // Kubernetes-like JSON values of 1-4 KB under /registry, ~5% events with a TTL, updates and
-// deletes, a snapshot and a WAL tail. Each tool runs on its own fresh copy; wall time and peak
-// RSS (getrusage) are printed side by side. The generated data dir is cached by size.
+// deletes, a snapshot and a WAL tail (see generate). Each tool runs on its own fresh copy; wall
+// time and peak RSS (getrusage) are printed side by side. The generated data dir is cached by
+// size.
 package main
 
 import (
@@ -10,14 +11,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -29,14 +26,22 @@ func main() {
 	bin := flag.String("kubefence", "", "kubefence binary (default: build one)")
 	keys := flag.Int("keys", 1_000_000, "keys to write into the v2 store")
 	cache := flag.String("cache", "", "where generated data dirs are kept (default: next to the e2e binaries)")
+	maxRSS := flag.Float64("max-etcd-rss", 10, "GiB of RSS at which the generation stops etcd 3.4 and fails")
+	memLimit := flag.Float64("etcd-memory-limit", 6, "GiB given to etcd 3.4 as GOMEMLIMIT while generating")
 	flag.Parse()
-	if err := run(context.Background(), *bin, *keys, *cache, os.Stdout); err != nil {
+	if *keys < 1 || *keys > maxKeys {
+		fmt.Fprintf(os.Stderr, "bench-migrate: --keys %d: use 1 to %d\n", *keys, maxKeys)
+		os.Exit(2)
+	}
+	gen := &genConfig{keys: *keys, maxRSS: int64(*maxRSS * (1 << 30)), memLimit: int64(*memLimit * (1 << 30)), out: os.Stdout}
+	if err := run(context.Background(), *bin, gen, *cache, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-migrate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, bin string, n int, cache string, out io.Writer) error {
+func run(ctx context.Context, bin string, gen *genConfig, cache string, out io.Writer) error {
+	n := gen.keys
 	work, err := os.MkdirTemp("", "kubefence-bench-migrate-")
 	if err != nil {
 		return err
@@ -54,10 +59,12 @@ func run(ctx context.Context, bin string, n int, cache string, out io.Writer) er
 	if _, err := os.Stat(filepath.Join(src, "member")); err != nil {
 		fmt.Fprintf(out, "generating a v2 store of %d keys with etcd %s (cached in %s) ...\n", n, framework.Etcd34, src)
 		start := time.Now()
-		if err := generate(ctx, src, n, out); err != nil {
+		if err := generate(ctx, src, gen); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "generated in %s\n", time.Since(start).Round(time.Second))
+	} else {
+		fmt.Fprintf(out, "using the v2 store of %d keys generated before in %s\n", n, src)
 	}
 	snapBytes := int64(0)
 	snaps, _ := filepath.Glob(filepath.Join(src, "member", "snap", "*.snap"))
@@ -136,81 +143,4 @@ func cp(src, dst string) error {
 		return fmt.Errorf("cp: %v %s", err, b)
 	}
 	return nil
-}
-
-// generate writes n keys through etcd 3.4's v2 API into dir, pacing so that snapshots (every
-// n/4 writes) are taken one at a time, then adds a WAL tail after the last snapshot.
-func generate(ctx context.Context, dir string, n int, out io.Writer) error {
-	tmp := dir + ".tmp"
-	os.RemoveAll(tmp)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return err
-	}
-	env, err := framework.NewEnv("", nil)
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(env.Dir)
-	defer env.Close()
-	snapCount := max(n/4, 1000)
-	e, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "gen", Version: framework.Etcd34, EnableV2: true, DataDirs: []string{tmp},
-		ExtraArgs: []string{fmt.Sprintf("--snapshot-count=%d", snapCount), "--quota-backend-bytes=8589934592"}})
-	if err != nil {
-		return err
-	}
-	c := &framework.V2Client{Endpoint: e.Endpoints()[0]}
-	resources := []string{"configmaps", "secrets", "pods", "services", "deployments", "replicasets", "endpoints", "serviceaccounts"}
-	var next, done atomic.Int64
-	errs := make(chan error, 8)
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 42))
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				p := url.Values{}
-				key := fmt.Sprintf("/registry/%s/ns-%d/obj-%07d", resources[i%int64(len(resources))], i%50, i)
-				if i%20 == 0 { // ~5% events with a TTL
-					key = fmt.Sprintf("/registry/events/ns-%d/ev-%07d", i%50, i)
-					p.Set("ttl", "3600")
-				}
-				size := 1024 + r.IntN(3072)
-				p.Set("value", fmt.Sprintf(`{"kind":"Object","metadata":{"name":"obj-%d","uid":"%016x"},"spec":{"data":"%s"}}`, i, r.Uint64(), strings.Repeat("x", size)))
-				if _, err := c.Do(ctx, "PUT", key, p); err != nil {
-					errs <- err
-					return
-				}
-				if i%10 == 5 { // updates and deletes
-					p.Set("value", "updated")
-					if _, err := c.Do(ctx, "PUT", key, p); err != nil {
-						errs <- err
-						return
-					}
-				}
-				if i%50 == 7 {
-					if _, err := c.Do(ctx, "DELETE", key, url.Values{}); err != nil {
-						errs <- err
-						return
-					}
-				}
-				if d := done.Add(1); d%100000 == 0 {
-					fmt.Fprintf(out, "  %d keys written\n", d)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-	if err := e.Stop(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dir)
 }
