@@ -4,20 +4,16 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kubefence/kubefence/e2e/framework"
-	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -31,19 +27,6 @@ type holdResult struct {
 	rssPerHeld float64
 	// reads during the hold and without it, on the same connections.
 	readsHeld, readsBase []time.Duration
-}
-
-// h2Clients returns n HTTP/2 clients, each with a connection of its own.
-func h2Clients(caFile string, n int) ([]*http.Client, error) {
-	pool, err := tlsutil.LoadCAPool(caFile)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*http.Client, n)
-	for i := range out {
-		out[i] = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true, DisableCompression: true}}
-	}
-	return out, nil
 }
 
 // benchHold fences px in hold mode, sends writers per connection on each client, lets them be
@@ -165,21 +148,6 @@ func readLoop(ctx context.Context, clients []*http.Client, url string, d time.Du
 	}
 	wg.Wait()
 	return lat
-}
-
-// procRSS is a process's resident set in bytes, from /proc.
-func procRSS(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 // holdWriters per connection: 32 x 313 = 10,016 held writes.
