@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,7 +59,8 @@ func TestCutoverReplicateLeaders(t *testing.T) {
 	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
 		t.Fatalf("proxy after cutover: %+v %v; want open on green %s", st, err, f.green.GreenURL)
 	}
-	t.Logf("write window (fence on → off) %s", j.UnfencedAt.Sub(j.FencedAt))
+	t.Logf("write window (fence on → off) %s; Lease renewals held by the proxy meanwhile: %s",
+		j.UnfencedAt.Sub(j.FencedAt), heldLeaseWrites(t, f.px.Proc.LogPath))
 
 	// Read green directly: the Leases renewed there after the unfence are the leaders' own.
 	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
@@ -73,6 +76,27 @@ func TestCutoverReplicateLeaders(t *testing.T) {
 			t.Errorf("after the cutover: %v", err)
 		}
 	}
+}
+
+// heldLeaseWrites lists the leader Lease writes the proxy logged as held while fenced. A renewal
+// lands in the window only sometimes (every 2 s, the window is tens of milliseconds); when it
+// does, green answered it.
+func heldLeaseWrites(t *testing.T, proxyLog string) string {
+	t.Helper()
+	b, err := os.ReadFile(proxyLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if strings.Contains(line, "held write") && strings.Contains(line, "resource=leases.coordination.k8s.io") && strings.Contains(line, "namespace=kube-system") {
+			held = append(held, line)
+		}
+	}
+	if len(held) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d\n%s", len(held), strings.Join(held, "\n"))
 }
 
 // leadersPlan turns the fixture's plan into mode replicate with fence mode hold.
