@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -59,6 +61,8 @@ type verifier struct {
 	i3, iv, seen int
 	markerSeen   bool
 	problems     []string
+	enc          *json.Encoder // into buf, reused for every value
+	buf          bytes.Buffer
 }
 
 func (v *verifier) problem(format string, a ...any) {
@@ -129,25 +133,64 @@ func (v *verifier) checkKV(k, val []byte, w *KV) {
 		v.problem("entry at revision %x: %v", k, err)
 		return
 	}
-	want := w.Value
+	same := bytes.Equal(kv.Value, w.Value)
 	if w.streamed() {
-		var s string
-		if err := json.Unmarshal(v.e.data[w.raw.off-1:w.raw.off+int64(w.raw.n)+1], &s); err != nil {
+		var err error
+		if same, err = v.decodesTo(v.e.data[w.raw.off-1:w.raw.off+int64(w.raw.n)+1], kv.Value); err != nil {
 			v.problem("key %q: the snapshot's value does not decode: %v", w.Key, err)
 			return
 		}
-		want = []byte(s)
 	}
 	switch {
 	case !bytes.Equal(k, revBytes(w.ModRevision)):
 		v.problem("key %q: expected at revision %d, found revision %x", w.Key, w.ModRevision, k)
-	case !bytes.Equal(kv.Key, w.Key) || !bytes.Equal(kv.Value, want):
+	case !bytes.Equal(kv.Key, w.Key) || !same:
 		v.problem("key %q: key or value differs", w.Key)
 	case kv.CreateRevision != w.CreateRevision || kv.ModRevision != w.ModRevision || kv.Version != max(w.version, 1) || kv.Lease != w.Lease:
 		v.problem("key %q: revisions, version or lease differ", w.Key)
 	default:
 		v.seen++
 	}
+}
+
+// decodesTo says whether encoding/json decodes the JSON string quoted (quotes included) to
+// value. It asks encoding/json, never kubefence's own decoder, and decodes only when it must:
+//   - a string without escapes, in valid UTF-8 and without control characters, decodes to
+//     itself;
+//   - a string that is encoding/json's own encoding of a valid UTF-8 value (what etcd's v2store
+//     writes) decodes to that value: for valid UTF-8, decoding inverts encoding;
+//   - anything else (another encoder's escapes, bad UTF-8, a wrong value) is decoded.
+func (v *verifier) decodesTo(quoted, value []byte) (bool, error) {
+	raw := quoted[1 : len(quoted)-1]
+	if plainJSON(raw) {
+		return bytes.Equal(raw, value), nil
+	}
+	if v.enc == nil {
+		v.enc = json.NewEncoder(&v.buf)
+	}
+	v.buf.Reset()
+	// Only valid UTF-8 round-trips: encoding/json writes any bad byte as \ufffd.
+	if err := v.enc.Encode(unsafe.String(unsafe.SliceData(value), len(value))); err == nil && utf8.Valid(value) {
+		if b := v.buf.Bytes(); len(b) >= 3 && bytes.Equal(b[1:len(b)-2], raw) { // "...", newline
+			return true, nil
+		}
+	}
+	var s string
+	if err := json.Unmarshal(quoted, &s); err != nil {
+		return false, err
+	}
+	return s == string(value), nil
+}
+
+// plainJSON says whether a JSON string's contents hold no escape, no control character and only
+// valid UTF-8: then they are their own value.
+func plainJSON(raw []byte) bool {
+	for _, c := range raw {
+		if c < 0x20 || c == '\\' || c == '"' {
+			return false
+		}
+	}
+	return utf8.Valid(raw)
 }
 
 // result is nil when everything expected was found, else up to 20 problems.
