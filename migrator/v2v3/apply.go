@@ -27,12 +27,15 @@ type ReplayStats struct {
 
 // touchSet says which snapshot nodes the WAL replay can see or change: the paths its requests
 // name, everything under them, their ancestors, the membership tree, and (when the tail holds
-// a SYNC, which expires keys anywhere) every TTL node and every directory. Only those nodes are
-// loaded into a v2store for the replay; every other node is final as the snapshot has it.
+// a SYNC, which expires keys anywhere) every directory and every TTL node that expires by the
+// last SYNC's time (a SYNC deletes the nodes whose expiry is not after its time; a later one
+// no SYNC of the tail can reach). Only those nodes are loaded into a v2store for the replay;
+// every other node is final as the snapshot has it.
 type touchSet struct {
 	touched   map[string]bool
 	ancestors map[string]bool
 	syncs     bool
+	lastSync  time.Time
 	all       bool // load everything (the tests' reference)
 }
 
@@ -40,6 +43,9 @@ func newTouchSet(reqs []*etcdserverpb.Request) *touchSet {
 	t := &touchSet{touched: map[string]bool{}, ancestors: map[string]bool{"/": true}}
 	for _, r := range reqs {
 		if r.Method == "SYNC" {
+			if at := time.Unix(0, r.Time); !t.syncs || at.After(t.lastSync) {
+				t.lastSync = at
+			}
 			t.syncs = true
 			continue
 		}
@@ -52,11 +58,11 @@ func newTouchSet(reqs []*etcdserverpb.Request) *touchSet {
 	return t
 }
 
-func (t *touchSet) classify(p string, dir, ttl, forced bool) (keep, force bool) {
+func (t *touchSet) classify(p string, dir bool, expire time.Time, forced bool) (keep, force bool) {
 	switch {
 	case forced || t.all || t.touched[p] || p == "/0" || strings.HasPrefix(p, "/0/"):
 		return true, true
-	case t.syncs && ttl:
+	case t.syncs && !expire.IsZero() && !expire.After(t.lastSync):
 		return true, true
 	case p == "/" || t.ancestors[p] || (t.syncs && dir):
 		return true, false
@@ -86,7 +92,7 @@ type scanVisit struct {
 }
 
 func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
-	keep, force := v.t.classify(n.path, n.dir, !n.expire.IsZero(), forced)
+	keep, force := v.t.classify(n.path, n.dir, n.expire, forced)
 	if !keep {
 		if strings.HasPrefix(n.path, "/1/") {
 			if n.dir {
@@ -145,18 +151,20 @@ type v2Result struct {
 // readV2 builds the final v2 state: the snapshot, streamed, with the committed WAL tail
 // replayed by kubefence's applier on an overlay store that holds only the nodes the tail
 // touches. Every v2 file node ends up in the collector.
-func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress) (*v2Result, error) {
+func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress, clock *phaseClock) (*v2Result, error) {
 	res := &v2Result{c: newCollector(o, keepNodes)}
 	rs := &res.replay
 	var reqs []*etcdserverpb.Request
 	hidden := map[string]bool{}
-	for _, e := range src.Entries {
+	for i := range src.Entries {
+		e := &src.Entries[i]
 		rs.Entries++
 		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
 			rs.Ignored++
 			continue
 		}
 		req, err := v2Request(e.Data)
+		e.Data = nil // decoded: the garbage collector may free it while the rest is decoded
 		if err != nil {
 			return nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
 		}
@@ -170,6 +178,7 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress)
 		reqs = append(reqs, req)
 	}
 	src.Entries = nil
+	clock.lap("readWAL")
 	t := newTouchSet(reqs)
 	t.all = all
 
@@ -195,10 +204,12 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress)
 		if err != nil {
 			return nil, err
 		}
+		v.root, v.stack = nil, nil // the store is rebuilt from state
 		if err := st.Recovery(state); err != nil {
 			return nil, fmt.Errorf("load the v2 snapshot's replayed part: %w", err)
 		}
 	}
+	clock.lap("scanSnapshot")
 	for i, req := range reqs {
 		switch applyV2(st, req) {
 		case outcomeApplied:
@@ -215,6 +226,7 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress)
 		}
 	}
 	walkStore(st, hidden, res.c)
+	clock.lap("replayWAL")
 	return res, nil
 }
 

@@ -92,6 +92,32 @@ type Report struct {
 	V3        *MergeStats              `json:"v3,omitempty"`
 	Now       time.Time                `json:"ttlClock"`
 	Durations map[string]time.Duration `json:"durationsNanos"`
+	// Phases is where the time went, in seconds: readSnapshot (map the snapshot file, check its
+	// checksum), readWAL (read the WAL and decode its v2 requests), scanSnapshot (walk the
+	// snapshot's JSON, load the nodes the WAL touches into the replay store), replayWAL (apply
+	// the WAL tail, collect the replayed nodes), transform, restoreBase (etcd's restore of the
+	// membership), writeKeys (bbolt appends, one sync), verify (read everything back).
+	Phases map[string]float64 `json:"phases"`
+}
+
+// phaseClock adds up the seconds spent in named phases, one lap after the other.
+type phaseClock struct {
+	last time.Time
+	secs map[string]float64
+}
+
+func newPhaseClock() *phaseClock {
+	return &phaseClock{last: time.Now(), secs: map[string]float64{}}
+}
+
+// lap charges the time since the previous lap to phase.
+func (p *phaseClock) lap(phase string) {
+	if p == nil {
+		return
+	}
+	now := time.Now()
+	p.secs[phase] += now.Sub(p.last).Seconds()
+	p.last = now
 }
 
 // Run migrates: read, replay, transform, write, verify. Nothing is written to the source; the
@@ -110,7 +136,7 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 	}
 	// A batch job whose peak memory matters more than its CPU: collect at 1.5x the live heap.
 	defer debug.SetGCPercent(debug.SetGCPercent(50))
-	m := &migration{c: c, rep: &Report{DataDir: c.DataDir, OutputDir: c.OutputDir, Now: c.Now.UTC(), Durations: map[string]time.Duration{}}}
+	m := &migration{c: c, clock: newPhaseClock(), rep: &Report{DataDir: c.DataDir, OutputDir: c.OutputDir, Now: c.Now.UTC(), Durations: map[string]time.Duration{}}}
 	defer m.close()
 	for _, ph := range []struct {
 		name string
@@ -125,6 +151,7 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 		}
 		m.rep.Durations[ph.name] = time.Since(t)
 	}
+	m.rep.Phases = m.clock.secs
 	return m.rep, nil
 }
 
@@ -132,6 +159,7 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 // store, transform its keys into v3 keys, write the new member, verify it.
 type migration struct {
 	c      Config
+	clock  *phaseClock
 	rep    *Report
 	src    *Source
 	v3     *v3Data
@@ -158,7 +186,7 @@ func (m *migration) close() {
 // read opens the member's snapshot and WAL, and its v3 backend when it holds v3 keys.
 func (m *migration) read(context.Context) (err error) {
 	c := m.c
-	if m.src, err = ReadSource(c.DataDir, c.WALDir); err != nil {
+	if m.src, err = readSource(c.DataDir, c.WALDir, m.clock); err != nil {
 		return err
 	}
 	if m.src.V3Keys > 0 {
@@ -176,7 +204,7 @@ func (m *migration) read(context.Context) (err error) {
 
 // replay builds the final v2 state: the snapshot with the committed WAL tail replayed.
 func (m *migration) replay(context.Context) (err error) {
-	if m.res, err = readV2(m.src, m.c.Options, m.c.Transformer != "", false, m.c.Progress); err != nil {
+	if m.res, err = readV2(m.src, m.c.Options, m.c.Transformer != "", false, m.c.Progress, m.clock); err != nil {
 		return err
 	}
 	m.rep.Replay = m.res.replay
@@ -215,6 +243,7 @@ func (m *migration) transform(ctx context.Context) (err error) {
 	ts.Keys = len(m.kvs)
 	m.rep.Keys, m.rep.Leases = ts, len(m.leases)
 	m.rep.Prefixes = prefixCounts(m.kvs)
+	m.clock.lap("transform")
 	return nil
 }
 
@@ -224,6 +253,7 @@ func (m *migration) write(context.Context) (err error) {
 		return err
 	}
 	m.dbPath = filepath.Join(m.member, "member", "snap", "db")
+	m.clock.lap("restoreBase")
 	var bump uint64
 	if m.c.MarkCompacted {
 		bump = m.c.RevisionBump
@@ -232,6 +262,7 @@ func (m *migration) write(context.Context) (err error) {
 		return fmt.Errorf("write the v3 backend: %w", err)
 	}
 	debug.FreeOSMemory()
+	m.clock.lap("writeKeys")
 	return nil
 }
 
@@ -243,7 +274,9 @@ func (m *migration) verify(context.Context) error {
 		return fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", m.c.OutputDir, err)
 	}
 	m.rep.Verified = n
-	return finish(m.member, m.c.OutputDir)
+	err = finish(m.member, m.c.OutputDir)
+	m.clock.lap("verify")
+	return err
 }
 
 // prefixCounts counts keys per /registry/<resource> (or per first path segment elsewhere).

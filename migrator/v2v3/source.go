@@ -49,7 +49,11 @@ func (s *Source) Close() error { return s.snap.close() }
 
 // ReadSource reads a member data dir without writing to it. walDir defaults to
 // dataDir/member/wal.
-func ReadSource(dataDir, walDir string) (_ *Source, err error) {
+func ReadSource(dataDir, walDir string) (*Source, error) {
+	return readSource(dataDir, walDir, nil)
+}
+
+func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error) {
 	member := filepath.Join(dataDir, "member")
 	if st, err := os.Stat(member); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("%s is not an etcd member data dir (no member/ directory)", dataDir)
@@ -64,6 +68,7 @@ func ReadSource(dataDir, walDir string) (_ *Source, err error) {
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
 		return nil, err
 	}
+	clock.lap("readSnapshot")
 	defer func() {
 		if err != nil {
 			src.Close()
@@ -94,6 +99,7 @@ func ReadSource(dataDir, walDir string) (_ *Source, err error) {
 		}
 		src.Entries = append(src.Entries, e)
 	}
+	clock.lap("readWAL")
 	return src, nil
 }
 

@@ -130,7 +130,7 @@ func TestStreamMatchesFullLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer src.Close()
-			res, err := readV2(src, opts, false, all, nil)
+			res, err := readV2(src, opts, false, all, nil, nil)
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
