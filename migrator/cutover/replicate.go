@@ -25,7 +25,7 @@ import (
 
 // replicateSteps is a cutover in mode replicate, in order. The steps that need the replicator
 // of this process are wrapped in needsReplication: a --resume after the cutover process died
-// cannot trust green (its leases ran out while nobody kept them alive) and aborts.
+// picks replication up again from green's revision once it is checked to be blue's (ensureReplication).
 var replicateSteps = []step{
 	preflightStep{},
 	copyStep{},
@@ -97,15 +97,30 @@ func newEtcdClient(spec datadir.ConnSpec) (*clientv3.Client, error) {
 // startReplication starts replicating blue into green from revision from, in a goroutine of
 // this process that runs until stopReplication.
 func (r *runner) startReplication(from int64) error {
-	blue, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	blue, green, err := r.replicationClients()
 	if err != nil {
-		return fmt.Errorf("blue etcd: %w", err)
+		return err
 	}
-	green, err := newEtcdClient(r.p.greenConn())
+	return r.startReplicationWith(blue, green, from)
+}
+
+// replicationClients connects to blue and green etcd for replication.
+func (r *runner) replicationClients() (blue, green *clientv3.Client, err error) {
+	blue, err = newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("blue etcd: %w", err)
+	}
+	green, err = newEtcdClient(r.p.greenConn())
 	if err != nil {
 		blue.Close()
-		return fmt.Errorf("green etcd: %w", err)
+		return nil, nil, fmt.Errorf("green etcd: %w", err)
 	}
+	return blue, green, nil
+}
+
+// startReplicationWith is startReplication on clients it then owns (closed when replication
+// stops, or now if it cannot start).
+func (r *runner) startReplicationWith(blue, green *clientv3.Client, from int64) error {
 	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: from, Log: r.o.Log})
 	if err != nil {
 		blue.Close()
@@ -122,14 +137,43 @@ func (r *runner) startReplication(from int64) error {
 	return nil
 }
 
-// errNoReplication is a step of mode replicate that needs the replicator of a process that is
-// gone: green cannot be trusted any more.
-var errNoReplication = errors.New("replication is not running: it ran in the cutover process that stopped, and green may have expired leases by itself since (nothing kept them alive), so its data at its revision may differ from blue's. Abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again")
+// tipCheckTimeout bounds reading where green stands when replication is picked up again.
+const tipCheckTimeout = 30 * time.Second
+
+// ensureReplication makes sure the replicator runs in this process. When it does not (a
+// --resume after the cutover process died), it picks replication up from green's revision once
+// replicate.Tip has checked that green's newest revision is blue's (while nobody kept green's
+// leases alive, green may have expired one by itself: then green cannot be trusted and the
+// cutover aborts to blue). It returns what it did, "" when replication was running.
+func (r *runner) ensureReplication(ctx context.Context) (string, error) {
+	if r.repl != nil {
+		return "", r.replicationAlive()
+	}
+	blue, green, err := r.replicationClients()
+	if err != nil {
+		return "", err
+	}
+	tctx, cancel := context.WithTimeout(ctx, tipCheckTimeout)
+	rev, err := replicate.Tip(tctx, blue, green)
+	cancel()
+	if err != nil {
+		blue.Close()
+		green.Close()
+		return "", fmt.Errorf("picking replication up again (the cutover process that replicated stopped): %w; abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again", err)
+	}
+	if err := r.startReplicationWith(blue, green, rev); err != nil {
+		return "", err
+	}
+	if rev == r.j.SnapshotRevision {
+		return "", nil
+	}
+	return fmt.Sprintf("replication picked up again at green's revision %d (it is blue's revision %d, change for change)", rev, rev), nil
+}
 
 // replicationAlive says why replication cannot be relied on, or nil while it runs.
 func (r *runner) replicationAlive() error {
 	if r.repl == nil {
-		return errNoReplication
+		return errors.New("replication is not running in this process")
 	}
 	select {
 	case <-r.repl.done:

@@ -74,11 +74,12 @@ func TestReplicatePlan(t *testing.T) {
 }
 
 // TestReplicateResumeAborts: a --resume after the cutover process died during replication
-// cannot trust green (nothing kept its leases alive): the next step fails and the cutover goes
-// back to blue.
+// picks replication up again only once it has checked green against blue; when it cannot (here
+// green and blue etcd are gone), the next step fails and the cutover goes back to blue.
 func TestReplicateResumeAborts(t *testing.T) {
 	p := replicatePlan(t)
 	p.hash = "plan-hash"
+	p.Timeouts.GreenAPIServer = Duration(time.Second)
 	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
 	var calls []string
 	var stopped []int
@@ -97,7 +98,7 @@ func TestReplicateResumeAborts(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, err := r.run(context.Background())
-	if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "replication is not running") {
+	if err == nil || rep.Result != ResultAborted || !strings.Contains(err.Error(), "aborted at step "+StepGreenAPIServer) {
 		t.Fatalf("resume without the replicator: %+v, %v", rep, err)
 	}
 	if st.Fenced || st.Backend != p.Blue.APIServer.URL {

@@ -20,17 +20,24 @@ func (replicateStep) describe(r *runner, _ bool) string {
 }
 
 func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
-	if r.repl == nil {
-		if err := r.startReplication(r.j.SnapshotRevision); err != nil {
-			return "", err
-		}
+	picked, err := r.ensureReplication(ctx)
+	if err != nil {
+		return "", err
 	}
 	start := time.Now()
 	rev, err := r.catchUp(ctx)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), progressLine(r.repl.rep.Progress())), nil
+	return withNote(picked, fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), progressLine(r.repl.rep.Progress()))), nil
+}
+
+// withNote puts note (if any) before detail.
+func withNote(note, detail string) string {
+	if note == "" {
+		return detail
+	}
+	return note + "; " + detail
 }
 
 // progressEvery is how often the replicate step reports progress while green catches up.
@@ -51,15 +58,17 @@ func (r *runner) catchUp(ctx context.Context) (int64, error) {
 }
 
 // needsReplication is a step of mode replicate that relies on the replicator running in this
-// process: without it (a --resume after the cutover process died) the step fails and the
-// cutover aborts to blue (errNoReplication says why).
+// process: after a --resume it is picked up again from green's revision (ensureReplication), or
+// the step fails and the cutover aborts to blue.
 type needsReplication struct{ step }
 
 func (s needsReplication) run(ctx context.Context, r *runner) (string, error) {
-	if err := r.replicationAlive(); err != nil {
+	picked, err := r.ensureReplication(ctx)
+	if err != nil {
 		return "", err
 	}
-	return s.step.run(ctx, r)
+	detail, err := s.step.run(ctx, r)
+	return withNote(picked, detail), err
 }
 
 // stopReplicationStep stops the replicator after the switch, before green's apiserver may

@@ -501,3 +501,38 @@ func TestRequestTooLarge(t *testing.T) {
 		t.Fatalf("green moved from %d to %d", s, got)
 	}
 }
+
+// TestTip: after a replicator stops, green's newest revision is picked up again when green
+// changed nothing by itself; a lease green expired on its own (nobody kept it alive) is found.
+func TestTip(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	if rev, err := Tip(t.Context(), blue.cli, green.cli); err != nil || rev != s {
+		t.Fatalf("Tip of a fresh restore = %d, %v; want %d", rev, err, s)
+	}
+	run := start(t, blue, green, s, nil)
+	put(t, blue, "/b", "2")
+	short := grant(t, blue, 2)
+	put(t, blue, "/leased", "x", clientv3.WithLease(short))
+	caught := catchUp(t, run, blue)
+	run.stop()
+	run.done <- <-run.done // stopped; the test's cleanup reads it again
+	if rev, err := Tip(t.Context(), blue.cli, green.cli); err != nil || rev != caught {
+		t.Fatalf("Tip after replication = %d, %v; want %d", rev, err, caught)
+	}
+	// Blue moves on, and green, left alone, expires the short lease: its own revision.
+	put(t, blue, "/c", "3")
+	if _, err := blue.cli.KeepAliveOnce(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for revision(t, green) == caught && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, err := Tip(t.Context(), blue.cli, green.cli)
+	if !errors.Is(err, ErrRevisionMismatch) {
+		t.Fatalf("Tip after green expired a lease by itself = %v, want ErrRevisionMismatch", err)
+	}
+	t.Log(err)
+}

@@ -1,0 +1,97 @@
+package replicate
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Tip says where a green that was replicated by a process that is gone can be picked up from:
+// green's current revision, after checking that green made none of its revisions by itself.
+//
+// While nobody keeps green's leases alive, green may expire one; if it held keys, green writes
+// a revision of its own (the deletes), which is then green's newest. So it is enough to compare
+// green's newest revision with blue's revision of the same number: the same changes (keys,
+// values, create and mod revisions, versions, leases) mean green's history is blue's up to it,
+// and replication may start again from there. Anything else wraps ErrRevisionMismatch (green
+// must be rebuilt) or ErrCompacted (blue no longer has that revision to compare with).
+func Tip(ctx context.Context, blue, green *clientv3.Client) (int64, error) {
+	g, err := green.Get(ctx, probeKey, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("replicate: reading green's revision: %w", err)
+	}
+	b, err := blue.Get(ctx, probeKey, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("replicate: reading blue's revision: %w", err)
+	}
+	rev := g.Header.Revision
+	if rev > b.Header.Revision {
+		return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", ErrRevisionMismatch, rev, b.Header.Revision)
+	}
+	be, err := changesAt(ctx, blue, rev)
+	if err != nil {
+		return 0, fmt.Errorf("blue's revision %d: %w", rev, err)
+	}
+	ge, err := changesAt(ctx, green, rev)
+	if err != nil {
+		return 0, fmt.Errorf("green's revision %d: %w", rev, err)
+	}
+	if err := sameChanges(be, ge); err != nil {
+		return 0, fmt.Errorf("%w: at revision %d (green's newest) %v: green changed something by itself (a lease expired there while nobody kept it alive?)", ErrRevisionMismatch, rev, err)
+	}
+	return rev, nil
+}
+
+// changesAt returns the events of revision rev, read with a watch from rev. etcd never splits
+// one revision's events across watch responses (the client joins fragments), so the first
+// response with events holds all of them.
+func changesAt(ctx context.Context, c *clientv3.Client, rev int64) ([]*clientv3.Event, error) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for resp := range c.Watch(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(rev)) {
+		if err := resp.Err(); err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				return nil, fmt.Errorf("%w (compacted at %d)", ErrCompacted, resp.CompactRevision)
+			}
+			return nil, err
+		}
+		if len(resp.Events) == 0 {
+			continue
+		}
+		var out []*clientv3.Event
+		for _, e := range resp.Events {
+			if e.Kv.ModRevision == rev {
+				out = append(out, e)
+			}
+		}
+		return out, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("the watch ended before the revision's changes arrived")
+}
+
+// sameChanges compares two revisions' events.
+func sameChanges(a, b []*clientv3.Event) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("blue has %d change(s), green %d", len(a), len(b))
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Type != y.Type || !sameKV(x.Kv, y.Kv) {
+			return fmt.Errorf("change %d differs: blue %s %q, green %s %q", i, x.Type, x.Kv.Key, y.Type, y.Kv.Key)
+		}
+	}
+	return nil
+}
+
+func sameKV(x, y *mvccpb.KeyValue) bool {
+	return bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value) && x.CreateRevision == y.CreateRevision &&
+		x.ModRevision == y.ModRevision && x.Version == y.Version && x.Lease == y.Lease
+}
