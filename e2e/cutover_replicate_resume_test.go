@@ -3,8 +3,12 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -59,4 +63,56 @@ func TestCutoverReplicateResume(t *testing.T) {
 		t.Errorf("the write made straight to blue while no replicator ran, on green: %+v %v", resp, err)
 	}
 	checkAckedOnGreen(t, f, acked)
+}
+
+// TestCutoverReplicateCompaction: blue compacts the history replication still needs (between
+// the snapshot and the start of replication): the cutover stops green, removes the data dirs
+// it restored and starts again from a new snapshot, then finishes with blue and green at the
+// same keys at the switch, the writes made before the compaction among them.
+func TestCutoverReplicateCompaction(t *testing.T) {
+	f := newCutoverFixture(t)
+	ctx := t.Context()
+	f.replicatePlan(t)
+	blueCli, err := f.blue.etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blueCli.Close()
+	out, err := f.cutoverWithHook(t, cutover.StepGreenEtcd, func() {
+		var rev int64
+		for i := range 5 {
+			resp, err := blueCli.Put(ctx, fmt.Sprintf("/kubefence-test/before-compaction-%d", i), "x")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			rev = resp.Header.Revision
+		}
+		if _, err := blueCli.Compact(ctx, rev); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Logf("kubefence cutover:\n%s", out)
+	if err != nil {
+		t.Fatalf("cutover with a compaction on blue during replication: %v", err)
+	}
+	if !strings.Contains(out, "rebuilding green from a new snapshot (1 of at most") {
+		t.Errorf("the cutover did not say it rebuilt green")
+	}
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != cutover.StateDone || j.Rebuilds != 1 || j.SwitchRevision == 0 {
+		t.Fatalf("journal: state %s, rebuilds %d, switch revision %d", j.State, j.Rebuilds, j.SwitchRevision)
+	}
+	greenCli, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer greenCli.Close()
+	sameKeysAt(t, blueCli, greenCli, j.SwitchRevision)
+	if resp, err := greenCli.Get(ctx, "/kubefence-test/before-compaction-", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 5 {
+		t.Errorf("writes made before the compaction on green: %+v %v", resp, err)
+	}
 }

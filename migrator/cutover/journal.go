@@ -62,6 +62,9 @@ type Journal struct {
 	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
 	AbortReason      string        `json:"abortReason,omitempty"`
+	// Rebuilds counts how often green was rebuilt from a new snapshot because blue compacted
+	// what replication still needed (rebuild.go).
+	Rebuilds int `json:"rebuilds,omitempty"`
 }
 
 // StepRecord is one finished step.

@@ -177,7 +177,7 @@ func (r *runner) replicationAlive() error {
 	}
 	select {
 	case <-r.repl.done:
-		return fmt.Errorf("replication stopped: %v", r.repl.err)
+		return fmt.Errorf("replication stopped: %w", r.repl.err)
 	default:
 		return nil
 	}

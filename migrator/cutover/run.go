@@ -176,21 +176,23 @@ func (r *runner) openJournal() error {
 	return nil
 }
 
-// run walks the steps the journal has not finished; a failed step ends in fail.
+// run walks the steps the journal has not finished; a failed step ends in fail, unless green
+// is rebuilt from a new snapshot (rebuild.go) and the walk starts again.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	defer func() { _, _ = r.stopReplication() }()
-	var walk []steprun.Step
-	for _, s := range r.steps {
-		walk = append(walk, steprun.Step{
-			Name: s.name(), Detail: s.describe(r, false), Timeout: s.timeout(r.p), Done: r.j.done(s.name()),
-			Run: func(ctx context.Context) (string, error) { return s.run(ctx, r) },
-		})
-	}
-	err := steprun.Run(ctx, walk, journalSteps{r.j, r.p.StateDir}, func(e steprun.Event) {
-		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
-	})
-	var serr *steprun.Error
-	if errors.As(err, &serr) {
+	for {
+		err := r.walk(ctx)
+		var serr *steprun.Error
+		if !errors.As(err, &serr) {
+			break
+		}
+		if r.rebuildable(serr.Err) {
+			rerr := r.rebuildGreen(serr.Err)
+			if rerr == nil {
+				continue
+			}
+			serr.Err = fmt.Errorf("%w; rebuilding green from a new snapshot failed: %w", serr.Err, rerr)
+		}
 		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
 	r.j.State = StateDone
@@ -201,6 +203,20 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it)."
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// walk runs the steps the journal has not finished.
+func (r *runner) walk(ctx context.Context) error {
+	var walk []steprun.Step
+	for _, s := range r.steps {
+		walk = append(walk, steprun.Step{
+			Name: s.name(), Detail: s.describe(r, false), Timeout: s.timeout(r.p), Done: r.j.done(s.name()),
+			Run: func(ctx context.Context) (string, error) { return s.run(ctx, r) },
+		})
+	}
+	return steprun.Run(ctx, walk, journalSteps{r.j, r.p.StateDir}, func(e steprun.Event) {
+		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
+	})
 }
 
 // journalSteps is the journal as steprun writes it: a finished step is appended and saved.

@@ -1,0 +1,64 @@
+package cutover
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// Rebuilding green (mode replicate): when blue compacts history that replication still needs
+// (ErrCompacted: green fell more than blue's compaction interval behind, e.g. while a large
+// snapshot was restored), green cannot catch up by replication any more. Before the fence this
+// costs nothing but time: green is stopped, the data dirs this cutover restored are removed,
+// and the cutover starts again from a new snapshot (the copy step), at most maxRebuilds times.
+
+// maxRebuilds bounds how often one cutover rebuilds green from a new snapshot.
+const maxRebuilds = 2
+
+// rebuildable says whether a failed step's error is answered by rebuilding green: blue
+// compacted what replication needed, before the fence, with rebuilds left.
+func (r *runner) rebuildable(err error) bool {
+	return r.p.replicating() && errors.Is(err, replicate.ErrCompacted) && r.j.FencedAt.IsZero() && r.j.Rebuilds < maxRebuilds
+}
+
+// rebuildGreen stops replication and green, removes green's data dirs (only those this cutover
+// restored: they hold its marker) and rewinds the journal to just after the preflight.
+func (r *runner) rebuildGreen(cause error) error {
+	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
+		r.o.Log.Info("replication stopped", "err", err)
+	}
+	if err := r.stopGreen(); err != nil {
+		return err
+	}
+	for _, m := range r.p.Green.Etcd.Members {
+		b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // never restored
+		case err != nil:
+			return err
+		case string(b) != r.j.ID:
+			return fmt.Errorf("green data dir %s was not restored by cutover %s: leaving it alone", m.DataDir, r.j.ID)
+		}
+		if err := os.RemoveAll(m.DataDir); err != nil {
+			return fmt.Errorf("removing green data dir %s: %w", m.DataDir, err)
+		}
+	}
+	j := r.j
+	j.Done = slices.DeleteFunc(j.Done, func(rec StepRecord) bool { return rec.Step != StepPreflight })
+	j.Snapshot, j.SnapshotRevision, j.SnapshotBytes = "", 0, 0
+	j.GreenPIDs = map[string]int{}
+	j.StaticPodPlaced = ""
+	j.Verified = nil
+	j.Rebuilds++
+	if err := j.save(r.p.StateDir); err != nil {
+		return err
+	}
+	r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("rebuilding green from a new snapshot (%d of at most %d): %v", j.Rebuilds, maxRebuilds, cause)})
+	return nil
+}
