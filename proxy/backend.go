@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -25,7 +27,7 @@ type backend struct {
 	// identity presents the proxy's front-proxy client certificate and carries requests whose
 	// client-certificate identity the proxy forwards in X-Remote-* headers. It is nil when no
 	// front-proxy certificate is configured.
-	plain, identity *http.Transport
+	plain, identity *pool
 
 	mu       sync.Mutex
 	draining bool
@@ -41,6 +43,29 @@ type TransportOptions struct {
 	// MaxIdleConnsPerHost bounds each keep-alive pool.
 	MaxIdleConnsPerHost int
 	DialTimeout         time.Duration
+	// HTTP1Only keeps every request on HTTP/1.1 connections, as before HTTP/2 to the backend.
+	HTTP1Only bool
+}
+
+// pool is the connections to one backend for one identity. main speaks HTTP/2 when the backend
+// offers it, as kube-apiserver does: one TLS connection multiplexes every request (more open
+// when the backend's stream limit is reached), which costs the proxy less CPU per request than
+// a connection per concurrent request, and needs no new handshakes under a burst (held writes
+// released at fence off). upgrade is HTTP/1.1 only: SPDY and WebSocket upgrades need it.
+type pool struct{ main, upgrade *http.Transport }
+
+func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
+	p := &pool{upgrade: newTransport(tlsConfig, topts, false)}
+	p.main = p.upgrade
+	if !topts.HTTP1Only {
+		p.main = newTransport(tlsConfig, topts, true)
+	}
+	return p
+}
+
+func (p *pool) closeIdle() {
+	p.main.CloseIdleConnections()
+	p.upgrade.CloseIdleConnections()
 }
 
 func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error) {
@@ -57,17 +82,17 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 		tlsConfig.RootCAs = pool
 	}
 	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}}
-	b.plain = newTransport(tlsConfig, topts)
+	b.plain = newPool(tlsConfig, topts)
 	if topts.FrontProxyCert != nil {
 		idConfig := tlsConfig.Clone()
 		cert := topts.FrontProxyCert
 		idConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
-		b.identity = newTransport(idConfig, topts)
+		b.identity = newPool(idConfig, topts)
 	}
 	return b, nil
 }
 
-func newTransport(tlsConfig *tls.Config, topts TransportOptions) *http.Transport {
+func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *http.Transport {
 	dialTimeout := topts.DialTimeout
 	if dialTimeout == 0 {
 		dialTimeout = 10 * time.Second
@@ -76,34 +101,83 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions) *http.Transport
 	if idle == 0 {
 		idle = 512
 	}
-	// HTTP/1.1 keep-alive pools: upgrades (SPDY, WebSocket) need HTTP/1.1 anyway, and one TCP
-	// connection per concurrent request spreads load better than one multiplexed HTTP/2 connection.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(http2)
 	return &http.Transport{
 		Proxy:                 nil,
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       tlsConfig,
+		TLSClientConfig:       tlsConfig.Clone(),
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
-		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
-		DisableCompression:    true, // pass the client's Accept-Encoding and the backend's encoding through
+		Protocols:             &protocols,
+		// A backend that stops answering on a multiplexed connection is noticed by a ping,
+		// as client-go does, instead of stalling every request on it.
+		HTTP2:              &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
+		DisableCompression: true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
 }
 
 // transportFor picks the pool for a request: identity-forwarding requests must carry the
-// front-proxy certificate, and no other request may.
-func (b *backend) transportFor(forwardsIdentity bool) *http.Transport {
+// front-proxy certificate, and no other request may; upgrades go over HTTP/1.1.
+func (b *backend) transportFor(forwardsIdentity, upgrade bool) *http.Transport {
+	p := b.plain
 	if forwardsIdentity {
-		return b.identity
+		p = b.identity
 	}
-	return b.plain
+	if upgrade {
+		return p.upgrade
+	}
+	return p.main
+}
+
+// warm opens connections to b ahead of a burst: when the fence lifts, every write held in hold
+// mode is forwarded at once, and a cold pool would pay a dial and a TLS handshake per
+// connection in the middle of it. Each pool sends GET /livez (a read: nothing is written): once,
+// and when the backend answered over HTTP/1.1, n-1 more at once, so that n connections are open.
+func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
+	pools := []*pool{b.plain}
+	if b.identity != nil {
+		pools = append(pools, b.identity)
+	}
+	for _, p := range pools {
+		if proto, err := p.ping(ctx, b.url); err != nil || proto == 2 {
+			if err != nil {
+				log.Debug("warming backend connections", "backend", b.url.String(), "err", err)
+			}
+			continue
+		}
+		var wg sync.WaitGroup
+		for range n - 1 {
+			wg.Go(func() { _, _ = p.ping(ctx, b.url) })
+		}
+		wg.Wait()
+	}
+}
+
+// ping sends GET /livez on p's main transport and returns the HTTP major version it went over.
+func (p *pool) ping(ctx context.Context, u *url.URL) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String()+"/livez", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := p.main.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.ProtoMajor, nil
 }
 
 func (b *backend) closeIdle() {
-	b.plain.CloseIdleConnections()
+	b.plain.closeIdle()
 	if b.identity != nil {
-		b.identity.CloseIdleConnections()
+		b.identity.closeIdle()
 	}
 }
 

@@ -230,3 +230,20 @@ func TestHoldByteBound(t *testing.T) {
 		t.Fatalf("backend saw %d writes, want only the held one", n)
 	}
 }
+
+// TestHoldWarmsTheBackend: fencing in hold mode, and switching the backend while so fenced, open
+// connections to the backend that will receive the release (GET /livez, no write), as many as
+// --hold-release-concurrency over HTTP/1.1, so that the release pays no handshakes.
+func TestHoldWarmsTheBackend(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.HoldReleaseConcurrency = 8 })
+	fenceHold(t, p)
+	waitFor(t, func() bool { return blue.warmed.Load() == 8 })
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return green.warmed.Load() == 8 })
+	if n := len(blue.requests()) + len(green.requests()); n != 0 {
+		t.Fatalf("warming forwarded %d requests", n)
+	}
+}

@@ -106,6 +106,7 @@ func (ca *testCA) issueUntil(t testing.TB, dir, name, cn string, orgs []string, 
 type seenRequest struct {
 	header     http.Header
 	frontProxy string // CN of the client certificate presented to the backend, if any
+	protoMajor int    // the HTTP version the request reached the backend over
 }
 
 type tlsBackend struct {
@@ -159,7 +160,7 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 
 	f.backend = &tlsBackend{}
 	f.backend.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sr := seenRequest{header: r.Header.Clone()}
+		sr := seenRequest{header: r.Header.Clone(), protoMajor: r.ProtoMajor}
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			sr.frontProxy = r.TLS.PeerCertificates[0].Subject.CommonName
 		}
@@ -169,6 +170,7 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 		_, _ = w.Write([]byte(`{}`))
 	}))
 	f.backend.TLS = &tls.Config{Certificates: []tls.Certificate{backendCert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: frontPool}
+	f.backend.EnableHTTP2 = true // as kube-apiserver
 	f.backend.StartTLS()
 	t.Cleanup(f.backend.Close)
 

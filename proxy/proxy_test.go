@@ -36,11 +36,18 @@ type fakeAPI struct {
 	hold     chan struct{} // when non-nil, writes block until it is closed
 	events   chan string
 	writesIn atomic.Int32
+	// warmed counts the GET /livez the proxy sends to open connections ahead of a hold's
+	// release (backend.warm); they are not forwarded requests and are not in seen.
+	warmed atomic.Int32
 }
 
 func newFakeAPI(t testing.TB, name string) *fakeAPI {
 	f := &fakeAPI{name: name, events: make(chan string, 16)}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.RequestURI() == "/livez" {
+			f.warmed.Add(1)
+			return
+		}
 		f.mu.Lock()
 		f.seen = append(f.seen, r.Method+" "+r.URL.RequestURI()+" "+headerDump(r.Header))
 		hold := f.hold

@@ -167,6 +167,9 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 	}
 	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
+	if mode == admin.ModeHold {
+		go s.active.Load().warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, s.log)
+	}
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
 	s.log.Info("fence on", "reason", reason, "mode", mode, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
 	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}, nil
@@ -235,6 +238,9 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	s.metrics.backendSwitches.Inc()
+	if s.gate.current().Mode == admin.ModeHold { // the held writes will go to nb
+		go nb.warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, s.log)
+	}
 	var resumeOn *backend
 	if req.ResumeWatches {
 		resumeOn = nb
@@ -452,7 +458,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url.String()+"/readyz", nil)
-	resp, err := b.plain.RoundTrip(req)
+	resp, err := b.plain.main.RoundTrip(req)
 	if err != nil {
 		http.Error(w, "backend "+b.url.String()+" does not answer: "+err.Error(), http.StatusServiceUnavailable)
 		return
