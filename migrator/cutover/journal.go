@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // Journal states.
@@ -62,6 +63,10 @@ type Journal struct {
 	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
 	AbortReason      string        `json:"abortReason,omitempty"`
+	// ReplicationAtFence and ReplicationAtStop (mode replicate) are where replication stood just
+	// before the fence (the lag the window had to drain) and when it was stopped after the switch.
+	ReplicationAtFence *replicate.Progress `json:"replicationAtFence,omitempty"`
+	ReplicationAtStop  *replicate.Progress `json:"replicationAtStop,omitempty"`
 	// Rebuilds counts how often green was rebuilt from a new snapshot because blue compacted
 	// what replication still needed (rebuild.go).
 	Rebuilds int `json:"rebuilds,omitempty"`

@@ -137,8 +137,9 @@ type Migration struct {
 	// Mode: snapshot (v3 data: snapshot restore), replicate (v3 data: snapshot restore without a
 	// revision bump, then live replication of blue into green until the window; replicate.go),
 	// v2-to-v3 (a member's v2 store migrated along
-	// with the v3 snapshot, needs blue.etcd.dataDir), or auto (v2-to-v3 when that member holds v2
-	// user content, snapshot otherwise or without blue.etcd.dataDir).
+	// with the v3 snapshot, needs blue.etcd.dataDir), or auto, the default: without
+	// blue.etcd.dataDir (v3 data) replicate when green etcd has TLS, snapshot otherwise; with it,
+	// v2-to-v3 when that member holds v2 user content, snapshot otherwise.
 	Mode string `yaml:"mode" json:"mode"`
 	// OnConflict settles a key in both the v2 and the v3 store: "" refuses, v3 or v2 wins.
 	OnConflict string `yaml:"onConflict" json:"onConflict,omitempty"`
@@ -195,11 +196,16 @@ func (p *Plan) setDefaults() {
 	if p.Proxy.WaitTimeout == 0 {
 		p.Proxy.WaitTimeout = Duration(30 * time.Second)
 	}
-	if p.Proxy.FenceMode == "" {
-		p.Proxy.FenceMode = admin.ModeRefuse
-	}
 	if p.Migration.Mode == "" {
-		p.Migration.Mode = "snapshot"
+		p.Migration.Mode = "auto"
+	}
+	if p.Proxy.FenceMode == "" {
+		// Hold is what makes a sub-second window invisible; a window of seconds (the fenced
+		// copy) would hold writes past their clients' timeouts, so those refuse.
+		p.Proxy.FenceMode = admin.ModeRefuse
+		if p.replicating() {
+			p.Proxy.FenceMode = admin.ModeHold
+		}
 	}
 	if p.Migration.RevisionBump == 0 {
 		p.Migration.RevisionBump = DefaultRevisionBump
@@ -232,8 +238,18 @@ func (p *Plan) setDefaults() {
 // DefaultGreenEtcdUser is the CN of kubeadm's apiserver-etcd-client certificate.
 const DefaultGreenEtcdUser = "kube-apiserver-etcd-client"
 
-// replicating says whether the plan's migration is mode replicate.
-func (p *Plan) replicating() bool { return p.Migration.Mode == ModeReplicate }
+// replicating says whether the cutover replicates: migration.mode replicate, or auto when
+// there is no blue member data dir to look for v2 content in (v3 data) and green etcd speaks
+// TLS (the write gate on green's apiserver is etcd auth on its client certificate).
+func (p *Plan) replicating() bool {
+	switch p.Migration.Mode {
+	case ModeReplicate:
+		return true
+	case "auto":
+		return p.Blue.Etcd.DataDir == "" && !p.Green.Etcd.Insecure && p.Green.Etcd.TLS != nil
+	}
+	return false
+}
 
 // ModeReplicate is migration.mode replicate.
 const ModeReplicate = "replicate"

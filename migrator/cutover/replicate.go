@@ -133,8 +133,27 @@ func (r *runner) startReplicationWith(blue, green *clientv3.Client, from int64) 
 		defer close(rp.done)
 		rp.err = rep.Run(ctx)
 	}()
+	go r.reportProgress(rp)
 	r.repl = rp
 	return nil
+}
+
+// progressEvery is how often where replication stands is reported while it runs.
+const progressEvery = 5 * time.Second
+
+// reportProgress emits where replication stands (the lag, live) every progressEvery until it
+// stops.
+func (r *runner) reportProgress(rp *replication) {
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-rp.done:
+			return
+		case <-t.C:
+			r.emit(Event{Type: EventNote, Step: StepReplicate, Detail: "replication: " + progressLine(rp.rep.Progress())})
+		}
+	}
 }
 
 // tipCheckTimeout bounds reading where green stands when replication is picked up again.

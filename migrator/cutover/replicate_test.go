@@ -60,10 +60,17 @@ func TestReplicatePlan(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("steps %v, want %v", names, want)
 	}
-	// The default stays as it was.
+	// The default, auto: the fenced copy for an insecure green or a blue member dir to look
+	// for v2 content in, replication in hold mode for v3 data onto a TLS green.
 	def, _ := validPlan(t)
 	if def.Migration.Mode = ""; len(DryRun(def)) != len(Steps) {
-		t.Errorf("default plan has %d steps, want %d", len(DryRun(def)), len(Steps))
+		t.Errorf("default plan (insecure green) has %d steps, want %d", len(DryRun(def)), len(Steps))
+	}
+	tlsDefault := replicatePlan(t)
+	tlsDefault.Migration.Mode, tlsDefault.Proxy.FenceMode = "", ""
+	data, _ = yaml.Marshal(tlsDefault)
+	if got, err := ParsePlan(data); err != nil || !got.replicating() || got.Proxy.FenceMode != admin.ModeHold || len(DryRun(got)) != len(replicateSteps) {
+		t.Errorf("default plan (TLS green, no blue data dir): %v; want replication in hold mode", err)
 	}
 	insecure, _ := validPlan(t)
 	insecure.Migration.Mode = ModeReplicate

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubefence/kubefence/internal/steprun"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -62,18 +63,30 @@ type Report struct {
 	SnapshotBytes       int64         `json:"snapshotBytes,omitempty"`
 	// SwitchRevision (mode replicate) is the etcd revision blue and green were both at when the
 	// proxy was switched.
-	SwitchRevision int64         `json:"switchRevision,omitempty"`
-	Verified       *VerifyReport `json:"verified,omitempty"`
-	Backend        string        `json:"backend,omitempty"`
-	Error          string        `json:"error,omitempty"`
-	Next           string        `json:"next,omitempty"`
+	SwitchRevision int64 `json:"switchRevision,omitempty"`
+	// Replication (mode replicate) is where replication stood just before the fence (the lag
+	// the window drained) and when it stopped after the switch; Rebuilds counts the times green
+	// was rebuilt from a new snapshot because blue compacted what replication needed.
+	Replication *ReplicationReport `json:"replication,omitempty"`
+	Verified    *VerifyReport      `json:"verified,omitempty"`
+	Backend     string             `json:"backend,omitempty"`
+	Error       string             `json:"error,omitempty"`
+	Next        string             `json:"next,omitempty"`
+}
+
+// ReplicationReport is a Report's account of replication (mode replicate).
+type ReplicationReport struct {
+	AtFence  *replicate.Progress `json:"atFence,omitempty"`
+	AtStop   *replicate.Progress `json:"atStop,omitempty"`
+	Rebuilds int                 `json:"rebuilds,omitempty"`
 }
 
 // Options are a run's inputs.
 type Options struct {
 	Plan   *Plan
 	Resume bool
-	// Emit receives progress events; it must not block for long.
+	// Emit receives progress events; it must not block for long. It may be called from more
+	// than one goroutine (replication progress is reported from its own).
 	Emit func(Event)
 	Log  *slog.Logger
 }
@@ -248,6 +261,9 @@ func newID() string {
 func (r *runner) report(result string, err error) *Report {
 	j := r.j
 	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, SwitchRevision: j.SwitchRevision, Verified: j.Verified}
+	if j.ReplicationAtFence != nil || j.ReplicationAtStop != nil || j.Rebuilds > 0 {
+		rep.Replication = &ReplicationReport{AtFence: j.ReplicationAtFence, AtStop: j.ReplicationAtStop, Rebuilds: j.Rebuilds}
+	}
 	if !j.FencedAt.IsZero() && !j.UnfencedAt.IsZero() {
 		rep.WriteUnavailability = j.UnfencedAt.Sub(j.FencedAt)
 	}

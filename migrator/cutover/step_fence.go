@@ -31,6 +31,10 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID
 	}
+	if r.repl != nil && r.j.ReplicationAtFence == nil {
+		prog := r.repl.rep.Progress()
+		r.j.ReplicationAtFence = &prog
+	}
 	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
 	if err != nil {
 		return "", err

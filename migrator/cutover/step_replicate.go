@@ -25,7 +25,7 @@ func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	start := time.Now()
-	rev, err := r.catchUp(ctx)
+	rev, err := r.caughtUp(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -38,23 +38,6 @@ func withNote(note, detail string) string {
 		return detail
 	}
 	return note + "; " + detail
-}
-
-// progressEvery is how often the replicate step reports progress while green catches up.
-const progressEvery = 5 * time.Second
-
-// catchUp is caughtUp with a progress note (EventNote) every progressEvery.
-func (r *runner) catchUp(ctx context.Context) (int64, error) {
-	for {
-		pctx, cancel := context.WithTimeout(ctx, progressEvery)
-		rev, err := r.caughtUp(pctx)
-		timedOut := pctx.Err() != nil && ctx.Err() == nil
-		cancel()
-		if err == nil || !timedOut {
-			return rev, err
-		}
-		r.emit(Event{Type: EventNote, Step: StepReplicate, Detail: "catching up: " + progressLine(r.repl.rep.Progress())})
-	}
 }
 
 // needsReplication is a step of mode replicate that relies on the replicator running in this
@@ -87,6 +70,7 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 		return "replication was not running in this process (it stopped with the cutover process before)", nil
 	}
 	prog, err := r.stopReplication()
+	r.j.ReplicationAtStop = &prog
 	if err != nil {
 		// The switch happened with green at blue's revision; what the replicator did after is
 		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.

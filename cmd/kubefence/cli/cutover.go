@@ -226,6 +226,14 @@ func printReport(w io.Writer, r *cutover.Report) {
 		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
 	}
 	fmt.Fprintf(w, "  %s\n", cutover.RefusedWritesLine(r.RefusedWrites))
+	if rp := r.Replication; rp != nil {
+		if f := rp.AtFence; f != nil {
+			fmt.Fprintf(w, "  replication at the fence: lag %d revisions (%.2fs), %d revisions applied (%.0f/s)\n", f.LagRevisions, f.LagSeconds, f.Revisions, f.RevisionsPerSecond)
+		}
+		if rp.Rebuilds > 0 {
+			fmt.Fprintf(w, "  green rebuilt from a new snapshot %d time(s): blue compacted what replication needed\n", rp.Rebuilds)
+		}
+	}
 	if v := r.Verified; v != nil {
 		fmt.Fprintf(w, "  objects verified identical: %d across %d resource types\n", v.Objects, v.ResourceTypes)
 		for _, c := range v.ChangedAfterCopy {
