@@ -71,12 +71,12 @@ func restoreBase(outDir, v3db string, m Membership) (work, member string, err er
 }
 
 // backendPageSize is the page size of a backend built from nothing (a source with v3 keys keeps
-// its backend's). bbolt records it in the file and etcd reads it from there; 64 KB is the
-// default where the kernel's pages are (arm64, ppc64le), and etcd's defrag rewrites the file
-// with the OS's. With 4 KB pages most 1-4 KB Kubernetes objects take a page or two each (at 1M
-// keys: a 3.4 GB file for 2.4 GB of values, written in 8.5 s and read back in 5.0 s); 16 KB
-// pages hold several (2.7 GB, 5.6 s and 4.1 s). etcd appends by revision, so larger pages cost
-// it little.
+// its backend's). bbolt records it in the file and etcd reads it from there; it is 64 KB by
+// default on kernels with 64 KB pages (some arm64 and ppc64le distributions), and etcd's defrag
+// rewrites the file with the OS's. With 4 KB pages most 1-4 KB Kubernetes objects take a page
+// or two each (at 1M keys: a 3.4 GB file for about 2.3 GB of values, written in 8.5 s and read
+// back in 5.0 s); 16 KB pages hold several (2.7 GB, 5.6 s and 4.1 s). etcd appends by revision,
+// so larger pages cost it little.
 const backendPageSize = 16 << 10
 
 func emptyBackend(path string) error {
