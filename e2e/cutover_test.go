@@ -412,10 +412,10 @@ func TestCutoverResume(t *testing.T) {
 	}
 }
 
-// killAtStep starts a cutover and kills it with SIGKILL as soon as it starts step.
-func killAtStep(t *testing.T, f *cutoverFixture, step string) {
+// killAtStep starts a cutover (with args) and kills it with SIGKILL as soon as it starts step.
+func killAtStep(t *testing.T, f *cutoverFixture, step string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	cmd := exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

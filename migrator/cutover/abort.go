@@ -85,7 +85,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 			return err
 		}
 	}
-	if err := r.stopGreen(); err != nil {
+	if _, err := r.stopGreen(); err != nil {
 		return err
 	}
 	if err := unfence(); err != nil {
@@ -97,14 +97,18 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 }
 
 // stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,
-// and only it) and its etcd members.
-func (r *runner) stopGreen() error {
+// and only it) and its etcd members; it returns what it stopped or removed.
+func (r *runner) stopGreen() ([]string, error) {
+	var stopped []string
 	a := r.p.Green.APIServer
 	var gps []greenProcess
 	if a.StaticPod != nil {
 		if placed := r.j.StaticPodPlaced; placed != "" {
-			if err := os.Remove(placed); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
+			switch err := os.Remove(placed); {
+			case err == nil:
+				stopped = append(stopped, "static pod manifest "+placed)
+			case !errors.Is(err, os.ErrNotExist):
+				return stopped, err
 			}
 		}
 	} else {
@@ -116,9 +120,10 @@ func (r *runner) stopGreen() error {
 	for _, gp := range gps {
 		if pid := r.greenPID(gp.name, gp.argv); pid > 0 {
 			r.procs.stop(pid, gp.argv, 30*time.Second)
+			stopped = append(stopped, fmt.Sprintf("%s (pid %d)", gp.what, pid))
 		}
 	}
-	return nil
+	return stopped, nil
 }
 
 // Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.

@@ -67,6 +67,8 @@ type Journal struct {
 	// before the fence (the lag the window had to drain) and when it was stopped after the switch.
 	ReplicationAtFence *replicate.Progress `json:"replicationAtFence,omitempty"`
 	ReplicationAtStop  *replicate.Progress `json:"replicationAtStop,omitempty"`
+	// Rehearsal is what a rehearsal measured (rehearse.go).
+	Rehearsal *Rehearsal `json:"rehearsal,omitempty"`
 	// Rebuilds counts how often green was rebuilt from a new snapshot because blue compacted
 	// what replication still needed (rebuild.go).
 	Rebuilds int `json:"rebuilds,omitempty"`

@@ -32,22 +32,11 @@ func (r *runner) rebuildGreen(cause error) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Info("replication stopped", "err", err)
 	}
-	if err := r.stopGreen(); err != nil {
+	if _, err := r.stopGreen(); err != nil {
 		return err
 	}
-	for _, m := range r.p.Green.Etcd.Members {
-		b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker))
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			continue // never restored
-		case err != nil:
-			return err
-		case string(b) != r.j.ID:
-			return fmt.Errorf("green data dir %s was not restored by cutover %s: leaving it alone", m.DataDir, r.j.ID)
-		}
-		if err := os.RemoveAll(m.DataDir); err != nil {
-			return fmt.Errorf("removing green data dir %s: %w", m.DataDir, err)
-		}
+	if err := r.removeRestoredDirs(); err != nil {
+		return err
 	}
 	j := r.j
 	j.Done = slices.DeleteFunc(j.Done, func(rec StepRecord) bool { return rec.Step != StepPreflight })
@@ -60,5 +49,26 @@ func (r *runner) rebuildGreen(cause error) error {
 		return err
 	}
 	r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("rebuilding green from a new snapshot (%d of at most %d): %v", j.Rebuilds, maxRebuilds, cause)})
+	return nil
+}
+
+// removeRestoredDirs removes green's data dirs that this cutover restored (they hold its run's
+// marker); a dir without the marker is left alone (never restored), one with another run's
+// marker is an error.
+func (r *runner) removeRestoredDirs() error {
+	for _, m := range r.p.Green.Etcd.Members {
+		b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue
+		case err != nil:
+			return err
+		case string(b) != r.j.ID:
+			return fmt.Errorf("green data dir %s was not restored by cutover %s: leaving it alone", m.DataDir, r.j.ID)
+		}
+		if err := os.RemoveAll(m.DataDir); err != nil {
+			return fmt.Errorf("removing green data dir %s: %w", m.DataDir, err)
+		}
+	}
 	return nil
 }

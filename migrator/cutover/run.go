@@ -49,6 +49,9 @@ const (
 	ResultDone    = "done"
 	ResultAborted = "aborted"
 	ResultFailed  = "failed"
+	// ResultRehearsed: a rehearsal (--rehearse) ran everything before the fence and tore
+	// green down.
+	ResultRehearsed = "rehearsed"
 )
 
 // Report is a cutover's outcome.
@@ -69,9 +72,11 @@ type Report struct {
 	// was rebuilt from a new snapshot because blue compacted what replication needed.
 	Replication *ReplicationReport `json:"replication,omitempty"`
 	Verified    *VerifyReport      `json:"verified,omitempty"`
-	Backend     string             `json:"backend,omitempty"`
-	Error       string             `json:"error,omitempty"`
-	Next        string             `json:"next,omitempty"`
+	// Rehearsal is what a rehearsal measured and the window it predicts.
+	Rehearsal *Rehearsal `json:"rehearsal,omitempty"`
+	Backend   string     `json:"backend,omitempty"`
+	Error     string     `json:"error,omitempty"`
+	Next      string     `json:"next,omitempty"`
 }
 
 // ReplicationReport is a Report's account of replication (mode replicate).
@@ -85,6 +90,9 @@ type ReplicationReport struct {
 type Options struct {
 	Plan   *Plan
 	Resume bool
+	// Rehearse runs everything before the fence, predicts the window and tears green down
+	// (rehearse.go); mode replicate only.
+	Rehearse bool
 	// Emit receives progress events; it must not block for long. It may be called from more
 	// than one goroutine (replication progress is reported from its own).
 	Emit func(Event)
@@ -116,7 +124,17 @@ func newRunner(o Options, j *Journal) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: stepsFor(o.Plan)}, nil
+	steps := stepsFor(o.Plan)
+	if o.Rehearse {
+		if !o.Plan.replicating() {
+			return nil, errors.New("--rehearse needs a replicating plan (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): the fenced copy has nothing to rehearse without fencing")
+		}
+		if o.Resume {
+			return nil, errors.New("--rehearse and --resume do not go together: run the rehearsal again")
+		}
+		steps = rehearseSteps
+	}
+	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: steps}, nil
 }
 
 func (r *runner) emit(e Event) {
@@ -208,6 +226,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		}
 		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
+	if r.o.Rehearse {
+		return r.finishRehearsal()
+	}
 	r.j.State = StateDone
 	if err := r.j.save(r.p.StateDir); err != nil {
 		return nil, err
@@ -260,7 +281,7 @@ func newID() string {
 
 func (r *runner) report(result string, err error) *Report {
 	j := r.j
-	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, SwitchRevision: j.SwitchRevision, Verified: j.Verified}
+	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, SwitchRevision: j.SwitchRevision, Verified: j.Verified, Rehearsal: j.Rehearsal}
 	if j.ReplicationAtFence != nil || j.ReplicationAtStop != nil || j.Rebuilds > 0 {
 		rep.Replication = &ReplicationReport{AtFence: j.ReplicationAtFence, AtStop: j.ReplicationAtStop, Rebuilds: j.Rebuilds}
 	}

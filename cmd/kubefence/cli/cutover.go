@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,8 +55,9 @@ func (o *cutoverOptions) options(emit func(cutover.Event)) cutover.Options {
 
 type cutoverRunOptions struct {
 	cutoverOptions
-	resume bool
-	dryRun bool
+	resume   bool
+	dryRun   bool
+	rehearse bool
 }
 
 func newCutoverCommand(g *globals) *cobra.Command {
@@ -75,7 +78,8 @@ blue unfenced, as before. After the switch there is no abort; the report says ho
 	o.addFlags(cmd, "the cutover plan (YAML, docs/plan.md)")
 	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the cutover journaled in the plan's stateDir after a crash")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the steps with their exact actions and change nothing")
-	cmd.AddCommand(newCutoverAbortCommand(g))
+	cmd.Flags().BoolVar(&o.rehearse, "rehearse", false, "replicating plans: do everything before the fence (snapshot, green, replication, full verify), measure a drain without fencing, print the window it predicts, then tear green down")
+	cmd.AddCommand(newCutoverAbortCommand(g), newCutoverCleanupCommand(g))
 	return cmd
 }
 
@@ -92,9 +96,46 @@ func (o *cutoverRunOptions) Run(ctx context.Context) error {
 	ev := newEventPrinter(o.Out, o.printer)
 	defer ev.close()
 	opts := o.options(ev.emit)
-	opts.Resume = o.resume
+	opts.Resume, opts.Rehearse = o.resume, o.rehearse
 	_, err := cutover.Run(ctx, opts)
 	return err
+}
+
+type cutoverCleanupOptions struct {
+	cutoverOptions
+	removeDataDirs bool
+}
+
+func newCutoverCleanupCommand(g *globals) *cobra.Command {
+	o := &cutoverCleanupOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	cmd := &cobra.Command{
+		Use:   "cleanup --plan PLAN",
+		Short: "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)",
+		Args:  args(cobra.NoArgs),
+		RunE:  runE(o),
+	}
+	o.addFlags(cmd, "the cutover plan (YAML)")
+	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker)")
+	return cmd
+}
+
+func (o *cutoverCleanupOptions) Run(ctx context.Context) error {
+	rep, err := cutover.Cleanup(ctx, o.options(nil), o.removeDataDirs)
+	if rep == nil {
+		return err
+	}
+	perr := o.printer.print(o.Out, rep, func(w io.Writer) {
+		fmt.Fprintf(w, "cutover %s (%s): ", rep.ID, rep.State)
+		if len(rep.Stopped) == 0 {
+			fmt.Fprintln(w, "no green process was running")
+		} else {
+			fmt.Fprintf(w, "stopped %s\n", strings.Join(rep.Stopped, ", "))
+		}
+		if rep.RemovedDataDirs {
+			fmt.Fprintln(w, "green data dirs it restored: removed")
+		}
+	})
+	return errors.Join(err, perr)
 }
 
 type cutoverAbortOptions struct {
@@ -233,6 +274,10 @@ func printReport(w io.Writer, r *cutover.Report) {
 		if rp.Rebuilds > 0 {
 			fmt.Fprintf(w, "  green rebuilt from a new snapshot %d time(s): blue compacted what replication needed\n", rp.Rebuilds)
 		}
+	}
+	if rh := r.Rehearsal; rh != nil {
+		fmt.Fprintf(w, "  rehearsal: predicted window %s = drain %s + check %s + 3 proxy round trips of %s + green etcd round trip %s\n",
+			rh.PredictedWindow.Round(time.Microsecond), rh.Drain.Round(time.Microsecond), rh.Check.Round(time.Microsecond), rh.ProxyRoundTrip.Round(time.Microsecond), rh.EtcdRoundTrip.Round(time.Microsecond))
 	}
 	if v := r.Verified; v != nil {
 		fmt.Fprintf(w, "  objects verified identical: %d across %d resource types\n", v.Objects, v.ResourceTypes)

@@ -1,0 +1,71 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// CleanupReport is what `kubefence cutover cleanup` did.
+type CleanupReport struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	// Stopped are the green processes stopped (and a static pod manifest removed).
+	Stopped []string `json:"stopped"`
+	// RemovedDataDirs says whether the green data dirs this cutover restored were removed.
+	RemovedDataDirs bool `json:"removedDataDirs"`
+}
+
+// Cleanup stops the green processes that an aborted cutover or a rehearsal left running (found
+// by the pids in the journal, checked against their command lines, or in the process table) and,
+// with removeDataDirs, removes the green data dirs that cutover restored. A cutover in progress
+// or done is refused: its green is in use.
+func Cleanup(ctx context.Context, o Options, removeDataDirs bool) (*CleanupReport, error) {
+	if _, err := os.Stat(o.Plan.StateDir); err != nil {
+		return nil, fmt.Errorf("nothing to clean up: %w", err)
+	}
+	lock, err := lockStateDir(o.Plan.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
+	j, err := LoadJournal(o.Plan.StateDir)
+	if errors.Is(err, errNoJournal) {
+		return nil, fmt.Errorf("nothing to clean up: no journal in %s", o.Plan.StateDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if j.GreenPIDs == nil {
+		j.GreenPIDs = map[string]int{}
+	}
+	r, err := newRunner(Options{Plan: o.Plan, Log: o.Log}, j)
+	if err != nil {
+		return nil, err
+	}
+	return r.cleanup(removeDataDirs)
+}
+
+// cleanup is Cleanup on the journal r holds.
+func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
+	j := r.j
+	switch j.State {
+	case StateRunning:
+		return nil, fmt.Errorf("cutover %s is in progress: run it again with --resume, or 'kubefence cutover abort' first", j.ID)
+	case StateDone:
+		return nil, fmt.Errorf("cutover %s is done: green serves the cluster, there is nothing to clean up", j.ID)
+	}
+	rep := &CleanupReport{ID: j.ID, State: j.State}
+	var err error
+	if rep.Stopped, err = r.stopGreen(); err != nil {
+		return rep, err
+	}
+	if removeDataDirs {
+		if err := r.removeRestoredDirs(); err != nil {
+			return rep, err
+		}
+		rep.RemovedDataDirs = true
+	}
+	return rep, nil
+}

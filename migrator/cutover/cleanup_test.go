@@ -1,0 +1,86 @@
+package cutover
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestCleanup: cleanup stops what an aborted cutover or a rehearsal left, removes only the data
+// dirs that cutover restored, and refuses a cutover in progress or done.
+func TestCleanup(t *testing.T) {
+	cases := []struct {
+		name, state, marker string
+		remove              bool
+		wantErr             string
+		wantStopped         []int
+		wantDirGone         bool
+	}{
+		{name: "in progress", state: StateRunning, wantErr: "in progress"},
+		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
+		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
+		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
+		{name: "someone else's data dir", state: StateAborted, marker: "other-run", remove: true, wantStopped: []int{101, 102}, wantErr: "not restored by cutover x"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			dir := p.Green.Etcd.Members[0].DataDir
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, restoreMarker), []byte(tc.marker), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			var stopped []int
+			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			r := &runner{p: p, j: j, procs: fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)}
+			rep, err := r.cleanup(tc.remove)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("cleanup = %v, want %q", err, tc.wantErr)
+				}
+			} else if err != nil || len(rep.Stopped) != len(tc.wantStopped) {
+				t.Fatalf("cleanup = %+v, %v", rep, err)
+			}
+			slices.Sort(stopped)
+			if !slices.Equal(stopped, tc.wantStopped) {
+				t.Errorf("stopped %v, want %v", stopped, tc.wantStopped)
+			}
+			if _, err := os.Stat(dir); os.IsNotExist(err) != tc.wantDirGone {
+				t.Errorf("data dir gone: %v, want %v", os.IsNotExist(err), tc.wantDirGone)
+			}
+		})
+	}
+}
+
+// TestRehearseNeedsReplication: a plan that does not replicate has nothing to rehearse without
+// fencing; --rehearse with --resume is refused too.
+func TestRehearseNeedsReplication(t *testing.T) {
+	p, _ := validPlan(t)
+	if _, err := newRunner(Options{Plan: p, Rehearse: true}, nil); err == nil || !strings.Contains(err.Error(), "needs a replicating plan") {
+		t.Errorf("rehearse a fenced-copy plan: %v", err)
+	}
+	rp := replicatePlan(t)
+	if _, err := newRunner(Options{Plan: rp, Rehearse: true, Resume: true}, nil); err == nil || !strings.Contains(err.Error(), "do not go together") {
+		t.Errorf("rehearse with resume: %v", err)
+	}
+	r, err := newRunner(Options{Plan: rp, Rehearse: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := r.steps[len(r.steps)-1]
+	for _, s := range r.steps {
+		if s.name() == StepFence || s.name() == StepSwitch {
+			t.Errorf("a rehearsal runs step %s", s.name())
+		}
+	}
+	if last.name() != StepRehearseDrain {
+		t.Errorf("a rehearsal ends with %s", last.name())
+	}
+}
