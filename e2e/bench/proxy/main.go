@@ -51,7 +51,7 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
 	flag.IntVar(&c.rounds, "rounds", 3, "runs per scenario; the median run is reported")
 	flag.IntVar(&c.watchers, "watchers", 1000, "watches open in the watch fan-out scenario")
-	flag.IntVar(&c.watchRate, "watch-events", 20, "events per second sent to every watch in the watch fan-out scenario")
+	flag.IntVar(&c.watchRate, "watch-events", 10, "events per second sent to every watch in the watch fan-out scenario")
 	flag.StringVar(&c.profile, "cpuprofile", "", "write a CPU profile of the kubefence proxy during its first measured run (of the scenario -only names, else HTTP/1.1 reads) to this file")
 	flag.StringVar(&c.holdProfile, "hold-cpuprofile", "", "write a CPU profile of the kubefence proxy from fence off in the hold scenario to this file")
 	flag.StringVar(&c.only, "only", "", "run only one scenario: "+strings.Join(scenarioNames, ", "))

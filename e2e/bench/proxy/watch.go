@@ -147,7 +147,7 @@ func watch(ctx context.Context, c *http.Client, url string, measureFrom *atomic.
 // the median round (by p99 delay) of each.
 func (b *bench) watches(ctx context.Context, out io.Writer) error {
 	var rows []watchResult
-	var names []string
+	var names, spreads []string
 	for _, p := range b.peers("direct", "kubefence", "haproxy") {
 		var rounds []watchResult
 		for range b.c.rounds {
@@ -162,12 +162,13 @@ func (b *bench) watches(ctx context.Context, out io.Writer) error {
 		}
 		slices.SortFunc(rounds, func(a, b watchResult) int { return cmp.Compare(pct(a.delays, 99), pct(b.delays, 99)) })
 		rows = append(rows, rounds[len(rounds)/2])
+		spreads = append(spreads, fmt.Sprintf("%.1f-%.1fms", float64(pct(rounds[0].delays, 99))/1e6, float64(pct(rounds[len(rounds)-1].delays, 99))/1e6))
 		names = append(names, p.name)
 	}
 	fmt.Fprintf(out, "Watch fan-out (%d watches, %d per HTTP/2 connection, %d events/s to each for %s; median round of %d by p99):\n",
 		b.c.watchers, watchersPerConn, b.c.watchRate, b.c.duration, b.c.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "peer\tdelivered\tdelay p50\tp99\tmax\tadded p99\tCPU/event\tCPU\t")
+	fmt.Fprintln(tw, "peer\tdelivered\tdelay p50\tp99\tp99 of rounds\tmax\tadded p99\tCPU/event\tCPU\t")
 	direct := rows[0]
 	for i, r := range rows {
 		cpuEv, cpuPct := "-", "-"
@@ -175,8 +176,8 @@ func (b *bench) watches(ctx context.Context, out io.Writer) error {
 			cpuEv = fmt.Sprintf("%.1fµs", float64(r.cpu)/float64(r.delivered)/1e3)
 			cpuPct = fmt.Sprintf("%.0f%%", 100*r.cpu.Seconds()/b.c.duration.Seconds())
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", names[i], r.delivered, ms(pct(r.delays, 50)), ms(pct(r.delays, 99)),
-			ms(r.delays[len(r.delays)-1]), ms(pct(r.delays, 99)-pct(direct.delays, 99)), cpuEv, cpuPct)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", names[i], r.delivered, ms(pct(r.delays, 50)), ms(pct(r.delays, 99)),
+			spreads[i], ms(r.delays[len(r.delays)-1]), ms(pct(r.delays, 99)-pct(direct.delays, 99)), cpuEv, cpuPct)
 	}
 	tw.Flush()
 	fmt.Fprintf(out, "kubefence added delay p99: %s (target <= 5ms)\n\n", ms(pct(rows[1].delays, 99)-pct(direct.delays, 99)))
