@@ -229,37 +229,43 @@ func startEtcd34(ctx context.Context, env *framework.Env, name, dataDir string, 
 		return nil, err
 	}
 	e.ctx, e.cancel = context.WithCancelCause(ctx)
-	go e.watch(cfg.maxRSS)
+	go e.watch()
 	c := &framework.V2Client{Endpoint: client}
 	// Loading a multi-GB snapshot takes etcd 3.4 minutes on a shared core: wait while it lives.
 	err = wait.PollUntilContextCancel(e.ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		_, err := c.Do(ctx, "GET", "/", nil)
 		return err == nil, nil
 	})
-	if err != nil {
+	// One sample once etcd serves, so that even a short run is measured at least once.
+	if err != nil || e.sample() {
 		return nil, errors.Join(e.err(err), e.stop())
 	}
 	return e, nil
 }
 
-// watch samples etcd's RSS until it exits; past max it kills etcd.
-func (e *etcd34) watch(max int64) {
+// watch samples etcd's RSS until it exits or passes the limit.
+func (e *etcd34) watch() {
 	_ = wait.PollUntilContextCancel(e.ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-		if e.proc.Exited() {
-			e.cancel(fmt.Errorf("etcd 3.4 exited; see %s", e.proc.LogPath))
-			return true, nil
-		}
-		rss := vmRSS(e.proc.Pid())
-		if rss > e.cfg.peak.Load() {
-			e.cfg.peak.Store(rss)
-		}
-		if rss > max {
-			e.cancel(fmt.Errorf("etcd 3.4 reached %.1f GiB RSS, over the %.1f GiB limit (--max-etcd-rss); it was stopped", gib(rss), gib(max)))
-			e.proc.Stop(time.Second)
-			return true, nil
-		}
-		return false, nil
+		return e.sample(), nil
 	})
+}
+
+// sample records etcd's RSS; it says true, with the reason as the context's cause, when etcd
+// has exited or is over the limit (then it is stopped).
+func (e *etcd34) sample() bool {
+	if e.proc.Exited() {
+		e.cancel(fmt.Errorf("etcd 3.4 exited; see %s", e.proc.LogPath))
+		return true
+	}
+	rss := vmRSS(e.proc.Pid())
+	for peak := e.cfg.peak.Load(); rss > peak && !e.cfg.peak.CompareAndSwap(peak, rss); peak = e.cfg.peak.Load() {
+	}
+	if rss > e.cfg.maxRSS {
+		e.cancel(fmt.Errorf("etcd 3.4 reached %.2f GiB RSS, over the %.2f GiB limit (--max-etcd-rss); it was stopped", gib(rss), gib(e.cfg.maxRSS)))
+		_ = e.proc.Stop(time.Second)
+		return true
+	}
+	return false
 }
 
 // err prefers the watch's reason (etcd exited, too much memory) to what a request saw then.

@@ -20,7 +20,7 @@ func TestGenerate(t *testing.T) {
 		wantErr string
 	}{
 		{"fits", 4 << 30, ""},
-		{"over the RSS limit", 1 << 20, "over the 0.0 GiB limit (--max-etcd-rss)"},
+		{"over the RSS limit", 1 << 20, "over the 0.00 GiB limit (--max-etcd-rss)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "cache", "v2-200.etcd")
