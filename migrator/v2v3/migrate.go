@@ -93,10 +93,11 @@ type Report struct {
 	Now       time.Time                `json:"ttlClock"`
 	Durations map[string]time.Duration `json:"durationsNanos"`
 	// Phases is where the time went, in seconds: readSnapshot (map the snapshot file, check its
-	// checksum), readWAL (read the WAL and decode its v2 requests), scanSnapshot (walk the
-	// snapshot's JSON, load the nodes the WAL touches into the replay store), replayWAL (apply
-	// the WAL tail, collect the replayed nodes), transform, restoreBase (etcd's restore of the
-	// membership), writeKeys (bbolt appends, one sync), verify (read everything back).
+	// checksum), readV3 (index the source's v3 backend, when it has keys), readWAL (read the WAL
+	// and decode its v2 requests), scanSnapshot (walk the snapshot's JSON, load the nodes the WAL
+	// touches into the replay store), replayWAL (apply the WAL tail, collect the replayed
+	// nodes), transform, restoreBase (etcd's restore of the membership), writeKeys (bbolt
+	// appends, one sync), verify (read everything back, rename into place).
 	Phases map[string]float64 `json:"phases"`
 }
 
@@ -194,6 +195,7 @@ func (m *migration) read(context.Context) (err error) {
 		if m.v3, err = readV3(m.v3path); err != nil {
 			return err
 		}
+		m.clock.lap("readV3")
 	}
 	m.rep.Snapshot, m.rep.SnapshotIdx, m.rep.CommitIndex, m.rep.SkippedSnaps = m.src.SnapshotFile, m.src.Meta.Index, m.src.HardState.Commit, m.src.Skipped
 	if m.src.snap != nil {
