@@ -196,6 +196,11 @@ func TestRunOptions(t *testing.T) {
 			if rep.Leases != 1 {
 				t.Errorf("leases %d: the event key keeps its lease", rep.Leases)
 			}
+			for _, p := range []string{"readSnapshot", "readWAL", "scanSnapshot", "replayWAL", "transform", "restoreBase", "writeKeys", "verify"} {
+				if s, ok := rep.Phases[p]; !ok || s <= 0 {
+					t.Errorf("phase %s: %v seconds in the report (%v)", p, s, rep.Phases)
+				}
+			}
 			for k, kv := range got {
 				if strings.HasSuffix(k, "/events/e") && kv.Lease == 0 {
 					t.Errorf("%s lost its lease", k)
