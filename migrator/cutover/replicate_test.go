@@ -129,16 +129,56 @@ func TestCompareExact(t *testing.T) {
 // TestReplicateWindowBudget: a drain not done within timeouts.window of the fence aborts: the
 // replicator is stopped, green stopped, blue unfenced, and the proxy was never switched.
 func TestReplicateWindowBudget(t *testing.T) {
+	r, calls, stopped, ctx := stuckReplicator(t, true)
+	rep2, err := r.run(context.Background())
+	if err == nil || rep2.Result != ResultAborted || !strings.Contains(rep2.Error, "within the window") {
+		t.Fatalf("drain past the window: %+v, %v", rep2, err)
+	}
+	if want := []string{"fence off"}; !slices.Equal(*calls, want) {
+		t.Errorf("proxy calls %v, want %v", *calls, want)
+	}
+	if r.repl != nil || ctx.Err() == nil {
+		t.Error("the replicator was not stopped by the abort")
+	}
+	if !slices.Equal(*stopped, []int{101}) {
+		t.Errorf("green processes stopped: %v", *stopped)
+	}
+}
+
+// TestReplicateCatchUpBeforeFence: a replicator that cannot catch up with blue right before the
+// fence fails the fence step before anything is fenced: its drain would not fit the window.
+func TestReplicateCatchUpBeforeFence(t *testing.T) {
+	r, calls, stopped, ctx := stuckReplicator(t, false)
+	r.preFence = 200 * time.Millisecond
+	rep, err := r.run(context.Background())
+	if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "catching up with blue before the fence") {
+		t.Fatalf("stuck replicator at the fence: %+v, %v", rep, err)
+	}
+	if len(*calls) != 0 {
+		t.Errorf("proxy calls %v, want none (never fenced)", *calls)
+	}
+	if r.repl != nil || ctx.Err() == nil || !slices.Equal(*stopped, []int{101}) {
+		t.Errorf("after the abort: replicator %v, green stopped %v", r.repl, *stopped)
+	}
+}
+
+// stuckReplicator is a runner resumed after the verify (and, with fenced, after the fence: the
+// window's budget already spent) whose replicator runs but reaches nothing.
+func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, context.Context) {
+	t.Helper()
 	p := replicatePlan(t)
 	p.hash = "plan-hash"
 	p.Timeouts.Window = Duration(time.Nanosecond)
-	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
-	var calls []string
-	var stopped []int
-	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{101: true}, &stopped), steps: replicateSteps}
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1, Fenced: fenced}
+	calls, stopped := new([]string), new([]int)
+	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, calls), procs: fakeProcesses(map[int]bool{101: true}, stopped), steps: replicateSteps}
 	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", SnapshotRevision: 5, GreenPIDs: map[string]int{"g0": 101}}
 	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate, StepGreenAPIServer, StepVerify} {
 		j.Done = append(j.Done, StepRecord{Step: s})
+	}
+	if fenced {
+		j.Done = append(j.Done, StepRecord{Step: StepFence})
+		j.FencedAt, j.FenceGeneration = time.Now().Add(-time.Second), 1
 	}
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -160,18 +200,5 @@ func TestReplicateWindowBudget(t *testing.T) {
 	rp := &replication{rep: rep, blue: blue, green: green, cancel: cancel, done: make(chan struct{})}
 	go func() { <-ctx.Done(); rp.err = ctx.Err(); close(rp.done) }()
 	r.repl = rp
-
-	rep2, err := r.run(context.Background())
-	if err == nil || rep2.Result != ResultAborted || !strings.Contains(rep2.Error, "within the window") {
-		t.Fatalf("drain past the window: %+v, %v", rep2, err)
-	}
-	if want := []string{"fence on", "fence off"}; !slices.Equal(calls, want) {
-		t.Errorf("proxy calls %v, want %v", calls, want)
-	}
-	if r.repl != nil || ctx.Err() == nil {
-		t.Error("the replicator was not stopped by the abort")
-	}
-	if !slices.Equal(stopped, []int{101}) {
-		t.Errorf("green processes stopped: %v", stopped)
-	}
+	return r, calls, stopped, ctx
 }

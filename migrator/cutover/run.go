@@ -117,6 +117,8 @@ type runner struct {
 	// repl is the replicator this process runs (mode replicate), from the replicate step to
 	// stop-replication or the abort.
 	repl *replication
+	// preFence bounds catching up right before the fence; 0 is preFenceCatchUp.
+	preFence time.Duration
 }
 
 func newRunner(o Options, j *Journal) (*runner, error) {

@@ -31,10 +31,16 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID
 	}
-	if r.repl != nil && r.j.ReplicationAtFence == nil {
+	if r.repl != nil && r.j.FencedAt.IsZero() {
+		if err := r.catchUpBeforeFence(ctx); err != nil {
+			return "", err
+		}
 		prog := r.repl.rep.Progress()
 		r.j.ReplicationAtFence = &prog
 	}
+	// The window starts when the fence request is sent, not when the proxies have answered:
+	// the barrier (waiting for writes admitted before the flip) is part of it.
+	sent := time.Now().UTC()
 	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
 	if err != nil {
 		return "", err
@@ -43,7 +49,7 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D())
 	}
 	if r.j.FencedAt.IsZero() {
-		r.j.FencedAt = time.Now().UTC()
+		r.j.FencedAt = sent
 		r.j.RefusedAtFence = st.RefusedWrites
 	}
 	r.j.FenceGeneration = resp.Status.Generation
@@ -52,4 +58,25 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		what = "held"
 	}
 	return fmt.Sprintf("writes %s from now; in-flight writes finished in %s", what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+}
+
+// preFenceCatchUp bounds catching up with blue right before the fence (mode replicate).
+const preFenceCatchUp = 30 * time.Second
+
+// catchUpBeforeFence waits until green is at blue's current revision, right before the fence:
+// what the window must drain is then only what blue takes between this and the fence's barrier,
+// not whatever lag replication had at that moment. A replicator that cannot catch up in
+// preFenceCatchUp does not keep up with blue's writes, and its drain would not fit the window:
+// the step fails before fencing anything.
+func (r *runner) catchUpBeforeFence(ctx context.Context) error {
+	d := preFenceCatchUp
+	if r.preFence > 0 {
+		d = r.preFence
+	}
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if _, err := r.caughtUp(cctx); err != nil {
+		return fmt.Errorf("catching up with blue before the fence (%s): %w; replication does not keep up with blue's writes (%s), so its drain would not fit timeouts.window", d, err, progressLine(r.repl.rep.Progress()))
+	}
+	return nil
 }

@@ -1,236 +1,184 @@
 // Command cutover measures `kubefence cutover` (`make bench-cutover`): for clusters of N
-// configmaps of ~2 KB (plus the defaults), the write-unavailability window (fence on → fence off)
-// and each step's duration, with a reader listing through the proxy the whole time.
+// configmaps of ~2 KB (plus the defaults), the write-unavailability window (fence on → fence
+// off) of the default cutover (migration.mode auto: replication onto a TLS green, hold mode),
+// several runs per size, with and without a writer through the proxy, and a reader listing
+// through the proxy the whole time. It also prints each run's replication throughput and the
+// lag it had to drain at the fence.
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/kubefence/kubefence/e2e/framework"
-	"github.com/kubefence/kubefence/migrator/cutover"
 )
 
+type config struct {
+	bin    string
+	sizes  []int
+	rates  []int
+	runs   int
+	window time.Duration // the target for the median window
+}
+
 func main() {
-	kubefence := flag.String("kubefence", "", "kubefence binary (default: build one)")
-	sizes := flag.String("objects", "1000,10000,50000", "cluster sizes (configmaps) to measure")
+	var c config
+	flag.StringVar(&c.bin, "kubefence", "", "kubefence binary (default: build one)")
+	sizes := flag.String("objects", "1000,10000,50000,200000", "cluster sizes (configmaps of ~2 KB) to measure")
+	rates := flag.String("write-rates", "0,200", "writer rates (writes/s through the proxy during the whole cutover) to measure each size with; 0 is no writer")
+	flag.IntVar(&c.runs, "runs", 3, "cutovers per size and writer rate (each on a fresh copy of the populated blue)")
 	flag.Parse()
-	var ns []int
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench-cutover: -objects:", err)
-			os.Exit(2)
-		}
-		ns = append(ns, n)
+	var err error
+	if c.sizes, err = ints(*sizes); err == nil {
+		c.rates, err = ints(*rates)
 	}
-	if err := run(context.Background(), *kubefence, ns, os.Stdout); err != nil {
+	if err != nil || c.runs < 1 {
+		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs at least 1:", err)
+		os.Exit(2)
+	}
+	c.window = time.Second
+	if err := run(context.Background(), c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
 		os.Exit(1)
 	}
 }
 
-type result struct {
-	objects       int
-	snapshotMB    float64
-	window        time.Duration
-	steps         map[string]time.Duration
-	verified      int
-	reads, failed int64
+func ints(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q is not a count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
-func run(ctx context.Context, bin string, sizes []int, out io.Writer) error {
-	if bin == "" {
+// key is one size and writer rate.
+type key struct{ objects, rate int }
+
+func run(ctx context.Context, c config, out io.Writer) error {
+	if c.bin == "" {
 		dir, err := os.MkdirTemp("", "kubefence-bin-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		if bin, err = framework.Kubefence(dir); err != nil {
+		if c.bin, err = framework.Kubefence(dir); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintf(out, "bench-cutover: blue etcd %s + kube-apiserver %s -> green etcd %s + kube-apiserver %s, 1 member each, loopback\n\n",
+	fmt.Fprintf(out, "bench-cutover: blue etcd %s + kube-apiserver %s -> green etcd %s (TLS) + kube-apiserver %s, 1 member each, loopback;\n",
 		framework.Etcd34, framework.Kube136, framework.Etcd36, framework.Kube136)
-	var results []result
-	for _, n := range sizes {
-		r, err := measure(ctx, bin, n, out)
+	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n\n", c.runs)
+	results := map[key][]result{}
+	for _, n := range c.sizes {
+		tmpl, err := populateTemplate(ctx, n, out)
 		if err != nil {
 			return fmt.Errorf("%d objects: %w", n, err)
 		}
-		results = append(results, r)
-	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "configmaps\tsnapshot\twindow\t")
-	for _, s := range cutover.Steps[1:len(cutover.Steps)] {
-		fmt.Fprintf(tw, "%s\t", s)
-	}
-	fmt.Fprintln(tw, "verified\tlists (failed)\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%d\t%.1f MB\t%s\t", r.objects, r.snapshotMB, r.window.Round(10*time.Millisecond))
-		for _, s := range cutover.Steps[1:] {
-			fmt.Fprintf(tw, "%s\t", r.steps[s].Round(time.Millisecond))
+		for _, rate := range c.rates {
+			for i := range c.runs {
+				r, err := measure(ctx, c.bin, tmpl, rate)
+				if err != nil {
+					tmpl.remove()
+					return fmt.Errorf("%d objects, writer %d/s, run %d: %w", n, rate, i+1, err)
+				}
+				fmt.Fprintln(out, r.line(i+1))
+				results[key{n, rate}] = append(results[key{n, rate}], r)
+			}
 		}
-		fmt.Fprintf(tw, "%d\t%d (%d)\t\n", r.verified, r.reads, r.failed)
+		tmpl.remove()
 	}
-	tw.Flush()
-	if len(results) > 1 {
-		a, b := results[0], results[len(results)-1]
-		fmt.Fprintf(out, "\nwindow growth %d -> %d objects: %.2fx for %.0fx the data (linear or better: <= %.0fx)\n",
-			a.objects, b.objects, float64(b.window)/float64(a.window), float64(b.objects)/float64(a.objects), float64(b.objects)/float64(a.objects))
-	}
+	summarize(out, c, results)
 	return nil
 }
 
-func measure(ctx context.Context, bin string, n int, out io.Writer) (result, error) {
-	r := result{objects: n, steps: map[string]time.Duration{}}
-	env, err := framework.NewEnv("", func(string, ...any) {})
-	if err != nil {
-		return r, err
-	}
-	defer os.RemoveAll(env.Dir)
-	defer env.Close()
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		return r, err
-	}
-	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, ExtraArgs: []string{"--quota-backend-bytes=8589934592"}})
-	if err != nil {
-		return r, err
-	}
-	api, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki})
-	if err != nil {
-		return r, err
-	}
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: bin, Upstream: api.URL, PKI: pki, RetryAfter: 1})
-	if err != nil {
-		return r, err
-	}
-	green, err := env.WriteCutoverPlan("green", pki, px, api, etcd, framework.Etcd36, 1)
-	if err != nil {
-		return r, err
-	}
-	defer framework.StopCutoverProcesses(green.Plan.StateDir)
-	cs, err := clientset(api.Kubeconfig)
-	if err != nil {
-		return r, err
-	}
-	start := time.Now()
-	if err := populate(ctx, cs, n); err != nil {
-		return r, err
-	}
-	fmt.Fprintf(out, "%d configmaps created in %s\n", n, time.Since(start).Round(time.Second))
-
-	pcs, err := clientset(px.Kubeconfig)
-	if err != nil {
-		return r, err
-	}
-	rctx, stopReader := context.WithCancel(ctx)
-	defer stopReader()
-	var reads, failed atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for rctx.Err() == nil {
-			if _, err := pcs.CoreV1().ConfigMaps("bench").List(rctx, metav1.ListOptions{Limit: 50}); err != nil && rctx.Err() == nil {
-				failed.Add(1)
+// summarize prints the median and max window per size and writer rate, and the targets.
+func summarize(out io.Writer, c config, results map[key][]result) {
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
+	for _, n := range c.sizes {
+		for _, rate := range c.rates {
+			rs := results[key{n, rate}]
+			var reads, failedReads, ok, failed int64
+			var lagMax int64
+			var slowest time.Duration
+			for _, r := range rs {
+				reads, failedReads = reads+r.reads, failedReads+r.failedReads
+				ok, failed = ok+r.writesOK, failed+r.writesFailed
+				lagMax = max(lagMax, r.lagRevisions)
+				slowest = max(slowest, r.slowestWrite)
 			}
-			reads.Add(1)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	cmd := exec.CommandContext(ctx, bin, "cutover", "--plan", green.PlanPath, "-o", "json")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return r, err
-	}
-	if err := cmd.Start(); err != nil {
-		return r, err
-	}
-	var rep *cutover.Report
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var e cutover.Event
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Type == "report" {
-			rep = e.Report
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
+				ms(medianOf(rs, func(r result) time.Duration { return r.window })), ms(maxOf(rs, func(r result) time.Duration { return r.window })),
+				medianRate(rs), lagMax, ms(medianOf(rs, func(r result) time.Duration { return r.drain })), ok, failed, ms(slowest), reads, failedReads)
 		}
 	}
-	err = cmd.Wait()
-	stopReader()
-	wg.Wait()
-	if err != nil || rep == nil || rep.Result != "done" {
-		return r, fmt.Errorf("cutover: %v %s", err, stderr.String())
+	tw.Flush()
+	fmt.Fprintln(out)
+	for _, rate := range c.rates {
+		var medians []time.Duration
+		for _, n := range c.sizes {
+			medians = append(medians, medianOf(results[key{n, rate}], func(r result) time.Duration { return r.window }))
+		}
+		worst := slices.Max(medians)
+		fmt.Fprintf(out, "%s: largest median window %s (target <= %s at every size)", writerName(rate), ms(worst), c.window)
+		if len(medians) > 1 {
+			first, last := medians[0], medians[len(medians)-1]
+			fmt.Fprintf(out, "; %d -> %d configmaps: %.2fx (target <= 1.3x)", c.sizes[0], c.sizes[len(c.sizes)-1], float64(last)/float64(first))
+		}
+		fmt.Fprintln(out)
 	}
-	r.window = rep.WriteUnavailability
-	r.snapshotMB = float64(rep.SnapshotBytes) / 1e6
-	for _, s := range rep.Steps {
-		r.steps[s.Step] = s.Duration
-	}
-	if rep.Verified != nil {
-		r.verified = rep.Verified.Objects
-	}
-	r.reads, r.failed = reads.Load(), failed.Load()
-	fmt.Fprintf(out, "%d configmaps: window %s\n", n, r.window.Round(10*time.Millisecond))
-	return r, nil
 }
 
-func clientset(kubeconfig string) (*kubernetes.Clientset, error) {
-	_, cfg, err := framework.ClientsetFor(kubeconfig)
-	if err != nil {
-		return nil, err
+func writerName(rate int) string {
+	if rate == 0 {
+		return "no writer"
 	}
-	cfg.QPS, cfg.Burst = 5000, 5000
-	return kubernetes.NewForConfig(cfg)
+	return fmt.Sprintf("writer %d/s", rate)
 }
 
-// populate creates n configmaps of ~2 KB in namespace bench with 16 concurrent writers.
-func populate(ctx context.Context, cs *kubernetes.Clientset, n int) error {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
-		return err
+func ms(d time.Duration) string { return d.Round(100 * time.Microsecond).String() }
+
+func medianOf(rs []result, f func(result) time.Duration) time.Duration {
+	if len(rs) == 0 {
+		return 0
 	}
-	payload := strings.Repeat("x", 2000)
-	var next atomic.Int64
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%06d", i)}, Data: map[string]string{"payload": payload}}
-				if _, err := cs.CoreV1().ConfigMaps("bench").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
+	v := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func maxOf(rs []result, f func(result) time.Duration) time.Duration {
+	var m time.Duration
+	for _, r := range rs {
+		m = max(m, f(r))
+	}
+	return m
+}
+
+func medianRate(rs []result) float64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = r.revisionsPerSecond
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }

@@ -1,0 +1,341 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+)
+
+// blueEtcdArgs: blue holds up to 200,000 configmaps of 2 KB and their history.
+var blueEtcdArgs = []string{"--quota-backend-bytes=8589934592"}
+
+// template is a populated blue etcd data dir, stopped; every run starts blue on a copy of it.
+type template struct {
+	objects int
+	dir     string // holds the member data dir, "member-data"
+}
+
+func (t *template) dataDir() string { return filepath.Join(t.dir, "member-data") }
+func (t *template) remove()         { _ = os.RemoveAll(t.dir) }
+
+// populateTemplate starts a blue etcd and apiserver, creates n configmaps of ~2 KB through the
+// apiserver, stops both and keeps the data dir.
+func populateTemplate(ctx context.Context, n int, out io.Writer) (*template, error) {
+	env, err := framework.NewEnv("", func(string, ...any) {})
+	if err != nil {
+		return nil, err
+	}
+	t := &template{objects: n, dir: env.Dir}
+	fail := func(err error) (*template, error) {
+		_ = env.Close()
+		t.remove()
+		return nil, err
+	}
+	pki, err := framework.NewPKI(filepath.Join(env.Dir, "pki"))
+	if err != nil {
+		return fail(err)
+	}
+	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, ExtraArgs: blueEtcdArgs, DataDirs: []string{t.dataDir()}})
+	if err != nil {
+		return fail(err)
+	}
+	api, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki})
+	if err != nil {
+		return fail(err)
+	}
+	cs, err := clientset(api.Kubeconfig)
+	if err != nil {
+		return fail(err)
+	}
+	start := time.Now()
+	if err := populate(ctx, cs, n); err != nil {
+		return fail(err)
+	}
+	fmt.Fprintf(out, "%d configmaps created in %s (through the apiserver, 16 writers); each run starts blue on a copy\n", n, time.Since(start).Round(time.Second))
+	if err := env.Close(); err != nil {
+		return fail(err)
+	}
+	return t, nil
+}
+
+// result is one cutover.
+type result struct {
+	objects, rate             int
+	window, drain             time.Duration
+	revisionsPerSecond        float64
+	lagRevisions              int64
+	lagSeconds                float64
+	verified                  int
+	reads, failedReads        int64
+	writesOK, writesFailed    int64
+	slowestWrite              time.Duration
+	snapshotMB                float64
+	greenAPIServer, verifyDur time.Duration
+	parts                     string // the window's steps and their durations
+}
+
+func (r result) line(run int) string {
+	return fmt.Sprintf("%d configmaps: window %s (run %d, %s; %s; replication %.0f rev/s, lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
+		r.objects, ms(r.window), run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
+		r.writesOK, r.writesFailed, ms(r.slowestWrite), r.reads, r.failedReads)
+}
+
+// measure starts blue on a copy of tmpl behind a proxy, writes through the proxy at rate (0:
+// none) and lists through it, runs the default cutover and returns what it reported.
+func measure(ctx context.Context, bin string, tmpl *template, rate int) (result, error) {
+	r := result{objects: tmpl.objects, rate: rate}
+	env, err := framework.NewEnv("", func(string, ...any) {})
+	if err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(env.Dir)
+	defer env.Close()
+	data := filepath.Join(env.Dir, "blue-data")
+	if out, err := exec.CommandContext(ctx, "cp", "-a", tmpl.dataDir(), data).CombinedOutput(); err != nil {
+		return r, fmt.Errorf("copy blue's data dir: %v: %s", err, out)
+	}
+	pki, err := framework.NewPKI(filepath.Join(env.Dir, "pki"))
+	if err != nil {
+		return r, err
+	}
+	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, ExtraArgs: blueEtcdArgs, DataDirs: []string{data}})
+	if err != nil {
+		return r, err
+	}
+	api, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki})
+	if err != nil {
+		return r, err
+	}
+	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: bin, Upstream: api.URL, PKI: pki, RetryAfter: 1})
+	if err != nil {
+		return r, err
+	}
+	green, err := env.WriteCutoverPlan("green", pki, px, api, etcd, framework.Etcd36, 1)
+	if err != nil {
+		return r, err
+	}
+	defer framework.StopCutoverProcesses(green.Plan.StateDir)
+	green.Plan.Migration.Mode, green.Plan.Proxy.FenceMode = "", "" // the defaults: auto (replicate here), hold
+	if err := green.Save(); err != nil {
+		return r, err
+	}
+	pcs, err := clientset(px.Kubeconfig)
+	if err != nil {
+		return r, err
+	}
+	load := startLoad(ctx, pcs, rate)
+	rep, err := runCutover(ctx, bin, green.PlanPath)
+	load.stop()
+	if err != nil {
+		return r, err
+	}
+	r.fill(rep)
+	r.reads, r.failedReads = load.reads.Load(), load.failedReads.Load()
+	r.writesOK, r.writesFailed, r.slowestWrite = load.ok.Load(), load.failed.Load(), time.Duration(load.slowest.Load())
+	if r.writesFailed > 0 || r.failedReads > 0 {
+		return r, fmt.Errorf("%d writes and %d lists through the proxy failed: %s", r.writesFailed, r.failedReads, load.firstError())
+	}
+	return r, nil
+}
+
+// fill takes the report's figures.
+func (r *result) fill(rep *cutover.Report) {
+	r.window = rep.WriteUnavailability
+	r.snapshotMB = float64(rep.SnapshotBytes) / 1e6
+	var parts []string
+	for _, s := range rep.Steps {
+		switch s.Step {
+		case cutover.StepFence, cutover.StepDrain, cutover.StepSwitch, cutover.StepStopReplication, cutover.StepUngateGreen, cutover.StepUnfence:
+			parts = append(parts, s.Step+" "+ms(s.Duration))
+		}
+		switch s.Step {
+		case cutover.StepDrain:
+			r.drain = s.Duration
+		case cutover.StepGreenAPIServer:
+			r.greenAPIServer = s.Duration
+		case cutover.StepVerify:
+			r.verifyDur = s.Duration
+		}
+	}
+	r.parts = strings.Join(parts, ", ")
+	if rep.Verified != nil {
+		r.verified = rep.Verified.Objects
+	}
+	if rp := rep.Replication; rp != nil && rp.AtFence != nil {
+		r.lagRevisions, r.lagSeconds = rp.AtFence.LagRevisions, rp.AtFence.LagSeconds
+		r.revisionsPerSecond = rp.AtFence.RevisionsPerSecond
+	}
+}
+
+// runCutover runs `kubefence cutover -o json` and returns its report.
+func runCutover(ctx context.Context, bin, plan string) (*cutover.Report, error) {
+	cmd := exec.CommandContext(ctx, bin, "cutover", "--plan", plan, "-o", "json")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	var rep *cutover.Report
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e cutover.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Type == cutover.EventReport {
+			rep = e.Report
+		}
+	}
+	err = cmd.Wait()
+	if err != nil || rep == nil || rep.Result != cutover.ResultDone {
+		detail := stderr.String()
+		if rep != nil {
+			detail = rep.Error + " " + detail
+		}
+		return nil, fmt.Errorf("cutover: %v %s", err, detail)
+	}
+	return rep, nil
+}
+
+// load is the traffic through the proxy during a cutover: a lister every 10 ms and, at rate
+// writes/s, a client-go writer updating configmaps of its own.
+type load struct {
+	cancel              context.CancelFunc
+	wg                  sync.WaitGroup
+	reads, failedReads  atomic.Int64
+	ok, failed, slowest atomic.Int64
+	mu                  sync.Mutex
+	firstErr            error
+}
+
+func startLoad(ctx context.Context, cs *kubernetes.Clientset, rate int) *load {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &load{cancel: cancel}
+	l.wg.Go(func() {
+		for ctx.Err() == nil {
+			if _, err := cs.CoreV1().ConfigMaps("bench").List(ctx, metav1.ListOptions{Limit: 50}); err != nil && ctx.Err() == nil {
+				l.failedReads.Add(1)
+				l.note(err)
+			}
+			l.reads.Add(1)
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	if rate > 0 {
+		l.wg.Go(func() { l.write(ctx, cs, rate) })
+	}
+	return l
+}
+
+// write creates configmaps in namespace writer at rate per second, each write timed.
+func (l *load) write(ctx context.Context, cs *kubernetes.Clientset, rate int) {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "writer"}}, metav1.CreateOptions{}); err != nil {
+		l.failed.Add(1)
+		l.note(err)
+		return
+	}
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	var sem = make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			start := time.Now()
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("w-%07d", i)}, Data: map[string]string{"v": strings.Repeat("w", 200)}}
+			_, err := cs.CoreV1().ConfigMaps("writer").Create(context.WithoutCancel(ctx), cm, metav1.CreateOptions{})
+			if err != nil {
+				l.failed.Add(1)
+				l.note(err)
+				return
+			}
+			l.ok.Add(1)
+			d := int64(time.Since(start))
+			for cur := l.slowest.Load(); d > cur && !l.slowest.CompareAndSwap(cur, d); cur = l.slowest.Load() {
+			}
+		})
+	}
+}
+
+func (l *load) note(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.firstErr == nil {
+		l.firstErr = err
+	}
+}
+
+func (l *load) firstError() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.firstErr
+}
+
+func (l *load) stop() {
+	l.cancel()
+	l.wg.Wait()
+}
+
+func clientset(kubeconfig string) (*kubernetes.Clientset, error) {
+	_, cfg, err := framework.ClientsetFor(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 5000, 5000
+	return kubernetes.NewForConfig(cfg)
+}
+
+// populate creates n configmaps of ~2 KB in namespace bench with 16 concurrent writers.
+func populate(ctx context.Context, cs *kubernetes.Clientset, n int) error {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	payload := strings.Repeat("x", 2000)
+	var next atomic.Int64
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%06d", i)}, Data: map[string]string{"payload": payload}}
+				if _, err := cs.CoreV1().ConfigMaps("bench").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
