@@ -51,7 +51,7 @@ e2e: e2e-deps
 # The main job, locally: see README.md. KEEP=1 leaves it running; MANUAL=1 stops before the
 # cutover so that you can run it by hand (docs/runbook.md).
 demo: e2e-deps build
-	$(GO) run ./e2e/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep) $(if $(MANUAL),--manual)
+	$(GO) run ./e2e/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep) $(if $(MANUAL),--manual) $(if $(OBJECTS),--objects $(OBJECTS)) $(if $(WRITE_RATE),--write-rate $(WRITE_RATE))
 
 # Proxy throughput and latency: direct, kubefence, HAProxy; see docs/benchmarks.md.
 bench-proxy: bench-deps build

@@ -14,12 +14,13 @@ import (
 // TestDemo runs `make demo`'s program, so that the demo cannot rot.
 func TestDemo(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "etcdutl", framework.Etcd36, "kube-apiserver", framework.Kube136)
+	framework.RequireBins(t, framework.ControlPlaneBins...)
 	dir, err := os.MkdirTemp("", "kubefence-demo-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	sum, err := run(t.Context(), options{dir: dir, objects: 100}, &out)
+	sum, err := run(t.Context(), options{dir: dir, objects: 100, writeRate: -1}, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatalf("demo failed: %v (logs in %s/logs)", err, dir)
@@ -27,6 +28,9 @@ func TestDemo(t *testing.T) {
 	defer os.RemoveAll(dir)
 	if sum.WriterErrors != 0 || sum.PlainErrors != 0 || sum.PlainAcked == 0 || sum.ReadErr != 0 || len(sum.Missing) != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
 		t.Errorf("summary = %+v", sum)
+	}
+	if len(sum.Leaders) != 2 || sum.Predicted <= 0 {
+		t.Errorf("leaders %v, predicted window %s", sum.Leaders, sum.Predicted)
 	}
 	if !strings.Contains(out.String(), "acknowledged writes lost: 0") {
 		t.Errorf("demo output lacks the summary")

@@ -1,10 +1,13 @@
 // Command demo runs a local blue/green control-plane move with real etcd and kube-apiserver
 // behind the kubefence proxy, printing each step with its duration (`make demo`).
 //
-// Blue is etcd 3.4 + kube-apiserver 1.36 behind `kubefence proxy`; a writer, a watcher and a
-// reader run through the proxy the whole time. Then `kubefence cutover` moves it to green
-// (etcd 3.6 + kube-apiserver 1.36): fence, snapshot, restore with revisions bumped, start green,
-// verify every object, switch, unfence. The demo checks that every acknowledged write is on green.
+// Blue is etcd 3.4 + kube-apiserver 1.36 behind `kubefence proxy`, with kube-controller-manager
+// and kube-scheduler (leader election on) and a writer, a watcher and a reader running through
+// the proxy the whole time. `kubefence cutover --rehearse` predicts the window; then the default
+// cutover moves it to green (etcd 3.6 with TLS + kube-apiserver 1.36): snapshot, restore without
+// a revision bump, green started, replicated and verified while writes flow, then fence (hold),
+// drain, switch, unfence. The demo checks that every acknowledged write is on green and that
+// both leaders kept their Leases.
 package main
 
 import (
@@ -25,6 +28,8 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "leave everything running at the end and print how to use and stop it")
 	flag.BoolVar(&o.manual, "manual", false, "stop before the cutover, leave blue running with the plan written, and print the commands to run it by hand (docs/runbook.md)")
 	flag.StringVar(&o.dir, "dir", "", "work dir (default: a new temp dir)")
+	flag.IntVar(&o.objects, "objects", 200, "configmaps of ~2 KB to create before the cutover (rehearse at the size of your cluster)")
+	flag.IntVar(&o.writeRate, "write-rate", -1, "the client-go writer's writes per second through the proxy during the move; 0 for none, -1 as fast as the API lets it")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -46,6 +51,8 @@ type options struct {
 	dir       string
 	// objects scales the workload (configmaps in the demo namespace).
 	objects int
+	// writeRate is the client-go writer's rate: writes/s, 0 none, < 0 as fast as it can.
+	writeRate int
 }
 
 // printer prints numbered steps with durations.

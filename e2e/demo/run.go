@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
-	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // summary is what the demo measured.
@@ -36,6 +34,9 @@ type summary struct {
 	WatchEvents             int64
 	Verified                int
 	Missing                 []string
+	// Predicted is the window the rehearsal predicted; Leaders says how each leader fared.
+	Predicted time.Duration
+	Leaders   []string
 }
 
 func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
@@ -101,12 +102,19 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", o.objects))
 
-	done = p.begin("start live writers (client-go, and plain HTTP that never retries), a watcher (informer) and a reader, all through the proxy")
+	done = p.begin("start kube-controller-manager and kube-scheduler behind the proxy (leader election on: renew every 2 s, give up after 10 s)")
+	leaders, err := startLeaders(ctx, env, px, pki, cs)
+	if err != nil {
+		return nil, err
+	}
+	done(leaders.String())
+
+	done = p.begin("start live writers (client-go %s, and plain HTTP that never retries), a watcher (informer) and a reader, all through the proxy", rateWord(o.writeRate))
 	wcs, err := clientset(px.Kubeconfig, 200)
 	if err != nil {
 		return nil, err
 	}
-	traffic := startTraffic(ctx, wcs)
+	traffic := startTraffic(ctx, wcs, o.writeRate)
 	defer traffic.stop()
 	plain, err := startPlainWriter(ctx, px.URL, pki)
 	if err != nil {
@@ -119,17 +127,15 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	st, _ := px.Admin.Status(ctx)
 	p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
 
-	done = p.begin("write green's plan: etcd %s + kube-apiserver %s, launched by the cutover (migration.mode replicate, fence mode hold)", framework.Etcd36, framework.Kube136)
+	done = p.begin("write green's plan: etcd %s (TLS) + kube-apiserver %s, launched by the cutover; the defaults: migration.mode auto (here: replicate), fence mode hold", framework.Etcd36, framework.Kube136)
 	green, err := env.WriteCutoverPlan("green", pki, px, blueAPI, blueEtcd, framework.Etcd36, 1)
 	if err != nil {
 		return nil, err
 	}
-	// The replication cutover: green is built, replicated live and verified before the fence;
-	// the window is only the drain, the switch and the unfence. Hold mode: writes that arrive
-	// during it wait and are answered by green.
-	green.Plan.Migration.Mode = cutover.ModeReplicate
-	green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
-	green.Plan.Proxy.FenceMode = admin.ModeHold
+	// The default cutover for v3 data onto a TLS green: green is built, replicated live and
+	// verified before the fence; the window is only the drain, the switch and the unfence.
+	// Hold mode: writes that arrive during it wait and are answered by green.
+	green.Plan.Migration.Mode, green.Plan.Proxy.FenceMode = "", ""
 	if err := green.Save(); err != nil {
 		return nil, err
 	}
@@ -164,19 +170,26 @@ Press Ctrl-C here to stop everything, green included.
 		return nil, nil
 	}
 
+	done = p.begin("kubefence cutover --plan %s --rehearse (everything before the fence, a drain measured without fencing, green torn down)", filepath.Base(green.PlanPath))
+	if err := cutoverCmd(ctx, o.kubefence, out, env, green.PlanPath, "--rehearse"); err != nil {
+		return nil, err
+	}
+	rj, err := cutover.LoadJournal(green.Plan.StateDir)
+	if err != nil || rj.Rehearsal == nil {
+		return nil, fmt.Errorf("the rehearsal left no prediction: %v", err)
+	}
+	done("predicted window " + rj.Rehearsal.PredictedWindow.Round(time.Millisecond).String())
+
 	// --- the write-unavailability window is inside this step ---
 	done = p.begin("kubefence cutover --plan %s", filepath.Base(green.PlanPath))
-	cmd := exec.CommandContext(ctx, o.kubefence, "cutover", "--plan", green.PlanPath)
-	cmd.Stdout = &indent{w: out, prefix: "            | "}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("kubefence cutover: %w (logs in %s)", err, env.LogDir)
+	if err := cutoverCmd(ctx, o.kubefence, out, env, green.PlanPath); err != nil {
+		return nil, err
 	}
 	j, err := cutover.LoadJournal(green.Plan.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	sum := &summary{Window: j.UnfencedAt.Sub(j.FencedAt)}
+	sum := &summary{Window: j.UnfencedAt.Sub(j.FencedAt), Predicted: rj.Rehearsal.PredictedWindow}
 	if j.Verified != nil {
 		sum.Verified = j.Verified.Objects
 	}
@@ -209,8 +222,17 @@ Press Ctrl-C here to stop everything, green included.
 	}
 	done(fmt.Sprintf("%d of %d present", sum.WritesAcked+sum.PlainAcked, sum.WritesAcked+sum.PlainAcked))
 
+	done = p.begin("check: kube-controller-manager and kube-scheduler kept their leader Leases (same holder, no new transition, renewed on green, no restart)")
+	if sum.Leaders, err = leaders.check(ctx, gcs, j.UnfencedAt); err != nil {
+		return sum, err
+	}
+	done(strings.Join(sum.Leaders, "; "))
+
 	fmt.Fprintf(out, "\nSummary\n")
-	fmt.Fprintf(out, "  write-unavailability window (fence on -> fence off): %s\n", sum.Window.Round(time.Millisecond))
+	fmt.Fprintf(out, "  write-unavailability window (fence on -> fence off): %s (the rehearsal predicted %s)\n", sum.Window.Round(time.Millisecond), sum.Predicted.Round(time.Millisecond))
+	for _, l := range sum.Leaders {
+		fmt.Fprintf(out, "  %s\n", l)
+	}
 	fmt.Fprintf(out, "  writes held while fenced (hold mode), then answered by green: %d; refused with 429: %d\n", sum.Held, sum.Refused)
 	fmt.Fprintf(out, "  client-go writer: %d writes acknowledged, %d errors surfaced\n", sum.WritesAcked, sum.WriterErrors)
 	fmt.Fprintf(out, "  plain HTTP writer (never retries): %d writes acknowledged, %d failed\n", sum.PlainAcked, sum.PlainErrors)
@@ -297,12 +319,8 @@ func createWorkload(ctx context.Context, cs *kubernetes.Clientset, n int) error 
 			return err
 		}
 	}
-	payload := strings.Repeat("x", 2000)
-	for i := range n {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("config-%04d", i)}, Data: map[string]string{"payload": payload}}
-		if _, err := cs.CoreV1().ConfigMaps("shop").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			return err
-		}
+	if err := createConfigMaps(ctx, cs, n); err != nil {
+		return err
 	}
 	for i := range 10 {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("secret-%02d", i)}, StringData: map[string]string{"password": fmt.Sprintf("pw-%d", i)}}
@@ -337,13 +355,31 @@ type traffic struct {
 	errs        []error
 }
 
-func startTraffic(ctx context.Context, cs *kubernetes.Clientset) *traffic {
+// startTraffic starts the writer (rate writes/s; < 0: one after another, as fast as the API
+// lets it; 0: none), the reader and the watcher.
+func startTraffic(ctx context.Context, cs *kubernetes.Clientset, rate int) *traffic {
 	ctx, cancel := context.WithCancel(ctx)
 	t := &traffic{cancel: cancel}
 	t.wg.Add(2)
-	go func() { // writer: creates configmaps one after another, as fast as the API lets it
+	go func() { // writer: creates configmaps one after another
 		defer t.wg.Done()
+		if rate == 0 {
+			return
+		}
+		var tick <-chan time.Time
+		if rate > 0 {
+			tk := time.NewTicker(time.Second / time.Duration(rate))
+			defer tk.Stop()
+			tick = tk.C
+		}
 		for i := 0; ctx.Err() == nil; i++ {
+			if tick != nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick:
+				}
+			}
 			name := fmt.Sprintf("live-%05d", i)
 			_, err := cs.CoreV1().ConfigMaps("demo").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"n": fmt.Sprint(i)}}, metav1.CreateOptions{})
 			if ctx.Err() != nil {

@@ -35,10 +35,10 @@ var rehearseSteps = func() []step {
 
 // Rehearsal is what a rehearsal measured and the window it predicts from it.
 type Rehearsal struct {
-	// Drain is green catching up with blue's current revision, unfenced (writes go on, so it
-	// is at least what the fenced drain takes).
+	// Drain is green applying up to blue's revision read right after catching up, as the
+	// fenced drain does (writes go on meanwhile, as they do until the fence's barrier).
 	Drain time.Duration `json:"drainNanos"`
-	// Check is green's revision read against blue's once more, as the switch does.
+	// Check is reading green's and blue's revisions once, as the switch's check does.
 	Check time.Duration `json:"checkNanos"`
 	// ProxyRoundTrip is the slowest proxy's status round trip; fence, switch and unfence each
 	// cost one (plus the proxy persisting its state).
@@ -58,24 +58,35 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: wait until green is at blue's current revision (the drain) and check it once more (the switch's check), time a status round trip to every proxy and one to green etcd, and predict the window from them"
+	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy and one to green etcd, and predict the window from them (moving open watches at the switch is not included)"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
+	// As the fence step does: catch up first, so the drain is what accrues in a moment.
+	if err := r.catchUpBeforeFence(ctx); err != nil {
+		return "", err
+	}
 	var m Rehearsal
 	start := time.Now()
-	if _, err := r.caughtUp(ctx); err != nil {
+	target, err := currentRevision(ctx, r.repl.blue)
+	if err != nil {
+		return "", fmt.Errorf("blue's revision: %w", err)
+	}
+	if err := r.repl.rep.WaitFor(ctx, target); err != nil {
 		return "", fmt.Errorf("drain: %w", err)
 	}
 	m.Drain = time.Since(start)
 	start = time.Now()
-	rev, err := r.caughtUp(ctx)
-	if err != nil {
-		return "", fmt.Errorf("check: %w", err)
+	if _, err := currentRevision(ctx, r.repl.green); err != nil {
+		return "", fmt.Errorf("green's revision: %w", err)
+	}
+	if _, err := currentRevision(ctx, r.repl.blue); err != nil {
+		return "", fmt.Errorf("blue's revision: %w", err)
 	}
 	m.Check = time.Since(start)
 	start = time.Now()
-	if _, err := r.adm.Status(ctx); err != nil {
+	st, err := r.adm.Status(ctx)
+	if err != nil {
 		return "", err
 	}
 	m.ProxyRoundTrip = time.Since(start)
@@ -86,9 +97,9 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	m.EtcdRoundTrip = time.Since(start)
 	m.PredictedWindow = m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("predicted window %s (drain %s, check %s at revision %d, proxy round trip %s, green etcd round trip %s); %s",
-		m.PredictedWindow.Round(time.Microsecond), m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond), rev,
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), progressLine(r.repl.rep.Progress())), nil
+	return fmt.Sprintf("predicted window %s (drain to revision %d %s, check %s, proxy round trip %s, green etcd round trip %s; not included: moving the %d watch(es) and stream(s) open now to green at the switch); %s",
+		m.PredictedWindow.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), st.OpenStreams, progressLine(r.repl.rep.Progress())), nil
 }
 
 // finishRehearsal tears green down after a rehearsal and reports what it predicted.
