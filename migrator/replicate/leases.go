@@ -253,3 +253,11 @@ func (m *leaseMirror) collect(ctx context.Context, id clientv3.LeaseID) error {
 	m.cfg.Log.Debug("revoked on green a lease blue no longer has", "lease", fmt.Sprintf("%x", int64(id)))
 	return nil
 }
+
+// has says whether green keeps lease id alive for the replicator.
+func (m *leaseMirror) has(id clientv3.LeaseID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.kept[id]
+	return ok
+}

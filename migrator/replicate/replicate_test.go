@@ -536,3 +536,62 @@ func TestTip(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestGuards: a pipelined txn applies only on top of its predecessor and only once: sent
+// before its predecessor, or sent twice, it changes nothing (green's revision stays).
+func TestGuards(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/del", "x")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	r1 := put(t, blue, "/a", "1") // s+1: a put
+	if _, err := blue.cli.Delete(ctx, "/del"); err != nil { // s+2: only a delete
+		t.Fatal(err)
+	}
+	r3 := put(t, blue, "/b", "2") // s+3
+	evs := map[int64][]*clientv3.Event{}
+	for resp := range blue.cli.Watch(ctx, "", clientv3.WithPrefix(), clientv3.WithRev(s+1)) {
+		for _, e := range resp.Events {
+			evs[e.Kv.ModRevision] = append(evs[e.Kv.ModRevision], e)
+		}
+		if len(evs) == 3 {
+			break
+		}
+	}
+	txn := func(rev int64) bool {
+		t.Helper()
+		var ops []clientv3.Op
+		for _, e := range evs[rev] {
+			if e.Type == clientv3.EventTypePut {
+				ops = append(ops, clientv3.OpPut(string(e.Kv.Key), string(e.Kv.Value)))
+			} else {
+				ops = append(ops, clientv3.OpDelete(string(e.Kv.Key)))
+			}
+		}
+		resp, err := green.cli.Txn(ctx).If(appliedGuard(evs[rev-1], rev-1), notAppliedGuard(evs[rev], rev)).Then(ops...).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Succeeded
+	}
+	if _, err := green.cli.Txn(ctx).If(notAppliedGuard(evs[r1], r1)).Then(clientv3.OpPut("/a", "1")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	evs[s] = nil // not used: s+1 was sent without the predecessor's guard, as the pipeline does when nothing is in flight
+	steps := []struct {
+		rev  int64
+		want bool
+	}{{r3, false}, {s + 2, true}, {s + 2, false}, {r3, true}, {r3, false}}
+	for _, st := range steps {
+		before := revision(t, green)
+		if got := txn(st.rev); got != st.want {
+			t.Errorf("revision %d sent with green at %d: applied %v, want %v", st.rev, before, got, st.want)
+		}
+	}
+	if got := revision(t, green); got != r3 {
+		t.Fatalf("green at %d, want %d", got, r3)
+	}
+	if a, b := all(t, blue, r3), all(t, green, r3); a != b {
+		t.Fatal("blue and green differ")
+	}
+}

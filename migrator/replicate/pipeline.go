@@ -1,0 +1,256 @@
+package replicate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Pipelining: one txn per revision, sent one after the other, is bounded by green's commit
+// latency (a WAL fsync each), which under load is below the write rate of a busy cluster. So up
+// to pipelineDepth txns are in flight at once, and etcd commits them together. Concurrent
+// requests may be proposed in any order, so each txn carries guards that make it apply only on
+// top of its predecessor and only once:
+//
+//   - "revision N-1 is applied": a key N-1 put has mod revision N-1 (or a key it deleted is
+//     gone);
+//   - "revision N is not applied": the first key N puts has a mod revision below N (or the first
+//     key it deletes still exists).
+//
+// A txn whose guards fail changes nothing (no revision). When the oldest txn in flight did not
+// apply as revision N (guards failed: proposed out of order; or its outcome is unknown: a
+// timeout, a lost connection), the pipeline waits for every txn in flight, reads green's
+// revision g, checks that green's revision g is blue's change for change, counts everything up
+// to g as applied, and sends the rest again. Txns are never cancelled in flight: Run waits for
+// them, so none can reach green after Run returns.
+
+// pipelineDepth is how many txns may be in flight at once.
+const pipelineDepth = 64
+
+// sentTxn is a txn in flight.
+type sentTxn struct {
+	rev  int64
+	evs  []*clientv3.Event
+	ops  []clientv3.Op
+	done chan struct{}
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+// pipeline holds the txns in flight, oldest first.
+type pipeline struct {
+	r      *Replicator
+	flight []*sentTxn
+	// resyncs counts resyncs since the last revision applied, to give up on a green that
+	// keeps failing.
+	resyncs int
+}
+
+// lastSent is the newest revision sent or applied.
+func (p *pipeline) lastSent() int64 {
+	if n := len(p.flight); n > 0 {
+		return p.flight[n-1].rev
+	}
+	return p.r.appliedRev()
+}
+
+// submit sends blue's revision rev (its events evs) to green, keeping the pipeline at most
+// pipelineDepth deep; revisions must come in order.
+func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event) error {
+	if last := p.lastSent(); rev != last+1 {
+		return fmt.Errorf("%w: blue's stream holds revision %d next but green is at %d: a revision would be skipped or applied twice", ErrRevisionMismatch, rev, last)
+	}
+	if p.needsLease(evs) {
+		// A lease grant must see green at a known revision: nothing in flight.
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
+	}
+	ops, err := p.r.ops(ctx, rev, evs)
+	if err != nil {
+		return err
+	}
+	for len(p.flight) >= pipelineDepth {
+		if err := p.settle(ctx); err != nil {
+			return err
+		}
+	}
+	p.send(ctx, &sentTxn{rev: rev, evs: evs, ops: ops})
+	return nil
+}
+
+// needsLease says whether a put of evs names a lease green does not keep yet.
+func (p *pipeline) needsLease(evs []*clientv3.Event) bool {
+	for _, ev := range evs {
+		if id := clientv3.LeaseID(ev.Kv.Lease); ev.Type == mvccpb.PUT && id != clientv3.NoLease && !p.r.leases.has(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// send starts t's txn with its guards. The request is not tied to ctx: once sent it is waited
+// for, never abandoned.
+func (p *pipeline) send(ctx context.Context, t *sentTxn) {
+	var cmps []clientv3.Cmp
+	if n := len(p.flight); n > 0 {
+		cmps = append(cmps, appliedGuard(p.flight[n-1].evs, t.rev-1))
+	}
+	cmps = append(cmps, notAppliedGuard(t.evs, t.rev))
+	t.done = make(chan struct{})
+	p.flight = append(p.flight, t)
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.r.cfg.ApplyTimeout)
+	go func() {
+		defer close(t.done)
+		defer cancel()
+		t.resp, t.err = p.r.cfg.Dest.Txn(tctx).If(cmps...).Then(t.ops...).Commit()
+	}()
+}
+
+// appliedGuard holds once revision rev (whose events are evs) is applied on green.
+func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
+	for _, ev := range evs {
+		if ev.Type == mvccpb.PUT {
+			return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "=", rev)
+		}
+	}
+	return clientv3.Compare(clientv3.Version(string(evs[0].Kv.Key)), "=", 0) // only deletes
+}
+
+// notAppliedGuard holds while revision rev (whose events are evs) is not applied on green.
+func notAppliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
+	ev := evs[0]
+	if ev.Type == mvccpb.PUT {
+		return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "<", rev)
+	}
+	return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), ">", 0)
+}
+
+// settle waits for the oldest txn in flight: applied as its revision, it is counted; anything
+// else but a definite error resyncs.
+func (p *pipeline) settle(ctx context.Context) error {
+	t := p.flight[0]
+	<-t.done
+	if t.err == nil && t.resp.Succeeded {
+		if got := t.resp.Header.Revision; got != t.rev {
+			return fmt.Errorf("%w: after applying blue's revision %d (%d operations) green is at revision %d: something else wrote to green, or green expired a lease by itself; green no longer equals blue", ErrRevisionMismatch, t.rev, len(t.ops), got)
+		}
+		p.flight = p.flight[1:]
+		p.resyncs = 0
+		p.r.applied(t.rev)
+		return nil
+	}
+	if t.err != nil {
+		if err := definite(t.err, t.rev, len(t.ops)); err != nil {
+			p.wait()
+			return err
+		}
+	}
+	return p.resync(ctx, t.err)
+}
+
+// flush settles every txn in flight.
+func (p *pipeline) flush(ctx context.Context) error {
+	for len(p.flight) > 0 {
+		if err := p.settle(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait waits for every txn in flight to end, whatever its outcome (Run does before it returns).
+func (p *pipeline) wait() {
+	for _, t := range p.flight {
+		<-t.done
+	}
+}
+
+// resync settles the pipeline after its oldest txn did not apply as expected (cause: its error,
+// or nil when its guards failed): green's revision g is read, checked to be blue's revision g,
+// everything up to g counted as applied, and the rest sent again.
+func (p *pipeline) resync(ctx context.Context, cause error) error {
+	p.wait()
+	p.resyncs++
+	if p.resyncs > 10 {
+		return fmt.Errorf("replicate: applying blue's revision %d to green failed 10 times: %v", p.flight[0].rev, cause)
+	}
+	if p.resyncs > 1 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(p.resyncs) * 50 * time.Millisecond):
+		}
+	}
+	g, err := p.greenRevision(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.adopt(ctx, g); err != nil {
+		return err
+	}
+	again := p.flight
+	p.flight = nil
+	for _, t := range again {
+		if t.rev > g {
+			p.send(ctx, &sentTxn{rev: t.rev, evs: t.evs, ops: t.ops})
+		}
+	}
+	return nil
+}
+
+// greenRevision reads green's revision, trying for a while (green may be restarting).
+func (p *pipeline) greenRevision(ctx context.Context) (int64, error) {
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		gctx, cancel := context.WithTimeout(ctx, p.r.cfg.ApplyTimeout)
+		resp, err := p.r.cfg.Dest.Get(gctx, probeKey, clientv3.WithCountOnly())
+		cancel()
+		if err == nil {
+			return resp.Header.Revision, nil
+		}
+		if attempt == 10 || ctx.Err() != nil {
+			return 0, fmt.Errorf("replicate: reading green's revision after a txn did not apply (%d in flight), %d attempts: %w", len(p.flight), attempt, err)
+		}
+		p.r.cfg.Log.Warn("reading green's revision failed; trying again", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// adopt counts green's revisions up to g as applied, once green's revision g is checked to be
+// blue's: the txns in flight are the only writers of green, each applied at most once.
+func (p *pipeline) adopt(ctx context.Context, g int64) error {
+	applied := p.r.appliedRev()
+	switch {
+	case g == applied:
+		return nil
+	case g < applied || g > p.lastSent():
+		return fmt.Errorf("%w: green is at revision %d, replication had applied %d and sent up to %d: something else wrote to green", ErrRevisionMismatch, g, applied, p.lastSent())
+	}
+	var top *sentTxn
+	for _, t := range p.flight {
+		if t.rev == g {
+			top = t
+		}
+	}
+	diff, err := p.r.compareRevision(ctx, g, top.evs)
+	if err != nil {
+		return fmt.Errorf("replicate: reading green's revision %d: %w", g, err)
+	}
+	if diff != "" {
+		return fmt.Errorf("%w: green's revision %d is not blue's: %s", ErrRevisionMismatch, g, diff)
+	}
+	for rev := applied + 1; rev <= g; rev++ {
+		p.r.applied(rev)
+	}
+	p.resyncs = 0
+	return nil
+}
