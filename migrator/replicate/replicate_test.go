@@ -544,7 +544,7 @@ func TestGuards(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/del", "x")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	r1 := put(t, blue, "/a", "1") // s+1: a put
+	r1 := put(t, blue, "/a", "1")                           // s+1: a put
 	if _, err := blue.cli.Delete(ctx, "/del"); err != nil { // s+2: only a delete
 		t.Fatal(err)
 	}
