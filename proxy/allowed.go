@@ -82,7 +82,7 @@ func probeTLS(ctx context.Context, b *backend) error {
 		}
 		return c.Close()
 	}
-	cfg := b.plain.upgrade.TLSClientConfig.Clone()
+	cfg := b.plain.h1.TLSClientConfig.Clone()
 	cfg.ServerName = b.url.Hostname()
 	d := tls.Dialer{Config: cfg}
 	c, err := d.DialContext(ctx, "tcp", hostPort)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
 
 	"github.com/kubefence/kubefence/internal/tlsutil"
@@ -47,25 +48,27 @@ type TransportOptions struct {
 	HTTP1Only bool
 }
 
-// pool is the connections to one backend for one identity. main speaks HTTP/2 when the backend
-// offers it, as kube-apiserver does: one TLS connection multiplexes every request (more open
-// when the backend's stream limit is reached), which costs the proxy less CPU per request than
-// a connection per concurrent request, and needs no new handshakes under a burst (held writes
-// released at fence off). upgrade is HTTP/1.1 only: SPDY and WebSocket upgrades need it.
-type pool struct{ main, upgrade *http.Transport }
+// pool is the connections to one backend for one identity. Reads and upgrades go over h1, one
+// HTTP/1.1 connection per concurrent request: upgrades need HTTP/1.1, and Go's HTTP/2 client
+// writes a WINDOW_UPDATE frame (a TLS record and a system call) for every 4 KB it reads, which
+// made a 1 MB list cost the proxy ~40% more CPU than over HTTP/1.1 (docs/benchmarks.md). Writes
+// go over writes: HTTP/2 when the backend offers it (kube-apiserver does), so that a burst of
+// them (held writes released at fence off) shares one warm connection instead of opening one
+// per concurrent write; with HTTP1Only, writes is h1.
+type pool struct{ h1, writes *http.Transport }
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
-	p := &pool{upgrade: newTransport(tlsConfig, topts, false)}
-	p.main = p.upgrade
+	p := &pool{h1: newTransport(tlsConfig, topts, false)}
+	p.writes = p.h1
 	if !topts.HTTP1Only {
-		p.main = newTransport(tlsConfig, topts, true)
+		p.writes = newTransport(tlsConfig, topts, true)
 	}
 	return p
 }
 
 func (p *pool) closeIdle() {
-	p.main.CloseIdleConnections()
-	p.upgrade.CloseIdleConnections()
+	p.h1.CloseIdleConnections()
+	p.writes.CloseIdleConnections()
 }
 
 func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error) {
@@ -92,6 +95,10 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 	return b, nil
 }
 
+// upstreamStreamWindow bounds what the proxy buffers per HTTP/2 stream from the backend; at a
+// loopback or LAN round trip it still carries hundreds of MB/s per stream.
+const upstreamStreamWindow = 256 << 10
+
 func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *http.Transport {
 	dialTimeout := topts.DialTimeout
 	if dialTimeout == 0 {
@@ -114,29 +121,34 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *ht
 		ExpectContinueTimeout: time.Second,
 		Protocols:             &protocols,
 		// A backend that stops answering on a multiplexed connection is noticed by a ping,
-		// as client-go does, instead of stalling every request on it.
-		HTTP2:              &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
+		// as client-go does, instead of stalling every request on it. A stream's receive
+		// window is what the proxy buffers for a client slower than the backend (a big list, a
+		// watch): Go's default of 4 MiB per stream would be 4 GiB for 1,000 slow watches.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second,
+			MaxReceiveBufferPerStream: upstreamStreamWindow},
 		DisableCompression: true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
 }
 
-// transportFor picks the pool for a request: identity-forwarding requests must carry the
-// front-proxy certificate, and no other request may; upgrades go over HTTP/1.1.
-func (b *backend) transportFor(forwardsIdentity, upgrade bool) *http.Transport {
+// transportFor picks the connections for a request: identity-forwarding requests must carry
+// the front-proxy certificate, and no other request may; writes that are not upgrades go over
+// the pool's writes transport, everything else over HTTP/1.1 (see pool).
+func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) *http.Transport {
 	p := b.plain
 	if forwardsIdentity {
 		p = b.identity
 	}
-	if upgrade {
-		return p.upgrade
+	if a.Class() == policy.Write && !a.Upgrade {
+		return p.writes
 	}
-	return p.main
+	return p.h1
 }
 
-// warm opens connections to b ahead of a burst: when the fence lifts, every write held in hold
-// mode is forwarded at once, and a cold pool would pay a dial and a TLS handshake per
-// connection in the middle of it. Each pool sends GET /livez (a read: nothing is written): once,
-// and when the backend answered over HTTP/1.1, n-1 more at once, so that n connections are open.
+// warm opens the connections held writes will use, ahead of their release: when the fence lifts,
+// every write held in hold mode is forwarded at once, and a cold pool would pay a dial and a TLS
+// handshake per connection in the middle of it. Each pool's writes transport sends GET /livez
+// (a read: nothing is written): once, and when the backend answered over HTTP/1.1, n-1 more at
+// once, so that n connections are open.
 func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
 	pools := []*pool{b.plain}
 	if b.identity != nil {
@@ -157,7 +169,7 @@ func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
 	}
 }
 
-// ping sends GET /livez on p's main transport and returns the HTTP major version it went over.
+// ping sends GET /livez on p's writes transport and returns the HTTP major version it went over.
 func (p *pool) ping(ctx context.Context, u *url.URL) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -165,7 +177,7 @@ func (p *pool) ping(ctx context.Context, u *url.URL) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp, err := p.main.RoundTrip(req)
+	resp, err := p.writes.RoundTrip(req)
 	if err != nil {
 		return 0, err
 	}

@@ -34,7 +34,7 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 		Transport: roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			start := time.Now()
 			st := reqStateFrom(req.Context())
-			resp, err := st.backend.transportFor(st.identity != nil, st.attrs.Upgrade).RoundTrip(req)
+			resp, err := st.backend.transportFor(st.identity != nil, &st.attrs).RoundTrip(req)
 			upstreamDuration.Observe(time.Since(start).Seconds())
 			return resp, err
 		}),

@@ -458,7 +458,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url.String()+"/readyz", nil)
-	resp, err := b.plain.main.RoundTrip(req)
+	resp, err := b.plain.h1.RoundTrip(req)
 	if err != nil {
 		http.Error(w, "backend "+b.url.String()+" does not answer: "+err.Error(), http.StatusServiceUnavailable)
 		return

@@ -3,48 +3,68 @@ package proxy
 import (
 	"crypto/x509"
 	"net/http"
+	"strings"
 	"testing"
 )
 
-// TestUpstreamHTTP2: requests reach a backend that offers HTTP/2 over HTTP/2, with and without
-// a forwarded identity; an upgrade request goes over HTTP/1.1 (SPDY and WebSocket need it);
-// with --upstream-http2=false everything goes over HTTP/1.1.
-func TestUpstreamHTTP2(t *testing.T) {
+// TestUpstreamProtocols: to a backend that offers HTTP/2, writes go over HTTP/2, with and without
+// a forwarded identity; reads and upgrades (SPDY and WebSocket need it) over HTTP/1.1; with
+// --upstream-http2=false everything goes over HTTP/1.1.
+func TestUpstreamProtocols(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		http2     bool
-		wantProto int
+		name       string
+		http2      bool
+		writeProto int
 	}{{"http2", true, 2}, {"http1-only", false, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newIdentityFixture(t, func(o *Options, _ string) { o.UpstreamHTTP2 = tc.http2 })
 			alice, _, _ := f.clientCA.issue(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth)
-			for _, c := range []*http.Client{f.client(nil), f.client(&alice)} {
-				resp, err := c.Get(f.proxyURL + "/api/v1/namespaces/default/configmaps")
+			const path = "/api/v1/namespaces/default/configmaps"
+			upgrade, _ := http.NewRequest(http.MethodGet, f.proxyURL+"/api/v1/namespaces/default/pods/p/exec?command=ls", nil)
+			upgrade.Header.Set("Connection", "Upgrade")
+			upgrade.Header.Set("Upgrade", "SPDY/3.1")
+			steps := []struct {
+				client *http.Client
+				req    *http.Request
+				proto  int
+			}{
+				{f.client(nil), mustRequest(t, http.MethodPost, f.proxyURL+path), tc.writeProto},
+				{f.client(&alice), mustRequest(t, http.MethodPost, f.proxyURL+path), tc.writeProto},
+				{f.client(nil), mustRequest(t, http.MethodGet, f.proxyURL+path), 1},
+				{f.client(&alice), mustRequest(t, http.MethodGet, f.proxyURL+path), 1},
+				{f.client(&alice), upgrade, 1},
+			}
+			for _, s := range steps {
+				resp, err := s.client.Do(s.req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
 			}
-			req, _ := http.NewRequest(http.MethodGet, f.proxyURL+"/api/v1/namespaces/default/pods/p/exec?command=ls", nil)
-			req.Header.Set("Connection", "Upgrade")
-			req.Header.Set("Upgrade", "SPDY/3.1")
-			resp, err := f.client(&alice).Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
 			seen := f.backend.requests()
-			if len(seen) != 3 {
-				t.Fatalf("backend saw %d requests, want 3", len(seen))
+			if len(seen) != len(steps) {
+				t.Fatalf("backend saw %d requests, want %d", len(seen), len(steps))
 			}
-			for i, sr := range seen[:2] {
-				if sr.protoMajor != tc.wantProto {
-					t.Errorf("request %d reached the backend over HTTP/%d, want HTTP/%d", i, sr.protoMajor, tc.wantProto)
+			for i, s := range steps {
+				if seen[i].protoMajor != s.proto {
+					t.Errorf("%s %s reached the backend over HTTP/%d, want HTTP/%d", s.req.Method, s.req.URL.Path, seen[i].protoMajor, s.proto)
 				}
-			}
-			if seen[2].protoMajor != 1 {
-				t.Errorf("the upgrade reached the backend over HTTP/%d, want HTTP/1.1", seen[2].protoMajor)
 			}
 		})
 	}
+}
+
+func mustRequest(t *testing.T, method, url string) *http.Request {
+	t.Helper()
+	var body *strings.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader(`{"kind":"ConfigMap"}`)
+	} else {
+		body = strings.NewReader("")
+	}
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
 }

@@ -89,7 +89,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumable; ended", "reason", w.rv.why())
 		return false
 	}
-	resp, err := nb.transportFor(ri.identity, false).RoundTrip(resumeRequest(ri.req, nb, rv))
+	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(resumeRequest(ri.req, nb, rv))
 	if err != nil {
 		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
 		return false

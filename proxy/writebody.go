@@ -60,6 +60,11 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) ([
 	}
 	body := buf.Bytes()
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	// GetBody lets the HTTP/2 transport send the write again on a new connection when the
+	// backend refused its stream unprocessed (a graceful GOAWAY from an apiserver shutting down,
+	// REFUSED_STREAM): the write still reaches the backend's handler at most once. The HTTP/1.1
+	// transport never resends a POST, PUT, PATCH or DELETE, GetBody or not.
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	return body, nil
