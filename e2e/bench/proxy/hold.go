@@ -182,10 +182,10 @@ func (b *bench) hold(ctx context.Context, out io.Writer) error {
 		}
 		rounds = append(rounds, r)
 	}
-	fmt.Fprintf(out, "Hold mode (%d HTTP/2 connections x %d writers, fence off after 1s; %d rounds, last answer after fence off per round:",
+	fmt.Fprintf(out, "Hold mode (%d HTTP/2 connections x %d writers, fence off after 1s; %d rounds, last answer after fence off (proxy CPU per released write) per round:",
 		b.c.concurrency, holdWriters, len(rounds))
 	for _, r := range rounds {
-		fmt.Fprintf(out, " %s", ms(r.afterOff[len(r.afterOff)-1]))
+		fmt.Fprintf(out, " %s (%s)", ms(r.afterOff[len(r.afterOff)-1]), us(r.releaseCPU/time.Duration(max(r.answered, 1))))
 	}
 	fmt.Fprintln(out, "; the median round):")
 	slices.SortFunc(rounds, func(a, b holdResult) int {

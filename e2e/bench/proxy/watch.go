@@ -19,8 +19,8 @@ import (
 )
 
 // The watch fan-out scenario: many watchers open through a peer, the backend sends events at
-// a steady rate to all of them, each event carrying the time it was sent; every watcher
-// measures the delay to its arrival.
+// a steady rate to all of them, each event carrying the time the backend wrote it to that
+// watch; every watcher measures the delay to its arrival.
 
 const watchersPerConn = 10 // watches multiplexed on one HTTP/2 connection, as a client-go process does
 
@@ -42,13 +42,13 @@ func watchRun(ctx context.Context, bc *broadcaster, caFile, url string, pid, wat
 	defer closeIdle(clients)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var measureFrom atomic.Int64
-	measureFrom.Store(1 << 62)
+	var firstRV atomic.Int64 // the first event measured
+	firstRV.Store(1 << 62)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range watchers {
 		wg.Go(func() {
-			lat := watch(wctx, clients[i/watchersPerConn], url, &measureFrom)
+			lat := watch(wctx, clients[i/watchersPerConn], url, &firstRV)
 			mu.Lock()
 			res.delays = append(res.delays, lat...)
 			mu.Unlock()
@@ -63,12 +63,12 @@ func watchRun(ctx context.Context, bc *broadcaster, caFile, url string, pid, wat
 	start := time.Now()
 	var cpu0 time.Duration
 	for rv := 1; time.Since(start) < warmup+d; rv++ {
-		if measureFrom.Load() == 1<<62 && time.Since(start) >= warmup {
+		if firstRV.Load() == 1<<62 && time.Since(start) >= warmup {
 			cpu0 = procCPU(pid)
-			measureFrom.Store(time.Now().UnixNano())
+			firstRV.Store(int64(rv))
 		}
 		bc.send(rv)
-		if measureFrom.Load() != 1<<62 {
+		if firstRV.Load() != 1<<62 {
 			res.events++
 		}
 		<-tick.C
@@ -112,11 +112,26 @@ func waitWatchers(ctx context.Context, bc *broadcaster, n int) error {
 	})
 }
 
-var sentField = []byte(`"sent":"`)
+var sentField, rvField = []byte(`"sent":"`), []byte(`"resourceVersion":"`)
 
-// watch reads one watch stream until ctx ends and returns the delay of every event sent after
-// measureFrom.
-func watch(ctx context.Context, c *http.Client, url string, measureFrom *atomic.Int64) []time.Duration {
+// field is the value of the quoted field that starts after key in line, as an integer.
+func field(line, key []byte) (int64, bool) {
+	i := bytes.Index(line, key)
+	if i < 0 {
+		return 0, false
+	}
+	rest := line[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j <= 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+	return v, err == nil
+}
+
+// watch reads one watch stream until ctx ends and returns the delay of every event from
+// firstRV on.
+func watch(ctx context.Context, c *http.Client, url string, firstRV *atomic.Int64) []time.Duration {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := c.Do(req)
 	if err != nil {
@@ -128,14 +143,9 @@ func watch(ctx context.Context, c *http.Client, url string, measureFrom *atomic.
 	for {
 		line, err := br.ReadSlice('\n')
 		now := time.Now().UnixNano()
-		if i := bytes.Index(line, sentField); i >= 0 {
-			rest := line[i+len(sentField):]
-			if j := bytes.IndexByte(rest, '"'); j > 0 {
-				sent, _ := strconv.ParseInt(string(rest[:j]), 10, 64)
-				if sent >= measureFrom.Load() {
-					lat = append(lat, time.Duration(now-sent))
-				}
-			}
+		rv, ok := field(line, rvField)
+		if sent, ok2 := field(line, sentField); ok && ok2 && rv >= firstRV.Load() {
+			lat = append(lat, time.Duration(now-sent))
 		}
 		if err != nil && err != bufio.ErrBufferFull {
 			return lat
