@@ -192,6 +192,7 @@ func (b *bench) hold(ctx context.Context, out io.Writer) error {
 		return cmp.Compare(a.afterOff[len(a.afterOff)-1], b.afterOff[len(b.afterOff)-1])
 	})
 	printHold(out, rounds[len(rounds)/2])
+	fmt.Fprintln(out)
 	return nil
 }
 

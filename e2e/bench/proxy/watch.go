@@ -44,11 +44,12 @@ func watchRun(ctx context.Context, bc *broadcaster, caFile, url string, pid, wat
 	defer cancel()
 	var firstRV atomic.Int64 // the first event measured
 	firstRV.Store(1 << 62)
+	var arrived atomic.Int64 // measured events delivered so far, all watches together
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range watchers {
 		wg.Go(func() {
-			lat := watch(wctx, clients[i/watchersPerConn], url, &firstRV)
+			lat := watch(wctx, clients[i/watchersPerConn], url, &firstRV, &arrived)
 			mu.Lock()
 			res.delays = append(res.delays, lat...)
 			mu.Unlock()
@@ -73,7 +74,10 @@ func watchRun(ctx context.Context, bc *broadcaster, caFile, url string, pid, wat
 		}
 		<-tick.C
 	}
-	time.Sleep(200 * time.Millisecond) // the last events arrive
+	// The last events arrive (on saturated cores, later than one would think).
+	for deadline := time.Now().Add(10 * time.Second); arrived.Load() < int64(res.events*watchers) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if pid != 0 {
 		res.cpu = procCPU(pid) - cpu0
 	}
@@ -131,7 +135,7 @@ func field(line, key []byte) (int64, bool) {
 
 // watch reads one watch stream until ctx ends and returns the delay of every event from
 // firstRV on.
-func watch(ctx context.Context, c *http.Client, url string, firstRV *atomic.Int64) []time.Duration {
+func watch(ctx context.Context, c *http.Client, url string, firstRV, arrived *atomic.Int64) []time.Duration {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := c.Do(req)
 	if err != nil {
@@ -146,6 +150,7 @@ func watch(ctx context.Context, c *http.Client, url string, firstRV *atomic.Int6
 		rv, ok := field(line, rvField)
 		if sent, ok2 := field(line, sentField); ok && ok2 && rv >= firstRV.Load() {
 			lat = append(lat, time.Duration(now-sent))
+			arrived.Add(1)
 		}
 		if err != nil && err != bufio.ErrBufferFull {
 			return lat
