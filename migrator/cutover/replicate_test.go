@@ -145,21 +145,33 @@ func TestReplicateWindowBudget(t *testing.T) {
 	}
 }
 
-// TestReplicateCatchUpBeforeFence: a replicator that cannot catch up with blue right before the
-// fence fails the fence step before anything is fenced: its drain would not fit the window.
+// TestReplicateCatchUpBeforeFence: the catch-up right before the fence fails the step before
+// anything is fenced when the replicator has stopped, and fences anyway (the window's budget
+// then decides) when it only cannot catch up in time.
 func TestReplicateCatchUpBeforeFence(t *testing.T) {
-	r, calls, stopped, ctx := stuckReplicator(t, false)
-	r.preFence = 200 * time.Millisecond
-	rep, err := r.run(context.Background())
-	if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "catching up with blue before the fence") {
-		t.Fatalf("stuck replicator at the fence: %+v, %v", rep, err)
-	}
-	if len(*calls) != 0 {
-		t.Errorf("proxy calls %v, want none (never fenced)", *calls)
-	}
-	if r.repl != nil || ctx.Err() == nil || !slices.Equal(*stopped, []int{101}) {
-		t.Errorf("after the abort: replicator %v, green stopped %v", r.repl, *stopped)
-	}
+	t.Run("replicator stopped", func(t *testing.T) {
+		r, calls, _, _ := stuckReplicator(t, false)
+		r.repl.cancel()
+		<-r.repl.done
+		rep, err := r.run(context.Background())
+		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "replication stopped") {
+			t.Fatalf("stopped replicator at the fence: %+v, %v", rep, err)
+		}
+		if len(*calls) != 0 {
+			t.Errorf("proxy calls %v, want none (never fenced)", *calls)
+		}
+	})
+	t.Run("not caught up in time", func(t *testing.T) {
+		r, calls, _, _ := stuckReplicator(t, false)
+		r.preFence = 200 * time.Millisecond
+		rep, err := r.run(context.Background())
+		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "within the window") {
+			t.Fatalf("slow replicator at the fence: %+v, %v", rep, err)
+		}
+		if want := []string{"fence on", "fence off"}; !slices.Equal(*calls, want) {
+			t.Errorf("proxy calls %v, want %v", *calls, want)
+		}
+	})
 }
 
 // stuckReplicator is a runner resumed after the verify (and, with fenced, after the fence: the

@@ -61,22 +61,48 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 }
 
 // preFenceCatchUp bounds catching up with blue right before the fence (mode replicate).
-const preFenceCatchUp = 30 * time.Second
+const preFenceCatchUp = 10 * time.Second
 
-// catchUpBeforeFence waits until green is at blue's current revision, right before the fence:
-// what the window must drain is then only what blue takes between this and the fence's barrier,
-// not whatever lag replication had at that moment. A replicator that cannot catch up in
-// preFenceCatchUp does not keep up with blue's writes, and its drain would not fit the window:
-// the step fails before fencing anything.
+// catchUpRound is how short a catch-up round must be for green to count as caught up.
+const catchUpRound = 50 * time.Millisecond
+
+// catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
+// drains only what blue takes between this and the fence's barrier, not whatever lag
+// replication had at that moment. Each round waits until green applied blue's revision read at
+// its start; a round that takes at most catchUpRound means green is at most that far behind.
+// Under a writer faster than green for a while, rounds do not get shorter: after a few, or
+// after preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
+// always. A blue that cannot be read, or a replicator that stopped, fails the step before
+// anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 	d := preFenceCatchUp
 	if r.preFence > 0 {
 		d = r.preFence
 	}
-	cctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	if _, err := r.caughtUp(cctx); err != nil {
-		return fmt.Errorf("catching up with blue before the fence (%s): %w; replication does not keep up with blue's writes (%s), so its drain would not fit timeouts.window", d, err, progressLine(r.repl.rep.Progress()))
+	deadline := time.Now().Add(d)
+	for range 5 {
+		if time.Now().After(deadline) {
+			return nil
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		start := time.Now()
+		target, err := currentRevision(rctx, r.repl.blue)
+		if err == nil {
+			err = r.repl.rep.WaitFor(rctx, target)
+		}
+		cancel()
+		switch {
+		case err == nil && time.Since(start) <= catchUpRound:
+			return nil
+		case err == nil:
+			continue
+		case r.replicationAlive() != nil:
+			return r.replicationAlive()
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case time.Now().Before(deadline):
+			return fmt.Errorf("catching up with blue before the fence: %w", err)
+		}
 	}
 	return nil
 }
