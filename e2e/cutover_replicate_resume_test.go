@@ -3,7 +3,10 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -114,5 +117,41 @@ func TestCutoverReplicateCompaction(t *testing.T) {
 	sameKeysAt(t, blueCli, greenCli, j.SwitchRevision)
 	if resp, err := greenCli.Get(ctx, "/kubefence-test/before-compaction-", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 5 {
 		t.Errorf("writes made before the compaction on green: %+v %v", resp, err)
+	}
+}
+
+// TestCutoverReplicateAbort: Ctrl-C during replication (green's apiserver starting) aborts:
+// replication stopped, green stopped, blue open on its own backend, and the writer through the
+// proxy saw no error.
+func TestCutoverReplicateAbort(t *testing.T) {
+	f := newCutoverFixture(t)
+	cs := f.replicatePlan(t)
+	w := startWriter(cs, "repl")
+	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), ". "+cutover.StepGreenAPIServer+": ") {
+			_ = cmd.Process.Signal(os.Interrupt)
+		}
+	}
+	err = cmd.Wait()
+	t.Logf("kubefence cutover:\n%s", out.String())
+	if err == nil || !strings.Contains(out.String(), "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out.String(), ": aborted") {
+		t.Fatalf("want a clean abort at %s (err %v)", cutover.StepGreenAPIServer, err)
+	}
+	f.checkAborted(t)
+	time.Sleep(500 * time.Millisecond) // writes go on, on blue
+	acked, errs := w.finish()
+	if len(errs) > 0 || len(acked) == 0 {
+		t.Errorf("the writer: %d acknowledged, %d errors (first: %v)", len(acked), len(errs), errs)
 	}
 }
