@@ -18,7 +18,6 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
-	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // leader is a control-plane component behind the proxy and its Lease before the cutover.
@@ -37,7 +36,7 @@ func TestCutoverReplicateLeaders(t *testing.T) {
 	framework.RequireBins(t, framework.ControlPlaneBins...)
 	f := newCutoverFixture(t)
 	ctx := t.Context()
-	leadersPlan(t, f)
+	f.replicateSettings(t)
 	cs := f.proxyClient(t, 100)
 	leaders := startLeaders(t, f, cs)
 	deploymentScheduled(t, cs, "before")
@@ -97,17 +96,6 @@ func heldLeaseWrites(t *testing.T, proxyLog string) string {
 		return "none"
 	}
 	return fmt.Sprintf("%d\n%s", len(held), strings.Join(held, "\n"))
-}
-
-// leadersPlan turns the fixture's plan into mode replicate with fence mode hold.
-func leadersPlan(t *testing.T, f *cutoverFixture) {
-	t.Helper()
-	f.green.Plan.Migration.Mode = cutover.ModeReplicate
-	f.green.Plan.Proxy.FenceMode = admin.ModeHold
-	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
-	if err := f.green.Save(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // startLeaders starts kube-controller-manager and kube-scheduler behind the proxy, waits until

@@ -41,16 +41,7 @@ func TestCutoverRehearse(t *testing.T) {
 	if j.State != cutover.StateRehearsed || j.Rehearsal == nil || j.Rehearsal.PredictedWindow <= 0 {
 		t.Fatalf("journal after the rehearsal: state %s, rehearsal %+v", j.State, j.Rehearsal)
 	}
-	for name, pid := range j.GreenPIDs {
-		if framework.Running(pid) {
-			t.Errorf("green %s (pid %d) still runs after the rehearsal", name, pid)
-		}
-	}
-	for _, m := range f.green.Plan.Green.Etcd.Members {
-		if _, err := os.Stat(m.DataDir); !os.IsNotExist(err) {
-			t.Errorf("green data dir %s left after the rehearsal: %v", m.DataDir, err)
-		}
-	}
+	checkGreenGone(t, f, j, "the rehearsal")
 	predicted := j.Rehearsal.PredictedWindow
 	out, err = f.cutoverCmd(ctx)
 	t.Logf("kubefence cutover:\n%s", out)
@@ -94,14 +85,20 @@ func TestCutoverCleanup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkGreenGone(t, f, j, "abort and cleanup")
+}
+
+// checkGreenGone checks that no green process of journal j runs and no green data dir is left.
+func checkGreenGone(t *testing.T, f *cutoverFixture, j *cutover.Journal, after string) {
+	t.Helper()
 	for name, pid := range j.GreenPIDs {
 		if framework.Running(pid) {
-			t.Errorf("green %s (pid %d) still runs after abort and cleanup", name, pid)
+			t.Errorf("green %s (pid %d) still runs after %s", name, pid, after)
 		}
 	}
 	for _, m := range f.green.Plan.Green.Etcd.Members {
 		if _, err := os.Stat(m.DataDir); !os.IsNotExist(err) {
-			t.Errorf("green data dir %s left after cleanup: %v", m.DataDir, err)
+			t.Errorf("green data dir %s left after %s: %v", m.DataDir, after, err)
 		}
 	}
 }

@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -127,25 +125,9 @@ func TestCutoverReplicateAbort(t *testing.T) {
 	f := newCutoverFixture(t)
 	cs := f.replicatePlan(t)
 	w := startWriter(cs, "repl")
-	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	sc := bufio.NewScanner(pipe)
-	for sc.Scan() {
-		out.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), ". "+cutover.StepGreenAPIServer+": ") {
-			_ = cmd.Process.Signal(os.Interrupt)
-		}
-	}
-	err = cmd.Wait()
-	t.Logf("kubefence cutover:\n%s", out.String())
-	if err == nil || !strings.Contains(out.String(), "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out.String(), ": aborted") {
+	out, err := f.signalAtStep(t, cutover.StepGreenAPIServer, os.Interrupt)
+	t.Logf("kubefence cutover:\n%s", out)
+	if err == nil || !strings.Contains(out, "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out, ": aborted") {
 		t.Fatalf("want a clean abort at %s (err %v)", cutover.StepGreenAPIServer, err)
 	}
 	f.checkAborted(t)

@@ -186,12 +186,7 @@ func informerHas(t *testing.T, store cache.Store, acked []string) {
 // namespace repl with 100 configmaps of 2 KB; it returns a client of the proxy.
 func (f *cutoverFixture) replicatePlan(t *testing.T) *kubernetes.Clientset {
 	t.Helper()
-	f.green.Plan.Migration.Mode = cutover.ModeReplicate
-	f.green.Plan.Proxy.FenceMode = admin.ModeHold
-	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
-	if err := f.green.Save(); err != nil {
-		t.Fatal(err)
-	}
+	f.replicateSettings(t)
 	cs := f.proxyClient(t, 1000)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "repl"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -203,6 +198,17 @@ func (f *cutoverFixture) replicatePlan(t *testing.T) *kubernetes.Clientset {
 		}
 	}
 	return cs
+}
+
+// replicateSettings turns the fixture's plan into mode replicate with fence mode hold.
+func (f *cutoverFixture) replicateSettings(t *testing.T) {
+	t.Helper()
+	f.green.Plan.Migration.Mode = cutover.ModeReplicate
+	f.green.Plan.Proxy.FenceMode = admin.ModeHold
+	f.green.Plan.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // putWhenReplicating waits until the cutover's journal shows the replicate step done, then

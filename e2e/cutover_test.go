@@ -568,28 +568,35 @@ func TestCutoverInterrupted(t *testing.T) {
 	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			f := newCutoverFixture(t)
-			cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
-			pipe, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			var out strings.Builder
-			sc := bufio.NewScanner(pipe)
-			for sc.Scan() {
-				out.WriteString(sc.Text() + "\n")
-				if strings.Contains(sc.Text(), ". "+cutover.StepGreenAPIServer+": ") {
-					_ = cmd.Process.Signal(sig)
-				}
-			}
-			err = cmd.Wait()
-			t.Logf("kubefence cutover:\n%s", out.String())
-			if err == nil || !strings.Contains(out.String(), "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out.String(), ": aborted") {
+			out, err := f.signalAtStep(t, cutover.StepGreenAPIServer, sig)
+			t.Logf("kubefence cutover:\n%s", out)
+			if err == nil || !strings.Contains(out, "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out, ": aborted") {
 				t.Fatalf("want a clean abort at %s after %s (err %v)", cutover.StepGreenAPIServer, sig, err)
 			}
 			f.checkAborted(t)
 		})
 	}
+}
+
+// signalAtStep runs `kubefence cutover`, sends it sig as it starts step, and returns its output
+// and exit error.
+func (f *cutoverFixture) signalAtStep(t *testing.T, step string, sig os.Signal) (string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), ". "+step+": ") {
+			_ = cmd.Process.Signal(sig)
+		}
+	}
+	return out.String(), cmd.Wait()
 }

@@ -6,12 +6,8 @@ import (
 	"io"
 	"os/exec"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubefence/kubefence/e2e/framework"
@@ -101,26 +97,4 @@ func rateWord(rate int) string {
 		return "off"
 	}
 	return fmt.Sprintf("at %d writes/s", rate)
-}
-
-// createConfigMaps creates n configmaps of ~2 KB in namespace shop, 16 at a time.
-func createConfigMaps(ctx context.Context, cs *kubernetes.Clientset, n int) error {
-	payload := strings.Repeat("x", 2000)
-	var next atomic.Int64
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("config-%06d", i)}, Data: map[string]string{"payload": payload}}
-				if _, err := cs.CoreV1().ConfigMaps("shop").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }

@@ -319,7 +319,7 @@ func createWorkload(ctx context.Context, cs *kubernetes.Clientset, n int) error 
 			return err
 		}
 	}
-	if err := createConfigMaps(ctx, cs, n); err != nil {
+	if err := framework.CreateConfigMaps(ctx, cs, "shop", "config", n, 2000); err != nil {
 		return err
 	}
 	for i := range 10 {

@@ -128,35 +128,46 @@ func (r *runner) stopGreen() ([]string, error) {
 
 // Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.
 func Abort(ctx context.Context, o Options) (*Report, error) {
+	var rep *Report
+	err := withJournal(o, "no cutover to abort", func(r *runner) (err error) {
+		rep, err = r.abortByOperator(ctx)
+		return err
+	})
+	return rep, err
+}
+
+// withJournal runs do on a runner of the journaled cutover in o's state dir, holding the state
+// dir's lock; none says what a missing state dir or journal means ("no cutover to abort").
+func withJournal(o Options, none string, do func(*runner) error) error {
 	if _, err := os.Stat(o.Plan.StateDir); err != nil {
-		return nil, fmt.Errorf("no cutover to abort: %w", err)
+		return fmt.Errorf("%s: %w", none, err)
 	}
 	lock, err := lockStateDir(o.Plan.StateDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lock.unlock()
 	j, err := LoadJournal(o.Plan.StateDir)
 	if errors.Is(err, errNoJournal) {
-		return nil, fmt.Errorf("no cutover to abort: no journal in %s", o.Plan.StateDir)
+		return fmt.Errorf("%s: no journal in %s", none, o.Plan.StateDir)
 	}
 	if err != nil {
-		return nil, err
+		return err
+	}
+	if j.GreenPIDs == nil {
+		j.GreenPIDs = map[string]int{}
 	}
 	r, err := newRunner(o, j)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return r.abortByOperator(ctx)
+	return do(r)
 }
 
 // abortByOperator is `kubefence cutover abort` on the journal of a cutover.
 func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
 	if r.j.State != StateRunning {
 		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", r.j.ID, r.j.State)
-	}
-	if r.j.GreenPIDs == nil {
-		r.j.GreenPIDs = map[string]int{}
 	}
 	if err := r.abort(ctx, "aborted by the operator"); err != nil {
 		return nil, err

@@ -2,9 +2,7 @@ package cutover
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 )
 
 // CleanupReport is what `kubefence cutover cleanup` did.
@@ -22,29 +20,12 @@ type CleanupReport struct {
 // with removeDataDirs, removes the green data dirs that cutover restored. A cutover in progress
 // or done is refused: its green is in use.
 func Cleanup(ctx context.Context, o Options, removeDataDirs bool) (*CleanupReport, error) {
-	if _, err := os.Stat(o.Plan.StateDir); err != nil {
-		return nil, fmt.Errorf("nothing to clean up: %w", err)
-	}
-	lock, err := lockStateDir(o.Plan.StateDir)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.unlock()
-	j, err := LoadJournal(o.Plan.StateDir)
-	if errors.Is(err, errNoJournal) {
-		return nil, fmt.Errorf("nothing to clean up: no journal in %s", o.Plan.StateDir)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if j.GreenPIDs == nil {
-		j.GreenPIDs = map[string]int{}
-	}
-	r, err := newRunner(Options{Plan: o.Plan, Log: o.Log}, j)
-	if err != nil {
-		return nil, err
-	}
-	return r.cleanup(removeDataDirs)
+	var rep *CleanupReport
+	err := withJournal(Options{Plan: o.Plan, Log: o.Log}, "nothing to clean up", func(r *runner) (err error) {
+		rep, err = r.cleanup(removeDataDirs)
+		return err
+	})
+	return rep, err
 }
 
 // cleanup is Cleanup on the journal r holds.

@@ -311,31 +311,10 @@ func clientset(kubeconfig string) (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// populate creates n configmaps of ~2 KB in namespace bench with 16 concurrent writers.
+// populate creates n configmaps of ~2 KB in namespace bench, 16 at a time.
 func populate(ctx context.Context, cs *kubernetes.Clientset, n int) error {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	payload := strings.Repeat("x", 2000)
-	var next atomic.Int64
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%06d", i)}, Data: map[string]string{"payload": payload}}
-				if _, err := cs.CoreV1().ConfigMaps("bench").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return framework.CreateConfigMaps(ctx, cs, "bench", "cm", n, 2000)
 }
