@@ -48,20 +48,24 @@ type TransportOptions struct {
 	HTTP1Only bool
 }
 
-// pool is the connections to one backend for one identity. Reads and upgrades go over h1, one
-// HTTP/1.1 connection per concurrent request: upgrades need HTTP/1.1, and Go's HTTP/2 client
-// writes a WINDOW_UPDATE frame (a TLS record and a system call) for every 4 KB it reads, which
-// made a 1 MB list cost the proxy ~40% more CPU than over HTTP/1.1 (docs/benchmarks.md). Writes
-// go over writes: HTTP/2 when the backend offers it (kube-apiserver does), so that a burst of
-// them (held writes released at fence off) shares one warm connection instead of opening one
-// per concurrent write; with HTTP1Only, writes is h1.
-type pool struct{ h1, writes *http.Transport }
+// pool is the connections to one backend for one identity, chosen by measurement
+// (docs/benchmarks.md). Reads and upgrades go over h1, one HTTP/1.1 connection per concurrent
+// request: upgrades need HTTP/1.1, and Go's HTTP/2 client writes a WINDOW_UPDATE frame (a TLS
+// record and a system call) for every 4 KB it reads, which made a 1 MB list cost the proxy ~40%
+// more CPU than over HTTP/1.1. Watches, whose events are small, cost a third less CPU per event
+// multiplexed on HTTP/2 than one HTTP/1.1 connection each. Writes have small answers and come in
+// bursts (held writes released at fence off): over HTTP/2 they share one warm connection instead
+// of opening one per concurrent write. writes and watches are HTTP/2 when the backend offers it
+// (kube-apiserver does), separate so that long-lived watches never fill the connection writes
+// use; with HTTP1Only both are h1.
+type pool struct{ h1, writes, watches *http.Transport }
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
 	p := &pool{h1: newTransport(tlsConfig, topts, false)}
-	p.writes = p.h1
+	p.writes, p.watches = p.h1, p.h1
 	if !topts.HTTP1Only {
 		p.writes = newTransport(tlsConfig, topts, true)
+		p.watches = newTransport(tlsConfig, topts, true)
 	}
 	return p
 }
@@ -69,6 +73,7 @@ func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
 func (p *pool) closeIdle() {
 	p.h1.CloseIdleConnections()
 	p.writes.CloseIdleConnections()
+	p.watches.CloseIdleConnections()
 }
 
 func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error) {
@@ -131,14 +136,19 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *ht
 }
 
 // transportFor picks the connections for a request: identity-forwarding requests must carry
-// the front-proxy certificate, and no other request may; writes that are not upgrades go over
-// the pool's writes transport, everything else over HTTP/1.1 (see pool).
+// the front-proxy certificate, and no other request may; then watches, writes (not upgrades)
+// and everything else each have their transport (see pool).
 func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) *http.Transport {
 	p := b.plain
 	if forwardsIdentity {
 		p = b.identity
 	}
-	if a.Class() == policy.Write && !a.Upgrade {
+	switch {
+	case a.Upgrade:
+		return p.h1
+	case a.Verb == "watch":
+		return p.watches
+	case a.Class() == policy.Write:
 		return p.writes
 	}
 	return p.h1

@@ -28,8 +28,8 @@ type Options struct {
 
 	Upstream       string
 	UpstreamCAFile string
-	// UpstreamHTTP2 sends writes over HTTP/2 to backends that offer it (reads and upgrades stay
-	// on HTTP/1.1).
+	// UpstreamHTTP2 sends writes and watches over HTTP/2 to backends that offer it (other reads
+	// and upgrades stay on HTTP/1.1).
 	UpstreamHTTP2 bool
 
 	// ClientCAFile turns on client-certificate authentication; the identity is forwarded with
@@ -111,7 +111,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "private key of --tls-cert-file")
 	fs.StringVar(&o.Upstream, "upstream", o.Upstream, "URL of the backend kube-apiserver, e.g. https://10.0.0.10:6443 (a state file's backend takes precedence)")
 	fs.StringVar(&o.UpstreamCAFile, "upstream-ca-file", o.UpstreamCAFile, "CA bundle that verifies the backend's serving certificate (default: system roots)")
-	fs.BoolVar(&o.UpstreamHTTP2, "upstream-http2", o.UpstreamHTTP2, "send writes to the backend over HTTP/2 when it offers it, so that a burst of them (held writes released at fence off) shares a warm connection; reads and upgrades always use HTTP/1.1 connections, one per concurrent request")
+	fs.BoolVar(&o.UpstreamHTTP2, "upstream-http2", o.UpstreamHTTP2, "send writes and watches to the backend over HTTP/2 when it offers it (writes share a warm connection when held writes are released at fence off; watch events cost less CPU multiplexed); other reads and upgrades always use HTTP/1.1 connections, one per concurrent request")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "verify client certificates against this CA and forward their identity (CN user, O groups) to the backend with front-proxy headers")
 	fs.StringVar(&o.UpstreamClientCertFile, "upstream-client-cert-file", o.UpstreamClientCertFile, "front-proxy client certificate presented to the backend when forwarding an identity (signed by its --requestheader-client-ca-file, CN in its --requestheader-allowed-names)")
 	fs.StringVar(&o.UpstreamClientKeyFile, "upstream-client-key-file", o.UpstreamClientKeyFile, "private key of --upstream-client-cert-file")

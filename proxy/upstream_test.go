@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// TestUpstreamProtocols: to a backend that offers HTTP/2, writes go over HTTP/2, with and without
-// a forwarded identity; reads and upgrades (SPDY and WebSocket need it) over HTTP/1.1; with
-// --upstream-http2=false everything goes over HTTP/1.1.
+// TestUpstreamProtocols: to a backend that offers HTTP/2, writes and watches go over HTTP/2, with
+// and without a forwarded identity; other reads and upgrades (SPDY and WebSocket need it) over
+// HTTP/1.1; with --upstream-http2=false everything goes over HTTP/1.1.
 func TestUpstreamProtocols(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -32,6 +32,8 @@ func TestUpstreamProtocols(t *testing.T) {
 				{f.client(&alice), mustRequest(t, http.MethodPost, f.proxyURL+path), tc.writeProto},
 				{f.client(nil), mustRequest(t, http.MethodGet, f.proxyURL+path), 1},
 				{f.client(&alice), mustRequest(t, http.MethodGet, f.proxyURL+path), 1},
+				{f.client(nil), mustRequest(t, http.MethodGet, f.proxyURL+path+"?watch=true"), tc.writeProto},
+				{f.client(&alice), mustRequest(t, http.MethodGet, f.proxyURL+path+"?watch=true"), tc.writeProto},
 				{f.client(&alice), upgrade, 1},
 			}
 			for _, s := range steps {
