@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"crypto/x509"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestUpstreamProtocols: to a backend that offers HTTP/2, writes and watches go over HTTP/2, with
@@ -69,4 +72,31 @@ func mustRequest(t *testing.T, method, url string) *http.Request {
 		t.Fatal(err)
 	}
 	return req
+}
+
+// TestWriteBodyResendable: a write's body, read whole before the fence admits it, can be produced
+// again (GetBody), so that the HTTP/2 transport resends a write the backend refused unprocessed
+// (graceful GOAWAY, REFUSED_STREAM) instead of failing it.
+func TestWriteBodyResendable(t *testing.T) {
+	const body = `{"kind":"ConfigMap","metadata":{"name":"x"}}`
+	r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/default/configmaps", strings.NewReader(body))
+	if _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if r.GetBody == nil {
+		t.Fatal("no GetBody: a write refused unprocessed by the backend could not be sent again")
+	}
+	for range 2 {
+		rc, err := r.GetBody()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(rc)
+		if string(b) != body {
+			t.Fatalf("GetBody gave %q, want %q", b, body)
+		}
+	}
+	if b, _ := io.ReadAll(r.Body); string(b) != body {
+		t.Fatalf("Body gave %q, want %q", b, body)
+	}
 }
