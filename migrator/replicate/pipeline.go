@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -176,7 +177,10 @@ func (p *pipeline) resync(ctx context.Context, cause error) error {
 	p.wait()
 	p.resyncs++
 	if p.resyncs > 10 {
-		return fmt.Errorf("replicate: applying blue's revision %d to green failed 10 times: %v", p.flight[0].rev, cause)
+		if cause == nil {
+			cause = errors.New("its guards failed: green was not at the revision before it")
+		}
+		return fmt.Errorf("replicate: applying blue's revision %d to green failed 10 times: %w", p.flight[0].rev, cause)
 	}
 	if p.resyncs > 1 {
 		select {
