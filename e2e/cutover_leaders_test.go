@@ -20,12 +20,6 @@ import (
 	"github.com/kubefence/kubefence/migrator/cutover"
 )
 
-// leader is a control-plane component behind the proxy and its Lease before the cutover.
-type leader struct {
-	c      *framework.ControlPlaneComponent
-	before framework.LeaseState
-}
-
 // TestCutoverReplicateLeaders: real kube-controller-manager and kube-scheduler, with kubeadm's
 // client certificates and leader election at the defaults (15 s lease, 10 s renew deadline, 2 s
 // retry), talk to blue through the proxy. The replication cutover (fence mode hold, default
@@ -71,7 +65,7 @@ func TestCutoverReplicateLeaders(t *testing.T) {
 	}
 	deploymentScheduled(t, cs, "after")
 	for _, l := range leaders {
-		if err := l.c.Restarted(); err != nil {
+		if err := l.C.Restarted(); err != nil {
 			t.Errorf("after the cutover: %v", err)
 		}
 	}
@@ -98,56 +92,41 @@ func heldLeaseWrites(t *testing.T, proxyLog string) string {
 	return fmt.Sprintf("%d\n%s", len(held), strings.Join(held, "\n"))
 }
 
-// startLeaders starts kube-controller-manager and kube-scheduler behind the proxy, waits until
-// each holds its Lease and has renewed it once (steady state), and returns them.
-func startLeaders(t *testing.T, f *cutoverFixture, cs kubernetes.Interface) []*leader {
+// startLeaders starts kube-controller-manager and kube-scheduler behind the proxy and waits
+// until each leads steadily.
+func startLeaders(t *testing.T, f *cutoverFixture, cs kubernetes.Interface) []framework.Leader {
 	t.Helper()
-	cfg := framework.ControlPlaneConfig{Server: f.px.URL, PKI: f.pki}
-	kcm, err := f.env.StartControllerManager(cfg)
+	start := time.Now()
+	leaders, err := f.env.StartLeaders(t.Context(), framework.ControlPlaneConfig{Server: f.px.URL, PKI: f.pki}, cs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sched, err := f.env.StartScheduler(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var leaders []*leader
-	for _, c := range []*framework.ControlPlaneComponent{kcm, sched} {
-		start := time.Now()
-		acquired, err := c.WaitLeader(t.Context(), cs, 2*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		before, err := c.WaitRenewedAfter(t.Context(), cs, acquired.RenewTime, framework.LeaseDuration)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s leads after %s: %s", c.Name, time.Since(start).Round(time.Millisecond), before)
-		leaders = append(leaders, &leader{c: c, before: before})
+	for _, l := range leaders {
+		t.Logf("%s leads (%s after the start): %s", l.C.Name, time.Since(start).Round(time.Millisecond), l.Before)
 	}
 	return leaders
 }
 
 // checkKeptLease checks l still holds its Lease on green: renewed after unfenced, by the same
 // holder, with no new transition, and the process neither exited nor lost the election.
-func checkKeptLease(t *testing.T, green kubernetes.Interface, l *leader, unfenced time.Time) {
+func checkKeptLease(t *testing.T, green kubernetes.Interface, l framework.Leader, unfenced time.Time) {
 	t.Helper()
-	after, err := l.c.WaitRenewedAfter(t.Context(), green, unfenced, framework.RenewDeadline)
+	after, err := l.C.WaitRenewedAfter(t.Context(), green, unfenced, framework.RenewDeadline)
 	if err != nil {
 		t.Errorf("the leader did not keep renewing on green: %v", err)
 		return
 	}
-	t.Logf("%s on green: %s (renewed %s after the unfence)", l.c.Name, after, after.RenewTime.Sub(unfenced).Round(time.Millisecond))
-	if after.Holder != l.before.Holder {
-		t.Errorf("%s lease holder changed across the cutover: %q, was %q", l.c.Name, after.Holder, l.before.Holder)
+	t.Logf("%s on green: %s (renewed %s after the unfence)", l.C.Name, after, after.RenewTime.Sub(unfenced).Round(time.Millisecond))
+	if after.Holder != l.Before.Holder {
+		t.Errorf("%s lease holder changed across the cutover: %q, was %q", l.C.Name, after.Holder, l.Before.Holder)
 	}
-	if after.Transitions != l.before.Transitions {
-		t.Errorf("%s leaseTransitions changed across the cutover: %d, was %d", l.c.Name, after.Transitions, l.before.Transitions)
+	if after.Transitions != l.Before.Transitions {
+		t.Errorf("%s leaseTransitions changed across the cutover: %d, was %d", l.C.Name, after.Transitions, l.Before.Transitions)
 	}
-	if !after.AcquireTime.Equal(l.before.AcquireTime) {
-		t.Errorf("%s lease re-acquired across the cutover at %s, first at %s", l.c.Name, after.AcquireTime, l.before.AcquireTime)
+	if !after.AcquireTime.Equal(l.Before.AcquireTime) {
+		t.Errorf("%s lease re-acquired across the cutover at %s, first at %s", l.C.Name, after.AcquireTime, l.Before.AcquireTime)
 	}
-	if err := l.c.Restarted(); err != nil {
+	if err := l.C.Restarted(); err != nil {
 		t.Errorf("across the cutover: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -478,4 +479,25 @@ func (i *indent) Write(p []byte) (int, error) {
 		i.mid = !strings.HasSuffix(line, "\n")
 	}
 	return len(p), nil
+}
+
+// cutoverCmd runs `kubefence cutover --plan plan args...`, its output indented under the step.
+func cutoverCmd(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan string, args ...string) error {
+	cmd := exec.CommandContext(ctx, bin, append([]string{"cutover", "--plan", plan}, args...)...)
+	cmd.Stdout = &indent{w: out, prefix: "            | "}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kubefence cutover %s: %w (logs in %s)", strings.Join(args, " "), err, env.LogDir)
+	}
+	return nil
+}
+
+func rateWord(rate int) string {
+	switch {
+	case rate < 0:
+		return "as fast as the API lets it"
+	case rate == 0:
+		return "off"
+	}
+	return fmt.Sprintf("at %d writes/s", rate)
 }

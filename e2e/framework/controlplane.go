@@ -229,3 +229,36 @@ func (c *ControlPlaneComponent) logContains(s string) bool {
 	b, err := os.ReadFile(c.Proc.LogPath)
 	return err == nil && bytes.Contains(bytes.ToLower(b), bytes.ToLower([]byte(s)))
 }
+
+// Leader is a running kube-controller-manager or kube-scheduler with its Lease as it stood once
+// it led steadily.
+type Leader struct {
+	C      *ControlPlaneComponent
+	Before LeaseState
+}
+
+// StartLeaders starts kube-controller-manager and kube-scheduler as cfg says, waits until each
+// holds its Lease (read through cs) and has renewed it once (steady state), and returns them.
+func (e *Env) StartLeaders(ctx context.Context, cfg ControlPlaneConfig, cs kubernetes.Interface) ([]Leader, error) {
+	kcm, err := e.StartControllerManager(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sched, err := e.StartScheduler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var out []Leader
+	for _, c := range []*ControlPlaneComponent{kcm, sched} {
+		acquired, err := c.WaitLeader(ctx, cs, 2*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		before, err := c.WaitRenewedAfter(ctx, cs, acquired.RenewTime, LeaseDuration)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Leader{C: c, Before: before})
+	}
+	return out, nil
+}

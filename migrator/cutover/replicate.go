@@ -94,16 +94,6 @@ func newEtcdClient(spec datadir.ConnSpec) (*clientv3.Client, error) {
 	return clientv3.New(cfg)
 }
 
-// startReplication starts replicating blue into green from revision from, in a goroutine of
-// this process that runs until stopReplication.
-func (r *runner) startReplication(from int64) error {
-	blue, green, err := r.replicationClients()
-	if err != nil {
-		return err
-	}
-	return r.startReplicationWith(blue, green, from)
-}
-
 // replicationClients connects to blue and green etcd for replication.
 func (r *runner) replicationClients() (blue, green *clientv3.Client, err error) {
 	blue, err = newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
@@ -118,9 +108,10 @@ func (r *runner) replicationClients() (blue, green *clientv3.Client, err error) 
 	return blue, green, nil
 }
 
-// startReplicationWith is startReplication on clients it then owns (closed when replication
-// stops, or now if it cannot start).
-func (r *runner) startReplicationWith(blue, green *clientv3.Client, from int64) error {
+// startReplication starts replicating blue into green from revision from, on clients it then
+// owns (closed when replication stops, or now if it cannot start), in a goroutine of this
+// process that runs until stopReplication.
+func (r *runner) startReplication(blue, green *clientv3.Client, from int64) error {
 	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: from, Log: r.o.Log})
 	if err != nil {
 		blue.Close()
@@ -180,7 +171,7 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 		green.Close()
 		return "", fmt.Errorf("picking replication up again (the cutover process that replicated stopped): %w; abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again", err)
 	}
-	if err := r.startReplicationWith(blue, green, rev); err != nil {
+	if err := r.startReplication(blue, green, rev); err != nil {
 		return "", err
 	}
 	if rev == r.j.SnapshotRevision {

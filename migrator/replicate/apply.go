@@ -141,35 +141,11 @@ func (r *Replicator) ops(ctx context.Context, rev int64, evs []*clientv3.Event) 
 
 // compareRevision says how green's revision rev differs from blue's events of it ("" if not).
 func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clientv3.Event) (string, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var got []*clientv3.Event
-	for resp := range r.cfg.Dest.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(rev)) {
-		if err := resp.Err(); err != nil {
-			return "", err
-		}
-		for _, ev := range resp.Events {
-			if ev.Kv.ModRevision == rev {
-				got = append(got, ev)
-			}
-		}
-		if len(resp.Events) > 0 {
-			break
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	got, err := eventsAt(ctx, r.cfg.Dest, rev)
+	if err != nil {
 		return "", err
 	}
-	if len(got) != len(evs) {
-		return fmt.Sprintf("green's holds %d events, blue's %d", len(got), len(evs)), nil
-	}
-	for i, g := range got {
-		b := evs[i]
-		if g.Type != b.Type || string(g.Kv.Key) != string(b.Kv.Key) || string(g.Kv.Value) != string(b.Kv.Value) || g.Kv.Lease != b.Kv.Lease {
-			return fmt.Sprintf("event %d: green %v %q (%d bytes, lease %x), blue %v %q (%d bytes, lease %x)", i, g.Type, g.Kv.Key, len(g.Kv.Value), g.Kv.Lease, b.Type, b.Kv.Key, len(b.Kv.Value), b.Kv.Lease), nil
-		}
-	}
-	return "", nil
+	return diffEvents(evs, got), nil
 }
 
 // definite turns the errors that sending again cannot fix into what to do about them; nil for

@@ -33,27 +33,27 @@ func Tip(ctx context.Context, blue, green *clientv3.Client) (int64, error) {
 	if rev > b.Header.Revision {
 		return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", ErrRevisionMismatch, rev, b.Header.Revision)
 	}
-	be, err := changesAt(ctx, blue, rev)
+	be, err := eventsAt(ctx, blue, rev)
 	if err != nil {
 		return 0, fmt.Errorf("blue's revision %d: %w", rev, err)
 	}
-	ge, err := changesAt(ctx, green, rev)
+	ge, err := eventsAt(ctx, green, rev)
 	if err != nil {
 		return 0, fmt.Errorf("green's revision %d: %w", rev, err)
 	}
-	if err := sameChanges(be, ge); err != nil {
-		return 0, fmt.Errorf("%w: at revision %d (green's newest) %v: green changed something by itself (a lease expired there while nobody kept it alive?)", ErrRevisionMismatch, rev, err)
+	if diff := diffEvents(be, ge); diff != "" {
+		return 0, fmt.Errorf("%w: at revision %d (green's newest) %s: green changed something by itself (a lease expired there while nobody kept it alive?)", ErrRevisionMismatch, rev, diff)
 	}
 	return rev, nil
 }
 
-// changesAt returns the events of revision rev, read with a watch from rev. etcd never splits
+// eventsAt returns the events of revision rev, read with a watch from rev. etcd never splits
 // one revision's events across watch responses (the client joins fragments), so the first
 // response with events holds all of them.
-func changesAt(ctx context.Context, c *clientv3.Client, rev int64) ([]*clientv3.Event, error) {
+func eventsAt(ctx context.Context, c *clientv3.Client, rev int64) ([]*clientv3.Event, error) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for resp := range c.Watch(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(rev)) {
+	for resp := range c.Watch(ctx, "", clientv3.WithPrefix(), clientv3.WithRev(rev)) {
 		if err := resp.Err(); err != nil {
 			if errors.Is(err, rpctypes.ErrCompacted) {
 				return nil, fmt.Errorf("%w (compacted at %d)", ErrCompacted, resp.CompactRevision)
@@ -77,18 +77,21 @@ func changesAt(ctx context.Context, c *clientv3.Client, rev int64) ([]*clientv3.
 	return nil, errors.New("the watch ended before the revision's changes arrived")
 }
 
-// sameChanges compares two revisions' events.
-func sameChanges(a, b []*clientv3.Event) error {
-	if len(a) != len(b) {
-		return fmt.Errorf("blue has %d change(s), green %d", len(a), len(b))
+// diffEvents says how green's events of one revision differ from blue's ("" if they do not):
+// type, key, value, create and mod revision, version and lease of each, in order.
+func diffEvents(blue, green []*clientv3.Event) string {
+	if len(blue) != len(green) {
+		return fmt.Sprintf("blue has %d change(s), green %d", len(blue), len(green))
 	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if x.Type != y.Type || !sameKV(x.Kv, y.Kv) {
-			return fmt.Errorf("change %d differs: blue %s %q, green %s %q", i, x.Type, x.Kv.Key, y.Type, y.Kv.Key)
+	for i, b := range blue {
+		g := green[i]
+		if b.Type != g.Type || !sameKV(b.Kv, g.Kv) {
+			return fmt.Sprintf("change %d differs: blue %v %q (%d bytes, revisions %d/%d, version %d, lease %x), green %v %q (%d bytes, revisions %d/%d, version %d, lease %x)",
+				i, b.Type, b.Kv.Key, len(b.Kv.Value), b.Kv.CreateRevision, b.Kv.ModRevision, b.Kv.Version, b.Kv.Lease,
+				g.Type, g.Kv.Key, len(g.Kv.Value), g.Kv.CreateRevision, g.Kv.ModRevision, g.Kv.Version, g.Kv.Lease)
 		}
 	}
-	return nil
+	return ""
 }
 
 func sameKV(x, y *mvccpb.KeyValue) bool {
