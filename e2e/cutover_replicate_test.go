@@ -275,7 +275,13 @@ func checkAckedOnGreen(t *testing.T, f *cutoverFixture, acked []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := gcs.CoreV1().ConfigMaps("repl").List(t.Context(), metav1.ListOptions{})
+	checkAckedOn(t, gcs, acked, "green")
+}
+
+// checkAckedOn checks every configmap in acked is in namespace repl of cs (side names it).
+func checkAckedOn(t *testing.T, cs kubernetes.Interface, acked []string, side string) {
+	t.Helper()
+	list, err := cs.CoreV1().ConfigMaps("repl").List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,11 +294,12 @@ func checkAckedOnGreen(t *testing.T, f *cutoverFixture, acked []string) {
 		if !have[name] {
 			missing++
 			if missing <= 10 {
-				t.Errorf("acknowledged configmap repl/%s is not on green", name)
+				t.Errorf("acknowledged configmap repl/%s is not on %s", name, side)
 			}
 		}
 	}
 	if missing > 0 {
-		t.Errorf("%d of %d acknowledged configmaps missing on green", missing, len(acked))
+		t.Errorf("%d of %d acknowledged configmaps missing on %s", missing, len(acked), side)
 	}
+	t.Logf("all %d acknowledged configmaps are on %s (%d configmaps in repl)", len(acked), side, len(list.Items))
 }

@@ -50,12 +50,12 @@ func startBehindProxy(t *testing.T, env *framework.Env, pki *framework.PKI, name
 // startClusterWith starts etcd as cfg says (its name is set here) and an apiserver on it.
 func startClusterWith(t *testing.T, env *framework.Env, pki *framework.PKI, name string, cfg framework.EtcdConfig) *cluster {
 	t.Helper()
-	cfg.Name = name + "-etcd"
+	cfg.Name, cfg.PKI = name+"-etcd", pki
 	etcd, err := env.StartEtcd(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := env.StartAPIServer(t.Context(), framework.APIServerConfig{Name: name + "-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki})
+	api, err := env.StartAPIServer(t.Context(), framework.APIServerConfig{Name: name + "-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki, EtcdTLS: cfg.TLS})
 	if err != nil {
 		t.Fatal(err)
 	}

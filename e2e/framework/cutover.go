@@ -65,7 +65,7 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		Proxy:      cutover.ProxySpec{AdminSocket: px.AdminSocket},
 		Blue: cutover.BlueSpec{
 			APIServer: cutover.APIServerRef{URL: blueAPI.URL, Kubeconfig: blueAPI.Kubeconfig},
-			Etcd:      cutover.BlueEtcd{EtcdClientSpec: cutover.EtcdClientSpec{Endpoints: blueEtcd.Endpoints()}},
+			Etcd:      cutover.BlueEtcd{EtcdClientSpec: blueEtcd.Conn()},
 		},
 		Green: cutover.GreenSpec{
 			// Green etcd as in production: TLS with client certificates, kubeadm's layout.

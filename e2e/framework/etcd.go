@@ -9,6 +9,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // EtcdConfig describes an etcd cluster to start.
@@ -21,6 +23,10 @@ type EtcdConfig struct {
 	// DataDirs reuses existing member data dirs (one per member) instead of new ones.
 	DataDirs  []string
 	ExtraArgs []string
+	// TLS makes the cluster serve clients TLS with client-certificate auth, with PKI's etcd
+	// certificates (kubeadm's layout: clients present a certificate of PKI's etcd CA).
+	TLS bool
+	PKI *PKI
 }
 
 // EtcdMember is one running member.
@@ -53,6 +59,9 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TLS && cfg.PKI == nil {
+		return nil, fmt.Errorf("etcd %s: TLS needs a PKI", cfg.Name)
+	}
 	ports, err := FreePorts(2 * cfg.Members)
 	if err != nil {
 		return nil, err
@@ -62,7 +71,7 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	for i := range cfg.Members {
 		m := &EtcdMember{
 			Name:      fmt.Sprintf("%s-%d", cfg.Name, i),
-			ClientURL: "http://127.0.0.1:" + itoa(ports[2*i]),
+			ClientURL: clientScheme(cfg) + "://127.0.0.1:" + itoa(ports[2*i]),
 			PeerURL:   "http://127.0.0.1:" + itoa(ports[2*i+1]),
 			DataDir:   filepath.Join(e.Dir, fmt.Sprintf("%s-%d.etcd", cfg.Name, i)),
 		}
@@ -86,6 +95,10 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 		if cfg.EnableV2 {
 			args = append(args, "--enable-v2")
 		}
+		if p := cfg.PKI; cfg.TLS {
+			args = append(args, "--trusted-ca-file", p.EtcdCACert, "--client-cert-auth",
+				"--cert-file", filepath.Join(p.EtcdDir, "server.crt"), "--key-file", filepath.Join(p.EtcdDir, "server.key"))
+		}
 		args = append(args, cfg.ExtraArgs...)
 		if m.Proc, err = e.Start(m.Name, bin, args); err != nil {
 			return nil, err
@@ -98,8 +111,29 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	return c, nil
 }
 
+func clientScheme(cfg EtcdConfig) string {
+	if cfg.TLS {
+		return "https"
+	}
+	return "http"
+}
+
+// Conn is how a client reaches the cluster: its client URLs and, with TLS, the health-check
+// client certificate.
+func (c *Etcd) Conn() datadir.ConnSpec {
+	spec := datadir.ConnSpec{Endpoints: c.Endpoints()}
+	if p := c.Config.PKI; c.Config.TLS {
+		spec.CAFile = p.EtcdCACert
+		spec.CertFile, spec.KeyFile = filepath.Join(p.EtcdDir, "healthcheck-client.crt"), filepath.Join(p.EtcdDir, "healthcheck-client.key")
+	}
+	return spec
+}
+
 // Client returns a v3 client for the cluster; the caller closes it.
 func (c *Etcd) Client() (*clientv3.Client, error) {
+	if c.Config.TLS {
+		return datadir.NewClient(c.Conn())
+	}
 	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 

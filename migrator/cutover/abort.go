@@ -28,9 +28,9 @@ const nextAfterAbort = "blue serves as before and writes are open; green's data 
 func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	if s.pastNoReturn() && r.proxyOnGreen(ctx) {
+	if s.pastNoReturn() && r.proxyOnTarget(ctx) {
 		rep := r.report(ResultFailed, err)
-		rep.Next = "the proxy already sends requests to green; fix the cause and run again with --resume to finish (unfence)"
+		rep.Next = fmt.Sprintf("the proxy already sends requests to %s; fix the cause and run the same command again with --resume to finish (unfence)", r.to.name)
 		r.emit(Event{Type: EventReport, Report: rep})
 		return rep, fmt.Errorf("step %s: %w", s.name(), err)
 	}
@@ -43,19 +43,26 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
 	} else {
 		rep.Next = nextAfterAbort
+		if r.main != nil {
+			rep.Next = afterRollbackAbort
+		}
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
 }
 
-// proxyOnGreen reports whether the proxy answers with green as its backend.
-func (r *runner) proxyOnGreen(ctx context.Context) bool {
+// proxyOnTarget reports whether the proxy answers with r.to (green in a cutover) as its
+// backend.
+func (r *runner) proxyOnTarget(ctx context.Context) bool {
 	st, err := r.adm.Status(ctx)
-	return err == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
+	return err == nil && st.Backend == strings.TrimSuffix(r.to.api.URL, "/")
 }
 
 // abort stops green and unfences blue, unless the proxy already points at green.
 func (r *runner) abort(ctx context.Context, reason string) error {
+	if r.main != nil {
+		return r.abortRollback(ctx, reason)
+	}
 	if rec, ok := r.j.record(StepSwitch); ok {
 		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339))
 	}
@@ -93,7 +100,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	}
 	r.j.State = StateAborted
 	r.j.AbortReason = reason
-	return r.j.save(r.p.StateDir)
+	return r.saveJournal()
 }
 
 // stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,

@@ -98,7 +98,7 @@ func testRunner(t *testing.T, p *Plan, sock string) *runner {
 		t.Fatal(err)
 	}
 	j := &Journal{Version: 1, ID: "test", State: StateRunning, GreenPIDs: map[string]int{}}
-	return &runner{p: p, j: j, adm: admin.NewClient(sock), procs: osProcesses, steps: steps}
+	return (&runner{p: p, j: j, adm: admin.NewClient(sock), procs: osProcesses, steps: steps}).forward()
 }
 
 // TestSwitchRefusedWhenFenceChanged: the switch happens only if the proxy's state is still the

@@ -39,7 +39,7 @@ func TestCleanup(t *testing.T) {
 			}
 			var stopped []int
 			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
-			r := &runner{p: p, j: j, procs: fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)}
+			r := (&runner{p: p, j: j, procs: fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)}).forward()
 			rep, err := r.cleanup(tc.remove)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {

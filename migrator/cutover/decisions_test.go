@@ -116,13 +116,13 @@ func newDecisionWorld(t *testing.T, resume bool, fail string, switched bool) *de
 			return "", nil
 		}})
 	}
-	w.r = &runner{
+	w.r = (&runner{
 		o:     Options{Plan: p, Resume: resume, Emit: func(e Event) { w.events = append(w.events, e) }},
 		p:     p,
 		adm:   memProxy(w.st, &w.calls),
 		procs: fakeProcesses(map[int]bool{101: true, 102: true}, &w.stopped),
 		steps: table,
-	}
+	}).forward()
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func TestAbortDecisions(t *testing.T) {
 func TestStepTable(t *testing.T) {
 	p, _ := validPlan(t)
 	p.setDefaults()
-	r := &runner{p: p, j: &Journal{}}
+	r := (&runner{p: p, j: &Journal{}}).forward()
 	want := []string{"preflight", "fence", "copy", "migrate", "start-green-etcd", "start-green-apiserver", "verify", "switch", "unfence"}
 	if !slices.Equal(Steps, want) {
 		t.Fatalf("steps %v: the journal's names are %v (an old journal resumes by them)", Steps, want)

@@ -18,6 +18,11 @@ const (
 	StateRunning = "running"
 	StateDone    = "done"
 	StateAborted = "aborted"
+	// StateBaking (bake.enabled): green serves and blue follows green, until `cutover
+	// finish` (done) or `cutover rollback` (rolling-back, then rolled-back).
+	StateBaking      = "baking"
+	StateRollingBack = "rolling-back"
+	StateRolledBack  = "rolled-back"
 )
 
 // Journal records a cutover's progress in the state dir. It is written atomically after every
@@ -72,6 +77,23 @@ type Journal struct {
 	// Rebuilds counts how often green was rebuilt from a new snapshot because blue compacted
 	// what replication still needed (rebuild.go).
 	Rebuilds int `json:"rebuilds,omitempty"`
+	// Bake (bake.enabled) is the way back after the switch (bake.go).
+	Bake *BakeRecord `json:"bake,omitempty"`
+}
+
+// BakeRecord is a journal's account of the bake.
+type BakeRecord struct {
+	// Revision is where blue started following green: both were at it, green's apiserver not
+	// yet writing.
+	Revision int64     `json:"revision"`
+	Started  time.Time `json:"started"`
+	// Ended is when `cutover finish` ended the bake or a rollback completed.
+	Ended time.Time `json:"ended,omitzero"`
+	// LastStop is where blue stood when the last process that kept it in step stopped.
+	LastStop *replicate.Progress `json:"lastStop,omitempty"`
+	// Rollback is the id of the rollback's journal (stateDir/rollback/journal.json), once one
+	// started.
+	Rollback string `json:"rollback,omitempty"`
 }
 
 // StepRecord is one finished step.

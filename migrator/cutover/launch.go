@@ -37,7 +37,7 @@ func (r *runner) greenPID(name string, argv []string) int {
 	pid := r.procs.find(argv)
 	if pid > 0 {
 		r.j.GreenPIDs[name] = pid
-		if err := r.j.save(r.p.StateDir); err != nil && r.o.Log != nil {
+		if err := r.saveJournal(); err != nil && r.o.Log != nil {
 			r.o.Log.Warn("journal the adopted green process", "name", name, "err", err)
 		}
 	}

@@ -42,7 +42,10 @@ type Plan struct {
 	// Without it, proxy.adminSocket names the one proxy.
 	Proxies   []ProxyRef `yaml:"proxies" json:"proxies,omitempty"`
 	Migration Migration  `yaml:"migration" json:"migration"`
-	Timeouts  Timeouts   `yaml:"timeouts" json:"timeouts"`
+	// Bake keeps a way back after the switch (bake.go): blue follows green until
+	// `kubefence cutover finish` or `kubefence cutover rollback`.
+	Bake     Bake     `yaml:"bake" json:"bake"`
+	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
 
 	// hash identifies the plan's content in the journal.
 	hash string
@@ -67,6 +70,10 @@ type APIServerRef struct {
 	// CAFile verifies the serving certificate when the proxy is switched to it (default: the
 	// proxy keeps its current CA).
 	CAFile string `yaml:"caFile" json:"caFile"`
+	// EtcdUser is the etcd user this apiserver is (the CN of its etcd client certificate). For
+	// green, in migration mode replicate, it may only read green etcd until the switch; for
+	// blue, with bake, it may only read blue etcd from the switch until a rollback.
+	EtcdUser string `yaml:"etcdUser" json:"etcdUser,omitempty"`
 }
 
 // EtcdClientSpec is how to reach an etcd cluster.
@@ -115,9 +122,6 @@ type GreenAPIServer struct {
 	Command []string `yaml:"command" json:"command,omitempty"`
 	// StaticPod writes Manifest into ManifestDir for the kubelet to run, instead of Command.
 	StaticPod *StaticPod `yaml:"staticPod" json:"staticPod,omitempty"`
-	// EtcdUser is the etcd user green's apiserver is (the CN of its etcd client certificate):
-	// in migration mode replicate it may only read green etcd until the switch.
-	EtcdUser string `yaml:"etcdUser" json:"etcdUser,omitempty"`
 }
 
 // StaticPod places a pod manifest into a kubelet's static pod directory.
@@ -148,6 +152,16 @@ type Migration struct {
 	// RevisionBump is added to green's revision (with the revisions marked compacted), so that
 	// every resourceVersion a client has seen on blue is below green's.
 	RevisionBump int64 `yaml:"revisionBump" json:"revisionBump"`
+}
+
+// Bake is the plan's way back (docs/plan.md, docs/rollback.md).
+type Bake struct {
+	// Enabled: after the unfence, blue follows green (every green revision applied to blue as
+	// one txn) and blue's apiserver may only read blue etcd, until the operator runs
+	// `kubefence cutover finish` or `kubefence cutover rollback`. Needs mode replicate, blue
+	// etcd with TLS client certificates (kubefence's own as blue.etcd.certFile) and
+	// blue.apiserver.etcdUser.
+	Enabled bool `yaml:"enabled" json:"enabled,omitempty"`
 }
 
 // Timeouts bound each step.
@@ -342,6 +356,7 @@ func (p *Plan) validate() []error {
 	p.validateGreenTLS(&ps)
 	p.validateGreenAPIServer(&ps)
 	p.validateMigration(&ps)
+	p.validateBake(&ps)
 	return ps
 }
 
@@ -431,6 +446,26 @@ func (p *Plan) validateMigration(ps *problems) {
 	}
 	if p.Migration.RevisionBump < 0 {
 		ps.add("migration.revisionBump must not be negative")
+	}
+}
+
+func (p *Plan) validateBake(ps *problems) {
+	if !p.Bake.Enabled {
+		return
+	}
+	if !p.replicating() {
+		ps.add("bake.enabled needs a replicating cutover (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): blue can only follow green revision for revision")
+	}
+	if p.Blue.APIServer.EtcdUser == "" {
+		ps.add("bake.enabled needs blue.apiserver.etcdUser, the CN of blue apiserver's etcd client certificate (kubeadm: kube-apiserver-etcd-client): it may only read blue etcd while blue follows green")
+	}
+	if p.Blue.Etcd.CertFile == "" || p.Blue.Etcd.CAFile == "" {
+		ps.add("bake.enabled needs blue.etcd.caFile, certFile and keyFile: kubefence's own client certificate for blue etcd (kubeadm: healthcheck-client), which becomes blue etcd's root user")
+	}
+	for i, e := range p.Blue.Etcd.Endpoints {
+		if u, err := url.Parse(e); err == nil && u.Scheme != "https" {
+			ps.add("blue.etcd.endpoints[%d] %q: bake.enabled needs blue etcd with TLS and client-certificate auth (https): its apiserver is kept from writing by etcd auth on its certificate", i, e)
+		}
 	}
 }
 

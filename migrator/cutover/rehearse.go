@@ -68,7 +68,7 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	var m Rehearsal
 	start := time.Now()
-	target, err := currentRevision(ctx, r.repl.blue)
+	target, err := currentRevision(ctx, r.repl.src)
 	if err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}
@@ -77,10 +77,10 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.Drain = time.Since(start)
 	start = time.Now()
-	if _, err := currentRevision(ctx, r.repl.green); err != nil {
+	if _, err := currentRevision(ctx, r.repl.dst); err != nil {
 		return "", fmt.Errorf("green's revision: %w", err)
 	}
-	if _, err := currentRevision(ctx, r.repl.blue); err != nil {
+	if _, err := currentRevision(ctx, r.repl.src); err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}
 	m.Check = time.Since(start)
@@ -91,7 +91,7 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.ProxyRoundTrip = time.Since(start)
 	start = time.Now()
-	if _, err := r.repl.green.AuthStatus(ctx); err != nil {
+	if _, err := r.repl.dst.AuthStatus(ctx); err != nil {
 		return "", fmt.Errorf("green etcd: %w", err)
 	}
 	m.EtcdRoundTrip = time.Since(start)
@@ -99,7 +99,7 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	r.j.Rehearsal = &m
 	return fmt.Sprintf("predicted window %s (drain to revision %d %s, check %s, proxy round trip %s, green etcd round trip %s; not included: moving the %d watch(es) and stream(s) open now to green at the switch); %s",
 		m.PredictedWindow.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), st.OpenStreams, progressLine(r.repl.rep.Progress())), nil
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), st.OpenStreams, r.progressLine(r.repl.rep.Progress())), nil
 }
 
 // finishRehearsal tears green down after a rehearsal and reports what it predicted.
@@ -110,7 +110,7 @@ func (r *runner) finishRehearsal() (*Report, error) {
 		err = r.removeRestoredDirs()
 	}
 	r.j.State = StateRehearsed
-	if serr := r.j.save(r.p.StateDir); serr != nil {
+	if serr := r.saveJournal(); serr != nil {
 		err = errors.Join(err, serr)
 	}
 	rep := r.report(ResultRehearsed, err)

@@ -39,7 +39,7 @@ var replicateSteps = []step{
 	needsReplication{drainStep{}},
 	replicaSwitchStep{},
 	stopReplicationStep{},
-	ungateGreenStep{},
+	ungateStep{StepUngateGreen},
 	unfenceStep{},
 }
 
@@ -54,6 +54,9 @@ const (
 
 // stepsFor is the plan's table of steps.
 func stepsFor(p *Plan) []step {
+	if p.Bake.Enabled {
+		return bakeSteps
+	}
 	if p.replicating() {
 		return replicateSteps
 	}
@@ -67,13 +70,16 @@ const greenMaxRequestBytes = 10 << 20
 // replicationEtcdArgs are green etcd's extra flags in mode replicate (docs/replicate.md).
 var replicationEtcdArgs = []string{"--max-txn-ops", "100000", "--max-request-bytes", strconv.Itoa(greenMaxRequestBytes)}
 
-// replication is the replicator running in this process, with its clients.
+// replication is the replicator running in this process, with its clients: src is the side
+// writes move away from (r.from), dst the one being kept in step (r.to).
 type replication struct {
-	rep         *replicate.Replicator
-	blue, green *clientv3.Client
-	cancel      context.CancelFunc
-	done        chan struct{}
-	err         error // Run's error, once done is closed
+	rep      *replicate.Replicator
+	src, dst *clientv3.Client
+	cancel   context.CancelFunc
+	done     chan struct{}
+	err      error // Run's error, once done is closed
+	// release ends what else holds dst's leases (the handover to the bake), if anything.
+	release func()
 }
 
 // newEtcdClient connects to spec for replication: large requests allowed, and a short reconnect
@@ -94,32 +100,32 @@ func newEtcdClient(spec datadir.ConnSpec) (*clientv3.Client, error) {
 	return clientv3.New(cfg)
 }
 
-// replicationClients connects to blue and green etcd for replication.
-func (r *runner) replicationClients() (blue, green *clientv3.Client, err error) {
-	blue, err = newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+// replicationClients connects to the etcd of r.from (src) and r.to (dst) for replication.
+func (r *runner) replicationClients() (src, dst *clientv3.Client, err error) {
+	src, err = newEtcdClient(r.from.etcd)
 	if err != nil {
-		return nil, nil, fmt.Errorf("blue etcd: %w", err)
+		return nil, nil, fmt.Errorf("%s etcd: %w", r.from.name, err)
 	}
-	green, err = newEtcdClient(r.p.greenConn())
+	dst, err = newEtcdClient(r.to.etcd)
 	if err != nil {
-		blue.Close()
-		return nil, nil, fmt.Errorf("green etcd: %w", err)
+		src.Close()
+		return nil, nil, fmt.Errorf("%s etcd: %w", r.to.name, err)
 	}
-	return blue, green, nil
+	return src, dst, nil
 }
 
-// startReplication starts replicating blue into green from revision from, on clients it then
-// owns (closed when replication stops, or now if it cannot start), in a goroutine of this
-// process that runs until stopReplication.
-func (r *runner) startReplication(blue, green *clientv3.Client, from int64) error {
-	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: from, Log: r.o.Log})
+// startReplication starts replicating src (r.from) into dst (r.to) from revision from, on
+// clients it then owns (closed when replication stops, or now if it cannot start), in a
+// goroutine of this process that runs until stopReplication.
+func (r *runner) startReplication(src, dst *clientv3.Client, from int64) error {
+	rep, err := replicate.New(replicate.Config{Source: src, Dest: dst, FromRevision: from, Log: r.o.Log})
 	if err != nil {
-		blue.Close()
-		green.Close()
+		src.Close()
+		dst.Close()
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rp := &replication{rep: rep, blue: blue, green: green, cancel: cancel, done: make(chan struct{})}
+	rp := &replication{rep: rep, src: src, dst: dst, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(rp.done)
 		rp.err = rep.Run(ctx)
@@ -142,7 +148,11 @@ func (r *runner) reportProgress(rp *replication) {
 		case <-rp.done:
 			return
 		case <-t.C:
-			r.emit(Event{Type: EventNote, Step: StepReplicate, Detail: "replication: " + progressLine(rp.rep.Progress())})
+			step := r.progressStep
+			if step == "" {
+				step = StepReplicate
+			}
+			r.emit(Event{Type: EventNote, Step: step, Detail: "replication: " + r.progressLine(rp.rep.Progress())})
 		}
 	}
 }
@@ -159,25 +169,25 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if r.repl != nil {
 		return "", r.replicationAlive()
 	}
-	blue, green, err := r.replicationClients()
+	src, dst, err := r.replicationClients()
 	if err != nil {
 		return "", err
 	}
 	tctx, cancel := context.WithTimeout(ctx, tipCheckTimeout)
-	rev, err := replicate.Tip(tctx, blue, green)
+	rev, err := replicate.Tip(tctx, src, dst)
 	cancel()
 	if err != nil {
-		blue.Close()
-		green.Close()
-		return "", fmt.Errorf("picking replication up again (the cutover process that replicated stopped): %w; abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again", err)
+		src.Close()
+		dst.Close()
+		return "", fmt.Errorf("picking replication up again (the process that replicated stopped): %w; %s", err, r.noPickup)
 	}
-	if err := r.startReplication(blue, green, rev); err != nil {
+	if err := r.startReplication(src, dst, rev); err != nil {
 		return "", err
 	}
 	if rev == r.j.SnapshotRevision {
 		return "", nil
 	}
-	return fmt.Sprintf("replication picked up again at green's revision %d (it is blue's revision %d, change for change)", rev, rev), nil
+	return fmt.Sprintf("replication picked up again at %s's revision %d (it is %s's revision %d, change for change)", r.to.name, rev, r.from.name, rev), nil
 }
 
 // replicationAlive says why replication cannot be relied on, or nil while it runs.
@@ -204,8 +214,8 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 	rp.cancel()
 	<-rp.done
 	prog := rp.rep.Progress()
-	rp.blue.Close()
-	rp.green.Close()
+	rp.src.Close()
+	rp.dst.Close()
 	if rp.err != nil && !errors.Is(rp.err, context.Canceled) {
 		return prog, rp.err
 	}
@@ -214,48 +224,64 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 
 // currentRevision is a cluster's revision by a linearizable read.
 func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
-	resp, err := cli.Get(ctx, "\x00kubefence-cutover-probe", clientv3.WithCountOnly())
+	resp, err := cli.Get(ctx, probeKey, clientv3.WithCountOnly())
 	if err != nil {
 		return 0, err
 	}
 	return resp.Header.Revision, nil
 }
 
-// caughtUp waits until green is at blue's revision: blue's revision R (linearizable), the
-// replicator applied it, and green's revision equals blue's read again after it (blue's own
-// apiserver may write meanwhile: then once more). It returns that revision.
+// caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
+// (linearizable), the replicator applied it, and dst's revision equals src's read again after
+// it (src's own apiserver may write meanwhile: then once more). It returns that revision.
 func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	if err := r.replicationAlive(); err != nil {
 		return 0, err
 	}
 	rp := r.repl
 	for {
-		target, err := currentRevision(ctx, rp.blue)
+		target, err := currentRevision(ctx, rp.src)
 		if err != nil {
-			return 0, fmt.Errorf("blue's revision: %w", err)
+			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 		}
 		if err := rp.rep.WaitFor(ctx, target); err != nil {
 			return 0, err
 		}
-		g, err := currentRevision(ctx, rp.green)
+		d, err := currentRevision(ctx, rp.dst)
 		if err != nil {
-			return 0, fmt.Errorf("green's revision: %w", err)
+			return 0, fmt.Errorf("%s's revision: %w", r.to.name, err)
 		}
-		b, err := currentRevision(ctx, rp.blue)
+		s, err := currentRevision(ctx, rp.src)
 		if err != nil {
-			return 0, fmt.Errorf("blue's revision: %w", err)
+			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 		}
-		if g == b {
-			return g, nil
+		if d == s {
+			return d, nil
 		}
-		if g > b {
-			return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", replicate.ErrRevisionMismatch, g, b)
+		if d > s {
+			return 0, fmt.Errorf("%w: %s is at revision %d, past %s's %d: something wrote to %s", replicate.ErrRevisionMismatch, r.to.name, d, r.from.name, s, r.to.name)
 		}
 	}
 }
 
 // progressLine says where replication stands.
-func progressLine(p replicate.Progress) string {
-	return fmt.Sprintf("green at revision %d, blue at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
-		p.Applied, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
+func (r *runner) progressLine(p replicate.Progress) string {
+	return fmt.Sprintf("%s at revision %d, %s at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
+		r.to.name, p.Applied, r.from.name, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
+}
+
+// side is one of the two clusters as replication sees it: r.from, the one writes move away from
+// (blue in a cutover, green in a rollback), and r.to, the one they move to.
+type side struct {
+	name string
+	etcd datadir.ConnSpec
+	api  APIServerRef
+}
+
+func (p *Plan) blueSide() side {
+	return side{name: "blue", etcd: p.Blue.Etcd.EtcdClientSpec, api: p.Blue.APIServer}
+}
+
+func (p *Plan) greenSide() side {
+	return side{name: "green", etcd: p.greenConn(), api: p.Green.APIServer.APIServerRef}
 }

@@ -90,7 +90,7 @@ func TestReplicateResumeAborts(t *testing.T) {
 	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
 	var calls []string
 	var stopped []int
-	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{101: true}, &stopped), steps: replicateSteps}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{101: true}, &stopped), steps: replicateSteps}).forward()
 	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", GreenPIDs: map[string]int{}}
 	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate} {
 		j.Done = append(j.Done, StepRecord{Step: s})
@@ -183,7 +183,7 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 	p.Timeouts.Window = Duration(time.Nanosecond)
 	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1, Fenced: fenced}
 	calls, stopped := new([]string), new([]int)
-	r := &runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, calls), procs: fakeProcesses(map[int]bool{101: true}, stopped), steps: replicateSteps}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(st, calls), procs: fakeProcesses(map[int]bool{101: true}, stopped), steps: replicateSteps}).forward()
 	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", SnapshotRevision: 5, GreenPIDs: map[string]int{"g0": 101}}
 	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate, StepGreenAPIServer, StepVerify} {
 		j.Done = append(j.Done, StepRecord{Step: s})
@@ -209,7 +209,7 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rp := &replication{rep: rep, blue: blue, green: green, cancel: cancel, done: make(chan struct{})}
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
 	go func() { <-ctx.Done(); rp.err = ctx.Err(); close(rp.done) }()
 	r.repl = rp
 	return r, calls, stopped, ctx

@@ -52,6 +52,9 @@ const (
 	// ResultRehearsed: a rehearsal (--rehearse) ran everything before the fence and tore
 	// green down.
 	ResultRehearsed = "rehearsed"
+	// ResultBaking: green serves and blue follows green (bake.enabled), or did until this
+	// process stopped.
+	ResultBaking = "baking"
 )
 
 // Report is a cutover's outcome.
@@ -119,6 +122,17 @@ type runner struct {
 	repl *replication
 	// preFence bounds catching up right before the fence; 0 is preFenceCatchUp.
 	preFence time.Duration
+	// from and to are the sides replication and the window move between: blue → green in a
+	// cutover, green → blue in a rollback (rollback.go).
+	from, to side
+	// journalDir holds r.j: the state dir, or its rollback/ directory in a rollback.
+	journalDir string
+	// noPickup is the advice when replication cannot be picked up again.
+	noPickup string
+	// main is the cutover's journal when r is its rollback (r.j is the rollback's).
+	main *Journal
+	// progressStep labels replication's progress notes ("" is StepReplicate).
+	progressStep string
 }
 
 func newRunner(o Options, j *Journal) (*runner, error) {
@@ -136,8 +150,18 @@ func newRunner(o Options, j *Journal) (*runner, error) {
 		}
 		steps = rehearseSteps
 	}
-	return &runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: steps}, nil
+	return (&runner{o: o, p: o.Plan, j: j, adm: g, procs: osProcesses, steps: steps}).forward(), nil
 }
+
+// forward sets r up for a cutover: from blue to green, journaled in the state dir.
+func (r *runner) forward() *runner {
+	r.from, r.to, r.journalDir = r.p.blueSide(), r.p.greenSide(), r.p.StateDir
+	r.noPickup = "abort ('kubefence cutover abort', or this run aborts by itself), remove green's data dirs and run the cutover again"
+	return r
+}
+
+// saveJournal writes r.j to its directory.
+func (r *runner) saveJournal() error { return r.j.save(r.journalDir) }
 
 func (r *runner) emit(e Event) {
 	e.Time = time.Now()
@@ -190,11 +214,18 @@ func (r *runner) openJournal() error {
 	case j.State == StateRunning:
 		r.j = j
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming cutover %s after step %q", j.ID, lastStep(j))})
+	case j.State == StateBaking && o.Resume:
+		r.j = j
+		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming the bake of cutover %s: blue follows green again", j.ID)})
+	case j.State == StateBaking:
+		return fmt.Errorf("cutover %s is baking (green serves): 'kubefence cutover --resume' keeps blue following green, 'kubefence cutover rollback' goes back, 'kubefence cutover finish' ends the bake", j.ID)
+	case j.State == StateRollingBack:
+		return fmt.Errorf("cutover %s is rolling back: finish the rollback first ('kubefence cutover rollback --resume')", j.ID)
 	case o.Resume:
 		return fmt.Errorf("nothing to resume: cutover %s is %s", j.ID, j.State)
 	case j.State == StateDone:
 		return fmt.Errorf("cutover %s is done: green serves; a new cutover (e.g. back from green) needs a new plan and state dir", j.ID)
-	default: // aborted: keep its journal next to the new one
+	default: // aborted, rehearsed or rolled back: keep its journal next to the new one
 		_ = os.Rename(journalPath(p.StateDir), filepath.Join(p.StateDir, "journal-"+j.ID+".json"))
 	}
 	if r.j == nil {
@@ -231,8 +262,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if r.o.Rehearse {
 		return r.finishRehearsal()
 	}
+	if r.p.Bake.Enabled {
+		return r.bake(ctx)
+	}
 	r.j.State = StateDone
-	if err := r.j.save(r.p.StateDir); err != nil {
+	if err := r.saveJournal(); err != nil {
 		return nil, err
 	}
 	rep := r.report(ResultDone, nil)
@@ -250,7 +284,7 @@ func (r *runner) walk(ctx context.Context) error {
 			Run: func(ctx context.Context) (string, error) { return s.run(ctx, r) },
 		})
 	}
-	return steprun.Run(ctx, walk, journalSteps{r.j, r.p.StateDir}, func(e steprun.Event) {
+	return steprun.Run(ctx, walk, journalSteps{r.j, r.journalDir}, func(e steprun.Event) {
 		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
 	})
 }
@@ -336,7 +370,7 @@ type PlannedStep struct {
 
 // DryRun returns the steps the plan would run, with their exact actions; it changes nothing.
 func DryRun(p *Plan) []PlannedStep {
-	r := &runner{p: p, j: &Journal{ID: "dry-run"}, steps: stepsFor(p)}
+	r := (&runner{p: p, j: &Journal{ID: "dry-run"}, steps: stepsFor(p)}).forward()
 	var out []PlannedStep
 	for _, s := range r.steps {
 		out = append(out, PlannedStep{Step: s.name(), Action: s.describe(r, true)})

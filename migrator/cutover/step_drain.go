@@ -35,7 +35,7 @@ func (drainStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), err)
 	}
 	r.j.DrainRevision = rev
-	return fmt.Sprintf("green at blue's revision %d after %s", rev, time.Since(start).Round(time.Microsecond)), nil
+	return fmt.Sprintf("%s at %s's revision %d after %s", r.to.name, r.from.name, rev, time.Since(start).Round(time.Microsecond)), nil
 }
 
 // replicaSwitchStep (mode replicate) checks once more that green is at blue's revision, within
@@ -48,27 +48,27 @@ func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Swit
 func (replicaSwitchStep) pastNoReturn() bool            { return true }
 
 func (replicaSwitchStep) describe(r *runner, _ bool) string {
-	return "check green's revision equals blue's (within timeouts.window), then kubefence backend set --resume-watches " + r.p.Green.APIServer.URL
+	return fmt.Sprintf("check %s's revision equals %s's (within timeouts.window), then kubefence backend set --resume-watches %s", r.to.name, r.from.name, r.to.api.URL)
 }
 
 func (replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := r.checkFenceHeld(ctx); err != nil {
 		return "", err
 	}
-	if r.proxyOnGreen(ctx) {
-		return "the proxy was switched to green before the cutover process stopped", nil
+	if r.proxyOnTarget(ctx) {
+		return fmt.Sprintf("the proxy was switched to %s before the process that ran the window stopped", r.to.name), nil
 	}
 	wctx, cancel := r.windowContext(ctx)
 	rev, err := r.caughtUp(wctx)
 	cancel()
 	if err != nil {
-		return "", fmt.Errorf("green at blue's revision within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), err)
+		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), err)
 	}
 	r.j.SwitchRevision = rev
-	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ResumeWatches: true})
+	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile, ResumeWatches: true})
 	if err != nil {
 		return "", err
 	}
 	d := resp.Drain
-	return fmt.Sprintf("green and blue at revision %d; proxy backend %s; of %d watch(es) and stream(s) on blue, %d resumed on green, %d ended", rev, resp.Status.Backend, d.Streams, d.Resumed, d.Ended), nil
+	return fmt.Sprintf("%s and %s at revision %d; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended), nil
 }

@@ -86,7 +86,7 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 		}
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		start := time.Now()
-		target, err := currentRevision(rctx, r.repl.blue)
+		target, err := currentRevision(rctx, r.repl.src)
 		if err == nil {
 			err = r.repl.rep.WaitFor(rctx, target)
 		}

@@ -71,7 +71,7 @@ func (r *runner) placeGreenManifest() error {
 			return err
 		}
 		r.j.StaticPodPlaced = path
-		if err := r.j.save(r.p.StateDir); err != nil {
+		if err := r.saveJournal(); err != nil {
 			return err
 		}
 	}

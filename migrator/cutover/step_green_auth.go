@@ -46,7 +46,7 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	defer cli.Close()
-	if err := setupGreenAuth(ctx, cli, self, r.p.Green.APIServer.EtcdUser); err != nil {
+	if err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole); err != nil {
 		return "", err
 	}
 	rev, err := currentRevision(ctx, cli)
@@ -59,38 +59,53 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("auth on: %q root, %q read only; green at the snapshot's revision %d", self, r.p.Green.APIServer.EtcdUser, rev), nil
 }
 
-// setupGreenAuth creates the users and roles and enables auth; each call tolerates what an
-// earlier run already did.
-func setupGreenAuth(ctx context.Context, cli *clientv3.Client, self, apiserver string) error {
+// setupAuth creates the read-only and read-write roles and the users (root and kubefence's
+// self as root, apiserver with apiRole and only it) and enables auth; each call tolerates what
+// an earlier run already did.
+func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver, apiRole string) error {
 	if self == apiserver {
-		return fmt.Errorf("kubefence's client certificate for green has CN %q, the same as green apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
+		return fmt.Errorf("kubefence's etcd client certificate has CN %q, the same as the apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
 	}
 	noPassword := &clientv3.UserAddOptions{NoPassword: true}
+	grant := func(role string, perm clientv3.PermissionType) func() error {
+		return func() error {
+			_, err := cli.RoleGrantPermission(ctx, role, wholeKeyspace, wholeKeyspace, perm)
+			return err
+		}
+	}
 	ops := []func() error{
 		func() error { _, err := cli.RoleAdd(ctx, readOnlyRole); return err },
-		func() error {
-			_, err := cli.RoleGrantPermission(ctx, readOnlyRole, wholeKeyspace, wholeKeyspace, clientv3.PermissionType(clientv3.PermRead))
-			return err
-		},
+		grant(readOnlyRole, clientv3.PermissionType(clientv3.PermRead)),
+		func() error { _, err := cli.RoleAdd(ctx, readWriteRole); return err },
+		grant(readWriteRole, clientv3.PermissionType(clientv3.PermReadWrite)),
 		func() error { _, err := cli.UserAddWithOptions(ctx, "root", "", noPassword); return err },
 		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
 		func() error { _, err := cli.UserAddWithOptions(ctx, self, "", noPassword); return err },
 		func() error { _, err := cli.UserGrantRole(ctx, self, "root"); return err },
 		func() error { _, err := cli.UserAddWithOptions(ctx, apiserver, "", noPassword); return err },
-		func() error { _, err := cli.UserGrantRole(ctx, apiserver, readOnlyRole); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, apiserver, apiRole); return err },
 		func() error { _, err := cli.AuthEnable(ctx); return err },
 	}
 	for _, op := range ops {
 		if err := op(); err != nil && !alreadyDone(err) {
-			return fmt.Errorf("green etcd auth: %w", err)
+			return fmt.Errorf("etcd auth: %w", err)
 		}
 	}
-	return nil
+	// A snapshot of an etcd with auth on carries its users: green restored from a blue that
+	// was rolled back to holds the apiserver user with read-write already.
+	other := readWriteRole
+	if apiRole == readWriteRole {
+		other = readOnlyRole
+	}
+	if _, err := cli.UserRevokeRole(ctx, apiserver, other); err != nil && !alreadyDone(err) {
+		return fmt.Errorf("etcd auth: %w", err)
+	}
+	return checkRoles(ctx, cli, side{name: where, api: APIServerRef{EtcdUser: apiserver}}, apiRole)
 }
 
 // alreadyDone is an auth error a repeated call gets.
 func alreadyDone(err error) bool {
-	for _, e := range []error{rpctypes.ErrRoleAlreadyExist, rpctypes.ErrUserAlreadyExist} {
+	for _, e := range []error{rpctypes.ErrRoleAlreadyExist, rpctypes.ErrUserAlreadyExist, rpctypes.ErrRoleNotGranted} {
 		if errors.Is(err, e) || err.Error() == e.Error() {
 			return true
 		}
@@ -118,37 +133,76 @@ func certCN(path string) (string, error) {
 	return c.Subject.CommonName, nil
 }
 
-// ungateGreenStep lets green's apiserver write: its etcd user gets read-write on every key.
-// Replication has stopped (the step before), so nothing else writes to green.
-type ungateGreenStep struct{}
+// ungateStep lets r.to's apiserver write (green's in a cutover, blue's in a rollback): its etcd
+// user gets read-write on every key. Replication has stopped (a step before), so nothing else
+// writes there.
+type ungateStep struct{ n string }
 
-func (ungateGreenStep) name() string                  { return StepUngateGreen }
-func (ungateGreenStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
-func (ungateGreenStep) pastNoReturn() bool            { return true }
+func (s ungateStep) name() string                { return s.n }
+func (ungateStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (ungateStep) pastNoReturn() bool            { return true }
 
-func (ungateGreenStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("grant green etcd user %s role %s (read-write on every key)", r.p.Green.APIServer.EtcdUser, readWriteRole)
+func (ungateStep) describe(r *runner, _ bool) string {
+	return fmt.Sprintf("grant %s etcd user %s role %s (read-write on every key)", r.to.name, r.to.api.EtcdUser, readWriteRole)
 }
 
-func (ungateGreenStep) run(ctx context.Context, r *runner) (string, error) {
-	cli, err := newEtcdClient(r.p.greenConn())
-	if err != nil {
+func (ungateStep) run(ctx context.Context, r *runner) (string, error) {
+	if err := setRole(ctx, r.to, readWriteRole, ""); err != nil {
 		return "", err
 	}
-	defer cli.Close()
-	user := r.p.Green.APIServer.EtcdUser
-	ops := []func() error{
-		func() error { _, err := cli.RoleAdd(ctx, readWriteRole); return err },
-		func() error {
-			_, err := cli.RoleGrantPermission(ctx, readWriteRole, wholeKeyspace, wholeKeyspace, clientv3.PermissionType(clientv3.PermReadWrite))
-			return err
-		},
-		func() error { _, err := cli.UserGrantRole(ctx, user, readWriteRole); return err },
+	return fmt.Sprintf("%s apiserver (%s) may write", r.to.name, r.to.api.EtcdUser), nil
+}
+
+// gateStep keeps r.from's apiserver from writing (blue's after a cutover's switch, green's after
+// a rollback's): its etcd user keeps read and loses read-write, which the step checks. Nothing
+// but the replicator writes to that etcd from here.
+type gateStep struct{ n string }
+
+func (s gateStep) name() string                { return s.n }
+func (gateStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (gateStep) pastNoReturn() bool            { return true }
+
+func (gateStep) describe(r *runner, _ bool) string {
+	return fmt.Sprintf("%s etcd user %s: role %s granted, %s revoked (its apiserver reads, writes nothing)", r.from.name, r.from.api.EtcdUser, readOnlyRole, readWriteRole)
+}
+
+func (gateStep) run(ctx context.Context, r *runner) (string, error) {
+	if err := setRole(ctx, r.from, readOnlyRole, readWriteRole); err != nil {
+		return "", err
 	}
-	for _, op := range ops {
-		if err := op(); err != nil && !alreadyDone(err) {
-			return "", fmt.Errorf("green etcd auth: %w", err)
+	return fmt.Sprintf("%s apiserver (%s) may only read %s etcd", r.from.name, r.from.api.EtcdUser, r.from.name), nil
+}
+
+// setRole grants side's apiserver user the role grant and revokes revoke (if given), then
+// checks that the user holds only roles this file gives (another role could let it write).
+func setRole(ctx context.Context, sd side, grant, revoke string) error {
+	cli, err := newEtcdClient(sd.etcd)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	user := sd.api.EtcdUser
+	if _, err := cli.UserGrantRole(ctx, user, grant); err != nil {
+		return fmt.Errorf("%s etcd auth: %w", sd.name, err)
+	}
+	if revoke != "" {
+		if _, err := cli.UserRevokeRole(ctx, user, revoke); err != nil && !alreadyDone(err) {
+			return fmt.Errorf("%s etcd auth: %w", sd.name, err)
 		}
 	}
-	return fmt.Sprintf("green apiserver (%s) may write", user), nil
+	return checkRoles(ctx, cli, sd, grant)
+}
+
+// checkRoles refuses a user with roles other than want and the read-only role.
+func checkRoles(ctx context.Context, cli *clientv3.Client, sd side, want string) error {
+	u, err := cli.UserGet(ctx, sd.api.EtcdUser)
+	if err != nil {
+		return fmt.Errorf("%s etcd auth: %w", sd.name, err)
+	}
+	for _, role := range u.Roles {
+		if role != want && role != readOnlyRole {
+			return fmt.Errorf("%s etcd user %s also has role %q, not given by kubefence: it could write past the gate; revoke it (etcdctl user revoke-role) and run again", sd.name, sd.api.EtcdUser, role)
+		}
+	}
+	return nil
 }

@@ -134,7 +134,7 @@ func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
 		return err
 	}
 	r.j.GreenPIDs[gp.name] = pid
-	return r.j.save(r.p.StateDir)
+	return r.saveJournal()
 }
 
 func (r *runner) logPath(log string) string {

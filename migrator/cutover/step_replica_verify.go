@@ -24,7 +24,7 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rev, err := currentRevision(ctx, r.repl.blue)
+	rev, err := currentRevision(ctx, r.repl.src)
 	if err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}
@@ -36,5 +36,5 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d objects of %d resource types identical at revision %d; %s", rep.Objects, rep.ResourceTypes, rev, progressLine(r.repl.rep.Progress())), nil
+	return fmt.Sprintf("%d objects of %d resource types identical at revision %d; %s", rep.Objects, rep.ResourceTypes, rev, r.progressLine(r.repl.rep.Progress())), nil
 }

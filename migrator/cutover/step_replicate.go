@@ -29,7 +29,7 @@ func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return withNote(picked, fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), progressLine(r.repl.rep.Progress()))), nil
+	return withNote(picked, fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), r.progressLine(r.repl.rep.Progress()))), nil
 }
 
 // withNote puts note (if any) before detail.
@@ -74,7 +74,7 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		// The switch happened with green at blue's revision; what the replicator did after is
 		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.
-		return fmt.Sprintf("stopped (it had failed after the switch: %v): %s", err, progressLine(prog)), nil
+		return fmt.Sprintf("stopped (it had failed after the switch: %v): %s", err, r.progressLine(prog)), nil
 	}
-	return "stopped: " + progressLine(prog), nil
+	return "stopped: " + r.progressLine(prog), nil
 }

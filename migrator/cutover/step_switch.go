@@ -40,14 +40,14 @@ func (r *runner) checkFenceHeld(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	green := strings.TrimSuffix(r.p.Green.APIServer.URL, "/")
+	to, from := strings.TrimSuffix(r.to.api.URL, "/"), r.from.name
 	switch {
-	case st.Backend == green && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
+	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
 		return nil // switched (each proxy one generation on) before a crash, not yet journaled
 	case !st.Fenced:
-		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", st.Generation, st.ChangedAt.Format(time.RFC3339))
+		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached %s after the fence; not switching. Abort and run again", st.Generation, st.ChangedAt.Format(time.RFC3339), from)
 	case st.Generation != r.j.FenceGeneration:
-		return fmt.Errorf("the proxy's state changed since the cutover fenced it (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached blue after the copy; not switching. Abort ('kubefence cutover abort') and run the cutover again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason)
+		return fmt.Errorf("the proxy's state changed since it was fenced (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached %s after the fence; not switching. Abort and run again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason, from)
 	}
 	return nil
 }

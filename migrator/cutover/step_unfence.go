@@ -23,5 +23,5 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	r.j.UnfencedAt = time.Now().UTC()
 	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
-	return fmt.Sprintf("writes open on green; write-unavailability window %s", r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
+	return fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -260,4 +261,23 @@ func (m *leaseMirror) has(id clientv3.LeaseID) bool {
 	defer m.mu.Unlock()
 	_, ok := m.kept[id]
 	return ok
+}
+
+// HoldLeases keeps every lease cli's cluster has now alive until release is called (or ctx
+// ends), so that the cluster expires none of them by itself meanwhile: an expiry of a lease
+// holding keys is a revision of that cluster's own. A replication that is about to start with
+// cli's cluster as its destination (whose Run keeps the leases alive from then on) uses it to
+// leave no gap. Leases granted after the call are not held.
+func HoldLeases(ctx context.Context, cli *clientv3.Client, log *slog.Logger) (release func(), err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	m := newLeaseMirror(Config{Dest: cli, Log: log})
+	if err := m.adoptDest(ctx); err != nil {
+		cancel()
+		m.stopAll()
+		return nil, err
+	}
+	return func() { cancel(); m.stopAll() }, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 const bigTxn = 100000 // green's --max-txn-ops, as docs/replicate.md asks
@@ -593,5 +594,30 @@ func TestGuards(t *testing.T) {
 	}
 	if a, b := all(t, blue, r3), all(t, green, r3); a != b {
 		t.Fatal("blue and green differ")
+	}
+}
+
+// TestHoldLeases: while held, a lease holding a key outlives its TTL (no expiry, no revision);
+// after release the cluster expires it by itself again.
+func TestHoldLeases(t *testing.T) {
+	m := startEtcd(t, "hold", t.TempDir(), etcdOpts{})
+	id := grant(t, m, 2)
+	put(t, m, "/held", "v", clientv3.WithLease(id))
+	rev := revision(t, m)
+	release, err := HoldLeases(t.Context(), m.cli, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second)
+	if got := revision(t, m); got != rev {
+		t.Fatalf("revision %d while the lease was held, want %d (it expired)", got, rev)
+	}
+	release()
+	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		resp, err := m.cli.Get(ctx, "/held")
+		return err == nil && len(resp.Kvs) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("the lease did not expire after release: %v", err)
 	}
 }

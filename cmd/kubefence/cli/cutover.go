@@ -79,7 +79,7 @@ blue unfenced, as before. After the switch there is no abort; the report says ho
 	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the cutover journaled in the plan's stateDir after a crash")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the steps with their exact actions and change nothing")
 	cmd.Flags().BoolVar(&o.rehearse, "rehearse", false, "replicating plans: do everything before the fence (snapshot, green, replication, full verify), measure a drain without fencing, print the window it predicts, then tear green down")
-	cmd.AddCommand(newCutoverAbortCommand(g), newCutoverCleanupCommand(g))
+	cmd.AddCommand(newCutoverAbortCommand(g), newCutoverCleanupCommand(g), newCutoverRollbackCommand(g), newCutoverFinishCommand(g), newCutoverStatusCommand(g))
 	return cmd
 }
 

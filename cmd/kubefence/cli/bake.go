@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubefence/kubefence/migrator/cutover"
+)
+
+// The bake's commands (docs/rollback.md): rollback, finish, status.
+
+type cutoverRollbackOptions struct {
+	cutoverOptions
+	resume bool
+}
+
+func newCutoverRollbackCommand(g *globals) *cobra.Command {
+	o := &cutoverRollbackOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	cmd := &cobra.Command{
+		Use:   "rollback --plan PLAN",
+		Short: "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence",
+		Long: `Go back to blue while the cutover bakes (plan bake.enabled): the window of the cutover run
+backwards. The process keeping blue in step with green is asked to stop (SIGTERM) and this one
+picks replication up; then fence on (hold), wait until blue is at green's revision, switch every
+proxy to blue with open watches resumed there, keep green's apiserver from writing, stop
+replication, let blue's apiserver write, fence off. Journaled in the state dir's rollback/; after
+a crash run it again with --resume. A failure before the switch unfences green and leaves the
+bake to be resumed ('kubefence cutover --resume').`,
+		Args: args(cobra.NoArgs),
+		RunE: runE(o),
+	}
+	o.addFlags(cmd, "the cutover plan (YAML)")
+	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the rollback journaled in the state dir after a crash")
+	return cmd
+}
+
+func (o *cutoverRollbackOptions) Run(ctx context.Context) error {
+	ev := newEventPrinter(o.Out, o.printer)
+	defer ev.close()
+	opts := o.options(ev.emit)
+	opts.Resume = o.resume
+	_, err := cutover.Rollback(ctx, opts)
+	return err
+}
+
+type cutoverFinishOptions struct {
+	cutoverOptions
+}
+
+func newCutoverFinishCommand(g *globals) *cobra.Command {
+	o := &cutoverFinishOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	cmd := &cobra.Command{
+		Use:   "finish --plan PLAN",
+		Short: "End a bake: blue stops following green (its data dir is kept), the cutover is done",
+		Args:  args(cobra.NoArgs),
+		RunE:  runE(o),
+	}
+	o.addFlags(cmd, "the cutover plan (YAML)")
+	return cmd
+}
+
+func (o *cutoverFinishOptions) Run(ctx context.Context) error {
+	ev := newEventPrinter(o.Out, o.printer)
+	defer ev.close()
+	_, err := cutover.Finish(ctx, o.options(ev.emit))
+	return err
+}
+
+type cutoverStatusOptions struct {
+	cutoverOptions
+}
+
+func newCutoverStatusCommand(g *globals) *cobra.Command {
+	o := &cutoverStatusOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	cmd := &cobra.Command{
+		Use:   "status --plan PLAN",
+		Short: "Show where the cutover in the plan's state dir stands; during a bake, blue's lag behind green",
+		Args:  args(cobra.NoArgs),
+		RunE:  runE(o),
+	}
+	o.addFlags(cmd, "the cutover plan (YAML)")
+	return cmd
+}
+
+func (o *cutoverStatusOptions) Run(ctx context.Context) error {
+	st, err := cutover.Status(ctx, o.plan)
+	if st == nil {
+		return err
+	}
+	return errors.Join(err, o.printer.print(o.Out, st, func(w io.Writer) { printCutoverStatus(w, st) }))
+}
+
+func printCutoverStatus(w io.Writer, st *cutover.StatusReport) {
+	fmt.Fprintf(w, "cutover %s: %s (started %s)\n", st.ID, st.State, st.Started.Format(time.RFC3339))
+	for _, s := range st.Steps {
+		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
+	}
+	if b := st.Bake; b != nil {
+		fmt.Fprintf(w, "  bake: blue follows green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
+		switch {
+		case b.Error != "":
+			fmt.Fprintf(w, "  revisions: %s\n", b.Error)
+		case b.GreenRevision > 0:
+			fmt.Fprintf(w, "  green at revision %d, blue at %d: lag %d revisions\n", b.GreenRevision, b.BlueRevision, b.LagRevisions)
+		}
+		if st.State == cutover.StateBaking && b.Follower == 0 {
+			fmt.Fprintln(w, "  WARNING: no process keeps blue in step: run 'kubefence cutover --resume --plan PLAN' (blue's leases are not kept alive meanwhile)")
+		} else if b.Follower > 0 {
+			fmt.Fprintf(w, "  kept in step by pid %d\n", b.Follower)
+		}
+	}
+	if st.Rollback != "" {
+		fmt.Fprintf(w, "  rollback: %s\n", st.Rollback)
+	}
+}

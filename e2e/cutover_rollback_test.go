@@ -1,0 +1,241 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// TestCutoverRollback: blue is etcd 3.4 with TLS client certificates; kube-controller-manager,
+// kube-scheduler and a client-go writer talk to it through the proxy. A forward cutover to etcd
+// 3.6 with bake.enabled ends baking: green serves, blue follows green. Writes go on during the
+// bake; the baking process is killed with SIGKILL and picked up again with --resume;
+// `cutover rollback` (which stops that process) is killed with SIGKILL after its switch and
+// finished with --resume. Then: blue serves, unfenced; blue and green hold the same keys at the
+// rollback's switch; every write the writer saw acknowledged is on blue; the leaders kept their
+// Leases through both switches; the watches open at each switch were resumed, not ended. Forward
+// again: green's data dirs cleaned up, a new cutover, finished with `cutover finish`.
+func TestCutoverRollback(t *testing.T) {
+	framework.RequireBins(t, framework.ControlPlaneBins...)
+	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, TLS: true,
+		ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
+	ctx := t.Context()
+	cs := f.replicatePlan(t)
+	f.green.Plan.Bake.Enabled = true
+	f.green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	leaders := startLeaders(t, f, cs)
+	w := startWriter(cs, "repl")
+
+	baker := f.startBaker(t)
+	j := loadJournal(t, f)
+	fwd := j.UnfencedAt.Sub(j.FencedAt)
+	t.Logf("forward window %s; baking from revision %d", fwd, j.Bake.Revision)
+	if rec, _ := journalStep(j, cutover.StepSwitch); !strings.Contains(rec.Detail, " 0 ended") {
+		t.Errorf("the cutover's switch ended watches instead of resuming them on green: %s", rec.Detail)
+	}
+	if n := w.count(); n == 0 {
+		t.Fatal("the writer wrote nothing")
+	}
+	time.Sleep(2 * time.Second) // writes on green, followed by blue
+	t.Logf("kubefence cutover status:\n%s", f.cutoverSub(t, "status"))
+
+	_ = baker.cmd.Process.Kill()
+	baker.wait()
+	baker = f.startBaker(t, "--resume")
+	time.Sleep(2 * time.Second)
+
+	killAt(t, cutover.StepGateGreen, "cutover", "rollback", "--plan", f.green.PlanPath)
+	baker.wait() // the rollback stopped it
+	t.Logf("the baker's output:\n%s", baker.output())
+	out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "rollback", "--resume", "--plan", f.green.PlanPath).CombinedOutput()
+	t.Logf("kubefence cutover rollback --resume:\n%s", out)
+	if err != nil {
+		t.Fatalf("rollback --resume: %v", err)
+	}
+	time.Sleep(time.Second)
+	acked, errs := w.finish()
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
+	}
+	f.checkRolledBack(t, acked, leaders)
+
+	// Forward again: a new cutover once green's data dirs are gone; finish its bake.
+	t.Logf("kubefence cutover cleanup:\n%s", f.cutoverSub(t, "cleanup", "--remove-data-dirs"))
+	baker = f.startBaker(t)
+	t.Logf("kubefence cutover finish:\n%s", f.cutoverSub(t, "finish"))
+	baker.wait()
+	if j := loadJournal(t, f); j.State != cutover.StateDone {
+		t.Fatalf("after finish the cutover is %s", j.State)
+	}
+	if st, err := f.px.Admin.Status(ctx); err != nil || st.Backend != f.green.GreenURL || st.Fenced {
+		t.Fatalf("proxy after forward again: %+v %v", st, err)
+	}
+	checkAckedOnGreen(t, f, acked)
+	for _, l := range leaders {
+		if err := l.C.Restarted(); err != nil {
+			t.Errorf("after forward again: %v", err)
+		}
+	}
+}
+
+// checkRolledBack checks the state after the rollback: proxy open on blue, journals, the same
+// keys on both sides at the switch, every acknowledged write on blue, the leaders' Leases kept.
+func (f *cutoverFixture) checkRolledBack(t *testing.T, acked []string, leaders []framework.Leader) {
+	t.Helper()
+	ctx := t.Context()
+	st, err := f.px.Admin.Status(ctx)
+	if err != nil || st.Backend != f.blue.api.URL || st.Fenced {
+		t.Fatalf("proxy after the rollback: %+v %v; want open on blue %s", st, err, f.blue.api.URL)
+	}
+	if j := loadJournal(t, f); j.State != cutover.StateRolledBack {
+		t.Fatalf("cutover after the rollback: %s", j.State)
+	}
+	rj, err := cutover.LoadJournal(f.green.Plan.StateDir + "/rollback")
+	if err != nil || rj.State != cutover.StateDone {
+		t.Fatalf("rollback journal: %+v %v", rj, err)
+	}
+	t.Logf("rollback window %s", rj.UnfencedAt.Sub(rj.FencedAt))
+	for _, step := range []string{cutover.StepSwitch} {
+		rec, _ := journalStep(rj, step)
+		t.Logf("rollback %s: %s", step, rec.Detail)
+		if !strings.Contains(rec.Detail, " 0 ended") {
+			t.Errorf("the rollback's switch ended watches instead of resuming them on blue: %s", rec.Detail)
+		}
+	}
+	blueCli, err := f.blue.etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blueCli.Close()
+	greenCli, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer greenCli.Close()
+	sameKeysAt(t, greenCli, blueCli, rj.SwitchRevision)
+	checkAckedOn(t, f.blue.cs, acked, "blue")
+	for _, l := range leaders {
+		checkKeptLease(t, f.blue.cs, l, rj.UnfencedAt)
+	}
+}
+
+// baker is a `kubefence cutover` process that ends baking: it runs until stopped.
+type baker struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	done chan struct{}
+}
+
+func (b *baker) output() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.out.String()
+}
+
+func (b *baker) wait() {
+	<-b.done
+	_ = b.cmd.Wait()
+}
+
+// startBaker starts `kubefence cutover` (with args) and returns once it prints that blue
+// follows green.
+func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
+	t.Helper()
+	b := &baker{cmd: exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...), done: make(chan struct{})}
+	pipe, err := b.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cmd.Stderr = b.cmd.Stdout
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.cmd.Process.Kill() })
+	following := make(chan struct{})
+	go func() {
+		defer close(b.done)
+		sc := bufio.NewScanner(pipe)
+		var once sync.Once
+		for sc.Scan() {
+			b.mu.Lock()
+			b.out.WriteString(sc.Text() + "\n")
+			b.mu.Unlock()
+			if strings.Contains(sc.Text(), "blue follows green:") {
+				once.Do(func() { close(following) })
+			}
+		}
+		_, _ = io.Copy(io.Discard, pipe)
+	}()
+	select {
+	case <-following:
+	case <-b.done:
+		t.Fatalf("kubefence cutover %v ended before blue followed green:\n%s", args, b.output())
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("kubefence cutover %v: blue did not follow green within 5 minutes:\n%s", args, b.output())
+	}
+	return b
+}
+
+// cutoverSub runs `kubefence cutover SUB --plan PLAN args…` and returns its output.
+func (f *cutoverFixture) cutoverSub(t *testing.T, sub string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(context.WithoutCancel(t.Context()), kubefenceBin, append([]string{"cutover", sub, "--plan", f.green.PlanPath}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubefence cutover %s: %v\n%s", sub, err, out)
+	}
+	return string(out)
+}
+
+// killAt runs kubefence with argv and kills it with SIGKILL as soon as it starts step.
+func killAt(t *testing.T, step string, argv ...string) {
+	t.Helper()
+	cmd := exec.Command(kubefenceBin, argv...)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(pipe)
+	var seen strings.Builder
+	killed := false
+	for sc.Scan() {
+		seen.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), ". "+step+": ") {
+			_ = cmd.Process.Kill()
+			killed = true
+			break
+		}
+	}
+	_, _ = io.Copy(io.Discard, pipe)
+	_ = cmd.Wait()
+	t.Logf("kubefence %v (killed at %s):\n%s", argv, step, seen.String())
+	if !killed {
+		t.Fatalf("kubefence %v never started step %s", argv, step)
+	}
+}
+
+func loadJournal(t *testing.T, f *cutoverFixture) *cutover.Journal {
+	t.Helper()
+	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}

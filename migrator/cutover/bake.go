@@ -1,0 +1,252 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// The bake (bake.enabled, docs/rollback.md): the window of a replicating cutover also gates
+// blue's apiserver (read-only on blue etcd) and hands replication over to the other direction,
+// so that after the unfence blue follows green revision for revision. `cutover rollback`
+// (rollback.go) goes back through the same window in reverse; `cutover finish` ends the bake.
+
+// Step names of a baking cutover, besides mode replicate's.
+const (
+	StepBlueAuth   = "blue-etcd-auth"
+	StepGateBlue   = "gate-blue"
+	StepHandOver   = "reverse-replication"
+	StepGateGreen  = "gate-green"
+	StepUngateBlue = "ungate-blue"
+)
+
+// bakeSteps is a replicating cutover that keeps a way back: blue etcd's auth is set up before
+// the fence; after the switch blue's apiserver is gated and replication turns around before
+// green's apiserver may write.
+var bakeSteps = []step{
+	preflightStep{},
+	copyStep{},
+	migrateStep{},
+	greenEtcdStep{},
+	greenAuthStep{},
+	blueAuthStep{},
+	replicateStep{},
+	needsReplication{greenAPIServerStep{}},
+	needsReplication{replicaVerifyStep{}},
+	needsReplication{fenceStep{}},
+	needsReplication{drainStep{}},
+	replicaSwitchStep{},
+	gateStep{StepGateBlue},
+	needsReplication{handOverStep{}},
+	ungateStep{StepUngateGreen},
+	unfenceStep{},
+}
+
+// Blue must take any revision of green as one txn, as green takes blue's (replicationEtcdArgs).
+const (
+	blueMinTxnOps      = 10000
+	blueMinRequestSize = 8 << 20
+)
+
+// blueAuthStep turns etcd auth on in blue, before the fence: kubefence's client certificate is
+// root, blue apiserver's user reads and writes as before (the gate after the switch takes
+// writing away). It first checks that blue takes green's revisions as single txns, and after
+// enabling auth that blue's apiserver is still ready; if not, auth is turned off again.
+type blueAuthStep struct{}
+
+func (blueAuthStep) name() string                  { return StepBlueAuth }
+func (blueAuthStep) timeout(p *Plan) time.Duration { return p.Timeouts.Preflight.D() }
+func (blueAuthStep) pastNoReturn() bool            { return false }
+
+func (blueAuthStep) describe(r *runner, _ bool) string {
+	return fmt.Sprintf("check blue etcd takes txns of %d operations and %d MiB; blue etcd auth: users root and kubefence's client certificate CN with role root, user %s (blue apiserver) with role %s; auth enable; check blue's apiserver is still ready (else auth disable)",
+		blueMinTxnOps, blueMinRequestSize>>20, r.p.Blue.APIServer.EtcdUser, readWriteRole)
+}
+
+func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
+	self, err := certCN(r.p.Blue.Etcd.CertFile)
+	if err != nil {
+		return "", fmt.Errorf("blue.etcd.certFile: %w", err)
+	}
+	cli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	if err := checkTxnLimits(ctx, cli); err != nil {
+		return "", err
+	}
+	user := r.p.Blue.APIServer.EtcdUser
+	if err := setupAuth(ctx, cli, "blue", self, user, readWriteRole); err != nil {
+		return "", err
+	}
+	if err := waitReady(ctx, r.p.Blue.APIServer.Kubeconfig); err != nil {
+		_, derr := cli.AuthDisable(ctx)
+		return "", errors.Join(fmt.Errorf("blue's apiserver is not ready with etcd auth on (is %q the CN of its etcd client certificate? blue.apiserver.etcdUser): %w; auth turned off again", user, err), derr)
+	}
+	return fmt.Sprintf("auth on: %q root, %q read-write; blue's apiserver ready", self, user), nil
+}
+
+// checkTxnLimits asks blue for a txn of blueMinTxnOps comparisons and one of blueMinRequestSize
+// bytes; both only compare (no revision), and etcd refuses them before reading anything if its
+// --max-txn-ops or --max-request-bytes is lower.
+func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
+	cmps := make([]clientv3.Cmp, blueMinTxnOps)
+	for i := range cmps {
+		cmps[i] = clientv3.Compare(clientv3.Version(probeKey), "=", 0)
+	}
+	_, err := cli.Txn(ctx).If(cmps...).Commit()
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrTooManyOps) {
+		return fmt.Errorf("blue etcd refuses a txn of %d operations: run it with --max-txn-ops %d (or more) so that it can take any green revision as one txn while it follows green", blueMinTxnOps, blueMinTxnOps)
+	}
+	if err != nil {
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	big := strings.Repeat("x", blueMinRequestSize)
+	_, err = cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(probeKey), "=", big)).Commit()
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrRequestTooLarge) {
+		return fmt.Errorf("blue etcd refuses a request of %d MiB: run it with --max-request-bytes %d (or more) so that it can take any green revision as one txn while it follows green", blueMinRequestSize>>20, greenMaxRequestBytes)
+	}
+	if err != nil {
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	return nil
+}
+
+// probeKey is read (never written) by the checks of this package.
+const probeKey = "\x00kubefence-cutover-probe"
+
+// waitReady waits up to 15 s for an apiserver's /readyz.
+func waitReady(ctx context.Context, kubeconfig string) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = readyz(ctx, kubeconfig)
+		return last == nil, nil
+	})
+	if err != nil && last != nil {
+		return last
+	}
+	return err
+}
+
+// handOverStep turns replication around after blue's apiserver was gated: green catches up with
+// blue (whose revision no longer moves, but for its own lease expiries, which blue's leases
+// being kept alive from here stops), replication of blue into green stops, and replication of
+// green into blue starts from that revision, before green's apiserver may write.
+type handOverStep struct{}
+
+func (handOverStep) name() string                  { return StepHandOver }
+func (handOverStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (handOverStep) pastNoReturn() bool            { return true }
+
+func (handOverStep) describe(*runner, bool) string {
+	return "keep blue's leases alive, let green catch up with blue, stop replicating blue into green, start replicating green into blue from that revision (the bake)"
+}
+
+func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
+	blueCli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return "", err
+	}
+	release, err := replicate.HoldLeases(context.Background(), blueCli, r.o.Log)
+	if err != nil {
+		blueCli.Close()
+		return "", err
+	}
+	hold := func() { release(); blueCli.Close() }
+	rev, err := r.caughtUp(ctx)
+	if err != nil {
+		hold()
+		return "", err
+	}
+	prog, err := r.stopReplication()
+	r.j.ReplicationAtStop = &prog
+	if err == nil && prog.Applied != rev {
+		err = fmt.Errorf("%w: replication stopped at revision %d, not %d", replicate.ErrRevisionMismatch, prog.Applied, rev)
+	}
+	if err != nil {
+		hold()
+		return "", fmt.Errorf("replication of blue into green, stopping: %w", err)
+	}
+	if err := r.startBake(ctx, rev, hold); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("green and blue at revision %d; blue follows green from here (%d leases kept alive on blue)", rev, r.repl.rep.Progress().Leases), nil
+}
+
+// startBake starts replicating green into blue from rev, records the bake in the journal, and
+// hands hold (what keeps blue's leases alive until then) to the replication.
+func (r *runner) startBake(ctx context.Context, rev int64, hold func()) error {
+	green, err := newEtcdClient(r.p.greenConn())
+	if err != nil {
+		hold()
+		return err
+	}
+	blue, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		green.Close()
+		hold()
+		return err
+	}
+	if err := r.startReplication(green, blue, rev); err != nil {
+		hold()
+		return err
+	}
+	r.repl.release = hold
+	r.j.Bake = &BakeRecord{Revision: rev, Started: time.Now().UTC()}
+	return r.saveJournal()
+}
+
+// bake is the end of a baking cutover: the process keeps blue following green until it is
+// stopped (Ctrl-C, SIGTERM: `cutover rollback` and `cutover finish` stop it that way) or blue
+// cannot follow any more. It returns the report of where the bake stands.
+func (r *runner) bake(ctx context.Context) (*Report, error) {
+	r.from, r.to = r.p.greenSide(), r.p.blueSide()
+	r.progressStep = "bake"
+	r.noPickup = "blue no longer follows green exactly, so a rollback would lose writes: run 'kubefence cutover finish' (green serves; blue stays as it was)"
+	if r.j.State != StateBaking {
+		r.j.State = StateBaking
+		if err := r.saveJournal(); err != nil {
+			return nil, err
+		}
+		rep := r.report(ResultBaking, nil)
+		rep.Next = r.bakeAdvice()
+		r.emit(Event{Type: EventReport, Report: rep})
+	}
+	picked, err := r.ensureReplication(ctx)
+	if err == nil {
+		r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.progressLine(r.repl.rep.Progress()))})
+		select {
+		case <-ctx.Done():
+		case <-r.repl.done:
+		}
+		var prog replicate.Progress
+		prog, err = r.stopReplication()
+		r.j.Bake.LastStop = &prog
+		err = errors.Join(err, r.saveJournal())
+	}
+	if err != nil {
+		rep := r.report(ResultFailed, fmt.Errorf("blue stopped following green: %w", err))
+		rep.Next = r.noPickup
+		r.emit(Event{Type: EventReport, Report: rep})
+		return rep, err
+	}
+	rep := r.report(ResultBaking, nil)
+	rep.Next = "this process stopped keeping blue in step with green (blue's leases are no longer kept alive there either): " + r.bakeAdvice()
+	r.emit(Event{Type: EventNote, Step: "bake", Detail: rep.Next})
+	return rep, nil
+}
+
+// bakeAdvice says what an operator can do during the bake.
+func (r *runner) bakeAdvice() string {
+	const plan = "--plan PLAN"
+	return fmt.Sprintf("green serves; blue follows green while 'kubefence cutover --resume %s' runs (this process until stopped). Go back with 'kubefence cutover rollback %s'; end the bake with 'kubefence cutover finish %s'; see the lag with 'kubefence cutover status %s'", plan, plan, plan, plan)
+}

@@ -1,0 +1,123 @@
+package cutover
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// bakePlan is replicatePlan with bake.enabled and what it needs of blue.
+func bakePlan(t *testing.T) *Plan {
+	t.Helper()
+	p := replicatePlan(t)
+	p.Bake.Enabled = true
+	p.Blue.APIServer.EtcdUser = DefaultGreenEtcdUser
+	f := p.Green.Etcd.TLS.CAFile
+	p.Blue.Etcd.CAFile, p.Blue.Etcd.CertFile, p.Blue.Etcd.KeyFile = f, f, f
+	for i, e := range p.Blue.Etcd.Endpoints {
+		p.Blue.Etcd.Endpoints[i] = strings.Replace(e, "http:", "https:", 1)
+	}
+	return p
+}
+
+// TestBakePlan: bake.enabled needs a replicating cutover, blue's apiserver etcd user and blue
+// etcd with TLS client certificates; it runs its own table of steps, in which every step from
+// the switch on is past the point of no return.
+func TestBakePlan(t *testing.T) {
+	parse := func(p *Plan) (*Plan, error) {
+		data, err := yaml.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ParsePlan(data)
+	}
+	got, err := parse(bakePlan(t))
+	if err != nil {
+		t.Fatalf("bake plan refused: %v", err)
+	}
+	var names []string
+	for _, s := range DryRun(got) {
+		names = append(names, s.Step)
+	}
+	want := []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepBlueAuth, StepReplicate, StepGreenAPIServer, StepVerify, StepFence, StepDrain, StepSwitch, StepGateBlue, StepHandOver, StepUngateGreen, StepUnfence}
+	if !slices.Equal(names, want) {
+		t.Errorf("steps %v, want %v", names, want)
+	}
+	for _, table := range [][]step{bakeSteps, rollbackSteps} {
+		past := false
+		for _, s := range table {
+			past = past || s.name() == StepSwitch
+			if s.pastNoReturn() != past {
+				t.Errorf("%s: pastNoReturn %v, want %v", s.name(), s.pastNoReturn(), past)
+			}
+		}
+	}
+	cases := []struct {
+		name   string
+		change func(*Plan)
+		want   string
+	}{
+		{"fenced copy", func(p *Plan) { p.Migration.Mode = "snapshot" }, "bake.enabled needs a replicating cutover"},
+		{"no blue etcd user", func(p *Plan) { p.Blue.APIServer.EtcdUser = "" }, "bake.enabled needs blue.apiserver.etcdUser"},
+		{"no client certificate for blue", func(p *Plan) { p.Blue.Etcd.CertFile, p.Blue.Etcd.KeyFile = "", "" }, "bake.enabled needs blue.etcd.caFile, certFile and keyFile"},
+		{"plain blue etcd", func(p *Plan) { p.Blue.Etcd.Endpoints = []string{"http://10.0.0.1:2379"} }, "bake.enabled needs blue etcd with TLS"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := bakePlan(t)
+			tc.change(p)
+			if _, err := parse(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBakeJournalStates: a baking cutover is only picked up again with --resume; a rolled-back
+// one may be followed by a new cutover (its journal kept beside the new one); a rollback runs
+// only during a bake and is resumed only while one is in progress.
+func TestBakeJournalStates(t *testing.T) {
+	cases := []struct {
+		name, state string
+		resume      bool
+		wantErr     string
+	}{
+		{"run over a bake", StateBaking, false, "is baking (green serves)"},
+		{"resume a bake", StateBaking, true, ""},
+		{"run over a rollback", StateRollingBack, false, "finish the rollback first"},
+		{"new cutover after a rollback", StateRolledBack, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, tc.resume, "", false)
+			j := &Journal{ID: "x", State: tc.state, PlanHash: "plan-hash"}
+			if err := j.save(w.r.p.StateDir); err != nil {
+				t.Fatal(err)
+			}
+			err := w.r.openJournal()
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("error %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+	rollbacks := []struct {
+		name, state string
+		resume      bool
+		want        string
+	}{
+		{"rollback after the bake", StateDone, false, "a rollback goes back to blue during the bake only"},
+		{"resume without a rollback", StateBaking, true, "no rollback of cutover x is in progress"},
+		{"rollback over a rollback", StateRollingBack, false, "rollback --resume"},
+	}
+	for _, tc := range rollbacks {
+		t.Run(tc.name, func(t *testing.T) {
+			p := bakePlan(t)
+			_, err := newRollbackRunner(Options{Plan: p, Resume: tc.resume}, &Journal{ID: "x", State: tc.state, Bake: &BakeRecord{Revision: 5}})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

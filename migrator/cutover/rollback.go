@@ -1,0 +1,276 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/steprun"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// A rollback (`kubefence cutover rollback`) is a baking cutover's window run backwards, from
+// green to blue, journaled in stateDir/rollback: fence → drain (blue at green's revision) →
+// switch every proxy to blue, watches resumed → gate green's apiserver → blue catches up with
+// what green's apiserver wrote in between → stop replication → let blue's apiserver write →
+// unfence. A failure before the switch unfences green and leaves the bake to be resumed.
+
+// rollbackSteps is a rollback, in order.
+var rollbackSteps = []step{
+	needsReplication{fenceStep{}},
+	needsReplication{drainStep{}},
+	needsReplication{replicaSwitchStep{}},
+	gateStep{StepGateGreen},
+	stopFollowingStep{},
+	ungateStep{StepUngateBlue},
+	unfenceStep{},
+}
+
+// afterRollbackAbort is the advice after a rollback went back to green.
+const afterRollbackAbort = "green serves as before and writes are open; blue no longer follows green until 'kubefence cutover --resume --plan PLAN' runs again: start it soon (nothing keeps blue's leases alive meanwhile)"
+
+// Rollback goes back to blue during a bake. The process that keeps blue following green (the
+// cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
+func Rollback(ctx context.Context, o Options) (*Report, error) {
+	lock, main, err := takeOver(ctx, o.Plan)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
+	r, err := newRollbackRunner(o, main)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = r.stopReplication() }()
+	if err := r.walk(ctx); err != nil {
+		var serr *steprun.Error
+		if !errors.As(err, &serr) {
+			return nil, err
+		}
+		return r.fail(ctx, r.steps[serr.Index], serr.Err)
+	}
+	r.j.State = StateDone
+	if err := r.saveJournal(); err != nil {
+		return nil, err
+	}
+	main.State, main.Bake.Ended = StateRolledBack, time.Now().UTC()
+	if err := main.save(o.Plan.StateDir); err != nil {
+		return nil, err
+	}
+	rep := r.report(ResultDone, nil)
+	rep.Next = "blue serves behind the proxy, writes open. Green's apiserver may only read green etcd; its processes keep running for inspection ('kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them). Going forward again is a new cutover."
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, nil
+}
+
+// newRollbackRunner is a runner from green to blue on the rollback's journal (new, or the one
+// to resume); it marks the cutover rolling back.
+func newRollbackRunner(o Options, main *Journal) (*runner, error) {
+	switch {
+	case main.State == StateBaking && o.Resume:
+		return nil, fmt.Errorf("nothing to resume: no rollback of cutover %s is in progress", main.ID)
+	case main.State == StateRollingBack && !o.Resume:
+		return nil, fmt.Errorf("a rollback of cutover %s is in progress: run 'kubefence cutover rollback --resume'", main.ID)
+	case main.State != StateBaking && main.State != StateRollingBack:
+		return nil, fmt.Errorf("cutover %s is %s: a rollback goes back to blue during the bake only (plan bake.enabled)", main.ID, main.State)
+	}
+	g, err := newProxyGroup(o.Plan)
+	if err != nil {
+		return nil, err
+	}
+	p := o.Plan
+	r := &runner{o: o, p: p, adm: g, procs: osProcesses, steps: rollbackSteps, main: main,
+		from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback"),
+		noPickup: "blue no longer follows green exactly, so going back would lose writes: green keeps serving; end the bake with 'kubefence cutover finish'"}
+	if r.j, err = openRollbackJournal(r.journalDir, main, o.Resume); err != nil {
+		return nil, err
+	}
+	main.State, main.Bake.Rollback = StateRollingBack, r.j.ID
+	if err := main.save(p.StateDir); err != nil {
+		return nil, err
+	}
+	if o.Resume {
+		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming rollback %s after step %q", r.j.ID, lastStep(r.j))})
+	}
+	return r, r.saveJournal()
+}
+
+// openRollbackJournal is the rollback's journal to resume, or a new one (an earlier aborted
+// one is kept beside it).
+func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, error) {
+	j, err := LoadJournal(dir)
+	switch {
+	case resume && err == nil && j.State == StateRunning:
+		return j, nil
+	case resume && err == nil:
+		return nil, fmt.Errorf("nothing to resume: rollback %s is %s", j.ID, j.State)
+	case resume:
+		return nil, fmt.Errorf("nothing to resume: %v", err)
+	case err == nil:
+		_ = os.Rename(journalPath(dir), filepath.Join(dir, "journal-"+j.ID+".json"))
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	return &Journal{Version: 1, ID: newID(), PlanHash: main.PlanHash, State: StateRunning, Started: time.Now().UTC(),
+		SnapshotRevision: main.Bake.Revision, GreenPIDs: map[string]int{}}, nil
+}
+
+// abortRollback unfences green (the proxy still sends everything there) and leaves the bake
+// to be resumed; a rollback that switched to blue is finished with --resume instead.
+func (r *runner) abortRollback(ctx context.Context, reason string) error {
+	if _, ok := r.j.record(StepSwitch); ok || r.proxyOnTarget(ctx) {
+		return errors.New("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'")
+	}
+	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
+		r.o.Log.Warn("replication had stopped with an error", "err", err)
+	}
+	if st, err := r.adm.Status(ctx); err != nil || st.Fenced {
+		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+			return fmt.Errorf("unfence: %w; run 'kubefence fence off' on every proxy", err)
+		}
+	}
+	r.j.State, r.j.AbortReason = StateAborted, reason
+	r.main.State = StateBaking
+	return errors.Join(r.saveJournal(), r.main.save(r.p.StateDir))
+}
+
+// stopFollowingStep stops replicating green into blue once blue has what green's apiserver
+// wrote between the switch and its gate (its own leases): from here blue's revisions are
+// blue's own.
+type stopFollowingStep struct{}
+
+func (stopFollowingStep) name() string                  { return StepStopReplication }
+func (stopFollowingStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
+func (stopFollowingStep) pastNoReturn() bool            { return true }
+func (stopFollowingStep) describe(r *runner, _ bool) string {
+	return fmt.Sprintf("let %s catch up with %s (whose apiserver writes no more), then stop replicating", r.to.name, r.from.name)
+}
+
+func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
+	if r.repl == nil {
+		// The process that replicated died after the switch: pick it up to bring over what
+		// the gated apiserver wrote before its gate, if green is still blue change for change.
+		if _, err := r.ensureReplication(ctx); err != nil {
+			return fmt.Sprintf("replication could not be picked up again (%v); what %s's apiserver wrote between the switch and its gate (its own leases) is not on %s, whose apiserver writes its own", err, r.from.name, r.to.name), nil
+		}
+	}
+	rev, cerr := r.caughtUp(ctx)
+	prog, err := r.stopReplication()
+	r.j.ReplicationAtStop = &prog
+	if err = errors.Join(cerr, err); err != nil {
+		// The switch happened with both at one revision; what is missing is the gated
+		// apiserver's own writes (its leases), which the other apiserver writes itself.
+		return fmt.Sprintf("stopped without catching up (%v): %s", err, r.progressLine(prog)), nil
+	}
+	return fmt.Sprintf("%s and %s at revision %d; replication stopped", r.to.name, r.from.name, rev), nil
+}
+
+// Finish ends a bake: blue stops following green (the process that kept it in step is asked
+// to stop) and the cutover is done.
+func Finish(ctx context.Context, o Options) (*Report, error) {
+	lock, main, err := takeOver(ctx, o.Plan)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
+	if main.State != StateBaking {
+		return nil, fmt.Errorf("cutover %s is %s: finish ends a bake", main.ID, main.State)
+	}
+	r, err := newRunner(o, main)
+	if err != nil {
+		return nil, err
+	}
+	main.State, main.Bake.Ended = StateDone, time.Now().UTC()
+	if err := r.saveJournal(); err != nil {
+		return nil, err
+	}
+	rev := main.Bake.Revision
+	if s := main.Bake.LastStop; s != nil {
+		rev = s.Applied
+	}
+	rep := r.report(ResultDone, nil)
+	rep.Next = fmt.Sprintf("the bake is over: green serves; blue no longer follows green and stays as it was at revision %d (its data dir is kept; its apiserver may only read blue etcd). kubefence started none of blue's processes: stop blue's etcd and apiserver when you no longer need them.", rev)
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, nil
+}
+
+// takeOver takes the state dir's lock for a rollback or a finish. While a process keeps blue
+// following green it holds the lock: it is asked to stop (SIGTERM, which it takes as the end of
+// its bake) and the lock taken once it has. It returns the cutover's journal, checked against
+// the plan.
+func takeOver(ctx context.Context, p *Plan) (*stateLock, *Journal, error) {
+	j, err := LoadJournal(p.StateDir)
+	if errors.Is(err, errNoJournal) {
+		return nil, nil, fmt.Errorf("no cutover in %s", p.StateDir)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if j.PlanHash != p.hash {
+		return nil, nil, fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): use the same plan", j.ID, p.hash, j.PlanHash)
+	}
+	lock, err := lockStateDir(p.StateDir)
+	if err != nil && j.State == StateBaking {
+		lock, err = stopHolder(ctx, p.StateDir, err)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	// The journal as the holder left it.
+	if j, err = LoadJournal(p.StateDir); err != nil {
+		lock.unlock()
+		return nil, nil, err
+	}
+	return lock, j, nil
+}
+
+// stopHolder sends SIGTERM to the kubefence process holding the state dir's lock and waits for
+// the lock; busy is the error the lock gave.
+func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, error) {
+	pid := holderPID(stateDir)
+	if pid <= 0 || !isKubefence(pid) {
+		return nil, busy
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return nil, fmt.Errorf("asking the process that keeps blue in step (pid %d) to stop: %w", pid, err)
+	}
+	var lock *stateLock
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		l, err := lockStateDir(stateDir)
+		lock = l
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the process that keeps blue in step (pid %d) did not stop within a minute of SIGTERM: %w", pid, err)
+	}
+	return lock, nil
+}
+
+// holderPID is the pid the lock's holder wrote into the lock file, 0 if none.
+func holderPID(stateDir string) int {
+	data, err := os.ReadFile(lockPath(stateDir))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return pid
+}
+
+// isKubefence says whether pid runs a kubefence binary (so a stale pid is never signalled).
+func isKubefence(pid int) bool {
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	argv0 := strings.SplitN(string(cmd), "\x00", 2)[0]
+	return strings.Contains(filepath.Base(argv0), "kubefence")
+}

@@ -1,0 +1,97 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// StatusReport is `kubefence cutover status`: where the cutover in a state dir stands.
+type StatusReport struct {
+	ID      string       `json:"id"`
+	State   string       `json:"state"`
+	Started time.Time    `json:"started"`
+	Steps   []StepRecord `json:"steps"`
+	// Bake is where blue stands against green while baking or rolling back.
+	Bake *BakeStatus `json:"bake,omitempty"`
+	// Rollback is the state of the rollback's journal, once one started.
+	Rollback string `json:"rollback,omitempty"`
+}
+
+// BakeStatus is blue against green during a bake.
+type BakeStatus struct {
+	BakeRecord `json:",inline"`
+	// Follower is the pid of the process keeping blue in step with green, 0 when none runs.
+	Follower      int   `json:"follower"`
+	GreenRevision int64 `json:"greenRevision,omitempty"`
+	BlueRevision  int64 `json:"blueRevision,omitempty"`
+	// LagRevisions is how many of green's revisions blue has yet to apply.
+	LagRevisions int64  `json:"lagRevisions"`
+	Error        string `json:"error,omitempty"`
+}
+
+// statusTimeout bounds reading the two revisions.
+const statusTimeout = 5 * time.Second
+
+// Status reads the state dir's journal (without its lock: it changes nothing) and, during a
+// bake, both clusters' revisions.
+func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
+	j, err := LoadJournal(p.StateDir)
+	if errors.Is(err, errNoJournal) {
+		return nil, fmt.Errorf("no cutover in %s", p.StateDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done}
+	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil {
+		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))
+	}
+	if j.Bake == nil {
+		return st, nil
+	}
+	b := &BakeStatus{BakeRecord: *j.Bake}
+	st.Bake = b
+	if j.State == StateBaking || j.State == StateRollingBack {
+		b.Follower = follower(p.StateDir)
+		ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+		defer cancel()
+		if err := b.readRevisions(ctx, p); err != nil {
+			b.Error = err.Error()
+		}
+	}
+	return st, nil
+}
+
+// readRevisions reads blue's and then green's revision: blue follows, so read in this order
+// the lag is never below zero.
+func (b *BakeStatus) readRevisions(ctx context.Context, p *Plan) error {
+	for _, s := range []struct {
+		sd  side
+		rev *int64
+	}{{p.blueSide(), &b.BlueRevision}, {p.greenSide(), &b.GreenRevision}} { // the follower first
+		cli, err := newEtcdClient(s.sd.etcd)
+		if err != nil {
+			return err
+		}
+		*s.rev, err = currentRevision(ctx, cli)
+		cli.Close()
+		if err != nil {
+			return fmt.Errorf("%s etcd: %w", s.sd.name, err)
+		}
+	}
+	b.LagRevisions = b.GreenRevision - b.BlueRevision
+	return nil
+}
+
+// follower is the pid of the process holding the state dir's lock, 0 when none does.
+func follower(stateDir string) int {
+	lock, err := lockStateDir(stateDir)
+	if err == nil {
+		lock.unlock()
+		return 0
+	}
+	return holderPID(stateDir)
+}
