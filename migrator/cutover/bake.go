@@ -140,7 +140,8 @@ func waitReady(ctx context.Context, kubeconfig string) error {
 // handOverStep turns replication around after blue's apiserver was gated: green catches up with
 // blue (whose revision no longer moves, but for its own lease expiries, which blue's leases
 // being kept alive from here stops), replication of blue into green stops, and replication of
-// green into blue starts from that revision, before green's apiserver may write.
+// green into blue starts from that revision, before green's apiserver may write (invariant
+// blue-follows-exactly).
 type handOverStep struct{}
 
 func (handOverStep) name() string                  { return StepHandOver }
@@ -179,7 +180,7 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := r.startBake(ctx, rev, hold); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("green and blue at revision %d; blue follows green from here (%d leases kept alive on blue)", rev, r.repl.rep.Progress().Leases), nil
+	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
 }
 
 // startBake starts replicating green into blue from rev, records the bake in the journal, and
@@ -196,7 +197,8 @@ func (r *runner) startBake(ctx context.Context, rev int64, hold func()) error {
 		hold()
 		return err
 	}
-	if err := r.startReplication(green, blue, rev); err != nil {
+	r.progressStep = "bake"
+	if err := r.startReplicationOf(green, blue, rev, "green", "blue"); err != nil {
 		hold()
 		return err
 	}
@@ -223,7 +225,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	}
 	picked, err := r.ensureReplication(ctx)
 	if err == nil {
-		r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.progressLine(r.repl.rep.Progress()))})
+		r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.repl.line(r.repl.rep.Progress()))})
 		select {
 		case <-ctx.Done():
 		case <-r.repl.done:
@@ -240,7 +242,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 		return rep, err
 	}
 	rep := r.report(ResultBaking, nil)
-	rep.Next = "this process stopped keeping blue in step with green (blue's leases are no longer kept alive there either): " + r.bakeAdvice()
+	rep.Next = "this process stopped keeping blue in step with green (a signal: 'kubefence cutover rollback' and 'finish' stop it this way). Unless one of them runs now, run 'kubefence cutover --resume --plan PLAN' soon: nothing keeps blue's leases alive meanwhile"
 	r.emit(Event{Type: EventNote, Step: "bake", Detail: rep.Next})
 	return rep, nil
 }

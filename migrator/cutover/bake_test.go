@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -119,5 +120,30 @@ func TestBakeJournalStates(t *testing.T) {
 				t.Errorf("error %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestFlockHolder: the holder of the state dir's lock is found by pid and inode in /proc/locks,
+// blocked waiters ("->") and other files are not it; and a lock this process holds is found.
+func TestFlockHolder(t *testing.T) {
+	locks := "1: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF\n1: -> FLOCK  ADVISORY  WRITE 77 00:2d:1234 0 EOF\n2: POSIX  ADVISORY  WRITE 99 fd:01:1234 0 EOF\n3: FLOCK  ADVISORY  WRITE 5 fd:01:999 0 EOF\n"
+	cases := []struct {
+		pid  int
+		ino  uint64
+		want bool
+	}{{4242, 1234, true}, {77, 1234, false}, {99, 1234, false}, {5, 1234, false}, {5, 999, true}}
+	for _, tc := range cases {
+		if got := flockHolder(locks, tc.ino, tc.pid); got != tc.want {
+			t.Errorf("pid %d inode %d: %v, want %v", tc.pid, tc.ino, got, tc.want)
+		}
+	}
+	dir := t.TempDir()
+	lock, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.unlock()
+	if !holdsLock(dir, os.Getpid()) || holdsLock(dir, os.Getpid()+1) {
+		t.Errorf("this process holds the lock on %s: not found in /proc/locks", dir)
 	}
 }

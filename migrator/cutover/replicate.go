@@ -80,6 +80,13 @@ type replication struct {
 	err      error // Run's error, once done is closed
 	// release ends what else holds dst's leases (the handover to the bake), if anything.
 	release func()
+	// srcName and dstName name the sides in its progress lines.
+	srcName, dstName string
+}
+
+// line says where replication stands (p is its progress).
+func (rp *replication) line(p replicate.Progress) string {
+	return progressLine(p, rp.srcName, rp.dstName)
 }
 
 // newEtcdClient connects to spec for replication: large requests allowed, and a short reconnect
@@ -118,19 +125,24 @@ func (r *runner) replicationClients() (src, dst *clientv3.Client, err error) {
 // clients it then owns (closed when replication stops, or now if it cannot start), in a
 // goroutine of this process that runs until stopReplication.
 func (r *runner) startReplication(src, dst *clientv3.Client, from int64) error {
-	rep, err := replicate.New(replicate.Config{Source: src, Dest: dst, FromRevision: from, Log: r.o.Log})
+	return r.startReplicationOf(src, dst, from, r.from.name, r.to.name)
+}
+
+// startReplicationOf is startReplication with the sides' names given.
+func (r *runner) startReplicationOf(src, dst *clientv3.Client, from int64, srcName, dstName string) error {
+	rep, err := replicate.New(replicate.Config{Source: src, Dest: dst, FromRevision: from, Log: r.o.Log, SourceName: srcName, DestName: dstName})
 	if err != nil {
 		src.Close()
 		dst.Close()
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rp := &replication{rep: rep, src: src, dst: dst, cancel: cancel, done: make(chan struct{})}
+	rp := &replication{rep: rep, src: src, dst: dst, cancel: cancel, done: make(chan struct{}), srcName: srcName, dstName: dstName}
 	go func() {
 		defer close(rp.done)
 		rp.err = rep.Run(ctx)
 	}()
-	go r.reportProgress(rp)
+	go r.reportProgress(rp, r.progressStep)
 	r.repl = rp
 	return nil
 }
@@ -139,8 +151,11 @@ func (r *runner) startReplication(src, dst *clientv3.Client, from int64) error {
 const progressEvery = 5 * time.Second
 
 // reportProgress emits where replication stands (the lag, live) every progressEvery until it
-// stops.
-func (r *runner) reportProgress(rp *replication) {
+// stops, its notes labelled step ("" is StepReplicate). It reads nothing of r's but emit.
+func (r *runner) reportProgress(rp *replication, step string) {
+	if step == "" {
+		step = StepReplicate
+	}
 	t := time.NewTicker(progressEvery)
 	defer t.Stop()
 	for {
@@ -148,11 +163,7 @@ func (r *runner) reportProgress(rp *replication) {
 		case <-rp.done:
 			return
 		case <-t.C:
-			step := r.progressStep
-			if step == "" {
-				step = StepReplicate
-			}
-			r.emit(Event{Type: EventNote, Step: step, Detail: "replication: " + r.progressLine(rp.rep.Progress())})
+			r.emit(Event{Type: EventNote, Step: step, Detail: "replication: " + rp.line(rp.rep.Progress())})
 		}
 	}
 }
@@ -175,6 +186,7 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	}
 	tctx, cancel := context.WithTimeout(ctx, tipCheckTimeout)
 	rev, err := replicate.Tip(tctx, src, dst)
+	err = replicate.Rename(err, r.from.name, r.to.name)
 	cancel()
 	if err != nil {
 		src.Close()
@@ -264,10 +276,15 @@ func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	}
 }
 
-// progressLine says where replication stands.
+// progressLine says where replication from r.from into r.to stands.
 func (r *runner) progressLine(p replicate.Progress) string {
+	return progressLine(p, r.from.name, r.to.name)
+}
+
+// progressLine says where replication from src into dst stands.
+func progressLine(p replicate.Progress, src, dst string) string {
 	return fmt.Sprintf("%s at revision %d, %s at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
-		r.to.name, p.Applied, r.from.name, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
+		dst, p.Applied, src, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
 }
 
 // side is one of the two clusters as replication sees it: r.from, the one writes move away from

@@ -237,7 +237,7 @@ func takeOver(ctx context.Context, p *Plan) (*stateLock, *Journal, error) {
 // the lock; busy is the error the lock gave.
 func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, error) {
 	pid := holderPID(stateDir)
-	if pid <= 0 || !isKubefence(pid) {
+	if pid <= 0 || !holdsLock(stateDir, pid) {
 		return nil, busy
 	}
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
@@ -265,12 +265,32 @@ func holderPID(stateDir string) int {
 	return pid
 }
 
-// isKubefence says whether pid runs a kubefence binary (so a stale pid is never signalled).
-func isKubefence(pid int) bool {
-	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+// holdsLock says whether pid holds the flock on stateDir's lock file, by /proc/locks (so a
+// stale pid in the file is never signalled).
+func holdsLock(stateDir string, pid int) bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat(lockPath(stateDir), &st); err != nil {
+		return false
+	}
+	locks, err := os.ReadFile("/proc/locks")
 	if err != nil {
 		return false
 	}
-	argv0 := strings.SplitN(string(cmd), "\x00", 2)[0]
-	return strings.Contains(filepath.Base(argv0), "kubefence")
+	return flockHolder(string(locks), st.Ino, pid)
+}
+
+// flockHolder says whether /proc/locks (its text) has a FLOCK held by pid on inode ino (the
+// device field is "major:minor:inode").
+func flockHolder(locks string, ino uint64, pid int) bool {
+	for line := range strings.SplitSeq(locks, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || f[1] != "FLOCK" || f[4] != strconv.Itoa(pid) {
+			continue
+		}
+		dev := strings.Split(f[5], ":")
+		if n, err := strconv.ParseUint(dev[len(dev)-1], 10, 64); err == nil && n == ino {
+			return true
+		}
+	}
+	return false
 }

@@ -155,7 +155,7 @@ func (ungateStep) run(ctx context.Context, r *runner) (string, error) {
 
 // gateStep keeps r.from's apiserver from writing (blue's after a cutover's switch, green's after
 // a rollback's): its etcd user keeps read and loses read-write, which the step checks. Nothing
-// but the replicator writes to that etcd from here.
+// but the replicator writes to that etcd from here (invariant blue-follows-exactly).
 type gateStep struct{ n string }
 
 func (s gateStep) name() string                { return s.n }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,9 @@ type Config struct {
 	// blue no longer has (it expired on blue after the put; its deletes follow in the stream).
 	// Default 60 s.
 	MissingLeaseTTL int64
+	// SourceName and DestName are what errors and logs call the source and the destination
+	// (default "blue" and "green"; names.go).
+	SourceName, DestName string
 }
 
 func (c *Config) validate() error {
@@ -102,6 +106,7 @@ func (c *Config) defaults() {
 // while Run runs.
 type Replicator struct {
 	cfg     Config
+	rename  *strings.Replacer // nil: the default names
 	leases  *leaseMirror
 	started atomic.Bool
 
@@ -118,10 +123,13 @@ func New(cfg Config) (*Replicator, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	r := &Replicator{cfg: cfg, cond: make(chan struct{})}
+	r := &Replicator{cfg: cfg, cond: make(chan struct{}), rename: renamer(cfg.SourceName, cfg.DestName)}
+	if r.rename != nil {
+		r.cfg.Log = slog.New(&renamingHandler{h: cfg.Log.Handler(), rp: r.rename})
+	}
 	r.progress.applied = cfg.FromRevision
 	r.progress.source = cfg.FromRevision
-	r.leases = newLeaseMirror(cfg)
+	r.leases = newLeaseMirror(r.cfg)
 	return r, nil
 }
 
@@ -145,7 +153,7 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer func() { r.finish(err) }()
+	defer func() { err = renameErr(r.rename, err); r.finish(err) }()
 	defer r.leases.stopAll()
 
 	if err := r.checkStart(ctx); err != nil {
@@ -201,11 +209,11 @@ func (r *Replicator) WaitFor(ctx context.Context, rev int64) error {
 			if runErr == nil {
 				runErr = errors.New("replication stopped")
 			}
-			return fmt.Errorf("replicate: revision %d not applied (green at %d): %w", rev, applied, runErr)
+			return fmt.Errorf("%s: %w", r.names(fmt.Sprintf("replicate: revision %d not applied (green at %d)", rev, applied)), runErr)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("replicate: waiting for revision %d (green at %d): %w", rev, applied, context.Cause(ctx))
+			return fmt.Errorf("%s: %w", r.names(fmt.Sprintf("replicate: waiting for revision %d (green at %d)", rev, applied)), context.Cause(ctx))
 		case <-cond:
 		}
 	}

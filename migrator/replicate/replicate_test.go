@@ -1,9 +1,11 @@
 package replicate
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -230,6 +232,38 @@ func TestStartRefusesMovedGreen(t *testing.T) {
 	err := Run(t.Context(), Config{Source: blue.cli, Dest: green.cli, FromRevision: s})
 	if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), fmt.Sprintf("green is at revision %d", s+1)) {
 		t.Fatalf("Run = %v, want ErrRevisionMismatch naming green's revision %d", err, s+1)
+	}
+}
+
+// TestNames: a replicator running the other way (green into blue) names its sides as they are
+// in its errors and logs, and errors.Is still sees the sentinel.
+func TestNames(t *testing.T) {
+	src := startEtcd(t, "green", t.TempDir(), etcdOpts{})
+	put(t, src, "a", "1")
+	dst, s := greenFrom(t, src, etcdOpts{})
+	put(t, dst, "intruder", "x")
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	r, err := New(Config{Source: src.cli, Dest: dst.cli, FromRevision: s, Log: log, SourceName: "green", DestName: "blue"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(t.Context())
+	want := fmt.Sprintf("blue is at revision %d, replication must start", s+1)
+	if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "blue's revision does not match green's") {
+		t.Errorf("Run = %v, want ErrRevisionMismatch saying %q", err, want)
+	}
+	if werr := r.WaitFor(t.Context(), s+5); !strings.Contains(werr.Error(), fmt.Sprintf("(blue at %d): blue's revision", s)) {
+		t.Errorf("WaitFor = %v", werr)
+	}
+	if got := Rename(errors.New("green is past blue"), "green", "blue").Error(); got != "blue is past green" {
+		t.Errorf("Rename: %q", got)
+	}
+	rp := renamer("green", "blue")
+	l := slog.New(&renamingHandler{h: slog.NewTextHandler(&logs, nil), rp: rp}).With("side", "blue")
+	l.Info("watching blue", "err", errors.New("green's lease"))
+	if !strings.Contains(logs.String(), `msg="watching green" side=green err="blue's lease"`) {
+		t.Errorf("renamed log: %s", logs.String())
 	}
 }
 
