@@ -27,6 +27,8 @@ type config struct {
 	rates  []int
 	runs   int
 	window time.Duration // the target for the median window
+	// rollback also bakes each cutover and rolls it back, timing the rollback's window.
+	rollback bool
 }
 
 func main() {
@@ -35,6 +37,7 @@ func main() {
 	sizes := flag.String("objects", "1000,10000,50000,200000", "cluster sizes (configmaps of ~2 KB) to measure")
 	rates := flag.String("write-rates", "0,200", "writer rates (writes/s through the proxy during the whole cutover) to measure each size with; 0 is no writer")
 	flag.IntVar(&c.runs, "runs", 3, "cutovers per size and writer rate (each on a fresh copy of the populated blue)")
+	flag.BoolVar(&c.rollback, "rollback", true, "bake each cutover (bake.enabled, blue etcd with TLS) for 2 s and roll it back, timing the rollback's window too")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
@@ -79,7 +82,11 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "bench-cutover: blue etcd %s + kube-apiserver %s -> green etcd %s (TLS) + kube-apiserver %s, 1 member each, loopback;\n",
 		framework.Etcd34, framework.Kube136, framework.Etcd36, framework.Kube136)
-	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n\n", c.runs)
+	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n", c.runs)
+	if c.rollback {
+		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)
+	}
+	fmt.Fprintln(out)
 	results := map[key][]result{}
 	for _, n := range c.sizes {
 		tmpl, err := populateTemplate(ctx, n, out)
@@ -88,7 +95,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		}
 		for _, rate := range c.rates {
 			for i := range c.runs {
-				r, err := measure(ctx, c.bin, tmpl, rate)
+				r, err := measure(ctx, c.bin, tmpl, rate, c.rollback)
 				if err != nil {
 					tmpl.remove()
 					return fmt.Errorf("%d objects, writer %d/s, run %d: %w", n, rate, i+1, err)
@@ -107,7 +114,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 func summarize(out io.Writer, c config, results map[key][]result) {
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
+	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\trollback median\trollback max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
 	for _, n := range c.sizes {
 		for _, rate := range c.rates {
 			rs := results[key{n, rate}]
@@ -120,8 +127,9 @@ func summarize(out io.Writer, c config, results map[key][]result) {
 				lagMax = max(lagMax, r.lagRevisions)
 				slowest = max(slowest, r.slowestWrite)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
 				ms(medianOf(rs, func(r result) time.Duration { return r.window })), ms(maxOf(rs, func(r result) time.Duration { return r.window })),
+				ms(medianOf(rs, func(r result) time.Duration { return r.rollback })), ms(maxOf(rs, func(r result) time.Duration { return r.rollback })),
 				medianRate(rs), lagMax, ms(medianOf(rs, func(r result) time.Duration { return r.drain })), ok, failed, ms(slowest), reads, failedReads)
 		}
 	}
@@ -134,6 +142,13 @@ func summarize(out io.Writer, c config, results map[key][]result) {
 		}
 		worst := slices.Max(medians)
 		fmt.Fprintf(out, "%s: largest median window %s (target <= %s at every size)", writerName(rate), ms(worst), c.window)
+		if c.rollback {
+			var rb []time.Duration
+			for _, n := range c.sizes {
+				rb = append(rb, medianOf(results[key{n, rate}], func(r result) time.Duration { return r.rollback }))
+			}
+			fmt.Fprintf(out, "; largest median rollback window %s (target: the same)", ms(slices.Max(rb)))
+		}
 		if len(medians) > 1 {
 			first, last := medians[0], medians[len(medians)-1]
 			fmt.Fprintf(out, "; %d -> %d configmaps: %.2fx (target <= 1.3x)", c.sizes[0], c.sizes[len(c.sizes)-1], float64(last)/float64(first))

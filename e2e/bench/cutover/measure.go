@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,8 +25,12 @@ import (
 	"github.com/kubefence/kubefence/migrator/cutover"
 )
 
-// blueEtcdArgs: blue holds up to 200,000 configmaps of 2 KB and their history.
-var blueEtcdArgs = []string{"--quota-backend-bytes=8589934592"}
+// blueEtcdArgs: blue holds up to 200,000 configmaps of 2 KB and their history, and takes any
+// green revision as one txn while it follows green (bake, for the rollback).
+var blueEtcdArgs = []string{"--quota-backend-bytes=8589934592", "--max-txn-ops", "100000", "--max-request-bytes", "10485760"}
+
+// bakeFor is how long a run bakes (writes on green, blue following) before its rollback.
+const bakeFor = 2 * time.Second
 
 // template is a populated blue etcd data dir, stopped; every run starts blue on a copy of it.
 type template struct {
@@ -79,6 +85,7 @@ func populateTemplate(ctx context.Context, n int, out io.Writer) (*template, err
 type result struct {
 	objects, rate             int
 	window, drain             time.Duration
+	rollback                  time.Duration // the rollback's window, 0 when not measured
 	revisionsPerSecond        float64
 	lagRevisions              int64
 	lagSeconds                float64
@@ -92,14 +99,19 @@ type result struct {
 }
 
 func (r result) line(run int) string {
-	return fmt.Sprintf("%d configmaps: window %s (run %d, %s; %s; replication %.0f rev/s, lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
-		r.objects, ms(r.window), run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
+	rb := ""
+	if r.rollback > 0 {
+		rb = "; rollback window " + ms(r.rollback)
+	}
+	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; %s; replication %.0f rev/s, lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
+		r.objects, ms(r.window), rb, run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
 		r.writesOK, r.writesFailed, ms(r.slowestWrite), r.reads, r.failedReads)
 }
 
 // measure starts blue on a copy of tmpl behind a proxy, writes through the proxy at rate (0:
-// none) and lists through it, runs the default cutover and returns what it reported.
-func measure(ctx context.Context, bin string, tmpl *template, rate int) (result, error) {
+// none) and lists through it, runs the default cutover and returns what it reported. With
+// rollback, the cutover bakes (blue etcd serves TLS for it) for bakeFor and is rolled back.
+func measure(ctx context.Context, bin string, tmpl *template, rate int, rollback bool) (result, error) {
 	r := result{objects: tmpl.objects, rate: rate}
 	env, err := framework.NewEnv("", func(string, ...any) {})
 	if err != nil {
@@ -115,11 +127,11 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int) (result,
 	if err != nil {
 		return r, err
 	}
-	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, ExtraArgs: blueEtcdArgs, DataDirs: []string{data}})
+	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, ExtraArgs: blueEtcdArgs, DataDirs: []string{data}, TLS: rollback, PKI: pki})
 	if err != nil {
 		return r, err
 	}
-	api, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki})
+	api, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: pki, EtcdTLS: rollback})
 	if err != nil {
 		return r, err
 	}
@@ -133,6 +145,8 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int) (result,
 	}
 	defer framework.StopCutoverProcesses(green.Plan.StateDir)
 	green.Plan.Migration.Mode, green.Plan.Proxy.FenceMode = "", "" // the defaults: auto (replicate here), hold
+	green.Plan.Bake.Enabled = rollback
+	green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the PKI's apiserver-etcd-client
 	if err := green.Save(); err != nil {
 		return r, err
 	}
@@ -141,12 +155,15 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int) (result,
 		return r, err
 	}
 	load := startLoad(ctx, pcs, rate)
-	rep, err := runCutover(ctx, bin, green.PlanPath)
+	rep, rb, err := cutoverAndBack(ctx, bin, green.PlanPath, rollback)
 	load.stop()
 	if err != nil {
 		return r, err
 	}
 	r.fill(rep)
+	if rb != nil {
+		r.rollback = rb.WriteUnavailability
+	}
 	r.reads, r.failedReads = load.reads.Load(), load.failedReads.Load()
 	r.writesOK, r.writesFailed, r.slowestWrite = load.ok.Load(), load.failed.Load(), time.Duration(load.slowest.Load())
 	if r.writesFailed > 0 || r.failedReads > 0 {
@@ -162,7 +179,7 @@ func (r *result) fill(rep *cutover.Report) {
 	var parts []string
 	for _, s := range rep.Steps {
 		switch s.Step {
-		case cutover.StepFence, cutover.StepDrain, cutover.StepSwitch, cutover.StepStopReplication, cutover.StepUngateGreen, cutover.StepUnfence:
+		case cutover.StepFence, cutover.StepDrain, cutover.StepSwitch, cutover.StepGateBlue, cutover.StepHandOver, cutover.StepStopReplication, cutover.StepUngateGreen, cutover.StepUnfence:
 			parts = append(parts, s.Step+" "+ms(s.Duration))
 		}
 		switch s.Step {
@@ -184,36 +201,81 @@ func (r *result) fill(rep *cutover.Report) {
 	}
 }
 
-// runCutover runs `kubefence cutover -o json` and returns its report.
-func runCutover(ctx context.Context, bin, plan string) (*cutover.Report, error) {
-	cmd := exec.CommandContext(ctx, bin, "cutover", "--plan", plan, "-o", "json")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
+// cutoverAndBack runs the cutover and, with rollback, lets it bake for bakeFor and rolls it
+// back; it returns both reports.
+func cutoverAndBack(ctx context.Context, bin, plan string, rollback bool) (fwd, back *cutover.Report, err error) {
+	want := cutover.ResultDone
+	if rollback {
+		want = cutover.ResultBaking
+	}
+	fwd, baker, err := runReport(ctx, want, bin, "cutover", "--plan", plan)
+	if err != nil || !rollback {
+		return fwd, nil, errors.Join(err, baker.wait())
+	}
+	time.Sleep(bakeFor)
+	back, rb, err := runReport(ctx, cutover.ResultDone, bin, "cutover", "rollback", "--plan", plan)
 	if err != nil {
-		return nil, err
+		_ = baker.cmd.Process.Signal(syscall.SIGTERM) // the rollback did not stop it
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	return fwd, back, errors.Join(err, rb.wait(), baker.wait())
+}
+
+// proc is a kubefence process runReport started.
+type proc struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	what   string
+	waited bool
+}
+
+// wait waits for the process's end (once).
+func (p *proc) wait() error {
+	if p.waited {
+		return nil
 	}
-	var rep *cutover.Report
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var e cutover.Event
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Type == cutover.EventReport {
-			rep = e.Report
+	p.waited = true
+	if err := p.cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %v %s", p.what, err, p.stderr.String())
+	}
+	return nil
+}
+
+// runReport runs kubefence args… -o json until it reports the result want (the process may go
+// on: a baking cutover does), and returns that report and the process.
+func runReport(ctx context.Context, want, bin string, args ...string) (*cutover.Report, *proc, error) {
+	p := &proc{cmd: exec.CommandContext(ctx, bin, append(args, "-o", "json")...), what: strings.Join(args[:2], " ")}
+	p.cmd.Stderr = &p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err == nil {
+		err = p.cmd.Start()
+	}
+	if err != nil {
+		p.waited = true
+		return nil, p, err
+	}
+	reports := make(chan *cutover.Report, 1)
+	go func() {
+		defer close(reports)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		sent := false
+		for sc.Scan() {
+			var e cutover.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil && e.Type == cutover.EventReport && !sent {
+				reports <- e.Report
+				sent = true
+			}
 		}
-	}
-	err = cmd.Wait()
-	if err != nil || rep == nil || rep.Result != cutover.ResultDone {
-		detail := stderr.String()
+	}()
+	rep := <-reports
+	if rep == nil || rep.Result != want {
+		err := fmt.Errorf("%s: no %s report", p.what, want)
 		if rep != nil {
-			detail = rep.Error + " " + detail
+			err = fmt.Errorf("%s: %s: %s", p.what, rep.Result, rep.Error)
 		}
-		return nil, fmt.Errorf("cutover: %v %s", err, detail)
+		return nil, p, errors.Join(err, p.wait())
 	}
-	return rep, nil
+	return rep, p, nil
 }
 
 // load is the traffic through the proxy during a cutover: a lister every 10 ms and, at rate
