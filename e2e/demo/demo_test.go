@@ -29,8 +29,8 @@ func TestDemo(t *testing.T) {
 	if sum.WriterErrors != 0 || sum.PlainErrors != 0 || sum.PlainAcked == 0 || sum.ReadErr != 0 || len(sum.Missing) != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
 		t.Errorf("summary = %+v", sum)
 	}
-	if len(sum.Leaders) != 2 || sum.Predicted <= 0 {
-		t.Errorf("leaders %v, predicted window %s", sum.Leaders, sum.Predicted)
+	if len(sum.Leaders) != 2 || sum.Predicted <= 0 || sum.Window <= 0 || sum.Rollback <= 0 || sum.Again <= 0 {
+		t.Errorf("leaders %v, predicted window %s, windows %s / %s / %s", sum.Leaders, sum.Predicted, sum.Window, sum.Rollback, sum.Again)
 	}
 	if !strings.Contains(out.String(), "acknowledged writes lost: 0") {
 		t.Errorf("demo output lacks the summary")

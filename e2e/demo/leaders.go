@@ -28,12 +28,12 @@ func (ls leaders) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// check reads each Lease on green (gcs) until it was renewed after the unfence and says how
-// each leader fared; a new holder, a new transition or a restart is an error.
-func (ls leaders) check(ctx context.Context, gcs kubernetes.Interface, unfenced time.Time) ([]string, error) {
+// check reads each Lease on side (cs) until it was renewed after the unfence and says how each
+// leader fared; a new holder, a new transition or a restart is an error.
+func (ls leaders) check(ctx context.Context, cs kubernetes.Interface, unfenced time.Time, side string) ([]string, error) {
 	var out []string
 	for _, l := range ls {
-		after, err := l.C.WaitRenewedAfter(ctx, gcs, unfenced, framework.LeaseDuration)
+		after, err := l.C.WaitRenewedAfter(ctx, cs, unfenced, framework.LeaseDuration)
 		if err != nil {
 			return out, err
 		}
@@ -43,8 +43,8 @@ func (ls leaders) check(ctx context.Context, gcs kubernetes.Interface, unfenced 
 		if err := l.C.Restarted(); err != nil {
 			return out, err
 		}
-		out = append(out, fmt.Sprintf("%s kept its lease (transitions %d), renewed on green %s after the unfence",
-			l.C.Name, after.Transitions, after.RenewTime.Sub(unfenced).Round(time.Millisecond)))
+		out = append(out, fmt.Sprintf("%s kept its lease (transitions %d), renewed on %s %s after the unfence",
+			l.C.Name, after.Transitions, side, after.RenewTime.Sub(unfenced).Round(time.Millisecond)))
 	}
 	return out, nil
 }

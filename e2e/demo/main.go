@@ -6,8 +6,11 @@
 // the proxy the whole time. `kubefence cutover --rehearse` predicts the window; then the default
 // cutover moves it to green (etcd 3.6 with TLS + kube-apiserver 1.36): snapshot, restore without
 // a revision bump, green started, replicated and verified while writes flow, then fence (hold),
-// drain, switch, unfence. The demo checks that every acknowledged write is on green and that
-// both leaders kept their Leases.
+// drain, switch, unfence. The plan has bake.enabled: blue (etcd with TLS client certificates)
+// follows green after the switch; `kubefence cutover rollback` goes back to blue in the same kind
+// of window, then the demo moves forward again and ends the bake with `kubefence cutover finish`.
+// It checks that every acknowledged write is on blue after the rollback and on green at the end,
+// and that both leaders kept their Leases through the three switches.
 package main
 
 import (

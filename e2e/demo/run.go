@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -21,13 +22,16 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // summary is what the demo measured.
 type summary struct {
-	Window       time.Duration
-	WritesAcked  int
-	WriterErrors int
+	// Window, Rollback and Again are the write-unavailability windows (fence on -> fence off) of
+	// the cutover, of its rollback and of the cutover again.
+	Window, Rollback, Again time.Duration
+	WritesAcked             int
+	WriterErrors            int
 	// PlainAcked and PlainErrors are the plain HTTP writer's, which never retries.
 	PlainAcked, PlainErrors int
 	Held, Refused           uint64
@@ -40,223 +44,368 @@ type summary struct {
 	Leaders   []string
 }
 
+// demo is one run: what it started and what it measured.
+type demo struct {
+	o       options
+	out     io.Writer
+	p       *printer
+	env     *framework.Env
+	pki     *framework.PKI
+	blueAPI *framework.APIServer
+	px      *framework.Proxy
+	cs      *kubernetes.Clientset
+	leaders leaders
+	traffic *traffic
+	plain   *plainWriter
+	green   *framework.GreenSetup
+	baker   *baker // the process that bakes after a cutover, while it runs
+	sum     summary
+	// keepRunning leaves everything running when run returns (--keep, --manual).
+	keepRunning bool
+}
+
 func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	if o.objects == 0 {
 		o.objects = 200
 	}
-	p := &printer{out: out, start: time.Now()}
-	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy")
-	env, err := framework.NewEnv(o.dir, func(string, ...any) {})
-	if err != nil {
+	d := &demo{o: o, out: out, p: &printer{out: out, start: time.Now()}}
+	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy, go back, and move again")
+	defer d.close()
+	if err := d.setup(ctx); err != nil {
 		return nil, err
 	}
-	keepRunning := false
-	defer func() {
-		if keepRunning {
-			return
+	defer d.traffic.stop()
+	defer d.plain.stop()
+	if err := d.writePlan(); err != nil {
+		return nil, err
+	}
+	if o.manual {
+		return nil, d.manual(ctx)
+	}
+	for _, phase := range []func(context.Context) error{d.rehearse, d.cutover, d.rollback, d.forwardAgain, d.check} {
+		if err := phase(ctx); err != nil {
+			return &d.sum, err
 		}
-		_ = env.Close()
-		if left := env.Running(); len(left) > 0 {
-			fmt.Fprintf(out, "WARNING: processes left running: %v\n", left)
-		}
-	}()
-	if o.kubefence == "" {
-		if o.kubefence, err = framework.Kubefence(env.Dir); err != nil {
-			return nil, err
+	}
+	if o.keep {
+		d.keepRunning = true
+		printKeep(out, o, d.env, d.px, d.blueAPI, &framework.APIServer{URL: d.green.GreenURL}, d.green.Plan.StateDir)
+		<-ctx.Done()
+		d.keepRunning = false
+	}
+	return &d.sum, nil
+}
+
+// close stops everything the demo started (unless it is to keep running).
+func (d *demo) close() {
+	if d.keepRunning || d.env == nil {
+		return
+	}
+	if d.baker != nil {
+		d.baker.stop()
+	}
+	if d.green != nil {
+		_, _ = framework.StopCutoverProcesses(d.green.Plan.StateDir)
+	}
+	_ = d.env.Close()
+	if left := d.env.Running(); len(left) > 0 {
+		fmt.Fprintf(d.out, "WARNING: processes left running: %v\n", left)
+	}
+}
+
+// setup starts blue behind the proxy with the workload, the leaders and the live traffic.
+func (d *demo) setup(ctx context.Context) error {
+	var err error
+	if d.env, err = framework.NewEnv(d.o.dir, func(string, ...any) {}); err != nil {
+		return err
+	}
+	if d.o.kubefence == "" {
+		if d.o.kubefence, err = framework.Kubefence(d.env.Dir); err != nil {
+			return err
 		}
 	}
 	for _, b := range [][2]string{{"etcd", framework.Etcd34}, {"etcd", framework.Etcd36}, {"etcdutl", framework.Etcd36}, {"kube-apiserver", framework.Kube136}} {
 		if _, err := framework.Bin(b[0], b[1]); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	pki, err := framework.NewPKI(filepath.Join(env.Dir, "pki"))
-	if err != nil {
-		return nil, err
+	if d.pki, err = framework.NewPKI(filepath.Join(d.env.Dir, "pki")); err != nil {
+		return err
 	}
+	if err := d.startBlue(ctx); err != nil {
+		return err
+	}
+	return d.startLoad(ctx)
+}
 
-	done := p.begin("start blue: etcd %s + kube-apiserver %s", framework.Etcd34, framework.Kube136)
-	blueEtcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34})
-	if err != nil {
-		return nil, err
-	}
-	blueAPI, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: blueEtcd.Endpoints(), PKI: pki})
-	if err != nil {
-		return nil, err
-	}
-	done(blueAPI.URL)
+// blueEtcdArgs let blue take any green revision as one txn while it follows green (the bake).
+var blueEtcdArgs = []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}
 
-	done = p.begin("start kubefence proxy in front of blue (where the API load balancer stands)")
-	px, err := env.StartProxy(ctx, framework.ProxyConfig{Binary: o.kubefence, Upstream: blueAPI.URL, PKI: pki, RetryAfter: 1})
+// startBlue starts blue etcd (TLS with client certificates, as kubeadm's) and apiserver and the
+// proxy in front of them, and creates the workload through the proxy.
+func (d *demo) startBlue(ctx context.Context) error {
+	done := d.p.begin("start blue: etcd %s (TLS, client certificates) + kube-apiserver %s", framework.Etcd34, framework.Kube136)
+	etcd, err := d.env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, TLS: true, PKI: d.pki, ExtraArgs: blueEtcdArgs})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	done(px.URL)
+	if d.blueAPI, err = d.env.StartAPIServer(ctx, framework.APIServerConfig{Name: "blue-apiserver", EtcdEndpoints: etcd.Endpoints(), PKI: d.pki, EtcdTLS: true}); err != nil {
+		return err
+	}
+	done(d.blueAPI.URL)
+	done = d.p.begin("start kubefence proxy in front of blue (where the API load balancer stands)")
+	if d.px, err = d.env.StartProxy(ctx, framework.ProxyConfig{Binary: d.o.kubefence, Upstream: d.blueAPI.URL, PKI: d.pki, RetryAfter: 1}); err != nil {
+		return err
+	}
+	done(d.px.URL)
+	if d.cs, err = clientset(d.px.Kubeconfig, 500); err != nil {
+		return err
+	}
+	done = d.p.begin("create the workload through the proxy")
+	if err := createWorkload(ctx, d.cs, d.o.objects); err != nil {
+		return err
+	}
+	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", d.o.objects))
+	d.green, err = d.env.WriteCutoverPlan("green", d.pki, d.px, d.blueAPI, etcd, framework.Etcd36, 1)
+	return err
+}
 
-	cs, err := clientset(px.Kubeconfig, 500)
+// startLoad starts the leaders and the writers, watcher and reader through the proxy.
+func (d *demo) startLoad(ctx context.Context) error {
+	done := d.p.begin("start kube-controller-manager and kube-scheduler behind the proxy (leader election on: renew every 2 s, give up after 10 s)")
+	var err error
+	if d.leaders, err = startLeaders(ctx, d.env, d.px, d.pki, d.cs); err != nil {
+		return err
+	}
+	done(d.leaders.String())
+	done = d.p.begin("start live writers (client-go %s, and plain HTTP that never retries), a watcher (informer) and a reader, all through the proxy", rateWord(d.o.writeRate))
+	wcs, err := clientset(d.px.Kubeconfig, 200)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	done = p.begin("create the workload through the proxy")
-	if err := createWorkload(ctx, cs, o.objects); err != nil {
-		return nil, err
+	d.traffic = startTraffic(ctx, wcs, d.o.writeRate)
+	if d.plain, err = startPlainWriter(ctx, d.px.URL, d.pki); err != nil {
+		d.plain = &plainWriter{}
+		return err
 	}
-	done(fmt.Sprintf("2 namespaces, 3 deployments, %d configmaps, 10 secrets, 20 events", o.objects))
-
-	done = p.begin("start kube-controller-manager and kube-scheduler behind the proxy (leader election on: renew every 2 s, give up after 10 s)")
-	leaders, err := startLeaders(ctx, env, px, pki, cs)
-	if err != nil {
-		return nil, err
-	}
-	done(leaders.String())
-
-	done = p.begin("start live writers (client-go %s, and plain HTTP that never retries), a watcher (informer) and a reader, all through the proxy", rateWord(o.writeRate))
-	wcs, err := clientset(px.Kubeconfig, 200)
-	if err != nil {
-		return nil, err
-	}
-	traffic := startTraffic(ctx, wcs, o.writeRate)
-	defer traffic.stop()
-	plain, err := startPlainWriter(ctx, px.URL, pki)
-	if err != nil {
-		return nil, err
-	}
-	defer plain.stop()
 	time.Sleep(2 * time.Second)
-	done(fmt.Sprintf("%d writes acknowledged so far", traffic.acked.Load()))
+	done(fmt.Sprintf("%d writes acknowledged so far", d.traffic.acked.Load()))
+	st, _ := d.px.Admin.Status(ctx)
+	d.p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
+	return nil
+}
 
-	st, _ := px.Admin.Status(ctx)
-	p.note("proxy: fence %s, backend %s", fenceWord(st.Fenced), st.Backend)
+// writePlan writes green's plan: the defaults (replication in hold mode) with a bake.
+func (d *demo) writePlan() error {
+	done := d.p.begin("write green's plan: etcd %s (TLS) + kube-apiserver %s, launched by the cutover; the defaults (migration.mode auto, here: replicate; fence mode hold) and bake.enabled: after the switch blue follows green, for a way back", framework.Etcd36, framework.Kube136)
+	g := d.green
+	g.Plan.Migration.Mode, g.Plan.Proxy.FenceMode = "", ""
+	g.Plan.Bake.Enabled = true
+	g.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the CN of the PKI's apiserver-etcd-client
+	if err := g.Save(); err != nil {
+		return err
+	}
+	done(g.PlanPath)
+	return nil
+}
 
-	done = p.begin("write green's plan: etcd %s (TLS) + kube-apiserver %s, launched by the cutover; the defaults: migration.mode auto (here: replicate), fence mode hold", framework.Etcd36, framework.Kube136)
-	green, err := env.WriteCutoverPlan("green", pki, px, blueAPI, blueEtcd, framework.Etcd36, 1)
-	if err != nil {
-		return nil, err
-	}
-	// The default cutover for v3 data onto a TLS green: green is built, replicated live and
-	// verified before the fence; the window is only the drain, the switch and the unfence.
-	// Hold mode: writes that arrive during it wait and are answered by green.
-	green.Plan.Migration.Mode, green.Plan.Proxy.FenceMode = "", ""
-	if err := green.Save(); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if !keepRunning {
-			_, _ = framework.StopCutoverProcesses(green.Plan.StateDir)
-		}
-	}()
-	done(green.PlanPath)
-	if o.manual {
-		keepRunning = true
-		fmt.Fprintf(out, `
+// manual stops before the cutover and prints the commands to run it by hand.
+func (d *demo) manual(ctx context.Context) error {
+	d.keepRunning = true
+	fmt.Fprintf(d.out, `
 Blue is running behind the proxy with a live writer, reader and watcher; nothing is fenced yet.
 Follow docs/runbook.md sections 3-5 in another terminal:
 
   export KUBECONFIG=%[1]s                      # through the proxy
   %[2]s cutover --plan %[3]s --dry-run
   %[2]s fence status --admin-socket %[4]s
-  %[2]s cutover --plan %[3]s                   # the move; try kill -9 and --resume, or 'cutover abort'
+  %[2]s cutover --plan %[3]s                   # the move, then the bake; try kill -9 and --resume
+  %[2]s cutover status --plan %[3]s            # in a third terminal: blue's lag behind green
+  %[2]s cutover rollback --plan %[3]s          # back to blue; or: cutover finish
   curl -s %[5]s/metrics | grep ^kubefence_
 
   logs: %[6]s; green's (once started): %[7]s/logs
 
 Press Ctrl-C here to stop everything, green included.
-`, px.Kubeconfig, o.kubefence, green.PlanPath, px.AdminSocket, px.MetricsURL, env.LogDir, green.Plan.StateDir)
-		<-ctx.Done()
-		traffic.stop()
-		keepRunning = false
-		if stopped, _ := framework.StopCutoverProcesses(green.Plan.StateDir); len(stopped) > 0 {
-			fmt.Fprintf(out, "stopped %v\n", stopped)
-		}
-		return nil, nil
-	}
+`, d.px.Kubeconfig, d.o.kubefence, d.green.PlanPath, d.px.AdminSocket, d.px.MetricsURL, d.env.LogDir, d.green.Plan.StateDir)
+	<-ctx.Done()
+	d.traffic.stop()
+	d.keepRunning = false
+	return nil
+}
 
-	done = p.begin("kubefence cutover --plan %s --rehearse (everything before the fence, a drain measured without fencing, green torn down)", filepath.Base(green.PlanPath))
-	if err := cutoverCmd(ctx, o.kubefence, out, env, green.PlanPath, "--rehearse"); err != nil {
-		return nil, err
+// rehearse runs the rehearsal and keeps its prediction.
+func (d *demo) rehearse(ctx context.Context) error {
+	done := d.p.begin("kubefence cutover --plan %s --rehearse (everything before the fence, a drain measured without fencing, green torn down)", filepath.Base(d.green.PlanPath))
+	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "--rehearse"); err != nil {
+		return err
 	}
-	rj, err := cutover.LoadJournal(green.Plan.StateDir)
-	if err != nil || rj.Rehearsal == nil {
-		return nil, fmt.Errorf("the rehearsal left no prediction: %v", err)
+	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
+	if err != nil || j.Rehearsal == nil {
+		return fmt.Errorf("the rehearsal left no prediction: %v", err)
 	}
-	done("predicted window " + rj.Rehearsal.PredictedWindow.Round(time.Millisecond).String())
+	d.sum.Predicted = j.Rehearsal.PredictedWindow
+	done("predicted window " + d.sum.Predicted.Round(time.Millisecond).String())
+	return nil
+}
 
+// cutover runs the cutover, which ends baking, and leaves it baking for a few seconds.
+func (d *demo) cutover(ctx context.Context) error {
 	// --- the write-unavailability window is inside this step ---
-	done = p.begin("kubefence cutover --plan %s", filepath.Base(green.PlanPath))
-	if err := cutoverCmd(ctx, o.kubefence, out, env, green.PlanPath); err != nil {
-		return nil, err
+	done := d.p.begin("kubefence cutover --plan %s (it goes on running: blue follows green)", filepath.Base(d.green.PlanPath))
+	var err error
+	if d.baker, err = startBaker(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, d.green.Plan.StateDir); err != nil {
+		return err
 	}
-	j, err := cutover.LoadJournal(green.Plan.StateDir)
+	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	sum := &summary{Window: j.UnfencedAt.Sub(j.FencedAt), Predicted: rj.Rehearsal.PredictedWindow}
+	d.sum.Window = j.UnfencedAt.Sub(j.FencedAt)
 	if j.Verified != nil {
-		sum.Verified = j.Verified.Objects
+		d.sum.Verified = j.Verified.Objects
+	}
+	done("window " + d.sum.Window.Round(time.Millisecond).String())
+	done = d.p.begin("bake: green serves, writes go on, blue follows green")
+	time.Sleep(3 * time.Second)
+	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "status"); err != nil {
+		return err
 	}
 	done("")
-	greenAPI := &framework.APIServer{URL: green.GreenURL, Kubeconfig: green.GreenKubeconfig}
+	return nil
+}
 
-	before := traffic.acked.Load()
-	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
-		return traffic.acked.Load() > before+20, nil
-	})
-	traffic.stop()
-	plainAcked, plainErrs := plain.stop()
-	st, _ = px.Admin.Status(ctx)
-	sum.WritesAcked, sum.WriterErrors = int(traffic.acked.Load()), len(traffic.errors())
-	sum.PlainAcked, sum.PlainErrors = len(plainAcked), len(plainErrs)
-	sum.Held = st.Hold.Released
-	sum.Refused, sum.Reads, sum.ReadErr, sum.WatchEvents = st.RefusedWrites, int(traffic.reads.Load()), int(traffic.readErrs.Load()), traffic.watchEvents.Load()
-
-	done = p.begin("check: every write the writer saw acknowledged is on green")
-	gcs, err := greenAPI.Clientset()
-	if err != nil {
-		return nil, err
+// rollback goes back to blue and checks the writes and the leaders there.
+func (d *demo) rollback(ctx context.Context) error {
+	done := d.p.begin("kubefence cutover rollback --plan %s (stops the baking process; the window backwards)", filepath.Base(d.green.PlanPath))
+	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "rollback"); err != nil {
+		return err
 	}
-	lost, err := checkAcked(ctx, gcs, append(traffic.ackedNames(), plainAcked...))
+	d.baker.stop() // the rollback stopped it: wait for its end
+	rj, err := cutover.LoadJournal(filepath.Join(d.green.Plan.StateDir, "rollback"))
 	if err != nil {
-		return nil, err
+		return err
+	}
+	d.sum.Rollback = rj.UnfencedAt.Sub(rj.FencedAt)
+	done("window " + d.sum.Rollback.Round(time.Millisecond).String())
+	bcs, err := d.blueAPI.Clientset()
+	if err != nil {
+		return err
+	}
+	return d.checkSide(ctx, "blue", bcs, rj.UnfencedAt)
+}
+
+// forwardAgain cleans green up and moves to it again, then ends the bake.
+func (d *demo) forwardAgain(ctx context.Context) error {
+	done := d.p.begin("forward again: kubefence cutover cleanup --remove-data-dirs, then kubefence cutover, then kubefence cutover finish")
+	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "cleanup", "--remove-data-dirs"); err != nil {
+		return err
+	}
+	var err error
+	if d.baker, err = startBaker(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, d.green.Plan.StateDir); err != nil {
+		return err
+	}
+	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "finish"); err != nil {
+		return err
+	}
+	d.baker.stop() // finish stopped it: wait for its end
+	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
+	if err != nil {
+		return err
+	}
+	d.sum.Again = j.UnfencedAt.Sub(j.FencedAt)
+	done("window " + d.sum.Again.Round(time.Millisecond).String())
+	return nil
+}
+
+// checkSide checks that every write acknowledged so far is on side (cs) and that the leaders
+// renewed their Leases there after unfenced.
+func (d *demo) checkSide(ctx context.Context, side string, cs *kubernetes.Clientset, unfenced time.Time) error {
+	done := d.p.begin("check: every write acknowledged so far is on %s; kube-controller-manager and kube-scheduler kept their leader Leases", side)
+	names := d.traffic.ackedNames()
+	lost, err := checkAcked(ctx, cs, names)
+	if err != nil {
+		return err
 	}
 	if len(lost) > 0 {
-		return sum, fmt.Errorf("%d acknowledged writes missing on green: %v", len(lost), lost[:min(len(lost), 10)])
+		return fmt.Errorf("%d acknowledged writes missing on %s: %v", len(lost), side, lost[:min(len(lost), 10)])
+	}
+	ls, err := d.leaders.check(ctx, cs, unfenced, side)
+	if err != nil {
+		return err
+	}
+	done(fmt.Sprintf("%d of %d present; %s", len(names), len(names), strings.Join(ls, "; ")))
+	return nil
+}
+
+// check stops the traffic and checks the end: every write on green, the leaders, the proxy.
+func (d *demo) check(ctx context.Context) error {
+	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
+	if err != nil {
+		return err
+	}
+	before := d.traffic.acked.Load()
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		return d.traffic.acked.Load() > before+20, nil
+	})
+	d.traffic.stop()
+	plainAcked, plainErrs := d.plain.stop()
+	st, _ := d.px.Admin.Status(ctx)
+	sum := &d.sum
+	sum.WritesAcked, sum.WriterErrors = int(d.traffic.acked.Load()), len(d.traffic.errors())
+	sum.PlainAcked, sum.PlainErrors = len(plainAcked), len(plainErrs)
+	sum.Held = st.Hold.Released
+	sum.Refused, sum.Reads, sum.ReadErr, sum.WatchEvents = st.RefusedWrites, int(d.traffic.reads.Load()), int(d.traffic.readErrs.Load()), d.traffic.watchEvents.Load()
+	done := d.p.begin("check: every write either writer saw acknowledged, through the three windows, is on green")
+	gcs, err := (&framework.APIServer{URL: d.green.GreenURL, Kubeconfig: d.green.GreenKubeconfig}).Clientset()
+	if err != nil {
+		return err
+	}
+	lost, err := checkAcked(ctx, gcs, append(d.traffic.ackedNames(), plainAcked...))
+	if err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("%d acknowledged writes missing on green: %v", len(lost), lost[:min(len(lost), 10)])
 	}
 	done(fmt.Sprintf("%d of %d present", sum.WritesAcked+sum.PlainAcked, sum.WritesAcked+sum.PlainAcked))
-
-	done = p.begin("check: kube-controller-manager and kube-scheduler kept their leader Leases (same holder, no new transition, renewed on green, no restart)")
-	if sum.Leaders, err = leaders.check(ctx, gcs, j.UnfencedAt); err != nil {
-		return sum, err
+	done = d.p.begin("check: kube-controller-manager and kube-scheduler kept their leader Leases (same holder, no new transition, renewed on green, no restart)")
+	if sum.Leaders, err = d.leaders.check(ctx, gcs, j.UnfencedAt, "green"); err != nil {
+		return err
 	}
 	done(strings.Join(sum.Leaders, "; "))
+	d.printSummary(st)
+	return d.verdict(st, plainErrs)
+}
 
+// printSummary prints what the demo measured.
+func (d *demo) printSummary(st admin.Status) {
+	sum, out := &d.sum, d.out
 	fmt.Fprintf(out, "\nSummary\n")
-	fmt.Fprintf(out, "  write-unavailability window (fence on -> fence off): %s (the rehearsal predicted %s)\n", sum.Window.Round(time.Millisecond), sum.Predicted.Round(time.Millisecond))
+	fmt.Fprintf(out, "  write-unavailability windows (fence on -> fence off): cutover %s (the rehearsal predicted %s), rollback %s, cutover again %s\n",
+		sum.Window.Round(time.Millisecond), sum.Predicted.Round(time.Millisecond), sum.Rollback.Round(time.Millisecond), sum.Again.Round(time.Millisecond))
 	for _, l := range sum.Leaders {
 		fmt.Fprintf(out, "  %s\n", l)
 	}
-	fmt.Fprintf(out, "  writes held while fenced (hold mode), then answered by green: %d; refused with 429: %d\n", sum.Held, sum.Refused)
+	fmt.Fprintf(out, "  writes held while fenced (hold mode), then answered by the new side: %d; refused with 429: %d\n", sum.Held, sum.Refused)
 	fmt.Fprintf(out, "  client-go writer: %d writes acknowledged, %d errors surfaced\n", sum.WritesAcked, sum.WriterErrors)
 	fmt.Fprintf(out, "  plain HTTP writer (never retries): %d writes acknowledged, %d failed\n", sum.PlainAcked, sum.PlainErrors)
 	fmt.Fprintf(out, "  reader: %d lists, %d failed; watcher: %d events\n", sum.Reads, sum.ReadErr, sum.WatchEvents)
 	fmt.Fprintf(out, "  objects verified on green: %d; acknowledged writes lost: 0\n", sum.Verified)
 	fmt.Fprintf(out, "  proxy backend now: %s (green), fence: %s\n", st.Backend, fenceWord(st.Fenced))
-	if st.Backend != green.GreenURL || st.Fenced {
-		return sum, fmt.Errorf("the proxy is not open on green: %+v", st)
-	}
-	if sum.WriterErrors > 0 {
-		return sum, fmt.Errorf("the writer saw %d errors: %v", sum.WriterErrors, traffic.errors()[0])
-	}
-	if sum.PlainErrors > 0 {
-		return sum, fmt.Errorf("the plain HTTP writer saw %d failed writes: %v", sum.PlainErrors, plainErrs[0])
-	}
+}
 
-	if o.keep {
-		keepRunning = true
-		printKeep(out, o, env, px, blueAPI, greenAPI, green.Plan.StateDir)
-		<-ctx.Done()
-		keepRunning = false
+// verdict fails the demo on anything a user would have noticed.
+func (d *demo) verdict(st admin.Status, plainErrs []error) error {
+	switch {
+	case st.Backend != d.green.GreenURL || st.Fenced:
+		return fmt.Errorf("the proxy is not open on green: %+v", st)
+	case d.sum.WriterErrors > 0:
+		return fmt.Errorf("the writer saw %d errors: %v", d.sum.WriterErrors, d.traffic.errors()[0])
+	case d.sum.PlainErrors > 0:
+		return fmt.Errorf("the plain HTTP writer saw %d failed writes: %v", d.sum.PlainErrors, plainErrs[0])
 	}
-	return sum, nil
+	return nil
 }
 
 func fenceWord(f bool) string {
@@ -481,15 +630,62 @@ func (i *indent) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// cutoverCmd runs `kubefence cutover --plan plan args...`, its output indented under the step.
+// cutoverCmd runs `kubefence cutover args... --plan plan` (args may start with a subcommand),
+// its output indented under the step.
 func cutoverCmd(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan string, args ...string) error {
-	cmd := exec.CommandContext(ctx, bin, append([]string{"cutover", "--plan", plan}, args...)...)
+	cmd := exec.CommandContext(ctx, bin, append(append([]string{"cutover"}, args...), "--plan", plan)...)
 	cmd.Stdout = &indent{w: out, prefix: "            | "}
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("kubefence cutover %s: %w (logs in %s)", strings.Join(args, " "), err, env.LogDir)
 	}
 	return nil
+}
+
+// baker is a `kubefence cutover` process that bakes after the cutover (it runs until stopped).
+type baker struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	once sync.Once
+}
+
+// startBaker starts `kubefence cutover --plan plan`, its output indented under the step, and
+// returns once the cutover is baking (its journal says so), or its error if it ended before.
+func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan, stateDir string) (*baker, error) {
+	b := &baker{cmd: exec.Command(bin, "cutover", "--plan", plan), done: make(chan struct{})}
+	b.cmd.Stdout = &indent{w: out, prefix: "            | "}
+	b.cmd.Stderr = b.cmd.Stdout
+	if err := b.cmd.Start(); err != nil {
+		return nil, err
+	}
+	var exit error
+	go func() { exit = b.cmd.Wait(); close(b.done) }()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case <-b.done:
+			return false, fmt.Errorf("kubefence cutover ended before it baked: %v (logs in %s)", exit, env.LogDir)
+		default:
+		}
+		j, err := cutover.LoadJournal(stateDir)
+		return err == nil && j.State == cutover.StateBaking, nil
+	})
+	if err != nil {
+		b.stop()
+		return nil, err
+	}
+	return b, nil
+}
+
+// stop ends the baking process (SIGTERM: it stops cleanly) if it still runs, and waits for it.
+func (b *baker) stop() {
+	b.once.Do(func() {
+		select {
+		case <-b.done:
+		default:
+			_ = b.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		<-b.done
+	})
 }
 
 func rateWord(rate int) string {
