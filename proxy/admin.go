@@ -45,6 +45,14 @@ func (s *Server) adminHandler() http.Handler {
 			writeJSON(w, http.StatusOK, resp)
 		}
 	})
+	mux.HandleFunc("GET /v1/writes", func(w http.ResponseWriter, r *http.Request) {
+		since, err := time.Parse(time.RFC3339Nano, r.URL.Query().Get("since"))
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, admin.Error{Error: "since: want an RFC 3339 time: " + err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s.writes.since(since))
+	})
 	mux.HandleFunc("POST /v1/backend", func(w http.ResponseWriter, r *http.Request) {
 		var req admin.BackendRequest
 		if !readJSON(w, r, &req) {

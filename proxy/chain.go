@@ -16,6 +16,7 @@ func (s *Server) buildHandler() http.Handler {
 	o := s.cfg.opts
 	var h http.Handler = newReverseProxy(s.headerNames, s.metrics.upstreamDuration, s.log)
 	h = withBackend(h, &s.active)
+	h = withWriteLog(h, s.writes)
 	h = withIdentityHeaders(h, s.headerNames.stripList())
 	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.holder, s.log)
 	h = withAccounting(h, s.metrics.requests, &s.openWatches)

@@ -48,6 +48,7 @@ type Server struct {
 	unconfirmed atomic.Bool
 
 	openWatches atomic.Int64
+	writes      *writeLog
 	metrics     *metrics
 	handler     http.Handler
 
@@ -73,6 +74,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
+	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)
 	s.gate.now = time.Now
@@ -136,8 +138,12 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Status() admin.Status {
 	st := s.gate.current()
 	b := s.active.Load()
+	listen := ""
+	if s.apiLn != nil {
+		listen = s.apiLn.Addr().String()
+	}
 	return admin.Status{
-		Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 		Mode: st.Mode, Hold: s.holder.status(),

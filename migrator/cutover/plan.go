@@ -42,6 +42,8 @@ type Plan struct {
 	// Without it, proxy.adminSocket names the one proxy.
 	Proxies   []ProxyRef `yaml:"proxies" json:"proxies,omitempty"`
 	Migration Migration  `yaml:"migration" json:"migration"`
+	// Preflight tunes the preflight's search for writers around the proxies (bypass.go).
+	Preflight Preflight `yaml:"preflight" json:"preflight"`
 	// Bake keeps a way back after the switch (bake.go): blue follows green until
 	// `kubefence cutover finish` or `kubefence cutover rollback`.
 	Bake     Bake     `yaml:"bake" json:"bake"`
@@ -154,6 +156,16 @@ type Migration struct {
 	RevisionBump int64 `yaml:"revisionBump" json:"revisionBump"`
 }
 
+// Preflight is how the preflight looks for writers around the proxies.
+type Preflight struct {
+	// BypassWatch is how long blue etcd's writes are watched and compared with the writes the
+	// proxies forwarded (default 15s).
+	BypassWatch Duration `yaml:"bypassWatch" json:"bypassWatch"`
+	// AllowBypass lets the cutover go on although writes went around the proxies or the
+	// kubernetes Service's endpoints are not proxies (the preflight still reports them).
+	AllowBypass bool `yaml:"allowBypass" json:"allowBypass,omitempty"`
+}
+
 // Bake is the plan's way back (docs/plan.md, docs/rollback.md).
 type Bake struct {
 	// Enabled: after the unfence, blue follows green (every green revision applied to blue as
@@ -244,6 +256,7 @@ func (p *Plan) setDefaults() {
 	def(&t.Unfence, 1*time.Minute)
 	def(&t.Replicate, 10*time.Minute)
 	def(&t.Window, 5*time.Second)
+	def(&p.Preflight.BypassWatch, 15*time.Second)
 	if p.Green.APIServer.EtcdUser == "" {
 		p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser
 	}
@@ -357,6 +370,9 @@ func (p *Plan) validate() []error {
 	p.validateGreenAPIServer(&ps)
 	p.validateMigration(&ps)
 	p.validateBake(&ps)
+	if w, pf := p.Preflight.BypassWatch.D(), p.Timeouts.Preflight.D(); w < 0 || pf < w+10*time.Second {
+		ps.add("preflight.bypassWatch %s: it must be positive and at least 10s below timeouts.preflight (%s), which bounds the whole preflight", w, pf)
+	}
 	return ps
 }
 

@@ -96,6 +96,9 @@ type Options struct {
 	// Rehearse runs everything before the fence, predicts the window and tears green down
 	// (rehearse.go); mode replicate only.
 	Rehearse bool
+	// AllowBypass lets the cutover go on although the preflight found writers around the proxies
+	// (--allow-bypass; the plan's preflight.allowBypass does the same).
+	AllowBypass bool
 	// Emit receives progress events; it must not block for long. It may be called from more
 	// than one goroutine (replication progress is reported from its own).
 	Emit func(Event)

@@ -25,8 +25,8 @@ func (preflightStep) pastNoReturn() bool            { return false }
 
 func (preflightStep) describe(r *runner, _ bool) string {
 	p := r.p
-	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s",
-		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir)
+	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s; watch blue etcd's writes for %s and compare them with the writes the proxies forwarded, check the kubernetes Service's endpoints are proxies (else refuse, unless allowBypass)",
+		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir, p.Preflight.BypassWatch.D())
 }
 
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
@@ -59,7 +59,11 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := errors.Join(errs...); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough", float64(blueDB)/1e6, p.Green.Etcd.Version), nil
+	bypass, err := r.checkBypass(ctx)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough; %s", float64(blueDB)/1e6, p.Green.Etcd.Version, bypass), nil
 }
 
 // checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and

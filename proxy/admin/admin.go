@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -50,6 +51,26 @@ type Status struct {
 	Mode string `json:"mode,omitempty"`
 	// Hold is hold mode's waiting room.
 	Hold HoldStatus `json:"hold"`
+	// Listen is the address the proxy serves the API on (host:port).
+	Listen string `json:"listen,omitempty"`
+}
+
+// ForwardedWrite is a write the proxy forwarded to its backend (GET /v1/writes).
+type ForwardedWrite struct {
+	At          time.Time `json:"at"`
+	Verb        string    `json:"verb"`
+	Group       string    `json:"group,omitempty"`
+	Resource    string    `json:"resource"`
+	Subresource string    `json:"subresource,omitempty"`
+	Namespace   string    `json:"namespace,omitempty"`
+	Name        string    `json:"name,omitempty"`
+}
+
+// WritesResponse is the writes forwarded since a time, oldest first. Complete is false when the
+// proxy's log (the last 65,536 writes) no longer reaches back that far.
+type WritesResponse struct {
+	Writes   []ForwardedWrite `json:"writes"`
+	Complete bool             `json:"complete"`
 }
 
 // Fence modes.
@@ -201,6 +222,13 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 func (c *Client) Fence(ctx context.Context, req FenceRequest) (FenceResponse, error) {
 	var resp FenceResponse
 	err := c.do(ctx, http.MethodPost, "/v1/fence", req, &resp)
+	return resp, err
+}
+
+// Writes returns the writes the proxy forwarded since since.
+func (c *Client) Writes(ctx context.Context, since time.Time) (WritesResponse, error) {
+	var resp WritesResponse
+	err := c.do(ctx, http.MethodGet, "/v1/writes?since="+url.QueryEscape(since.UTC().Format(time.RFC3339Nano)), nil, &resp)
 	return resp, err
 }
 

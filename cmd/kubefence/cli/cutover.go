@@ -55,9 +55,10 @@ func (o *cutoverOptions) options(emit func(cutover.Event)) cutover.Options {
 
 type cutoverRunOptions struct {
 	cutoverOptions
-	resume   bool
-	dryRun   bool
-	rehearse bool
+	resume      bool
+	dryRun      bool
+	rehearse    bool
+	allowBypass bool
 }
 
 func newCutoverCommand(g *globals) *cobra.Command {
@@ -78,6 +79,7 @@ blue unfenced, as before. After the switch there is no abort; the report says ho
 	o.addFlags(cmd, "the cutover plan (YAML, docs/plan.md)")
 	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the cutover journaled in the plan's stateDir after a crash")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the steps with their exact actions and change nothing")
+	cmd.Flags().BoolVar(&o.allowBypass, "allow-bypass", false, "go on although the preflight found writes that went around the proxies or a kubernetes Service endpoint that is not a proxy (they are reported all the same; the plan's preflight.allowBypass does the same)")
 	cmd.Flags().BoolVar(&o.rehearse, "rehearse", false, "replicating plans: do everything before the fence (snapshot, green, replication, full verify), measure a drain without fencing, print the window it predicts, then tear green down")
 	cmd.AddCommand(newCutoverAbortCommand(g), newCutoverCleanupCommand(g), newCutoverRollbackCommand(g), newCutoverFinishCommand(g), newCutoverStatusCommand(g))
 	return cmd
@@ -96,7 +98,7 @@ func (o *cutoverRunOptions) Run(ctx context.Context) error {
 	ev := newEventPrinter(o.Out, o.printer)
 	defer ev.close()
 	opts := o.options(ev.emit)
-	opts.Resume, opts.Rehearse = o.resume, o.rehearse
+	opts.Resume, opts.Rehearse, opts.AllowBypass = o.resume, o.rehearse, o.allowBypass
 	_, err := cutover.Run(ctx, opts)
 	return err
 }

@@ -1,0 +1,418 @@
+package cutover
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// No writer around the fence (invariant no-bypass): the preflight watches blue etcd for
+// preflight.bypassWatch and compares the writes it sees with the writes the proxies forwarded in
+// the same time, per resource and namespace. A write that did not pass a proxy is not fenced: it
+// reaches blue during the window, and after the switch it lands on blue, where nobody reads it.
+
+// blueWrite is one write seen in blue etcd.
+type blueWrite struct {
+	resource, namespace string
+	manager             string // the newest managedFields entry's manager, or why there is none
+}
+
+// apiserverOwnKeys are the keys kube-apiserver writes itself (leases, the kubernetes Service's
+// endpoints, IP allocations, flow control and API registration status, compaction): they never
+// pass a proxy and are not clients' writes.
+var apiserverOwnKeys = []string{
+	"compact_rev_key",
+	"/registry/masterleases/",
+	"/registry/leases/kube-system/apiserver-",
+	"/registry/services/endpoints/default/kubernetes",
+	"/registry/endpointslices/default/kubernetes",
+	"/registry/ranges/",
+	"/registry/ipaddresses/",
+	"/registry/servicecidrs/",
+	"/registry/flowschemas/",
+	"/registry/prioritylevelconfigurations/",
+	"/registry/apiregistration.k8s.io/apiservices/",
+	"/registry/apiextensions.k8s.io/customresourcedefinitions/",
+	"/registry/storageversions/",
+	"/registry/configmaps/kube-system/kube-apiserver-legacy-service-account-token-tracking",
+}
+
+// keyResource is the resource and namespace of a kube-apiserver etcd key
+// (/registry/[group/]resource/[namespace/]name), with the keys whose layout differs from the
+// resource's name: services/specs, services/endpoints, minions (nodes), ingress. ok is false for
+// a key outside /registry/.
+func keyResource(key string) (resource, namespace string, ok bool) {
+	rest, found := strings.CutPrefix(key, "/registry/")
+	if !found {
+		return "", "", false
+	}
+	segs := strings.Split(rest, "/")
+	if len(segs) > 1 && strings.Contains(segs[0], ".") { // a group: /registry/<group>/<resource>/...
+		segs = segs[1:]
+	}
+	resource, segs = segs[0], segs[1:]
+	switch resource {
+	case "services":
+		if len(segs) > 0 {
+			if segs[0] == "endpoints" {
+				resource = "endpoints"
+			}
+			segs = segs[1:]
+		}
+	case "minions":
+		resource = "nodes"
+	case "ingress":
+		resource = "ingresses"
+	}
+	if len(segs) >= 2 {
+		namespace = segs[0]
+	}
+	return resource, namespace, true
+}
+
+// lastManager is the manager of the newest managedFields entry of an object as kube-apiserver
+// stores it: protobuf behind "k8s\x00" (field 1 of every type is its ObjectMeta), or JSON.
+func lastManager(value []byte) string {
+	var meta metav1.ObjectMeta
+	switch {
+	case bytes.HasPrefix(value, []byte("k8s:enc:")):
+		return "(encrypted at rest)"
+	case bytes.HasPrefix(value, []byte("k8s\x00")):
+		var u runtime.Unknown
+		if err := u.Unmarshal(value[4:]); err != nil {
+			return "(undecodable)"
+		}
+		raw := objectMetaField(u.Raw)
+		if raw == nil || meta.Unmarshal(raw) != nil {
+			return "(undecodable)"
+		}
+	default:
+		var obj struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		if json.Unmarshal(value, &obj) != nil {
+			return "(not a Kubernetes object)"
+		}
+		meta = obj.Metadata
+	}
+	var newest *metav1.ManagedFieldsEntry
+	for i, e := range meta.ManagedFields {
+		if newest == nil || e.Time != nil && (newest.Time == nil || e.Time.After(newest.Time.Time)) {
+			newest = &meta.ManagedFields[i]
+		}
+	}
+	if newest == nil {
+		return "(no managedFields)"
+	}
+	return fmt.Sprintf("%s (%s)", newest.Manager, newest.Operation)
+}
+
+// objectMetaField is field 1 (length-delimited) of a protobuf message, or nil.
+func objectMetaField(b []byte) []byte {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil
+			}
+			return v
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return nil
+		}
+		b = b[m:]
+	}
+	return nil
+}
+
+// watchBlueWrites watches blue etcd for d and returns the writes clients made (not kube-apiserver's
+// own keys, not the deletes of a lease expiry), and how many events it saw in all.
+func watchBlueWrites(ctx context.Context, cli *clientv3.Client, d time.Duration) ([]blueWrite, int, error) {
+	rev, err := currentRevision(ctx, cli)
+	if err != nil {
+		return nil, 0, err
+	}
+	wctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), d)
+	defer cancel()
+	var out []blueWrite
+	seen := 0
+	for resp := range cli.Watch(wctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(rev+1), clientv3.WithPrevKV()) {
+		if err := resp.Err(); err != nil && wctx.Err() == nil {
+			return nil, seen, fmt.Errorf("watching blue etcd: %w", err)
+		}
+		for _, ev := range resp.Events {
+			seen++
+			if w, ok := clientWrite(ev); ok {
+				out = append(out, w)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, seen, ctx.Err()
+	}
+	return out, seen, nil
+}
+
+// clientWrite is the write ev records, unless it is kube-apiserver's own or a lease expiry.
+func clientWrite(ev *clientv3.Event) (blueWrite, bool) {
+	key := string(ev.Kv.Key)
+	for _, own := range apiserverOwnKeys {
+		if strings.HasPrefix(key, own) {
+			return blueWrite{}, false
+		}
+	}
+	value := ev.Kv.Value
+	if ev.Type == clientv3.EventTypeDelete {
+		if ev.PrevKv == nil || ev.PrevKv.Lease != 0 {
+			return blueWrite{}, false // a lease's expiry (events), or nothing to say who
+		}
+		value = ev.PrevKv.Value
+	}
+	res, ns, ok := keyResource(key)
+	if !ok {
+		first, _, _ := strings.Cut(strings.TrimPrefix(key, "/"), "/")
+		return blueWrite{resource: "etcd key /" + first + "/… (not kube-apiserver's)", manager: "an etcd client"}, true
+	}
+	return blueWrite{resource: res, namespace: ns, manager: lastManager(value)}, true
+}
+
+// bypassGroup is the writes to one resource in one namespace that went around the proxies.
+type bypassGroup struct {
+	Resource  string   `json:"resource"`
+	Namespace string   `json:"namespace,omitempty"`
+	InEtcd    int      `json:"inEtcd"`
+	Forwarded int      `json:"forwarded"`
+	Managers  []string `json:"managers"`
+}
+
+func (b bypassGroup) String() string {
+	where := b.Resource
+	if b.Namespace != "" {
+		where += " in namespace " + b.Namespace
+	}
+	return fmt.Sprintf("%s: %d write(s) in blue etcd, %d through a proxy; written by %s", where, b.InEtcd, b.Forwarded, strings.Join(b.Managers, ", "))
+}
+
+// compareWrites groups blue's writes by resource and namespace and returns the groups with more
+// writes in etcd than the proxies forwarded (a deletecollection through a proxy accounts for any
+// number of deletes).
+func compareWrites(blue []blueWrite, forwarded map[[2]string]int) []bypassGroup {
+	groups := map[[2]string]*bypassGroup{}
+	for _, w := range blue {
+		k := [2]string{w.resource, w.namespace}
+		g := groups[k]
+		if g == nil {
+			g = &bypassGroup{Resource: w.resource, Namespace: w.namespace, Forwarded: forwarded[k]}
+			groups[k] = g
+		}
+		g.InEtcd++
+		if !slices.Contains(g.Managers, w.manager) {
+			g.Managers = append(g.Managers, w.manager)
+		}
+	}
+	var out []bypassGroup
+	for _, g := range groups {
+		if g.Forwarded >= 0 && g.InEtcd > g.Forwarded {
+			out = append(out, *g)
+		}
+	}
+	slices.SortFunc(out, func(a, b bypassGroup) int {
+		return strings.Compare(a.Resource+"/"+a.Namespace, b.Resource+"/"+b.Namespace)
+	})
+	return out
+}
+
+// writesLister is a proxy admin API that lists the writes it forwarded.
+type writesLister interface {
+	Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error)
+}
+
+// Writes lists the writes every proxy forwarded since since; a proxy whose log does not reach
+// back that far is named in the error's place, incomplete.
+func (g *proxyGroup) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.WritesResponse, error) {
+		wl, ok := c.(writesLister)
+		if !ok {
+			return admin.WritesResponse{}, fmt.Errorf("this proxy client cannot list forwarded writes")
+		}
+		return wl.Writes(ctx, since)
+	})
+	if err != nil {
+		return admin.WritesResponse{}, err
+	}
+	out := admin.WritesResponse{Complete: true}
+	for _, r := range res {
+		out.Writes = append(out.Writes, r.Value.Writes...)
+		out.Complete = out.Complete && r.Value.Complete
+	}
+	return out, nil
+}
+
+// listens are the proxies' API listen addresses.
+func (g *proxyGroup) listens(ctx context.Context) ([]string, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range res {
+		out = append(out, r.Value.Listen)
+	}
+	return out, nil
+}
+
+// forwardedCounts counts forwarded writes by resource and namespace; a deletecollection counts
+// as any number (-1).
+func forwardedCounts(ws []admin.ForwardedWrite) map[[2]string]int {
+	out := map[[2]string]int{}
+	for _, w := range ws {
+		k := [2]string{w.Resource, w.Namespace}
+		switch {
+		case out[k] < 0:
+		case w.Verb == "deletecollection":
+			out[k] = -1
+		default:
+			out[k]++
+		}
+	}
+	return out
+}
+
+// bypassSlack is how far before the watch the proxies' writes are counted: a write forwarded
+// just before the watch started may reach etcd just after.
+const bypassSlack = 2 * time.Second
+
+// checkBypass watches blue etcd for preflight.bypassWatch, compares with what the proxies
+// forwarded, and checks that the kubernetes Service's endpoints are proxies. What it finds fails
+// the preflight unless bypass is allowed (plan preflight.allowBypass or --allow-bypass).
+func (r *runner) checkBypass(ctx context.Context) (string, error) {
+	d := r.p.Preflight.BypassWatch.D()
+	cli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	start := time.Now()
+	blue, seen, err := watchBlueWrites(ctx, cli, d)
+	if err != nil {
+		return "", err
+	}
+	g, ok := r.adm.(writesLister)
+	if !ok {
+		return "", fmt.Errorf("the proxies' admin API cannot list forwarded writes")
+	}
+	fw, err := g.Writes(ctx, start.Add(-bypassSlack))
+	if err != nil {
+		return "", fmt.Errorf("the writes the proxies forwarded: %w", err)
+	}
+	var problems []string
+	for _, b := range compareWrites(blue, forwardedCounts(fw.Writes)) {
+		problems = append(problems, b.String())
+	}
+	if !fw.Complete {
+		problems = append(problems, "a proxy's log of forwarded writes did not reach back to the watch's start (over 65,536 writes in it): the comparison may be wrong")
+	}
+	problems = append(problems, r.checkServiceEndpoints(ctx)...)
+	summary := fmt.Sprintf("watched blue etcd %s: %d client write(s) (%d events), %d forwarded by the proxies", d, len(blue), seen, len(fw.Writes))
+	if len(problems) == 0 {
+		return summary + "; none went around them", nil
+	}
+	if r.p.Preflight.AllowBypass || r.o.AllowBypass {
+		return summary + "; ALLOWED (allowBypass) although writers go around the proxies: " + strings.Join(problems, "; "), nil
+	}
+	return "", fmt.Errorf("writers go around the proxies (%s): %s. Their writes are not fenced and would be lost at the switch: put them behind a proxy (docs/runbook.md), or run with --allow-bypass (plan preflight.allowBypass) if you know they are harmless", summary, strings.Join(problems, "; "))
+}
+
+// checkServiceEndpoints checks that the default/kubernetes Service's endpoints (what in-cluster
+// clients reach) are the proxies' listen addresses.
+func (r *runner) checkServiceEndpoints(ctx context.Context) []string {
+	g, ok := r.adm.(*proxyGroup)
+	if !ok {
+		return nil
+	}
+	listens, err := g.listens(ctx)
+	if err != nil {
+		return []string{"the proxies' listen addresses: " + err.Error()}
+	}
+	cfg, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
+	if err != nil {
+		return []string{"blue apiserver: " + err.Error()}
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return []string{"blue apiserver: " + err.Error()}
+	}
+	addrs, err := serviceEndpoints(ctx, cs)
+	if err != nil {
+		return []string{"the kubernetes Service's endpoints: " + err.Error()}
+	}
+	var out []string
+	for _, addr := range addrs {
+		if !isProxyAddress(addr, listens) {
+			out = append(out, fmt.Sprintf("the kubernetes Service's endpoint %s is not a proxy (%s): in-cluster clients reach blue's apiserver directly", addr, strings.Join(listens, ", ")))
+		}
+	}
+	return out
+}
+
+// serviceEndpoints are the default/kubernetes Service's endpoints (ip:port), from its
+// EndpointSlices. None (kube-apiserver does not publish a loopback advertise address) is no
+// problem here: then no in-cluster client reaches blue through the Service.
+func serviceEndpoints(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
+	slices, err := cs.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, sl := range slices.Items {
+		for _, ep := range sl.Endpoints {
+			for _, a := range ep.Addresses {
+				for _, p := range sl.Ports {
+					if p.Port != nil {
+						out = append(out, net.JoinHostPort(a, strconv.Itoa(int(*p.Port))))
+					}
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// isProxyAddress says whether addr (ip:port) is one of the listen addresses, a wildcard listen
+// address (0.0.0.0, ::) matching any IP on its port.
+func isProxyAddress(addr string, listens []string) bool {
+	ip, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	for _, l := range listens {
+		lh, lp, err := net.SplitHostPort(l)
+		if err != nil || lp != port {
+			continue
+		}
+		if lip := net.ParseIP(lh); lh == "" || (lip != nil && lip.IsUnspecified()) || (lip != nil && lip.Equal(net.ParseIP(ip))) {
+			return true
+		}
+	}
+	return false
+}

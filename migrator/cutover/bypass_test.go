@@ -1,0 +1,131 @@
+package cutover
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// TestKeyResource: kube-apiserver's etcd keys name their resource and namespace, the odd
+// layouts included.
+func TestKeyResource(t *testing.T) {
+	cases := []struct{ key, resource, namespace string }{
+		{"/registry/configmaps/demo/a", "configmaps", "demo"},
+		{"/registry/namespaces/demo", "namespaces", ""},
+		{"/registry/services/specs/default/web", "services", "default"},
+		{"/registry/services/endpoints/default/web", "endpoints", "default"},
+		{"/registry/minions/node-1", "nodes", ""},
+		{"/registry/ingress/shop/web", "ingresses", "shop"},
+		{"/registry/deployments/shop/web", "deployments", "shop"},
+		{"/registry/example.com/widgets/shop/w1", "widgets", "shop"},
+		{"/registry/apiregistration.k8s.io/apiservices/v1.apps", "apiservices", ""},
+	}
+	for _, tc := range cases {
+		res, ns, ok := keyResource(tc.key)
+		if !ok || res != tc.resource || ns != tc.namespace {
+			t.Errorf("%s: %q %q %v, want %q %q", tc.key, res, ns, ok, tc.resource, tc.namespace)
+		}
+	}
+	if _, _, ok := keyResource("/flannel/network/config"); ok {
+		t.Error("a key outside /registry/ is not kube-apiserver's")
+	}
+}
+
+// TestLastManager: the newest managedFields entry is read from an object as kube-apiserver
+// stores it, protobuf or JSON.
+func TestLastManager(t *testing.T) {
+	old, newer := metav1.NewTime(time.Unix(100, 0)), metav1.NewTime(time.Unix(200, 0))
+	cm := &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "demo", ManagedFields: []metav1.ManagedFieldsEntry{
+			{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, Time: &old},
+			{Manager: "kubectl-create", Operation: metav1.ManagedFieldsOperationUpdate, Time: &newer},
+		}},
+	}
+	pb, err := runtime.Encode(protobuf.NewSerializer(scheme.Scheme, scheme.Scheme), cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := runtime.Encode(scheme.Codecs.LegacyCodec(corev1.SchemeGroupVersion), cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		value []byte
+		want  string
+	}{
+		{"protobuf", pb, "kubectl-create (Update)"},
+		{"json", js, "kubectl-create (Update)"},
+		{"encrypted", []byte("k8s:enc:aescbc:v1:key1:xxxx"), "(encrypted at rest)"},
+		{"not an object", []byte("plain value"), "(not a Kubernetes object)"},
+		{"no managed fields", []byte(`{"metadata":{"name":"a"}}`), "(no managedFields)"},
+	}
+	for _, tc := range cases {
+		if got := lastManager(tc.value); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestCompareWrites: a resource and namespace with more writes in blue etcd than the proxies
+// forwarded is reported with its managers; a deletecollection through a proxy covers any number
+// of deletes.
+func TestCompareWrites(t *testing.T) {
+	blue := []blueWrite{
+		{"configmaps", "demo", "kubectl-create (Update)"}, {"configmaps", "demo", "kubectl-create (Update)"},
+		{"configmaps", "demo", "script (Update)"},
+		{"leases", "kube-node-lease", "kubelet (Update)"},
+		{"pods", "shop", "kube-scheduler (Update)"},
+		{"events", "shop", "(no managedFields)"}, {"events", "shop", "(no managedFields)"},
+	}
+	fw := forwardedCounts([]admin.ForwardedWrite{
+		{Verb: "create", Resource: "configmaps", Namespace: "demo"},
+		{Verb: "create", Resource: "pods", Subresource: "binding", Namespace: "shop"},
+		{Verb: "deletecollection", Resource: "events", Namespace: "shop"},
+		{Verb: "create", Resource: "events", Namespace: "shop"},
+	})
+	got := compareWrites(blue, fw)
+	want := []bypassGroup{
+		{Resource: "configmaps", Namespace: "demo", InEtcd: 3, Forwarded: 1, Managers: []string{"kubectl-create (Update)", "script (Update)"}},
+		{Resource: "leases", Namespace: "kube-node-lease", InEtcd: 1, Forwarded: 0, Managers: []string{"kubelet (Update)"}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range got {
+		if got[i].String() != want[i].String() || !slices.Equal(got[i].Managers, want[i].Managers) {
+			t.Errorf("got %s, want %s", got[i], want[i])
+		}
+	}
+}
+
+// TestIsProxyAddress: an endpoint is a proxy if a proxy listens on its address, or on every
+// address (a wildcard) at its port.
+func TestIsProxyAddress(t *testing.T) {
+	cases := []struct {
+		addr    string
+		listens []string
+		want    bool
+	}{
+		{"10.0.0.10:6443", []string{"10.0.0.10:6443"}, true},
+		{"10.0.0.10:6443", []string{"[::]:6443"}, true},
+		{"10.0.0.10:6443", []string{"0.0.0.0:6443"}, true},
+		{"10.0.0.10:6443", []string{"127.0.0.1:6443"}, false},
+		{"10.0.0.10:6444", []string{"[::]:6443"}, false},
+		{"127.0.0.1:40000", []string{"127.0.0.1:41000", "127.0.0.1:40000"}, true},
+	}
+	for _, tc := range cases {
+		if got := isProxyAddress(tc.addr, tc.listens); got != tc.want {
+			t.Errorf("%s against %v: %v, want %v", tc.addr, tc.listens, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kubefence/kubefence/policy"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// writeLog remembers the last writes the proxy forwarded (not refused, not held), so that a
+// cutover's preflight can tell the writes that reached blue etcd through a proxy from those that
+// went around it (GET /v1/writes). It is a ring of fixed size: a write costs one lock and one
+// slot, no allocation.
+type writeLog struct {
+	mu   sync.Mutex
+	ring []admin.ForwardedWrite
+	next int  // the slot the next write goes into
+	full bool // the ring has wrapped: the oldest entry is at next
+}
+
+// writeLogSize is how many forwarded writes the proxy remembers (about a minute at 1,000 writes/s).
+const writeLogSize = 1 << 16
+
+func newWriteLog(size int) *writeLog { return &writeLog{ring: make([]admin.ForwardedWrite, size)} }
+
+func (l *writeLog) add(a *policy.Attributes, at time.Time) {
+	l.mu.Lock()
+	l.ring[l.next] = admin.ForwardedWrite{At: at, Verb: a.Verb, Group: a.APIGroup, Resource: a.Resource, Subresource: a.Subresource, Namespace: a.Namespace, Name: a.Name}
+	l.next++
+	if l.next == len(l.ring) {
+		l.next, l.full = 0, true
+	}
+	l.mu.Unlock()
+}
+
+// since returns the writes forwarded at or after t, oldest first, and whether the log still
+// reaches back to t (false: older writes were dropped, the answer may be missing some).
+func (l *writeLog) since(t time.Time) admin.WritesResponse {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ordered []admin.ForwardedWrite
+	if l.full {
+		ordered = append(append(ordered, l.ring[l.next:]...), l.ring[:l.next]...)
+	} else {
+		ordered = l.ring[:l.next]
+	}
+	resp := admin.WritesResponse{Complete: !l.full || (len(ordered) > 0 && !ordered[0].At.After(t))}
+	for _, w := range ordered {
+		if !w.At.Before(t) {
+			resp.Writes = append(resp.Writes, w)
+		}
+	}
+	return resp
+}
+
+// withWriteLog records every resource write that reaches it: it sits right before the backend,
+// so what it sees was forwarded (a held write when it is released).
+func withWriteLog(next http.Handler, l *writeLog) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a := &reqStateFrom(r.Context()).attrs; a.Class() == policy.Write && a.IsResourceRequest && !a.Session() && !a.DryRun {
+			l.add(a, time.Now())
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,48 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/policy"
+)
+
+// TestWriteLog: the log answers the writes at or after a time, oldest first, and says whether
+// it still reaches back that far once the ring has wrapped.
+func TestWriteLog(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	cases := []struct {
+		name         string
+		writes       int // writes at t0+0s, +1s, …
+		since        int
+		want         []string
+		wantComplete bool
+	}{
+		{"empty", 0, 0, nil, true},
+		{"not wrapped", 3, 1, []string{"w1", "w2"}, true},
+		{"wrapped, reaches back", 6, 3, []string{"w3", "w4", "w5"}, true},
+		{"wrapped, dropped some", 6, 0, []string{"w2", "w3", "w4", "w5"}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newWriteLog(4)
+			for i := range tc.writes {
+				l.add(&policy.Attributes{Verb: "create", Resource: "configmaps", Name: "w" + string(rune('0'+i))}, at(i))
+			}
+			resp := l.since(at(tc.since))
+			var got []string
+			for _, w := range resp.Writes {
+				got = append(got, w.Name)
+			}
+			if len(got) != len(tc.want) || resp.Complete != tc.wantComplete {
+				t.Fatalf("since %d: %v complete %v, want %v complete %v", tc.since, got, resp.Complete, tc.want, tc.wantComplete)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Errorf("since %d: %v, want %v", tc.since, got, tc.want)
+				}
+			}
+		})
+	}
+}
