@@ -68,6 +68,8 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	if o.objects == 0 {
 		o.objects = 200
 	}
+	// The baking cutover process prints while the demo does: one writer for both.
+	out = &syncWriter{w: out}
 	d := &demo{o: o, out: out, p: &printer{out: out, start: time.Now()}}
 	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy, go back, and move again")
 	defer d.close()
@@ -603,6 +605,18 @@ func checkAcked(ctx context.Context, cs *kubernetes.Clientset, names []string) (
 		}
 	}
 	return lost, nil
+}
+
+// syncWriter serialises writes from several goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 // indent prefixes every line written through it.

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -28,6 +29,10 @@ type APIServerConfig struct {
 	// StorageMediaType is passed as --storage-media-type when set (e.g. application/json).
 	StorageMediaType string
 	ExtraArgs        []string
+	// AdvertiseAddress is --advertise-address (default 127.0.0.1, which kube-apiserver does not
+	// publish in the kubernetes Service's endpoints); Port is --secure-port (default: a free one).
+	AdvertiseAddress string
+	Port             int
 }
 
 // APIServer is a running kube-apiserver.
@@ -49,13 +54,16 @@ func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServ
 	if err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(1)
-	if err != nil {
-		return nil, err
+	if cfg.Port == 0 {
+		ports, err := FreePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Port = ports[0]
 	}
 	p := cfg.PKI
-	url := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
-	args := APIServerArgs(cfg, ports[0])
+	url := fmt.Sprintf("https://127.0.0.1:%d", cfg.Port)
+	args := APIServerArgs(cfg, cfg.Port)
 	proc, err := e.Start(cfg.Name, bin, args)
 	if err != nil {
 		return nil, err
@@ -78,7 +86,7 @@ func APIServerArgs(cfg APIServerConfig, port int) []string {
 	p := cfg.PKI
 	args := []string{
 		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--advertise-address=" + cmp.Or(cfg.AdvertiseAddress, "127.0.0.1"),
 		fmt.Sprintf("--secure-port=%d", port),
 		"--etcd-servers=" + strings.Join(cfg.EtcdEndpoints, ","),
 		"--storage-backend=etcd3",

@@ -27,6 +27,8 @@ type ProxyConfig struct {
 	ExtraArgs  []string
 	// Env adds environment variables (NAME=value) to the proxy process.
 	Env []string
+	// Listen is the API's listen address (default: a free loopback port).
+	Listen string
 }
 
 // Proxy is a running `kubefence proxy`.
@@ -58,10 +60,13 @@ func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Listen == "" {
+		cfg.Listen = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	}
 	dir := filepath.Join(e.Dir, cfg.Name)
 	p := &Proxy{
 		Config:      cfg,
-		URL:         fmt.Sprintf("https://127.0.0.1:%d", ports[0]),
+		URL:         "https://" + cfg.Listen,
 		MetricsURL:  fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		AdminSocket: filepath.Join(dir, "admin.sock"),
 		StateFile:   filepath.Join(dir, "state.json"),
@@ -69,7 +74,7 @@ func (e *Env) StartProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, error) {
 	}
 	// The shipped static pod manifest's own command, with the harness's paths and ports.
 	p.args, err = ManifestProxyArgs(map[string]string{
-		"listen":                    fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"listen":                    cfg.Listen,
 		"tls-cert-file":             cfg.PKI.APIServerCert,
 		"tls-key-file":              cfg.PKI.APIServerKey,
 		"upstream":                  cfg.Upstream,

@@ -45,8 +45,9 @@ type issuer struct {
 	key  *ecdsa.PrivateKey
 }
 
-// NewPKI writes a fresh PKI into dir.
-func NewPKI(dir string) (*PKI, error) {
+// NewPKI writes a fresh PKI into dir; the serving certificates cover 127.0.0.1, the
+// kubernetes Service's names and IP, and extraIPs (a node's address).
+func NewPKI(dir string, extraIPs ...net.IP) (*PKI, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -60,7 +61,7 @@ func NewPKI(dir string) (*PKI, error) {
 	}
 	p.CACert, p.CAKey = p.path("ca.crt"), p.path("ca.key")
 	p.FrontProxyCACert = p.path("front-proxy-ca.crt")
-	serverIPs := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}
+	serverIPs := append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}, extraIPs...)
 	serverNames := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	if p.APIServerCert, p.APIServerKey, err = p.issue(p.ca, "apiserver", "kube-apiserver", nil, serverNames, serverIPs, x509.ExtKeyUsageServerAuth); err != nil {
 		return nil, err
