@@ -15,10 +15,10 @@ type CleanupReport struct {
 	RemovedDataDirs bool `json:"removedDataDirs"`
 }
 
-// Cleanup stops the green processes that an aborted cutover or a rehearsal left running (found
-// by the pids in the journal, checked against their command lines, or in the process table) and,
-// with removeDataDirs, removes the green data dirs that cutover restored. A cutover in progress
-// or done is refused: its green is in use.
+// Cleanup stops the green processes that an aborted cutover, a rehearsal or a rollback left
+// running (found by the pids in the journal, checked against their command lines, or in the
+// process table) and, with removeDataDirs, removes the green data dirs that cutover restored. A
+// cutover in progress, done, baking or rolling back is refused: its green is in use.
 func Cleanup(ctx context.Context, o Options, removeDataDirs bool) (*CleanupReport, error) {
 	var rep *CleanupReport
 	err := withJournal(Options{Plan: o.Plan, Log: o.Log}, "nothing to clean up", func(r *runner) (err error) {
@@ -36,6 +36,10 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		return nil, fmt.Errorf("cutover %s is in progress: run it again with --resume, or 'kubefence cutover abort' first", j.ID)
 	case StateDone:
 		return nil, fmt.Errorf("cutover %s is done: green serves the cluster, there is nothing to clean up", j.ID)
+	case StateBaking:
+		return nil, fmt.Errorf("cutover %s is baking: green serves the cluster; 'kubefence cutover rollback' goes back first", j.ID)
+	case StateRollingBack:
+		return nil, fmt.Errorf("cutover %s is rolling back: finish it with 'kubefence cutover rollback --resume' first", j.ID)
 	}
 	rep := &CleanupReport{ID: j.ID, State: j.State}
 	var err error

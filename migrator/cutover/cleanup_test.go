@@ -9,7 +9,8 @@ import (
 )
 
 // TestCleanup: cleanup stops what an aborted cutover or a rehearsal left, removes only the data
-// dirs that cutover restored, and refuses a cutover in progress or done.
+// dirs that cutover restored, and refuses a cutover in progress, done, baking (green serves) or
+// rolling back; after a rollback green is blue's no more and may go.
 func TestCleanup(t *testing.T) {
 	cases := []struct {
 		name, state, marker string
@@ -20,6 +21,9 @@ func TestCleanup(t *testing.T) {
 	}{
 		{name: "in progress", state: StateRunning, wantErr: "in progress"},
 		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
+		{name: "baking", state: StateBaking, wantErr: "green serves the cluster"},
+		{name: "rolling back", state: StateRollingBack, wantErr: "rollback --resume"},
+		{name: "rolled back", state: StateRolledBack, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
 		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
 		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
 		{name: "someone else's data dir", state: StateAborted, marker: "other-run", remove: true, wantStopped: []int{101, 102}, wantErr: "not restored by cutover x"},
