@@ -415,28 +415,7 @@ func TestCutoverResume(t *testing.T) {
 // killAtStep starts a cutover (with args) and kills it with SIGKILL as soon as it starts step.
 func killAtStep(t *testing.T, f *cutoverFixture, step string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(pipe)
-	killed := false
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), ". "+step+": ") {
-			_ = cmd.Process.Kill()
-			killed = true
-			break
-		}
-	}
-	_, _ = io.Copy(io.Discard, pipe)
-	_ = cmd.Wait()
-	if !killed {
-		t.Fatalf("cutover never started step %s", step)
-	}
+	killAt(t, step, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
 }
 
 // TestCutoverAbortCommand: a cutover killed before its switch is rolled back by
