@@ -38,8 +38,8 @@ var apiserverOwnKeys = []string{
 	"compact_rev_key",
 	"/registry/masterleases/",
 	"/registry/leases/kube-system/apiserver-",
-	"/registry/services/endpoints/default/kubernetes",
-	"/registry/endpointslices/default/kubernetes",
+	"/registry/services/endpoints/default/kubernetes\x00",
+	"/registry/endpointslices/default/kubernetes\x00",
 	"/registry/ranges/",
 	"/registry/ipaddresses/",
 	"/registry/servicecidrs/",
@@ -75,6 +75,8 @@ func keyResource(key string) (resource, namespace string, ok bool) {
 		}
 	case "minions":
 		resource = "nodes"
+	case "controllers":
+		resource = "replicationcontrollers"
 	case "ingress":
 		resource = "ingresses"
 	}
@@ -177,7 +179,8 @@ func watchBlueWrites(ctx context.Context, cli *clientv3.Client, d time.Duration)
 func clientWrite(ev *clientv3.Event) (blueWrite, bool) {
 	key := string(ev.Kv.Key)
 	for _, own := range apiserverOwnKeys {
-		if strings.HasPrefix(key, own) {
+		// A trailing NUL marks a whole key (the kubernetes Service's own objects, not kubernetes-*).
+		if exact, ok := strings.CutSuffix(own, "\x00"); ok && key == exact || !ok && strings.HasPrefix(key, own) {
 			return blueWrite{}, false
 		}
 	}
@@ -287,6 +290,9 @@ func forwardedCounts(ws []admin.ForwardedWrite) map[[2]string]int {
 	out := map[[2]string]int{}
 	for _, w := range ws {
 		k := [2]string{w.Resource, w.Namespace}
+		if w.Resource == "namespaces" {
+			k[1] = "" // a namespace's own requests name it as their namespace; its key has none
+		}
 		switch {
 		case out[k] < 0:
 		case w.Verb == "deletecollection":

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -27,6 +29,7 @@ func TestKeyResource(t *testing.T) {
 		{"/registry/deployments/shop/web", "deployments", "shop"},
 		{"/registry/example.com/widgets/shop/w1", "widgets", "shop"},
 		{"/registry/apiregistration.k8s.io/apiservices/v1.apps", "apiservices", ""},
+		{"/registry/controllers/shop/rc", "replicationcontrollers", "shop"},
 	}
 	for _, tc := range cases {
 		res, ns, ok := keyResource(tc.key)
@@ -86,12 +89,14 @@ func TestCompareWrites(t *testing.T) {
 		{"leases", "kube-node-lease", "kubelet (Update)"},
 		{"pods", "shop", "kube-scheduler (Update)"},
 		{"events", "shop", "(no managedFields)"}, {"events", "shop", "(no managedFields)"},
+		{"namespaces", "", "kubectl-edit (Update)"},
 	}
 	fw := forwardedCounts([]admin.ForwardedWrite{
 		{Verb: "create", Resource: "configmaps", Namespace: "demo"},
 		{Verb: "create", Resource: "pods", Subresource: "binding", Namespace: "shop"},
 		{Verb: "deletecollection", Resource: "events", Namespace: "shop"},
 		{Verb: "create", Resource: "events", Namespace: "shop"},
+		{Verb: "update", Resource: "namespaces", Namespace: "shop", Name: "shop"},
 	})
 	got := compareWrites(blue, fw)
 	want := []bypassGroup{
@@ -104,6 +109,26 @@ func TestCompareWrites(t *testing.T) {
 	for i := range got {
 		if got[i].String() != want[i].String() || !slices.Equal(got[i].Managers, want[i].Managers) {
 			t.Errorf("got %s, want %s", got[i], want[i])
+		}
+	}
+}
+
+// TestApiserverOwnKeys: kube-apiserver's own keys are left out, a whole key only where it
+// names one object (the kubernetes Service's endpoints, not kubernetes-dashboard's).
+func TestApiserverOwnKeys(t *testing.T) {
+	cases := []struct {
+		key  string
+		want bool
+	}{
+		{"/registry/masterleases/10.0.0.10", false},
+		{"/registry/endpointslices/default/kubernetes", false},
+		{"/registry/endpointslices/default/kubernetes-dashboard", true},
+		{"/registry/configmaps/default/app", true},
+	}
+	for _, tc := range cases {
+		ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(tc.key), Value: []byte(`{"metadata":{}}`)}}
+		if _, got := clientWrite(ev); got != tc.want {
+			t.Errorf("%s: a client's write %v, want %v", tc.key, got, tc.want)
 		}
 	}
 }

@@ -51,7 +51,7 @@ func (p *Plan) validateProxies(ps *problems) {
 
 // newProxyGroup connects to every proxy of the plan.
 func newProxyGroup(p *Plan) (*proxyGroup, error) {
-	g := &proxyGroup{blueCA: p.Blue.APIServer.CAFile}
+	g := &proxyGroup{backCA: p.Blue.APIServer.CAFile}
 	for _, pr := range p.proxyRefs() {
 		if pr.AdminAddress == "" {
 			g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: admin.NewClient(pr.AdminSocket)})
@@ -78,7 +78,7 @@ func newProxyGroup(p *Plan) (*proxyGroup, error) {
 // did not change means no proxy changed: generations only grow).
 type proxyGroup struct {
 	proxies []admin.Target[proxyAdmin]
-	blueCA  string // for switching a proxy back to blue after a partial switch
+	backCA  string // for switching a proxy back after a partial switch (blue's; green's in a rollback)
 }
 
 func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {
@@ -133,7 +133,7 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 		if r.Err != nil {
 			continue
 		}
-		back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.blueCA}
+		back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}
 		if _, err := g.proxies[i].Client.SetBackend(ctx, back); err != nil {
 			errs = append(errs, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", r.Proxy, r.Value.Status.Backend, r.Value.Previous, err))
 		}

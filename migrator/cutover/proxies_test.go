@@ -55,7 +55,7 @@ func TestProxyGroupFencesAndSwitchesAll(t *testing.T) {
 // ones that did go back to blue: no proxy may serve green while another serves blue.
 func TestProxyGroupPartialSwitchGoesBack(t *testing.T) {
 	g, sts, calls := threeProxies(1)
-	g.blueCA = "/blue-ca.crt"
+	g.backCA = "/blue-ca.crt"
 	for _, s := range sts {
 		s.Fenced = true
 	}

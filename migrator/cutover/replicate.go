@@ -226,6 +226,9 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 	rp.cancel()
 	<-rp.done
 	prog := rp.rep.Progress()
+	if rp.release != nil {
+		rp.release()
+	}
 	rp.src.Close()
 	rp.dst.Close()
 	if rp.err != nil && !errors.Is(rp.err, context.Canceled) {

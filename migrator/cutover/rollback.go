@@ -57,12 +57,15 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		}
 		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
-	r.j.State = StateDone
-	if err := r.saveJournal(); err != nil {
-		return nil, err
-	}
+	// The cutover's journal first: a crash between the two saves leaves a cutover rolled back
+	// and a rollback journal still running, which nothing resumes; the other way round would
+	// leave the cutover "rolling-back" for good.
 	main.State, main.Bake.Ended = StateRolledBack, time.Now().UTC()
 	if err := main.save(o.Plan.StateDir); err != nil {
+		return nil, err
+	}
+	r.j.State = StateDone
+	if err := r.saveJournal(); err != nil {
 		return nil, err
 	}
 	rep := r.report(ResultDone, nil)
@@ -86,11 +89,17 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.backCA = o.Plan.Green.APIServer.CAFile // a partial switch to blue goes back to green
 	p := o.Plan
 	r := &runner{o: o, p: p, adm: g, procs: osProcesses, steps: rollbackSteps, main: main,
 		from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback"),
 		noPickup: "blue no longer follows green exactly, so going back would lose writes: green keeps serving; end the bake with 'kubefence cutover finish'"}
 	if r.j, err = openRollbackJournal(r.journalDir, main, o.Resume); err != nil {
+		return nil, err
+	}
+	// The rollback's journal first, then the cutover's: "rolling-back" always has a rollback
+	// journal to resume.
+	if err := r.saveJournal(); err != nil {
 		return nil, err
 	}
 	main.State, main.Bake.Rollback = StateRollingBack, r.j.ID
@@ -100,7 +109,7 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 	if o.Resume {
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming rollback %s after step %q", r.j.ID, lastStep(r.j))})
 	}
-	return r, r.saveJournal()
+	return r, nil
 }
 
 // openRollbackJournal is the rollback's journal to resume, or a new one (an earlier aborted
@@ -111,7 +120,7 @@ func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, erro
 	case resume && err == nil && j.State == StateRunning:
 		return j, nil
 	case resume && err == nil:
-		return nil, fmt.Errorf("nothing to resume: rollback %s is %s", j.ID, j.State)
+		return nil, fmt.Errorf("nothing to resume: rollback %s is %s (the cutover's journal says %s: see 'kubefence cutover status')", j.ID, j.State, main.State)
 	case resume:
 		return nil, fmt.Errorf("nothing to resume: %v", err)
 	case err == nil:
@@ -138,9 +147,12 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 			return fmt.Errorf("unfence: %w; run 'kubefence fence off' on every proxy", err)
 		}
 	}
-	r.j.State, r.j.AbortReason = StateAborted, reason
 	r.main.State = StateBaking
-	return errors.Join(r.saveJournal(), r.main.save(r.p.StateDir))
+	if err := r.main.save(r.p.StateDir); err != nil {
+		return err
+	}
+	r.j.State, r.j.AbortReason = StateAborted, reason
+	return r.saveJournal()
 }
 
 // stopFollowingStep stops replicating green into blue once blue has what green's apiserver

@@ -86,12 +86,11 @@ func (b *BakeStatus) readRevisions(ctx context.Context, p *Plan) error {
 	return nil
 }
 
-// follower is the pid of the process holding the state dir's lock, 0 when none does.
+// follower is the pid of the process holding the state dir's lock, 0 when none does. It does
+// not take the lock (a cutover starting meanwhile would be refused, naming status's pid).
 func follower(stateDir string) int {
-	lock, err := lockStateDir(stateDir)
-	if err == nil {
-		lock.unlock()
-		return 0
+	if pid := holderPID(stateDir); pid > 0 && holdsLock(stateDir, pid) {
+		return pid
 	}
-	return holderPID(stateDir)
+	return 0
 }
