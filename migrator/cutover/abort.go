@@ -122,6 +122,9 @@ func (r *runner) stopGreen() ([]string, error) {
 		gps = append(gps, greenAPIServerProcess(a))
 	}
 	for _, m := range r.p.Green.Etcd.Members {
+		if m.External {
+			continue // its host started it, and stops it
+		}
 		gps = append(gps, greenEtcdProcess(r.p, m))
 	}
 	for _, gp := range gps {

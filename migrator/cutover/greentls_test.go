@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -65,5 +66,59 @@ func TestGreenEtcdTLSCommandAndConn(t *testing.T) {
 	}
 	if c := p.greenConn(); c.CertFile != "/pki/healthcheck-client.crt" || c.CAFile != "/pki/ca.crt" || len(c.Endpoints) != 1 {
 		t.Errorf("green connection %+v", c)
+	}
+}
+
+// TestLearnerMembers: learners are not restored; each starts with the restored members, the
+// learners before it and itself as its initial cluster, in state existing; the plan refuses an
+// external member that is not a learner and a learner first.
+func TestLearnerMembers(t *testing.T) {
+	threeMembers := func(p *Plan) {
+		g0 := p.Green.Etcd.Members[0]
+		for i := 1; i <= 2; i++ {
+			gi := g0
+			gi.Name, gi.DataDir = fmt.Sprintf("g%d", i), g0.DataDir+fmt.Sprint(i)
+			gi.ClientURL, gi.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", 2579+10*i), fmt.Sprintf("http://127.0.0.1:%d", 2580+10*i)
+			p.Green.Etcd.Members = append(p.Green.Etcd.Members, gi)
+		}
+	}
+	p, _ := validPlan(t)
+	threeMembers(p)
+	p.setDefaults()
+	p.Green.Etcd.Members[1].Learner = true
+	p.Green.Etcd.Members[2].Learner, p.Green.Etcd.Members[2].External = true, true
+	m := p.Green.Etcd.Members
+	if got := p.seeds(); len(got) != 1 || got[0].Name != m[0].Name {
+		t.Errorf("seeds %v, want only %s", got, m[0].Name)
+	}
+	cases := []struct {
+		member       GreenMember
+		wantCluster  string
+		wantExisting bool
+	}{
+		{m[0], m[0].Name + "=" + m[0].PeerURL, false},
+		{m[1], m[0].Name + "=" + m[0].PeerURL + "," + m[1].Name + "=" + m[1].PeerURL, true},
+		{m[2], m[0].Name + "=" + m[0].PeerURL + "," + m[1].Name + "=" + m[1].PeerURL + "," + m[2].Name + "=" + m[2].PeerURL, true},
+	}
+	for _, tc := range cases {
+		cmd := strings.Join(etcdCommand(p, tc.member), " ")
+		if !strings.Contains(cmd, "--initial-cluster "+tc.wantCluster+" ") || strings.Contains(cmd, "--initial-cluster-state existing") != tc.wantExisting {
+			t.Errorf("%s: %s", tc.member.Name, cmd)
+		}
+	}
+	bad := []struct {
+		change func(*Plan)
+		want   string
+	}{
+		{func(p *Plan) { p.Green.Etcd.Members[1].External = true }, "external needs learner: true"},
+		{func(p *Plan) { p.Green.Etcd.Members[0].Learner = true }, "the first member is restored from the snapshot"},
+	}
+	for _, b := range bad {
+		q, _ := validPlan(t)
+		threeMembers(q)
+		b.change(q)
+		if errs := q.validate(); !strings.Contains(fmt.Sprint(errs), b.want) {
+			t.Errorf("errors %v, want %q", errs, b.want)
+		}
 	}
 }

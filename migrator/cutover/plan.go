@@ -102,6 +102,13 @@ type GreenMember struct {
 	ClientURL  string `yaml:"clientURL" json:"clientURL"`
 	PeerURL    string `yaml:"peerURL" json:"peerURL"`
 	MetricsURL string `yaml:"metricsURL" json:"metricsURL,omitempty"`
+	// Learner: the member is not restored from the snapshot; it joins green empty as a learner
+	// once the restored members serve, gets the data by raft, and is promoted when it has caught
+	// up (learners.go). Members on other hosts join this way.
+	Learner bool `yaml:"learner" json:"learner,omitempty"`
+	// External (a learner only): its host starts it (its kubelet, or the operator with the
+	// command the cutover prints), not kubefence; the cutover adds it and waits for it.
+	External bool `yaml:"external" json:"external,omitempty"`
 }
 
 // GreenEtcd is the new etcd: its binary, version and members.
@@ -412,6 +419,12 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		}
 		ps.url(f+".clientURL", m.ClientURL)
 		ps.url(f+".peerURL", m.PeerURL)
+		switch {
+		case m.External && !m.Learner:
+			ps.add("%s.external needs learner: true (a member on another host joins as a learner; only this host's are restored)", f)
+		case i == 0 && m.Learner:
+			ps.add("%s: the first member is restored from the snapshot; learners join it (learner: true on a later member)", f)
+		}
 		for _, v := range []string{m.Name, m.DataDir, m.ClientURL, m.PeerURL} {
 			if v != "" && seen[v] {
 				ps.add("%s: %q is used twice", f, v)
@@ -550,7 +563,9 @@ func (p *Plan) CheckFiles() error {
 		}
 	}
 	for i, m := range p.Green.Etcd.Members {
-		ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
+		if !m.External { // an external member's data dir is on its own host
+			ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
+		}
 	}
 	return errors.Join(ps...)
 }

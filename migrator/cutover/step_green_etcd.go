@@ -26,10 +26,17 @@ func (greenEtcdStep) describe(r *runner, verbose bool) string {
 	p := r.p
 	var cmds []string
 	for _, m := range p.Green.Etcd.Members {
+		how := ""
+		switch {
+		case m.External:
+			how = " (learner started by its own host, then promoted)"
+		case m.Learner:
+			how = " (learner, then promoted)"
+		}
 		if verbose {
-			cmds = append(cmds, strings.Join(etcdCommand(p, m), " "))
+			cmds = append(cmds, strings.Join(etcdCommand(p, m), " ")+how)
 		} else {
-			cmds = append(cmds, m.Name+" at "+m.ClientURL)
+			cmds = append(cmds, m.Name+" at "+m.ClientURL+how)
 		}
 	}
 	return "start etcd " + p.Green.Etcd.Version + ": " + strings.Join(cmds, "; ")
@@ -39,7 +46,7 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
 	var eps []string
 	var members []greenProcess
-	for _, m := range p.Green.Etcd.Members {
+	for _, m := range p.seeds() {
 		eps = append(eps, m.ClientURL)
 		gp := greenEtcdProcess(p, m)
 		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
@@ -49,7 +56,7 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	// Connect once every member accepts connections: a gRPC client that dials too early backs
 	// off for a second before trying again.
-	for i, m := range p.Green.Etcd.Members {
+	for i, m := range p.seeds() {
 		err := r.pollGreen(ctx, 20*time.Millisecond, "green etcd "+m.Name+" does not accept connections", func(context.Context) error {
 			c, err := net.DialTimeout("tcp", proc.HostPort(m.ClientURL), time.Second)
 			if err == nil {
@@ -61,11 +68,19 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
+	learners, err := r.seedsHealthy(ctx, eps, members)
+	if err != nil {
+		return "", err
+	}
 	cli, err := datadir.NewClient(p.greenConn())
 	if err != nil {
 		return "", err
 	}
 	defer cli.Close()
+	eps = nil
+	for _, m := range p.Green.Etcd.Members {
+		eps = append(eps, m.ClientURL)
+	}
 	var sts []datadir.MemberStatus
 	err = r.pollGreen(ctx, 20*time.Millisecond, "green etcd not healthy", func(ctx context.Context) (err error) {
 		sts, err = datadir.ClusterStatus(ctx, cli, eps)
@@ -78,7 +93,34 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	if want := r.j.SnapshotRevision + p.revisionBump(); rev < want {
 		return "", fmt.Errorf("green etcd serves revision %d, below the bumped %d", rev, want)
 	}
-	return fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev), nil
+	return withNote(learnersNote(learners), fmt.Sprintf("%d member(s) healthy, etcd %s, revision %d", len(sts), sts[0].Version, rev)), nil
+}
+
+// seedsHealthy waits until the restored members answer, then adds and promotes the learners.
+func (r *runner) seedsHealthy(ctx context.Context, eps []string, members []greenProcess) ([]string, error) {
+	if len(r.p.seeds()) == len(r.p.Green.Etcd.Members) {
+		return nil, nil
+	}
+	cli, err := datadir.NewClient(r.p.seedConn())
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	err = r.pollGreen(ctx, 20*time.Millisecond, "green etcd's restored members not healthy", func(ctx context.Context) error {
+		_, err := datadir.ClusterStatus(ctx, cli, eps)
+		return err
+	}, members...)
+	if err != nil {
+		return nil, err
+	}
+	return r.joinLearners(ctx)
+}
+
+func learnersNote(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return "joined as learners and promoted: " + strings.Join(names, ", ")
 }
 
 func greenEtcdProcess(p *Plan, m GreenMember) greenProcess {
@@ -92,7 +134,10 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 		"--name", m.Name, "--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
-		"--initial-cluster", p.greenInitialCluster(), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
+		"--initial-cluster", p.initialClusterFor(m), "--initial-cluster-token", p.Green.Etcd.ClusterToken,
+	}
+	if m.Learner {
+		args = append(args, "--initial-cluster-state", "existing")
 	}
 	if m.MetricsURL != "" {
 		args = append(args, "--listen-metrics-urls", m.MetricsURL)
@@ -104,14 +149,8 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 	return append(args, p.Green.Etcd.ExtraArgs...)
 }
 
-// greenInitialCluster is green's NAME=PEER-URL,... list.
-func (p *Plan) greenInitialCluster() string {
-	var peers []datadir.Peer
-	for _, m := range p.Green.Etcd.Members {
-		peers = append(peers, datadir.Peer{Name: m.Name, PeerURLs: []string{m.PeerURL}})
-	}
-	return datadir.InitialCluster(peers)
-}
+// greenInitialCluster is the restored members' NAME=PEER-URL,... list (learners join later).
+func (p *Plan) greenInitialCluster() string { return p.initialClusterFor(p.seeds()[0]) }
 
 // greenProcess is a process of green's that kubefence starts: journaled under name, started
 // with argv, its output in logs/<log>.log.

@@ -26,7 +26,7 @@ func (migrateStep) pastNoReturn() bool            { return false }
 func (migrateStep) describe(r *runner, _ bool) string {
 	p := r.p
 	var dirs []string
-	for _, m := range p.Green.Etcd.Members {
+	for _, m := range p.seeds() {
 		dirs = append(dirs, m.DataDir)
 	}
 	if r.v2Possible() {
@@ -46,7 +46,7 @@ func (migrateStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := r.restoreGreen(); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.Green.Etcd.Members), r.j.SnapshotRevision+r.p.revisionBump()), nil
+	return fmt.Sprintf("%d member data dir(s) built; green starts at revision %d", len(r.p.seeds()), r.j.SnapshotRevision+r.p.revisionBump()), nil
 }
 
 // restoreGreen builds every green member's data dir from the snapshot with etcd's restore,
@@ -72,7 +72,7 @@ func (r *runner) restoreGreen() error {
 // that already holds this run's build is kept, so a resumed run does not redo it; any other
 // non-empty dir is refused.
 func buildGreenDirs(p *Plan, runID string, build func(m GreenMember, tmp string) error) error {
-	for _, m := range p.Green.Etcd.Members {
+	for _, m := range p.seeds() {
 		marker := filepath.Join(m.DataDir, restoreMarker)
 		if b, err := os.ReadFile(marker); err == nil && string(b) == runID {
 			continue

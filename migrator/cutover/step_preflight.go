@@ -41,6 +41,9 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
 	for _, m := range p.Green.Etcd.Members {
+		if m.External {
+			continue // on another host
+		}
 		if err := proc.PortFree(m.ClientURL, m.PeerURL); err != nil {
 			errs = append(errs, fmt.Errorf("green etcd %s: %w", m.Name, err))
 		}

@@ -1,0 +1,105 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/kubefence/kubefence/e2e/framework"
+	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
+)
+
+// TestCutoverLearners: green is three members (TLS) of which only the first is restored from
+// the snapshot; the second joins as a learner that kubefence starts, the third as an external
+// learner that "its host" starts (this test, with the command the cutover prints). Each is
+// promoted once it has caught up. The replicating cutover then finishes with a writer through
+// the proxy: three voting members, all at one revision, every acknowledged write on green.
+func TestCutoverLearners(t *testing.T) {
+	f := newCutoverFixture(t)
+	env := f.env
+	var err error
+	if f.green, err = env.WriteCutoverPlan("green3", f.pki, f.px, f.blue.api, f.blue.etcd, framework.Etcd36, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = framework.StopCutoverProcesses(f.green.Plan.StateDir) })
+	cs := f.replicatePlan(t)
+	m := f.green.Plan.Green.Etcd.Members
+	m[1].Learner = true
+	m[2].Learner, m[2].External = true, true
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	// A writer at 50 writes/s: three TLS members on two shared cores replicate far fewer
+	// revisions per second than one, and an unbounded writer would outrun them.
+	_ = cs
+	w := startWriter(f.proxyClient(t, 50), "repl")
+	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(pipe)
+	const startIt = "start it on its host (empty data dir) with: "
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if _, argv, ok := strings.Cut(sc.Text(), startIt); ok { // the external member's host
+			args := strings.Fields(argv)
+			if _, err := env.Start("external-"+m[2].Name, args[0], args[1:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	_, _ = io.Copy(io.Discard, pipe)
+	err = cmd.Wait()
+	acked, errs := w.finish()
+	t.Logf("kubefence cutover:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("cutover with learners: %v", err)
+	}
+	if !strings.Contains(out.String(), "joined as learners and promoted: "+m[1].Name+", "+m[2].Name) {
+		t.Error("the green etcd step does not say both learners joined and were promoted")
+	}
+	cli, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mem := range list.Members {
+		if mem.IsLearner {
+			t.Errorf("green member %s is still a learner", mem.Name)
+		}
+	}
+	if len(list.Members) != 3 {
+		t.Errorf("green has %d members, want 3", len(list.Members))
+	}
+	sts, err := datadir.ClusterStatus(t.Context(), cli, f.green.GreenEtcd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts[1:] {
+		if st.Revision != sts[0].Revision {
+			t.Errorf("green members at revisions %d and %d", sts[0].Revision, st.Revision)
+		}
+	}
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
+	}
+	checkAckedOnGreen(t, f, acked)
+	if j, err := cutover.LoadJournal(f.green.Plan.StateDir); err != nil || j.State != cutover.StateDone {
+		t.Fatalf("journal: %+v %v", j, err)
+	}
+}
