@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -28,15 +32,8 @@ import (
 // again: green's data dirs cleaned up, a new cutover, finished with `cutover finish`.
 func TestCutoverRollback(t *testing.T) {
 	framework.RequireBins(t, framework.ControlPlaneBins...)
-	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, TLS: true,
-		ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
+	f, cs := bakeFixture(t)
 	ctx := t.Context()
-	cs := f.replicatePlan(t)
-	f.green.Plan.Bake.Enabled = true
-	f.green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"
-	if err := f.green.Save(); err != nil {
-		t.Fatal(err)
-	}
 	leaders := startLeaders(t, f, cs)
 	w := startWriter(cs, "repl")
 
@@ -89,6 +86,48 @@ func TestCutoverRollback(t *testing.T) {
 		if err := l.C.Restarted(); err != nil {
 			t.Errorf("after forward again: %v", err)
 		}
+	}
+}
+
+// bakeFixture is blue etcd 3.4 with TLS client certificates (and the txn limits a bake needs)
+// behind the proxy, and a replicating plan with bake.enabled; it returns a client of the proxy.
+func bakeFixture(t *testing.T) (*cutoverFixture, *kubernetes.Clientset) {
+	t.Helper()
+	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, TLS: true,
+		ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
+	cs := f.replicatePlan(t)
+	f.green.Plan.Bake.Enabled = true
+	f.green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"
+	if err := f.green.Save(); err != nil {
+		t.Fatal(err)
+	}
+	return f, cs
+}
+
+// TestCutoverBakeAbort: a baking cutover turns blue etcd's auth on before the fence; aborted
+// before the switch (killed, then 'cutover abort'), blue is as it was: auth off again, its
+// apiserver ready, the proxy open on blue.
+func TestCutoverBakeAbort(t *testing.T) {
+	f, _ := bakeFixture(t)
+	killAtStep(t, f, cutover.StepVerify)
+	out, err := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput()
+	t.Logf("kubefence cutover abort:\n%s", out)
+	if err != nil {
+		t.Fatalf("abort: %v", err)
+	}
+	f.checkAborted(t)
+	cli, err := f.blue.etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	// etcd 3.4 has no AuthStatus: with auth off anyone may list roles (the abort also removed
+	// kubefence's own user, this client's CN, so with auth on it could not).
+	if _, err := cli.RoleList(t.Context()); err != nil {
+		t.Errorf("blue etcd after the abort: %v; want auth off, as before the cutover", err)
+	}
+	if _, err := f.blue.cs.CoreV1().ConfigMaps("repl").Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-abort"}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("blue's apiserver cannot write after the abort: %v", err)
 	}
 }
 

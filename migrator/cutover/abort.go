@@ -98,6 +98,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if err := unfence(); err != nil {
 		return err
 	}
+	if err := r.abortBlueAuth(ctx); err != nil {
+		return err
+	}
 	r.j.State = StateAborted
 	r.j.AbortReason = reason
 	return r.saveJournal()

@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
@@ -85,6 +87,17 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	user := r.p.Blue.APIServer.EtcdUser
+	on, err := authOn(ctx, cli, self)
+	if err != nil {
+		return "", fmt.Errorf("blue etcd auth status: %w", err)
+	}
+	if !on && !r.j.BlueAuthEnabled {
+		// Journaled before auth goes on: an abort turns it off again (abortBlueAuth).
+		r.j.BlueAuthEnabled = true
+		if err := r.saveJournal(); err != nil {
+			return "", err
+		}
+	}
 	if err := setupAuth(ctx, cli, "blue", self, user, readWriteRole); err != nil {
 		return "", err
 	}
@@ -93,6 +106,48 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", errors.Join(fmt.Errorf("blue's apiserver is not ready with etcd auth on (is %q the CN of its etcd client certificate? blue.apiserver.etcdUser): %w; auth turned off again", user, err), derr)
 	}
 	return fmt.Sprintf("auth on: %q root, %q read-write; blue's apiserver ready", self, user), nil
+}
+
+// abortBlueAuth turns blue etcd's auth off again if this cutover turned it on (an abort before
+// the switch: blue goes on as it was).
+func (r *runner) abortBlueAuth(ctx context.Context) error {
+	if !r.j.BlueAuthEnabled {
+		return nil
+	}
+	cli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if _, err := cli.AuthDisable(ctx); err != nil {
+		return fmt.Errorf("turning blue etcd's auth off again (the cutover turned it on): %w", err)
+	}
+	// Without kubefence's own user, the next run sees auth as off again (authOn, etcd 3.4).
+	if self, err := certCN(r.p.Blue.Etcd.CertFile); err == nil {
+		if _, err := cli.UserDelete(ctx, self); err != nil && r.o.Log != nil {
+			r.o.Log.Warn("removing kubefence's user from blue etcd", "user", self, "err", err)
+		}
+	}
+	r.j.BlueAuthEnabled = false
+	return nil
+}
+
+// authOn says whether etcd's auth is enabled. etcd 3.4 has no AuthStatus: there kubefence's own
+// user existing means auth was set up (by an earlier run or the operator) and counts as on, and
+// otherwise a role list that anyone may read means off.
+func authOn(ctx context.Context, cli *clientv3.Client, self string) (bool, error) {
+	st, err := cli.AuthStatus(ctx)
+	if err == nil {
+		return st.Enabled, nil
+	}
+	if status.Code(err) != codes.Unimplemented {
+		return false, err
+	}
+	if _, err := cli.UserGet(ctx, self); err == nil {
+		return true, nil
+	}
+	_, err = cli.RoleList(ctx)
+	return err != nil, nil
 }
 
 // checkTxnLimits asks blue for a txn of blueMinTxnOps comparisons and one of blueMinRequestSize

@@ -79,6 +79,9 @@ type Journal struct {
 	Rebuilds int `json:"rebuilds,omitempty"`
 	// Bake (bake.enabled) is the way back after the switch (bake.go).
 	Bake *BakeRecord `json:"bake,omitempty"`
+	// BlueAuthEnabled: the cutover turned blue etcd's auth on (blue-etcd-auth); an abort turns
+	// it off again.
+	BlueAuthEnabled bool `json:"blueAuthEnabled,omitempty"`
 }
 
 // BakeRecord is a journal's account of the bake.
