@@ -278,3 +278,41 @@ func loadJournal(t *testing.T, f *cutoverFixture) *cutover.Journal {
 	}
 	return j
 }
+
+// TestCutoverBakeLost: the cutover is killed as the hand-over to the bake starts (after the
+// switch, writes fenced), and something writes straight to green etcd meanwhile, so blue can no
+// longer follow green exactly. --resume must not stay stuck fenced: it finishes the cutover
+// without a bake (green serves, writes open) and says there is no way back.
+func TestCutoverBakeLost(t *testing.T) {
+	f, cs := bakeFixture(t)
+	ctx := t.Context()
+	w := startWriter(cs, "repl")
+	killAtStep(t, f, cutover.StepHandOver)
+	green, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	if _, err := green.Put(ctx, "/kubefence-test/straight-to-green", "x"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.cutoverCmd(ctx, "--resume")
+	acked, errs := w.finish()
+	t.Logf("kubefence cutover --resume:\n%s", out)
+	if err != nil {
+		t.Fatalf("resume after the bake became impossible: %v", err)
+	}
+	if !strings.Contains(strings.ToLower(out), "no way back") {
+		t.Error("the resume does not say the bake is lost")
+	}
+	if st, err := f.px.Admin.Status(ctx); err != nil || st.Fenced || st.Backend != f.green.GreenURL {
+		t.Fatalf("proxy: %+v %v; want open on green", st, err)
+	}
+	if j := loadJournal(t, f); j.State != cutover.StateDone || j.Bake != nil {
+		t.Errorf("journal: state %s, bake %+v; want done without a bake", j.State, j.Bake)
+	}
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
+	}
+	checkAckedOnGreen(t, f, acked)
+}

@@ -47,7 +47,7 @@ var bakeSteps = []step{
 	needsReplication{drainStep{}},
 	replicaSwitchStep{},
 	gateStep{StepGateBlue},
-	needsReplication{handOverStep{}},
+	handOverStep{},
 	ungateStep{StepUngateGreen},
 	unfenceStep{},
 }
@@ -208,20 +208,35 @@ func (handOverStep) describe(*runner, bool) string {
 }
 
 func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
+	rev, err := r.handOver(ctx)
+	if err != nil {
+		// Past the switch, writes fenced: going on without a way back beats staying fenced.
+		r.j.Bake = nil
+		_, _ = r.stopReplication()
+		return fmt.Sprintf("NO WAY BACK: blue cannot follow green (%v); the cutover finishes without a bake: green serves, blue stays as it was (its apiserver may only read blue etcd)", err), nil
+	}
+	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
+}
+
+// handOver turns replication around (handOverStep) and returns the bake's revision.
+func (r *runner) handOver(ctx context.Context) (int64, error) {
+	if _, err := r.ensureReplication(ctx); err != nil {
+		return 0, err
+	}
 	blueCli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	release, err := replicate.HoldLeases(context.Background(), blueCli, r.o.Log)
 	if err != nil {
 		blueCli.Close()
-		return "", err
+		return 0, err
 	}
 	hold := func() { release(); blueCli.Close() }
 	rev, err := r.caughtUp(ctx)
 	if err != nil {
 		hold()
-		return "", err
+		return 0, err
 	}
 	prog, err := r.stopReplication()
 	r.j.ReplicationAtStop = &prog
@@ -230,12 +245,9 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	if err != nil {
 		hold()
-		return "", fmt.Errorf("replication of blue into green, stopping: %w", err)
+		return 0, fmt.Errorf("replication of blue into green, stopping: %w", err)
 	}
-	if err := r.startBake(ctx, rev, hold); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
+	return rev, r.startBake(ctx, rev, hold)
 }
 
 // startBake starts replicating green into blue from rev, records the bake in the journal, and
