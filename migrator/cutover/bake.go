@@ -291,6 +291,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 		r.emit(Event{Type: EventReport, Report: rep})
 	}
 	picked, err := r.ensureReplication(ctx)
+	r.lock.markBaking()
 	if err == nil {
 		r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.repl.line(r.repl.rep.Progress()))})
 		select {

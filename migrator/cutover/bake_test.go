@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -145,5 +146,16 @@ func TestFlockHolder(t *testing.T) {
 	defer lock.unlock()
 	if !holdsLock(dir, os.Getpid()) || holdsLock(dir, os.Getpid()+1) {
 		t.Errorf("this process holds the lock on %s: not found in /proc/locks", dir)
+	}
+	// Only a holder marked as baking may be stopped by rollback or finish.
+	if pid, role := holder(dir); pid != os.Getpid() || role != "" {
+		t.Errorf("holder before the bake: %d %q", pid, role)
+	}
+	if _, err := stopHolder(t.Context(), dir, errors.New("busy")); err == nil || err.Error() != "busy" {
+		t.Errorf("stopHolder on a holder that does not bake: %v, want the lock's own error", err)
+	}
+	lock.markBaking()
+	if pid, role := holder(dir); pid != os.Getpid() || role != bakeRole {
+		t.Errorf("holder while baking: %d %q", pid, role)
 	}
 }

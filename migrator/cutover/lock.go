@@ -42,6 +42,17 @@ func lockStateDir(stateDir string) (*stateLock, error) {
 	return &stateLock{f: f}, nil
 }
 
+// markBaking writes "PID bake" into the lock file: the holder keeps blue following green, and
+// `cutover rollback` or `finish` may stop it (stopHolder signals no other holder).
+func (l *stateLock) markBaking() {
+	if l != nil && l.f != nil && l.f.Truncate(0) == nil {
+		_, _ = l.f.WriteAt([]byte(strconv.Itoa(os.Getpid())+" "+bakeRole+"\n"), 0)
+	}
+}
+
+// bakeRole marks a lock holder that bakes.
+const bakeRole = "bake"
+
 // unlock releases the lock (closing the file releases the flock).
 func (l *stateLock) unlock() {
 	if l != nil && l.f != nil {

@@ -248,8 +248,10 @@ func takeOver(ctx context.Context, p *Plan) (*stateLock, *Journal, error) {
 // stopHolder sends SIGTERM to the kubefence process holding the state dir's lock and waits for
 // the lock; busy is the error the lock gave.
 func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, error) {
-	pid := holderPID(stateDir)
-	if pid <= 0 || !holdsLock(stateDir, pid) {
+	// Only a holder that says it bakes is stopped: not a rollback or a finish that has just
+	// taken the lock (the journal read before may still say baking).
+	pid, role := holder(stateDir)
+	if pid <= 0 || role != bakeRole || !holdsLock(stateDir, pid) {
 		return nil, busy
 	}
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
@@ -269,12 +271,26 @@ func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, e
 
 // holderPID is the pid the lock's holder wrote into the lock file, 0 if none.
 func holderPID(stateDir string) int {
+	pid, _ := holder(stateDir)
+	return pid
+}
+
+// holder is the pid and the role ("bake", or "") the lock's holder wrote into the lock file.
+func holder(stateDir string) (int, string) {
 	data, err := os.ReadFile(lockPath(stateDir))
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	return pid
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0, ""
+	}
+	pid, _ := strconv.Atoi(f[0])
+	role := ""
+	if len(f) > 1 {
+		role = f[1]
+	}
+	return pid, role
 }
 
 // holdsLock says whether pid holds the flock on stateDir's lock file, by /proc/locks (so a

@@ -134,6 +134,8 @@ type runner struct {
 	noPickup string
 	// main is the cutover's journal when r is its rollback (r.j is the rollback's).
 	main *Journal
+	// lock is the state dir's lock this process holds (Run's), marked when it bakes.
+	lock *stateLock
 	// progressStep labels replication's progress notes ("" is StepReplicate).
 	progressStep string
 }
@@ -192,6 +194,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.lock = lock
 	if err := r.openJournal(); err != nil {
 		return nil, err
 	}
