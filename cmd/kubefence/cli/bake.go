@@ -20,7 +20,7 @@ type cutoverRollbackOptions struct {
 }
 
 func newCutoverRollbackCommand(g *globals) *cobra.Command {
-	o := &cutoverRollbackOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverRollbackOptions{cutoverOptions: newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "rollback --plan PLAN",
 		Short: "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence",
@@ -40,12 +40,7 @@ bake to be resumed ('kubefence cutover --resume').`,
 }
 
 func (o *cutoverRollbackOptions) Run(ctx context.Context) error {
-	ev := newEventPrinter(o.Out, o.printer)
-	defer ev.close()
-	opts := o.options(ev.emit)
-	opts.Resume = o.resume
-	_, err := cutover.Rollback(ctx, opts)
-	return err
+	return o.runWithEvents(ctx, func(opts *cutover.Options) { opts.Resume = o.resume }, cutover.Rollback)
 }
 
 type cutoverFinishOptions struct {
@@ -53,7 +48,7 @@ type cutoverFinishOptions struct {
 }
 
 func newCutoverFinishCommand(g *globals) *cobra.Command {
-	o := &cutoverFinishOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverFinishOptions{newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "finish --plan PLAN",
 		Short: "End a bake: blue stops following green (its data dir is kept), the cutover is done",
@@ -65,10 +60,7 @@ func newCutoverFinishCommand(g *globals) *cobra.Command {
 }
 
 func (o *cutoverFinishOptions) Run(ctx context.Context) error {
-	ev := newEventPrinter(o.Out, o.printer)
-	defer ev.close()
-	_, err := cutover.Finish(ctx, o.options(ev.emit))
-	return err
+	return o.runWithEvents(ctx, nil, cutover.Finish)
 }
 
 type cutoverStatusOptions struct {
@@ -76,7 +68,7 @@ type cutoverStatusOptions struct {
 }
 
 func newCutoverStatusCommand(g *globals) *cobra.Command {
-	o := &cutoverStatusOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverStatusOptions{newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "status --plan PLAN",
 		Short: "Show where the cutover in the plan's state dir stands; during a bake, blue's lag behind green",

@@ -48,6 +48,24 @@ func (o *cutoverOptions) Validate() error {
 	return nil
 }
 
+// newCutoverOptions are the shared options of a cutover command.
+func newCutoverOptions(g *globals) cutoverOptions {
+	return cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}
+}
+
+// runWithEvents runs a cutover command whose progress the event printer shows; edit sets the
+// command's own options.
+func (o *cutoverOptions) runWithEvents(ctx context.Context, edit func(*cutover.Options), run func(context.Context, cutover.Options) (*cutover.Report, error)) error {
+	ev := newEventPrinter(o.Out, o.printer)
+	defer ev.close()
+	opts := o.options(ev.emit)
+	if edit != nil {
+		edit(&opts)
+	}
+	_, err := run(ctx, opts)
+	return err
+}
+
 // options are the library's options for the loaded plan, events going to emit.
 func (o *cutoverOptions) options(emit func(cutover.Event)) cutover.Options {
 	return cutover.Options{Plan: o.plan, Emit: emit, Log: o.logger()}
@@ -62,7 +80,7 @@ type cutoverRunOptions struct {
 }
 
 func newCutoverCommand(g *globals) *cobra.Command {
-	o := &cutoverRunOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverRunOptions{cutoverOptions: newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "cutover --plan PLAN",
 		Short: "Move the cluster behind the proxy from blue etcd + apiserver to green, journaled",
@@ -95,12 +113,9 @@ func (o *cutoverRunOptions) Run(ctx context.Context) error {
 			}
 		})
 	}
-	ev := newEventPrinter(o.Out, o.printer)
-	defer ev.close()
-	opts := o.options(ev.emit)
-	opts.Resume, opts.Rehearse, opts.AllowBypass = o.resume, o.rehearse, o.allowBypass
-	_, err := cutover.Run(ctx, opts)
-	return err
+	return o.runWithEvents(ctx, func(opts *cutover.Options) {
+		opts.Resume, opts.Rehearse, opts.AllowBypass = o.resume, o.rehearse, o.allowBypass
+	}, cutover.Run)
 }
 
 type cutoverCleanupOptions struct {
@@ -109,7 +124,7 @@ type cutoverCleanupOptions struct {
 }
 
 func newCutoverCleanupCommand(g *globals) *cobra.Command {
-	o := &cutoverCleanupOptions{cutoverOptions: cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "cleanup --plan PLAN",
 		Short: "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)",
@@ -145,7 +160,7 @@ type cutoverAbortOptions struct {
 }
 
 func newCutoverAbortCommand(g *globals) *cobra.Command {
-	o := &cutoverAbortOptions{cutoverOptions{printOptions: printOptions{Streams: g.streams}, logger: g.logger}}
+	o := &cutoverAbortOptions{newCutoverOptions(g)}
 	cmd := &cobra.Command{
 		Use:   "abort --plan PLAN",
 		Short: "Stop a cutover before its switch: stop green, unfence blue",
@@ -157,10 +172,7 @@ func newCutoverAbortCommand(g *globals) *cobra.Command {
 }
 
 func (o *cutoverAbortOptions) Run(ctx context.Context) error {
-	ev := newEventPrinter(o.Out, o.printer)
-	defer ev.close()
-	_, err := cutover.Abort(ctx, o.options(ev.emit))
-	return err
+	return o.runWithEvents(ctx, nil, cutover.Abort)
 }
 
 // eventPrinter prints cutover events: one JSON object per line with -o json, else plain lines
