@@ -122,19 +122,19 @@ func TestCutoverHoldMode(t *testing.T) {
 		t.Fatalf("journal: %+v %v", j, err)
 	}
 	checkHoldWrites(t, f, j, hw)
-	checkGreenEtcdTLS(t, f)
+	checkGreenEtcdTLS(t, f.green, "hold")
 }
 
 // checkGreenEtcdTLS: green etcd, now the production etcd, refuses a client without a
 // certificate (etcdctl over TLS, and over plain http) and serves one with kubeadm's
 // health-check client certificate.
-func checkGreenEtcdTLS(t *testing.T, f *cutoverFixture) {
+func checkGreenEtcdTLS(t *testing.T, g *framework.GreenSetup, ns string) {
 	t.Helper()
 	etcdctl, err := framework.Bin("etcdctl", framework.Etcd36)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := f.green.EtcdConn()
+	conn := g.EtcdConn()
 	ep := conn.Endpoints[0]
 	get := func(args ...string) (string, error) {
 		cmd := exec.Command(etcdctl, append([]string{"--endpoints", ep, "--dial-timeout=3s", "--command-timeout=5s", "get", "--prefix", "/registry/namespaces/", "--keys-only"}, args...)...)
@@ -149,7 +149,7 @@ func checkGreenEtcdTLS(t *testing.T, f *cutoverFixture) {
 		t.Errorf("etcdctl over plain http read green etcd: %s", out)
 	}
 	out, err := get("--cacert", conn.CAFile, "--cert", conn.CertFile, "--key", conn.KeyFile)
-	if err != nil || !strings.Contains(out, "/registry/namespaces/hold") {
+	if err != nil || !strings.Contains(out, "/registry/namespaces/"+ns) {
 		t.Errorf("etcdctl with the health-check client certificate: %v: %s", err, out)
 	}
 }

@@ -281,7 +281,13 @@ func checkAckedOnGreen(t *testing.T, f *cutoverFixture, acked []string) {
 // checkAckedOn checks every configmap in acked is in namespace repl of cs (side names it).
 func checkAckedOn(t *testing.T, cs kubernetes.Interface, acked []string, side string) {
 	t.Helper()
-	list, err := cs.CoreV1().ConfigMaps("repl").List(t.Context(), metav1.ListOptions{})
+	checkAckedIn(t, cs, "repl", acked, side)
+}
+
+// checkAckedIn checks every configmap in acked is in namespace ns of cs (side names it).
+func checkAckedIn(t *testing.T, cs kubernetes.Interface, ns string, acked []string, side string) {
+	t.Helper()
+	list, err := cs.CoreV1().ConfigMaps(ns).List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,12 +300,12 @@ func checkAckedOn(t *testing.T, cs kubernetes.Interface, acked []string, side st
 		if !have[name] {
 			missing++
 			if missing <= 10 {
-				t.Errorf("acknowledged configmap repl/%s is not on %s", name, side)
+				t.Errorf("acknowledged configmap %s/%s is not on %s", ns, name, side)
 			}
 		}
 	}
 	if missing > 0 {
 		t.Errorf("%d of %d acknowledged configmaps missing on %s", missing, len(acked), side)
 	}
-	t.Logf("all %d acknowledged configmaps are on %s (%d configmaps in repl)", len(acked), side, len(list.Items))
+	t.Logf("all %d acknowledged configmaps are on %s (%d configmaps in %s)", len(acked), side, len(list.Items), ns)
 }

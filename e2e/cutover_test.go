@@ -89,7 +89,13 @@ func (f *cutoverFixture) cutoverCmd(ctx context.Context, args ...string) (string
 
 func (f *cutoverFixture) proxyClient(t *testing.T, qps float32) *kubernetes.Clientset {
 	t.Helper()
-	_, cfg, err := framework.ClientsetFor(f.px.Kubeconfig)
+	return qpsClient(t, f.px.Kubeconfig, qps)
+}
+
+// qpsClient is a clientset for kubeconfig limited to qps requests per second.
+func qpsClient(t *testing.T, kubeconfig string, qps float32) *kubernetes.Clientset {
+	t.Helper()
+	_, cfg, err := framework.ClientsetFor(kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,8 @@ type APIServerConfig struct {
 	// publish in the kubernetes Service's endpoints); Port is --secure-port (default: a free one).
 	AdvertiseAddress string
 	Port             int
+	// BindAddress is --bind-address and the URL's host (default 127.0.0.1).
+	BindAddress string
 }
 
 // APIServer is a running kube-apiserver.
@@ -62,7 +64,7 @@ func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServ
 		cfg.Port = ports[0]
 	}
 	p := cfg.PKI
-	url := fmt.Sprintf("https://127.0.0.1:%d", cfg.Port)
+	url := fmt.Sprintf("https://%s:%d", cmp.Or(cfg.BindAddress, "127.0.0.1"), cfg.Port)
 	args := APIServerArgs(cfg, cfg.Port)
 	proc, err := e.Start(cfg.Name, bin, args)
 	if err != nil {
@@ -85,7 +87,7 @@ func (e *Env) StartAPIServer(ctx context.Context, cfg APIServerConfig) (*APIServ
 func APIServerArgs(cfg APIServerConfig, port int) []string {
 	p := cfg.PKI
 	args := []string{
-		"--bind-address=127.0.0.1",
+		"--bind-address=" + cmp.Or(cfg.BindAddress, "127.0.0.1"),
 		"--advertise-address=" + cmp.Or(cfg.AdvertiseAddress, "127.0.0.1"),
 		fmt.Sprintf("--secure-port=%d", port),
 		"--etcd-servers=" + strings.Join(cfg.EtcdEndpoints, ","),

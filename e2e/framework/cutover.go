@@ -23,6 +23,8 @@ type GreenSetup struct {
 	GreenURL        string
 	GreenKubeconfig string
 	GreenEtcd       []string // client URLs
+	// GreenURLs are every green apiserver's URL (after SpreadOver: one per host, in its order).
+	GreenURLs []string
 }
 
 // WriteCutoverPlan writes a plan that moves blue (apiserver, etcd) behind px to a green etcd of
@@ -54,6 +56,7 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 	}
 	apiPort := ports[2*members]
 	g.GreenURL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	g.GreenURLs = []string{g.GreenURL}
 	g.GreenKubeconfig = filepath.Join(e.Dir, name+"-apiserver.kubeconfig")
 	if err := WriteKubeconfig(g.GreenKubeconfig, g.GreenURL, pki.CACert, pki.AdminCert, pki.AdminKey, ""); err != nil {
 		return nil, err
@@ -87,6 +90,50 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 		return nil, err
 	}
 	return g, nil
+}
+
+// SpreadOver places green on hosts (loopback addresses that stand for hosts), as kubeadm's
+// stacked layout does: member i and an apiserver on hosts[i], each apiserver on its host's
+// member only; the first apiserver is green.apiserver, the others green.apiservers, all
+// started by the cutover. The plan must have one member per host.
+func (g *GreenSetup) SpreadOver(e *Env, pki *PKI, blueAPI *APIServer, hosts []string) error {
+	ms := g.Plan.Green.Etcd.Members
+	if len(ms) != len(hosts) {
+		return fmt.Errorf("green has %d members for %d hosts", len(ms), len(hosts))
+	}
+	apiBin, err := Bin("kube-apiserver", Kube136)
+	if err != nil {
+		return err
+	}
+	ports, err := FreePorts(3 * len(hosts))
+	if err != nil {
+		return err
+	}
+	g.GreenEtcd, g.GreenURLs, g.Plan.Green.APIServers = nil, nil, nil
+	for i, h := range hosts {
+		ms[i].ClientURL = fmt.Sprintf("https://%s:%d", h, ports[3*i])
+		ms[i].PeerURL = fmt.Sprintf("https://%s:%d", h, ports[3*i+1])
+		g.GreenEtcd = append(g.GreenEtcd, ms[i].ClientURL)
+		cfg := APIServerConfig{
+			Name: fmt.Sprintf("green-apiserver-%d", i), EtcdEndpoints: []string{ms[i].ClientURL}, PKI: pki, EtcdTLS: true,
+			StorageMediaType: blueAPI.Config.StorageMediaType, BindAddress: h,
+		}
+		a := cutover.GreenAPIServer{
+			APIServerRef: cutover.APIServerRef{URL: fmt.Sprintf("https://%s:%d", h, ports[3*i+2]), Kubeconfig: filepath.Join(e.Dir, cfg.Name+".kubeconfig")},
+			Command:      append([]string{apiBin}, APIServerArgs(cfg, ports[3*i+2])...),
+		}
+		if err := WriteKubeconfig(a.Kubeconfig, a.URL, pki.CACert, pki.AdminCert, pki.AdminKey, ""); err != nil {
+			return err
+		}
+		g.GreenURLs = append(g.GreenURLs, a.URL)
+		if i == 0 {
+			a.EtcdUser = g.Plan.Green.APIServer.EtcdUser
+			g.Plan.Green.APIServer, g.GreenURL, g.GreenKubeconfig = a, a.URL, a.Kubeconfig
+			continue
+		}
+		g.Plan.Green.APIServers = append(g.Plan.Green.APIServers, a)
+	}
+	return g.Save()
 }
 
 // EtcdConn is how a test reaches green etcd: its client URLs with the health-check client

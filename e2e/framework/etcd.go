@@ -27,6 +27,17 @@ type EtcdConfig struct {
 	// certificates (kubeadm's layout: clients present a certificate of PKI's etcd CA).
 	TLS bool
 	PKI *PKI
+	// Hosts are the members' addresses, one per member (default 127.0.0.1): other loopback
+	// addresses stand for other hosts.
+	Hosts []string
+}
+
+// host is member i's address.
+func (cfg EtcdConfig) host(i int) string {
+	if i < len(cfg.Hosts) {
+		return cfg.Hosts[i]
+	}
+	return "127.0.0.1"
 }
 
 // EtcdMember is one running member.
@@ -71,8 +82,8 @@ func (e *Env) StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	for i := range cfg.Members {
 		m := &EtcdMember{
 			Name:      fmt.Sprintf("%s-%d", cfg.Name, i),
-			ClientURL: clientScheme(cfg) + "://127.0.0.1:" + itoa(ports[2*i]),
-			PeerURL:   "http://127.0.0.1:" + itoa(ports[2*i+1]),
+			ClientURL: clientScheme(cfg) + "://" + cfg.host(i) + ":" + itoa(ports[2*i]),
+			PeerURL:   "http://" + cfg.host(i) + ":" + itoa(ports[2*i+1]),
 			DataDir:   filepath.Join(e.Dir, fmt.Sprintf("%s-%d.etcd", cfg.Name, i)),
 		}
 		if i < len(cfg.DataDirs) {

@@ -46,7 +46,7 @@ type issuer struct {
 }
 
 // NewPKI writes a fresh PKI into dir; the serving certificates cover 127.0.0.1, the
-// kubernetes Service's names and IP, and extraIPs (a node's address).
+// kubernetes Service's names and IP, and extraIPs (nodes' addresses; etcd's certificates too).
 func NewPKI(dir string, extraIPs ...net.IP) (*PKI, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func NewPKI(dir string, extraIPs ...net.IP) (*PKI, error) {
 	if err := writePEM(p.SAPub, "PUBLIC KEY", pub, 0o644); err != nil {
 		return nil, err
 	}
-	if err := p.etcdPKI(); err != nil {
+	if err := p.etcdPKI(extraIPs); err != nil {
 		return nil, err
 	}
 	tok := make([]byte, 16)
@@ -145,7 +145,7 @@ func (p *PKI) newCA(cn, file string) (*issuer, error) {
 
 // etcdPKI writes an etcd CA and certificates in kubeadm's layout under Dir/etcd, and the
 // apiserver's etcd client certificate.
-func (p *PKI) etcdPKI() error {
+func (p *PKI) etcdPKI(extraIPs []net.IP) error {
 	p.EtcdDir = p.path("etcd")
 	if err := os.MkdirAll(p.EtcdDir, 0o700); err != nil {
 		return err
@@ -155,7 +155,7 @@ func (p *PKI) etcdPKI() error {
 		return err
 	}
 	p.EtcdCACert = p.path("etcd/ca.crt")
-	ips := []net.IP{net.ParseIP("127.0.0.1")}
+	ips := append([]net.IP{net.ParseIP("127.0.0.1")}, extraIPs...)
 	both := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	for _, c := range []struct {
 		file, cn string

@@ -121,8 +121,9 @@ func (r *runner) stopGreen() ([]string, error) {
 				return stopped, err
 			}
 		}
-	} else {
-		gps = append(gps, greenAPIServerProcess(a))
+	}
+	for _, gp := range r.p.greenAPIServerProcesses() {
+		gps = append(gps, gp.greenProcess)
 	}
 	for _, m := range r.p.Green.Etcd.Members {
 		if m.External {

@@ -254,11 +254,7 @@ type writesLister interface {
 // back that far is named in the error's place, incomplete.
 func (g *proxyGroup) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
 	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.WritesResponse, error) {
-		wl, ok := c.(writesLister)
-		if !ok {
-			return admin.WritesResponse{}, fmt.Errorf("this proxy client cannot list forwarded writes")
-		}
-		return wl.Writes(ctx, since)
+		return listWrites(ctx, c, since)
 	})
 	if err != nil {
 		return admin.WritesResponse{}, err
@@ -269,6 +265,15 @@ func (g *proxyGroup) Writes(ctx context.Context, since time.Time) (admin.WritesR
 		out.Complete = out.Complete && r.Value.Complete
 	}
 	return out, nil
+}
+
+// listWrites lists the writes one proxy forwarded since since.
+func listWrites(ctx context.Context, c proxyAdmin, since time.Time) (admin.WritesResponse, error) {
+	wl, ok := c.(writesLister)
+	if !ok {
+		return admin.WritesResponse{}, fmt.Errorf("this proxy client cannot list forwarded writes")
+	}
+	return wl.Writes(ctx, since)
 }
 
 // listens are the proxies' API listen addresses.

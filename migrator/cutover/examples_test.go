@@ -25,6 +25,18 @@ var examplePaths = withGreenTLS(map[string]map[string]string{
 		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
 	},
+	"cutover-plan-kubeadm-ha.yaml": {
+		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
+		"blue.etcd.caFile":                      "/etc/kubernetes/pki/etcd/ca.crt",
+		"blue.etcd.certFile":                    "/etc/kubernetes/pki/apiserver-etcd-client.crt",
+		"blue.etcd.keyFile":                     "/etc/kubernetes/pki/apiserver-etcd-client.key",
+		"green.etcd.binary":                     "/usr/local/bin/etcd-3.6.16",
+		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
+		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
+		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
+		"green.apiservers[0].kubeconfig":        "/etc/kubernetes/admin-green-11.conf",
+		"green.apiservers[1].kubeconfig":        "/etc/kubernetes/admin-green-12.conf",
+	},
 	"cutover-plan-v2-source.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
 		"blue.etcd.dataDir":                     "/var/lib/etcd",

@@ -143,6 +143,12 @@ type StaticPod struct {
 type GreenSpec struct {
 	Etcd      GreenEtcd      `yaml:"etcd" json:"etcd"`
 	APIServer GreenAPIServer `yaml:"apiserver" json:"apiserver"`
+	// APIServers are green's further apiservers (an HA control plane: one per node, each
+	// behind its node's proxy, proxies[].greenURL). Each has the same etcd user as
+	// green.apiserver, so the write gate holds them all. With a command kubefence starts it
+	// here; without one its host starts it (its kubelet, or the operator) and the cutover waits
+	// for its /readyz. Static pods are for green.apiserver only (this host's kubelet).
+	APIServers []GreenAPIServer `yaml:"apiservers" json:"apiservers,omitempty"`
 }
 
 // Migration says how green's data is built from blue's.
@@ -425,7 +431,11 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		case i == 0 && m.Learner:
 			ps.add("%s: the first member is restored from the snapshot; learners join it (learner: true on a later member)", f)
 		}
-		for _, v := range []string{m.Name, m.DataDir, m.ClientURL, m.PeerURL} {
+		unique := []string{m.Name, m.ClientURL, m.PeerURL}
+		if !m.External { // an external member's data dir is on its own host
+			unique = append(unique, m.DataDir)
+		}
+		for _, v := range unique {
 			if v != "" && seen[v] {
 				ps.add("%s: %q is used twice", f, v)
 			}
@@ -452,6 +462,26 @@ func (p *Plan) validateGreenAPIServer(ps *problems) {
 	if a.URL != "" && a.URL == p.Blue.APIServer.URL {
 		ps.add("green.apiserver.url is blue's URL")
 	}
+	seen := map[string]bool{a.URL: true}
+	for i, x := range p.Green.APIServers {
+		f := fmt.Sprintf("green.apiservers[%d]", i)
+		ps.url(f+".url", x.URL)
+		ps.required(f+".kubeconfig", x.Kubeconfig)
+		switch {
+		case seen[x.URL]:
+			ps.add("%s.url %q is used twice", f, x.URL)
+		case x.StaticPod != nil:
+			ps.add("%s.staticPod: only green.apiserver may be a static pod (this host's kubelet); give a command, or none when its host starts it", f)
+		case x.EtcdUser != "" && x.EtcdUser != a.EtcdUser:
+			ps.add("%s.etcdUser %q is not green.apiserver.etcdUser %q: every green apiserver must be the one etcd user the write gate holds", f, x.EtcdUser, a.EtcdUser)
+		}
+		seen[x.URL] = true
+	}
+}
+
+// greenAPIServers are green.apiserver and green.apiservers.
+func (p *Plan) greenAPIServers() []GreenAPIServer {
+	return append([]GreenAPIServer{p.Green.APIServer}, p.Green.APIServers...)
 }
 
 func (p *Plan) validateMigration(ps *problems) {
@@ -531,6 +561,13 @@ func (p *Plan) paths() []planPath {
 	}
 	if sp := a.StaticPod; sp != nil {
 		ps = append(ps, planPath{"green.apiserver.staticPod.manifest", sp.Manifest, aFile}, planPath{"green.apiserver.staticPod.manifestDir", sp.ManifestDir, aDir})
+	}
+	for i, x := range p.Green.APIServers {
+		f := fmt.Sprintf("green.apiservers[%d]", i)
+		ps = append(ps, planPath{f + ".kubeconfig", x.Kubeconfig, aFile}, planPath{f + ".caFile", x.CAFile, aFile})
+		if len(x.Command) > 0 {
+			ps = append(ps, planPath{f + ".command[0]", x.Command[0], aFile})
+		}
 	}
 	if p.Migration.Mode != "snapshot" && !p.replicating() {
 		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir})

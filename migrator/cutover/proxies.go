@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -20,6 +21,12 @@ type ProxyRef struct {
 	CertFile     string `yaml:"certFile" json:"certFile,omitempty"`
 	KeyFile      string `yaml:"keyFile" json:"keyFile,omitempty"`
 	CAFile       string `yaml:"caFile" json:"caFile,omitempty"`
+	// BlueURL and GreenURL are the apiservers this proxy sends requests to before and after the
+	// switch, when they are not blue.apiserver.url and green.apiserver.url: in an HA control
+	// plane each node's proxy stands in front of that node's apiserver. GreenURL names
+	// green.apiserver or one of green.apiservers.
+	BlueURL  string `yaml:"blueURL" json:"blueURL,omitempty"`
+	GreenURL string `yaml:"greenURL" json:"greenURL,omitempty"`
 }
 
 func (pr ProxyRef) name() string {
@@ -46,6 +53,15 @@ func (p *Plan) validateProxies(ps *problems) {
 		case pr.AdminAddress != "" && (!strings.HasPrefix(pr.AdminAddress, "https://") || pr.CertFile == "" || pr.KeyFile == "" || pr.CAFile == ""):
 			ps.add("%s.adminAddress %q needs https:// and certFile, keyFile, caFile (the admin API is mutual TLS only)", f, pr.AdminAddress)
 		}
+		if pr.BlueURL != "" {
+			ps.url(f+".blueURL", pr.BlueURL)
+		}
+		if pr.GreenURL != "" && !slices.ContainsFunc(p.greenAPIServers(), func(a GreenAPIServer) bool { return a.URL == pr.GreenURL }) {
+			ps.add("%s.greenURL %q is not the url of green.apiserver or of one of green.apiservers: the cutover starts and checks only those", f, pr.GreenURL)
+		}
+		if pr.BlueURL != "" && slices.ContainsFunc(p.greenAPIServers(), func(a GreenAPIServer) bool { return a.URL == pr.BlueURL }) {
+			ps.add("%s.blueURL %q is a green apiserver's url", f, pr.BlueURL)
+		}
 	}
 }
 
@@ -53,22 +69,104 @@ func (p *Plan) validateProxies(ps *problems) {
 func newProxyGroup(p *Plan) (*proxyGroup, error) {
 	g := &proxyGroup{backCA: p.Blue.APIServer.CAFile}
 	for _, pr := range p.proxyRefs() {
-		if pr.AdminAddress == "" {
-			g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: admin.NewClient(pr.AdminSocket)})
-			continue
-		}
-		cert, err := tls.LoadX509KeyPair(pr.CertFile, pr.KeyFile)
+		c, err := adminClient(pr)
 		if err != nil {
 			return nil, fmt.Errorf("proxy %s: %w", pr.name(), err)
 		}
-		pool, err := tlsutil.LoadCAPool(pr.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("proxy %s: %w", pr.name(), err)
-		}
-		c := admin.NewTLSClient(pr.AdminAddress, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool})
-		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: c})
+		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: routeProxy(c, p, pr)})
 	}
 	return g, nil
+}
+
+// adminClient is the client of one proxy's admin API.
+func adminClient(pr ProxyRef) (proxyAdmin, error) {
+	if pr.AdminAddress == "" {
+		return admin.NewClient(pr.AdminSocket), nil
+	}
+	cert, err := tls.LoadX509KeyPair(pr.CertFile, pr.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := tlsutil.LoadCAPool(pr.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	return admin.NewTLSClient(pr.AdminAddress, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
+}
+
+// routeProxy wraps c when the proxy's own blue or green apiserver is not the plan's.
+func routeProxy(c proxyAdmin, p *Plan, pr ProxyRef) proxyAdmin {
+	var routes []route
+	for _, rt := range []route{{p.Blue.APIServer.URL, pr.BlueURL}, {p.Green.APIServer.URL, pr.GreenURL}} {
+		rt = route{plan: strings.TrimSuffix(rt.plan, "/"), own: strings.TrimSuffix(rt.own, "/")}
+		if rt.own != "" && rt.own != rt.plan {
+			routes = append(routes, rt)
+		}
+	}
+	if len(routes) == 0 {
+		return c
+	}
+	return routedAdmin{proxyAdmin: c, routes: routes}
+}
+
+// routedAdmin is a proxy in front of apiservers of its own (proxies[].blueURL, greenURL: in an
+// HA control plane, its node's). The steps speak of blue.apiserver.url and green.apiserver.url;
+// it sends this proxy its own apiserver instead and reports that back as the plan's, so that
+// every step, and the group's merged status, see one backend for all proxies.
+type routedAdmin struct {
+	proxyAdmin
+	routes []route
+}
+
+// route is a plan's apiserver URL and this proxy's own in its place (both without a trailing /).
+type route struct{ plan, own string }
+
+func (ra routedAdmin) toOwn(u string) string {
+	for _, rt := range ra.routes {
+		if strings.TrimSuffix(u, "/") == rt.plan {
+			return rt.own
+		}
+	}
+	return u
+}
+
+// toPlan names a backend this proxy reports as the plan does. The plan's URL itself, where
+// this proxy has its own, is not this proxy's place: it is reported so, and no step accepts it.
+func (ra routedAdmin) toPlan(b string) string {
+	for _, rt := range ra.routes {
+		if b == rt.own {
+			return rt.plan
+		}
+	}
+	for _, rt := range ra.routes {
+		if b == rt.plan {
+			return b + " (not this proxy's " + rt.own + ")"
+		}
+	}
+	return b
+}
+
+func (ra routedAdmin) Status(ctx context.Context) (admin.Status, error) {
+	st, err := ra.proxyAdmin.Status(ctx)
+	st.Backend = ra.toPlan(st.Backend)
+	return st, err
+}
+
+func (ra routedAdmin) Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+	resp, err := ra.proxyAdmin.Fence(ctx, req)
+	resp.Status.Backend = ra.toPlan(resp.Status.Backend)
+	return resp, err
+}
+
+func (ra routedAdmin) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+	req.URL = ra.toOwn(req.URL)
+	resp, err := ra.proxyAdmin.SetBackend(ctx, req)
+	resp.Status.Backend, resp.Previous = ra.toPlan(resp.Status.Backend), ra.toPlan(resp.Previous)
+	return resp, err
+}
+
+func (ra routedAdmin) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
+	return listWrites(ctx, ra.proxyAdmin, since)
 }
 
 // proxyGroup is every proxy of the plan as one proxyAdmin: each call goes to all of them at once

@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -142,5 +143,96 @@ func TestAbortWithAProxyDown(t *testing.T) {
 	}
 	if w.st.Fenced || !stB.Fenced {
 		t.Fatalf("proxy a fenced %v (want open), proxy b fenced %v (down, still fenced)", w.st.Fenced, stB.Fenced)
+	}
+}
+
+// TestRoutedProxies: proxies in front of apiservers of their own (an HA control plane) are each
+// switched to their own green apiserver and back to their own blue one after a partial switch,
+// while the steps see the plan's URLs only.
+func TestRoutedProxies(t *testing.T) {
+	p, _ := validPlan(t)
+	planBlue, planGreen := p.Blue.APIServer.URL, p.Green.APIServer.URL
+	own := [][2]string{{"", ""}, {"https://n2:6443", "https://n2:6445"}, {"https://n3:6443/", "https://n3:6445"}}
+	g := &proxyGroup{}
+	sts := make([]*admin.Status, 3)
+	calls := make([][]string, 3)
+	for i, o := range own {
+		sts[i] = &admin.Status{Backend: strings.TrimSuffix(cmp.Or(o[0], planBlue), "/")}
+		pr := ProxyRef{AdminSocket: "/run/x.sock", BlueURL: o[0], GreenURL: o[1]}
+		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: string(rune('a' + i)), Client: routeProxy(memProxy(sts[i], &calls[i]), p, pr)})
+	}
+	ctx := t.Context()
+	if st, err := g.Status(ctx); err != nil || st.Backend != planBlue {
+		t.Fatalf("status on blue: %+v %v; want the plan's blue for all", st, err)
+	}
+	if _, err := g.SetBackend(ctx, admin.BackendRequest{URL: planGreen}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{planGreen, "https://n2:6445", "https://n3:6445"} {
+		if sts[i].Backend != want {
+			t.Errorf("proxy %d switched to %s, want %s", i, sts[i].Backend, want)
+		}
+	}
+	if st, err := g.Status(ctx); err != nil || st.Backend != planGreen {
+		t.Fatalf("status on green: %+v %v", st, err)
+	}
+	// A proxy on the plan's blue where it has its own is not where it should be.
+	sts[1].Backend = planBlue
+	if st, _ := g.Status(ctx); !strings.HasPrefix(st.Backend, "mixed: ") || !strings.Contains(st.Backend, "not this proxy's https://n2:6443") {
+		t.Errorf("a proxy on the plan's blue instead of its own: merged backend %q", st.Backend)
+	}
+}
+
+func TestPlanHAValidation(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(p *Plan)
+		want string
+	}{
+		{"valid", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k"}}}
+			p.Proxies = []ProxyRef{{AdminSocket: "/a"}, {AdminSocket: "/b", BlueURL: "https://n2:6443", GreenURL: "https://n2:6445"}}
+		}, ""},
+		{"green URL not a green apiserver", func(p *Plan) {
+			p.Proxies = []ProxyRef{{AdminSocket: "/a", GreenURL: "https://n9:6445"}}
+		}, "proxies[0].greenURL"},
+		{"blue URL a green apiserver", func(p *Plan) {
+			p.Proxies = []ProxyRef{{AdminSocket: "/a", BlueURL: p.Green.APIServer.URL}}
+		}, "proxies[0].blueURL"},
+		{"second static pod", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k"}, StaticPod: &StaticPod{Manifest: "/m", ManifestDir: "/d"}}}
+		}, "green.apiservers[0].staticPod"},
+		{"another etcd user", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k", EtcdUser: "other"}}}
+		}, "green.apiservers[0].etcdUser"},
+		{"external members' data dirs are their hosts'", func(p *Plan) {
+			m := p.Green.Etcd.Members[0]
+			p.Green.Etcd.Members = append(p.Green.Etcd.Members,
+				GreenMember{Name: "g1", DataDir: m.DataDir, ClientURL: "http://n2:2479", PeerURL: "http://n2:2480", Learner: true, External: true},
+				GreenMember{Name: "g2", DataDir: m.DataDir, ClientURL: "http://n3:2479", PeerURL: "http://n3:2480", Learner: true, External: true})
+		}, ""},
+		{"a data dir twice on this host", func(p *Plan) {
+			m := p.Green.Etcd.Members[0]
+			p.Green.Etcd.Members = append(p.Green.Etcd.Members,
+				GreenMember{Name: "g1", DataDir: m.DataDir, ClientURL: "http://n2:2479", PeerURL: "http://n2:2480", Learner: true},
+				GreenMember{Name: "g2", DataDir: "/g2", ClientURL: "http://n3:2479", PeerURL: "http://n3:2480"})
+		}, "is used twice"},
+		{"URL twice", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: p.Green.APIServer.URL, Kubeconfig: "/k"}}}
+		}, "used twice"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.setDefaults()
+			c.edit(p)
+			err := errors.Join(p.validate()...)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("got %v, want an error naming %s", err, c.want)
+			}
+		})
 	}
 }

@@ -22,42 +22,74 @@ func (greenAPIServerStep) pastNoReturn() bool            { return false }
 
 func (greenAPIServerStep) describe(r *runner, verbose bool) string {
 	a := r.p.Green.APIServer
+	var s string
 	if sp := a.StaticPod; sp != nil {
-		return fmt.Sprintf("write %s into %s, wait for %s/readyz", sp.Manifest, sp.ManifestDir, a.URL)
+		s = fmt.Sprintf("write %s into %s, wait for %s/readyz", sp.Manifest, sp.ManifestDir, a.URL)
+	} else {
+		cmd := filepath.Base(a.Command[0])
+		if verbose {
+			cmd = strings.Join(a.Command, " ")
+		}
+		s = fmt.Sprintf("start %s, wait for %s/readyz", cmd, a.URL)
 	}
-	cmd := filepath.Base(a.Command[0])
-	if verbose {
-		cmd = strings.Join(a.Command, " ")
+	for _, x := range r.p.Green.APIServers {
+		if len(x.Command) > 0 {
+			s += fmt.Sprintf("; start %s, wait for %s/readyz", filepath.Base(x.Command[0]), x.URL)
+		} else {
+			s += fmt.Sprintf("; wait for %s/readyz (its host starts it)", x.URL)
+		}
 	}
-	return fmt.Sprintf("start %s, wait for %s/readyz", cmd, a.URL)
+	return s
 }
 
 func (greenAPIServerStep) run(ctx context.Context, r *runner) (string, error) {
-	a := r.p.Green.APIServer
 	var watch []greenProcess
-	if a.StaticPod != nil {
+	if r.p.Green.APIServer.StaticPod != nil {
 		if err := r.placeGreenManifest(); err != nil {
 			return "", err
 		}
-	} else {
-		gp := greenAPIServerProcess(a)
-		if err := r.startGreenProcess(gp, a.URL); err != nil {
+	}
+	for _, gp := range r.p.greenAPIServerProcesses() {
+		if err := r.startGreenProcess(gp.greenProcess, gp.url); err != nil {
 			return "", err
 		}
-		watch = append(watch, gp)
+		watch = append(watch, gp.greenProcess)
 	}
 	start := time.Now()
-	err := r.pollGreen(ctx, 200*time.Millisecond, "green apiserver "+a.URL+" not ready", func(ctx context.Context) error {
-		return readyz(ctx, a.Kubeconfig)
-	}, watch...)
-	if err != nil {
-		return "", err
+	var ready []string
+	for _, a := range r.p.greenAPIServers() {
+		err := r.pollGreen(ctx, 200*time.Millisecond, "green apiserver "+a.URL+" not ready", func(ctx context.Context) error {
+			return readyz(ctx, a.Kubeconfig)
+		}, watch...)
+		if err != nil {
+			return "", err
+		}
+		ready = append(ready, fmt.Sprintf("%s ready after %s", a.URL, time.Since(start).Round(10*time.Millisecond)))
 	}
-	return fmt.Sprintf("%s ready after %s", a.URL, time.Since(start).Round(10*time.Millisecond)), nil
+	return strings.Join(ready, ", "), nil
 }
 
-func greenAPIServerProcess(a GreenAPIServer) greenProcess {
-	return greenProcess{name: "apiserver", what: "green apiserver", log: "green-apiserver", argv: a.Command}
+// greenAPIServerProc is a green apiserver kubefence starts, and its URL.
+type greenAPIServerProc struct {
+	greenProcess
+	url string
+}
+
+// greenAPIServerProcesses are the green apiservers kubefence starts as processes: green.apiserver
+// unless it is a static pod, and those of green.apiservers with a command.
+func (p *Plan) greenAPIServerProcesses() []greenAPIServerProc {
+	var out []greenAPIServerProc
+	for i, a := range p.greenAPIServers() {
+		if len(a.Command) == 0 {
+			continue
+		}
+		gp := greenProcess{name: "apiserver", what: "green apiserver", log: "green-apiserver", argv: a.Command}
+		if i > 0 {
+			gp.name, gp.what, gp.log = fmt.Sprintf("apiserver-%d", i), "green apiserver "+a.URL, fmt.Sprintf("green-apiserver-%d", i)
+		}
+		out = append(out, greenAPIServerProc{gp, a.URL})
+	}
+	return out
 }
 
 // placeGreenManifest writes the green apiserver's manifest into the kubelet's directory. A file

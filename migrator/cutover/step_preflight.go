@@ -52,8 +52,12 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 		errs = append(errs, enoughSpace(filepath.Dir(m.DataDir), 2*blueDB))
 	}
-	if err := proc.PortFree(p.Green.APIServer.URL); err != nil {
-		errs = append(errs, fmt.Errorf("green apiserver: %w", err))
+	for i, a := range p.greenAPIServers() {
+		if i == 0 || len(a.Command) > 0 { // green.apiserver here, a command or a static pod
+			if err := proc.PortFree(a.URL); err != nil {
+				errs = append(errs, fmt.Errorf("green apiserver %s: %w", a.URL, err))
+			}
+		}
 	}
 	if sp := p.Green.APIServer.StaticPod; sp != nil {
 		errs = append(errs, manifestAbsent(sp))
