@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 )
 
@@ -14,7 +15,7 @@ import (
 
 // renamer rewrites "blue" and "green" to the configured names at once (a swap stays a swap);
 // nil renames nothing.
-func renamer(source, dest string) *strings.Replacer {
+func renamer(source, dest string) *sideNames {
 	if (source == "" || source == "blue") && (dest == "" || dest == "green") {
 		return nil
 	}
@@ -24,7 +25,32 @@ func renamer(source, dest string) *strings.Replacer {
 	if dest == "" {
 		dest = "green"
 	}
-	return strings.NewReplacer("blue", source, "green", dest)
+	return &sideNames{strings.NewReplacer("blue", source, "green", dest)}
+}
+
+// sideNames renames the sides in a message, but not inside double-quoted text: the replicator
+// quotes keys and values (%q), and those are data, not sides ("/registry/…/blue-team" stays).
+// Text after a quote that does not close is left as it is.
+type sideNames struct{ rp *strings.Replacer }
+
+func (n *sideNames) Replace(s string) string {
+	var b strings.Builder
+	for s != "" {
+		i := strings.IndexByte(s, '"')
+		if i < 0 {
+			b.WriteString(n.rp.Replace(s))
+			break
+		}
+		b.WriteString(n.rp.Replace(s[:i]))
+		q, err := strconv.QuotedPrefix(s[i:])
+		if err != nil {
+			b.WriteString(s[i:])
+			break
+		}
+		b.WriteString(q)
+		s = s[i+len(q):]
+	}
+	return b.String()
 }
 
 // names renames s (a message of the replicator's own, not yet renamed).
@@ -44,7 +70,7 @@ type renamedError struct {
 func (e *renamedError) Error() string { return e.msg }
 func (e *renamedError) Unwrap() error { return e.err }
 
-func renameErr(rp *strings.Replacer, err error) error {
+func renameErr(rp *sideNames, err error) error {
 	var done *renamedError
 	if rp == nil || err == nil || errors.As(err, &done) {
 		return err
@@ -59,7 +85,7 @@ func Rename(err error, source, dest string) error { return renameErr(renamer(sou
 // renamingHandler renames the message and the string and error attributes of every record.
 type renamingHandler struct {
 	h  slog.Handler
-	rp *strings.Replacer
+	rp *sideNames
 }
 
 func (h *renamingHandler) Enabled(ctx context.Context, l slog.Level) bool {

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,7 +105,7 @@ func (c *Config) defaults() {
 // while Run runs.
 type Replicator struct {
 	cfg     Config
-	rename  *strings.Replacer // nil: the default names
+	rename  *sideNames // nil: the default names
 	leases  *leaseMirror
 	started atomic.Bool
 

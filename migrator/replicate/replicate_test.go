@@ -259,6 +259,14 @@ func TestNames(t *testing.T) {
 	if got := Rename(errors.New("green is past blue"), "green", "blue").Error(); got != "blue is past green" {
 		t.Errorf("Rename: %q", got)
 	}
+	// Quoted text is data (keys, values), not a side: a key naming a team "blue" stays.
+	keyErr := Rename(errors.New(`change 7 differs: blue put "/registry/configmaps/blue-team/x", green put "/registry/configmaps/blue-team/x\"green\""`), "green", "blue").Error()
+	if want := `change 7 differs: green put "/registry/configmaps/blue-team/x", blue put "/registry/configmaps/blue-team/x\"green\""`; keyErr != want {
+		t.Errorf("Rename of an error with quoted keys:\n got %s\nwant %s", keyErr, want)
+	}
+	if got := Rename(errors.New(`blue says "unterminated green`), "green", "blue").Error(); got != `green says "unterminated green` {
+		t.Errorf("Rename with an unbalanced quote: %q", got)
+	}
 	rp := renamer("green", "blue")
 	l := slog.New(&renamingHandler{h: slog.NewTextHandler(&logs, nil), rp: rp}).With("side", "blue")
 	l.Info("watching blue", "err", errors.New("green's lease"))
