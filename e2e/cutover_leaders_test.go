@@ -61,7 +61,7 @@ func TestCutoverReplicateLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range leaders {
-		checkKeptLease(t, gcs, l, j.UnfencedAt)
+		checkKeptLease(t, gcs, "green", l, j.UnfencedAt)
 	}
 	deploymentScheduled(t, cs, "after")
 	for _, l := range leaders {
@@ -107,16 +107,17 @@ func startLeaders(t *testing.T, f *cutoverFixture, cs kubernetes.Interface) []fr
 	return leaders
 }
 
-// checkKeptLease checks l still holds its Lease on green: renewed after unfenced, by the same
-// holder, with no new transition, and the process neither exited nor lost the election.
-func checkKeptLease(t *testing.T, green kubernetes.Interface, l framework.Leader, unfenced time.Time) {
+// checkKeptLease checks l still holds its Lease on the side cs reads (named side): renewed after
+// unfenced, by the same holder, with no new transition, and the process neither exited nor lost
+// the election.
+func checkKeptLease(t *testing.T, cs kubernetes.Interface, side string, l framework.Leader, unfenced time.Time) {
 	t.Helper()
-	after, err := l.C.WaitRenewedAfter(t.Context(), green, unfenced, framework.RenewDeadline)
+	after, err := l.C.WaitRenewedAfter(t.Context(), cs, unfenced, framework.RenewDeadline)
 	if err != nil {
-		t.Errorf("the leader did not keep renewing on green: %v", err)
+		t.Errorf("the leader did not keep renewing on %s: %v", side, err)
 		return
 	}
-	t.Logf("%s on green: %s (renewed %s after the unfence)", l.C.Name, after, after.RenewTime.Sub(unfenced).Round(time.Millisecond))
+	t.Logf("%s on %s: %s (renewed %s after the unfence)", l.C.Name, side, after, after.RenewTime.Sub(unfenced).Round(time.Millisecond))
 	if after.Holder != l.Before.Holder {
 		t.Errorf("%s lease holder changed across the cutover: %q, was %q", l.C.Name, after.Holder, l.Before.Holder)
 	}

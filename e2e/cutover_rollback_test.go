@@ -168,7 +168,7 @@ func (f *cutoverFixture) checkRolledBack(t *testing.T, acked []string, leaders [
 	sameKeysAt(t, greenCli, blueCli, rj.SwitchRevision)
 	checkAckedOn(t, f.blue.cs, acked, "blue")
 	for _, l := range leaders {
-		checkKeptLease(t, f.blue.cs, l, rj.UnfencedAt)
+		checkKeptLease(t, f.blue.cs, "blue", l, rj.UnfencedAt)
 	}
 }
 
