@@ -9,7 +9,7 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
-// writeLog remembers the last writes the proxy forwarded (not refused, not held), so that a
+// writeLog remembers the last writes the proxy forwarded and the backend applied, so that a
 // cutover's preflight can tell the writes that reached blue etcd through a proxy from those that
 // went around it (GET /v1/writes). It is a ring of fixed size: a write costs one lock and one
 // slot, no allocation.
@@ -55,13 +55,23 @@ func (l *writeLog) since(t time.Time) admin.WritesResponse {
 	return resp
 }
 
-// withWriteLog records every resource write that reaches it: it sits right before the backend,
-// so what it sees was forwarded (a held write when it is released).
+// withWriteLog records every resource write the backend applied (answered 2xx): it sits right
+// before the backend, so what it sees was forwarded (a held write when it is released). A write
+// the backend refused never reached etcd; counted, it would hide a writer around the proxy in the
+// same resource and namespace. A write whose answer never came (the client left, a timeout) is
+// not counted either: the preflight may then report a writer that was not there, never miss one.
 func withWriteLog(next http.Handler, l *writeLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a := &reqStateFrom(r.Context()).attrs; a.Class() == policy.Write && a.IsResourceRequest && !a.Session() && !a.DryRun {
+		next.ServeHTTP(w, r)
+		if a := &reqStateFrom(r.Context()).attrs; a.Class() == policy.Write && a.IsResourceRequest && !a.Session() && !a.DryRun && applied(w) {
 			l.add(a, time.Now())
 		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// applied says whether the answer written to w says the backend applied the request (2xx). A
+// writer that did not record its status (not the chain's statusWriter) counts as applied.
+func applied(w http.ResponseWriter) bool {
+	sw, ok := w.(*statusWriter)
+	return !ok || sw.code == 0 || sw.code/100 == 2
 }

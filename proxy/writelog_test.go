@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,5 +47,35 @@ func TestWriteLog(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriteLogOnlyApplied: a write the backend refused (409, 422, 5xx) never reached etcd, so
+// it is not in the log: counted, it would hide a writer around the proxy in the same resource
+// and namespace from the cutover's preflight.
+func TestWriteLogOnlyApplied(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/taken"):
+			w.WriteHeader(http.StatusConflict)
+		case strings.HasSuffix(r.URL.Path, "/bad"):
+			w.WriteHeader(http.StatusUnprocessableEntity)
+		default:
+			w.WriteHeader(http.StatusOK)
+		}
+	}))
+	t.Cleanup(backend.Close)
+	tp := startProxy(t, backend.URL)
+	since := time.Now()
+	for _, name := range []string{"ok", "taken", "bad", "ok2"} {
+		resp, _ := do(t, http.MethodPut, tp.url+"/api/v1/namespaces/ns/configmaps/"+name)
+		t.Logf("PUT %s: %d", name, resp.StatusCode)
+	}
+	var got []string
+	for _, w := range tp.writes.since(since).Writes {
+		got = append(got, w.Name)
+	}
+	if strings.Join(got, ",") != "ok,ok2" {
+		t.Errorf("write log %v, want only the applied writes ok, ok2", got)
 	}
 }

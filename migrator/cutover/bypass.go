@@ -309,8 +309,9 @@ func forwardedCounts(ws []admin.ForwardedWrite) map[[2]string]int {
 	return out
 }
 
-// bypassSlack is how far before the watch the proxies' writes are counted: a write forwarded
-// just before the watch started may reach etcd just after.
+// bypassSlack is how far before the watch the proxies' writes are counted. A proxy logs a write
+// when the backend answered it, after etcd applied it, so one clock would need none; the slack
+// covers the clocks of proxies on other hosts.
 const bypassSlack = 2 * time.Second
 
 // checkBypass watches blue etcd for preflight.bypassWatch, compares with what the proxies
