@@ -12,7 +12,6 @@ import (
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
-	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // haHosts stand for three control-plane hosts: loopback addresses of their own.
@@ -196,7 +195,7 @@ func TestCutoverHA(t *testing.T) {
 	}
 	f.checkProxies(t, "after the cutover", true)
 	f.checkHAWrites(t, phase1Done, finishAll(phase3))
-	f.checkGreenVoters(t)
+	checkGreenVoters(t, f.green, len(haHosts))
 	checkGreenEtcdTLS(t, f.green, "three-0")
 }
 
@@ -230,26 +229,4 @@ func finishAll(ws []*writer) []writerResult {
 		out = append(out, writerResult{w.ns, acked, errs})
 	}
 	return out
-}
-
-// checkGreenVoters: green is three voting members at one revision.
-func (f *haFixture) checkGreenVoters(t *testing.T) {
-	t.Helper()
-	cli, err := datadir.NewClient(f.green.EtcdConn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	list, err := cli.MemberList(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range list.Members {
-		if m.IsLearner {
-			t.Errorf("green member %s is still a learner", m.Name)
-		}
-	}
-	if len(list.Members) != len(haHosts) {
-		t.Errorf("green has %d members, want %d", len(list.Members), len(haHosts))
-	}
 }

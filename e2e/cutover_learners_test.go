@@ -69,7 +69,20 @@ func TestCutoverLearners(t *testing.T) {
 	if !strings.Contains(out.String(), "joined as learners and promoted: "+m[1].Name+", "+m[2].Name) {
 		t.Error("the green etcd step does not say both learners joined and were promoted")
 	}
-	cli, err := datadir.NewClient(f.green.EtcdConn())
+	checkGreenVoters(t, f.green, 3)
+	if len(errs) > 0 {
+		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
+	}
+	checkAckedOnGreen(t, f, acked)
+	if j, err := cutover.LoadJournal(f.green.Plan.StateDir); err != nil || j.State != cutover.StateDone {
+		t.Fatalf("journal: %+v %v", j, err)
+	}
+}
+
+// checkGreenVoters: green is n voting members (no learner left), all at one revision.
+func checkGreenVoters(t *testing.T, g *framework.GreenSetup, n int) {
+	t.Helper()
+	cli, err := datadir.NewClient(g.EtcdConn())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,10 +96,10 @@ func TestCutoverLearners(t *testing.T) {
 			t.Errorf("green member %s is still a learner", mem.Name)
 		}
 	}
-	if len(list.Members) != 3 {
-		t.Errorf("green has %d members, want 3", len(list.Members))
+	if len(list.Members) != n {
+		t.Errorf("green has %d members, want %d", len(list.Members), n)
 	}
-	sts, err := datadir.ClusterStatus(t.Context(), cli, f.green.GreenEtcd)
+	sts, err := datadir.ClusterStatus(t.Context(), cli, g.GreenEtcd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,12 +107,5 @@ func TestCutoverLearners(t *testing.T) {
 		if st.Revision != sts[0].Revision {
 			t.Errorf("green members at revisions %d and %d", sts[0].Revision, st.Revision)
 		}
-	}
-	if len(errs) > 0 {
-		t.Errorf("the writer saw %d errors; first: %v", len(errs), errs[0])
-	}
-	checkAckedOnGreen(t, f, acked)
-	if j, err := cutover.LoadJournal(f.green.Plan.StateDir); err != nil || j.State != cutover.StateDone {
-		t.Fatalf("journal: %+v %v", j, err)
 	}
 }

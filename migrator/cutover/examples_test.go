@@ -15,28 +15,11 @@ import (
 // any other path, or leaves one out, fails: a typo in a shipped path is caught here, not on
 // the operator's node.
 var examplePaths = withGreenTLS(map[string]map[string]string{
-	"cutover-plan-kubeadm.yaml": {
-		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
-		"blue.etcd.caFile":                      "/etc/kubernetes/pki/etcd/ca.crt",
-		"blue.etcd.certFile":                    "/etc/kubernetes/pki/apiserver-etcd-client.crt",
-		"blue.etcd.keyFile":                     "/etc/kubernetes/pki/apiserver-etcd-client.key",
-		"green.etcd.binary":                     "/usr/local/bin/etcd-3.6.16",
-		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
-		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
-		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
-	},
-	"cutover-plan-kubeadm-ha.yaml": {
-		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
-		"blue.etcd.caFile":                      "/etc/kubernetes/pki/etcd/ca.crt",
-		"blue.etcd.certFile":                    "/etc/kubernetes/pki/apiserver-etcd-client.crt",
-		"blue.etcd.keyFile":                     "/etc/kubernetes/pki/apiserver-etcd-client.key",
-		"green.etcd.binary":                     "/usr/local/bin/etcd-3.6.16",
-		"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
-		"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
-		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
-		"green.apiservers[0].kubeconfig":        "/etc/kubernetes/admin-green-11.conf",
-		"green.apiservers[1].kubeconfig":        "/etc/kubernetes/admin-green-12.conf",
-	},
+	"cutover-plan-kubeadm.yaml": kubeadmPaths,
+	"cutover-plan-kubeadm-ha.yaml": with(kubeadmPaths, map[string]string{
+		"green.apiservers[0].kubeconfig": "/etc/kubernetes/admin-green-11.conf",
+		"green.apiservers[1].kubeconfig": "/etc/kubernetes/admin-green-12.conf",
+	}),
 	"cutover-plan-v2-source.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
 		"blue.etcd.dataDir":                     "/var/lib/etcd",
@@ -46,6 +29,25 @@ var examplePaths = withGreenTLS(map[string]map[string]string{
 		"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
 	},
 })
+
+// kubeadmPaths are what a kubeadm node's plan names (the HA example names them too).
+var kubeadmPaths = map[string]string{
+	"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
+	"blue.etcd.caFile":                      "/etc/kubernetes/pki/etcd/ca.crt",
+	"blue.etcd.certFile":                    "/etc/kubernetes/pki/apiserver-etcd-client.crt",
+	"blue.etcd.keyFile":                     "/etc/kubernetes/pki/apiserver-etcd-client.key",
+	"green.etcd.binary":                     "/usr/local/bin/etcd-3.6.16",
+	"green.apiserver.kubeconfig":            "/etc/kubernetes/admin-green.conf",
+	"green.apiserver.staticPod.manifest":    "/etc/kubefence/kube-apiserver-green.yaml",
+	"green.apiserver.staticPod.manifestDir": "/etc/kubernetes/manifests",
+}
+
+// with is base and extra in a new map.
+func with(base, extra map[string]string) map[string]string {
+	out := maps.Clone(base)
+	maps.Copy(out, extra)
+	return out
+}
 
 // greenTLSPaths are green etcd's TLS files in kubeadm's layout, which every example names.
 var greenTLSPaths = map[string]string{
