@@ -97,7 +97,7 @@ func TestCompareWrites(t *testing.T) {
 		{Verb: "deletecollection", Resource: "events", Namespace: "shop"},
 		{Verb: "create", Resource: "events", Namespace: "shop"},
 		{Verb: "update", Resource: "namespaces", Namespace: "shop", Name: "shop"},
-	})
+	}, time.Now())
 	got := compareWrites(blue, fw)
 	want := []bypassGroup{
 		{Resource: "configmaps", Namespace: "demo", InEtcd: 3, Forwarded: 1, Managers: []string{"kubectl-create (Update)", "script (Update)"}},
@@ -152,5 +152,20 @@ func TestIsProxyAddress(t *testing.T) {
 		if got := isProxyAddress(tc.addr, tc.listens); got != tc.want {
 			t.Errorf("%s against %v: %v, want %v", tc.addr, tc.listens, got, tc.want)
 		}
+	}
+}
+
+// TestForwardedCountsUntil: writes the proxies answered after the watch ended (and its slack)
+// are not counted: they cannot be in what the watch saw, and counted they would hide as many
+// writes around the proxies.
+func TestForwardedCountsUntil(t *testing.T) {
+	end := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	ws := []admin.ForwardedWrite{
+		{At: end.Add(-time.Second), Verb: "create", Resource: "configmaps", Namespace: "demo"},
+		{At: end.Add(bypassSlack), Verb: "create", Resource: "configmaps", Namespace: "demo"},
+		{At: end.Add(bypassSlack + time.Millisecond), Verb: "create", Resource: "configmaps", Namespace: "demo"},
+	}
+	if got := forwardedCounts(ws, end)[[2]string{"configmaps", "demo"}]; got != 2 {
+		t.Errorf("counted %d writes, want the 2 answered by the watch's end and its slack", got)
 	}
 }
