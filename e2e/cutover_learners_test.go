@@ -3,9 +3,7 @@
 package e2e
 
 import (
-	"bufio"
-	"io"
-	"os/exec"
+	"os"
 	"strings"
 	"testing"
 
@@ -38,35 +36,22 @@ func TestCutoverLearners(t *testing.T) {
 	// revisions per second than one, and an unbounded writer would outrun them.
 	_ = cs
 	w := startWriter(f.proxyClient(t, 50), "repl")
-	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	sc := bufio.NewScanner(pipe)
 	const startIt = "start it on its host (empty data dir) with: "
-	for sc.Scan() {
-		out.WriteString(sc.Text() + "\n")
-		if _, argv, ok := strings.Cut(sc.Text(), startIt); ok { // the external member's host
+	out, err := runScanning(t.Context(), t, []string{"cutover", "--plan", f.green.PlanPath}, func(line string, _ *os.Process) bool {
+		if _, argv, ok := strings.Cut(line, startIt); ok { // the external member's host
 			args := strings.Fields(argv)
 			if _, err := env.Start("external-"+m[2].Name, args[0], args[1:]); err != nil {
-				t.Fatal(err)
+				t.Error(err)
 			}
 		}
-	}
-	_, _ = io.Copy(io.Discard, pipe)
-	err = cmd.Wait()
+		return true
+	})
 	acked, errs := w.finish()
-	t.Logf("kubefence cutover:\n%s", out.String())
+	t.Logf("kubefence cutover:\n%s", out)
 	if err != nil {
 		t.Fatalf("cutover with learners: %v", err)
 	}
-	if !strings.Contains(out.String(), "joined as learners and promoted: "+m[1].Name+", "+m[2].Name) {
+	if !strings.Contains(out, "joined as learners and promoted: "+m[1].Name+", "+m[2].Name) {
 		t.Error("the green etcd step does not say both learners joined and were promoted")
 	}
 	checkGreenVoters(t, f.green, 3)

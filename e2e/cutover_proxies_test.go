@@ -3,10 +3,7 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"io"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -50,29 +47,13 @@ func TestCutoverTwoProxies(t *testing.T) {
 // (fenced on blue, from its state file) 'kubefence cutover abort' opens it too.
 func TestCutoverProxyKilled(t *testing.T) {
 	f, px2 := twoProxyFixture(t)
-	cmd := exec.Command(kubefenceBin, "cutover", "--plan", f.green.PlanPath)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var log strings.Builder
-	sc := bufio.NewScanner(pipe)
 	killed := false
-	for sc.Scan() {
-		log.WriteString(sc.Text() + "\n")
-		if !killed && strings.Contains(sc.Text(), ". "+cutover.StepCopy+": ") {
-			px2.Proc.Kill()
-			killed = true
-		}
-	}
-	_, _ = io.Copy(io.Discard, pipe)
-	err = cmd.Wait()
-	t.Logf("kubefence cutover:\n%s", log.String())
-	if !killed || err == nil || !strings.Contains(log.String(), "kubefence-proxy-2") {
+	out, err := f.cutoverWithHook(t, cutover.StepCopy, func() {
+		px2.Proc.Kill()
+		killed = true
+	})
+	t.Logf("kubefence cutover:\n%s", out)
+	if !killed || err == nil || !strings.Contains(out, "kubefence-proxy-2") {
 		t.Fatalf("cutover with a proxy killed before the switch: killed %v, err %v; want a failure naming the proxy", killed, err)
 	}
 	st, err := f.px.Admin.Status(t.Context())

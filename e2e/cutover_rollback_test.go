@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -243,28 +244,16 @@ func (f *cutoverFixture) cutoverSub(t *testing.T, sub string, args ...string) st
 // killAt runs kubefence with argv and kills it with SIGKILL as soon as it starts step.
 func killAt(t *testing.T, step string, argv ...string) {
 	t.Helper()
-	cmd := exec.Command(kubefenceBin, argv...)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(pipe)
-	var seen strings.Builder
 	killed := false
-	for sc.Scan() {
-		seen.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), ". "+step+": ") {
-			_ = cmd.Process.Kill()
+	seen, _ := runScanning(context.Background(), t, argv, func(line string, p *os.Process) bool {
+		if startsStep(line, step) {
+			_ = p.Kill()
 			killed = true
-			break
+			return false
 		}
-	}
-	_, _ = io.Copy(io.Discard, pipe)
-	_ = cmd.Wait()
-	t.Logf("kubefence %v (killed at %s):\n%s", argv, step, seen.String())
+		return true
+	})
+	t.Logf("kubefence %v (killed at %s):\n%s", argv, step, seen)
 	if !killed {
 		t.Fatalf("kubefence %v never started step %s", argv, step)
 	}

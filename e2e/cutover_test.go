@@ -4,9 +4,9 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -447,33 +447,49 @@ func TestCutoverAbortCommand(t *testing.T) {
 // on meanwhile), and returns the combined output.
 func (f *cutoverFixture) cutoverWithHook(t *testing.T, step string, hook func()) (string, error) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
+	hooked := false
+	out, err := runScanning(t.Context(), t, []string{"cutover", "--plan", f.green.PlanPath}, func(line string, _ *os.Process) bool {
+		if !hooked && startsStep(line, step) {
+			hooked = true
+			hook()
+		}
+		return true
+	})
+	if !hooked {
+		t.Errorf("the cutover never started step %s", step)
+	}
+	return out, err
+}
+
+// runScanning runs kubefence with args, reading its stdout and stderr line by line as they come:
+// onLine sees each line and the process (to signal it, or to start what a line asks for) and
+// returns false to stop looking (the rest is read and dropped). It returns the lines looked at
+// and the exit error.
+func runScanning(ctx context.Context, t *testing.T, args []string, onLine func(line string, p *os.Process) bool) (string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, kubefenceBin, args...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	hooked := false
 	sc := bufio.NewScanner(pipe)
 	for sc.Scan() {
 		out.WriteString(sc.Text() + "\n")
-		if !hooked && strings.Contains(sc.Text(), ". "+step+": ") {
-			hooked = true
-			hook()
+		if !onLine(sc.Text(), cmd.Process) {
+			break
 		}
 	}
-	err = cmd.Wait()
-	out.WriteString(stderr.String())
-	if !hooked {
-		t.Errorf("the cutover never started step %s", step)
-	}
-	return out.String(), err
+	_, _ = io.Copy(io.Discard, pipe)
+	return out.String(), cmd.Wait()
 }
+
+// startsStep says whether a line of the cutover's output is the start of step.
+func startsStep(line, step string) bool { return strings.Contains(line, ". "+step+": ") }
 
 func (f *cutoverFixture) createNamespace(t *testing.T, name string) {
 	t.Helper()
@@ -566,21 +582,10 @@ func TestCutoverInterrupted(t *testing.T) {
 // and exit error.
 func (f *cutoverFixture) signalAtStep(t *testing.T, step string, sig os.Signal) (string, error) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "--plan", f.green.PlanPath)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	sc := bufio.NewScanner(pipe)
-	for sc.Scan() {
-		out.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), ". "+step+": ") {
-			_ = cmd.Process.Signal(sig)
+	return runScanning(t.Context(), t, []string{"cutover", "--plan", f.green.PlanPath}, func(line string, p *os.Process) bool {
+		if startsStep(line, step) {
+			_ = p.Signal(sig)
 		}
-	}
-	return out.String(), cmd.Wait()
+		return true
+	})
 }
