@@ -21,20 +21,14 @@ type cutoverRollbackOptions struct {
 
 func newCutoverRollbackCommand(g *globals) *cobra.Command {
 	o := &cutoverRollbackOptions{cutoverOptions: newCutoverOptions(g)}
-	cmd := &cobra.Command{
-		Use:   "rollback --plan PLAN",
-		Short: "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence",
-		Long: `Go back to blue while the cutover bakes (plan bake.enabled): the window of the cutover run
+	cmd := o.planSubcommand(o, "rollback --plan PLAN", "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence")
+	cmd.Long = `Go back to blue while the cutover bakes (plan bake.enabled): the window of the cutover run
 backwards. The process keeping blue in step with green is asked to stop (SIGTERM) and this one
 picks replication up; then fence on (hold), wait until blue is at green's revision, switch every
 proxy to blue with open watches resumed there, keep green's apiserver from writing, stop
 replication, let blue's apiserver write, fence off. Journaled in the state dir's rollback/; after
 a crash run it again with --resume. A failure before the switch unfences green and leaves the
-bake to be resumed ('kubefence cutover --resume').`,
-		Args: args(cobra.NoArgs),
-		RunE: runE(o),
-	}
-	o.addFlags(cmd, "the cutover plan (YAML)")
+bake to be resumed ('kubefence cutover --resume').`
 	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the rollback journaled in the state dir after a crash")
 	return cmd
 }
@@ -49,14 +43,7 @@ type cutoverFinishOptions struct {
 
 func newCutoverFinishCommand(g *globals) *cobra.Command {
 	o := &cutoverFinishOptions{newCutoverOptions(g)}
-	cmd := &cobra.Command{
-		Use:   "finish --plan PLAN",
-		Short: "End a bake: blue stops following green (its data dir is kept), the cutover is done",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd, "the cutover plan (YAML)")
-	return cmd
+	return o.planSubcommand(o, "finish --plan PLAN", "End a bake: blue stops following green (its data dir is kept), the cutover is done")
 }
 
 func (o *cutoverFinishOptions) Run(ctx context.Context) error {
@@ -69,14 +56,7 @@ type cutoverStatusOptions struct {
 
 func newCutoverStatusCommand(g *globals) *cobra.Command {
 	o := &cutoverStatusOptions{newCutoverOptions(g)}
-	cmd := &cobra.Command{
-		Use:   "status --plan PLAN",
-		Short: "Show where the cutover in the plan's state dir stands; during a bake, blue's lag behind green",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd, "the cutover plan (YAML)")
-	return cmd
+	return o.planSubcommand(o, "status --plan PLAN", "Show where the cutover in the plan's state dir stands; during a bake, blue's lag behind green")
 }
 
 func (o *cutoverStatusOptions) Run(ctx context.Context) error {

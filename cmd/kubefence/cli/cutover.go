@@ -31,6 +31,13 @@ func (o *cutoverOptions) addFlags(cmd *cobra.Command, planUsage string) {
 	o.output.addFlags(cmd)
 }
 
+// planSubcommand is a cutover subcommand running run, with --plan and -o and no arguments.
+func (o *cutoverOptions) planSubcommand(run command, use, short string) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: args(cobra.NoArgs), RunE: runE(run)}
+	o.addFlags(cmd, "the cutover plan (YAML)")
+	return cmd
+}
+
 func (o *cutoverOptions) Complete([]string) (err error) {
 	if err := o.printOptions.Complete(nil); err != nil {
 		return err
@@ -125,13 +132,7 @@ type cutoverCleanupOptions struct {
 
 func newCutoverCleanupCommand(g *globals) *cobra.Command {
 	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
-	cmd := &cobra.Command{
-		Use:   "cleanup --plan PLAN",
-		Short: "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd, "the cutover plan (YAML)")
+	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)")
 	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker)")
 	return cmd
 }
@@ -161,14 +162,7 @@ type cutoverAbortOptions struct {
 
 func newCutoverAbortCommand(g *globals) *cobra.Command {
 	o := &cutoverAbortOptions{newCutoverOptions(g)}
-	cmd := &cobra.Command{
-		Use:   "abort --plan PLAN",
-		Short: "Stop a cutover before its switch: stop green, unfence blue",
-		Args:  args(cobra.NoArgs),
-		RunE:  runE(o),
-	}
-	o.addFlags(cmd, "the cutover plan (YAML)")
-	return cmd
+	return o.planSubcommand(o, "abort --plan PLAN", "Stop a cutover before its switch: stop green, unfence blue")
 }
 
 func (o *cutoverAbortOptions) Run(ctx context.Context) error {
