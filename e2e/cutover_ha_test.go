@@ -31,15 +31,12 @@ func newHAFixture(t *testing.T) *haFixture {
 	t.Helper()
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "etcdctl", framework.Etcd36, "kube-apiserver", framework.Kube136)
 	ctx := t.Context()
-	f := &haFixture{cutoverFixture: &cutoverFixture{env: newEnv(t)}}
+	f := &haFixture{cutoverFixture: &cutoverFixture{}}
 	var ips []net.IP
 	for _, h := range haHosts {
 		ips = append(ips, net.ParseIP(h))
 	}
-	var err error
-	if f.pki, err = framework.NewPKI(f.env.Dir+"/pki", ips...); err != nil {
-		t.Fatal(err)
-	}
+	f.env, f.pki = newEnvPKI(t, ips...)
 	etcd, err := f.env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, Members: 3, Hosts: haHosts})
 	if err != nil {
 		t.Fatal(err)

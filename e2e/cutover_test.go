@@ -44,11 +44,9 @@ func newCutoverFixture(t *testing.T) *cutoverFixture {
 func newCutoverFixtureWith(t *testing.T, blueEtcd framework.EtcdConfig) *cutoverFixture {
 	t.Helper()
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
-	f := &cutoverFixture{env: newEnv(t)}
+	f := &cutoverFixture{}
+	f.env, f.pki = newEnvPKI(t)
 	var err error
-	if f.pki, err = framework.NewPKI(f.env.Dir + "/pki"); err != nil {
-		t.Fatal(err)
-	}
 	f.blue, f.px = startBehindProxy(t, f.env, f.pki, "blue", blueEtcd)
 	if f.green, err = f.env.WriteCutoverPlan("green", f.pki, f.px, f.blue.api, f.blue.etcd, framework.Etcd36, 1); err != nil {
 		t.Fatal(err)

@@ -22,11 +22,7 @@ import (
 func TestFenceHolesOnRealAPIServer(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "kube-apiserver", framework.Kube136)
 	ctx := t.Context()
-	env := newEnv(t)
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, pki := newEnvPKI(t)
 	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
 	for _, name := range []string{"cm-query", "cm-body", "cm-collection"} {
 		mustKubectl(t, blue.api.Kubeconfig, "-n", "default", "create", "configmap", name, "--from-literal=a=b")

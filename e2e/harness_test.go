@@ -16,11 +16,7 @@ import (
 func TestHarness(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
 	ctx := t.Context()
-	env := newEnv(t)
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, pki := newEnvPKI(t)
 	etcd, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "etcd", Version: framework.Etcd34})
 	if err != nil {
 		t.Fatal(err)

@@ -25,11 +25,7 @@ import (
 func TestHoldProxyKilled(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "kube-apiserver", framework.Kube136)
 	ctx := t.Context()
-	env := newEnv(t)
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, pki := newEnvPKI(t)
 	c, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Mode: admin.ModeHold, Reason: "kill test"}); err != nil {
 		t.Fatal(err)
@@ -53,7 +49,7 @@ func TestHoldProxyKilled(t *testing.T) {
 			codes[i] = resp.StatusCode
 		})
 	}
-	err = framework.WaitUntil(ctx, 20*time.Millisecond, "every write held", func(ctx context.Context) (bool, error) {
+	err := framework.WaitUntil(ctx, 20*time.Millisecond, "every write held", func(ctx context.Context) (bool, error) {
 		st, err := px.Admin.Status(ctx)
 		return err == nil && st.Hold.Held == n, err
 	})

@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"testing"
 
@@ -34,6 +35,17 @@ func TestMain(m *testing.M) {
 // newEnv returns a framework.Env for the test. Its logs are kept, and their place printed, when
 // the test fails; otherwise everything is removed. Every process is stopped at the end, and a
 // process that outlives that fails the test.
+// newEnvPKI is newEnv with a fresh PKI in the env's dir (serving certificates for extraIPs too).
+func newEnvPKI(t *testing.T, extraIPs ...net.IP) (*framework.Env, *framework.PKI) {
+	t.Helper()
+	env := newEnv(t)
+	pki, err := framework.NewPKI(env.Dir+"/pki", extraIPs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, pki
+}
+
 func newEnv(t *testing.T) *framework.Env {
 	t.Helper()
 	env, err := framework.NewEnv("", t.Logf)

@@ -136,11 +136,7 @@ func (w *writer) count() int {
 func TestFenceProxy(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
 	ctx := t.Context()
-	env := newEnv(t)
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, pki := newEnvPKI(t)
 	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd34})
 	kc := px.TokenKubeconfig // bearer tokens pass through untouched
 	pcs, _, err := framework.ClientsetFor(kc)

@@ -61,11 +61,7 @@ func TestWatchResume(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	env := newEnv(t)
-	pki, err := framework.NewPKI(env.Dir + "/pki")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, pki := newEnvPKI(t)
 	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd36})
 	green, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: blue.etcd.Endpoints(), PKI: pki})
 	if err != nil {
