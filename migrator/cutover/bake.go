@@ -156,7 +156,7 @@ func authOn(ctx context.Context, cli *clientv3.Client, self string) (bool, error
 func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 	cmps := make([]clientv3.Cmp, blueMinTxnOps)
 	for i := range cmps {
-		cmps[i] = clientv3.Compare(clientv3.Version(probeKey), "=", 0)
+		cmps[i] = clientv3.Compare(clientv3.Version(replicate.ProbeKey), "=", 0)
 	}
 	_, err := cli.Txn(ctx).If(cmps...).Commit()
 	if errors.Is(rpctypes.Error(err), rpctypes.ErrTooManyOps) {
@@ -166,7 +166,7 @@ func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 		return fmt.Errorf("blue etcd: %w", err)
 	}
 	big := strings.Repeat("x", blueMinRequestSize)
-	_, err = cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(probeKey), "=", big)).Commit()
+	_, err = cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(replicate.ProbeKey), "=", big)).Commit()
 	if errors.Is(rpctypes.Error(err), rpctypes.ErrRequestTooLarge) {
 		return fmt.Errorf("blue etcd refuses a request of %d MiB: run it with --max-request-bytes %d (or more) so that it can take any green revision as one txn while it follows green", blueMinRequestSize>>20, greenMaxRequestBytes)
 	}
@@ -175,9 +175,6 @@ func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 	}
 	return nil
 }
-
-// probeKey is read (never written) by the checks of this package.
-const probeKey = "\x00kubefence-cutover-probe"
 
 // waitReady waits up to 15 s for an apiserver's /readyz.
 func waitReady(ctx context.Context, kubeconfig string) error {

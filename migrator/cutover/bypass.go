@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -150,7 +151,7 @@ func objectMetaField(b []byte) []byte {
 // watchBlueWrites watches blue etcd for d and returns the writes clients made (not kube-apiserver's
 // own keys, not the deletes of a lease expiry), and how many events it saw in all.
 func watchBlueWrites(ctx context.Context, cli *clientv3.Client, d time.Duration) ([]blueWrite, int, error) {
-	rev, err := currentRevision(ctx, cli)
+	rev, err := replicate.Revision(ctx, cli)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // A rehearsal (`kubefence cutover --rehearse`, mode replicate) does everything before the fence
@@ -68,7 +70,7 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	var m Rehearsal
 	start := time.Now()
-	target, err := currentRevision(ctx, r.repl.src)
+	target, err := replicate.Revision(ctx, r.repl.src)
 	if err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}
@@ -77,10 +79,10 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.Drain = time.Since(start)
 	start = time.Now()
-	if _, err := currentRevision(ctx, r.repl.dst); err != nil {
+	if _, err := replicate.Revision(ctx, r.repl.dst); err != nil {
 		return "", fmt.Errorf("green's revision: %w", err)
 	}
-	if _, err := currentRevision(ctx, r.repl.src); err != nil {
+	if _, err := replicate.Revision(ctx, r.repl.src); err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}
 	m.Check = time.Since(start)

@@ -237,15 +237,6 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 	return prog, nil
 }
 
-// currentRevision is a cluster's revision by a linearizable read.
-func currentRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
-	resp, err := cli.Get(ctx, probeKey, clientv3.WithCountOnly())
-	if err != nil {
-		return 0, err
-	}
-	return resp.Header.Revision, nil
-}
-
 // caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
 // (linearizable), the replicator applied it, and dst's revision equals src's read again after
 // it (src's own apiserver may write meanwhile: then once more). It returns that revision.
@@ -255,18 +246,18 @@ func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	}
 	rp := r.repl
 	for {
-		target, err := currentRevision(ctx, rp.src)
+		target, err := replicate.Revision(ctx, rp.src)
 		if err != nil {
 			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 		}
 		if err := rp.rep.WaitFor(ctx, target); err != nil {
 			return 0, err
 		}
-		d, err := currentRevision(ctx, rp.dst)
+		d, err := replicate.Revision(ctx, rp.dst)
 		if err != nil {
 			return 0, fmt.Errorf("%s's revision: %w", r.to.name, err)
 		}
-		s, err := currentRevision(ctx, rp.src)
+		s, err := replicate.Revision(ctx, rp.src)
 		if err != nil {
 			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 		}

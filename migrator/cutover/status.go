@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // StatusReport is `kubefence cutover status`: where the cutover in a state dir stands.
@@ -76,7 +78,7 @@ func (b *BakeStatus) readRevisions(ctx context.Context, p *Plan) error {
 		if err != nil {
 			return err
 		}
-		*s.rev, err = currentRevision(ctx, cli)
+		*s.rev, err = replicate.Revision(ctx, cli)
 		cli.Close()
 		if err != nil {
 			return fmt.Errorf("%s etcd: %w", s.sd.name, err)

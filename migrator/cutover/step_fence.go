@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -86,7 +87,7 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 		}
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		start := time.Now()
-		target, err := currentRevision(rctx, r.repl.src)
+		target, err := replicate.Revision(rctx, r.repl.src)
 		if err == nil {
 			err = r.repl.rep.WaitFor(rctx, target)
 		}

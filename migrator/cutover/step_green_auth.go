@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // Roles mode replicate gives green etcd: its apiserver reads until the switch, then writes.
@@ -49,7 +51,7 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole); err != nil {
 		return "", err
 	}
-	rev, err := currentRevision(ctx, cli)
+	rev, err := replicate.Revision(ctx, cli)
 	if err != nil {
 		return "", err
 	}

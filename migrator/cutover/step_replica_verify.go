@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // replicaVerifyStep (mode replicate, before the fence) compares every object on blue and green
@@ -24,7 +26,7 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rev, err := currentRevision(ctx, r.repl.src)
+	rev, err := replicate.Revision(ctx, r.repl.src)
 	if err != nil {
 		return "", fmt.Errorf("blue's revision: %w", err)
 	}

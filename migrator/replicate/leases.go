@@ -205,11 +205,9 @@ func (m *leaseMirror) check(ctx context.Context, applied func() int64) error {
 			// A linearizable read after blue said the lease is gone: its revision covers the
 			// revision that deleted the lease's keys (a lease reply's header is the answering
 			// member's, which may lag).
-			rd, err := m.cfg.Source.Get(ctx, probeKey, clientv3.WithCountOnly())
-			if err != nil {
+			if at, err = Revision(ctx, m.cfg.Source); err != nil {
 				return fmt.Errorf("reading blue's revision: %w", err)
 			}
-			at = rd.Header.Revision
 			m.mu.Lock()
 			m.goneAt[id] = at
 			m.mu.Unlock()

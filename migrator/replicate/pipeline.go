@@ -211,10 +211,10 @@ func (p *pipeline) greenRevision(ctx context.Context) (int64, error) {
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		gctx, cancel := context.WithTimeout(ctx, p.r.cfg.ApplyTimeout)
-		resp, err := p.r.cfg.Dest.Get(gctx, probeKey, clientv3.WithCountOnly())
+		rev, err := Revision(gctx, p.r.cfg.Dest)
 		cancel()
 		if err == nil {
-			return resp.Header.Revision, nil
+			return rev, nil
 		}
 		if attempt == 10 || ctx.Err() != nil {
 			return 0, fmt.Errorf("replicate: reading green's revision after a txn did not apply (%d in flight), %d attempts: %w", len(p.flight), attempt, err)

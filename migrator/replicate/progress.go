@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Progress is where replication stands. The JSON form is what `-o json` prints.
@@ -124,13 +123,13 @@ func (r *Replicator) pollSource(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		resp, err := r.cfg.Source.Get(ctx, probeKey, clientv3.WithCountOnly()) // linearizable: blue's newest revision
+		rev, err := Revision(ctx, r.cfg.Source)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.cfg.Log.Warn("reading blue's revision for the lag", "err", err)
 			}
 			continue
 		}
-		r.sawSource(resp.Header.Revision)
+		r.sawSource(rev)
 	}
 }

@@ -172,18 +172,28 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 
 // checkStart refuses to start unless green is exactly at FromRevision.
 func (r *Replicator) checkStart(ctx context.Context) error {
-	resp, err := r.cfg.Dest.Get(ctx, probeKey, clientv3.WithCountOnly())
+	got, err := Revision(ctx, r.cfg.Dest)
 	if err != nil {
 		return fmt.Errorf("replicate: reading green's revision: %w", err)
 	}
-	if got := resp.Header.Revision; got != r.cfg.FromRevision {
+	if got != r.cfg.FromRevision {
 		return fmt.Errorf("%w: green is at revision %d, replication must start from the revision it was restored at, %d (restore without a revision bump, and let nothing write to green)", ErrRevisionMismatch, got, r.cfg.FromRevision)
 	}
 	return nil
 }
 
-// probeKey is read (never written) to learn a cluster's current revision.
-const probeKey = "\x00kubefence-replicate-probe"
+// ProbeKey is read (never written) to learn a cluster's current revision, and named by
+// read-only txns that check a cluster's limits.
+const ProbeKey = "\x00kubefence-replicate-probe"
+
+// Revision is a cluster's newest revision, by a linearizable read.
+func Revision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	resp, err := cli.Get(ctx, ProbeKey, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
+}
 
 // finish records why Run stopped and wakes every WaitFor.
 func (r *Replicator) finish(err error) {

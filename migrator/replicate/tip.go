@@ -21,17 +21,16 @@ import (
 // and replication may start again from there. Anything else wraps ErrRevisionMismatch (green
 // must be rebuilt) or ErrCompacted (blue no longer has that revision to compare with).
 func Tip(ctx context.Context, blue, green *clientv3.Client) (int64, error) {
-	g, err := green.Get(ctx, probeKey, clientv3.WithCountOnly())
+	rev, err := Revision(ctx, green)
 	if err != nil {
 		return 0, fmt.Errorf("replicate: reading green's revision: %w", err)
 	}
-	b, err := blue.Get(ctx, probeKey, clientv3.WithCountOnly())
+	blueRev, err := Revision(ctx, blue)
 	if err != nil {
 		return 0, fmt.Errorf("replicate: reading blue's revision: %w", err)
 	}
-	rev := g.Header.Revision
-	if rev > b.Header.Revision {
-		return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", ErrRevisionMismatch, rev, b.Header.Revision)
+	if rev > blueRev {
+		return 0, fmt.Errorf("%w: green is at revision %d, past blue's %d: something wrote to green", ErrRevisionMismatch, rev, blueRev)
 	}
 	be, err := eventsAt(ctx, blue, rev)
 	if err != nil {
