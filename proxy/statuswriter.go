@@ -13,8 +13,10 @@ type statusWriter struct {
 	buffered bool
 }
 
+// WriteHeader records the first final status: an informational one the backend relays (100
+// Continue, 103 Early Hints) comes before the answer; 101 is an upgrade's answer.
 func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
+	if w.code == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.code = code
 	}
 	w.ResponseWriter.WriteHeader(code)

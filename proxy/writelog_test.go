@@ -79,3 +79,27 @@ func TestWriteLogOnlyApplied(t *testing.T) {
 		t.Errorf("write log %v, want only the applied writes ok, ok2", got)
 	}
 }
+
+// TestStatusWriterSkipsInformational: a 100 Continue relayed from the backend is not the
+// answer; the final status is (else an applied write would not be logged, and the metrics would
+// count a 100).
+func TestStatusWriterSkipsInformational(t *testing.T) {
+	cases := []struct {
+		codes []int
+		want  int
+	}{
+		{[]int{http.StatusContinue, http.StatusCreated}, http.StatusCreated},
+		{[]int{http.StatusEarlyHints, http.StatusConflict}, http.StatusConflict},
+		{[]int{http.StatusSwitchingProtocols}, http.StatusSwitchingProtocols},
+		{[]int{http.StatusOK, http.StatusInternalServerError}, http.StatusOK},
+	}
+	for _, tc := range cases {
+		sw := &statusWriter{ResponseWriter: httptest.NewRecorder()}
+		for _, c := range tc.codes {
+			sw.WriteHeader(c)
+		}
+		if sw.code != tc.want {
+			t.Errorf("after %v: code %d, want %d", tc.codes, sw.code, tc.want)
+		}
+	}
+}
