@@ -75,6 +75,11 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("replication had stopped with an error", "err", err)
 	}
+	if g, ok := r.adm.(*proxyGroup); ok {
+		if err := g.backTo(ctx, r.p.Blue.APIServer); err != nil {
+			return fmt.Errorf("%w; every proxy stays fenced: run 'kubefence cutover abort' again", err)
+		}
+	}
 	fenced := statusErr != nil || st.Fenced
 	unfence := func() error {
 		if fenced {

@@ -39,9 +39,10 @@ func memProxy(st *admin.Status, calls *[]string) funcProxy {
 		},
 		setBackend: func(_ context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
 			*calls = append(*calls, "backend "+req.URL)
+			prev := st.Backend
 			st.Backend = req.URL
 			st.Generation++
-			return admin.BackendResponse{Status: *st}, nil
+			return admin.BackendResponse{Status: *st, Previous: prev}, nil
 		},
 	}
 }

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -240,6 +241,25 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 		return fmt.Errorf("%w (the proxies that switched were switched back)", cause)
 	}
 	return fmt.Errorf("%v", errs)
+}
+
+// backTo puts every proxy that answers and is not on a back on it, before an abort unfences
+// them: a proxy may have switched although its answer was lost (or a crash cut the switch
+// short), and unfenced there it would open writes on green while the others write blue. A proxy
+// that does not answer is left to the unfence, which fails for it.
+func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
+	want := strings.TrimSuffix(a.URL, "/")
+	var errs []error
+	for _, p := range g.proxies {
+		st, err := p.Client.Status(ctx)
+		if err != nil || st.Backend == want {
+			continue
+		}
+		if _, err := p.Client.SetBackend(ctx, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
+			errs = append(errs, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", p.Name, st.Backend, a.URL, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func statuses[T any](res []admin.Result[T], get func(T) admin.Status) []admin.Result[admin.Status] {
