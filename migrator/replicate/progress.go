@@ -3,7 +3,6 @@ package replicate
 import (
 	"context"
 	"time"
-
 )
 
 // Progress is where replication stands. The JSON form is what `-o json` prints.
