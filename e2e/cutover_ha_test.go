@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
 )
@@ -37,7 +39,9 @@ func newHAFixture(t *testing.T) *haFixture {
 		ips = append(ips, net.ParseIP(h))
 	}
 	f.env, f.pki = newEnvPKI(t, ips...)
-	etcd, err := f.env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, Members: 3, Hosts: haHosts})
+	// Blue etcd with TLS client certificates and the txn limits a bake needs (bakeFixture).
+	etcd, err := f.env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, Members: 3, Hosts: haHosts,
+		TLS: true, PKI: f.pki, ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +50,7 @@ func newHAFixture(t *testing.T) *haFixture {
 		t.Fatal(err)
 	}
 	for i, h := range haHosts {
-		api, err := f.env.StartAPIServer(ctx, framework.APIServerConfig{Name: fmt.Sprintf("blue-apiserver-%d", i), EtcdEndpoints: []string{etcd.Members[i].ClientURL}, PKI: f.pki, BindAddress: h})
+		api, err := f.env.StartAPIServer(ctx, framework.APIServerConfig{Name: fmt.Sprintf("blue-apiserver-%d", i), EtcdEndpoints: []string{etcd.Members[i].ClientURL}, PKI: f.pki, EtcdTLS: true, BindAddress: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,6 +96,8 @@ func (f *haFixture) writeHAPlan(t *testing.T) {
 		p.Proxies = append(p.Proxies, cutover.ProxyRef{AdminSocket: px.AdminSocket, BlueURL: f.apis[i].URL, GreenURL: f.green.GreenURLs[i]})
 	}
 	p.Preflight = cutover.Preflight{BypassWatch: cutover.Duration(3 * time.Second)}
+	p.Bake.Enabled = true
+	p.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the PKI's apiserver-etcd-client, blue's as green's
 	if err := f.green.Save(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,8 +138,9 @@ func (f *haFixture) checkProxies(t *testing.T, when string, green bool) {
 // killed before the switch aborts the cutover: the others are back open on blue at once, and
 // `cutover abort` finishes once it is restarted. (3) The cutover moves all three proxies, each
 // to its own host's green apiserver, onto a three-member green etcd with TLS spread over the
-// hosts: no acknowledged write through any proxy lost, the writers of the cutover saw no error,
-// and green etcd refuses a client without a certificate.
+// hosts, and bakes; green etcd refuses a client without a certificate. (4) `cutover rollback`
+// moves every proxy back to its own host's blue apiserver. No acknowledged write through any
+// proxy is lost, and the writers of the cutover saw no error.
 func TestCutoverHA(t *testing.T) {
 	f := newHAFixture(t)
 	ctx := t.Context()
@@ -183,32 +190,35 @@ func TestCutoverHA(t *testing.T) {
 	f.cutoverSub(t, "cleanup", "--remove-data-dirs")
 	phase1Done := finishAll(phase1)
 
-	// (3) The cutover, with writers through every proxy.
+	// (3) The cutover, with writers through every proxy. It bakes: blue follows green.
 	phase3 := f.writers(t, "three")
-	out, err = f.cutoverCmd(ctx)
-	t.Logf("kubefence cutover:\n%s", out)
-	if err != nil {
-		t.Fatalf("HA cutover: %v", err)
-	}
-	f.checkProxies(t, "after the cutover", true)
-	f.checkHAWrites(t, phase1Done, finishAll(phase3))
+	baker := f.startBaker(t)
+	t.Logf("kubefence cutover (baking):\n%s", baker.output())
+	f.checkProxies(t, "baking", true)
+	gcs := qpsClient(t, f.green.Plan.Green.APIServers[1].Kubeconfig, 100)
+	f.checkHAWrites(t, gcs, "green", "one", phase1Done)
 	checkGreenVoters(t, f.green, len(haHosts))
 	checkGreenEtcdTLS(t, f.green, "three-0")
+	time.Sleep(2 * time.Second) // writes on green, followed by blue
+
+	// (4) The way back: every proxy to its own host's blue apiserver, nothing lost.
+	t.Logf("kubefence cutover rollback:\n%s", f.cutoverSub(t, "rollback"))
+	baker.wait()
+	f.checkProxies(t, "after the rollback", false)
+	bcs := qpsClient(t, f.apis[2].Kubeconfig, 100)
+	f.checkHAWrites(t, bcs, "blue", "one", phase1Done)
+	f.checkHAWrites(t, bcs, "blue", "three", finishAll(phase3))
 }
 
-// checkHAWrites: every write a writer had acknowledged is on green (read through the third
-// host's green apiserver); the cutover's writers saw no error, those of the first phase none but
-// the one whose proxy was killed.
-func (f *haFixture) checkHAWrites(t *testing.T, phase1, phase3 []writerResult) {
+// checkHAWrites: every write the writers of a phase had acknowledged is in cs (side names it);
+// they saw no error, but for the first phase's writer through the proxy that was killed.
+func (f *haFixture) checkHAWrites(t *testing.T, cs kubernetes.Interface, side, phase string, ws []writerResult) {
 	t.Helper()
-	gcs := qpsClient(t, f.green.Plan.Green.APIServers[1].Kubeconfig, 100)
-	for phase, ws := range map[string][]writerResult{"one": phase1, "three": phase3} {
-		for i, w := range ws {
-			if len(w.errs) > 0 && (phase != "one" || i != 2) {
-				t.Errorf("the writer through proxy %d (phase %s) saw %d errors; first: %v", i, phase, len(w.errs), w.errs[0])
-			}
-			checkAckedIn(t, gcs, w.ns, w.acked, "green")
+	for i, w := range ws {
+		if len(w.errs) > 0 && (phase != "one" || i != 2) {
+			t.Errorf("the writer through proxy %d (phase %s) saw %d errors; first: %v", i, phase, len(w.errs), w.errs[0])
 		}
+		checkAckedIn(t, cs, w.ns, w.acked, side)
 	}
 }
 

@@ -3,9 +3,12 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
@@ -84,13 +87,25 @@ func checkGreenVoters(t *testing.T, g *framework.GreenSetup, n int) {
 	if len(list.Members) != n {
 		t.Errorf("green has %d members, want %d", len(list.Members), n)
 	}
-	sts, err := datadir.ClusterStatus(t.Context(), cli, g.GreenEtcd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, st := range sts[1:] {
-		if st.Revision != sts[0].Revision {
-			t.Errorf("green members at revisions %d and %d", sts[0].Revision, st.Revision)
+	// Under writes (a bake) the members' revisions are read one after another and may differ by
+	// what arrived in between: they must agree within a few tries.
+	var last string
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	err = framework.WaitUntil(ctx, 100*time.Millisecond, "green members at one revision", func(ctx context.Context) (bool, error) {
+		sts, err := datadir.ClusterStatus(ctx, cli, g.GreenEtcd)
+		if err != nil {
+			return false, err
 		}
+		last = ""
+		for _, st := range sts[1:] {
+			if st.Revision != sts[0].Revision {
+				last = fmt.Sprintf("revisions %d and %d", sts[0].Revision, st.Revision)
+			}
+		}
+		return last == "", nil
+	})
+	if err != nil {
+		t.Errorf("green members not at one revision within 15s (last: %s): %v", last, err)
 	}
 }

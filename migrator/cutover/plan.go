@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -462,22 +463,29 @@ func (p *Plan) validateGreenAPIServer(ps *problems) {
 	if a.URL != "" && a.URL == p.Blue.APIServer.URL {
 		ps.add("green.apiserver.url is blue's URL")
 	}
-	seen := map[string]bool{a.URL: true}
+	seen := map[string]bool{sameURL(a.URL): true, sameURL(p.Blue.APIServer.URL): true}
 	for i, x := range p.Green.APIServers {
 		f := fmt.Sprintf("green.apiservers[%d]", i)
 		ps.url(f+".url", x.URL)
 		ps.required(f+".kubeconfig", x.Kubeconfig)
-		switch {
-		case seen[x.URL]:
-			ps.add("%s.url %q is used twice", f, x.URL)
-		case x.StaticPod != nil:
+		if seen[sameURL(x.URL)] {
+			ps.add("%s.url %q is used twice (or is blue's)", f, x.URL)
+		}
+		seen[sameURL(x.URL)] = true
+		if x.StaticPod != nil {
 			ps.add("%s.staticPod: only green.apiserver may be a static pod (this host's kubelet); give a command, or none when its host starts it", f)
-		case x.EtcdUser != "" && x.EtcdUser != a.EtcdUser:
+		}
+		if x.EtcdUser != "" && x.EtcdUser != a.EtcdUser {
 			ps.add("%s.etcdUser %q is not green.apiserver.etcdUser %q: every green apiserver must be the one etcd user the write gate holds", f, x.EtcdUser, a.EtcdUser)
 		}
-		seen[x.URL] = true
+		if x.CAFile != "" && x.CAFile != a.CAFile {
+			ps.add("%s.caFile: the proxies verify every green apiserver with green.apiserver.caFile; leave it out (one CA for all)", f)
+		}
 	}
 }
+
+// sameURL is a URL as the proxies report it: without a trailing slash.
+func sameURL(u string) string { return strings.TrimSuffix(u, "/") }
 
 // greenAPIServers are green.apiserver and green.apiservers.
 func (p *Plan) greenAPIServers() []GreenAPIServer {

@@ -57,10 +57,13 @@ func (p *Plan) validateProxies(ps *problems) {
 		if pr.BlueURL != "" {
 			ps.url(f+".blueURL", pr.BlueURL)
 		}
-		if pr.GreenURL != "" && !slices.ContainsFunc(p.greenAPIServers(), func(a GreenAPIServer) bool { return a.URL == pr.GreenURL }) {
+		isGreen := func(u string) bool {
+			return slices.ContainsFunc(p.greenAPIServers(), func(a GreenAPIServer) bool { return sameURL(a.URL) == sameURL(u) })
+		}
+		if pr.GreenURL != "" && !isGreen(pr.GreenURL) {
 			ps.add("%s.greenURL %q is not the url of green.apiserver or of one of green.apiservers: the cutover starts and checks only those", f, pr.GreenURL)
 		}
-		if pr.BlueURL != "" && slices.ContainsFunc(p.greenAPIServers(), func(a GreenAPIServer) bool { return a.URL == pr.BlueURL }) {
+		if pr.BlueURL != "" && isGreen(pr.BlueURL) {
 			ps.add("%s.blueURL %q is a green apiserver's url", f, pr.BlueURL)
 		}
 	}
@@ -99,7 +102,7 @@ func adminClient(pr ProxyRef) (proxyAdmin, error) {
 func routeProxy(c proxyAdmin, p *Plan, pr ProxyRef) proxyAdmin {
 	var routes []route
 	for _, rt := range []route{{p.Blue.APIServer.URL, pr.BlueURL}, {p.Green.APIServer.URL, pr.GreenURL}} {
-		rt = route{plan: strings.TrimSuffix(rt.plan, "/"), own: strings.TrimSuffix(rt.own, "/")}
+		rt = route{plan: sameURL(rt.plan), own: sameURL(rt.own)}
 		if rt.own != "" && rt.own != rt.plan {
 			routes = append(routes, rt)
 		}
@@ -124,7 +127,7 @@ type route struct{ plan, own string }
 
 func (ra routedAdmin) toOwn(u string) string {
 	for _, rt := range ra.routes {
-		if strings.TrimSuffix(u, "/") == rt.plan {
+		if sameURL(u) == rt.plan {
 			return rt.own
 		}
 	}
@@ -248,7 +251,7 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 // short), and unfenced there it would open writes on green while the others write blue. A proxy
 // that does not answer is left to the unfence, which fails for it.
 func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
-	want := strings.TrimSuffix(a.URL, "/")
+	want := sameURL(a.URL)
 	var errs []error
 	for _, p := range g.proxies {
 		st, err := p.Client.Status(ctx)

@@ -147,8 +147,8 @@ func TestAbortWithAProxyDown(t *testing.T) {
 }
 
 // TestRoutedProxies: proxies in front of apiservers of their own (an HA control plane) are each
-// switched to their own green apiserver and back to their own blue one after a partial switch,
-// while the steps see the plan's URLs only.
+// switched to their own green apiserver, while the steps see the plan's URLs only; a proxy on
+// the plan's URL where it has its own is reported out of place.
 func TestRoutedProxies(t *testing.T) {
 	p, _ := validPlan(t)
 	planBlue, planGreen := p.Blue.APIServer.URL, p.Green.APIServer.URL
@@ -193,6 +193,19 @@ func TestPlanHAValidation(t *testing.T) {
 			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k"}}}
 			p.Proxies = []ProxyRef{{AdminSocket: "/a"}, {AdminSocket: "/b", BlueURL: "https://n2:6443", GreenURL: "https://n2:6445"}}
 		}, ""},
+		{"a trailing slash is the same URL", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k"}}}
+			p.Proxies = []ProxyRef{{AdminSocket: "/b", GreenURL: "https://n2:6445/"}}
+		}, ""},
+		{"blue URL a green apiserver's but for a slash", func(p *Plan) {
+			p.Proxies = []ProxyRef{{AdminSocket: "/a", BlueURL: p.Green.APIServer.URL + "/"}}
+		}, "proxies[0].blueURL"},
+		{"another green apiserver at blue's URL", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: p.Blue.APIServer.URL, Kubeconfig: "/k"}}}
+		}, "or is blue's"},
+		{"another CA", func(p *Plan) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: "/k", CAFile: "/other-ca.crt"}}}
+		}, "green.apiservers[0].caFile"},
 		{"green URL not a green apiserver", func(p *Plan) {
 			p.Proxies = []ProxyRef{{AdminSocket: "/a", GreenURL: "https://n9:6445"}}
 		}, "proxies[0].greenURL"},
@@ -267,5 +280,31 @@ func TestAbortPutsAStrayProxyBack(t *testing.T) {
 	}
 	if got := strings.Join(callsB, ","); !strings.HasSuffix(got, "backend "+blue+",fence off") {
 		t.Errorf("proxy b was asked %q; want it back on blue before it is unfenced", got)
+	}
+}
+
+// TestRoutedPartialSwitchGoesBack: a switch one routed proxy refuses puts the others back on
+// their own blue apiservers, not on the plan's.
+func TestRoutedPartialSwitchGoesBack(t *testing.T) {
+	p, _ := validPlan(t)
+	own := []ProxyRef{{BlueURL: "https://n1:6443", GreenURL: p.Green.APIServer.URL}, {BlueURL: "https://n2:6443", GreenURL: p.Green.APIServer.URL}}
+	g := &proxyGroup{}
+	sts := make([]*admin.Status, 2)
+	calls := make([][]string, 2)
+	for i, pr := range own {
+		sts[i] = &admin.Status{Backend: pr.BlueURL, Fenced: true}
+		mp := memProxy(sts[i], &calls[i])
+		if i == 1 {
+			mp.setBackend = func(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+				return admin.BackendResponse{}, errors.New("unreachable")
+			}
+		}
+		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.BlueURL, Client: routeProxy(mp, p, pr)})
+	}
+	if _, err := g.SetBackend(t.Context(), admin.BackendRequest{URL: p.Green.APIServer.URL}); err == nil {
+		t.Fatal("a switch one proxy refused succeeded")
+	}
+	if sts[0].Backend != "https://n1:6443" || sts[1].Backend != "https://n2:6443" {
+		t.Errorf("after the partial switch: %s, %s; want each on its own blue", sts[0].Backend, sts[1].Backend)
 	}
 }

@@ -34,7 +34,11 @@ func (greenAPIServerStep) describe(r *runner, verbose bool) string {
 	}
 	for _, x := range r.p.Green.APIServers {
 		if len(x.Command) > 0 {
-			s += fmt.Sprintf("; start %s, wait for %s/readyz", filepath.Base(x.Command[0]), x.URL)
+			cmd := filepath.Base(x.Command[0])
+			if verbose {
+				cmd = strings.Join(x.Command, " ")
+			}
+			s += fmt.Sprintf("; start %s, wait for %s/readyz", cmd, x.URL)
 		} else {
 			s += fmt.Sprintf("; wait for %s/readyz (its host starts it)", x.URL)
 		}
@@ -84,8 +88,8 @@ func (p *Plan) greenAPIServerProcesses() []greenAPIServerProc {
 			continue
 		}
 		gp := greenProcess{name: "apiserver", what: "green apiserver", log: "green-apiserver", argv: a.Command}
-		if i > 0 {
-			gp.name, gp.what, gp.log = fmt.Sprintf("apiserver-%d", i), "green apiserver "+a.URL, fmt.Sprintf("green-apiserver-%d", i)
+		if i > 0 { // green.apiservers[i-1]
+			gp.name, gp.what, gp.log = fmt.Sprintf("apiservers-%d", i-1), "green apiserver "+a.URL, fmt.Sprintf("green-apiservers-%d", i-1)
 		}
 		out = append(out, greenAPIServerProc{gp, a.URL})
 	}

@@ -110,27 +110,43 @@ func (r *runner) checkProxyOnBlue(ctx context.Context) error {
 	return nil
 }
 
-// checkGreenKubeconfig refuses a green kubeconfig that reaches something other than green:
-// verify reads green through it, and pointed at blue (or at the proxy, still on blue) it would
-// compare blue with blue and pass whatever green holds. Its server must not be blue's URL nor
-// the server of blue's kubeconfig, and, green not being started yet, nothing may answer there.
+// checkGreenKubeconfig refuses a green kubeconfig that reaches something other than green, for
+// every green apiserver: verify reads green through it (the step waits for its /readyz), and
+// pointed at blue (or at the proxy, still on blue) it would compare blue with blue and pass
+// whatever green holds. Its server must not be blue's URL nor the server of blue's kubeconfig,
+// and, green not being started yet, nothing may answer there (unless its own host starts it).
 func checkGreenKubeconfig(ctx context.Context, p *Plan) error {
-	green, err := restConfig(p.Green.APIServer.Kubeconfig)
+	var errs []error
+	for i, a := range p.greenAPIServers() {
+		field := "green.apiserver"
+		if i > 0 {
+			field = fmt.Sprintf("green.apiservers[%d]", i-1)
+		}
+		errs = append(errs, checkGreenKubeconfigOf(ctx, p, field, a, i == 0 || len(a.Command) > 0))
+	}
+	return errors.Join(errs...)
+}
+
+func checkGreenKubeconfigOf(ctx context.Context, p *Plan, field string, a GreenAPIServer, startedHere bool) error {
+	green, err := restConfig(a.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("green.apiserver.kubeconfig: %w", err)
+		return fmt.Errorf("%s.kubeconfig: %w", field, err)
 	}
 	server := proc.HostPort(green.Host)
-	fix := fmt.Sprintf("point green.apiserver.kubeconfig %s at green's apiserver (%s)", p.Green.APIServer.Kubeconfig, p.Green.APIServer.URL)
+	fix := fmt.Sprintf("point %s.kubeconfig %s at that green apiserver (%s)", field, a.Kubeconfig, a.URL)
 	if server == proc.HostPort(p.Blue.APIServer.URL) {
-		return fmt.Errorf("green.apiserver.kubeconfig's server %s is blue's apiserver: verify would compare blue with blue; %s", green.Host, fix)
+		return fmt.Errorf("%s.kubeconfig's server %s is blue's apiserver: verify would compare blue with blue; %s", field, green.Host, fix)
 	}
 	if blue, err := restConfig(p.Blue.APIServer.Kubeconfig); err == nil && proc.HostPort(blue.Host) == server {
-		return fmt.Errorf("green.apiserver.kubeconfig's server %s is the server of blue.apiserver.kubeconfig: verify would compare blue with blue; %s", green.Host, fix)
+		return fmt.Errorf("%s.kubeconfig's server %s is the server of blue.apiserver.kubeconfig: verify would compare blue with blue; %s", field, green.Host, fix)
+	}
+	if !startedHere {
+		return nil // its host starts it, maybe already
 	}
 	d := net.Dialer{Timeout: 2 * time.Second}
 	if c, err := d.DialContext(ctx, "tcp", server); err == nil {
 		c.Close()
-		return fmt.Errorf("green.apiserver.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", green.Host, fix)
+		return fmt.Errorf("%s.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", field, green.Host, fix)
 	}
 	return nil
 }
