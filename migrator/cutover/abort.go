@@ -75,10 +75,8 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("replication had stopped with an error", "err", err)
 	}
-	if g, ok := r.adm.(*proxyGroup); ok {
-		if err := g.backTo(ctx, r.p.Blue.APIServer); err != nil {
-			return fmt.Errorf("%w; every proxy stays fenced: run 'kubefence cutover abort' again", err)
-		}
+	if err := r.proxiesBack(ctx); err != nil {
+		return err
 	}
 	fenced := statusErr != nil || st.Fenced
 	unfence := func() error {
@@ -109,6 +107,19 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	r.j.State = StateAborted
 	r.j.AbortReason = reason
 	return r.saveJournal()
+}
+
+// proxiesBack puts every proxy back on the side the run came from before an abort unfences
+// them (proxyGroup.backTo); if one cannot be, all stay fenced.
+func (r *runner) proxiesBack(ctx context.Context) error {
+	g, ok := r.adm.(*proxyGroup)
+	if !ok {
+		return nil // one proxy: proxyOnTarget and the journal tell where it is
+	}
+	if err := g.backTo(ctx, r.from.api); err != nil {
+		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)
+	}
+	return nil
 }
 
 // stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,

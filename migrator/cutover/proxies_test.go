@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -306,5 +308,29 @@ func TestRoutedPartialSwitchGoesBack(t *testing.T) {
 	}
 	if sts[0].Backend != "https://n1:6443" || sts[1].Backend != "https://n2:6443" {
 		t.Errorf("after the partial switch: %s, %s; want each on its own blue", sts[0].Backend, sts[1].Backend)
+	}
+}
+
+// TestRollbackAbortPutsAStrayProxyBack: an aborted rollback leaves every proxy on green before
+// it unfences: one that switched to blue unacknowledged would open writes on a blue whose
+// apiserver may only read.
+func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
+	p, _ := validPlan(t)
+	green, blue := p.Green.APIServer.URL, p.Blue.APIServer.URL
+	stA, stB := &admin.Status{Backend: green, Fenced: true}, &admin.Status{Backend: blue, Fenced: true}
+	var callsA, callsB []string
+	r := &runner{p: p, o: Options{Plan: p}, adm: &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(stA, &callsA)}, {Name: "b", Client: memProxy(stB, &callsB)}}},
+		main: &Journal{ID: "c", State: StateRollingBack}, j: &Journal{ID: "r"}, from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback")}
+	if err := os.MkdirAll(r.journalDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.abortRollback(t.Context(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if stA.Backend != green || stB.Backend != green || stA.Fenced || stB.Fenced {
+		t.Fatalf("after the rollback's abort: a %+v, b %+v; want both open on green", stA, stB)
+	}
+	if got := strings.Join(callsB, ","); got != "backend "+green+",fence off" {
+		t.Errorf("proxy b was asked %q; want it back on green before it is unfenced", got)
 	}
 }

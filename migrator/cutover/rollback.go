@@ -142,6 +142,9 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("replication had stopped with an error", "err", err)
 	}
+	if err := r.proxiesBack(ctx); err != nil {
+		return err
+	}
 	if st, err := r.adm.Status(ctx); err != nil || st.Fenced {
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 			return fmt.Errorf("unfence: %w; run 'kubefence fence off' on every proxy", err)
