@@ -75,12 +75,13 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("replication had stopped with an error", "err", err)
 	}
-	if err := r.proxiesBack(ctx); err != nil {
-		return err
-	}
 	fenced := statusErr != nil || st.Fenced
 	unfence := func() error {
 		if fenced {
+			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.
+			if err := r.proxiesBack(ctx); err != nil {
+				return err
+			}
 			if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 			}

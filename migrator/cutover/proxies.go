@@ -246,16 +246,17 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 	return fmt.Errorf("%v", errs)
 }
 
-// backTo puts every proxy that answers and is not on a back on it, before an abort unfences
-// them: a proxy may have switched although its answer was lost (or a crash cut the switch
-// short), and unfenced there it would open writes on green while the others write blue. A proxy
-// that does not answer is left to the unfence, which fails for it.
+// backTo puts every fenced proxy that answers and is not on a back on it, before an abort
+// unfences them: a proxy may have switched although its answer was lost (or a crash cut the
+// switch short), and unfenced there it would open writes on green while the others write blue.
+// An open proxy was not switched by the run (a switch needs the fence) and is left alone, as is
+// one that does not answer: the unfence fails for it, and the abort is run again once it is back.
 func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
 	want := sameURL(a.URL)
 	var errs []error
 	for _, p := range g.proxies {
 		st, err := p.Client.Status(ctx)
-		if err != nil || st.Backend == want {
+		if err != nil || !st.Fenced || st.Backend == want {
 			continue
 		}
 		if _, err := p.Client.SetBackend(ctx, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {

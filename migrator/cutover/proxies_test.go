@@ -334,3 +334,21 @@ func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
 		t.Errorf("proxy b was asked %q; want it back on green before it is unfenced", got)
 	}
 }
+
+// TestBackToLeavesOpenProxiesAlone: a proxy that is not fenced was not switched by this run
+// (a switch needs the fence) and refuses a backend change; the abort must not try, or it could
+// never finish (a preflight that found a proxy on another backend aborts with it open).
+func TestBackToLeavesOpenProxiesAlone(t *testing.T) {
+	p, _ := validPlan(t)
+	st := &admin.Status{Backend: "https://elsewhere:6443"}
+	var calls []string
+	mp := memProxy(st, &calls)
+	mp.setBackend = func(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+		calls = append(calls, "backend")
+		return admin.BackendResponse{}, errors.New("not fenced: a backend change needs the fence on")
+	}
+	g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: mp}}}
+	if err := g.backTo(t.Context(), p.Blue.APIServer); err != nil || len(calls) > 0 {
+		t.Fatalf("backTo on an open proxy: %v, calls %v; want nothing asked", err, calls)
+	}
+}
