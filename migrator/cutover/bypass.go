@@ -318,8 +318,9 @@ func forwardedCounts(ws []admin.ForwardedWrite, end time.Time) map[[2]string]int
 // bypassSlack is how far before the watch the proxies' writes are counted (and after it). A
 // proxy logs a write when the backend answered it, after etcd applied it, so one clock would
 // need none; the slack covers the clocks of proxies on other hosts. It is short: every write
-// counted that the watch did not see hides one that went around the proxies, while a clock
-// further off only makes the check report writes that did pass a proxy (the safe side).
+// counted that the watch did not see hides one that went around the proxies. A proxy's clock
+// off by more than the slack does that too at one end of the watch (and reports writes that did
+// pass a proxy at the other): keep the proxies' hosts on NTP.
 const bypassSlack = 250 * time.Millisecond
 
 // checkBypass watches blue etcd for preflight.bypassWatch, compares with what the proxies

@@ -249,12 +249,17 @@ func TestCheckGreenKubeconfig(t *testing.T) {
 	free.Close()
 	cases := []struct {
 		name, server string
-		want         string
+		// other: the kubeconfig is that of green.apiservers[0], which its host starts (no
+		// command), behind a proxy with a blue apiserver of its own.
+		other bool
+		want  string
 	}{
-		{"green", greenURL, ""},
-		{"blue's url", "https://10.0.0.1:6443", "is blue's apiserver"},
-		{"blue kubeconfig's server", "https://blue.example:6443", "server of blue.apiserver.kubeconfig"},
-		{"the proxy", proxy.URL, "already answers before green is started"},
+		{"green", greenURL, false, ""},
+		{"blue's url", "https://10.0.0.1:6443", false, "is blue's apiserver"},
+		{"blue kubeconfig's server", "https://blue.example:6443", false, "server of blue.apiserver.kubeconfig"},
+		{"the proxy", proxy.URL, false, "already answers before green is started"},
+		{"another host's, started there", proxy.URL, true, ""},
+		{"another host's, at that proxy's blue", "https://n2:6443", true, "green.apiservers[0].kubeconfig's server https://n2:6443 is proxies[0].blueURL"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,6 +267,11 @@ func TestCheckGreenKubeconfig(t *testing.T) {
 			p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, dir, "blue.kubeconfig", "https://blue.example:6443")
 			p.Green.APIServer.URL = greenURL
 			p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", tc.server)
+			if tc.other {
+				p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", greenURL)
+				p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://n2:6445", Kubeconfig: writeKubeconfig(t, dir, "green-2.kubeconfig", tc.server)}}}
+				p.Proxies = []ProxyRef{{AdminSocket: "/a", BlueURL: "https://n2:6443", GreenURL: "https://n2:6445"}}
+			}
 			err := checkGreenKubeconfig(t.Context(), p)
 			if tc.want == "" && err != nil {
 				t.Fatalf("refused: %v", err)

@@ -460,7 +460,7 @@ func (p *Plan) validateGreenAPIServer(ps *problems) {
 	default:
 		ps.add("green.apiserver: give command (kubefence starts it) or staticPod (the kubelet starts it)")
 	}
-	if a.URL != "" && a.URL == p.Blue.APIServer.URL {
+	if a.URL != "" && sameURL(a.URL) == sameURL(p.Blue.APIServer.URL) {
 		ps.add("green.apiserver.url is blue's URL")
 	}
 	seen := map[string]bool{sameURL(a.URL): true, sameURL(p.Blue.APIServer.URL): true}

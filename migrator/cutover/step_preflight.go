@@ -137,6 +137,11 @@ func checkGreenKubeconfigOf(ctx context.Context, p *Plan, field string, a GreenA
 	if server == proc.HostPort(p.Blue.APIServer.URL) {
 		return fmt.Errorf("%s.kubeconfig's server %s is blue's apiserver: verify would compare blue with blue; %s", field, green.Host, fix)
 	}
+	for i, pr := range p.Proxies {
+		if pr.BlueURL != "" && server == proc.HostPort(pr.BlueURL) {
+			return fmt.Errorf("%s.kubeconfig's server %s is proxies[%d].blueURL, a blue apiserver: %s", field, green.Host, i, fix)
+		}
+	}
 	if blue, err := restConfig(p.Blue.APIServer.Kubeconfig); err == nil && proc.HostPort(blue.Host) == server {
 		return fmt.Errorf("%s.kubeconfig's server %s is the server of blue.apiserver.kubeconfig: verify would compare blue with blue; %s", field, green.Host, fix)
 	}
