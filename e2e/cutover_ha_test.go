@@ -196,7 +196,7 @@ func TestCutoverHA(t *testing.T) {
 	t.Logf("kubefence cutover (baking):\n%s", baker.output())
 	f.checkProxies(t, "baking", true)
 	gcs := qpsClient(t, f.green.Plan.Green.APIServers[1].Kubeconfig, 100)
-	f.checkHAWrites(t, gcs, "green", "one", phase1Done)
+	checkHAWrites(t, gcs, "green", "one", phase1Done)
 	checkGreenVoters(t, f.green, len(haHosts))
 	checkGreenEtcdTLS(t, f.green, "three-0")
 	time.Sleep(2 * time.Second) // writes on green, followed by blue
@@ -206,13 +206,13 @@ func TestCutoverHA(t *testing.T) {
 	baker.wait()
 	f.checkProxies(t, "after the rollback", false)
 	bcs := qpsClient(t, f.apis[2].Kubeconfig, 100)
-	f.checkHAWrites(t, bcs, "blue", "one", phase1Done)
-	f.checkHAWrites(t, bcs, "blue", "three", finishAll(phase3))
+	checkHAWrites(t, bcs, "blue", "one", phase1Done)
+	checkHAWrites(t, bcs, "blue", "three", finishAll(phase3))
 }
 
 // checkHAWrites: every write the writers of a phase had acknowledged is in cs (side names it);
 // they saw no error, but for the first phase's writer through the proxy that was killed.
-func (f *haFixture) checkHAWrites(t *testing.T, cs kubernetes.Interface, side, phase string, ws []writerResult) {
+func checkHAWrites(t *testing.T, cs kubernetes.Interface, side, phase string, ws []writerResult) {
 	t.Helper()
 	for i, w := range ws {
 		if len(w.errs) > 0 && (phase != "one" || i != 2) {

@@ -21,29 +21,22 @@ func (greenAPIServerStep) timeout(p *Plan) time.Duration { return p.Timeouts.Gre
 func (greenAPIServerStep) pastNoReturn() bool            { return false }
 
 func (greenAPIServerStep) describe(r *runner, verbose bool) string {
-	a := r.p.Green.APIServer
-	var s string
-	if sp := a.StaticPod; sp != nil {
-		s = fmt.Sprintf("write %s into %s, wait for %s/readyz", sp.Manifest, sp.ManifestDir, a.URL)
-	} else {
-		cmd := filepath.Base(a.Command[0])
-		if verbose {
-			cmd = strings.Join(a.Command, " ")
-		}
-		s = fmt.Sprintf("start %s, wait for %s/readyz", cmd, a.URL)
-	}
-	for _, x := range r.p.Green.APIServers {
-		if len(x.Command) > 0 {
-			cmd := filepath.Base(x.Command[0])
+	var parts []string
+	for _, a := range r.p.greenAPIServers() {
+		switch sp := a.StaticPod; {
+		case sp != nil:
+			parts = append(parts, fmt.Sprintf("write %s into %s, wait for %s/readyz", sp.Manifest, sp.ManifestDir, a.URL))
+		case len(a.Command) > 0:
+			cmd := filepath.Base(a.Command[0])
 			if verbose {
-				cmd = strings.Join(x.Command, " ")
+				cmd = strings.Join(a.Command, " ")
 			}
-			s += fmt.Sprintf("; start %s, wait for %s/readyz", cmd, x.URL)
-		} else {
-			s += fmt.Sprintf("; wait for %s/readyz (its host starts it)", x.URL)
+			parts = append(parts, fmt.Sprintf("start %s, wait for %s/readyz", cmd, a.URL))
+		default:
+			parts = append(parts, fmt.Sprintf("wait for %s/readyz (its host starts it)", a.URL))
 		}
 	}
-	return s
+	return strings.Join(parts, "; ")
 }
 
 func (greenAPIServerStep) run(ctx context.Context, r *runner) (string, error) {
