@@ -277,8 +277,12 @@ func (r *runner) progressLine(p replicate.Progress) string {
 
 // progressLine says where replication from src into dst stands.
 func progressLine(p replicate.Progress, src, dst string) string {
-	return fmt.Sprintf("%s at revision %d, %s at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
+	line := fmt.Sprintf("%s at revision %d, %s at %d (lag %d revisions, %.1fs); %d revisions applied (%.0f/s), %d leases kept alive",
 		dst, p.Applied, src, p.Source, p.LagRevisions, p.LagSeconds, p.Revisions, p.RevisionsPerSecond, p.Leases)
+	if p.Resent > 0 || p.Resyncs > 0 || p.LeaseWaits > 0 {
+		line += fmt.Sprintf("; %d txns sent again (proposed before their predecessor), pipeline drained %d times (%d resyncs, %d lease grants)", p.Resent, p.Resyncs+p.LeaseWaits, p.Resyncs, p.LeaseWaits)
+	}
+	return line
 }
 
 // side is one of the two clusters as replication sees it: r.from, the one writes move away from

@@ -21,15 +21,25 @@ import (
 //   - "revision N is not applied": the first key N puts has a mod revision below N (or the first
 //     key it deletes still exists).
 //
-// A txn whose guards fail changes nothing (no revision). When the oldest txn in flight did not
-// apply as revision N (guards failed: proposed out of order; or its outcome is unknown: a
-// timeout, a lost connection), the pipeline waits for every txn in flight, reads green's
-// revision g, checks that green's revision g is blue's change for change, counts everything up
-// to g as applied, and sends the rest again. Txns are never cancelled in flight: Run waits for
-// them, so none can reach green after Run returns.
+// A txn whose guards fail changes nothing (no revision). etcd proposes concurrent requests in
+// the order its handler goroutines happen to run, and a burst of requests often has one of them
+// proposed first, so guard failures are frequent under a backlog. When the oldest txn in flight
+// failed its guards (its predecessor is applied, so it was proposed too early), it is sent again
+// at once, with every later txn whose guards failed too, and the rest stays in flight: a
+// revision never has two attempts in flight, and the guards keep each attempt exact. Only when
+// the oldest failed its guards maxHeadRetries times in a row, or its outcome is unknown (a
+// timeout, a lost connection), does the pipeline resync: it waits for every txn in flight, reads
+// green's revision g, checks that green's revision g is blue's change for change, counts
+// everything up to g as applied, and sends the rest again. Txns are never cancelled in flight:
+// Run waits for them, so none can reach green after Run returns.
 
 // pipelineDepth is how many txns may be in flight at once.
 const pipelineDepth = 64
+
+// maxHeadRetries is how many guard failures in a row of the oldest txn are sent again at once
+// before the pipeline resyncs (reads green's revision): with its predecessor applied, the
+// oldest can keep failing only if something else changed green.
+const maxHeadRetries = 3
 
 // sentTxn is a txn in flight.
 type sentTxn struct {
@@ -48,6 +58,8 @@ type pipeline struct {
 	// resyncs counts resyncs since the last revision applied, to give up on a green that
 	// keeps failing.
 	resyncs int
+	// headRetries counts the oldest txn's guard failures sent again since it was last applied.
+	headRetries int
 }
 
 // lastSent is the newest revision sent or applied.
@@ -66,6 +78,7 @@ func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event)
 	}
 	if p.needsLease(evs) {
 		// A lease grant must see green at a known revision: nothing in flight.
+		p.r.drained(false)
 		if err := p.flush(ctx); err != nil {
 			return err
 		}
@@ -93,16 +106,22 @@ func (p *pipeline) needsLease(evs []*clientv3.Event) bool {
 	return false
 }
 
-// send starts t's txn with its guards. The request is not tied to ctx: once sent it is waited
-// for, never abandoned.
+// send appends t to the txns in flight and starts it.
 func (p *pipeline) send(ctx context.Context, t *sentTxn) {
+	p.flight = append(p.flight, t)
+	p.attempt(ctx, len(p.flight)-1)
+}
+
+// attempt starts the txn flight[i] with its guards (the predecessor's only when that is in
+// flight too). The request is not tied to ctx: once sent it is waited for, never abandoned.
+func (p *pipeline) attempt(ctx context.Context, i int) {
+	t := p.flight[i]
 	var cmps []clientv3.Cmp
-	if n := len(p.flight); n > 0 {
-		cmps = append(cmps, appliedGuard(p.flight[n-1].evs, t.rev-1))
+	if i > 0 {
+		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1))
 	}
 	cmps = append(cmps, notAppliedGuard(t.evs, t.rev))
-	t.done = make(chan struct{})
-	p.flight = append(p.flight, t)
+	t.done, t.resp, t.err = make(chan struct{}), nil, nil
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.r.cfg.ApplyTimeout)
 	go func() {
 		defer close(t.done)
@@ -140,8 +159,13 @@ func (p *pipeline) settle(ctx context.Context) error {
 			return fmt.Errorf("%w: after applying blue's revision %d (%d operations) green is at revision %d: something else wrote to green, or green expired a lease by itself; green no longer equals blue", ErrRevisionMismatch, t.rev, len(t.ops), got)
 		}
 		p.flight = p.flight[1:]
-		p.resyncs = 0
+		p.resyncs, p.headRetries = 0, 0
 		p.r.applied(t.rev)
+		return nil
+	}
+	if t.err == nil && p.headRetries < maxHeadRetries {
+		p.headRetries++
+		p.resendFailed(ctx)
 		return nil
 	}
 	if t.err != nil {
@@ -151,6 +175,33 @@ func (p *pipeline) settle(ctx context.Context) error {
 		}
 	}
 	return p.resync(ctx, t.err)
+}
+
+// resendFailed sends the oldest txn again (its guards failed), and the later ones after it
+// whose guards failed too, in order, up to the first one still in flight or ended otherwise: a
+// txn sent again behind one still in flight would fail again if that one does.
+func (p *pipeline) resendFailed(ctx context.Context) {
+	resent := 0
+	for i, t := range p.flight {
+		if i > 0 && !guardsFailed(t) {
+			break
+		}
+		next := *t
+		p.flight[i] = &next
+		p.attempt(ctx, i)
+		resent++
+	}
+	p.r.resent(resent)
+}
+
+// guardsFailed says whether t has ended with its guards failed (it changed nothing).
+func guardsFailed(t *sentTxn) bool {
+	select {
+	case <-t.done:
+		return t.err == nil && !t.resp.Succeeded
+	default:
+		return false
+	}
 }
 
 // flush settles every txn in flight.
@@ -176,6 +227,7 @@ func (p *pipeline) wait() {
 func (p *pipeline) resync(ctx context.Context, cause error) error {
 	p.wait()
 	p.resyncs++
+	p.r.drained(true)
 	if p.resyncs > 10 {
 		if cause == nil {
 			cause = errors.New("its guards failed: green was not at the revision before it")

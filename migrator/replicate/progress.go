@@ -23,6 +23,14 @@ type Progress struct {
 	RevisionsPerSecond float64 `json:"revisionsPerSecond"`
 	// Leases is how many leases the replicator keeps alive on green.
 	Leases int `json:"leases"`
+	// Resent is how many txns this run sent again because green proposed them before their
+	// predecessor (their guards failed; they changed nothing).
+	Resent int64 `json:"resent"`
+	// Resyncs is how many times this run drained the pipeline and read green's revision because
+	// its oldest txn did not apply (its outcome unknown, or its guards failing again and again).
+	Resyncs int64 `json:"resyncs"`
+	// LeaseWaits is how many times this run drained the pipeline to grant a lease on green.
+	LeaseWaits int64 `json:"leaseWaits"`
 }
 
 const rateWindow = 10 * time.Second
@@ -41,6 +49,8 @@ type tracker struct {
 	seen      []sample
 	revisions int64
 	samples   []sample // applied counts, one per rateWindow/40 at most
+	// resent, resyncs and leaseWaits are Progress.Resent, Resyncs and LeaseWaits.
+	resent, resyncs, leaseWaits int64
 }
 
 func (t *tracker) sawSource(rev int64, now time.Time) {
@@ -71,7 +81,8 @@ func (t *tracker) didApply(rev int64, now time.Time) {
 }
 
 func (t *tracker) snapshot(now time.Time) Progress {
-	p := Progress{Applied: t.applied, Source: t.source, LagRevisions: t.source - t.applied, Revisions: t.revisions}
+	p := Progress{Applied: t.applied, Source: t.source, LagRevisions: t.source - t.applied, Revisions: t.revisions,
+		Resent: t.resent, Resyncs: t.resyncs, LeaseWaits: t.leaseWaits}
 	if len(t.seen) > 0 {
 		p.LagSeconds = now.Sub(t.seen[0].at).Seconds()
 	}
@@ -109,6 +120,24 @@ func (r *Replicator) applied(rev int64) {
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(r.Progress())
 	}
+}
+
+// drained counts a drain of the pipeline: a resync, or a wait to grant a lease.
+func (r *Replicator) drained(resync bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if resync {
+		r.progress.resyncs++
+	} else {
+		r.progress.leaseWaits++
+	}
+}
+
+// resent counts n txns sent again.
+func (r *Replicator) resent(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.progress.resent += int64(n)
 }
 
 // pollSource reads blue's current revision every ProgressInterval, so the lag is right while

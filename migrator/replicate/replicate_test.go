@@ -430,9 +430,9 @@ func TestThroughput(t *testing.T) {
 	last := catchUp(t, run, blue)
 	took := time.Since(begin)
 	n := last - s
-	t.Logf("%d revisions (2 KiB values, %d writers): blue took them in %s (%.0f/s); green applied all %.0f revisions/s, caught up %s after the last write; largest lag seen %d revisions, %.2f s; Progress %.0f revisions/s",
+	t.Logf("%d revisions (2 KiB values, %d writers): blue took them in %s (%.0f/s); green applied all %.0f revisions/s, caught up %s after the last write; largest lag seen %d revisions, %.2f s; Progress %.0f revisions/s, %d txns sent again, %d resyncs",
 		n, writers, wrote.Round(time.Millisecond), float64(n)/wrote.Seconds(), float64(n)/took.Seconds(), (took - wrote).Round(time.Millisecond),
-		maxRevs, maxSecs, run.r.Progress().RevisionsPerSecond)
+		maxRevs, maxSecs, run.r.Progress().RevisionsPerSecond, run.r.Progress().Resent, run.r.Progress().Resyncs)
 	if got := revision(t, green); got != last {
 		t.Fatalf("green at %d, blue at %d", got, last)
 	}
@@ -592,15 +592,7 @@ func TestGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	r3 := put(t, blue, "/b", "2") // s+3
-	evs := map[int64][]*clientv3.Event{}
-	for resp := range blue.cli.Watch(ctx, "", clientv3.WithPrefix(), clientv3.WithRev(s+1)) {
-		for _, e := range resp.Events {
-			evs[e.Kv.ModRevision] = append(evs[e.Kv.ModRevision], e)
-		}
-		if len(evs) == 3 {
-			break
-		}
-	}
+	evs := revisionEvents(t, blue, s+1, 3)
 	txn := func(rev int64) bool {
 		t.Helper()
 		var ops []clientv3.Op
@@ -636,6 +628,63 @@ func TestGuards(t *testing.T) {
 	}
 	if a, b := all(t, blue, r3), all(t, green, r3); a != b {
 		t.Fatal("blue and green differ")
+	}
+}
+
+// revisionEvents reads blue's events of the n revisions from from on, by revision.
+func revisionEvents(t *testing.T, blue *member, from int64, n int) map[int64][]*clientv3.Event {
+	t.Helper()
+	evs := map[int64][]*clientv3.Event{}
+	for resp := range blue.cli.Watch(t.Context(), "", clientv3.WithPrefix(), clientv3.WithRev(from)) {
+		for _, e := range resp.Events {
+			evs[e.Kv.ModRevision] = append(evs[e.Kv.ModRevision], e)
+		}
+		if len(evs) >= n {
+			break
+		}
+	}
+	return evs
+}
+
+// TestOutOfOrderSentAgain: txns green proposed before their predecessor (their guards failed)
+// are sent again at once, without a resync, and every revision still lands exactly.
+func TestOutOfOrderSentAgain(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	for i := range 3 { // s+1 .. s+3
+		put(t, blue, fmt.Sprintf("/k%d", i), "v")
+	}
+	evs := revisionEvents(t, blue, s+1, 3)
+	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pipeline{r: r}
+	for rev := s + 1; rev <= s+3; rev++ {
+		ops, err := r.ops(ctx, rev, evs[rev])
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
+	}
+	// Proposed newest first: s+3 and s+2 find their predecessor missing, s+1 applies.
+	for i := 2; i >= 0; i-- {
+		p.attempt(ctx, i)
+		<-p.flight[i].done
+	}
+	if err := p.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := revision(t, green); got != s+3 {
+		t.Fatalf("green at %d, want %d", got, s+3)
+	}
+	if a, b := all(t, blue, s+3), all(t, green, s+3); a != b {
+		t.Fatal("blue and green differ")
+	}
+	if pr := r.Progress(); pr.Applied != s+3 || pr.Resyncs != 0 || pr.Resent < 2 {
+		t.Errorf("progress %+v: want revision %d applied, 0 resyncs, at least 2 txns sent again", pr, s+3)
 	}
 }
 

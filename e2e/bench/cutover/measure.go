@@ -89,6 +89,8 @@ type result struct {
 	revisionsPerSecond        float64
 	lagRevisions              int64
 	lagSeconds                float64
+	resent, resyncs           int64 // txns sent again, and the pipeline's resyncs, up to its stop
+	leaseWaits                int64 // the pipeline's drains to grant a lease
 	verified                  int
 	reads, failedReads        int64
 	writesOK, writesFailed    int64
@@ -103,8 +105,8 @@ func (r result) line(run int) string {
 	if r.rollback > 0 {
 		rb = "; rollback window " + ms(r.rollback)
 	}
-	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; %s; replication %.0f rev/s, lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
-		r.objects, ms(r.window), rb, run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
+	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
+		r.objects, ms(r.window), rb, run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
 		r.writesOK, r.writesFailed, ms(r.slowestWrite), r.reads, r.failedReads)
 }
 
@@ -177,10 +179,16 @@ func (r *result) fill(rep *cutover.Report) {
 	r.window = rep.WriteUnavailability
 	r.snapshotMB = float64(rep.SnapshotBytes) / 1e6
 	var parts []string
+	var between time.Duration // from the fence step's end to the unfence step's start, outside any step
+	var prevEnd time.Time
 	for _, s := range rep.Steps {
 		switch s.Step {
 		case cutover.StepFence, cutover.StepDrain, cutover.StepSwitch, cutover.StepGateBlue, cutover.StepHandOver, cutover.StepStopReplication, cutover.StepUngateGreen, cutover.StepUnfence:
 			parts = append(parts, s.Step+" "+ms(s.Duration))
+			if !prevEnd.IsZero() {
+				between += s.Started.Sub(prevEnd)
+			}
+			prevEnd = s.Started.Add(s.Duration)
 		}
 		switch s.Step {
 		case cutover.StepDrain:
@@ -191,13 +199,17 @@ func (r *result) fill(rep *cutover.Report) {
 			r.verifyDur = s.Duration
 		}
 	}
-	r.parts = strings.Join(parts, ", ")
+	r.parts = strings.Join(append(parts, "between the steps (journal) "+ms(between)), ", ")
 	if rep.Verified != nil {
 		r.verified = rep.Verified.Objects
 	}
 	if rp := rep.Replication; rp != nil && rp.AtFence != nil {
 		r.lagRevisions, r.lagSeconds = rp.AtFence.LagRevisions, rp.AtFence.LagSeconds
 		r.revisionsPerSecond = rp.AtFence.RevisionsPerSecond
+		r.resent, r.resyncs, r.leaseWaits = rp.AtFence.Resent, rp.AtFence.Resyncs, rp.AtFence.LeaseWaits
+	}
+	if rp := rep.Replication; rp != nil && rp.AtStop != nil {
+		r.resent, r.resyncs, r.leaseWaits = rp.AtStop.Resent, rp.AtStop.Resyncs, rp.AtStop.LeaseWaits
 	}
 }
 
