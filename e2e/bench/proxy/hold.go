@@ -25,8 +25,10 @@ type holdResult struct {
 	afterOff []time.Duration
 	// rssPerHeld is the proxy's RSS growth while holding, per held write.
 	rssPerHeld float64
-	// releaseCPU is the proxy's CPU time from fence off to the last answer.
-	releaseCPU time.Duration
+	// releaseCPU is the proxy's CPU time from fence off to the last answer, releaseFaults its
+	// minor page faults.
+	releaseCPU    time.Duration
+	releaseFaults int64
 	// reads during the hold and without it, on the same connections.
 	readsHeld, readsBase []time.Duration
 }
@@ -92,13 +94,14 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 		go func() { prof <- fetchProfile(px.MetricsURL, profile, 0, 2) }()
 		time.Sleep(50 * time.Millisecond) // the profile is running before the fence lifts
 	}
-	cpu0 := procCPU(px.Proc.Pid())
+	cpu0, faults0 := procCPU(px.Proc.Pid()), procMinorFaults(px.Proc.Pid())
 	offAt.Store(time.Now().UnixNano())
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 		return res, err
 	}
 	wg.Wait()
 	res.releaseCPU = procCPU(px.Proc.Pid()) - cpu0
+	res.releaseFaults = procMinorFaults(px.Proc.Pid()) - faults0
 	if prof != nil {
 		if err := <-prof; err != nil {
 			return res, err
@@ -202,8 +205,8 @@ func printHold(out io.Writer, r holdResult) {
 		fmt.Fprintf(out, "  fence off -> held write answered: first %s, p50 %s, p99 %s, max %s (target: all <= 500ms)\n", ms(r.afterOff[0]),
 			ms(pct(r.afterOff, 50)), ms(pct(r.afterOff, 99)), ms(r.afterOff[len(r.afterOff)-1]))
 	}
-	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes; proxy CPU from fence off to the last answer: %s, %s per released write\n",
-		r.rssPerHeld, r.releaseCPU.Round(time.Millisecond), us(r.releaseCPU/time.Duration(max(r.answered, 1))))
+	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes; proxy CPU from fence off to the last answer: %s, %s per released write; %.1f minor page faults per released write\n",
+		r.rssPerHeld, r.releaseCPU.Round(time.Millisecond), us(r.releaseCPU/time.Duration(max(r.answered, 1))), float64(r.releaseFaults)/float64(max(r.answered, 1)))
 	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
 		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",
 			len(r.readsHeld), ms(pct(r.readsHeld, 50)), ms(pct(r.readsHeld, 99)), len(r.readsBase), ms(pct(r.readsBase, 50)), ms(pct(r.readsBase, 99)))

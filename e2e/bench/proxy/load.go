@@ -242,6 +242,21 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(utime+stime) * clockTick
 }
 
+// procMinorFaults is a process's minor page faults so far (all its threads: a first touch of
+// memory the kernel has to map), field 10 of /proc/PID/stat.
+func procMinorFaults(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	if len(f) < 8 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[7], 10, 64)
+	return n
+}
+
 // procRSS is a process's resident set in bytes, from /proc.
 func procRSS(pid int) int64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
