@@ -32,10 +32,10 @@ func (s *Server) adminHandler() http.Handler {
 			}
 			resp, err = s.FenceOn(r.Context(), req.Reason, req.Mode, wait)
 		} else {
-			resp, err = s.FenceOff()
+			resp, err = s.FenceOff(req.ExpectBackend)
 		}
 		switch {
-		case errors.Is(err, ErrUnconfirmed):
+		case errors.Is(err, ErrUnconfirmed), errors.Is(err, ErrWrongBackend):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
 		case errors.Is(err, ErrBadRequest):
 			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})

@@ -19,6 +19,9 @@ var ErrNotFenced = errors.New("the backend can be changed only while fenced: run
 // ErrBadRequest marks an admin request that is not well formed.
 var ErrBadRequest = errors.New("bad request")
 
+// ErrWrongBackend: a fence off expected another backend than the proxy's (it stays fenced).
+var ErrWrongBackend = errors.New("the proxy is not on the backend this fence off expects")
+
 // ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
 var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unreadable at start-up): run 'kubefence backend set URL' first")
 

@@ -487,6 +487,38 @@ func TestCorruptStateServesNothing(t *testing.T) {
 	}
 }
 
+// TestFenceOffExpectsBackend: fence off naming the backend it expects opens writes only on that
+// backend; on another it is refused (409, naming both) and the fence stays on, so a caller that
+// could not look at the proxy first never opens writes on the wrong side.
+func TestFenceOffExpectsBackend(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL)
+	ctx := t.Context()
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: blue.URL})
+	var ae *admin.APIError
+	if !errors.As(err, &ae) || ae.Code != http.StatusConflict || !strings.Contains(err.Error(), green.URL) || !strings.Contains(err.Error(), blue.URL) {
+		t.Fatalf("fence off expecting blue while on green: %v; want 409 naming both", err)
+	}
+	if st := p.Status(); !st.Fenced {
+		t.Fatalf("status %+v: want still fenced", st)
+	}
+	if resp, _ := do(t, "DELETE", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 429 {
+		t.Fatalf("write after the refused fence off = %d, want 429", resp.StatusCode)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: green.URL + "/"}); err != nil {
+		t.Fatalf("fence off expecting green (trailing slash) while on green: %v", err)
+	}
+	if st := p.Status(); st.Fenced {
+		t.Fatalf("status %+v: want open", st)
+	}
+}
+
 func TestAdminSocketMode(t *testing.T) {
 	api := newFakeAPI(t, "blue")
 	p := startProxy(t, api.URL)

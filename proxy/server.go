@@ -15,6 +15,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,12 +182,16 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}, nil
 }
 
-// FenceOff reopens writes.
-func (s *Server) FenceOff() (admin.FenceResponse, error) {
+// FenceOff reopens writes; with expect (a backend URL), only if the proxy is on that backend,
+// checked under the gate's lock, so that no switch slips in between.
+func (s *Server) FenceOff(expect string) (admin.FenceResponse, error) {
 	start := time.Now()
 	_, err := s.gate.update(func(st *State) error {
 		if s.unconfirmed.Load() {
 			return ErrUnconfirmed
+		}
+		if expect != "" && strings.TrimSuffix(expect, "/") != strings.TrimSuffix(st.Backend, "/") {
+			return fmt.Errorf("%w: it is on %s, not %s; writes stay fenced", ErrWrongBackend, st.Backend, expect)
 		}
 		st.Fenced = false
 		st.Reason = ""

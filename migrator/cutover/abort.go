@@ -82,7 +82,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 			if err := r.proxiesBack(ctx); err != nil {
 				return err
 			}
-			if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+			// Expecting blue: a proxy that could not be looked at just before stays fenced
+			// unless it is on blue.
+			if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
 				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 			}
 			fenced = false

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -33,6 +34,9 @@ func memProxy(st *admin.Status, calls *[]string) funcProxy {
 		status: func(context.Context) (admin.Status, error) { return *st, nil },
 		fence: func(_ context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
 			*calls = append(*calls, "fence "+map[bool]string{true: "on", false: "off"}[req.Fenced])
+			if !req.Fenced && req.ExpectBackend != "" && sameURL(req.ExpectBackend) != sameURL(st.Backend) {
+				return admin.FenceResponse{Status: *st}, fmt.Errorf("409: on %s, not %s", st.Backend, req.ExpectBackend)
+			}
 			st.Fenced = req.Fenced
 			st.Generation++
 			return admin.FenceResponse{Status: *st, Barrier: &admin.Barrier{Complete: true}}, nil

@@ -157,6 +157,9 @@ func (ra routedAdmin) Status(ctx context.Context) (admin.Status, error) {
 }
 
 func (ra routedAdmin) Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+	if req.ExpectBackend != "" {
+		req.ExpectBackend = ra.toOwn(req.ExpectBackend)
+	}
 	resp, err := ra.proxyAdmin.Fence(ctx, req)
 	resp.Status.Backend = ra.toPlan(resp.Status.Backend)
 	return resp, err

@@ -285,6 +285,55 @@ func TestAbortPutsAStrayProxyBack(t *testing.T) {
 	}
 }
 
+// TestAbortKeepsAnUncheckedProxyFenced: a proxy whose switch answer was lost (it is on green)
+// and that cannot be looked at when the abort puts the proxies back, but answers the unfence a
+// moment later, stays fenced: the unfence expects blue. The abort is incomplete; run again, it
+// puts that proxy back on blue and opens it.
+func TestAbortKeepsAnUncheckedProxyFenced(t *testing.T) {
+	w := newDecisionWorld(t, false, StepSwitch, true)
+	var callsB []string
+	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
+	b := memProxy(stB, &callsB)
+	inner, innerStatus, down := b.setBackend, b.status, false
+	b.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+		resp, err := inner(ctx, req)
+		if req.URL == w.r.p.Green.APIServer.URL {
+			down = true // not looked at again until the unfence
+			return admin.BackendResponse{}, errors.New("the answer to backend set was lost")
+		}
+		return resp, err
+	}
+	b.status = func(ctx context.Context) (admin.Status, error) {
+		if down {
+			return admin.Status{}, errors.New("connection refused")
+		}
+		return innerStatus(ctx)
+	}
+	group := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: b}}}
+	w.r.adm = group
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "proxy b") {
+		t.Fatalf("report %+v, err %v; want the abort incomplete, naming proxy b", rep, err)
+	}
+	blue, green := w.r.p.Blue.APIServer.URL, w.r.p.Green.APIServer.URL
+	if stB.Backend != green || !stB.Fenced {
+		t.Fatalf("proxy b %+v: want still fenced on green", stB)
+	}
+	if w.st.Backend != blue || w.st.Fenced {
+		t.Fatalf("proxy a %+v: want open on blue", w.st)
+	}
+	down = false
+	if _, err := w.r.abortByOperator(t.Context()); err != nil {
+		t.Fatalf("abort again: %v", err)
+	}
+	if stB.Backend != blue || stB.Fenced {
+		t.Fatalf("after the second abort proxy b %+v: want open on blue", stB)
+	}
+}
+
 // TestRoutedPartialSwitchGoesBack: a switch one routed proxy refuses puts the others back on
 // their own blue apiservers, not on the plan's.
 func TestRoutedPartialSwitchGoesBack(t *testing.T) {

@@ -146,7 +146,7 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 		return err
 	}
 	if st, err := r.adm.Status(ctx); err != nil || st.Fenced {
-		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
 			return fmt.Errorf("unfence: %w; run 'kubefence fence off' on every proxy", err)
 		}
 	}

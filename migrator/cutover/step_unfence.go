@@ -17,7 +17,7 @@ func (unfenceStep) pastNoReturn() bool            { return true }
 func (unfenceStep) describe(*runner, bool) string { return "kubefence fence off" }
 
 func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
-	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false})
+	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.to.api.URL})
 	if err != nil {
 		return "", err
 	}

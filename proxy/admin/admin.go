@@ -101,6 +101,9 @@ type FenceRequest struct {
 	WaitTimeout Duration `json:"waitTimeout,omitempty"`
 	// Mode is ModeRefuse (the default) or ModeHold; only for fence on.
 	Mode string `json:"mode,omitempty"`
+	// ExpectBackend, only for fence off: writes open only if the proxy's backend is this URL (a
+	// trailing slash aside); on another the request is refused (409) and the fence stays on.
+	ExpectBackend string `json:"expectBackend,omitempty"`
 }
 
 // InflightWrite describes a write still running when the barrier timed out.

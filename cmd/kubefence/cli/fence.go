@@ -236,16 +236,21 @@ func describeInflight(r admin.InflightWrite) string {
 	return fmt.Sprintf("%s, running %s", s, time.Duration(r.Running).Round(time.Millisecond))
 }
 
-type fenceOffOptions struct{ adminOptions }
+type fenceOffOptions struct {
+	adminOptions
+	expectBackend string
+}
 
 func newFenceOffCommand(g *globals) *cobra.Command {
-	o := &fenceOffOptions{adminOptions{printOptions: printOptions{Streams: g.streams}}}
-	return o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o)
+	o := &fenceOffOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
+	cmd := o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o)
+	cmd.Flags().StringVar(&o.expectBackend, "expect-backend", "", "open writes only on a proxy whose backend is this URL; a proxy on another stays fenced and the command fails naming it")
+	return cmd
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
 	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
-		return c.Fence(ctx, admin.FenceRequest{Fenced: false})
+		return c.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: o.expectBackend})
 	}, func(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintf(w, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
 	})
