@@ -2,8 +2,10 @@ package cutover
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -149,31 +151,46 @@ func objectMetaField(b []byte) []byte {
 }
 
 // watchBlueWrites watches blue etcd for d and returns the writes clients made (not kube-apiserver's
-// own keys, not the deletes of a lease expiry), and how many events it saw in all.
-func watchBlueWrites(ctx context.Context, cli *clientv3.Client, d time.Duration) ([]blueWrite, int, error) {
-	rev, err := replicate.Revision(ctx, cli)
+// own keys, not the deletes of a lease expiry), how many events it saw in all, and when it
+// ended. Once d is up it reads blue's revision and goes on until it has seen that revision, so
+// every write blue acknowledged before the end is in it, and nothing after that revision is.
+func watchBlueWrites(ctx context.Context, cli *clientv3.Client, d time.Duration) ([]blueWrite, int, time.Time, error) {
+	from, err := replicate.Revision(ctx, cli)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, time.Time{}, err
 	}
-	wctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), d)
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	wch := cli.Watch(wctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(from+1), clientv3.WithPrevKV())
+	timer := time.NewTimer(d)
+	defer timer.Stop()
 	var out []blueWrite
-	seen := 0
-	for resp := range cli.Watch(wctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(rev+1), clientv3.WithPrevKV()) {
-		if err := resp.Err(); err != nil && wctx.Err() == nil {
-			return nil, seen, fmt.Errorf("watching blue etcd: %w", err)
-		}
-		for _, ev := range resp.Events {
-			seen++
-			if w, ok := clientWrite(ev); ok {
-				out = append(out, w)
+	var end time.Time
+	last, upTo, seen := from, int64(0), 0 // upTo: blue's revision at the end, once d is up
+	for upTo == 0 || last < upTo {
+		select {
+		case <-timer.C:
+			end = time.Now() // before the read: a write acknowledged by then is at most upTo
+			if upTo, err = replicate.Revision(ctx, cli); err != nil {
+				return nil, seen, end, fmt.Errorf("reading blue's revision at the end of the watch: %w", err)
+			}
+		case resp, ok := <-wch:
+			if err := cmp.Or(resp.Err(), ctx.Err()); err != nil || !ok {
+				return nil, seen, end, fmt.Errorf("watching blue etcd: %w", cmp.Or(err, errors.New("the watch ended")))
+			}
+			for _, ev := range resp.Events {
+				if upTo > 0 && ev.Kv.ModRevision > upTo {
+					last = upTo // every revision up to upTo has been seen
+					break
+				}
+				last, seen = ev.Kv.ModRevision, seen+1
+				if w, ok := clientWrite(ev); ok {
+					out = append(out, w)
+				}
 			}
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, seen, ctx.Err()
-	}
-	return out, seen, nil
+	return out, seen, end, nil
 }
 
 // clientWrite is the write ev records, unless it is kube-apiserver's own or a lease expiry.
@@ -334,11 +351,10 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 	}
 	defer cli.Close()
 	start := time.Now()
-	blue, seen, err := watchBlueWrites(ctx, cli, d)
+	blue, seen, end, err := watchBlueWrites(ctx, cli, d)
 	if err != nil {
 		return "", err
 	}
-	end := time.Now()
 	g, ok := r.adm.(writesLister)
 	if !ok {
 		return "", fmt.Errorf("the proxies' admin API cannot list forwarded writes")
