@@ -42,7 +42,7 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		rep.Error += "; abort: " + abortErr.Error()
 		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
 	} else {
-		rep.Next = nextAfterAbort
+		rep.Next = nextAfterAbort + r.p.leftOnHosts()
 		if r.main != nil {
 			rep.Next = afterRollbackAbort
 		}
@@ -123,6 +123,33 @@ func (r *runner) proxiesBack(ctx context.Context) error {
 		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)
 	}
 	return nil
+}
+
+// leftOnHosts names, for the advice after an abort, the green processes other hosts started,
+// which kubefence does not stop ("" if none).
+func (p *Plan) leftOnHosts() string {
+	left := p.startedByHosts()
+	if len(left) == 0 {
+		return ""
+	}
+	return "; their hosts started " + strings.Join(left, ", ") + ", which kubefence does not stop: stop them there"
+}
+
+// startedByHosts are the green processes other hosts start: green.apiservers without a
+// command, external etcd members.
+func (p *Plan) startedByHosts() []string {
+	var left []string
+	for _, a := range p.Green.APIServers {
+		if len(a.Command) == 0 {
+			left = append(left, "green apiserver "+a.URL)
+		}
+	}
+	for _, m := range p.Green.Etcd.Members {
+		if m.External {
+			left = append(left, "green etcd member "+m.Name)
+		}
+	}
+	return left
 }
 
 // stopGreen stops green's apiserver (or removes the static pod manifest the cutover placed,
@@ -206,7 +233,7 @@ func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep := r.report(ResultAborted, nil)
-	rep.Next = nextAfterAbort
+	rep.Next = nextAfterAbort + r.p.leftOnHosts()
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
 }

@@ -13,6 +13,8 @@ type CleanupReport struct {
 	Stopped []string `json:"stopped"`
 	// RemovedDataDirs says whether the green data dirs this cutover restored were removed.
 	RemovedDataDirs bool `json:"removedDataDirs"`
+	// LeftOnHosts names the green processes other hosts started, which cleanup does not stop.
+	LeftOnHosts []string `json:"leftOnHosts,omitempty"`
 }
 
 // Cleanup stops the green processes that an aborted cutover, a rehearsal or a rollback left
@@ -41,7 +43,7 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 	case StateRollingBack:
 		return nil, fmt.Errorf("cutover %s is rolling back: finish it with 'kubefence cutover rollback --resume' first", j.ID)
 	}
-	rep := &CleanupReport{ID: j.ID, State: j.State}
+	rep := &CleanupReport{ID: j.ID, State: j.State, LeftOnHosts: r.p.startedByHosts()}
 	var err error
 	if rep.Stopped, err = r.stopGreen(); err != nil {
 		return rep, err

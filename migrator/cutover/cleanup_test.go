@@ -18,6 +18,7 @@ func TestCleanup(t *testing.T) {
 		wantErr             string
 		wantStopped         []int
 		wantDirGone         bool
+		hostStarted         bool // green.apiservers holds one its host starts: named, not stopped
 	}{
 		{name: "in progress", state: StateRunning, wantErr: "in progress"},
 		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
@@ -25,6 +26,7 @@ func TestCleanup(t *testing.T) {
 		{name: "rolling back", state: StateRollingBack, wantErr: "rollback --resume"},
 		{name: "rolled back", state: StateRolledBack, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
 		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
+		{name: "aborted, an apiserver its host started", state: StateAborted, marker: "x", wantStopped: []int{101, 102}, hostStarted: true},
 		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
 		{name: "someone else's data dir", state: StateAborted, marker: "other-run", remove: true, wantStopped: []int{101, 102}, wantErr: "not restored by cutover x"},
 	}
@@ -41,6 +43,9 @@ func TestCleanup(t *testing.T) {
 			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 				t.Fatal(err)
 			}
+			if tc.hostStarted {
+				p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://host2:6443"}}}
+			}
 			var stopped []int
 			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
 			r := (&runner{p: p, j: j, procs: fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)}).forward()
@@ -51,6 +56,9 @@ func TestCleanup(t *testing.T) {
 				}
 			} else if err != nil || len(rep.Stopped) != len(tc.wantStopped) {
 				t.Fatalf("cleanup = %+v, %v", rep, err)
+			}
+			if tc.wantErr == "" && tc.hostStarted != slices.Equal(rep.LeftOnHosts, []string{"green apiserver https://host2:6443"}) {
+				t.Errorf("left on hosts %q; want host2's apiserver named: %v", rep.LeftOnHosts, tc.hostStarted)
 			}
 			slices.Sort(stopped)
 			if !slices.Equal(stopped, tc.wantStopped) {

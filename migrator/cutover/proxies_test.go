@@ -334,6 +334,33 @@ func TestAbortKeepsAnUncheckedProxyFenced(t *testing.T) {
 	}
 }
 
+// TestAbortNamesWhatRunsOnOtherHosts: green apiservers and etcd members that their own hosts
+// started keep running after an abort (kubefence stops only what it started); the report says
+// which, so the operator stops them there.
+func TestAbortNamesWhatRunsOnOtherHosts(t *testing.T) {
+	w := newDecisionWorld(t, false, StepVerify, false)
+	w.r.p.Green.APIServers = []GreenAPIServer{
+		{APIServerRef: APIServerRef{URL: "https://host2:6443"}},
+		{APIServerRef: APIServerRef{URL: "https://host3:6443"}, Command: []string{"kube-apiserver"}},
+	}
+	w.r.p.Green.Etcd.Members = append(w.r.p.Green.Etcd.Members, GreenMember{Name: "green-2", Learner: true, External: true})
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep.Result != ResultAborted {
+		t.Fatalf("report %+v, err %v; want the cutover aborted", rep, err)
+	}
+	for _, want := range []string{"https://host2:6443", "green-2"} {
+		if !strings.Contains(rep.Next, want) {
+			t.Errorf("next %q does not name %s", rep.Next, want)
+		}
+	}
+	if strings.Contains(rep.Next, "host3") {
+		t.Errorf("next %q names host3's apiserver, which kubefence started and stopped", rep.Next)
+	}
+}
+
 // TestRoutedPartialSwitchGoesBack: a switch one routed proxy refuses puts the others back on
 // their own blue apiservers, not on the plan's.
 func TestRoutedPartialSwitchGoesBack(t *testing.T) {

@@ -152,6 +152,9 @@ func (o *cutoverCleanupOptions) Run(ctx context.Context) error {
 		if rep.RemovedDataDirs {
 			fmt.Fprintln(w, "green data dirs it restored: removed")
 		}
+		if len(rep.LeftOnHosts) > 0 {
+			fmt.Fprintf(w, "their hosts started %s, which kubefence does not stop: stop them there\n", strings.Join(rep.LeftOnHosts, ", "))
+		}
 	})
 	return errors.Join(err, perr)
 }
