@@ -366,3 +366,39 @@ func TestStepTable(t *testing.T) {
 		t.Errorf("unfence timeout %s, want its own (7s), the switch's staying %s", got, sw)
 	}
 }
+
+// TestReportKeepsTheFenceBarrier: the time the fence waited for the writes admitted before it
+// (the slowest proxy's) is journaled and reported, so that a window can be split into blue's
+// own write latency and kubefence's steps.
+func TestReportKeepsTheFenceBarrier(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	for i, s := range w.r.steps {
+		if s.name() == StepFence {
+			w.r.steps[i] = fenceStep{}
+		}
+	}
+	inner := memProxy(w.st, &w.calls)
+	adm := inner
+	adm.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		resp, err := inner.fence(ctx, req)
+		if req.Fenced {
+			resp.Barrier.Waited = admin.Duration(12 * time.Millisecond)
+		}
+		return resp, err
+	}
+	w.r.adm = adm
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.r.run(t.Context())
+	if err != nil || rep.Result != ResultDone {
+		t.Fatalf("report %+v, %v", rep, err)
+	}
+	if rep.FenceBarrier != 12*time.Millisecond {
+		t.Errorf("report's fence barrier %s, want 12ms", rep.FenceBarrier)
+	}
+	j, err := LoadJournal(w.r.p.StateDir)
+	if err != nil || j.FenceBarrier != 12*time.Millisecond {
+		t.Errorf("journal's fence barrier %v (%v), want 12ms", j, err)
+	}
+}

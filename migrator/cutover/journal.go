@@ -42,6 +42,10 @@ type Journal struct {
 	// grows with every change of the proxy's state, so a different one before the switch means
 	// someone changed the fence (fence off and on by hand) and writes may have reached blue.
 	FenceGeneration uint64 `json:"fenceGeneration,omitempty"`
+	// FenceBarrier is how long the fence waited for the writes admitted before it to be answered
+	// (the slowest of them across the proxies): part of the window that is blue's own write
+	// latency, not kubefence's steps.
+	FenceBarrier time.Duration `json:"fenceBarrierNanos,omitempty"`
 	// StaticPodPlaced is the manifest the cutover wrote into the kubelet's directory (abort
 	// removes it, and only it).
 	StaticPodPlaced string `json:"staticPodPlaced,omitempty"`

@@ -63,10 +63,13 @@ type Report struct {
 	Result string `json:"result"` // ResultDone, ResultAborted, ResultFailed
 	// WriteUnavailability is fence on → fence off: the time writes were refused.
 	WriteUnavailability time.Duration `json:"writeUnavailabilityNanos,omitempty"`
-	Steps               []StepRecord  `json:"steps"`
-	RefusedWrites       uint64        `json:"refusedWrites"`
-	SnapshotRevision    int64         `json:"snapshotRevision,omitempty"`
-	SnapshotBytes       int64         `json:"snapshotBytes,omitempty"`
+	// FenceBarrier is the part of it the fence spent waiting for the writes admitted before it
+	// (their latency on blue).
+	FenceBarrier     time.Duration `json:"fenceBarrierNanos,omitempty"`
+	Steps            []StepRecord  `json:"steps"`
+	RefusedWrites    uint64        `json:"refusedWrites"`
+	SnapshotRevision int64         `json:"snapshotRevision,omitempty"`
+	SnapshotBytes    int64         `json:"snapshotBytes,omitempty"`
 	// SwitchRevision (mode replicate) is the etcd revision blue and green were both at when the
 	// proxy was switched.
 	SwitchRevision int64 `json:"switchRevision,omitempty"`
@@ -333,6 +336,7 @@ func (r *runner) report(result string, err error) *Report {
 	if !j.FencedAt.IsZero() && !j.UnfencedAt.IsZero() {
 		rep.WriteUnavailability = j.UnfencedAt.Sub(j.FencedAt)
 	}
+	rep.FenceBarrier = j.FenceBarrier
 	if j.RefusedAtUnfence >= j.RefusedAtFence {
 		rep.RefusedWrites = j.RefusedAtUnfence - j.RefusedAtFence
 	}

@@ -52,6 +52,7 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.j.FencedAt.IsZero() {
 		r.j.FencedAt = sent
 		r.j.RefusedAtFence = st.RefusedWrites
+		r.j.FenceBarrier = time.Duration(resp.Barrier.Waited)
 	}
 	r.j.FenceGeneration = resp.Status.Generation
 	what := "refused"

@@ -114,7 +114,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 func summarize(out io.Writer, c config, results map[key][]result) {
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\trollback median\trollback max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
+	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\tbarrier median\trollback median\trollback max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
 	for _, n := range c.sizes {
 		for _, rate := range c.rates {
 			rs := results[key{n, rate}]
@@ -127,8 +127,9 @@ func summarize(out io.Writer, c config, results map[key][]result) {
 				lagMax = max(lagMax, r.lagRevisions)
 				slowest = max(slowest, r.slowestWrite)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
 				ms(medianOf(rs, func(r result) time.Duration { return r.window })), ms(maxOf(rs, func(r result) time.Duration { return r.window })),
+				ms(medianOf(rs, func(r result) time.Duration { return r.barrier })),
 				ms(medianOf(rs, func(r result) time.Duration { return r.rollback })), ms(maxOf(rs, func(r result) time.Duration { return r.rollback })),
 				medianRate(rs), lagMax, ms(medianOf(rs, func(r result) time.Duration { return r.drain })), ok, failed, ms(slowest), reads, failedReads)
 		}
@@ -152,6 +153,14 @@ func summarize(out io.Writer, c config, results map[key][]result) {
 		if len(medians) > 1 {
 			first, last := medians[0], medians[len(medians)-1]
 			fmt.Fprintf(out, "; %d -> %d configmaps: %.2fx (target <= 1.3x)", c.sizes[0], c.sizes[len(c.sizes)-1], float64(last)/float64(first))
+			if rate > 0 {
+				// The barrier is blue's own latency for the writes in flight at the flip.
+				steps := func(n int) time.Duration {
+					return medianOf(results[key{n, rate}], func(r result) time.Duration { return r.window - r.barrier })
+				}
+				a, b := steps(c.sizes[0]), steps(c.sizes[len(c.sizes)-1])
+				fmt.Fprintf(out, "; the window less the barrier: %s -> %s, %.2fx", ms(a), ms(b), float64(b)/float64(a))
+			}
 		}
 		fmt.Fprintln(out)
 	}

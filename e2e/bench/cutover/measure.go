@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,7 @@ func populateTemplate(ctx context.Context, n int, out io.Writer) (*template, err
 type result struct {
 	objects, rate             int
 	window, drain             time.Duration
+	barrier                   time.Duration // the fence's wait for the writes admitted before it
 	rollback                  time.Duration // the rollback's window, 0 when not measured
 	revisionsPerSecond        float64
 	lagRevisions              int64
@@ -94,7 +96,7 @@ type result struct {
 	verified                  int
 	reads, failedReads        int64
 	writesOK, writesFailed    int64
-	slowestWrite              time.Duration
+	slowestWrite, writeP50    time.Duration
 	snapshotMB                float64
 	greenAPIServer, verifyDur time.Duration
 	parts                     string // the window's steps and their durations
@@ -105,9 +107,9 @@ func (r result) line(run int) string {
 	if r.rollback > 0 {
 		rb = "; rollback window " + ms(r.rollback)
 	}
-	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, slowest %s; lists %d, failed %d)",
-		r.objects, ms(r.window), rb, run, writerName(r.rate), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
-		r.writesOK, r.writesFailed, ms(r.slowestWrite), r.reads, r.failedReads)
+	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; barrier %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, p50 %s, slowest %s; lists %d, failed %d)",
+		r.objects, ms(r.window), rb, run, writerName(r.rate), ms(r.barrier), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
+		r.writesOK, r.writesFailed, ms(r.writeP50), ms(r.slowestWrite), r.reads, r.failedReads)
 }
 
 // measure starts blue on a copy of tmpl behind a proxy, writes through the proxy at rate (0:
@@ -167,7 +169,8 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int, rollback
 		r.rollback = rb.WriteUnavailability
 	}
 	r.reads, r.failedReads = load.reads.Load(), load.failedReads.Load()
-	r.writesOK, r.writesFailed, r.slowestWrite = load.ok.Load(), load.failed.Load(), time.Duration(load.slowest.Load())
+	r.writesOK, r.writesFailed = load.ok.Load(), load.failed.Load()
+	r.writeP50, r.slowestWrite = load.latencies()
 	if r.writesFailed > 0 || r.failedReads > 0 {
 		return r, fmt.Errorf("%d writes and %d lists through the proxy failed: %s", r.writesFailed, r.failedReads, load.firstError())
 	}
@@ -176,7 +179,7 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int, rollback
 
 // fill takes the report's figures.
 func (r *result) fill(rep *cutover.Report) {
-	r.window = rep.WriteUnavailability
+	r.window, r.barrier = rep.WriteUnavailability, rep.FenceBarrier
 	r.snapshotMB = float64(rep.SnapshotBytes) / 1e6
 	var parts []string
 	var between time.Duration // from the fence step's end to the unfence step's start, outside any step
@@ -293,12 +296,13 @@ func runReport(ctx context.Context, want, bin string, args ...string) (*cutover.
 // load is the traffic through the proxy during a cutover: a lister every 10 ms and, at rate
 // writes/s, a client-go writer updating configmaps of its own.
 type load struct {
-	cancel              context.CancelFunc
-	wg                  sync.WaitGroup
-	reads, failedReads  atomic.Int64
-	ok, failed, slowest atomic.Int64
-	mu                  sync.Mutex
-	firstErr            error
+	cancel             context.CancelFunc
+	wg                 sync.WaitGroup
+	reads, failedReads atomic.Int64
+	ok, failed         atomic.Int64
+	mu                 sync.Mutex
+	firstErr           error
+	took               []time.Duration // each acknowledged write's latency
 }
 
 func startLoad(ctx context.Context, cs *kubernetes.Clientset, rate int) *load {
@@ -350,9 +354,9 @@ func (l *load) write(ctx context.Context, cs *kubernetes.Clientset, rate int) {
 				return
 			}
 			l.ok.Add(1)
-			d := int64(time.Since(start))
-			for cur := l.slowest.Load(); d > cur && !l.slowest.CompareAndSwap(cur, d); cur = l.slowest.Load() {
-			}
+			l.mu.Lock()
+			l.took = append(l.took, time.Since(start))
+			l.mu.Unlock()
 		})
 	}
 }
@@ -363,6 +367,17 @@ func (l *load) note(err error) {
 	if l.firstErr == nil {
 		l.firstErr = err
 	}
+}
+
+// latencies are the median and the slowest acknowledged write's latency.
+func (l *load) latencies() (p50, slowest time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.took) == 0 {
+		return 0, 0
+	}
+	v := slices.Sorted(slices.Values(l.took))
+	return v[len(v)/2], v[len(v)-1]
 }
 
 func (l *load) firstError() error {
