@@ -24,6 +24,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 
+	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -144,6 +145,7 @@ func (s *Server) Status() admin.Status {
 		listen = s.apiLn.Addr().String()
 	}
 	return admin.Status{
+		APILevel: admin.APILevel, Version: version.Version,
 		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,

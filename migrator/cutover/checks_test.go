@@ -55,13 +55,13 @@ func (f *fakeProxy) serve(w http.ResponseWriter, r *http.Request) {
 	var out any
 	switch r.URL.Path {
 	case "/v1/status":
-		out = f.st
+		out = speaking(f.st)
 	case "/v1/fence":
 		var req admin.FenceRequest
 		_ = json.NewDecoder(r.Body).Decode(&req)
 		f.st.Fenced, f.st.Reason = req.Fenced, req.Reason
 		f.st.Generation++
-		resp := admin.FenceResponse{Status: f.st}
+		resp := admin.FenceResponse{Status: speaking(f.st)}
 		if req.Fenced {
 			resp.Barrier = &admin.Barrier{Complete: true}
 		}

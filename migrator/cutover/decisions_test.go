@@ -28,10 +28,19 @@ func (f funcProxy) SetBackend(ctx context.Context, req admin.BackendRequest) (ad
 	return f.setBackend(ctx, req)
 }
 
+// speaking is st as a proxy of this build reports it, unless st names a version (the tests of
+// older proxies do).
+func speaking(st admin.Status) admin.Status {
+	if st.Version == "" {
+		st.APILevel = admin.APILevel
+	}
+	return st
+}
+
 // memProxy is a funcProxy over st; calls lists the changes asked of it.
 func memProxy(st *admin.Status, calls *[]string) funcProxy {
 	return funcProxy{
-		status: func(context.Context) (admin.Status, error) { return *st, nil },
+		status: func(context.Context) (admin.Status, error) { return speaking(*st), nil },
 		fence: func(_ context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
 			*calls = append(*calls, "fence "+map[bool]string{true: "on", false: "off"}[req.Fenced])
 			if !req.Fenced && req.ExpectBackend != "" && sameURL(req.ExpectBackend) != sameURL(st.Backend) {
@@ -39,14 +48,14 @@ func memProxy(st *admin.Status, calls *[]string) funcProxy {
 			}
 			st.Fenced = req.Fenced
 			st.Generation++
-			return admin.FenceResponse{Status: *st, Barrier: &admin.Barrier{Complete: true}}, nil
+			return admin.FenceResponse{Status: speaking(*st), Barrier: &admin.Barrier{Complete: true}}, nil
 		},
 		setBackend: func(_ context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
 			*calls = append(*calls, "backend "+req.URL)
 			prev := st.Backend
 			st.Backend = req.URL
 			st.Generation++
-			return admin.BackendResponse{Status: *st, Previous: prev}, nil
+			return admin.BackendResponse{Status: speaking(*st), Previous: prev}, nil
 		},
 	}
 }

@@ -280,6 +280,7 @@ func statuses[T any](res []admin.Result[T], get func(T) admin.Status) []admin.Re
 // mergeStatus is the group's state as one proxy's.
 func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 	var out admin.Status
+	out.APILevel, out.Version = oldestProxies(res)
 	backends := map[string][]string{}
 	for _, r := range res {
 		st := r.Value
@@ -313,6 +314,49 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 	}
 	out.Backend = "mixed: " + strings.Join(parts, "; ")
 	return out
+}
+
+// oldestProxies is the lowest admin API level among the proxies and, for messages, the proxies
+// that speak it with their kubefence versions: a merged status's Version names them.
+func oldestProxies(res []admin.Result[admin.Status]) (int, string) {
+	if len(res) == 0 {
+		return 0, ""
+	}
+	lowest := slices.MinFunc(res, func(a, b admin.Result[admin.Status]) int { return a.Value.APILevel - b.Value.APILevel }).Value.APILevel
+	var names []string
+	for _, r := range res {
+		if r.Value.APILevel == lowest {
+			v := r.Value.Version
+			if v == "" {
+				v = "from before admin API levels"
+			}
+			names = append(names, r.Proxy+" (kubefence "+v+")")
+		}
+	}
+	return lowest, strings.Join(names, ", ")
+}
+
+// proxiesSpeakOurs asks every proxy of the plan for its status and checks its admin API level.
+func proxiesSpeakOurs(ctx context.Context, p *Plan) error {
+	g, err := newProxyGroup(p)
+	if err != nil {
+		return err
+	}
+	st, err := g.Status(ctx)
+	if err != nil {
+		return err
+	}
+	return checkAPILevel(st)
+}
+
+// checkAPILevel refuses proxies that speak an older admin API than this kubefence (st is the
+// group's merged status): they would refuse a field the window sends (fence off's
+// expectBackend) and leave writes fenced.
+func checkAPILevel(st admin.Status) error {
+	if st.APILevel >= admin.APILevel {
+		return nil
+	}
+	return fmt.Errorf("proxy %s speaks admin API level %d, this kubefence needs %d: it would refuse what the window asks of it (fence off --expect-backend) and leave writes fenced. Upgrade the proxies to this kubefence first (a restarted proxy keeps its fence state and backend), or run the cutover with the proxies' kubefence", st.Version, st.APILevel, admin.APILevel)
 }
 
 // proxyNames lists the plan's proxies for messages.

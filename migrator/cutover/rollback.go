@@ -40,6 +40,9 @@ const afterRollbackAbort = "green serves as before and writes are open; blue no 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
 func Rollback(ctx context.Context, o Options) (*Report, error) {
+	if err := proxiesSpeakOurs(ctx, o.Plan); err != nil {
+		return nil, err // before the baking process is stopped
+	}
 	lock, main, err := takeOver(ctx, o.Plan)
 	if err != nil {
 		return nil, err

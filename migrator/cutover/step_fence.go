@@ -28,6 +28,9 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := checkAPILevel(st); err != nil {
+		return "", err
+	}
 	reason := r.p.Proxy.Reason
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID

@@ -101,6 +101,8 @@ func (r *runner) checkProxyOnBlue(ctx context.Context) error {
 	switch {
 	case err != nil:
 		return err
+	case checkAPILevel(st) != nil:
+		return checkAPILevel(st)
 	case st.Fenced:
 		return fmt.Errorf("the proxy is already fenced (%s): a cutover starts from an open proxy", st.Reason)
 	case st.Backend != strings.TrimSuffix(r.p.Blue.APIServer.URL, "/"):

@@ -26,10 +26,20 @@ import (
 // DefaultSocket is where the proxy listens for admin requests unless --admin-socket says otherwise.
 const DefaultSocket = "/run/kubefence/admin.sock"
 
+// APILevel is the admin API this build speaks. It grows whenever a request gains a field an
+// older proxy would refuse (the proxy refuses unknown fields): 1 added fence off's
+// expectBackend. A cutover refuses proxies below its own level before it fences anything, so a
+// newer kubefence never finds out at the unfence that a proxy cannot understand it.
+const APILevel = 1
+
 // Status is the proxy's acknowledged state and live counters.
 type Status struct {
-	Fenced bool   `json:"fenced"`
-	Reason string `json:"reason,omitempty"`
+	// APILevel is the admin API the proxy speaks (0: a proxy from before levels existed);
+	// Version is its kubefence build.
+	APILevel int    `json:"apiLevel"`
+	Version  string `json:"version,omitempty"`
+	Fenced   bool   `json:"fenced"`
+	Reason   string `json:"reason,omitempty"`
 	// Unconfirmed is set while the proxy serves nothing (503) because its state file was
 	// unreadable at start-up; 'backend set' confirms a backend.
 	Unconfirmed bool      `json:"unconfirmed,omitempty"`
@@ -279,6 +289,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if resp.StatusCode/100 != 2 {
 		var e Error
 		if json.Unmarshal(data, &e) == nil && e.Error != "" {
+			if resp.StatusCode == http.StatusBadRequest && strings.Contains(e.Error, "unknown field") {
+				e.Error += fmt.Sprintf(" (the proxy speaks an older admin API than this kubefence's level %d: 'kubefence fence status' shows its version; upgrade the proxy)", APILevel)
+			}
 			return &APIError{Code: resp.StatusCode, Message: e.Error}
 		}
 		return &APIError{Code: resp.StatusCode, Message: fmt.Sprintf("admin API answered %s", resp.Status)}

@@ -3,6 +3,10 @@ package admin
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -23,5 +27,26 @@ func TestEachNamesEveryProxyThatFailed(t *testing.T) {
 	}
 	if _, err := Each(context.Background(), g, func(context.Context, *Client) (int, error) { return 1, nil }); err != nil {
 		t.Fatalf("all acknowledged: %v", err)
+	}
+}
+
+// TestOlderProxyNamedInTheError: a proxy from before a request field refuses it as unknown; the
+// client says that the proxy is older and what to do, not only "bad request".
+func TestOlderProxyNamedInTheError(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":"bad request body: json: unknown field \"expectBackend\""}`)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	_, err = NewClient(sock).Fence(t.Context(), FenceRequest{ExpectBackend: "https://green:6443"})
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Code != http.StatusBadRequest || !strings.Contains(err.Error(), "unknown field") || !strings.Contains(err.Error(), "older admin API") || !strings.Contains(err.Error(), "upgrade the proxy") {
+		t.Fatalf("error %v, want the 400 saying the proxy is older and what to do", err)
 	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -312,6 +313,7 @@ func printStatus(w io.Writer, st admin.Status) {
 		state += "; backend UNCONFIRMED, serving nothing (503) until 'kubefence backend set URL'"
 	}
 	fmt.Fprintf(tw, "fence:\t%s\n", state)
+	fmt.Fprintf(tw, "proxy:\tkubefence %s (admin API level %d)\n", cmp.Or(st.Version, "older than admin API levels"), st.APILevel)
 	if st.Reason != "" {
 		fmt.Fprintf(tw, "reason:\t%s\n", st.Reason)
 	}
