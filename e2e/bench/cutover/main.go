@@ -12,9 +12,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -48,7 +50,12 @@ func main() {
 		os.Exit(2)
 	}
 	c.window = time.Second
-	if err := run(context.Background(), c, os.Stdout); err != nil {
+	// Ctrl-C or SIGTERM cancels the run, so that every process it started is stopped and its
+	// temporary directories (gigabytes for large sizes) are removed before it exits.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err = run(ctx, c, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
 		os.Exit(1)
 	}

@@ -14,10 +14,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -56,7 +58,12 @@ func main() {
 	flag.StringVar(&c.holdProfile, "hold-cpuprofile", "", "write a CPU profile of the kubefence proxy from fence off in the hold scenario to this file")
 	flag.StringVar(&c.only, "only", "", "run only one scenario: "+strings.Join(scenarioNames, ", "))
 	flag.Parse()
-	if err := run(context.Background(), c, os.Stdout); err != nil {
+	// Ctrl-C or SIGTERM cancels the run, so that every process it started is stopped and its
+	// temporary directories (gigabytes for large sizes) are removed before it exits.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, c, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-proxy:", err)
 		os.Exit(1)
 	}
