@@ -149,7 +149,7 @@ func (s *Server) Status() admin.Status {
 		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
-		Mode: st.Mode, Hold: s.holder.status(),
+		Mode: st.Mode, Hold: s.holder.status(), Now: time.Now().UTC(),
 	}
 }
 

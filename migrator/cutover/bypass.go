@@ -268,21 +268,63 @@ type writesLister interface {
 	Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error)
 }
 
-// Writes lists the writes every proxy forwarded since since; a proxy whose log does not reach
-// back that far is named in the error's place, incomplete.
+// Writes lists the writes every proxy forwarded since since, their times on this host's clock
+// (each proxy's clock is measured first, and kept in clockOffsets); a proxy whose log does not
+// reach back that far makes the answer incomplete.
 func (g *proxyGroup) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.WritesResponse, error) {
-		return listWrites(ctx, c, since)
+	type onOurClock struct {
+		admin.WritesResponse
+		offset time.Duration
+	}
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (onOurClock, error) {
+		off, err := clockOffset(ctx, c)
+		if err != nil {
+			return onOurClock{}, err
+		}
+		ws, err := listWrites(ctx, c, since.Add(off))
+		for i := range ws.Writes {
+			ws.Writes[i].At = ws.Writes[i].At.Add(-off)
+		}
+		return onOurClock{ws, off}, err
 	})
 	if err != nil {
 		return admin.WritesResponse{}, err
 	}
 	out := admin.WritesResponse{Complete: true}
+	g.clockOffsets = map[string]time.Duration{}
 	for _, r := range res {
 		out.Writes = append(out.Writes, r.Value.Writes...)
 		out.Complete = out.Complete && r.Value.Complete
+		g.clockOffsets[r.Proxy] = r.Value.offset
 	}
 	return out, nil
+}
+
+// clockOffset is how far c's clock is ahead of this host's (behind if negative), from the time
+// its status carries and the middle of the request; 0 for a proxy whose status has no time.
+func clockOffset(ctx context.Context, c proxyAdmin) (time.Duration, error) {
+	t0 := time.Now()
+	st, err := c.Status(ctx)
+	if err != nil || st.Now.IsZero() {
+		return 0, err
+	}
+	rtt := time.Since(t0)
+	return st.Now.Sub(t0.Add(rtt / 2)), nil
+}
+
+// skewedClocks names the proxies whose clocks the last Writes found more than bypassSlack/5
+// away from this host's, for the preflight's summary.
+func (g *proxyGroup) skewedClocks() string {
+	var out []string
+	for _, pr := range g.proxies {
+		if off := g.clockOffsets[pr.Name]; off.Abs() > bypassSlack/5 {
+			out = append(out, fmt.Sprintf("%s %+v", pr.Name, off.Round(time.Millisecond)))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "; proxy clocks off this host's (their writes' times corrected): " + strings.Join(out, ", ")
 }
 
 // listWrites lists the writes one proxy forwarded since since.
@@ -334,10 +376,10 @@ func forwardedCounts(ws []admin.ForwardedWrite, end time.Time) map[[2]string]int
 
 // bypassSlack is how far before the watch the proxies' writes are counted (and after it). A
 // proxy logs a write when the backend answered it, after etcd applied it, so one clock would
-// need none; the slack covers the clocks of proxies on other hosts. It is short: every write
-// counted that the watch did not see hides one that went around the proxies. A proxy's clock
-// off by more than the slack does that too at one end of the watch (and reports writes that did
-// pass a proxy at the other): keep the proxies' hosts on NTP.
+// need none; the slack covers what is left of other hosts' clocks after proxyGroup.Writes
+// corrected them (by the middle of a status request: off by at most half its round trip) and
+// the time from etcd's apply to the proxy's answer. It is short: every write counted that the
+// watch did not see hides one that went around the proxies.
 const bypassSlack = 250 * time.Millisecond
 
 // checkBypass watches blue etcd for preflight.bypassWatch, compares with what the proxies
@@ -372,6 +414,9 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 	}
 	problems = append(problems, r.checkServiceEndpoints(ctx)...)
 	summary := fmt.Sprintf("watched blue etcd %s: %d client write(s) (%d events), %d forwarded by the proxies", d, len(blue), seen, len(fw.Writes))
+	if pg, ok := r.adm.(*proxyGroup); ok {
+		summary += pg.skewedClocks()
+	}
 	if len(problems) == 0 {
 		return summary + "; none went around them", nil
 	}

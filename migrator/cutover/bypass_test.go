@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -168,4 +169,60 @@ func TestForwardedCountsUntil(t *testing.T) {
 	if got := forwardedCounts(ws, end)[[2]string{"configmaps", "demo"}]; got != 2 {
 		t.Errorf("counted %d writes, want the 2 answered by the watch's end and its slack", got)
 	}
+}
+
+// skewedProxy is a proxy whose clock is off by skew: its status and its forwarded writes carry
+// its time; since is what the cutover asked it for.
+type skewedProxy struct {
+	funcProxy
+	skew   time.Duration
+	writes []admin.ForwardedWrite
+	since  time.Time
+}
+
+func (p *skewedProxy) Writes(_ context.Context, since time.Time) (admin.WritesResponse, error) {
+	p.since = since
+	return admin.WritesResponse{Writes: p.writes, Complete: true}, nil
+}
+
+// TestWritesOnOurClock: a proxy whose clock is seconds off (no NTP on its host) still has its
+// forwarded writes compared with the right part of the watch: the cutover measures its clock
+// against its own from the proxy's status, asks for its writes since the proxy's time of the
+// start, and gives back their times on its own clock. A proxy from before statuses carried the
+// time is taken as it is.
+func TestWritesOnOurClock(t *testing.T) {
+	for _, skew := range []time.Duration{3 * time.Second, -3 * time.Second, 0} {
+		t.Run(skew.String(), func(t *testing.T) {
+			now := time.Now()
+			p := &skewedProxy{skew: skew, writes: []admin.ForwardedWrite{{At: now.Add(skew), Verb: "create", Resource: "configmaps", Namespace: "demo"}}}
+			p.status = func(context.Context) (admin.Status, error) {
+				return admin.Status{APILevel: admin.APILevel, Now: time.Now().Add(skew)}, nil
+			}
+			g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "b", Client: p}}}
+			since := now.Add(-time.Minute)
+			got, err := g.Writes(t.Context(), since)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const tolerance = 100 * time.Millisecond
+			if d := p.since.Sub(since.Add(skew)).Abs(); d > tolerance {
+				t.Errorf("asked the proxy for writes since %s, want its time for %s (%s off)", p.since, since, d)
+			}
+			if d := got.Writes[0].At.Sub(now).Abs(); len(got.Writes) != 1 || d > tolerance {
+				t.Errorf("write at %s on our clock, want %s (%s off)", got.Writes[0].At, now, d)
+			}
+			if o := g.clockOffsets["b"]; (o - skew).Abs() > tolerance {
+				t.Errorf("proxy b's clock measured %s off, want %s", o, skew)
+			}
+		})
+	}
+	t.Run("older proxy", func(t *testing.T) {
+		p := &skewedProxy{writes: []admin.ForwardedWrite{{At: time.Unix(100, 0)}}}
+		p.status = func(context.Context) (admin.Status, error) { return admin.Status{}, nil }
+		g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "b", Client: p}}}
+		got, err := g.Writes(t.Context(), time.Unix(50, 0))
+		if err != nil || !p.since.Equal(time.Unix(50, 0)) || !got.Writes[0].At.Equal(time.Unix(100, 0)) {
+			t.Errorf("writes %+v since %s (%v): want them as the proxy gave them", got, p.since, err)
+		}
+	})
 }

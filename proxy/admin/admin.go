@@ -63,6 +63,10 @@ type Status struct {
 	Hold HoldStatus `json:"hold"`
 	// Listen is the address the proxy serves the API on (host:port).
 	Listen string `json:"listen,omitempty"`
+	// Now is the proxy's clock when it answered: the cutover measures a proxy's clock against
+	// its own with it before comparing the proxy's forwarded writes (their times are the
+	// proxy's) with what blue etcd saw.
+	Now time.Time `json:"now,omitzero"`
 }
 
 // ForwardedWrite is a write the proxy forwarded to its backend (GET /v1/writes).
