@@ -269,62 +269,88 @@ type writesLister interface {
 }
 
 // Writes lists the writes every proxy forwarded since since, their times on this host's clock
-// (each proxy's clock is measured first, and kept in clockOffsets); a proxy whose log does not
-// reach back that far makes the answer incomplete.
+// (each proxy's clock is measured first, and kept in clocks); a proxy whose log does not reach
+// back that far makes the answer incomplete.
 func (g *proxyGroup) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
 	type onOurClock struct {
 		admin.WritesResponse
-		offset time.Duration
+		clock clockReading
 	}
 	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (onOurClock, error) {
-		off, err := clockOffset(ctx, c)
+		cr, err := readClock(ctx, c)
 		if err != nil {
 			return onOurClock{}, err
 		}
-		ws, err := listWrites(ctx, c, since.Add(off))
+		ws, err := listWrites(ctx, c, since.Add(cr.offset))
 		for i := range ws.Writes {
-			ws.Writes[i].At = ws.Writes[i].At.Add(-off)
+			ws.Writes[i].At = ws.Writes[i].At.Add(-cr.offset)
 		}
-		return onOurClock{ws, off}, err
+		return onOurClock{ws, cr}, err
 	})
 	if err != nil {
 		return admin.WritesResponse{}, err
 	}
 	out := admin.WritesResponse{Complete: true}
-	g.clockOffsets = map[string]time.Duration{}
+	g.clocks = map[string]clockReading{}
 	for _, r := range res {
 		out.Writes = append(out.Writes, r.Value.Writes...)
 		out.Complete = out.Complete && r.Value.Complete
-		g.clockOffsets[r.Proxy] = r.Value.offset
+		g.clocks[r.Proxy] = r.Value.clock
 	}
 	return out, nil
 }
 
-// clockOffset is how far c's clock is ahead of this host's (behind if negative), from the time
-// its status carries and the middle of the request; 0 for a proxy whose status has no time.
-func clockOffset(ctx context.Context, c proxyAdmin) (time.Duration, error) {
-	t0 := time.Now()
-	st, err := c.Status(ctx)
-	if err != nil || st.Now.IsZero() {
-		return 0, err
-	}
-	rtt := time.Since(t0)
-	return st.Now.Sub(t0.Add(rtt / 2)), nil
+// clockReading is a proxy's clock against this host's: offset is how far it is ahead (behind
+// if negative), within uncertainty either way.
+type clockReading struct {
+	offset, uncertainty time.Duration
 }
 
-// skewedClocks names the proxies whose clocks the last Writes found more than bypassSlack/5
-// away from this host's, for the preflight's summary.
-func (g *proxyGroup) skewedClocks() string {
-	var out []string
-	for _, pr := range g.proxies {
-		if off := g.clockOffsets[pr.Name]; off.Abs() > bypassSlack/5 {
-			out = append(out, fmt.Sprintf("%s %+v", pr.Name, off.Round(time.Millisecond)))
+// clockSamples is how many status requests readClock sends; the quickest answer counts.
+const clockSamples = 3
+
+// readClock measures c's clock from the time its status carries, against the middle of the
+// request (off by at most half its round trip); the quickest of clockSamples requests counts.
+// A proxy whose status has no time is taken as on this host's clock.
+func readClock(ctx context.Context, c proxyAdmin) (clockReading, error) {
+	best := clockReading{uncertainty: -1}
+	for range clockSamples {
+		t0 := time.Now()
+		st, err := c.Status(ctx)
+		if err != nil || st.Now.IsZero() {
+			return clockReading{}, err
+		}
+		half := time.Since(t0) / 2
+		if best.uncertainty < 0 || half < best.uncertainty {
+			best = clockReading{offset: st.Now.Sub(t0.Add(half)), uncertainty: half}
 		}
 	}
-	if len(out) == 0 {
-		return ""
+	return best, nil
+}
+
+// clockNotes describes the proxies' clocks for the preflight: the ones more than bypassSlack/5
+// away from this host's (their writes' times were corrected) in the summary, and, as problems,
+// the ones that could not be measured closer than bypassSlack/2 (a slow admin API): with them
+// the comparison cannot be trusted.
+func (g *proxyGroup) clockNotes() (summary string, problems []string) {
+	var off []string
+	for _, pr := range g.proxies {
+		cr := g.clocks[pr.Name]
+		if cr.uncertainty > bypassSlack/2 {
+			problems = append(problems, fmt.Sprintf("proxy %s's clock could not be measured closer than ±%s (its admin API answered in no less than %s): its writes cannot be placed in the watch's time", pr.Name, cr.uncertainty.Round(time.Millisecond), (2*cr.uncertainty).Round(time.Millisecond)))
+		}
+		if a := cr.offset.Abs(); a > bypassSlack/5 {
+			way := "ahead of"
+			if cr.offset < 0 {
+				way = "behind"
+			}
+			off = append(off, fmt.Sprintf("%s %s %s", pr.Name, a.Round(time.Millisecond), way))
+		}
 	}
-	return "; proxy clocks off this host's (their writes' times corrected): " + strings.Join(out, ", ")
+	if len(off) > 0 {
+		summary = "; proxy clocks off this host's (their writes' times corrected): " + strings.Join(off, ", ")
+	}
+	return summary, problems
 }
 
 // listWrites lists the writes one proxy forwarded since since.
@@ -415,7 +441,9 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 	problems = append(problems, r.checkServiceEndpoints(ctx)...)
 	summary := fmt.Sprintf("watched blue etcd %s: %d client write(s) (%d events), %d forwarded by the proxies", d, len(blue), seen, len(fw.Writes))
 	if pg, ok := r.adm.(*proxyGroup); ok {
-		summary += pg.skewedClocks()
+		note, clockProblems := pg.clockNotes()
+		summary += note
+		problems = append(problems, clockProblems...)
 	}
 	if len(problems) == 0 {
 		return summary + "; none went around them", nil

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,11 +212,30 @@ func TestWritesOnOurClock(t *testing.T) {
 			if d := got.Writes[0].At.Sub(now).Abs(); len(got.Writes) != 1 || d > tolerance {
 				t.Errorf("write at %s on our clock, want %s (%s off)", got.Writes[0].At, now, d)
 			}
-			if o := g.clockOffsets["b"]; (o - skew).Abs() > tolerance {
+			if o := g.clocks["b"].offset; (o - skew).Abs() > tolerance {
 				t.Errorf("proxy b's clock measured %s off, want %s", o, skew)
+			}
+			summary, problems := g.clockNotes()
+			want := map[time.Duration]string{3 * time.Second: "b 3s ahead of", -3 * time.Second: "b 3s behind", 0: ""}[skew]
+			if (want == "") != (summary == "") || !strings.Contains(summary, want) || len(problems) > 0 {
+				t.Errorf("clock notes %q, %q; want %q", summary, problems, want)
 			}
 		})
 	}
+	t.Run("slow admin API", func(t *testing.T) {
+		p := &skewedProxy{}
+		p.status = func(context.Context) (admin.Status, error) {
+			time.Sleep(3 * bypassSlack / 2)
+			return admin.Status{Now: time.Now()}, nil
+		}
+		g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "b", Client: p}}}
+		if _, err := g.Writes(t.Context(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if _, problems := g.clockNotes(); len(problems) != 1 || !strings.Contains(problems[0], "proxy b's clock could not be measured") {
+			t.Errorf("problems %q, want proxy b's clock named as unmeasurable", problems)
+		}
+	})
 	t.Run("older proxy", func(t *testing.T) {
 		p := &skewedProxy{writes: []admin.ForwardedWrite{{At: time.Unix(100, 0)}}}
 		p.status = func(context.Context) (admin.Status, error) { return admin.Status{}, nil }

@@ -184,9 +184,9 @@ func (ra routedAdmin) Writes(ctx context.Context, since time.Time) (admin.Writes
 type proxyGroup struct {
 	proxies []admin.Target[proxyAdmin]
 	backCA  string // for switching a proxy back after a partial switch (blue's; green's in a rollback)
-	// clockOffsets are the proxies' clocks against this host's, by name, as the last Writes
-	// measured them.
-	clockOffsets map[string]time.Duration
+	// clocks are the proxies' clocks against this host's, by name, as the last Writes measured
+	// them.
+	clocks map[string]clockReading
 }
 
 func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {

@@ -40,8 +40,10 @@ const afterRollbackAbort = "green serves as before and writes are open; blue no 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
 func Rollback(ctx context.Context, o Options) (*Report, error) {
-	if err := proxiesSpeakOurs(ctx, o.Plan); err != nil {
-		return nil, err // before the baking process is stopped
+	if j, err := LoadJournal(o.Plan.StateDir); err == nil && (j.State == StateBaking || j.State == StateRollingBack) {
+		if err := proxiesSpeakOurs(ctx, o.Plan); err != nil {
+			return nil, err // before the baking process is stopped
+		}
 	}
 	lock, main, err := takeOver(ctx, o.Plan)
 	if err != nil {

@@ -29,6 +29,10 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	if err := checkAPILevel(st); err != nil {
+		if st.Fenced {
+			// A run before this one fenced them and stopped before it journaled it.
+			return "", fmt.Errorf("%w. The proxies are fenced already: after the abort, check 'kubefence fence status'; an older proxy refuses the abort's checked unfence, so reopen writes on blue with 'kubefence fence off' on it", err)
+		}
 		return "", err
 	}
 	reason := r.p.Proxy.Reason

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -61,7 +62,7 @@ func TestSeveralProxies(t *testing.T) {
 		t.Fatalf("backend set through %s = %d\n%s%s", envAdminSocket, code, out, errOut)
 	}
 	code, out, _ = runCLI("fence", "status")
-	if code != 0 || !strings.Contains(out, "PROXY") || strings.Count(out, green.URL) != 2 || strings.Count(out, "FENCED") != 2 {
+	if code != 0 || !strings.Contains(out, "PROXY") || strings.Count(out, fmt.Sprintf("(%d)", admin.APILevel)) != 2 || strings.Count(out, green.URL) != 2 || strings.Count(out, "FENCED") != 2 {
 		t.Fatalf("status side by side = %d\n%s", code, out)
 	}
 	code, out, _ = runCLI("fence", "status", "-o", "json")

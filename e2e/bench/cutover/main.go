@@ -53,6 +53,7 @@ func main() {
 	// Ctrl-C or SIGTERM cancels the run, so that every process it started is stopped and its
 	// temporary directories (gigabytes for large sizes) are removed before it exits.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }() // a second Ctrl-C ends it at once
 	err = run(ctx, c, os.Stdout)
 	stop()
 	if err != nil {
