@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -56,6 +57,9 @@ func main() {
 	go func() { <-ctx.Done(); stop() }() // a second Ctrl-C ends it at once
 	err = run(ctx, c, os.Stdout)
 	stop()
+	if err != nil && ctx.Err() != nil {
+		err = errors.New("interrupted; what the run started is stopped and its directories removed")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
 		os.Exit(1)
