@@ -25,9 +25,10 @@ const writeLogSize = 1 << 16
 
 func newWriteLog(size int) *writeLog { return &writeLog{ring: make([]admin.ForwardedWrite, size)} }
 
-func (l *writeLog) add(a *policy.Attributes, at time.Time) {
+// add logs a write a answered at at, took after it was forwarded.
+func (l *writeLog) add(a *policy.Attributes, at time.Time, took time.Duration) {
 	l.mu.Lock()
-	l.ring[l.next] = admin.ForwardedWrite{At: at, Verb: a.Verb, Group: a.APIGroup, Resource: a.Resource, Subresource: a.Subresource, Namespace: a.Namespace, Name: a.Name}
+	l.ring[l.next] = admin.ForwardedWrite{At: at, Verb: a.Verb, Group: a.APIGroup, Resource: a.Resource, Subresource: a.Subresource, Namespace: a.Namespace, Name: a.Name, Took: admin.Duration(took)}
 	l.next++
 	if l.next == len(l.ring) {
 		l.next, l.full = 0, true
@@ -62,9 +63,11 @@ func (l *writeLog) since(t time.Time) admin.WritesResponse {
 // not counted either: the preflight may then report a writer that was not there, never miss one.
 func withWriteLog(next http.Handler, l *writeLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		next.ServeHTTP(w, r)
 		if a := &reqStateFrom(r.Context()).attrs; a.Class() == policy.Write && a.IsResourceRequest && !a.Session() && !a.DryRun && applied(w) {
-			l.add(a, time.Now())
+			now := time.Now()
+			l.add(a, now, now.Sub(start))
 		}
 	})
 }

@@ -31,7 +31,7 @@ func TestWriteLog(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newWriteLog(4)
 			for i := range tc.writes {
-				l.add(&policy.Attributes{Verb: "create", Resource: "configmaps", Name: "w" + string(rune('0'+i))}, at(i))
+				l.add(&policy.Attributes{Verb: "create", Resource: "configmaps", Name: "w" + string(rune('0'+i))}, at(i), time.Millisecond)
 			}
 			resp := l.since(at(tc.since))
 			var got []string
@@ -101,5 +101,24 @@ func TestStatusWriterSkipsInformational(t *testing.T) {
 		if sw.code != tc.want {
 			t.Errorf("after %v: code %d, want %d", tc.codes, sw.code, tc.want)
 		}
+	}
+}
+
+// TestWriteLogKeepsLatency: each logged write says how long the backend took to answer it, so
+// that a rehearsal can tell how long the fence will wait for the writes in flight at the flip.
+func TestWriteLogKeepsLatency(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(backend.Close)
+	tp := startProxy(t, backend.URL)
+	since := time.Now()
+	if resp, _ := do(t, http.MethodPut, tp.url+"/api/v1/namespaces/ns/configmaps/slow"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT: %d", resp.StatusCode)
+	}
+	ws := tp.writes.since(since).Writes
+	if len(ws) != 1 || time.Duration(ws[0].Took) < 50*time.Millisecond || time.Duration(ws[0].Took) > 5*time.Second {
+		t.Fatalf("write log %+v, want the write with the backend's 50 ms in took", ws)
 	}
 }

@@ -4,16 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // A rehearsal (`kubefence cutover --rehearse`, mode replicate) does everything before the fence
 // — snapshot, green etcd and apiserver, replication, the full verify — then measures what the
 // window would take without fencing: a drain (green at blue's current revision) and the check
-// at the switch, and the round trips to the proxies and to green etcd that the fence, the
-// switch, the ungate and the unfence each cost. It prints the window it predicts and tears
+// at the switch, the round trips to the proxies and to green etcd that the fence, the switch,
+// the ungate and the unfence each cost, the state saves they make, and blue's latency for the
+// writes the fence waits for. It prints the window it predicts and tears
 // green down (processes stopped, the data dirs it restored removed); the journal ends
 // "rehearsed". Writes are never fenced and the proxies never switched.
 
@@ -43,12 +46,29 @@ type Rehearsal struct {
 	// Check is reading green's and blue's revisions once, as the switch's check does.
 	Check time.Duration `json:"checkNanos"`
 	// ProxyRoundTrip is the slowest proxy's status round trip; fence, switch and unfence each
-	// cost one (plus the proxy persisting its state).
+	// cost one.
 	ProxyRoundTrip time.Duration `json:"proxyRoundTripNanos"`
-	// EtcdRoundTrip is a round trip to green etcd, as the ungate's role grant costs.
+	// EtcdRoundTrip is a new client's TLS handshake with green etcd and a read of its
+	// apiserver's user, as the ungate (a role grant, then that read) costs.
 	EtcdRoundTrip time.Duration `json:"etcdRoundTripNanos"`
-	// PredictedWindow is Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip.
+	// StateSave is one save of the journal (a file written, synced and renamed): the window
+	// journals each of its WindowSteps, and fence, switch and unfence each have every proxy
+	// save its state the same way (estimated as this host's).
+	StateSave   time.Duration `json:"stateSaveNanos"`
+	WindowSteps int           `json:"windowSteps"`
+	// Barrier estimates the fence's wait for the writes in flight at the flip: the median time
+	// blue took to answer the writes the proxies forwarded in the last barrierSample.
+	Barrier time.Duration `json:"barrierNanos"`
+	// PredictedWindow is Barrier + Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip +
+	// (WindowSteps + 3) × StateSave.
 	PredictedWindow time.Duration `json:"predictedWindowNanos"`
+}
+
+// barrierSample is how far back a rehearsal looks at the proxies' writes for their latency.
+const barrierSample = 10 * time.Second
+
+func (m *Rehearsal) predict() {
+	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave
 }
 
 // rehearseDrainStep measures what the window's steps cost, without the fence.
@@ -60,7 +80,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy and one to green etcd, and predict the window from them (moving open watches at the switch is not included)"
+	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, a new client's read on green etcd (as the ungate), a journal save, and blue's median latency for the writes the proxies forwarded in the last 10s (what the fence waits for), and predict the window from them (moving open watches at the switch is not included)"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -92,16 +112,71 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	m.ProxyRoundTrip = time.Since(start)
-	start = time.Now()
-	if _, err := r.repl.dst.AuthStatus(ctx); err != nil {
-		return "", fmt.Errorf("green etcd: %w", err)
+	if err := r.measureWindowCosts(ctx, &m); err != nil {
+		return "", err
+	}
+	m.predict()
+	r.j.Rehearsal = &m
+	return fmt.Sprintf("predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd client and read %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; not included: moving the %d watch(es) and stream(s) open now to green at the switch); %s",
+		m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), st.OpenStreams, r.progressLine(r.repl.rep.Progress())), nil
+}
+
+// measureWindowCosts times what the window's steps do besides the drain: green etcd as the
+// ungate reaches it, a journal save, and the latency of the writes the proxies forwarded lately.
+func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
+	start := time.Now()
+	cli, err := newEtcdClient(r.to.etcd)
+	if err != nil {
+		return fmt.Errorf("green etcd: %w", err)
+	}
+	defer cli.Close()
+	if _, err := cli.UserGet(ctx, r.to.api.EtcdUser); err != nil {
+		return fmt.Errorf("green etcd: %w", err)
 	}
 	m.EtcdRoundTrip = time.Since(start)
-	m.PredictedWindow = m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip
-	r.j.Rehearsal = &m
-	return fmt.Sprintf("predicted window %s (drain to revision %d %s, check %s, proxy round trip %s, green etcd round trip %s; not included: moving the %d watch(es) and stream(s) open now to green at the switch); %s",
-		m.PredictedWindow.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), st.OpenStreams, r.progressLine(r.repl.rep.Progress())), nil
+	start = time.Now()
+	if err := r.saveJournal(); err != nil {
+		return err
+	}
+	m.StateSave = time.Since(start)
+	m.WindowSteps = windowSteps(stepsFor(r.p))
+	if wl, ok := r.adm.(writesLister); ok {
+		ws, err := wl.Writes(ctx, time.Now().Add(-barrierSample))
+		if err != nil {
+			return fmt.Errorf("the writes the proxies forwarded: %w", err)
+		}
+		m.Barrier = medianTook(ws.Writes)
+	}
+	return nil
+}
+
+// windowSteps counts the steps from the fence to the unfence in table.
+func windowSteps(table []step) int {
+	n, in := 0, false
+	for _, s := range table {
+		in = in || s.name() == StepFence
+		if in {
+			n++
+		}
+		if s.name() == StepUnfence {
+			break
+		}
+	}
+	return n
+}
+
+// medianTook is the median backend latency of ws (0 for none).
+func medianTook(ws []admin.ForwardedWrite) time.Duration {
+	if len(ws) == 0 {
+		return 0
+	}
+	took := make([]time.Duration, len(ws))
+	for i, w := range ws {
+		took[i] = time.Duration(w.Took)
+	}
+	slices.Sort(took)
+	return took[len(took)/2]
 }
 
 // finishRehearsal tears green down after a rehearsal and reports what it predicted.

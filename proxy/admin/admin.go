@@ -78,6 +78,8 @@ type ForwardedWrite struct {
 	Subresource string    `json:"subresource,omitempty"`
 	Namespace   string    `json:"namespace,omitempty"`
 	Name        string    `json:"name,omitempty"`
+	// Took is how long the backend took to answer it (the hold before excluded).
+	Took Duration `json:"took,omitempty"`
 }
 
 // WritesResponse is the writes forwarded since a time, oldest first. Complete is false when the
