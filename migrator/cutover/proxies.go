@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -179,8 +180,8 @@ func (ra routedAdmin) Writes(ctx context.Context, since time.Time) (admin.Writes
 // proxyGroup is every proxy of the plan as one proxyAdmin: each call goes to all of them at once
 // and succeeds only when all acknowledged (invariant all-proxies-agree). Their states merge:
 // fenced if any is (so an abort unfences every one), one backend if they agree (else a
-// "mixed" backend no step accepts), generations and refusals added up (a generation sum that
-// did not change means no proxy changed: generations only grow).
+// "mixed" backend no step accepts), generations, refusals, open watches and held writes added
+// up (a generation sum that did not change means no proxy changed: generations only grow).
 type proxyGroup struct {
 	proxies []admin.Target[proxyAdmin]
 	backCA  string // for switching a proxy back after a partial switch (blue's; green's in a rollback)
@@ -291,6 +292,11 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 		out.Generation += st.Generation
 		out.RefusedWrites += st.RefusedWrites
 		out.InflightWrites += st.InflightWrites
+		out.OpenWatches += st.OpenWatches
+		out.OpenStreams += st.OpenStreams
+		out.Hold = addHold(out.Hold, st.Hold)
+		out.Mode = cmp.Or(out.Mode, st.Mode)
+		out.RetryAfterSeconds = max(out.RetryAfterSeconds, st.RetryAfterSeconds)
 		if out.Reason == "" {
 			out.Reason = st.Reason
 		}
@@ -317,6 +323,12 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 	}
 	out.Backend = "mixed: " + strings.Join(parts, "; ")
 	return out
+}
+
+// addHold adds two proxies' hold counters.
+func addHold(a, b admin.HoldStatus) admin.HoldStatus {
+	return admin.HoldStatus{Held: a.Held + b.Held, HeldBytes: a.HeldBytes + b.HeldBytes, Released: a.Released + b.Released,
+		TimedOut: a.TimedOut + b.TimedOut, Abandoned: a.Abandoned + b.Abandoned, Full: a.Full + b.Full}
 }
 
 // oldestProxies is the lowest admin API level among the proxies and, for messages, the proxies

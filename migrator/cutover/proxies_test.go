@@ -93,12 +93,16 @@ func TestProxyGroupPartialSwitchGoesBack(t *testing.T) {
 
 func TestMergeStatus(t *testing.T) {
 	res := []admin.Result[admin.Status]{
-		{Proxy: "a", Value: admin.Status{Backend: blueURL, Fenced: true, Generation: 3, RefusedWrites: 1}},
-		{Proxy: "b", Value: admin.Status{Backend: greenURL, Generation: 4, RefusedWrites: 2}},
+		{Proxy: "a", Value: admin.Status{Backend: blueURL, Fenced: true, Generation: 3, RefusedWrites: 1, OpenWatches: 5, OpenStreams: 6, Hold: admin.HoldStatus{Held: 2}}},
+		{Proxy: "b", Value: admin.Status{Backend: greenURL, Generation: 4, RefusedWrites: 2, OpenWatches: 70, OpenStreams: 71, Hold: admin.HoldStatus{Held: 1}}},
 	}
 	st := mergeStatus(res)
 	if !st.Fenced || st.Generation != 7 || st.RefusedWrites != 3 {
 		t.Errorf("merged %+v: want fenced (any), generations and refusals added", st)
+	}
+	// The rehearsal names the streams the switch will move: all proxies' (it said 0 before).
+	if st.OpenWatches != 75 || st.OpenStreams != 77 || st.Hold.Held != 3 {
+		t.Errorf("merged %+v: want open watches, streams and held writes added", st)
 	}
 	if !strings.HasPrefix(st.Backend, "mixed: ") || !strings.Contains(st.Backend, greenURL+" (b)") {
 		t.Errorf("merged backend %q: want a mixed backend naming who is where", st.Backend)
