@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -15,8 +19,8 @@ import (
 // — snapshot, green etcd and apiserver, replication, the full verify — then measures what the
 // window would take without fencing: a drain (green at blue's current revision) and the check
 // at the switch, the round trips to the proxies and to green etcd that the fence, the switch,
-// the ungate and the unfence each cost, the state saves they make, and blue's latency for the
-// writes the fence waits for. It prints the window it predicts and tears
+// the ungate and the unfence each cost, the state saves they make, blue's latency for the
+// writes the fence waits for, and green's apiserver taking as many watches as the switch moves. It prints the window it predicts and tears
 // green down (processes stopped, the data dirs it restored removed); the journal ends
 // "rehearsed". Writes are never fenced and the proxies never switched.
 
@@ -59,16 +63,24 @@ type Rehearsal struct {
 	// Barrier estimates the fence's wait for the writes in flight at the flip: the median time
 	// blue took to answer the writes the proxies forwarded in the last barrierSample.
 	Barrier time.Duration `json:"barrierNanos"`
+	// WatchMove estimates the switch moving the Watches open now through the proxies to green:
+	// as long as green's apiserver takes to answer as many watches opened at once (up to
+	// maxTrialWatches; beyond, in proportion).
+	WatchMove time.Duration `json:"watchMoveNanos"`
+	Watches   int           `json:"watches"`
 	// PredictedWindow is Barrier + Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip +
-	// (WindowSteps + 3) × StateSave.
+	// (WindowSteps + 3) × StateSave + WatchMove.
 	PredictedWindow time.Duration `json:"predictedWindowNanos"`
 }
+
+// maxTrialWatches bounds the watches a rehearsal opens on green to time the switch's.
+const maxTrialWatches = 200
 
 // barrierSample is how far back a rehearsal looks at the proxies' writes for their latency.
 const barrierSample = 10 * time.Second
 
 func (m *Rehearsal) predict() {
-	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave
+	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave + m.WatchMove
 }
 
 // rehearseDrainStep measures what the window's steps cost, without the fence.
@@ -80,7 +92,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, a new client's read on green etcd (as the ungate), a journal save, and blue's median latency for the writes the proxies forwarded in the last 10s (what the fence waits for), and predict the window from them (moving open watches at the switch is not included)"
+	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, a new client's read on green etcd (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 10s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -112,14 +124,54 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	m.ProxyRoundTrip = time.Since(start)
+	m.Watches = int(st.OpenWatches)
 	if err := r.measureWindowCosts(ctx, &m); err != nil {
 		return "", err
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd client and read %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; not included: moving the %d watch(es) and stream(s) open now to green at the switch); %s",
+	return fmt.Sprintf("predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd client and read %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
 		m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), st.OpenStreams, r.progressLine(r.repl.rep.Progress())), nil
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMove.Round(time.Microsecond), r.progressLine(r.repl.rep.Progress())), nil
+}
+
+// timeWatchMove opens min(n, maxTrialWatches) watches at once on green's apiserver (configmaps
+// from their current resourceVersion: no events to send) and returns how long it took until
+// green had answered all of them, scaled to n.
+func (r *runner) timeWatchMove(ctx context.Context, n int) (time.Duration, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	cfg, err := restConfig(r.p.Green.APIServer.Kubeconfig)
+	if err != nil {
+		return 0, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return 0, err
+	}
+	list, err := cs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return 0, err
+	}
+	k := min(n, maxTrialWatches)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Go(func() {
+			w, err := cs.CoreV1().ConfigMaps("").Watch(wctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion, AllowWatchBookmarks: true})
+			if err == nil {
+				w.Stop()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	return took * time.Duration(n) / time.Duration(k), errors.Join(errs...)
 }
 
 // measureWindowCosts times what the window's steps do besides the drain: green etcd as the
@@ -141,6 +193,9 @@ func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
 	}
 	m.StateSave = time.Since(start)
 	m.WindowSteps = windowSteps(stepsFor(r.p))
+	if m.WatchMove, err = r.timeWatchMove(ctx, m.Watches); err != nil {
+		return fmt.Errorf("watches on green: %w", err)
+	}
 	if wl, ok := r.adm.(writesLister); ok {
 		ws, err := wl.Writes(ctx, time.Now().Add(-barrierSample))
 		if err != nil {
