@@ -20,9 +20,10 @@ import (
 // window would take without fencing: a drain (green at blue's current revision) and the check
 // at the switch, the round trips to the proxies and to green etcd that the fence, the switch,
 // the ungate and the unfence each cost, the state saves they make, blue's latency for the
-// writes the fence waits for, and green's apiserver taking as many watches as the switch moves. It prints the window it predicts and tears
-// green down (processes stopped, the data dirs it restored removed); the journal ends
-// "rehearsed". Writes are never fenced and the proxies never switched.
+// writes the fence waits for, and green's apiserver taking as many watches as the switch
+// moves. It prints the window it predicts and tears green down (processes stopped, the data
+// dirs it restored removed); the journal ends "rehearsed". Writes are never fenced and the
+// proxies never switched.
 
 // StateRehearsed is the journal state of a finished rehearsal.
 const StateRehearsed = "rehearsed"
@@ -146,6 +147,7 @@ func (r *runner) timeWatchMove(ctx context.Context, n int) (time.Duration, error
 	if err != nil {
 		return 0, err
 	}
+	cfg.QPS = -1 // all at once, as the switch resumes them: no client-side rate limit
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return 0, err
