@@ -32,6 +32,9 @@ type config struct {
 	window time.Duration // the target for the median window
 	// rollback also bakes each cutover and rolls it back, timing the rollback's window.
 	rollback bool
+	// rehearse runs 'kubefence cutover --rehearse' before each cutover, to print its prediction
+	// beside the window.
+	rehearse bool
 }
 
 func main() {
@@ -41,6 +44,7 @@ func main() {
 	rates := flag.String("write-rates", "0,200", "writer rates (writes/s through the proxy during the whole cutover) to measure each size with; 0 is no writer")
 	flag.IntVar(&c.runs, "runs", 3, "cutovers per size and writer rate (each on a fresh copy of the populated blue)")
 	flag.BoolVar(&c.rollback, "rollback", true, "bake each cutover (bake.enabled, blue etcd with TLS) for 2 s and roll it back, timing the rollback's window too")
+	flag.BoolVar(&c.rehearse, "rehearse", false, "rehearse each cutover first (kubefence cutover --rehearse, the load running) and print the window it predicted beside the window")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
@@ -98,6 +102,9 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	if c.rollback {
 		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)
 	}
+	if c.rehearse {
+		fmt.Fprintln(out, "each cutover rehearsed first (kubefence cutover --rehearse, the load running): its predicted window is printed beside the window")
+	}
 	fmt.Fprintln(out)
 	results := map[key][]result{}
 	for _, n := range c.sizes {
@@ -107,7 +114,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		}
 		for _, rate := range c.rates {
 			for i := range c.runs {
-				r, err := measure(ctx, c.bin, tmpl, rate, c.rollback)
+				r, err := measure(ctx, c, tmpl, rate)
 				if err != nil {
 					tmpl.remove()
 					return fmt.Errorf("%d objects, writer %d/s, run %d: %w", n, rate, i+1, err)
@@ -126,7 +133,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 func summarize(out io.Writer, c config, results map[key][]result) {
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\tbarrier median\trollback median\trollback max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
+	fmt.Fprintln(tw, "configmaps\twriter\truns\twindow median\twindow max\tpredicted median\tbarrier median\trollback median\trollback max\treplication median\tlag at fence (max)\tdrain median\twrites ok\twrites failed\tslowest write\tlists (failed)\t")
 	for _, n := range c.sizes {
 		for _, rate := range c.rates {
 			rs := results[key{n, rate}]
@@ -139,8 +146,9 @@ func summarize(out io.Writer, c config, results map[key][]result) {
 				lagMax = max(lagMax, r.lagRevisions)
 				slowest = max(slowest, r.slowestWrite)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f rev/s\t%d rev\t%s\t%d\t%d\t%s\t%d (%d)\t\n", n, writerName(rate), len(rs),
 				ms(medianOf(rs, func(r result) time.Duration { return r.window })), ms(maxOf(rs, func(r result) time.Duration { return r.window })),
+				ms(medianOf(rs, func(r result) time.Duration { return r.predicted })),
 				ms(medianOf(rs, func(r result) time.Duration { return r.barrier })),
 				ms(medianOf(rs, func(r result) time.Duration { return r.rollback })), ms(maxOf(rs, func(r result) time.Duration { return r.rollback })),
 				medianRate(rs), lagMax, ms(medianOf(rs, func(r result) time.Duration { return r.drain })), ok, failed, ms(slowest), reads, failedReads)

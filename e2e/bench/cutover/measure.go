@@ -87,6 +87,7 @@ type result struct {
 	objects, rate             int
 	window, drain             time.Duration
 	barrier                   time.Duration // the fence's wait for the writes admitted before it
+	predicted                 time.Duration // the rehearsal's predicted window, 0 when not rehearsed
 	rollback                  time.Duration // the rollback's window, 0 when not measured
 	revisionsPerSecond        float64
 	lagRevisions              int64
@@ -104,8 +105,11 @@ type result struct {
 
 func (r result) line(run int) string {
 	rb := ""
+	if r.predicted > 0 {
+		rb = " (rehearsal predicted " + ms(r.predicted) + ")"
+	}
 	if r.rollback > 0 {
-		rb = "; rollback window " + ms(r.rollback)
+		rb += "; rollback window " + ms(r.rollback)
 	}
 	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; barrier %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, p50 %s, slowest %s; lists %d, failed %d)",
 		r.objects, ms(r.window), rb, run, writerName(r.rate), ms(r.barrier), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
@@ -115,7 +119,8 @@ func (r result) line(run int) string {
 // measure starts blue on a copy of tmpl behind a proxy, writes through the proxy at rate (0:
 // none) and lists through it, runs the default cutover and returns what it reported. With
 // rollback, the cutover bakes (blue etcd serves TLS for it) for bakeFor and is rolled back.
-func measure(ctx context.Context, bin string, tmpl *template, rate int, rollback bool) (result, error) {
+func measure(ctx context.Context, c config, tmpl *template, rate int) (result, error) {
+	bin, rollback := c.bin, c.rollback
 	r := result{objects: tmpl.objects, rate: rate}
 	env, err := framework.NewEnv("", func(string, ...any) {})
 	if err != nil {
@@ -159,6 +164,12 @@ func measure(ctx context.Context, bin string, tmpl *template, rate int, rollback
 		return r, err
 	}
 	load := startLoad(ctx, pcs, rate)
+	if c.rehearse {
+		if r.predicted, err = rehearse(ctx, bin, green.PlanPath); err != nil {
+			load.stop()
+			return r, err
+		}
+	}
 	rep, rb, err := cutoverAndBack(ctx, bin, green.PlanPath, rollback)
 	load.stop()
 	if err != nil {
@@ -214,6 +225,18 @@ func (r *result) fill(rep *cutover.Report) {
 	if rp := rep.Replication; rp != nil && rp.AtStop != nil {
 		r.resent, r.resyncs, r.leaseWaits = rp.AtStop.Resent, rp.AtStop.Resyncs, rp.AtStop.LeaseWaits
 	}
+}
+
+// rehearse runs the plan's rehearsal and returns the window it predicted.
+func rehearse(ctx context.Context, bin, plan string) (time.Duration, error) {
+	rep, p, err := runReport(ctx, cutover.ResultRehearsed, bin, "cutover", "--plan", plan, "--rehearse")
+	if err = errors.Join(err, p.wait()); err != nil {
+		return 0, err
+	}
+	if rep.Rehearsal == nil {
+		return 0, errors.New("cutover --rehearse: the report has no rehearsal")
+	}
+	return rep.Rehearsal.PredictedWindow, nil
 }
 
 // cutoverAndBack runs the cutover and, with rollback, lets it bake for bakeFor and rolls it
