@@ -63,9 +63,14 @@ func (l *writeLog) since(t time.Time) admin.WritesResponse {
 // not counted either: the preflight may then report a writer that was not there, never miss one.
 func withWriteLog(next http.Handler, l *writeLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a := &reqStateFrom(r.Context()).attrs
+		if a.Class() != policy.Write || !a.IsResourceRequest || a.Session() || a.DryRun {
+			next.ServeHTTP(w, r) // reads pay nothing here
+			return
+		}
 		start := time.Now()
 		next.ServeHTTP(w, r)
-		if a := &reqStateFrom(r.Context()).attrs; a.Class() == policy.Write && a.IsResourceRequest && !a.Session() && !a.DryRun && applied(w) {
+		if applied(w) {
 			now := time.Now()
 			l.add(a, now, now.Sub(start))
 		}
