@@ -42,4 +42,8 @@ func TestRehearsalPrediction(t *testing.T) {
 	if want := (9 + 2 + 1 + 3 + 4 + 9*2 + 100) * time.Millisecond; m.PredictedWindow != want {
 		t.Errorf("predicted %s, want %s", m.PredictedWindow, want)
 	}
+	m.WatchMoveError = "forbidden"
+	if got := watchMoveText(m); got != "not timed, left out (forbidden)" {
+		t.Errorf("watch move %q, want it said as left out, with why", got)
+	}
 }
