@@ -184,4 +184,9 @@ func TestCutoverReportWording(t *testing.T) {
 	if strings.Contains(out, "retried by clients") {
 		t.Errorf("report claims clients retried:\n%s", out)
 	}
+	buf.Reset()
+	printReport(&buf, &cutover.Report{ID: "x", Result: "done", WriteUnavailability: 86 * time.Millisecond, FenceBarrier: 3100 * time.Microsecond})
+	if out := buf.String(); !strings.Contains(out, "window (fence on -> fence off): 86ms, of which 3.1ms the fence waiting for the writes admitted before it") {
+		t.Errorf("report does not split the window by the barrier:\n%s", out)
+	}
 }

@@ -272,7 +272,11 @@ func (ep *eventPrinter) startTick(step string) {
 func printReport(w io.Writer, r *cutover.Report) {
 	fmt.Fprintf(w, "\ncutover %s: %s\n", r.ID, r.Result)
 	if r.WriteUnavailability > 0 {
-		fmt.Fprintf(w, "  write-unavailability window (fence on -> fence off): %s\n", r.WriteUnavailability.Round(time.Millisecond))
+		fmt.Fprintf(w, "  write-unavailability window (fence on -> fence off): %s", r.WriteUnavailability.Round(time.Millisecond))
+		if r.FenceBarrier > 0 {
+			fmt.Fprintf(w, ", of which %s the fence waiting for the writes admitted before it", r.FenceBarrier.Round(100*time.Microsecond))
+		}
+		fmt.Fprintln(w)
 	}
 	for _, s := range r.Steps {
 		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
