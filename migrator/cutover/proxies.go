@@ -341,11 +341,7 @@ func oldestProxies(res []admin.Result[admin.Status]) (int, string) {
 	var names []string
 	for _, r := range res {
 		if r.Value.APILevel == lowest {
-			v := r.Value.Version
-			if v == "" {
-				v = "from before admin API levels"
-			}
-			names = append(names, r.Proxy+" (kubefence "+v+")")
+			names = append(names, r.Proxy+" (kubefence "+r.Value.BuildVersion()+")")
 		}
 	}
 	return lowest, strings.Join(names, ", ")

@@ -139,12 +139,12 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	r.j.Rehearsal = &m
 	return fmt.Sprintf("predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd client and read %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
 		m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, watchMoveText(m), r.progressLine(r.repl.rep.Progress())), nil
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
 }
 
-// watchMoveText is the rehearsal's estimate of the switch moving the watches, or why there is
+// WatchMoveText is the rehearsal's estimate of the switch moving the watches, or why there is
 // none.
-func watchMoveText(m Rehearsal) string {
+func (m Rehearsal) WatchMoveText() string {
 	if m.WatchMoveError != "" {
 		return "not timed, left out (" + m.WatchMoveError + ")"
 	}

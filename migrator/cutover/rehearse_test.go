@@ -43,7 +43,7 @@ func TestRehearsalPrediction(t *testing.T) {
 		t.Errorf("predicted %s, want %s", m.PredictedWindow, want)
 	}
 	m.WatchMoveError = "forbidden"
-	if got := watchMoveText(m); got != "not timed, left out (forbidden)" {
+	if got := m.WatchMoveText(); got != "not timed, left out (forbidden)" {
 		t.Errorf("watch move %q, want it said as left out, with why", got)
 	}
 }

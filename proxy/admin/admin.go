@@ -69,6 +69,14 @@ type Status struct {
 	Now time.Time `json:"now,omitzero"`
 }
 
+// BuildVersion is the proxy's kubefence version, or what is known of it when its status has none.
+func (s Status) BuildVersion() string {
+	if s.Version == "" {
+		return "from before admin API levels"
+	}
+	return s.Version
+}
+
 // ForwardedWrite is a write the proxy forwarded to its backend (GET /v1/writes).
 type ForwardedWrite struct {
 	At          time.Time `json:"at"`

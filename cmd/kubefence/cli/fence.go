@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -278,11 +277,6 @@ func (o *fenceStatusOptions) Run(ctx context.Context) error {
 	return err
 }
 
-// proxyVersion is the proxy's kubefence version as its status says it.
-func proxyVersion(st admin.Status) string {
-	return cmp.Or(st.Version, "older than admin API levels")
-}
-
 // printStatuses shows several proxies side by side, one row each: they must agree.
 func printStatuses(w io.Writer, res []admin.Result[admin.Status]) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -300,7 +294,7 @@ func printStatuses(w io.Writer, res []admin.Result[admin.Status]) {
 		if st.Unconfirmed {
 			fence += " (unconfirmed)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s (%d)\n", r.Proxy, fence, mode, st.Backend, st.Generation, st.InflightWrites, st.Hold.Held, st.RefusedWrites, proxyVersion(st), st.APILevel)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s (%d)\n", r.Proxy, fence, mode, st.Backend, st.Generation, st.InflightWrites, st.Hold.Held, st.RefusedWrites, st.BuildVersion(), st.APILevel)
 	}
 	_ = tw.Flush()
 }
@@ -318,7 +312,7 @@ func printStatus(w io.Writer, st admin.Status) {
 		state += "; backend UNCONFIRMED, serving nothing (503) until 'kubefence backend set URL'"
 	}
 	fmt.Fprintf(tw, "fence:\t%s\n", state)
-	fmt.Fprintf(tw, "proxy:\tkubefence %s (admin API level %d)\n", proxyVersion(st), st.APILevel)
+	fmt.Fprintf(tw, "proxy:\tkubefence %s (admin API level %d)\n", st.BuildVersion(), st.APILevel)
 	if st.Reason != "" {
 		fmt.Fprintf(tw, "reason:\t%s\n", st.Reason)
 	}
