@@ -148,8 +148,9 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1. They are free when returned; the
-// caller binds them soon after.
+// FreePorts returns n distinct TCP ports no one listens on, on any address: fixtures bind them
+// on 127.0.0.1 or on the other loopback addresses that stand for hosts. They are free when
+// returned; the caller binds them soon after.
 func FreePorts(n int) ([]int, error) {
 	var lns []net.Listener
 	defer func() {
@@ -159,7 +160,9 @@ func FreePorts(n int) ([]int, error) {
 	}()
 	ports := make([]int, 0, n)
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// The wildcard address conflicts with a listener on any one address, so the kernel
+		// picks a port free on all of them.
+		l, err := net.Listen("tcp", ":0")
 		if err != nil {
 			return nil, err
 		}
