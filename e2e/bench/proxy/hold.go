@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,9 @@ type holdResult struct {
 	// minor page faults.
 	releaseCPU    time.Duration
 	releaseFaults int64
+	// benchCPU is this process's CPU time over the same interval: the clients sending the
+	// writes and the backend answering them, on the same cores as the proxy.
+	benchCPU time.Duration
 	// reads during the hold and without it, on the same connections.
 	readsHeld, readsBase []time.Duration
 }
@@ -94,7 +98,7 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 		go func() { prof <- fetchProfile(px.MetricsURL, profile, 0, 2) }()
 		time.Sleep(50 * time.Millisecond) // the profile is running before the fence lifts
 	}
-	cpu0, faults0 := procCPU(px.Proc.Pid()), procMinorFaults(px.Proc.Pid())
+	cpu0, faults0, bench0 := procCPU(px.Proc.Pid()), procMinorFaults(px.Proc.Pid()), procCPU(os.Getpid())
 	offAt.Store(time.Now().UnixNano())
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 		return res, err
@@ -102,6 +106,7 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 	wg.Wait()
 	res.releaseCPU = procCPU(px.Proc.Pid()) - cpu0
 	res.releaseFaults = procMinorFaults(px.Proc.Pid()) - faults0
+	res.benchCPU = procCPU(os.Getpid()) - bench0
 	if prof != nil {
 		if err := <-prof; err != nil {
 			return res, err
@@ -207,6 +212,7 @@ func printHold(out io.Writer, r holdResult) {
 	}
 	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes; proxy CPU from fence off to the last answer: %s, %s per released write; %.1f minor page faults per released write\n",
 		r.rssPerHeld, r.releaseCPU.Round(time.Millisecond), us(r.releaseCPU/time.Duration(max(r.answered, 1))), float64(r.releaseFaults)/float64(max(r.answered, 1)))
+	fmt.Fprintf(out, "  the bench process (the clients and the backend, on the same cores) meanwhile: %s CPU\n", r.benchCPU.Round(time.Millisecond))
 	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
 		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",
 			len(r.readsHeld), ms(pct(r.readsHeld, 50)), ms(pct(r.readsHeld, 99)), len(r.readsBase), ms(pct(r.readsBase, 50)), ms(pct(r.readsBase, 99)))

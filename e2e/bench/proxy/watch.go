@@ -166,9 +166,15 @@ func (b *bench) watches(ctx context.Context, out io.Writer) error {
 	for _, p := range b.peers("direct", "kubefence", "haproxy") {
 		var rounds []watchResult
 		for range b.c.rounds {
+			prof := b.startProfile(p.name)
 			r, err := watchRun(ctx, b.bc, b.caFile, p.url+watchPath, p.pid, b.c.watchers, b.c.watchRate, b.c.warmup, b.c.duration)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p.name, err)
+			}
+			if prof != nil {
+				if err := <-prof; err != nil {
+					return err
+				}
 			}
 			if r.dropped > 0 || r.delivered != r.events*r.watchers {
 				return fmt.Errorf("%s: %d events x %d watchers sent, %d delivered, %d dropped by the backend", p.name, r.events, r.watchers, r.delivered, r.dropped)
