@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func startTestEtcd(t *testing.T) *clientv3.Client {
 // TestWatchBlueWritesReachesTheEnd: every write blue acknowledged before the bypass watch's end
 // is in what it saw, however late etcd delivers the last events: the watch runs until it has
 // seen the revision blue was at when its time was up, not just until a timer fires. Each write
-// goes to a namespace of its own, so the writes of the watch's last 100 ms can be looked for.
+// goes to a namespace of its own, so the last writes acknowledged before its end can be looked for.
 func TestWatchBlueWritesReachesTheEnd(t *testing.T) {
 	cli := startTestEtcd(t)
 	for round := range 5 {
@@ -79,18 +80,24 @@ func TestWatchBlueWritesReachesTheEnd(t *testing.T) {
 		for _, w := range seen {
 			got[w.namespace] = true
 		}
-		tail, missed := 0, 0
+		// The last writes acknowledged before the end (by count, not by time: on loaded cores
+		// 100 ms may hold none).
+		var before []string
 		for ns, at := range acked {
-			if at.After(end) || at.Before(end.Add(-100*time.Millisecond)) {
-				continue
+			if !at.After(end) {
+				before = append(before, ns)
 			}
-			tail++
+		}
+		slices.SortFunc(before, func(a, b string) int { return acked[a].Compare(acked[b]) })
+		tail := before[max(0, len(before)-20):]
+		missed := 0
+		for _, ns := range tail {
 			if !got[ns] {
 				missed++
 			}
 		}
-		if missed > 0 || tail == 0 {
-			t.Fatalf("round %d: of %d writes acknowledged in the watch's last 100 ms, %d are not in what it saw", round, tail, missed)
+		if missed > 0 || len(tail) == 0 {
+			t.Fatalf("round %d: of the %d writes acknowledged last before the watch's end, %d are not in what it saw", round, len(tail), missed)
 		}
 	}
 }
