@@ -239,11 +239,30 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 
 // caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
 // (linearizable), the replicator applied it, and dst's revision equals src's read again after
-// it (src's own apiserver may write meanwhile: then once more). It returns that revision.
+// it (src's own apiserver may write meanwhile: then once more). It returns that revision. A
+// dst whose lag does not shrink for catchUpPatience fails it at once (notCatchingUpError).
 func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	if err := r.replicationAlive(); err != nil {
 		return 0, err
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		watchCatchUp(ctx, cancel, r.repl.rep.Progress, catchUpSampleEvery, catchUpPatience, r.from.name, r.to.name)
+	}()
+	rev, err := r.waitCaughtUp(ctx)
+	cancel(nil)
+	<-watching
+	var behind *notCatchingUpError
+	if err != nil && errors.As(context.Cause(ctx), &behind) {
+		return 0, behind
+	}
+	return rev, err
+}
+
+// waitCaughtUp is caughtUp's wait, without the watch on the lag.
+func (r *runner) waitCaughtUp(ctx context.Context) (int64, error) {
 	rp := r.repl
 	for {
 		target, err := replicate.Revision(ctx, rp.src)

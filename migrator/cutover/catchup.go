@@ -1,0 +1,84 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// Catching up gives up early when green cannot: blue writing faster than green applies makes
+// the lag grow without end, and waiting out timeouts.replicate (10 minutes by default) would
+// only say so later, with nothing learnt. The lag is sampled every catchUpSampleEvery; once it
+// has not shrunk over catchUpPatience, the catch-up fails with both rates.
+const (
+	catchUpSampleEvery = 5 * time.Second
+	catchUpPatience    = time.Minute
+	// catchUpLagFloor is a lag left to the wait itself: a few revisions behind a busy blue is
+	// what catching up looks like, not falling behind.
+	catchUpLagFloor = 100
+)
+
+// notCatchingUpError says that green's lag did not shrink over a whole patience.
+type notCatchingUpError struct {
+	src, dst         string
+	over             time.Duration
+	applied, written int64
+	lagThen, lagNow  int64
+}
+
+func (e *notCatchingUpError) Error() string {
+	secs := e.over.Seconds()
+	return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied %d revisions (%.0f/s) while %s wrote %d (%.0f/s); the lag went from %d to %d revisions. "+
+		"Waiting out timeouts.replicate would not help: give %s faster disks or hosts, or cut over when %s writes less ('kubefence cutover --rehearse' shows both rates)",
+		e.dst, e.src, e.over.Round(time.Second), e.dst, e.applied, float64(e.applied)/secs, e.src, e.written, float64(e.written)/secs,
+		e.lagThen, e.lagNow, e.dst, e.src)
+}
+
+// lagSample is where replication stood at a time.
+type lagSample struct {
+	at              time.Time
+	applied, source int64
+}
+
+// lagTrend follows green's lag while it catches up.
+type lagTrend struct {
+	patience time.Duration
+	src, dst string
+	// samples, oldest first: the first is the newest one at least patience old, once there is
+	// one.
+	samples []lagSample
+}
+
+// add records p at now; it returns a *notCatchingUpError once the lag, above
+// catchUpLagFloor, is no smaller than it was patience ago.
+func (t *lagTrend) add(now time.Time, p replicate.Progress) error {
+	cur := lagSample{now, p.Applied, p.Source}
+	t.samples = append(t.samples, cur)
+	for len(t.samples) > 1 && now.Sub(t.samples[1].at) >= t.patience {
+		t.samples = t.samples[1:]
+	}
+	ref := t.samples[0]
+	lagThen, lagNow := ref.source-ref.applied, cur.source-cur.applied
+	if now.Sub(ref.at) < t.patience || lagNow < lagThen || lagNow <= catchUpLagFloor {
+		return nil
+	}
+	return &notCatchingUpError{src: t.src, dst: t.dst, over: now.Sub(ref.at), applied: cur.applied - ref.applied,
+		written: cur.source - ref.source, lagThen: lagThen, lagNow: lagNow}
+}
+
+// watchCatchUp samples progress every interval until ctx ends; once the lag has not shrunk over
+// patience, it cancels ctx with the *notCatchingUpError.
+func watchCatchUp(ctx context.Context, cancel context.CancelCauseFunc, progress func() replicate.Progress, every, patience time.Duration, src, dst string) {
+	t := lagTrend{patience: patience, src: src, dst: dst}
+	_ = wait.PollUntilContextCancel(ctx, every, true, func(context.Context) (bool, error) {
+		if err := t.add(time.Now(), progress()); err != nil {
+			cancel(err)
+			return true, nil
+		}
+		return false, nil
+	})
+}

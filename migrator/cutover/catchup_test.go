@@ -1,0 +1,87 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// TestLagTrend: the catch-up gives up once green's lag has not shrunk over the patience (blue
+// writes faster than green applies), and only then.
+func TestLagTrend(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	type point struct {
+		after           time.Duration
+		applied, source int64
+	}
+	tests := []struct {
+		name   string
+		points []point
+		want   string // a part of the error, "" for none
+	}{
+		{"green falls behind", []point{{0, 1000, 10000}, {30 * time.Second, 3700, 15160}, {60 * time.Second, 6400, 20320}},
+			"green applied 5400 revisions (90/s) while blue wrote 10320 (172/s); the lag went from 9000 to 13920 revisions"},
+		{"lag steady and large", []point{{0, 1000, 6000}, {60 * time.Second, 7000, 12000}}, "the lag went from 5000 to 5000 revisions"},
+		{"green gains", []point{{0, 1000, 10000}, {60 * time.Second, 13000, 20000}}, ""},
+		{"not watched long enough", []point{{0, 1000, 10000}, {59 * time.Second, 1000, 20000}}, ""},
+		{"small lag left to the wait", []point{{0, 1000, 1010}, {60 * time.Second, 13000, 13050}}, ""},
+		{"the reference moves on", []point{{0, 0, 50000}, {30 * time.Second, 40000, 60000}, {61 * time.Second, 60000, 70000},
+			{91 * time.Second, 62000, 82000}}, "the lag went from 20000 to 20000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := lagTrend{patience: time.Minute, src: "blue", dst: "green"}
+			var err error
+			for _, p := range tt.points {
+				err = tr.add(t0.Add(p.after), replicate.Progress{Applied: p.applied, Source: p.source})
+				if err != nil {
+					break
+				}
+			}
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("gave up: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("error %v, want one with %q", err, tt.want)
+			case err != nil && !strings.Contains(err.Error(), "timeouts.replicate"):
+				t.Errorf("the error does not say what to do: %v", err)
+			}
+		})
+	}
+}
+
+// TestWatchCatchUpCancels: a green falling behind cancels the catch-up's context with the
+// reason, well before the step's timeout; one keeping up does not.
+func TestWatchCatchUpCancels(t *testing.T) {
+	for _, keepsUp := range []bool{false, true} {
+		var n atomic.Int64
+		progress := func() replicate.Progress {
+			i := n.Add(1)
+			if keepsUp {
+				return replicate.Progress{Applied: 1000 * i, Source: 1000*i + 50} // a few revisions behind
+			}
+			return replicate.Progress{Applied: 100 * i, Source: 1000 * i}
+		}
+		ctx, cancel := context.WithCancelCause(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			watchCatchUp(ctx, cancel, progress, 5*time.Millisecond, 50*time.Millisecond, "blue", "green")
+		}()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		cancel(nil)
+		<-done
+		var nc *notCatchingUpError
+		if got := errors.As(context.Cause(ctx), &nc); got == keepsUp {
+			t.Errorf("keeps up %v: cause %v", keepsUp, context.Cause(ctx))
+		}
+	}
+}
