@@ -35,6 +35,8 @@ type config struct {
 	// rehearse runs 'kubefence cutover --rehearse' before each cutover, to print its prediction
 	// beside the window.
 	rehearse bool
+	// greenMembers is the size of green's etcd cluster (all on this machine).
+	greenMembers int
 }
 
 func main() {
@@ -45,13 +47,14 @@ func main() {
 	flag.IntVar(&c.runs, "runs", 3, "cutovers per size and writer rate (each on a fresh copy of the populated blue)")
 	flag.BoolVar(&c.rollback, "rollback", true, "bake each cutover (bake.enabled, blue etcd with TLS) for 2 s and roll it back, timing the rollback's window too")
 	flag.BoolVar(&c.rehearse, "rehearse", false, "rehearse each cutover first (kubefence cutover --rehearse, the load running) and print the window it predicted beside the window")
+	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, as a production green of 3 is on 3 hosts)")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
 		c.rates, err = ints(*rates)
 	}
-	if err != nil || c.runs < 1 {
-		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs at least 1:", err)
+	if err != nil || c.runs < 1 || c.greenMembers < 1 {
+		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs and -green-members at least 1:", err)
 		os.Exit(2)
 	}
 	c.window = time.Second
@@ -96,8 +99,8 @@ func run(ctx context.Context, c config, out io.Writer) error {
 			return err
 		}
 	}
-	fmt.Fprintf(out, "bench-cutover: blue etcd %s + kube-apiserver %s -> green etcd %s (TLS) + kube-apiserver %s, 1 member each, loopback;\n",
-		framework.Etcd34, framework.Kube136, framework.Etcd36, framework.Kube136)
+	fmt.Fprintf(out, "bench-cutover: blue etcd %s (1 member) + kube-apiserver %s -> green etcd %s (TLS, %d member(s)) + kube-apiserver %s, loopback;\n",
+		framework.Etcd34, framework.Kube136, framework.Etcd36, c.greenMembers, framework.Kube136)
 	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n", c.runs)
 	if c.rollback {
 		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)

@@ -148,7 +148,7 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	if err != nil {
 		return r, err
 	}
-	green, err := env.WriteCutoverPlan("green", pki, px, api, etcd, framework.Etcd36, 1)
+	green, err := env.WriteCutoverPlan("green", pki, px, api, etcd, framework.Etcd36, c.greenMembers)
 	if err != nil {
 		return r, err
 	}
