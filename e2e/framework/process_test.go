@@ -1,7 +1,12 @@
 package framework
 
 import (
+	"context"
+	"errors"
 	"net"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -32,5 +37,28 @@ func TestFreePortsFreeOnEveryAddress(t *testing.T) {
 	}
 	if len(taken) > 0 {
 		t.Fatalf("FreePorts gave %d ports already listened on at 127.0.0.2, e.g. %d", len(taken), taken[0])
+	}
+}
+
+// TestUntilInterrupted: a run that fails on its own keeps its error; only a run a signal ended
+// is reported as interrupted. The benches used to cancel their context before asking, so every
+// failure (a cutover aborting, say) read "interrupted".
+func TestUntilInterrupted(t *testing.T) {
+	boom := errors.New("boom")
+	if err := UntilInterrupted(func(context.Context) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("a failing run: %v, want boom", err)
+	}
+	if err := UntilInterrupted(func(context.Context) error { return nil }); err != nil {
+		t.Errorf("a run that succeeded: %v", err)
+	}
+	err := UntilInterrupted(func(ctx context.Context) error {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if err == nil || !strings.Contains(err.Error(), "interrupted") {
+		t.Errorf("a run ended by SIGTERM: %v", err)
 	}
 }

@@ -8,16 +8,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -58,15 +55,7 @@ func main() {
 		os.Exit(2)
 	}
 	c.window = time.Second
-	// Ctrl-C or SIGTERM cancels the run, so that every process it started is stopped and its
-	// temporary directories (gigabytes for large sizes) are removed before it exits.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() { <-ctx.Done(); stop() }() // a second Ctrl-C ends it at once
-	err = run(ctx, c, os.Stdout)
-	stop()
-	if err != nil && ctx.Err() != nil {
-		err = errors.New("interrupted; what the run started is stopped and its directories removed")
-	}
+	err = framework.UntilInterrupted(func(ctx context.Context) error { return run(ctx, c, os.Stdout) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
 		os.Exit(1)

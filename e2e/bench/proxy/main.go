@@ -8,19 +8,16 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -59,15 +56,7 @@ func main() {
 	flag.StringVar(&c.holdProfile, "hold-cpuprofile", "", "write a CPU profile of the kubefence proxy from fence off in the hold scenario to this file")
 	flag.StringVar(&c.only, "only", "", "run only one scenario: "+strings.Join(scenarioNames, ", "))
 	flag.Parse()
-	// Ctrl-C or SIGTERM cancels the run, so that every process it started is stopped and its
-	// temporary directories (gigabytes for large sizes) are removed before it exits.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() { <-ctx.Done(); stop() }() // a second Ctrl-C ends it at once
-	err := run(ctx, c, os.Stdout)
-	stop()
-	if err != nil && ctx.Err() != nil {
-		err = errors.New("interrupted; what the run started is stopped and its directories removed")
-	}
+	err := framework.UntilInterrupted(func(ctx context.Context) error { return run(ctx, c, os.Stdout) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-proxy:", err)
 		os.Exit(1)
