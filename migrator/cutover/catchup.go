@@ -16,7 +16,8 @@ import (
 // has not shrunk over catchUpPatience, the catch-up fails with both rates.
 const (
 	catchUpSampleEvery = 5 * time.Second
-	catchUpPatience    = time.Minute
+	// catchUpPatience outlasts a burst of writes on blue (a rollout) that green absorbs after.
+	catchUpPatience = 2 * time.Minute
 	// catchUpLagFloor is a lag left to the wait itself: a few revisions behind a busy blue is
 	// what catching up looks like, not falling behind.
 	catchUpLagFloor = 100
@@ -33,7 +34,7 @@ type notCatchingUpError struct {
 func (e *notCatchingUpError) Error() string {
 	secs := e.over.Seconds()
 	return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied %d revisions (%.0f/s) while %s wrote %d (%.0f/s); the lag went from %d to %d revisions. "+
-		"Waiting out timeouts.replicate would not help: give %s faster disks or hosts, or cut over when %s writes less ('kubefence cutover --rehearse' shows both rates)",
+		"Waiting out timeouts.replicate would not help: give %s faster disks or hosts, or cut over when %s writes less",
 		e.dst, e.src, e.over.Round(time.Second), e.dst, e.applied, float64(e.applied)/secs, e.src, e.written, float64(e.written)/secs,
 		e.lagThen, e.lagNow, e.dst, e.src)
 }
