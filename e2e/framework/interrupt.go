@@ -8,8 +8,8 @@ import (
 	"syscall"
 )
 
-// UntilInterrupted runs run with a context that Ctrl-C or SIGTERM cancels, so that a bench or
-// the demo stops every process it started and removes its temporary directories (gigabytes for
+// UntilInterrupted runs run with a context that Ctrl-C or SIGTERM cancels, so that a bench stops
+// every process it started and removes its temporary directories (gigabytes for
 // large sizes) before it exits; a second signal ends the program at once. An error of a run a
 // signal ended is reported as an interruption; any other error is returned as it is.
 func UntilInterrupted(run func(context.Context) error) error {

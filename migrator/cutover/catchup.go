@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -12,12 +13,17 @@ import (
 
 // Catching up gives up early when green cannot: blue writing faster than green applies makes
 // the lag grow without end, and waiting out timeouts.replicate (10 minutes by default) would
-// only say so later, with nothing learnt. The lag is sampled every catchUpSampleEvery; once it
-// has not shrunk over catchUpPatience, the catch-up fails with both rates.
+// only say so later, with nothing learnt. The lag is sampled every catchUpSampleEvery (from
+// one interval after the start, when the replicator has read blue's revision); once, over
+// catchUpPatience, it has grown in both halves by more than catchUpGrowth of what blue wrote
+// in each, and is above catchUpLagFloor, the catch-up fails with both rates. Both halves: a
+// burst of writes near the end (a rollout) is not a trend; a share of blue's writes: a lag
+// that only wobbles while green keeps pace is not one either.
 const (
 	catchUpSampleEvery = 5 * time.Second
-	// catchUpPatience outlasts a burst of writes on blue (a rollout) that green absorbs after.
-	catchUpPatience = 2 * time.Minute
+	catchUpPatience    = 2 * time.Minute
+	// catchUpGrowth is the share of blue's writes the lag must grow by in each half.
+	catchUpGrowth = 0.05
 	// catchUpLagFloor is a lag left to the wait itself: a few revisions behind a busy blue is
 	// what catching up looks like, not falling behind.
 	catchUpLagFloor = 100
@@ -33,6 +39,11 @@ type notCatchingUpError struct {
 
 func (e *notCatchingUpError) Error() string {
 	secs := e.over.Seconds()
+	if e.applied == 0 {
+		return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied no revision while %s wrote %d; the lag went from %d to %d revisions. "+
+			"Look at %s's etcd (its log, its health): waiting out timeouts.replicate would not help",
+			e.dst, e.src, e.over.Round(time.Second), e.dst, e.src, e.written, e.lagThen, e.lagNow, e.dst)
+	}
 	return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied %d revisions (%.0f/s) while %s wrote %d (%.0f/s); the lag went from %d to %d revisions. "+
 		"Waiting out timeouts.replicate would not help: give %s faster disks or hosts, or cut over when %s writes less",
 		e.dst, e.src, e.over.Round(time.Second), e.dst, e.applied, float64(e.applied)/secs, e.src, e.written, float64(e.written)/secs,
@@ -55,7 +66,7 @@ type lagTrend struct {
 }
 
 // add records p at now; it returns a *notCatchingUpError once the lag, above
-// catchUpLagFloor, is no smaller than it was patience ago.
+// catchUpLagFloor, has grown in both halves of the last patience (see catchUpPatience).
 func (t *lagTrend) add(now time.Time, p replicate.Progress) error {
 	cur := lagSample{now, p.Applied, p.Source}
 	t.samples = append(t.samples, cur)
@@ -63,19 +74,32 @@ func (t *lagTrend) add(now time.Time, p replicate.Progress) error {
 		t.samples = t.samples[1:]
 	}
 	ref := t.samples[0]
-	lagThen, lagNow := ref.source-ref.applied, cur.source-cur.applied
-	if now.Sub(ref.at) < t.patience || lagNow < lagThen || lagNow <= catchUpLagFloor {
+	if now.Sub(ref.at) < t.patience || cur.lag() <= catchUpLagFloor {
+		return nil
+	}
+	half := ref.at.Add(now.Sub(ref.at) / 2)
+	mid := t.samples[slices.IndexFunc(t.samples, func(s lagSample) bool { return !s.at.Before(half) })]
+	if !falling(ref, mid) || !falling(mid, cur) {
 		return nil
 	}
 	return &notCatchingUpError{src: t.src, dst: t.dst, over: now.Sub(ref.at), applied: cur.applied - ref.applied,
-		written: cur.source - ref.source, lagThen: lagThen, lagNow: lagNow}
+		written: cur.source - ref.source, lagThen: ref.lag(), lagNow: cur.lag()}
+}
+
+func (s lagSample) lag() int64 { return s.source - s.applied }
+
+// falling says whether the lag grew from a to b by more than catchUpGrowth of what the source
+// wrote between them.
+func falling(a, b lagSample) bool {
+	grew := b.lag() - a.lag()
+	return grew > 0 && float64(grew) > catchUpGrowth*float64(b.source-a.source)
 }
 
 // watchCatchUp samples progress every interval until ctx ends; once the lag has not shrunk over
 // patience, it cancels ctx with the *notCatchingUpError.
 func watchCatchUp(ctx context.Context, cancel context.CancelCauseFunc, progress func() replicate.Progress, every, patience time.Duration, src, dst string) {
 	t := lagTrend{patience: patience, src: src, dst: dst}
-	_ = wait.PollUntilContextCancel(ctx, every, true, func(context.Context) (bool, error) {
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(context.Context) (bool, error) {
 		if err := t.add(time.Now(), progress()); err != nil {
 			cancel(err)
 			return true, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
-// TestLagTrend: the catch-up gives up once green's lag has not shrunk over the patience (blue
+// TestLagTrend: the catch-up gives up once green's lag has grown through the patience (blue
 // writes faster than green applies), and only then.
 func TestLagTrend(t *testing.T) {
 	t0 := time.Unix(1000, 0)
@@ -26,12 +26,17 @@ func TestLagTrend(t *testing.T) {
 	}{
 		{"green falls behind", []point{{0, 1000, 10000}, {30 * time.Second, 3700, 15160}, {60 * time.Second, 6400, 20320}},
 			"green applied 5400 revisions (90/s) while blue wrote 10320 (172/s); the lag went from 9000 to 13920 revisions"},
-		{"lag steady and large", []point{{0, 1000, 6000}, {60 * time.Second, 7000, 12000}}, "the lag went from 5000 to 5000 revisions"},
-		{"green gains", []point{{0, 1000, 10000}, {60 * time.Second, 13000, 20000}}, ""},
-		{"not watched long enough", []point{{0, 1000, 10000}, {59 * time.Second, 1000, 20000}}, ""},
-		{"small lag left to the wait", []point{{0, 1000, 1010}, {60 * time.Second, 13000, 13050}}, ""},
+		{"green applies nothing", []point{{0, 1000, 2000}, {30 * time.Second, 1000, 8000}, {60 * time.Second, 1000, 14000}},
+			"green applied no revision while blue wrote 12000; the lag went from 1000 to 13000 revisions"},
+		{"green gains", []point{{0, 1000, 10000}, {30 * time.Second, 7000, 15000}, {60 * time.Second, 13000, 20000}}, ""},
+		{"rates equal, a steady lag", []point{{0, 1000, 6000}, {30 * time.Second, 4000, 9000}, {60 * time.Second, 7000, 12000}}, ""},
+		{"a lag wobbling while green keeps pace", []point{{0, 1000, 1150}, {30 * time.Second, 7000, 7100},
+			{60 * time.Second, 13000, 13250}}, ""},
+		{"a burst near the end", []point{{0, 1000, 1050}, {30 * time.Second, 7000, 7050}, {60 * time.Second, 13000, 16000}}, ""},
+		{"not watched long enough", []point{{0, 1000, 10000}, {30 * time.Second, 1000, 15000}, {59 * time.Second, 1000, 20000}}, ""},
+		{"small lag left to the wait", []point{{0, 1000, 1010}, {30 * time.Second, 1000, 1050}, {60 * time.Second, 1000, 1090}}, ""},
 		{"the reference moves on", []point{{0, 0, 50000}, {30 * time.Second, 40000, 60000}, {61 * time.Second, 60000, 70000},
-			{91 * time.Second, 62000, 82000}}, "the lag went from 20000 to 20000"},
+			{91 * time.Second, 62000, 82000}, {121 * time.Second, 64000, 94000}}, "the lag went from 10000 to 30000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -247,15 +247,18 @@ func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	watching := make(chan struct{})
+	progress, src, dst := r.repl.rep.Progress, r.from.name, r.to.name
 	go func() {
 		defer close(watching)
-		watchCatchUp(ctx, cancel, r.repl.rep.Progress, catchUpSampleEvery, catchUpPatience, r.from.name, r.to.name)
+		watchCatchUp(ctx, cancel, progress, catchUpSampleEvery, catchUpPatience, src, dst)
 	}()
 	rev, err := r.waitCaughtUp(ctx)
 	cancel(nil)
 	<-watching
+	// The watch's cause replaces only the error its cancel made (a read of a revision answers
+	// context.Canceled, without the cause); any other error keeps its kind (a compaction, say).
 	var behind *notCatchingUpError
-	if err != nil && errors.As(context.Cause(ctx), &behind) {
+	if err != nil && !errors.As(err, &behind) && errors.Is(err, context.Canceled) && errors.As(context.Cause(ctx), &behind) {
 		return 0, behind
 	}
 	return rev, err

@@ -44,7 +44,7 @@ func main() {
 	flag.IntVar(&c.runs, "runs", 3, "cutovers per size and writer rate (each on a fresh copy of the populated blue)")
 	flag.BoolVar(&c.rollback, "rollback", true, "bake each cutover (bake.enabled, blue etcd with TLS) for 2 s and roll it back, timing the rollback's window too")
 	flag.BoolVar(&c.rehearse, "rehearse", false, "rehearse each cutover first (kubefence cutover --rehearse, the load running) and print the window it predicted beside the window")
-	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, as a production green of 3 is on 3 hosts)")
+	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, whereas a production green has a host for each)")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
