@@ -29,7 +29,7 @@ const (
 	catchUpLagFloor = 100
 )
 
-// notCatchingUpError says that green's lag did not shrink over a whole patience.
+// notCatchingUpError says that green's lag grew through a whole patience (see lagTrend.add).
 type notCatchingUpError struct {
 	src, dst         string
 	over             time.Duration
@@ -95,8 +95,8 @@ func falling(a, b lagSample) bool {
 	return grew > 0 && float64(grew) > catchUpGrowth*float64(b.source-a.source)
 }
 
-// watchCatchUp samples progress every interval until ctx ends; once the lag has not shrunk over
-// patience, it cancels ctx with the *notCatchingUpError.
+// watchCatchUp samples progress every interval until ctx ends; once the lag has grown through
+// patience (lagTrend.add), it cancels ctx with the *notCatchingUpError.
 func watchCatchUp(ctx context.Context, cancel context.CancelCauseFunc, progress func() replicate.Progress, every, patience time.Duration, src, dst string) {
 	t := lagTrend{patience: patience, src: src, dst: dst}
 	_ = wait.PollUntilContextCancel(ctx, every, false, func(context.Context) (bool, error) {

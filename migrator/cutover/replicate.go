@@ -240,7 +240,7 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 // caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
 // (linearizable), the replicator applied it, and dst's revision equals src's read again after
 // it (src's own apiserver may write meanwhile: then once more). It returns that revision. A
-// dst whose lag does not shrink for catchUpPatience fails it at once (notCatchingUpError).
+// dst whose lag grows through catchUpPatience fails it at once (notCatchingUpError).
 func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	if err := r.replicationAlive(); err != nil {
 		return 0, err
