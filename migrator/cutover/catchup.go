@@ -107,3 +107,20 @@ func watchCatchUp(ctx context.Context, cancel context.CancelCauseFunc, progress 
 		return false, nil
 	})
 }
+
+// catchUpRates describes a catch-up that began with dst at revision from and src at srcFrom and
+// ended with both at rev after took: how fast dst applied against src's writes, the headroom a
+// rehearsal is run to learn. dst was behind throughout, so its rate is a lower bound of what it
+// can apply. Empty when dst was not behind or the catch-up was too short to time.
+func catchUpRates(from, srcFrom, rev int64, took time.Duration, src, dst string) string {
+	behind, applied, written := srcFrom-from, rev-from, rev-srcFrom
+	if behind <= 0 || took < time.Second {
+		return ""
+	}
+	secs := took.Seconds()
+	out := fmt.Sprintf("; from %d revisions behind, %s applied %d in %s (%.0f/s) while %s wrote ", behind, dst, applied, took.Round(time.Second), float64(applied)/secs, src)
+	if written <= 0 {
+		return out + "nothing"
+	}
+	return out + fmt.Sprintf("%d (%.0f/s): %s applies at least %.1fx %s's write rate", written, float64(written)/secs, dst, float64(applied)/float64(written), src)
+}

@@ -90,3 +90,29 @@ func TestWatchCatchUpCancels(t *testing.T) {
 		}
 	}
 }
+
+// TestCatchUpRates: the replicate step says how fast green caught up against blue's writes,
+// the headroom a rehearsal is run to learn; it says nothing when the catch-up was too short to
+// time or green was never behind.
+func TestCatchUpRates(t *testing.T) {
+	tests := []struct {
+		name           string
+		from, blueFrom int64 // green's and blue's revisions when the catch-up began
+		rev            int64 // the revision both reached
+		took           time.Duration
+		want           string
+	}{
+		{"green well ahead of blue's rate", 1000, 13000, 14000, 20 * time.Second,
+			"; from 12000 revisions behind, green applied 13000 in 20s (650/s) while blue wrote 1000 (50/s): green applies at least 13.0x blue's write rate"},
+		{"blue quiet", 1000, 3000, 3000, 4 * time.Second, "; from 2000 revisions behind, green applied 2000 in 4s (500/s) while blue wrote nothing"},
+		{"too short to time", 1000, 1010, 1020, 300 * time.Millisecond, ""},
+		{"never behind", 1000, 1000, 1200, 5 * time.Second, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := catchUpRates(tt.from, tt.blueFrom, tt.rev, tt.took, "blue", "green"); got != tt.want {
+				t.Errorf("got  %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // replicateStep starts replicating blue into green (mode replicate) from the snapshot's
@@ -25,11 +27,19 @@ func (replicateStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	start := time.Now()
+	// Where both stood at the start, for the rates (none when blue cannot be read now: the
+	// wait below says why).
+	from, srcFrom := r.repl.rep.Progress().Applied, int64(0)
+	if rev, err := replicate.Revision(ctx, r.repl.src); err == nil {
+		srcFrom = rev
+	}
 	rev, err := r.caughtUp(ctx)
 	if err != nil {
 		return "", err
 	}
-	return withNote(picked, fmt.Sprintf("caught up with blue at revision %d after %s: %s", rev, time.Since(start).Round(time.Millisecond), r.progressLine(r.repl.rep.Progress()))), nil
+	took := time.Since(start)
+	return withNote(picked, fmt.Sprintf("caught up with blue at revision %d after %s%s: %s", rev, took.Round(time.Millisecond),
+		catchUpRates(from, srcFrom, rev, took, r.from.name, r.to.name), r.progressLine(r.repl.rep.Progress()))), nil
 }
 
 // withNote puts note (if any) before detail.
