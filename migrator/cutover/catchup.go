@@ -118,7 +118,7 @@ func catchUpRates(from, srcFrom, rev int64, took time.Duration, src, dst string)
 		return ""
 	}
 	secs := took.Seconds()
-	out := fmt.Sprintf("; from %d revisions behind, %s applied %d in %s (%.0f/s) while %s wrote ", behind, dst, applied, took.Round(time.Second), float64(applied)/secs, src)
+	out := fmt.Sprintf("; from %d revisions behind, %s applied %d (%.0f/s) while %s wrote ", behind, dst, applied, float64(applied)/secs, src)
 	if written <= 0 {
 		return out + "nothing"
 	}
