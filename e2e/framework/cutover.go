@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -157,14 +158,22 @@ func (g *GreenSetup) Save() error {
 }
 
 // StopCutoverProcesses stops the green processes a cutover started (they outlive the
-// kubefence process by design, so the Env does not know them) and reports what it stopped.
+// kubefence process by design, so the Env does not know them) and reports what it stopped. A
+// journal's pid whose process has ended may since name another process (pids are recycled,
+// within minutes on a busy machine): only a process whose command line names the state dir's
+// environment (its data dir, its certificates) is stopped.
 func StopCutoverProcesses(stateDir string) ([]string, error) {
 	j, err := cutover.LoadJournal(stateDir)
 	if err != nil {
 		return nil, nil // no journal: nothing was started
 	}
+	env := []byte(filepath.Dir(stateDir) + string(filepath.Separator))
 	var stopped []string
 	for name, pid := range j.GreenPIDs {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmdline, env) {
+			continue
+		}
 		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 			continue
 		}

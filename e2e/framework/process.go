@@ -142,8 +142,12 @@ func (p *Process) Stop(grace time.Duration) error {
 	}
 }
 
-// Kill sends SIGKILL (a crash) and waits for the process to end.
+// Kill sends SIGKILL (a crash) and waits for the process to end. A process that has ended is
+// not signalled: its pid, as a process group, may name others' processes by now.
 func (p *Process) Kill() {
+	if p.Exited() {
+		return
+	}
 	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
 	<-p.done
 }
