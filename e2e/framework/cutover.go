@@ -2,6 +2,7 @@ package framework
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -170,18 +172,17 @@ func StopCutoverProcesses(stateDir string) ([]string, error) {
 	env := []byte(filepath.Dir(stateDir) + string(filepath.Separator))
 	var stopped []string
 	for name, pid := range j.GreenPIDs {
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmdline, env) {
-			continue
+		// Checked before each signal: the process may end and its pid be taken meanwhile.
+		ours := func() bool {
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			return err == nil && bytes.Contains(cmdline, env) && Running(pid)
 		}
-		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		if !ours() || syscall.Kill(pid, syscall.SIGTERM) != nil {
 			continue
 		}
 		stopped = append(stopped, fmt.Sprintf("%s (pid %d)", name, pid))
-		for i := 0; i < 100 && Running(pid); i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-		if Running(pid) {
+		gone := func(context.Context) (bool, error) { return !ours(), nil }
+		if wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, gone) != nil && ours() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
