@@ -11,29 +11,36 @@ import (
 )
 
 // Pipelining: one txn per revision, sent one after the other, is bounded by green's commit
-// latency (a WAL fsync each), which under load is below the write rate of a busy cluster. So up
-// to pipelineDepth txns are in flight at once, and etcd commits them together. Concurrent
-// requests may be proposed in any order, so each txn carries guards that make it apply only on
-// top of its predecessor and only once:
+// latency (a WAL fsync each), which under load is below the write rate of a busy cluster. So
+// several txns may be in flight at once, and etcd commits them together. Concurrent requests may
+// be proposed in any order, so each txn carries guards that make it apply only on top of its
+// predecessor and only once:
 //
 //   - "revision N-1 is applied": a key N-1 put has mod revision N-1 (or a key it deleted is
 //     gone);
 //   - "revision N is not applied": the first key N puts has a mod revision below N (or the first
 //     key it deletes still exists).
 //
-// A txn whose guards fail changes nothing (no revision). etcd proposes concurrent requests in
-// the order its handler goroutines happen to run, and a burst of requests often has one of them
-// proposed first, so guard failures are frequent under a backlog. When the oldest txn in flight
-// failed its guards (its predecessor is applied, so it was proposed too early), it is sent again
-// at once, with every later txn whose guards failed too, and the rest stays in flight: a
-// revision never has two attempts in flight, and the guards keep each attempt exact. Only when
-// the oldest failed its guards maxHeadRetries times in a row, or its outcome is unknown (a
-// timeout, a lost connection), does the pipeline resync: it waits for every txn in flight, reads
-// green's revision g, checks that green's revision g is blue's change for change, counts
-// everything up to g as applied, and sends the rest again. Txns are never cancelled in flight:
-// Run waits for them, so none can reach green after Run returns.
+// A txn whose guards fail changes nothing (no revision), but it still cost green a raft entry
+// (on every member, the values included). How often a burst is proposed out of order depends on
+// green: etcd starts a goroutine per request and on a loaded member the newest often runs
+// first; a three-member green on shared cores proposed most bursts so, and sending every failed
+// txn of a burst again at once made a new burst proposed out of order, ~12 txns sent per
+// revision applied. So the number of txns in flight is a window that adapts as TCP's congestion
+// window does: it grows by one per window of txns applied in order, and halves (down to one, the
+// txns sent one after the other) when a txn sent since the last cut failed its guards.
+//
+// When the oldest txn in flight failed its guards (its predecessor is applied, so it was proposed
+// too early), it is sent again at once, without the predecessor's guard, with the later txns
+// whose guards failed too, as many as the window allows; the rest stays in flight and is sent
+// again when it is the oldest: a revision never has two attempts in flight, and the guards keep
+// each attempt exact. Only when the oldest failed its guards maxHeadRetries times in a row, or
+// its outcome is unknown (a timeout, a lost connection), does the pipeline resync: it waits for
+// every txn in flight, reads green's revision g, checks that green's revision g is blue's change
+// for change, counts everything up to g as applied, and sends the rest again. Txns are never
+// cancelled in flight: Run waits for them, so none can reach green after Run returns.
 
-// pipelineDepth is how many txns may be in flight at once.
+// pipelineDepth is the most txns in flight at once (the window's ceiling).
 const pipelineDepth = 64
 
 // maxHeadRetries is how many guard failures in a row of the oldest txn are sent again at once
@@ -43,7 +50,10 @@ const maxHeadRetries = 3
 
 // sentTxn is a txn in flight.
 type sentTxn struct {
-	rev  int64
+	rev int64
+	// seq numbers the attempts (pipeline.seq), so that one burst proposed out of order cuts
+	// the window once.
+	seq  uint64
 	evs  []*clientv3.Event
 	ops  []clientv3.Op
 	done chan struct{}
@@ -60,6 +70,33 @@ type pipeline struct {
 	resyncs int
 	// headRetries counts the oldest txn's guard failures sent again since it was last applied.
 	headRetries int
+	// window is how many txns may be in flight (the congestion window, see above); below 1
+	// counts as 1.
+	window float64
+	// seq is the next attempt's number; attempts numbered below cutSeq were sent before the
+	// window was last cut.
+	seq, cutSeq uint64
+}
+
+// limit is how many txns may be in flight now.
+func (p *pipeline) limit() int {
+	return min(pipelineDepth, max(1, int(p.window)))
+}
+
+// grow widens the window after a txn applied in order: by one per window's worth.
+func (p *pipeline) grow() {
+	w := max(1, p.window)
+	p.window = min(pipelineDepth, w+1/w)
+}
+
+// cut halves the window after t failed its guards, once per burst: a failure of a txn sent
+// before the last cut is that cut's burst still ending.
+func (p *pipeline) cut(t *sentTxn) {
+	if t.seq < p.cutSeq {
+		return
+	}
+	p.window = max(1, p.window/2)
+	p.cutSeq = p.seq
 }
 
 // lastSent is the newest revision sent or applied.
@@ -70,8 +107,8 @@ func (p *pipeline) lastSent() int64 {
 	return p.r.appliedRev()
 }
 
-// submit sends blue's revision rev (its events evs) to green, keeping the pipeline at most
-// pipelineDepth deep; revisions must come in order.
+// submit sends blue's revision rev (its events evs) to green, keeping at most the window's
+// txns in flight; revisions must come in order.
 func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event) error {
 	if last := p.lastSent(); rev != last+1 {
 		return fmt.Errorf("%w: blue's stream holds revision %d next but green is at %d: a revision would be skipped or applied twice", ErrRevisionMismatch, rev, last)
@@ -87,7 +124,7 @@ func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event)
 	if err != nil {
 		return err
 	}
-	for len(p.flight) >= pipelineDepth {
+	for len(p.flight) >= p.limit() {
 		if err := p.settle(ctx); err != nil {
 			return err
 		}
@@ -122,6 +159,8 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	}
 	cmps = append(cmps, notAppliedGuard(t.evs, t.rev))
 	t.done, t.resp, t.err = make(chan struct{}), nil, nil
+	t.seq = p.seq
+	p.seq++
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.r.cfg.ApplyTimeout)
 	go func() {
 		defer close(t.done)
@@ -160,10 +199,12 @@ func (p *pipeline) settle(ctx context.Context) error {
 		}
 		p.flight = p.flight[1:]
 		p.resyncs, p.headRetries = 0, 0
+		p.grow()
 		p.r.applied(t.rev)
 		return nil
 	}
 	if t.err == nil && p.headRetries < maxHeadRetries {
+		p.cut(t)
 		p.headRetries++
 		p.resendFailed(ctx)
 		return nil
@@ -178,11 +219,12 @@ func (p *pipeline) settle(ctx context.Context) error {
 }
 
 // resendFailed sends the oldest txn again (its guards failed), and the later ones after it
-// whose guards failed too, in order, up to the first one still in flight or ended otherwise: a
-// txn sent again behind one still in flight would fail again if that one does.
+// whose guards failed too, in order, up to the first one still in flight or ended otherwise (a
+// txn sent again behind one still in flight would fail again if that one does) and at most the
+// window's worth.
 func (p *pipeline) resendFailed(ctx context.Context) {
 	resent := 0
-	for i, t := range p.flight {
+	for i, t := range p.flight[:min(len(p.flight), p.limit())] {
 		if i > 0 && !guardsFailed(t) {
 			break
 		}

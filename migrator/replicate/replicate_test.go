@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -711,4 +713,107 @@ func TestHoldLeases(t *testing.T) {
 	if err != nil {
 		t.Errorf("the lease did not expire after release: %v", err)
 	}
+}
+
+// TestReversedProposals: a green that proposes every burst of concurrent txns newest first (a
+// loaded etcd member can come close: its gRPC server starts a goroutine per request and the
+// newest often runs first) still gets every revision exactly, and the pipeline backs off to
+// one txn at a time instead of sending the same txns again and again: at most one txn sent
+// again per revision applied.
+func TestReversedProposals(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	const n = 300
+	for i := range n { // a backlog, so that the first watch response holds a burst
+		put(t, blue, fmt.Sprintf("/k%d", i%20), fmt.Sprint(i))
+	}
+	reversing := reversingClient(t, green)
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = reversing.cli })
+	for i := range n { // and writes while it replicates
+		put(t, blue, fmt.Sprintf("/k%d", i%20), fmt.Sprint(-i))
+	}
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	p := run.r.Progress()
+	t.Logf("%d revisions applied with %d txns sent again (%d committed in %d reversed bursts), %d resyncs", last-s, p.Resent, reversing.committed.Load(), reversing.bursts.Load(), p.Resyncs)
+	if p.Resent > last-s {
+		t.Errorf("%d txns sent again for %d revisions: the pipeline kept sending bursts green proposes out of order", p.Resent, last-s)
+	}
+	if reversing.bursts.Load() < 2 {
+		t.Errorf("only %d bursts of txns reached green: the test proposed nothing out of order", reversing.bursts.Load())
+	}
+}
+
+// reversingKV commits the txns that reach it within 2 ms of each other newest first.
+type reversingKV struct {
+	clientv3.KV
+	cli               *clientv3.Client
+	mu                sync.Mutex
+	batch             []*reversedTxn
+	committed, bursts atomic.Int64
+}
+
+// reversingClient is a second client of green whose txns go through a reversingKV.
+func reversingClient(t *testing.T, green *member) *reversingKV {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	kv := &reversingKV{KV: cli.KV, cli: cli}
+	cli.KV = kv
+	return kv
+}
+
+func (kv *reversingKV) Txn(ctx context.Context) clientv3.Txn {
+	return &reversedTxn{Txn: kv.KV.Txn(ctx), kv: kv}
+}
+
+// flush commits the txns gathered so far, newest first.
+func (kv *reversingKV) flush() {
+	kv.mu.Lock()
+	b := kv.batch
+	kv.batch = nil
+	kv.mu.Unlock()
+	if len(b) > 1 {
+		kv.bursts.Add(1)
+	}
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i].resp, b[i].err = b[i].Txn.Commit()
+		kv.committed.Add(1)
+		close(b[i].done)
+	}
+}
+
+type reversedTxn struct {
+	clientv3.Txn
+	kv   *reversingKV
+	done chan struct{}
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+func (t *reversedTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *reversedTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+func (t *reversedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+
+func (t *reversedTxn) Commit() (*clientv3.TxnResponse, error) {
+	t.done = make(chan struct{})
+	t.kv.mu.Lock()
+	first := len(t.kv.batch) == 0
+	t.kv.batch = append(t.kv.batch, t)
+	t.kv.mu.Unlock()
+	if first {
+		time.AfterFunc(2*time.Millisecond, t.kv.flush)
+	}
+	<-t.done
+	return t.resp, t.err
 }
