@@ -95,7 +95,7 @@ type rehearseDrainStep struct{}
 
 func (rehearseDrainStep) name() string { return StepRehearseDrain }
 func (rehearseDrainStep) timeout(p *Plan) time.Duration {
-	return p.Timeouts.Window.D() + 30*time.Second
+	return preFenceCatchUp + p.Timeouts.Window.D() + 30*time.Second
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {

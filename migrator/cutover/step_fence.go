@@ -16,8 +16,11 @@ type fenceStep struct{}
 func (fenceStep) name() string       { return StepFence }
 func (fenceStep) pastNoReturn() bool { return false }
 
-// timeout leaves the barrier its whole wait, plus time to ask.
-func (fenceStep) timeout(p *Plan) time.Duration { return p.Proxy.WaitTimeout.D() + 30*time.Second }
+// timeout leaves the catch-up before the fence its bound and the barrier its whole wait, plus
+// time to ask.
+func (fenceStep) timeout(p *Plan) time.Duration {
+	return preFenceCatchUp + p.Proxy.WaitTimeout.D() + 30*time.Second
+}
 
 func (fenceStep) describe(r *runner, _ bool) string {
 	return fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
@@ -69,18 +72,42 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("writes %s from now; in-flight writes finished in %s", what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 }
 
-// preFenceCatchUp bounds catching up with blue right before the fence (mode replicate).
-const preFenceCatchUp = 10 * time.Second
+// preFenceCatchUp bounds catching up with blue right before the fence (mode replicate). After
+// a full verify of a large cluster green can be thousands of revisions behind; each round
+// shortens the lag by the ratio of blue's write rate to green's apply rate, so the bound is
+// generous and a green that stops gaining ends the wait much sooner (catchUpRounds).
+const preFenceCatchUp = 2 * time.Minute
 
 // catchUpRound is how short a catch-up round must be for green to count as caught up.
 const catchUpRound = 50 * time.Millisecond
 
+// catchUpRounds decides, round after round, whether catching up before the fence goes on: a
+// round waits until green applied blue's revision read at its start, so it lasts as long as
+// green needs for the lag it began with. While green gains on blue the rounds get shorter;
+// two rounds in a row no shorter than the shortest so far mean green only keeps pace (or
+// falls behind), and waiting longer would not shrink the drain.
+type catchUpRounds struct {
+	shortest time.Duration
+	stalls   int
+}
+
+// next takes a round's duration and says whether green is caught up and whether to go on.
+func (c *catchUpRounds) next(took time.Duration) (caughtUp, goOn bool) {
+	if took <= catchUpRound {
+		return true, false
+	}
+	if c.shortest > 0 && took >= c.shortest {
+		c.stalls++
+		return false, c.stalls < 2
+	}
+	c.shortest, c.stalls = took, 0
+	return false, true
+}
+
 // catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
 // drains only what blue takes between this and the fence's barrier, not whatever lag
-// replication had at that moment. Each round waits until green applied blue's revision read at
-// its start; a round that takes at most catchUpRound means green is at most that far behind.
-// Under a writer faster than green for a while, rounds do not get shorter: after a few, or
-// after preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
+// replication had at that moment (catchUpRounds). Under a writer as fast as green, or after
+// preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
 // always. A blue that cannot be read, or a replicator that stopped, fails the step before
 // anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) error {
@@ -89,10 +116,8 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 		d = r.preFence
 	}
 	deadline := time.Now().Add(d)
-	for range 5 {
-		if time.Now().After(deadline) {
-			return nil
-		}
+	var rounds catchUpRounds
+	for time.Now().Before(deadline) {
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		start := time.Now()
 		target, err := replicate.Revision(rctx, r.repl.src)
@@ -101,10 +126,10 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 		}
 		cancel()
 		switch {
-		case err == nil && time.Since(start) <= catchUpRound:
-			return nil
 		case err == nil:
-			continue
+			if _, goOn := rounds.next(time.Since(start)); !goOn {
+				return nil
+			}
 		case r.replicationAlive() != nil:
 			return r.replicationAlive()
 		case ctx.Err() != nil:
