@@ -23,7 +23,7 @@ func (fenceStep) timeout(p *Plan) time.Duration {
 }
 
 func (fenceStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
+	return fmt.Sprintf("when replicating, first let green catch up with blue while it gains on it (up to %s); then kubefence fence on --mode %s (wait up to %s for in-flight writes)", preFenceCatchUp, r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
 }
 
 func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
