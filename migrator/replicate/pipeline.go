@@ -70,9 +70,9 @@ type pipeline struct {
 	resyncs int
 	// headRetries counts the oldest txn's guard failures sent again since it was last applied.
 	headRetries int
-	// window is how many txns may be in flight (the congestion window, see above); below 1
-	// counts as 1.
-	window float64
+	// window is how many txns may be in flight (the congestion window, see above); 0 counts
+	// as 1. credit counts the txns applied in order while it was full, since it last changed.
+	window, credit int
 	// seq is the next attempt's number; attempts numbered below cutSeq were sent before the
 	// window was last cut.
 	seq, cutSeq uint64
@@ -80,13 +80,19 @@ type pipeline struct {
 
 // limit is how many txns may be in flight now.
 func (p *pipeline) limit() int {
-	return min(pipelineDepth, max(1, int(p.window)))
+	return min(pipelineDepth, max(1, p.window))
 }
 
-// grow widens the window after a txn applied in order: by one per window's worth.
+// grow counts the oldest txn, applied in order, towards widening the window by one per
+// window's worth; only while the window is full (the head still in p.flight), so that a green
+// keeping up with a txn or two in flight does not open it to the ceiling for the next burst.
 func (p *pipeline) grow() {
-	w := max(1, p.window)
-	p.window = min(pipelineDepth, w+1/w)
+	if len(p.flight) < p.limit() {
+		return
+	}
+	if p.credit++; p.credit >= p.limit() {
+		p.window, p.credit = min(pipelineDepth, p.limit()+1), 0
+	}
 }
 
 // cut halves the window after t failed its guards, once per burst: a failure of a txn sent
@@ -95,7 +101,7 @@ func (p *pipeline) cut(t *sentTxn) {
 	if t.seq < p.cutSeq {
 		return
 	}
-	p.window = max(1, p.window/2)
+	p.window, p.credit = max(1, p.limit()/2), 0
 	p.cutSeq = p.seq
 }
 
@@ -197,9 +203,9 @@ func (p *pipeline) settle(ctx context.Context) error {
 		if got := t.resp.Header.Revision; got != t.rev {
 			return fmt.Errorf("%w: after applying blue's revision %d (%d operations) green is at revision %d: something else wrote to green, or green expired a lease by itself; green no longer equals blue", ErrRevisionMismatch, t.rev, len(t.ops), got)
 		}
+		p.grow()
 		p.flight = p.flight[1:]
 		p.resyncs, p.headRetries = 0, 0
-		p.grow()
 		p.r.applied(t.rev)
 		return nil
 	}

@@ -817,3 +817,62 @@ func (t *reversedTxn) Commit() (*clientv3.TxnResponse, error) {
 	<-t.done
 	return t.resp, t.err
 }
+
+// TestWindow: the pipeline's window grows by one per window's worth of txns applied while it
+// was full, not while green kept up with a txn or two in flight (else a quiet hour would open
+// it to 64 and the next burst would be sent at once); it halves once per burst that failed its
+// guards, never below one.
+func TestWindow(t *testing.T) {
+	const full = -1 // as many in flight as the window allows
+	applied := func(p *pipeline, n, inFlight int) {
+		for range n {
+			if inFlight == full {
+				p.flight = make([]*sentTxn, p.limit())
+			} else {
+				p.flight = make([]*sentTxn, inFlight)
+			}
+			p.grow()
+		}
+	}
+	t.Run("grows while full", func(t *testing.T) {
+		p := &pipeline{}
+		for want := 2; want <= 8; want++ {
+			applied(p, want-1, full)
+			if p.limit() != want {
+				t.Fatalf("window %d after full rounds, want %d", p.limit(), want)
+			}
+		}
+		applied(p, 10000, full)
+		if p.limit() != pipelineDepth {
+			t.Fatalf("window %d after 10,000 txns applied, want the ceiling %d", p.limit(), pipelineDepth)
+		}
+	})
+	t.Run("does not grow while not full", func(t *testing.T) {
+		p := &pipeline{window: 4}
+		applied(p, 1000, 1)
+		if p.limit() != 4 {
+			t.Fatalf("window %d after 1,000 txns applied one at a time, want 4", p.limit())
+		}
+	})
+	t.Run("halves once per burst", func(t *testing.T) {
+		p := &pipeline{window: 32}
+		burst := make([]*sentTxn, 8)
+		for i := range burst {
+			burst[i] = &sentTxn{seq: p.seq}
+			p.seq++
+		}
+		for _, tx := range burst {
+			p.cut(tx)
+		}
+		if p.limit() != 16 {
+			t.Fatalf("window %d after one burst failed, want 16", p.limit())
+		}
+		for range 10 {
+			p.cut(&sentTxn{seq: p.seq})
+			p.seq++
+		}
+		if p.limit() != 1 {
+			t.Fatalf("window %d after ten bursts failed, want 1", p.limit())
+		}
+	})
+}
