@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -83,16 +84,35 @@ func (p *pipeline) limit() int {
 	return min(pipelineDepth, max(1, p.window))
 }
 
+// canSend says whether a new txn may go out: the window has room, and no txn in flight has
+// failed its guards without being sent again yet (a new txn behind it would fail too, and its
+// failure would cut the window although green reordered nothing).
+func (p *pipeline) canSend() bool {
+	return len(p.flight) < p.limit() && !slices.ContainsFunc(p.flight, guardsFailed)
+}
+
 // grow counts the oldest txn, applied in order, towards widening the window by one per
-// window's worth; only while the window is full (the head still in p.flight), so that a green
-// keeping up with a txn or two in flight does not open it to the ceiling for the next burst.
+// window's worth; only while the window is full of txns not known to have failed (the head
+// still among them), so that a green keeping up with a txn or two in flight does not open it
+// to the ceiling for the next burst.
 func (p *pipeline) grow() {
-	if len(p.flight) < p.limit() {
+	if len(p.flight)-countFunc(p.flight, guardsFailed) < p.limit() {
 		return
 	}
 	if p.credit++; p.credit >= p.limit() {
 		p.window, p.credit = min(pipelineDepth, p.limit()+1), 0
 	}
+}
+
+// countFunc counts the elements of s that f holds for.
+func countFunc[T any](s []T, f func(T) bool) int {
+	n := 0
+	for _, v := range s {
+		if f(v) {
+			n++
+		}
+	}
+	return n
 }
 
 // cut halves the window after t failed its guards, once per burst: a failure of a txn sent
@@ -130,7 +150,7 @@ func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event)
 	if err != nil {
 		return err
 	}
-	for len(p.flight) >= p.limit() {
+	for !p.canSend() {
 		if err := p.settle(ctx); err != nil {
 			return err
 		}

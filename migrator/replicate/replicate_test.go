@@ -826,10 +826,13 @@ func TestWindow(t *testing.T) {
 	const full = -1 // as many in flight as the window allows
 	applied := func(p *pipeline, n, inFlight int) {
 		for range n {
-			if inFlight == full {
-				p.flight = make([]*sentTxn, p.limit())
-			} else {
-				p.flight = make([]*sentTxn, inFlight)
+			n := inFlight
+			if n == full {
+				n = p.limit()
+			}
+			p.flight = p.flight[:0]
+			for range n {
+				p.flight = append(p.flight, &sentTxn{}) // in flight: done is nil
 			}
 			p.grow()
 		}
@@ -854,6 +857,23 @@ func TestWindow(t *testing.T) {
 			t.Fatalf("window %d after 1,000 txns applied one at a time, want 4", p.limit())
 		}
 	})
+	t.Run("failed txns are not in flight", func(t *testing.T) {
+		p := &pipeline{window: 4}
+		for range 100 {
+			p.flight = []*sentTxn{{}, failedTxn(), failedTxn(), failedTxn()}
+			p.grow()
+		}
+		if p.limit() != 4 {
+			t.Fatalf("window %d after 100 txns applied with three failed ones behind them, want 4", p.limit())
+		}
+		if p.canSend() {
+			t.Error("a new txn may be sent behind a failed one, which it would fail too")
+		}
+		p.flight = []*sentTxn{{done: make(chan struct{})}}
+		if !p.canSend() {
+			t.Error("no new txn may be sent with one in flight in a window of 4")
+		}
+	})
 	t.Run("halves once per burst", func(t *testing.T) {
 		p := &pipeline{window: 32}
 		burst := make([]*sentTxn, 8)
@@ -875,4 +895,11 @@ func TestWindow(t *testing.T) {
 			t.Fatalf("window %d after ten bursts failed, want 1", p.limit())
 		}
 	})
+}
+
+// failedTxn is a txn whose attempt ended with its guards failed.
+func failedTxn() *sentTxn {
+	t := &sentTxn{done: make(chan struct{}), resp: &clientv3.TxnResponse{Succeeded: false}}
+	close(t.done)
+	return t
 }
