@@ -32,16 +32,16 @@ import (
 // (down to one, the txns sent one after the other) when a txn sent since the last cut failed its
 // guards.
 //
-// When the oldest txn in flight failed its guards (its predecessor is applied, so it was proposed
-// too early), it is sent again at once, without the predecessor's guard, with the later txns
-// whose guards failed too, as many as the window allows; the rest stays in flight and is sent
-// again when it is the oldest, and no new txn goes out behind a failed one (it could only fail
-// too): a revision never has two attempts in flight, and the guards keep each attempt exact.
-// Only when the oldest failed its guards maxHeadRetries times in a row, or
-// its outcome is unknown (a timeout, a lost connection), does the pipeline resync: it waits for
-// every txn in flight, reads green's revision g, checks that green's revision g is blue's change
-// for change, counts everything up to g as applied, and sends the rest again. Txns are never
-// cancelled in flight: Run waits for them, so none can reach green after Run returns.
+// When the oldest txn in flight failed its guards (its predecessor is applied, so it was
+// proposed too early), it is sent again at once, without the predecessor's guard, with the later
+// txns whose guards failed too, as many as the window allows; the rest stays in flight and is
+// sent again when it is the oldest, and no new txn goes out behind a failed one (it could only
+// fail too): a revision never has two attempts in flight, and the guards keep each attempt
+// exact. Only when the oldest failed its guards maxHeadRetries times in a row, or its outcome is
+// unknown (a timeout, a lost connection), does the pipeline resync: it waits for every txn in
+// flight, reads green's revision g, checks that green's revision g is blue's change for change,
+// counts everything up to g as applied, and sends the rest again. Txns are never cancelled in
+// flight: Run waits for them, so none can reach green after Run returns.
 
 // pipelineDepth is the most txns in flight at once (the window's ceiling).
 const pipelineDepth = 64
