@@ -124,3 +124,72 @@ func catchUpRates(from, srcFrom, rev int64, took time.Duration, src, dst string)
 	}
 	return out + fmt.Sprintf("%d (%.0f/s): %s applies at least %.1fx %s's write rate", written, float64(written)/secs, dst, float64(applied)/float64(written), src)
 }
+
+// preFenceCatchUp bounds catching up with blue right before the fence (mode replicate). After
+// a full verify of a large cluster green can be thousands of revisions behind; each round
+// shortens the lag by the ratio of blue's write rate to green's apply rate, so the bound is
+// generous and a green that stops gaining ends the wait much sooner (catchUpRounds).
+const preFenceCatchUp = 2 * time.Minute
+
+// catchUpRound is how short a catch-up round must be for green to count as caught up.
+const catchUpRound = 50 * time.Millisecond
+
+// catchUpRounds decides, round after round, whether catching up before the fence goes on: a
+// round waits until green applied blue's revision read at its start, so it lasts as long as
+// green needs for the lag it began with. While green gains on blue the rounds get shorter;
+// two rounds in a row no shorter than the shortest so far mean green only keeps pace (or
+// falls behind), and waiting longer would not shrink the drain.
+type catchUpRounds struct {
+	shortest time.Duration
+	stalls   int
+}
+
+// next takes a round's duration and says whether green is caught up and whether to go on.
+func (c *catchUpRounds) next(took time.Duration) (caughtUp, goOn bool) {
+	if took <= catchUpRound {
+		return true, false
+	}
+	if c.shortest > 0 && took >= c.shortest {
+		c.stalls++
+		return false, c.stalls < 2
+	}
+	c.shortest, c.stalls = took, 0
+	return false, true
+}
+
+// catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
+// drains only what blue takes between this and the fence's barrier, not whatever lag
+// replication had at that moment (catchUpRounds). Under a writer as fast as green, or after
+// preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
+// always. A blue that cannot be read, or a replicator that stopped, fails the step before
+// anything is fenced.
+func (r *runner) catchUpBeforeFence(ctx context.Context) error {
+	d := preFenceCatchUp
+	if r.preFence > 0 {
+		d = r.preFence
+	}
+	deadline := time.Now().Add(d)
+	var rounds catchUpRounds
+	for time.Now().Before(deadline) {
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		start := time.Now()
+		target, err := replicate.Revision(rctx, r.repl.src)
+		if err == nil {
+			err = r.repl.rep.WaitFor(rctx, target)
+		}
+		cancel()
+		switch {
+		case err == nil:
+			if _, goOn := rounds.next(time.Since(start)); !goOn {
+				return nil
+			}
+		case r.replicationAlive() != nil:
+			return r.replicationAlive()
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case time.Now().Before(deadline):
+			return fmt.Errorf("catching up with blue before the fence: %w", err)
+		}
+	}
+	return nil
+}

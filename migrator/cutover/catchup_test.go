@@ -116,3 +116,40 @@ func TestCatchUpRates(t *testing.T) {
 		})
 	}
 }
+
+// TestCatchUpRounds: catching up before the fence goes on while the rounds get shorter (green
+// gaining on blue), ends when one is short enough to call green caught up, and gives up after
+// two rounds in a row no shorter than the shortest so far (green only keeping pace).
+func TestCatchUpRounds(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name   string
+		rounds []time.Duration
+		// want is the round the wait ends after (index) and whether green was caught up then.
+		want     int
+		caughtUp bool
+	}{
+		{"caught up at once", []time.Duration{ms(10)}, 0, true},
+		{"gaining: 1,600 revisions behind, applying 1.5x blue's rate", []time.Duration{ms(5300), ms(3600), ms(2400), ms(1600), ms(1050), ms(700), ms(470), ms(310), ms(210), ms(140), ms(90), ms(60), ms(40)}, 12, true},
+		{"keeping pace", []time.Duration{ms(900), ms(950), ms(1000)}, 2, false},
+		{"falling behind", []time.Duration{ms(500), ms(600), ms(700)}, 2, false},
+		{"one slower round in a gain", []time.Duration{ms(800), ms(900), ms(400), ms(30)}, 3, true},
+		{"wobbling at one pace", []time.Duration{ms(800), ms(900), ms(850)}, 2, false},
+		{"a stall, then gaining again", []time.Duration{ms(800), ms(900), ms(700), ms(750), ms(300), ms(20)}, 5, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c catchUpRounds
+			for i, took := range tt.rounds {
+				caughtUp, goOn := c.next(took)
+				if !goOn {
+					if i != tt.want || caughtUp != tt.caughtUp {
+						t.Fatalf("ended after round %d (caught up %v), want round %d (caught up %v)", i, caughtUp, tt.want, tt.caughtUp)
+					}
+					return
+				}
+			}
+			t.Fatalf("still going after %d rounds, want the end at round %d", len(tt.rounds), tt.want)
+		})
+	}
+}

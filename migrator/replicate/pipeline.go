@@ -24,13 +24,13 @@ import (
 //
 // A txn whose guards fail changes nothing (no revision), but it still cost green a raft entry
 // (on every member, the values included). How often a burst is proposed out of order depends on
-// green: etcd starts a goroutine per request and on a loaded member the newest often runs
-// first; a three-member green on shared cores proposed most bursts so, and sending every failed
-// txn of a burst again at once made a new burst proposed out of order, ~12 txns sent per
-// revision applied. So the number of txns in flight is a window that adapts as TCP's congestion
-// window does: it grows by one per window of txns applied in order while it was full, and halves
-// (down to one, the txns sent one after the other) when a txn sent since the last cut failed its
-// guards.
+// green: etcd starts a goroutine per request and on a loaded member the newest often runs first;
+// a three-member green on shared cores proposed most bursts so, and sending every failed txn of
+// a burst again at once made a new burst proposed out of order (bench-cutover: 34,686 txns sent
+// again in a run with 2,504 writes). So the number of txns in flight is a window that adapts as
+// TCP's congestion window does: it grows by one per window of txns applied in order while it was
+// full, and halves (down to one, the txns sent one after the other) when a txn sent since the
+// last cut failed its guards.
 //
 // When the oldest txn in flight failed its guards (its predecessor is applied, so it was
 // proposed too early), it is sent again at once, without the predecessor's guard, with the later
