@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -157,12 +158,17 @@ func (c *catchUpRounds) next(took time.Duration) (caughtUp, goOn bool) {
 	return false, true
 }
 
+// blueRevisionRead bounds each read of blue's revision while catching up before the fence:
+// blue etcd answers it in milliseconds, and one that has not answered in this long is down or
+// cut off, which no amount of waiting for green helps with.
+const blueRevisionRead = 10 * time.Second
+
 // catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
 // drains only what blue takes between this and the fence's barrier, not whatever lag
 // replication had at that moment (catchUpRounds). Under a writer as fast as green, or after
 // preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
-// always. A blue that cannot be read, or a replicator that stopped, fails the step before
-// anything is fenced.
+// always. A blue whose revision cannot be read (within blueRevisionRead, or the catch-up's own
+// bound if shorter), or a replicator that stopped, fails the step before anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 	d := preFenceCatchUp
 	if r.preFence > 0 {
@@ -171,12 +177,13 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 	deadline := time.Now().Add(d)
 	var rounds catchUpRounds
 	for time.Now().Before(deadline) {
-		rctx, cancel := context.WithDeadline(ctx, deadline)
 		start := time.Now()
-		target, err := replicate.Revision(rctx, r.repl.src)
-		if err == nil {
-			err = r.repl.rep.WaitFor(rctx, target)
+		target, err := r.blueRevision(ctx, min(blueRevisionRead, d))
+		if err != nil {
+			return err
 		}
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		err = r.repl.rep.WaitFor(wctx, target)
 		cancel()
 		switch {
 		case err == nil:
@@ -192,4 +199,22 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// blueRevision reads the revision of the side replication reads (blue in a cutover) for the
+// catch-up before the fence, within bound.
+func (r *runner) blueRevision(ctx context.Context, bound time.Duration) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	rev, err := replicate.Revision(rctx, r.repl.src)
+	switch {
+	case err == nil:
+		return rev, nil
+	case r.replicationAlive() != nil:
+		return 0, r.replicationAlive()
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	}
+	return 0, fmt.Errorf("reading %s's revision before the fence (%s at most): %w; nothing is fenced. Check %s etcd (%s): its health, its log, the network to it; then run again",
+		r.from.name, bound, err, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))
 }

@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -146,8 +147,8 @@ func TestReplicateWindowBudget(t *testing.T) {
 }
 
 // TestReplicateCatchUpBeforeFence: the catch-up right before the fence fails the step before
-// anything is fenced when the replicator has stopped, and fences anyway (the window's budget
-// then decides) when it only cannot catch up in time.
+// anything is fenced when the replicator has stopped or blue's revision cannot be read, and
+// fences anyway (the window's budget then decides) when green only cannot catch up in time.
 func TestReplicateCatchUpBeforeFence(t *testing.T) {
 	t.Run("replicator stopped", func(t *testing.T) {
 		r, calls, _, _ := stuckReplicator(t, false)
@@ -161,8 +162,27 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 			t.Errorf("proxy calls %v, want none (never fenced)", *calls)
 		}
 	})
+	t.Run("blue unreadable", func(t *testing.T) {
+		// Its blue client reaches nothing; the catch-up's bound also bounds each read of blue.
+		r, calls, _, _ := stuckReplicator(t, false)
+		r.preFence = time.Second
+		rep, err := r.run(context.Background())
+		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "reading blue's revision before the fence") {
+			t.Fatalf("unreadable blue at the fence: %+v, %v", rep, err)
+		}
+		if len(*calls) != 0 {
+			t.Errorf("proxy calls %v, want none (never fenced)", *calls)
+		}
+	})
 	t.Run("not caught up in time", func(t *testing.T) {
 		r, calls, _, _ := stuckReplicator(t, false)
+		blue := startTestEtcd(t)
+		for i := range 10 { // blue ahead of the replicator's revision 5, which never moves
+			if _, err := blue.Put(t.Context(), fmt.Sprintf("k%d", i), "v"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.repl.src = blue
 		r.preFence = 200 * time.Millisecond
 		rep, err := r.run(context.Background())
 		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "within the window") {
