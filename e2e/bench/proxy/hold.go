@@ -30,6 +30,8 @@ type holdResult struct {
 	// minor page faults.
 	releaseCPU    time.Duration
 	releaseFaults int64
+	// releaseReads and releaseWrites are its read and write system calls meanwhile.
+	releaseReads, releaseWrites int64
 	// benchCPU is this process's CPU time over the same interval: the clients sending the
 	// writes and the backend answering them, on the same cores as the proxy.
 	benchCPU time.Duration
@@ -99,6 +101,7 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 		time.Sleep(50 * time.Millisecond) // the profile is running before the fence lifts
 	}
 	cpu0, faults0, bench0 := procCPU(px.Proc.Pid()), procMinorFaults(px.Proc.Pid()), procCPU(os.Getpid())
+	reads0, writes0 := procSyscalls(px.Proc.Pid())
 	offAt.Store(time.Now().UnixNano())
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 		return res, err
@@ -107,6 +110,8 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 	res.releaseCPU = procCPU(px.Proc.Pid()) - cpu0
 	res.releaseFaults = procMinorFaults(px.Proc.Pid()) - faults0
 	res.benchCPU = procCPU(os.Getpid()) - bench0
+	reads1, writes1 := procSyscalls(px.Proc.Pid())
+	res.releaseReads, res.releaseWrites = reads1-reads0, writes1-writes0
 	if prof != nil {
 		if err := <-prof; err != nil {
 			return res, err
@@ -212,6 +217,8 @@ func printHold(out io.Writer, r holdResult) {
 	}
 	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes; proxy CPU from fence off to the last answer: %s, %s per released write; %.1f minor page faults per released write\n",
 		r.rssPerHeld, r.releaseCPU.Round(time.Millisecond), us(r.releaseCPU/time.Duration(max(r.answered, 1))), float64(r.releaseFaults)/float64(max(r.answered, 1)))
+	n := float64(max(r.answered, 1))
+	fmt.Fprintf(out, "  proxy system calls per released write: %.2f reads, %.2f writes\n", float64(r.releaseReads)/n, float64(r.releaseWrites)/n)
 	fmt.Fprintf(out, "  the bench process (the clients and the backend, on the same cores) meanwhile: %s CPU\n", r.benchCPU.Round(time.Millisecond))
 	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
 		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",

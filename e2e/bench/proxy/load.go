@@ -257,6 +257,26 @@ func procMinorFaults(pid int) int64 {
 	return n
 }
 
+// procSyscalls is a process's read and write system calls so far (syscr and syscw of
+// /proc/PID/io: read, recvmsg, write, sendmsg and their kin, on sockets as on files).
+func procSyscalls(pid int) (reads, writes int64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	return reads, writes
+}
+
 // procRSS is a process's resident set in bytes, from /proc.
 func procRSS(pid int) int64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
