@@ -143,62 +143,85 @@ const catchUpRound = 50 * time.Millisecond
 type catchUpRounds struct {
 	shortest time.Duration
 	stalls   int
+	// rounds counts the rounds so far, last is the latest's duration, and caughtUp says
+	// whether it was catchUpRound or shorter.
+	rounds   int
+	last     time.Duration
+	caughtUp bool
 }
 
-// next takes a round's duration and says whether green is caught up and whether to go on.
-func (c *catchUpRounds) next(took time.Duration) (caughtUp, goOn bool) {
+// next takes a round's duration and says whether to go on.
+func (c *catchUpRounds) next(took time.Duration) (goOn bool) {
+	c.rounds, c.last = c.rounds+1, took
 	if took <= catchUpRound {
-		return true, false
+		c.caughtUp = true
+		return false
 	}
 	if c.shortest > 0 && took >= c.shortest {
 		c.stalls++
-		return false, c.stalls < 2
+		return c.stalls < 2
 	}
 	c.shortest, c.stalls = took, 0
-	return false, true
+	return true
 }
 
-// blueRevisionRead bounds each read of blue's revision while catching up before the fence:
-// blue etcd answers it in milliseconds, and one that has not answered in this long is down or
-// cut off, which no amount of waiting for green helps with.
-const blueRevisionRead = 10 * time.Second
+// String says how the catch-up ended, for the step's detail.
+func (c *catchUpRounds) String() string {
+	last := c.last.Round(time.Millisecond)
+	switch {
+	case c.rounds == 0:
+		return "green did not catch up with blue in the time allowed (no round ended)"
+	case c.caughtUp:
+		return fmt.Sprintf("green caught up with blue in %d round(s), the last %s", c.rounds, last)
+	case c.stalls >= 2:
+		return fmt.Sprintf("green kept pace with blue without gaining after %d round(s), the last %s", c.rounds, last)
+	}
+	return fmt.Sprintf("green did not catch up with blue in the time allowed: %d round(s), the last %s", c.rounds, last)
+}
+
+// revisionReadBound bounds a read of an etcd's revision before the fence (blue's while catching
+// up, either side's while connecting for the window's auth steps): etcd answers it in
+// milliseconds, and one that has not answered in this long is down or cut off, which no amount
+// of waiting helps with.
+const revisionReadBound = 10 * time.Second
 
 // catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
 // drains only what blue takes between this and the fence's barrier, not whatever lag
-// replication had at that moment (catchUpRounds). Under a writer as fast as green, or after
-// preFenceCatchUp, the fence goes on anyway and the drain is bounded by timeouts.window as
-// always. A blue whose revision cannot be read (within blueRevisionRead, or the catch-up's own
-// bound if shorter), or a replicator that stopped, fails the step before anything is fenced.
-func (r *runner) catchUpBeforeFence(ctx context.Context) error {
+// replication had at that moment (catchUpRounds, whose String says how it ended). Under a
+// writer as fast as green, or after preFenceCatchUp, the fence goes on anyway and the drain is
+// bounded by timeouts.window as always. A blue whose revision cannot be read (within
+// revisionReadBound, or the catch-up's own bound if shorter), or a replicator that stopped,
+// fails the step before anything is fenced.
+func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error) {
 	d := preFenceCatchUp
 	if r.preFence > 0 {
 		d = r.preFence
 	}
 	deadline := time.Now().Add(d)
-	var rounds catchUpRounds
+	rounds := &catchUpRounds{}
 	for time.Now().Before(deadline) {
 		start := time.Now()
-		target, err := r.blueRevision(ctx, min(blueRevisionRead, d))
+		target, err := r.blueRevision(ctx, min(revisionReadBound, d))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		wctx, cancel := context.WithDeadline(ctx, deadline)
 		err = r.repl.rep.WaitFor(wctx, target)
 		cancel()
 		switch {
 		case err == nil:
-			if _, goOn := rounds.next(time.Since(start)); !goOn {
-				return nil
+			if !rounds.next(time.Since(start)) {
+				return rounds, nil
 			}
 		case r.replicationAlive() != nil:
-			return r.replicationAlive()
+			return nil, r.replicationAlive()
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return nil, ctx.Err()
 		case time.Now().Before(deadline):
-			return fmt.Errorf("catching up with blue before the fence: %w", err)
+			return nil, fmt.Errorf("catching up with blue before the fence: %w", err)
 		}
 	}
-	return nil
+	return rounds, nil
 }
 
 // blueRevision reads the revision of the side replication reads (blue in a cutover) for the

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -141,10 +142,12 @@ func TestCatchUpRounds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var c catchUpRounds
 			for i, took := range tt.rounds {
-				caughtUp, goOn := c.next(took)
-				if !goOn {
-					if i != tt.want || caughtUp != tt.caughtUp {
-						t.Fatalf("ended after round %d (caught up %v), want round %d (caught up %v)", i, caughtUp, tt.want, tt.caughtUp)
+				if !c.next(took) {
+					if i != tt.want || c.caughtUp != tt.caughtUp {
+						t.Fatalf("ended after round %d (caught up %v), want round %d (caught up %v)", i, c.caughtUp, tt.want, tt.caughtUp)
+					}
+					if want := fmt.Sprintf("%d round(s), the last %s", i+1, tt.rounds[i]); !strings.Contains(c.String(), want) {
+						t.Errorf("detail %q, want it to name %q", c.String(), want)
 					}
 					return
 				}

@@ -53,8 +53,9 @@ type Rehearsal struct {
 	// ProxyRoundTrip is the slowest proxy's status round trip; fence, switch and unfence each
 	// cost one.
 	ProxyRoundTrip time.Duration `json:"proxyRoundTripNanos"`
-	// EtcdRoundTrip is a new client's TLS handshake with green etcd and a read of its
-	// apiserver's user, as the ungate (a role grant, then that read) costs.
+	// EtcdRoundTrip is a read of green apiserver's etcd user over a client connected
+	// beforehand: etcd puts it through raft as it does the ungate's role grant, whose client
+	// the fence step connects before the fence.
 	EtcdRoundTrip time.Duration `json:"etcdRoundTripNanos"`
 	// StateSave is one save of the journal (a file written, synced and renamed): the window
 	// journals each of its WindowSteps, and fence, switch and unfence each have every proxy
@@ -99,12 +100,13 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, a new client's read on green etcd (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
+	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	// As the fence step does: catch up first, so the drain is what accrues in a moment.
-	if err := r.catchUpBeforeFence(ctx); err != nil {
+	rounds, err := r.catchUpBeforeFence(ctx)
+	if err != nil {
 		return "", err
 	}
 	var m Rehearsal
@@ -137,8 +139,8 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd client and read %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
-		m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
+	return fmt.Sprintf("%s; predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
+		rounds, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
 		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
 }
 
@@ -191,15 +193,18 @@ func (r *runner) timeWatchMove(ctx context.Context, n int) (time.Duration, error
 	return took * time.Duration(n) / time.Duration(k), errors.Join(errs...)
 }
 
-// measureWindowCosts times what the window's steps do besides the drain: green etcd as the
-// ungate reaches it, a journal save, and the latency of the writes the proxies forwarded lately.
+// measureWindowCosts times what the window's steps do besides the drain: an auth request to
+// green etcd as the ungate makes it, a journal save, and the latency of the writes the proxies forwarded lately.
 func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
-	start := time.Now()
 	cli, err := newEtcdClient(r.to.etcd)
 	if err != nil {
 		return fmt.Errorf("green etcd: %w", err)
 	}
 	defer cli.Close()
+	if _, err := replicate.Revision(ctx, cli); err != nil { // connected, as warmAuthClients does
+		return fmt.Errorf("green etcd: %w", err)
+	}
+	start := time.Now()
 	if _, err := cli.UserGet(ctx, r.to.api.EtcdUser); err != nil {
 		return fmt.Errorf("green etcd: %w", err)
 	}

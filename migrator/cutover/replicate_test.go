@@ -147,8 +147,8 @@ func TestReplicateWindowBudget(t *testing.T) {
 }
 
 // TestReplicateCatchUpBeforeFence: the catch-up right before the fence fails the step before
-// anything is fenced when the replicator has stopped or blue's revision cannot be read, and
-// fences anyway (the window's budget then decides) when green only cannot catch up in time.
+// anything is fenced when the replicator has stopped, blue's revision cannot be read or green
+// etcd (which the ungate changes in the window) cannot be reached, and fences anyway (the window's budget then decides) when green only cannot catch up in time.
 func TestReplicateCatchUpBeforeFence(t *testing.T) {
 	t.Run("replicator stopped", func(t *testing.T) {
 		r, calls, _, _ := stuckReplicator(t, false)
@@ -165,6 +165,7 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 	t.Run("blue unreadable", func(t *testing.T) {
 		// Its blue client reaches nothing; the catch-up's bound also bounds each read of blue.
 		r, calls, _, _ := stuckReplicator(t, false)
+		r.authClients = map[string]*clientv3.Client{"green": startTestEtcd(t)} // the ungate's green etcd answers
 		r.preFence = time.Second
 		rep, err := r.run(context.Background())
 		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "reading blue's revision before the fence") {
@@ -176,13 +177,8 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 	})
 	t.Run("not caught up in time", func(t *testing.T) {
 		r, calls, _, _ := stuckReplicator(t, false)
-		blue := startTestEtcd(t)
-		for i := range 10 { // blue ahead of the replicator's revision 5, which never moves
-			if _, err := blue.Put(t.Context(), fmt.Sprintf("k%d", i), "v"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		r.repl.src = blue
+		r.repl.src = aheadOfReplicator(t)
+		r.authClients = map[string]*clientv3.Client{"green": r.repl.src} // the ungate's green etcd answers
 		r.preFence = 200 * time.Millisecond
 		rep, err := r.run(context.Background())
 		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "within the window") {
@@ -192,6 +188,28 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 			t.Errorf("proxy calls %v, want %v", *calls, want)
 		}
 	})
+	t.Run("green etcd out of reach for the ungate", func(t *testing.T) {
+		r, calls, _, _ := stuckReplicator(t, false) // its plan's green etcd client certificate is no PEM
+		rep, err := r.run(context.Background())
+		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "connecting to green etcd for the ungate-green step, before the fence") {
+			t.Fatalf("green etcd out of reach at the fence: %+v, %v", rep, err)
+		}
+		if len(*calls) != 0 {
+			t.Errorf("proxy calls %v, want none (never fenced)", *calls)
+		}
+	})
+}
+
+// aheadOfReplicator is an etcd at a revision past stuckReplicator's, which never moves.
+func aheadOfReplicator(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli := startTestEtcd(t)
+	for i := range 10 {
+		if _, err := cli.Put(t.Context(), fmt.Sprintf("k%d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cli
 }
 
 // stuckReplicator is a runner resumed after the verify (and, with fenced, after the fence: the

@@ -55,6 +55,7 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer func() { _, _ = r.stopReplication() }()
+	defer r.closeAuthClients()
 	if err := r.walk(ctx); err != nil {
 		var serr *steprun.Error
 		if !errors.As(err, &serr) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -141,6 +142,9 @@ type runner struct {
 	lock *stateLock
 	// progressStep labels replication's progress notes ("" is StepReplicate).
 	progressStep string
+	// authClients are the etcd clients of the window's gate and ungate steps, by side name
+	// (authClient).
+	authClients map[string]*clientv3.Client
 }
 
 func newRunner(o Options, j *Journal) (*runner, error) {
@@ -253,6 +257,7 @@ func (r *runner) openJournal() error {
 // is rebuilt from a new snapshot (rebuild.go) and the walk starts again.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	defer func() { _, _ = r.stopReplication() }()
+	defer r.closeAuthClients()
 	for {
 		err := r.walk(ctx)
 		var serr *steprun.Error

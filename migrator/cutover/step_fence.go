@@ -41,10 +41,17 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID
 	}
+	caughtUp := ""
 	if r.repl != nil && r.j.FencedAt.IsZero() {
-		if err := r.catchUpBeforeFence(ctx); err != nil {
+		// Connected before the catch-up, whose rounds let the handshake's work settle.
+		if err := r.warmAuthClients(ctx); err != nil {
 			return "", err
 		}
+		rounds, err := r.catchUpBeforeFence(ctx)
+		if err != nil {
+			return "", err
+		}
+		caughtUp = rounds.String() + "; "
 		prog := r.repl.rep.Progress()
 		r.j.ReplicationAtFence = &prog
 	}
@@ -68,5 +75,5 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.p.Proxy.FenceMode == admin.ModeHold {
 		what = "held"
 	}
-	return fmt.Sprintf("writes %s from now; in-flight writes finished in %s", what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+	return fmt.Sprintf("%swrites %s from now; in-flight writes finished in %s", caughtUp, what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 }

@@ -136,8 +136,9 @@ func certCN(path string) (string, error) {
 }
 
 // ungateStep lets r.to's apiserver write (green's in a cutover, blue's in a rollback): its etcd
-// user gets read-write on every key. Replication has stopped (a step before), so nothing else
-// writes there.
+// user gets read-write on every key, over a client dialed before the fence (authClient).
+// Replication has stopped (a step before), so nothing else writes there. No role check
+// follows: read-write on every key is all any role could give.
 type ungateStep struct{ n string }
 
 func (s ungateStep) name() string                { return s.n }
@@ -149,8 +150,12 @@ func (ungateStep) describe(r *runner, _ bool) string {
 }
 
 func (ungateStep) run(ctx context.Context, r *runner) (string, error) {
-	if err := setRole(ctx, r.to, readWriteRole, ""); err != nil {
+	cli, err := r.authClient(r.to)
+	if err != nil {
 		return "", err
+	}
+	if _, err := cli.UserGrantRole(ctx, r.to.api.EtcdUser, readWriteRole); err != nil {
+		return "", fmt.Errorf("%s etcd auth: %w", r.to.name, err)
 	}
 	return fmt.Sprintf("%s apiserver (%s) may write", r.to.name, r.to.api.EtcdUser), nil
 }
@@ -169,30 +174,22 @@ func (gateStep) describe(r *runner, _ bool) string {
 }
 
 func (gateStep) run(ctx context.Context, r *runner) (string, error) {
-	if err := setRole(ctx, r.from, readOnlyRole, readWriteRole); err != nil {
+	sd := r.from
+	cli, err := r.authClient(sd)
+	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%s apiserver (%s) may only read %s etcd", r.from.name, r.from.api.EtcdUser, r.from.name), nil
-}
-
-// setRole grants side's apiserver user the role grant and revokes revoke (if given), then
-// checks that the user holds only roles this file gives (another role could let it write).
-func setRole(ctx context.Context, sd side, grant, revoke string) error {
-	cli, err := newEtcdClient(sd.etcd)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
 	user := sd.api.EtcdUser
-	if _, err := cli.UserGrantRole(ctx, user, grant); err != nil {
-		return fmt.Errorf("%s etcd auth: %w", sd.name, err)
+	if _, err := cli.UserGrantRole(ctx, user, readOnlyRole); err != nil {
+		return "", fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
-	if revoke != "" {
-		if _, err := cli.UserRevokeRole(ctx, user, revoke); err != nil && !alreadyDone(err) {
-			return fmt.Errorf("%s etcd auth: %w", sd.name, err)
-		}
+	if _, err := cli.UserRevokeRole(ctx, user, readWriteRole); err != nil && !alreadyDone(err) {
+		return "", fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
-	return checkRoles(ctx, cli, sd, grant)
+	if err := checkRoles(ctx, cli, sd, readOnlyRole); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s apiserver (%s) may only read %s etcd", sd.name, user, sd.name), nil
 }
 
 // checkRoles refuses a user with roles other than want and the read-only role.
@@ -207,4 +204,61 @@ func checkRoles(ctx context.Context, cli *clientv3.Client, sd side, want string)
 		}
 	}
 	return nil
+}
+
+// authClient is the client of sd's etcd that the window's gate and ungate steps use: dialed
+// before the fence (warmAuthClients), or here when a resumed run starts after it. Run and
+// Rollback close it when they end.
+func (r *runner) authClient(sd side) (*clientv3.Client, error) {
+	if cli := r.authClients[sd.name]; cli != nil {
+		return cli, nil
+	}
+	cli, err := newEtcdClient(sd.etcd)
+	if err != nil {
+		return nil, fmt.Errorf("%s etcd: %w", sd.name, err)
+	}
+	if r.authClients == nil {
+		r.authClients = map[string]*clientv3.Client{}
+	}
+	r.authClients[sd.name] = cli
+	return cli, nil
+}
+
+// warmAuthClients connects, before the fence, to the etcd of each side a gate or ungate step
+// still to run changes, and reads its revision there: the TLS handshake (milliseconds) is done
+// outside the window, and an etcd that cannot be reached fails the step before anything is
+// fenced rather than past the point of no return.
+func (r *runner) warmAuthClients(ctx context.Context) error {
+	for _, s := range r.steps {
+		var sd side
+		switch s.(type) {
+		case ungateStep:
+			sd = r.to
+		case gateStep:
+			sd = r.from
+		default:
+			continue
+		}
+		if r.j.done(s.name()) {
+			continue
+		}
+		cli, err := r.authClient(sd)
+		if err == nil {
+			rctx, cancel := context.WithTimeout(ctx, revisionReadBound)
+			_, err = replicate.Revision(rctx, cli)
+			cancel()
+		}
+		if err != nil {
+			return fmt.Errorf("connecting to %s etcd for the %s step, before the fence: %w; nothing is fenced", sd.name, s.name(), err)
+		}
+	}
+	return nil
+}
+
+// closeAuthClients closes the clients authClient opened.
+func (r *runner) closeAuthClients() {
+	for _, cli := range r.authClients {
+		cli.Close()
+	}
+	r.authClients = nil
 }
