@@ -252,3 +252,32 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 	r.repl = rp
 	return r, calls, stopped, ctx
 }
+
+// TestCheckFenceHeld: the switch goes on only from the state the fence left the proxy in, and
+// knows a switch a crash left unjournaled (the proxy on green, one generation on).
+func TestCheckFenceHeld(t *testing.T) {
+	p := replicatePlan(t)
+	blue, green := p.Blue.APIServer.URL, p.Green.APIServer.URL
+	tests := []struct {
+		name     string
+		st       admin.Status
+		switched bool
+		err      string
+	}{
+		{"held", admin.Status{Backend: blue, Fenced: true, Generation: 7}, false, ""},
+		{"switched before a crash", admin.Status{Backend: green, Fenced: true, Generation: 8}, true, ""},
+		{"unfenced", admin.Status{Backend: blue, Fenced: false, Generation: 8}, false, "not fenced"},
+		{"changed by hand", admin.Status{Backend: blue, Fenced: true, Generation: 9}, false, "changed since it was fenced"},
+		{"on green, changed since", admin.Status{Backend: green, Fenced: true, Generation: 10}, false, "changed since it was fenced"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := tt.st
+			r := (&runner{p: p, j: &Journal{FenceGeneration: 7}, adm: memProxy(&st, new([]string))}).forward()
+			switched, err := r.checkFenceHeld(t.Context())
+			if switched != tt.switched || (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+				t.Errorf("switched %v, err %v; want %v, %q", switched, err, tt.switched, tt.err)
+			}
+		})
+	}
+}

@@ -52,10 +52,11 @@ func (replicaSwitchStep) describe(r *runner, _ bool) string {
 }
 
 func (replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
-	if err := r.checkFenceHeld(ctx); err != nil {
+	switched, err := r.checkFenceHeld(ctx)
+	if err != nil {
 		return "", err
 	}
-	if r.proxyOnTarget(ctx) {
+	if switched {
 		return fmt.Sprintf("the proxy was switched to %s before the process that ran the window stopped", r.to.name), nil
 	}
 	wctx, cancel := r.windowContext(ctx)

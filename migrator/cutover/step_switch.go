@@ -22,7 +22,7 @@ func (switchStep) describe(r *runner, _ bool) string {
 }
 
 func (switchStep) run(ctx context.Context, r *runner) (string, error) {
-	if err := r.checkFenceHeld(ctx); err != nil {
+	if _, err := r.checkFenceHeld(ctx); err != nil {
 		return "", err
 	}
 	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
@@ -34,22 +34,24 @@ func (switchStep) run(ctx context.Context, r *runner) (string, error) {
 
 // checkFenceHeld refuses the switch unless the proxy is still in the state the cutover's fence
 // on left it in: fenced, on blue, at the generation journaled then. Any change in between (fence
-// off and on by hand, a backend set) means writes may have reached blue after the copy.
-func (r *runner) checkFenceHeld(ctx context.Context) error {
+// off and on by hand, a backend set) means writes may have reached blue after the copy. It says
+// switched when the proxy is on r.to already, one generation on per proxy: the switch happened
+// before a crash and was not journaled.
+func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) {
 	st, err := r.adm.Status(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	to, from := strings.TrimSuffix(r.to.api.URL, "/"), r.from.name
 	switch {
 	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
-		return nil // switched (each proxy one generation on) before a crash, not yet journaled
+		return true, nil
 	case !st.Fenced:
-		return fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached %s after the fence; not switching. Abort and run again", st.Generation, st.ChangedAt.Format(time.RFC3339), from)
+		return false, fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached %s after the fence; not switching. Abort and run again", st.Generation, st.ChangedAt.Format(time.RFC3339), from)
 	case st.Generation != r.j.FenceGeneration:
-		return fmt.Errorf("the proxy's state changed since it was fenced (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached %s after the fence; not switching. Abort and run again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason, from)
+		return false, fmt.Errorf("the proxy's state changed since it was fenced (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached %s after the fence; not switching. Abort and run again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason, from)
 	}
-	return nil
+	return false, nil
 }
 
 // switchDetail says what the switch did to the watches open on blue: they were ended. Informers
