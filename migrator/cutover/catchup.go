@@ -132,6 +132,11 @@ func catchUpRates(from, srcFrom, rev int64, took time.Duration, src, dst string)
 // generous and a green that stops gaining ends the wait much sooner (catchUpRounds).
 const preFenceCatchUp = 2 * time.Minute
 
+// beforeFence bounds what the fence step (and the rehearsal's drain) does before the fence
+// request: connecting to the etcd of up to two sides for the window's auth steps and catching
+// up, whose last read of blue's revision may begin just before the catch-up's bound.
+const beforeFence = preFenceCatchUp + 3*revisionReadBound
+
 // catchUpRound is how short a catch-up round must be for green to count as caught up.
 const catchUpRound = 50 * time.Millisecond
 
@@ -174,16 +179,17 @@ func (c *catchUpRounds) String() string {
 	case c.caughtUp:
 		return fmt.Sprintf("green caught up with blue in %d round(s), the last %s", c.rounds, last)
 	case c.stalls >= 2:
-		return fmt.Sprintf("green kept pace with blue without gaining after %d round(s), the last %s", c.rounds, last)
+		return fmt.Sprintf("green did not gain on blue in its last 2 of %d round(s), the last %s", c.rounds, last)
 	}
 	return fmt.Sprintf("green did not catch up with blue in the time allowed: %d round(s), the last %s", c.rounds, last)
 }
 
 // revisionReadBound bounds a read of an etcd's revision before the fence (blue's while catching
-// up, either side's while connecting for the window's auth steps): etcd answers it in
-// milliseconds, and one that has not answered in this long is down or cut off, which no amount
-// of waiting helps with.
-const revisionReadBound = 10 * time.Second
+// up, either side's while connecting for the window's auth steps). etcd answers it in
+// milliseconds; the etcd client retries an unavailable member within the bound, so a leader
+// election or a short stall is ridden out, while an etcd that has not answered in this long is
+// down or cut off, which waiting longer would not help with.
+const revisionReadBound = 30 * time.Second
 
 // catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
 // drains only what blue takes between this and the fence's barrier, not whatever lag

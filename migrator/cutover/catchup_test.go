@@ -156,3 +156,30 @@ func TestCatchUpRounds(t *testing.T) {
 		})
 	}
 }
+
+// TestCatchUpRoundsString: the fence step's detail says how the catch-up ended, including when
+// its time ran out before or after a round.
+func TestCatchUpRoundsString(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name   string
+		rounds []time.Duration
+		want   string
+	}{
+		{"no round ended", nil, "did not catch up with blue in the time allowed (no round ended)"},
+		{"caught up", []time.Duration{ms(900), ms(40)}, "caught up with blue in 2 round(s), the last 40ms"},
+		{"no gain", []time.Duration{ms(500), ms(600), ms(700)}, "did not gain on blue in its last 2 of 3 round(s), the last 700ms"},
+		{"time ran out while gaining", []time.Duration{ms(900), ms(800)}, "did not catch up with blue in the time allowed: 2 round(s), the last 800ms"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c catchUpRounds
+			for _, took := range tt.rounds {
+				c.next(took)
+			}
+			if got := c.String(); got != "green "+tt.want {
+				t.Errorf("%q, want %q", got, "green "+tt.want)
+			}
+		})
+	}
+}

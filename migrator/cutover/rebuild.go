@@ -32,6 +32,7 @@ func (r *runner) rebuildGreen(cause error) error {
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Info("replication stopped", "err", err)
 	}
+	r.closeAuthClients() // the fence step connects again, to the green built next
 	if _, err := r.stopGreen(); err != nil {
 		return err
 	}

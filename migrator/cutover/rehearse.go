@@ -96,7 +96,7 @@ type rehearseDrainStep struct{}
 
 func (rehearseDrainStep) name() string { return StepRehearseDrain }
 func (rehearseDrainStep) timeout(p *Plan) time.Duration {
-	return preFenceCatchUp + p.Timeouts.Window.D() + 30*time.Second
+	return beforeFence + p.Timeouts.Window.D() + 30*time.Second
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {

@@ -178,8 +178,10 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 	t.Run("not caught up in time", func(t *testing.T) {
 		r, calls, _, _ := stuckReplicator(t, false)
 		r.repl.src = aheadOfReplicator(t)
-		r.authClients = map[string]*clientv3.Client{"green": r.repl.src} // the ungate's green etcd answers
-		r.preFence = 200 * time.Millisecond
+		// The ungate's green etcd answers; the catch-up's bound also bounds each read of blue's
+		// revision, so it is long enough for one under -race.
+		r.authClients = map[string]*clientv3.Client{"green": r.repl.src}
+		r.preFence = time.Second
 		rep, err := r.run(context.Background())
 		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "within the window") {
 			t.Fatalf("slow replicator at the fence: %+v, %v", rep, err)
@@ -242,6 +244,7 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 	// A replicator that runs (nothing answers its clients: the drain cannot finish).
 	blue, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
 	green, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2"}, DialTimeout: time.Second})
+	t.Cleanup(func() { blue.Close(); green.Close() })
 	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 5})
 	if err != nil {
 		t.Fatal(err)

@@ -277,6 +277,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return r.finishRehearsal()
 	}
 	if r.p.Bake.Enabled && r.j.Bake != nil {
+		r.closeAuthClients() // the bake runs for days; a rollback is a run of its own
 		return r.bake(ctx)
 	}
 	r.j.State = StateDone

@@ -15,10 +15,10 @@ type fenceStep struct{}
 func (fenceStep) name() string       { return StepFence }
 func (fenceStep) pastNoReturn() bool { return false }
 
-// timeout leaves the catch-up before the fence its bound and the barrier its whole wait, plus
-// time to ask.
+// timeout leaves what comes before the fence request its bound and the barrier its whole wait,
+// plus time to ask.
 func (fenceStep) timeout(p *Plan) time.Duration {
-	return preFenceCatchUp + p.Proxy.WaitTimeout.D() + 30*time.Second
+	return beforeFence + p.Proxy.WaitTimeout.D() + 30*time.Second
 }
 
 func (fenceStep) describe(r *runner, _ bool) string {

@@ -258,7 +258,8 @@ func procMinorFaults(pid int) int64 {
 }
 
 // procSyscalls is a process's read and write system calls so far (syscr and syscw of
-// /proc/PID/io: read, recvmsg, write, sendmsg and their kin, on sockets as on files).
+// /proc/PID/io: the read and write families, readv and writev included; Go's TCP connections
+// use read and write).
 func procSyscalls(pid int) (reads, writes int64) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
