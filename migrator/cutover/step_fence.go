@@ -22,7 +22,7 @@ func (fenceStep) timeout(p *Plan) time.Duration {
 }
 
 func (fenceStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("when replicating, first let green catch up with blue while it gains on it (up to %s); then kubefence fence on --mode %s (wait up to %s for in-flight writes)", preFenceCatchUp, r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
+	return fmt.Sprintf("when replicating, first connect to the etcd the window's auth steps change and let green catch up with blue while it gains on it (up to %s); then kubefence fence on --mode %s (wait up to %s for in-flight writes)", preFenceCatchUp, r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
 }
 
 func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
