@@ -261,22 +261,30 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 func TestCheckFenceHeld(t *testing.T) {
 	p := replicatePlan(t)
 	blue, green := p.Blue.APIServer.URL, p.Green.APIServer.URL
+	// proxies is how many proxies the plan names; the status is their sum, as proxyGroup's.
 	tests := []struct {
 		name     string
+		proxies  int
 		st       admin.Status
 		switched bool
 		err      string
 	}{
-		{"held", admin.Status{Backend: blue, Fenced: true, Generation: 7}, false, ""},
-		{"switched before a crash", admin.Status{Backend: green, Fenced: true, Generation: 8}, true, ""},
-		{"unfenced", admin.Status{Backend: blue, Fenced: false, Generation: 8}, false, "not fenced"},
-		{"changed by hand", admin.Status{Backend: blue, Fenced: true, Generation: 9}, false, "changed since it was fenced"},
-		{"on green, changed since", admin.Status{Backend: green, Fenced: true, Generation: 10}, false, "changed since it was fenced"},
+		{"held", 1, admin.Status{Backend: blue, Fenced: true, Generation: 7}, false, ""},
+		{"switched before a crash", 1, admin.Status{Backend: green, Fenced: true, Generation: 8}, true, ""},
+		{"unfenced", 1, admin.Status{Backend: blue, Fenced: false, Generation: 8}, false, "not fenced"},
+		{"changed by hand", 1, admin.Status{Backend: blue, Fenced: true, Generation: 9}, false, "changed since it was fenced"},
+		{"on green, changed since", 1, admin.Status{Backend: green, Fenced: true, Generation: 10}, false, "changed since it was fenced"},
+		{"three proxies switched before a crash", 3, admin.Status{Backend: green, Fenced: true, Generation: 10}, true, ""},
+		{"three proxies on green, one generation on", 3, admin.Status{Backend: green, Fenced: true, Generation: 8}, false, "changed since it was fenced"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := tt.st
-			r := (&runner{p: p, j: &Journal{FenceGeneration: 7}, adm: memProxy(&st, new([]string))}).forward()
+			st, p := tt.st, *p
+			p.Proxies = nil
+			for i := range tt.proxies {
+				p.Proxies = append(p.Proxies, ProxyRef{AdminSocket: fmt.Sprintf("/run/kubefence/%d.sock", i)})
+			}
+			r := (&runner{p: &p, j: &Journal{FenceGeneration: 7}, adm: memProxy(&st, new([]string))}).forward()
 			switched, err := r.checkFenceHeld(t.Context())
 			if switched != tt.switched || (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
 				t.Errorf("switched %v, err %v; want %v, %q", switched, err, tt.switched, tt.err)
