@@ -214,20 +214,29 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error)
 		wctx, cancel := context.WithDeadline(ctx, deadline)
 		err = r.repl.rep.WaitFor(wctx, target)
 		cancel()
-		switch {
-		case err == nil:
+		if err == nil {
 			if !rounds.next(time.Since(start)) {
 				return rounds, nil
 			}
-		case r.replicationAlive() != nil:
-			return nil, r.replicationAlive()
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case time.Now().Before(deadline):
+			continue
+		}
+		if stopped := r.catchUpStopped(ctx); stopped != nil {
+			return nil, stopped
+		}
+		if time.Now().Before(deadline) {
 			return nil, fmt.Errorf("catching up with blue before the fence: %w", err)
 		}
 	}
 	return rounds, nil
+}
+
+// catchUpStopped is why catching up cannot go on, whatever a read or wait answered: the
+// replicator stopped, or ctx ended; nil otherwise.
+func (r *runner) catchUpStopped(ctx context.Context) error {
+	if err := r.replicationAlive(); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // blueRevision reads the revision of the side replication reads (blue in a cutover) for the
@@ -236,13 +245,11 @@ func (r *runner) blueRevision(ctx context.Context, bound time.Duration) (int64, 
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	rev, err := replicate.Revision(rctx, r.repl.src)
-	switch {
-	case err == nil:
+	if err == nil {
 		return rev, nil
-	case r.replicationAlive() != nil:
-		return 0, r.replicationAlive()
-	case ctx.Err() != nil:
-		return 0, ctx.Err()
+	}
+	if stopped := r.catchUpStopped(ctx); stopped != nil {
+		return 0, stopped
 	}
 	return 0, fmt.Errorf("reading %s's revision before the fence (%s at most): %w; nothing is fenced. Check %s etcd (%s): its health, its log, the network to it; then run again",
 		r.from.name, bound, err, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))

@@ -194,13 +194,13 @@ func (r *runner) timeWatchMove(ctx context.Context, n int) (time.Duration, error
 }
 
 // measureWindowCosts times what the window's steps do besides the drain: an auth request to
-// green etcd as the ungate makes it, a journal save, and the latency of the writes the proxies forwarded lately.
+// green etcd as the ungate makes it (on the client it uses, connected), a journal save, and the
+// latency of the writes the proxies forwarded lately.
 func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
-	cli, err := newEtcdClient(r.to.etcd)
+	cli, err := r.authClient(r.to)
 	if err != nil {
-		return fmt.Errorf("green etcd: %w", err)
+		return err
 	}
-	defer cli.Close()
 	if _, err := replicate.Revision(ctx, cli); err != nil { // connected, as warmAuthClients does
 		return fmt.Errorf("green etcd: %w", err)
 	}
