@@ -322,10 +322,10 @@ func runReport(ctx context.Context, want, bin string, args ...string) (*cutover.
 // The lister reads a namespace of its own size (kube-system's configmaps by default), not the N
 // configmaps. Blue's etcd 3.4.23 is older than 3.4.31, so kube-apiserver sends every consistent
 // list to etcd, and etcd answers a limited range (and the total count it reports) by walking the
-// index of the whole prefix: 70 ms per list at 200,000 keys on the reference machine. Listing
-// the N configmaps made blue's writes 3-4x slower at 200,000 than at 1,000, and the fence's
-// barrier (the writes blue is still answering) with them: it measured blue under that reader,
-// not the cutover.
+// index of the whole prefix: 74-95 ms per list at 200,000 keys on the reference machine, and a
+// put waits behind it (go run ./e2e/bench/etcdlist). Listing the N configmaps made blue's writes
+// 3-4x slower at 200,000 than at 1,000, and the fence's barrier (the writes blue is still
+// answering) with them: it measured blue under that reader, not the cutover.
 type load struct {
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup
