@@ -191,23 +191,31 @@ func (c *catchUpRounds) String() string {
 // down or cut off, which waiting longer would not help with.
 const revisionReadBound = 30 * time.Second
 
+// catchUpBound is how long the catch-up before the fence may take: preFenceCatchUp unless the
+// runner says otherwise.
+func (r *runner) catchUpBound() time.Duration {
+	if r.preFence > 0 {
+		return r.preFence
+	}
+	return preFenceCatchUp
+}
+
+// readBound bounds each read of an etcd's revision before the fence: revisionReadBound, or the
+// catch-up's whole bound if that is shorter.
+func (r *runner) readBound() time.Duration { return min(revisionReadBound, r.catchUpBound()) }
+
 // catchUpBeforeFence lets green catch up with blue right before the fence, so that the window
 // drains only what blue takes between this and the fence's barrier, not whatever lag
 // replication had at that moment (catchUpRounds, whose String says how it ended). Under a
 // writer as fast as green, or after preFenceCatchUp, the fence goes on anyway and the drain is
 // bounded by timeouts.window as always. A blue whose revision cannot be read (within
-// revisionReadBound, or the catch-up's own bound if shorter), or a replicator that stopped,
-// fails the step before anything is fenced.
+// readBound), or a replicator that stopped, fails the step before anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error) {
-	d := preFenceCatchUp
-	if r.preFence > 0 {
-		d = r.preFence
-	}
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(r.catchUpBound())
 	rounds := &catchUpRounds{}
 	for time.Now().Before(deadline) {
 		start := time.Now()
-		target, err := r.blueRevision(ctx, min(revisionReadBound, d))
+		target, err := r.blueRevision(ctx, r.readBound())
 		if err != nil {
 			return nil, err
 		}

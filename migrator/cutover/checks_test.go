@@ -241,12 +241,7 @@ current-context: c
 func TestCheckGreenKubeconfig(t *testing.T) {
 	proxy := httptest.NewTLSServer(http.NotFoundHandler()) // something already listening
 	t.Cleanup(proxy.Close)
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	greenURL := "https://" + free.Addr().String()
-	free.Close()
+	greenURL := "https://" + closedAddr(t)
 	cases := []struct {
 		name, server string
 		// other: the kubeconfig is that of green.apiservers[0], which its host starts (no

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -190,16 +192,48 @@ func TestReplicateCatchUpBeforeFence(t *testing.T) {
 			t.Errorf("proxy calls %v, want %v", *calls, want)
 		}
 	})
-	t.Run("green etcd out of reach for the ungate", func(t *testing.T) {
-		r, calls, _, _ := stuckReplicator(t, false) // its plan's green etcd client certificate is no PEM
-		rep, err := r.run(context.Background())
-		if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "connecting to green etcd for the ungate-green step, before the fence") {
-			t.Fatalf("green etcd out of reach at the fence: %+v, %v", rep, err)
-		}
-		if len(*calls) != 0 {
-			t.Errorf("proxy calls %v, want none (never fenced)", *calls)
-		}
-	})
+	for _, tc := range []struct {
+		name string
+		etcd func(*testing.T) datadir.ConnSpec // green etcd as the ungate reaches it; nil: the plan's
+		why  string                            // in the error, after the step's own words
+	}{
+		// The plan's green etcd client certificate is no PEM.
+		{name: "green etcd client certificate unreadable", why: "etcd TLS"},
+		{name: "green etcd out of reach", etcd: func(t *testing.T) datadir.ConnSpec {
+			return datadir.ConnSpec{Endpoints: []string{closedAddr(t)}}
+		}, why: "deadline exceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, calls, _, _ := stuckReplicator(t, false)
+			if tc.etcd != nil {
+				r.to.etcd = tc.etcd(t)
+			}
+			r.preFence = time.Second // also bounds the read of the ungate's etcd
+			start := time.Now()
+			rep, err := r.run(context.Background())
+			if err == nil || rep.Result != ResultAborted || !strings.Contains(rep.Error, "connecting to green etcd for the ungate-green step, before the fence") || !strings.Contains(rep.Error, tc.why) {
+				t.Fatalf("green etcd at the fence: %+v, %v", rep, err)
+			}
+			if len(*calls) != 0 {
+				t.Errorf("proxy calls %v, want none (never fenced)", *calls)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("failed after %s, past the catch-up's bound of 1s", took)
+			}
+		})
+	}
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
 
 // aheadOfReplicator is an etcd at a revision past stuckReplicator's, which never moves.

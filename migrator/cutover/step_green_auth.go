@@ -244,7 +244,7 @@ func (r *runner) warmAuthClients(ctx context.Context) error {
 		}
 		cli, err := r.authClient(sd)
 		if err == nil {
-			rctx, cancel := context.WithTimeout(ctx, revisionReadBound)
+			rctx, cancel := context.WithTimeout(ctx, r.readBound())
 			_, err = replicate.Revision(rctx, cli)
 			cancel()
 		}
