@@ -236,6 +236,35 @@ current-context: c
 `, server))
 }
 
+// TestListsReachEtcd: the preflight names a blue etcd to which kube-apiserver sends every
+// consistent list (older than 3.4.31, or than 3.5.13 in 3.5), whose lists of big collections
+// slow blue's writes and so the window.
+func TestListsReachEtcd(t *testing.T) {
+	for _, tc := range []struct {
+		versions []string
+		want     string // in the note; "" for none
+	}{
+		{[]string{"3.4.23"}, "blue etcd 3.4.23 is older than 3.4.31"},
+		{[]string{"3.4.31", "3.4.30", "3.4.31"}, "blue etcd 3.4.30 is older than 3.4.31"},
+		{[]string{"3.5.12"}, "blue etcd 3.5.12 is older than 3.5.13"},
+		{[]string{"3.3.27"}, "blue etcd 3.3.27 is older than 3.4.31"},
+		{[]string{"3.4.31"}, ""},
+		{[]string{"3.5.13", "3.5.21"}, ""},
+		{[]string{"3.6.0"}, ""},
+		{[]string{"not a version"}, ""},
+		{nil, ""},
+	} {
+		var sts []datadir.MemberStatus
+		for _, v := range tc.versions {
+			sts = append(sts, datadir.MemberStatus{Version: v})
+		}
+		got := listsReachEtcd(sts)
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("%v: %q, want %q", tc.versions, got, tc.want)
+		}
+	}
+}
+
 // TestCheckGreenKubeconfig: a green kubeconfig that reaches blue or the proxy (verify would
 // compare blue with blue) is refused at preflight.
 func TestCheckGreenKubeconfig(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/version"
+
 	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
@@ -35,7 +37,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
-	blueDB, err := r.checkBlueEtcd(ctx)
+	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
 	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
@@ -70,29 +72,51 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("blue ready, etcd db %.1f MB; proxy open on blue; green etcd %s, ports free, space enough; %s", float64(blueDB)/1e6, p.Green.Etcd.Version, bypass), nil
+	return fmt.Sprintf("blue ready, etcd db %.1f MB%s; proxy open on blue; green etcd %s, ports free, space enough; %s", float64(blueDB)/1e6, listsNote, p.Green.Etcd.Version, bypass), nil
 }
 
 // checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and
-// returns the largest db size.
-func (r *runner) checkBlueEtcd(ctx context.Context) (int64, error) {
+// returns the largest db size and listsReachEtcd's note on their versions.
+func (r *runner) checkBlueEtcd(ctx context.Context) (int64, string, error) {
 	cli, err := datadir.NewClient(r.p.Blue.Etcd.EtcdClientSpec)
 	if err != nil {
-		return 0, fmt.Errorf("blue etcd: %w", err)
+		return 0, "", fmt.Errorf("blue etcd: %w", err)
 	}
 	defer cli.Close()
 	sts, err := datadir.ClusterStatus(ctx, cli, r.p.Blue.Etcd.Endpoints)
 	if err != nil {
-		return 0, fmt.Errorf("blue etcd: %w", err)
+		return 0, "", fmt.Errorf("blue etcd: %w", err)
 	}
 	var blueDB int64
 	for _, s := range sts {
 		blueDB = max(blueDB, s.DBSize)
 	}
 	if _, err := datadir.CheckMembers(ctx, r.p.Blue.Etcd.EtcdClientSpec); err != nil {
-		return blueDB, fmt.Errorf("blue.etcd.endpoints: %w", err)
+		return blueDB, "", fmt.Errorf("blue.etcd.endpoints: %w", err)
 	}
-	return blueDB, nil
+	return blueDB, listsReachEtcd(sts), nil
+}
+
+// listsReachEtcd notes a blue etcd member older than the release that fixed its watch progress
+// requests (3.4.31, 3.5.13): kube-apiserver then serves no consistent list from its watch cache
+// and sends each to etcd, where a page of a big collection walks the index of all of it while
+// writes wait. Blue's writes are then slower, and the fence's barrier (the writes blue is still
+// answering) with them. "" when every member has the fix or its version cannot be read.
+func listsReachEtcd(sts []datadir.MemberStatus) string {
+	for _, s := range sts {
+		v, err := version.ParseSemantic(s.Version)
+		if err != nil || v.Major() != 3 {
+			continue
+		}
+		fixed := "3.4.31"
+		if v.Minor() == 5 {
+			fixed = "3.5.13"
+		}
+		if v.Minor() <= 5 && v.LessThan(version.MustParseSemantic(fixed)) {
+			return fmt.Sprintf(" (blue etcd %s is older than %s: kube-apiserver sends it every consistent list, and lists of big collections slow its writes and the window; see the runbook)", s.Version, fixed)
+		}
+	}
+	return ""
 }
 
 // checkProxyOnBlue checks the proxy answers, open, with blue as its backend.
