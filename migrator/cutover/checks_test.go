@@ -237,21 +237,24 @@ current-context: c
 }
 
 // TestListsReachEtcd: the preflight names a blue etcd to which kube-apiserver sends every
-// consistent list (older than 3.4.31, or than 3.5.13 in 3.5), whose lists of big collections
-// slow blue's writes and so the window.
+// consistent list (older than 3.4.31, or than 3.5.13 in 3.5, by kube-apiserver's own rule),
+// whose lists of big collections slow blue's writes and so the window.
 func TestListsReachEtcd(t *testing.T) {
 	for _, tc := range []struct {
 		versions []string
 		want     string // in the note; "" for none
 	}{
-		{[]string{"3.4.23"}, "blue etcd 3.4.23 is older than 3.4.31"},
-		{[]string{"3.4.31", "3.4.30", "3.4.31"}, "blue etcd 3.4.30 is older than 3.4.31"},
-		{[]string{"3.5.12"}, "blue etcd 3.5.12 is older than 3.5.13"},
-		{[]string{"3.3.27"}, "blue etcd 3.3.27 is older than 3.4.31"},
+		{[]string{"3.4.23"}, "blue etcd 3.4.23 predates"},
+		{[]string{"3.4.31", "3.4.30", "3.4.31"}, "blue etcd 3.4.30 predates"},
+		{[]string{"3.5.12"}, "blue etcd 3.5.12 predates"},
+		{[]string{"3.5.0"}, "blue etcd 3.5.0 predates"},
+		{[]string{"3.3.27"}, "blue etcd 3.3.27 predates"},
+		{[]string{"3.4.31-rc.0"}, "blue etcd 3.4.31-rc.0 predates"},
+		{[]string{"not a version"}, `blue etcd not a version predates`}, // kube-apiserver assumes the worst too
 		{[]string{"3.4.31"}, ""},
 		{[]string{"3.5.13", "3.5.21"}, ""},
-		{[]string{"3.6.0"}, ""},
-		{[]string{"not a version"}, ""},
+		{[]string{"3.5.0-alpha.0"}, ""}, // below 3.5.0 for semver, above 3.4.31: kube-apiserver trusts it
+		{[]string{"3.6.0-alpha.0", "3.6.16"}, ""},
 		{nil, ""},
 	} {
 		var sts []datadir.MemberStatus

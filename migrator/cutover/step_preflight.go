@@ -97,27 +97,29 @@ func (r *runner) checkBlueEtcd(ctx context.Context) (int64, string, error) {
 	return blueDB, listsReachEtcd(sts), nil
 }
 
-// listsReachEtcd notes a blue etcd member older than the release that fixed its watch progress
-// requests (3.4.31, 3.5.13): kube-apiserver then serves no consistent list from its watch cache
-// and sends each to etcd, where a page of a big collection walks the index of all of it while
-// writes wait. Blue's writes are then slower, and the fence's barrier (the writes blue is still
-// answering) with them. "" when every member has the fix or its version cannot be read.
+// listsReachEtcd notes a blue etcd member without the fixed watch progress requests of 3.4.31
+// and 3.5.13, by the rule kube-apiserver applies to each of its etcd endpoints (a version it
+// cannot parse counts as without): kube-apiserver then serves no consistent list from its watch
+// cache and sends each to etcd, where a page of a big collection walks the index of all of it
+// while writes wait. Blue's writes are then slower, and the fence's barrier (the writes blue is
+// still answering) with them. "" when every member has the fix.
 func listsReachEtcd(sts []datadir.MemberStatus) string {
 	for _, s := range sts {
 		v, err := version.ParseSemantic(s.Version)
-		if err != nil || v.Major() != 3 {
+		if err == nil && !v.LessThan(progressFixed34) && !(v.AtLeast(etcd35) && v.LessThan(progressFixed35)) {
 			continue
 		}
-		fixed := "3.4.31"
-		if v.Minor() == 5 {
-			fixed = "3.5.13"
-		}
-		if v.Minor() <= 5 && v.LessThan(version.MustParseSemantic(fixed)) {
-			return fmt.Sprintf(" (blue etcd %s is older than %s: kube-apiserver sends it every consistent list, and lists of big collections slow its writes and the window; see the runbook)", s.Version, fixed)
-		}
+		return fmt.Sprintf(" (blue etcd %s predates the fixed watch progress requests of etcd 3.4.31 and 3.5.13: kube-apiserver sends it every consistent list, and lists of big collections slow its writes and the window; see the runbook)", s.Version)
 	}
 	return ""
 }
+
+// The etcd releases kube-apiserver checks its etcd endpoints against (listsReachEtcd).
+var (
+	progressFixed34 = version.MustParseSemantic("3.4.31")
+	etcd35          = version.MustParseSemantic("3.5.0")
+	progressFixed35 = version.MustParseSemantic("3.5.13")
+)
 
 // checkProxyOnBlue checks the proxy answers, open, with blue as its backend.
 func (r *runner) checkProxyOnBlue(ctx context.Context) error {

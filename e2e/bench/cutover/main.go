@@ -47,7 +47,7 @@ func main() {
 	flag.BoolVar(&c.rollback, "rollback", true, "bake each cutover (bake.enabled, blue etcd with TLS) for 2 s and roll it back, timing the rollback's window too")
 	flag.BoolVar(&c.rehearse, "rehearse", false, "rehearse each cutover first (kubefence cutover --rehearse, the load running) and print the window it predicted beside the window")
 	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, whereas a production green has a host for each)")
-	flag.StringVar(&c.readerNamespace, "reader-namespace", "kube-system", "namespace whose configmaps the reader lists (50 at a time) every 10 ms during each cutover; \"bench\" lists the N configmaps, which on blue's etcd 3.4.23 costs a scan of all N per list and slows blue's writes with the size")
+	flag.StringVar(&c.readerNamespace, "reader-namespace", "kube-system", "namespace whose configmaps the reader lists (50 at a time, 10 ms after each answer) during each cutover; \"bench\" lists the N configmaps, which on blue's etcd 3.4.23 costs a scan of all N per list and slows blue's writes with the size")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
@@ -94,7 +94,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	fmt.Fprintf(out, "bench-cutover: blue etcd %s (1 member) + kube-apiserver %s -> green etcd %s (TLS, %d member(s)) + kube-apiserver %s, loopback;\n",
 		framework.Etcd34, framework.Kube136, framework.Etcd36, c.greenMembers, framework.Kube136)
 	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n", c.runs)
-	fmt.Fprintf(out, "through the proxy the whole time: a reader listing 50 of namespace %s's configmaps every 10 ms\n", c.readerNamespace)
+	fmt.Fprintf(out, "through the proxy the whole time: a reader listing 50 of namespace %s's configmaps, 10 ms after each answer\n", c.readerNamespace)
 	if c.rollback {
 		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)
 	}

@@ -316,16 +316,17 @@ func runReport(ctx context.Context, want, bin string, args ...string) (*cutover.
 	return rep, p, nil
 }
 
-// load is the traffic through the proxy during a cutover: a lister every 10 ms and, at rate
-// writes/s, a client-go writer updating configmaps of its own.
+// load is the traffic through the proxy during a cutover: a lister (10 ms between its lists)
+// and, at rate writes/s, a client-go writer updating configmaps of its own.
 //
 // The lister reads a namespace of its own size (kube-system's configmaps by default), not the N
 // configmaps. Blue's etcd 3.4.23 is older than 3.4.31, so kube-apiserver sends every consistent
 // list to etcd, and etcd answers a limited range (and the total count it reports) by walking the
 // index of the whole prefix: 74-95 ms per list at 200,000 keys on the reference machine, and a
 // put waits behind it (go run ./e2e/bench/etcdlist). Listing the N configmaps made blue's writes
-// 3-4x slower at 200,000 than at 1,000, and the fence's barrier (the writes blue is still
-// answering) with them: it measured blue under that reader, not the cutover.
+// several times slower at 200,000 than at 1,000 (37-62 ms at the median against 4-8 ms), and
+// the fence's barrier (the writes blue is still answering) with them: it measured blue under
+// that reader, not the cutover.
 type load struct {
 	cancel             context.CancelFunc
 	wg                 sync.WaitGroup

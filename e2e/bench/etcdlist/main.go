@@ -4,7 +4,7 @@
 // a range with limit 50 over the prefix (what kube-apiserver sends etcd for `kubectl get cm
 // --chunk-size 50` when it cannot serve the list from its cache, as with etcd older than 3.4.31
 // or 3.5.13), and the median put to another prefix without and with a client making such
-// ranges every 10 ms.
+// ranges one after the other, 10 ms apart.
 package main
 
 import (
@@ -26,6 +26,9 @@ import (
 
 const prefix = "/registry/configmaps/bench/"
 
+// lineFormat is a line of the table: etcd version, range, put alone, put behind the lister.
+const lineFormat = "%8s  %14s  %14s  %14s\n"
+
 func main() {
 	keys := flag.Int("keys", 200000, "keys of 2 KB under the listed prefix")
 	versions := flag.String("versions", framework.Etcd34+","+framework.Etcd36, "etcd versions to measure (built by make e2e-deps)")
@@ -35,11 +38,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "etcdlist: -keys and -rounds are at least 1")
 		os.Exit(2)
 	}
-	fmt.Printf("etcdlist: %d keys of 2 KB under %s, one member on loopback; medians of %d ranges and %d puts\n", *keys, prefix, *rounds, 10**rounds)
-	fmt.Printf("%8s  %12s  %18s  %22s\n", "etcd", "range limit 50", "put, no lister", "put, lister every 10ms")
+	fmt.Printf("etcdlist: %d keys of 2 KB under %s, one member on loopback; medians of %d ranges and %d puts (5 ms apart); the lister makes one range 10 ms after another ends\n", *keys, prefix, *rounds, 10**rounds)
+	fmt.Printf(lineFormat, "etcd", "range limit 50", "put, no lister", "put, lister")
 	err := framework.UntilInterrupted(func(ctx context.Context) error {
 		for v := range strings.SplitSeq(*versions, ",") {
-			if err := measure(ctx, os.Stdout, strings.TrimSpace(v), *keys, *rounds); err != nil {
+			if v = strings.TrimSpace(v); v == "" {
+				continue
+			}
+			if err := measure(ctx, os.Stdout, v, *keys, *rounds); err != nil {
 				return fmt.Errorf("etcd %s: %w", v, err)
 			}
 		}
@@ -86,31 +92,39 @@ func measure(ctx context.Context, out io.Writer, version string, keys, rounds in
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "%8s  %12s  %18s  %22s\n", version, median(ranges), median(alone), median(listed))
+	_, err = fmt.Fprintf(out, lineFormat, version, median(ranges), median(alone), median(listed))
 	return err
 }
 
-// fill puts keys values of 2 KB under prefix from 32 clients at once.
+// fill puts keys values of 2 KB under prefix from 32 clients at once; the first failed put
+// stops it.
 func fill(ctx context.Context, cli *clientv3.Client, keys int) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	val := strings.Repeat("x", 2048)
 	next := make(chan int)
-	errs := make([]error, 32)
 	var wg sync.WaitGroup
-	for w := range errs {
+	for range 32 {
 		wg.Go(func() {
 			for i := range next {
-				if _, err := cli.Put(ctx, fmt.Sprintf("%scm-%07d", prefix, i), val); err != nil && errs[w] == nil {
-					errs[w] = err
+				pctx, done := context.WithTimeout(ctx, 30*time.Second)
+				_, err := cli.Put(pctx, fmt.Sprintf("%scm-%07d", prefix, i), val)
+				done()
+				if err != nil {
+					cancel(fmt.Errorf("put %d: %w", i, err))
 				}
 			}
 		})
 	}
-	for i := range keys {
-		next <- i
+	for i := 0; i < keys && ctx.Err() == nil; i++ {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+		}
 	}
 	close(next)
 	wg.Wait()
-	return errors.Join(errs...)
+	return context.Cause(ctx)
 }
 
 // listPage is one page of a list of the prefix.
@@ -137,7 +151,8 @@ func puts(ctx context.Context, cli *clientv3.Client, n int) ([]time.Duration, er
 	return took, nil
 }
 
-// putsWhileListing is puts with a client listing a page of the prefix every 10 ms meanwhile.
+// putsWhileListing is puts with a client listing a page of the prefix meanwhile, 10 ms after
+// each answer.
 func putsWhileListing(ctx context.Context, cli *clientv3.Client, n int) ([]time.Duration, error) {
 	lctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
