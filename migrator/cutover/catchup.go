@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
@@ -215,7 +216,7 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error)
 	rounds := &catchUpRounds{}
 	for time.Now().Before(deadline) {
 		start := time.Now()
-		target, err := r.blueRevision(ctx, r.readBound())
+		target, err := r.blueRevision(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -247,12 +248,17 @@ func (r *runner) catchUpStopped(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// blueRevision reads the revision of the side replication reads (blue in a cutover) for the
-// catch-up before the fence, within bound.
-func (r *runner) blueRevision(ctx context.Context, bound time.Duration) (int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, bound)
+// readRevision reads the revision of cli's etcd before the fence, within readBound.
+func (r *runner) readRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, r.readBound())
 	defer cancel()
-	rev, err := replicate.Revision(rctx, r.repl.src)
+	return replicate.Revision(rctx, cli)
+}
+
+// blueRevision reads the revision of the side replication reads (blue in a cutover) for the
+// catch-up before the fence, within readBound.
+func (r *runner) blueRevision(ctx context.Context) (int64, error) {
+	rev, err := r.readRevision(ctx, r.repl.src)
 	if err == nil {
 		return rev, nil
 	}
@@ -260,5 +266,5 @@ func (r *runner) blueRevision(ctx context.Context, bound time.Duration) (int64, 
 		return 0, stopped
 	}
 	return 0, fmt.Errorf("reading %s's revision before the fence (%s at most): %w; nothing is fenced. Check %s etcd (%s): its health, its log, the network to it; then run again",
-		r.from.name, bound, err, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))
+		r.from.name, r.readBound(), err, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))
 }

@@ -244,9 +244,7 @@ func (r *runner) warmAuthClients(ctx context.Context) error {
 		}
 		cli, err := r.authClient(sd)
 		if err == nil {
-			rctx, cancel := context.WithTimeout(ctx, r.readBound())
-			_, err = replicate.Revision(rctx, cli)
-			cancel()
+			_, err = r.readRevision(ctx, cli)
 		}
 		if err != nil {
 			return fmt.Errorf("connecting to %s etcd for the %s step, before the fence: %w; nothing is fenced", sd.name, s.name(), err)
