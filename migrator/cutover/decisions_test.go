@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -409,5 +410,55 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	j, err := LoadJournal(w.r.p.StateDir)
 	if err != nil || j.FenceBarrier != 12*time.Millisecond {
 		t.Errorf("journal's fence barrier %v (%v), want 12ms", j, err)
+	}
+}
+
+// TestFenceJournaledBeforeItIsSent: the journal on disk says a fence may be on before the
+// proxies get the request. A run killed after the proxies fenced but before the fence step was
+// journaled must not resume as if nothing were fenced: not rebuild green from a new snapshot
+// (minutes with writes fenced) and not start the window's budget again.
+func TestFenceJournaledBeforeItIsSent(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	for i, s := range w.r.steps {
+		if s.name() == StepFence {
+			w.r.steps[i] = fenceStep{}
+		}
+	}
+	inner := memProxy(w.st, &w.calls)
+	adm := inner
+	var onDisk *Journal
+	adm.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		if req.Fenced && onDisk == nil {
+			j, err := LoadJournal(w.r.p.StateDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			onDisk = j
+		}
+		return inner.fence(ctx, req)
+	}
+	w.r.adm = adm
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	rep, err := w.r.run(t.Context())
+	if err != nil || rep.Result != ResultDone {
+		t.Fatalf("report %+v, %v", rep, err)
+	}
+	if onDisk == nil {
+		t.Fatal("the proxy was never fenced")
+	}
+	if onDisk.FencedAt.IsZero() || onDisk.FencedAt.Before(before.Add(-time.Second)) {
+		t.Fatalf("journal on disk when the fence request arrived: fencedAt %v, want the time the fence was about to be sent", onDisk.FencedAt)
+	}
+	if final, err := LoadJournal(w.r.p.StateDir); err != nil || onDisk.FencedAt.After(final.FencedAt) {
+		t.Errorf("fencedAt journaled before the request %v, after it %v (%v): the window's budget must count from no later than the real fence", onDisk.FencedAt, final, err)
+	}
+	// A resume of that journal is inside a window: compacted history aborts, it does not rebuild.
+	w.r.j = onDisk
+	w.r.p.Migration.Mode = ModeReplicate
+	if w.r.rebuildable(fmt.Errorf("replication: %w", replicate.ErrCompacted)) {
+		t.Error("a run killed after the fence request would rebuild green with writes fenced")
 	}
 }

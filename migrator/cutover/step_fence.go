@@ -55,6 +55,17 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		prog := r.repl.rep.Progress()
 		r.j.ReplicationAtFence = &prog
 	}
+	first := r.j.FencedAt.IsZero()
+	if first {
+		// Journaled before the request (write-ahead): a run killed after the proxies fenced
+		// must resume inside the window, its budget counted from here, and never as a run
+		// before the fence (which may take minutes, e.g. rebuilding green).
+		r.j.FencedAt = time.Now().UTC()
+		r.j.RefusedAtFence = st.RefusedWrites
+		if err := r.saveJournal(); err != nil {
+			return "", err
+		}
+	}
 	// The window starts when the fence request is sent, not when the proxies have answered:
 	// the barrier (waiting for writes admitted before the flip) is part of it.
 	sent := time.Now().UTC()
@@ -65,9 +76,8 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if !resp.Barrier.Complete {
 		return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D())
 	}
-	if r.j.FencedAt.IsZero() {
+	if first {
 		r.j.FencedAt = sent
-		r.j.RefusedAtFence = st.RefusedWrites
 		r.j.FenceBarrier = time.Duration(resp.Barrier.Waited)
 	}
 	r.j.FenceGeneration = resp.Status.Generation
