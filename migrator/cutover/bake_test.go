@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // bakePlan is replicatePlan with bake.enabled and what it needs of blue.
@@ -157,5 +159,39 @@ func TestFlockHolder(t *testing.T) {
 	lock.markBaking()
 	if pid, role := holder(dir); pid != os.Getpid() || role != bakeRole {
 		t.Errorf("holder while baking: %d %q", pid, role)
+	}
+}
+
+// TestRollbackResumeAfterItsSwitch: a rollback killed after its switch reached the proxies, but
+// before the switch was journaled, is finished by --resume. The switch is recognised before
+// replication is picked up again, which cannot be: once nothing kept green's leases alive on
+// blue, blue expired them itself and is no longer green change for change.
+func TestRollbackResumeAfterItsSwitch(t *testing.T) {
+	p := bakePlan(t) // its TLS files are no PEM: replication cannot be picked up again
+	p.hash = "plan-hash"
+	const gen = 7
+	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, FenceGeneration: gen,
+		Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}}, GreenPIDs: map[string]int{}}
+	if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := rj.save(p.StateDir + "/rollback"); err != nil {
+		t.Fatal(err)
+	}
+	main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
+	r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: gen + 1}
+	r.adm = memProxy(st, &calls)
+	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepSwitch })
+	detail, err := r.steps[i].run(t.Context(), r)
+	if err != nil || !strings.Contains(detail, "was switched to blue before") {
+		t.Fatalf("resumed switch: %q, %v; want it recognised as done", detail, err)
+	}
+	if len(calls) != 0 {
+		t.Errorf("proxy calls %v, want none", calls)
 	}
 }

@@ -27,7 +27,7 @@ import (
 var rollbackSteps = []step{
 	needsReplication{fenceStep{}},
 	needsReplication{drainStep{}},
-	needsReplication{replicaSwitchStep{}},
+	replicaSwitchStep{pickUp: true}, // after checking it has not switched already
 	gateStep{StepGateGreen},
 	stopFollowingStep{},
 	ungateStep{StepUngateBlue},

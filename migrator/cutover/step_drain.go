@@ -41,7 +41,12 @@ func (drainStep) run(ctx context.Context, r *runner) (string, error) {
 // replicaSwitchStep (mode replicate) checks once more that green is at blue's revision, within
 // the window, and points the proxy at green with the open watches resumed there (the same
 // revisions mean the same resourceVersions).
-type replicaSwitchStep struct{}
+type replicaSwitchStep struct {
+	// pickUp: replication that is not running in this process is picked up again (the
+	// rollback's switch), once the switch is known not to have happened already; the forward
+	// switch aborts instead.
+	pickUp bool
+}
 
 func (replicaSwitchStep) name() string                  { return StepSwitch }
 func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
@@ -51,13 +56,19 @@ func (replicaSwitchStep) describe(r *runner, _ bool) string {
 	return fmt.Sprintf("check %s's revision equals %s's (within timeouts.window), then kubefence backend set --resume-watches %s", r.to.name, r.from.name, r.to.api.URL)
 }
 
-func (replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
+func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	switched, err := r.checkFenceHeld(ctx)
 	if err != nil {
 		return "", err
 	}
 	if switched {
 		return fmt.Sprintf("the proxy was switched to %s before the process that ran the window stopped", r.to.name), nil
+	}
+	picked := ""
+	if s.pickUp {
+		if picked, err = r.ensureReplication(ctx); err != nil {
+			return "", err
+		}
 	}
 	wctx, cancel := r.windowContext(ctx)
 	rev, err := r.caughtUp(wctx)
@@ -71,5 +82,5 @@ func (replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	d := resp.Drain
-	return fmt.Sprintf("%s and %s at revision %d; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended), nil
+	return withNote(picked, fmt.Sprintf("%s and %s at revision %d; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended)), nil
 }
