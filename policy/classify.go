@@ -95,12 +95,35 @@ func (a *Attributes) Class() Class {
 	return Write
 }
 
-// Session reports a write that opens a session rather than changes stored state: a protocol
-// upgrade (exec, attach, port-forward) or a */proxy request. It passes the fence only while it is
-// open, but the fence's barrier does not wait for it: it goes to kubelets, pods and services,
-// not etcd, and may last for hours (docs/proxy.md).
+// Session reports a write that opens a session rather than changes stored state: exec, attach,
+// port-forward, a */proxy request, or a protocol upgrade to another subresource kube-apiserver
+// does not store (an aggregated API's console, say) or to a non-resource path. It passes the
+// fence only while it is open, but the fence's barrier does not wait for it: it goes to
+// kubelets, pods and services, not etcd, and may last for hours (docs/proxy.md). Upgrade
+// headers on a write to an object itself or to a subresource kube-apiserver stores change
+// nothing of what the apiserver does with it: that is a write like any other.
 func (a *Attributes) Session() bool {
-	return a.Class() == Write && (a.Upgrade || a.Subresource == "proxy" || a.Verb == "proxy")
+	if a.Class() != Write {
+		return false
+	}
+	switch {
+	case sessionSubresources[a.Subresource], a.Verb == "proxy":
+		return true
+	case !a.Upgrade:
+		return false
+	case !a.IsResourceRequest:
+		return true
+	}
+	return a.Subresource != "" && !storedSubresources[a.Subresource]
+}
+
+// sessionSubresources are kube-apiserver's own session subresources.
+var sessionSubresources = map[string]bool{"exec": true, "attach": true, "portforward": true, "proxy": true}
+
+// storedSubresources are the subresources through which kube-apiserver writes its objects.
+var storedSubresources = map[string]bool{
+	"status": true, "scale": true, "binding": true, "eviction": true, "approval": true,
+	"finalize": true, "ephemeralcontainers": true, "resize": true,
 }
 
 // Classifier classifies requests. The zero value is not usable; use NewClassifier.

@@ -388,6 +388,17 @@ func TestSession(t *testing.T) {
 		{req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), false}, // a read
 		{req("POST", "/api/v1/namespaces/ns/configmaps"), false},
 		{req("GET", "/api/v1/namespaces/ns/pods/p/log"), false},
+		// An aggregated API's streaming subresource (KubeVirt's console, say) is a session.
+		{req("GET", "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/v/console", upgradeWS...), true},
+		// Upgrade headers change nothing of what kube-apiserver does with a write to an object
+		// or to a subresource it stores: they are writes the barrier waits for.
+		{req("POST", "/api/v1/namespaces/ns/configmaps", upgradeWS...), false},
+		{req("PUT", "/api/v1/namespaces/ns/configmaps/c", upgradeSPDY...), false},
+		{req("DELETE", "/apis/apps/v1/namespaces/ns/deployments/d", upgradeWS...), false},
+		{req("PUT", "/api/v1/namespaces/ns/pods/p/status", upgradeWS...), false},
+		{req("PATCH", "/apis/apps/v1/namespaces/ns/deployments/d/scale", upgradeWS...), false},
+		{req("POST", "/api/v1/namespaces/ns/pods/p/binding", upgradeWS...), false},
+		{req("POST", "/api/v1/namespaces/ns/pods/p/eviction", upgradeWS...), false},
 	}
 	for _, tc := range cases {
 		a := c.Classify(tc.r)

@@ -256,6 +256,43 @@ func TestLongProxyGetCannotHoldBarrier(t *testing.T) {
 	}
 }
 
+// TestUpgradeHeadersDoNotEscapeBarrier: a write to an object with upgrade headers is a write
+// like any other (the apiserver ignores the headers and commits it): fence on's barrier waits
+// for it, as for any write admitted before the flip.
+func TestUpgradeHeadersDoNotEscapeBarrier(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer api.Close()
+	p := startProxy(t, api.URL)
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", p.url+"/api/v1/namespaces/default/configmaps", strings.NewReader("{}"))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	<-arrived // at the backend: admitted before the flip
+	if fr := fenceOn(t, p, 300*time.Millisecond); fr.Barrier.Complete {
+		t.Errorf("fence on's barrier complete while a write with upgrade headers was at the backend: %+v", fr.Barrier)
+	}
+	close(release)
+	if code := <-done; code != http.StatusCreated {
+		t.Errorf("the write got %d, want 201", code)
+	}
+}
+
 // TestStartFenced: with --start-fenced and no state file the proxy starts fenced; the state file
 // it then writes decides later starts.
 func TestStartFenced(t *testing.T) {
