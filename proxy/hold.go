@@ -68,18 +68,26 @@ func (q *holdQueue) enter(size int64, now time.Time) (*heldWrite, error) {
 	return h, nil
 }
 
-// leave frees the write's place and passes the turn on; calling it again is harmless.
+// leave frees the write's place and passes the turn on, once the write before it has had its
+// own: one that leaves before its turn (timed out, client gone) must not let the writes behind
+// it, or one arriving after it, pass the writes before it. Calling it again is harmless.
 func (h *heldWrite) leave() {
 	h.once.Do(func() {
 		q := h.q
 		q.mu.Lock()
 		q.count--
 		q.bytes -= h.size
-		if q.last == h {
-			q.last = nil
-		}
 		q.mu.Unlock()
-		close(h.turn)
+		if h.prev == nil {
+			close(h.turn)
+			return
+		}
+		select {
+		case <-h.prev:
+			close(h.turn)
+		default: // within the hold timeout every write before it leaves too
+			go func() { <-h.prev; close(h.turn) }()
+		}
 	})
 }
 
@@ -99,36 +107,56 @@ const (
 	holdAbandoned                    // the client went away: answer nothing, forward nothing
 )
 
-// awaitRelease waits for h's turn and for the fence to be open, then admits the write under the
-// gate (so a fence that comes back on before that keeps it waiting). It gives up at deadline or
-// when ctx (the client's) ends. On holdReleased the caller owns the registration id.
-func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan time.Time, w inflightWrite) (uint64, holdOutcome) {
-	if h.prev != nil {
-		select {
-		case <-h.prev:
-		case <-deadline:
-			return 0, holdTimedOut
-		case <-ctx.Done():
-			return 0, holdAbandoned
-		}
+// awaitRelease waits for h's turn, for the fence to be open and for one of slots (if any: the
+// writes forwarded at once), then admits the write under the gate (so a fence that comes back
+// on before that keeps it waiting). It gives up at deadline or when ctx (the client's) ends,
+// whichever it is waiting for. On holdReleased the caller owns the registration id and the slot.
+func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan time.Time, slots chan struct{}, w inflightWrite) (uint64, holdOutcome) {
+	if out := waitHeld(ctx, h.prev, deadline); out != holdReleased {
+		return 0, out
 	}
 	for {
-		select {
-		case <-g.openCh():
-		case <-deadline:
-			return 0, holdTimedOut
-		case <-ctx.Done():
-			return 0, holdAbandoned
+		if out := waitHeld(ctx, g.openCh(), deadline); out != holdReleased {
+			return 0, out
+		}
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+			case <-deadline:
+				return 0, holdTimedOut
+			case <-ctx.Done():
+				return 0, holdAbandoned
+			}
 		}
 		id, ok := g.admitWrite(w)
-		if !ok {
+		if ok && ctx.Err() != nil { // the client left just as the fence opened: never forward
+			g.inflight.remove(id)
+		}
+		if !ok || ctx.Err() != nil {
+			if slots != nil {
+				<-slots
+			}
+			if ok {
+				return 0, holdAbandoned
+			}
 			continue // fenced again before our turn: wait for the next opening
 		}
-		if ctx.Err() != nil { // the client left just as the fence opened: never forward
-			g.inflight.remove(id)
-			return 0, holdAbandoned
-		}
 		return id, holdReleased
+	}
+}
+
+// waitHeld waits for ready (nil: ready now), the deadline or the end of ctx.
+func waitHeld(ctx context.Context, ready <-chan struct{}, deadline <-chan time.Time) holdOutcome {
+	if ready == nil {
+		return holdReleased
+	}
+	select {
+	case <-ready:
+		return holdReleased
+	case <-deadline:
+		return holdTimedOut
+	case <-ctx.Done():
+		return holdAbandoned
 	}
 }
 
@@ -189,7 +217,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		"name", a.Name, "user", a.User, "userAgent", r.UserAgent())
 	timer := time.NewTimer(hd.timeout)
 	defer timer.Stop()
-	id, out := g.awaitRelease(r.Context(), h, timer.C, inflightWrite{attrs: a, userAgent: r.UserAgent(), start: start})
+	id, out := g.awaitRelease(r.Context(), h, timer.C, hd.release, inflightWrite{attrs: a, userAgent: r.UserAgent(), start: start})
 	h.leave()
 	hd.seconds.Observe(time.Since(start).Seconds())
 	switch out {
@@ -204,8 +232,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		hd.q.released.Add(1)
 		st.writeID = id
 		defer g.inflight.remove(id)
-		hd.release <- struct{}{} // blocked senders are woken in order: arrival order holds
-		defer func() { <-hd.release }()
+		defer func() { <-hd.release }() // the slot awaitRelease took, before passing the turn on
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	}
 }

@@ -52,7 +52,7 @@ func TestHoldReleasesInArrivalOrder(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			id, out := g.awaitRelease(context.Background(), held[i], nil, testWrite())
+			id, out := g.awaitRelease(context.Background(), held[i], nil, nil, testWrite())
 			if out != holdReleased {
 				t.Errorf("write %d: outcome %d", i, out)
 				return
@@ -119,13 +119,13 @@ func TestHoldTimeoutAndAbandon(t *testing.T) {
 	second, _ := q.enter(1, time.Now())
 	third, _ := q.enter(1, time.Now())
 
-	if _, out := g.awaitRelease(context.Background(), first, time.After(20*time.Millisecond), testWrite()); out != holdTimedOut {
+	if _, out := g.awaitRelease(context.Background(), first, time.After(20*time.Millisecond), nil, testWrite()); out != holdTimedOut {
 		t.Fatalf("first: outcome %d, want timed out", out)
 	}
 	first.leave()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, out := g.awaitRelease(ctx, second, nil, testWrite()); out != holdAbandoned {
+	if _, out := g.awaitRelease(ctx, second, nil, nil, testWrite()); out != holdAbandoned {
 		t.Fatalf("second: outcome %d, want abandoned", out)
 	}
 	second.leave()
@@ -133,7 +133,7 @@ func TestHoldTimeoutAndAbandon(t *testing.T) {
 		t.Fatal("a write that was not released is registered as in flight")
 	}
 	setFence(t, g, false)
-	id, out := g.awaitRelease(context.Background(), third, time.After(time.Second), testWrite())
+	id, out := g.awaitRelease(context.Background(), third, time.After(time.Second), nil, testWrite())
 	if out != holdReleased || id == 0 {
 		t.Fatalf("third: outcome %d, want released after the others left", out)
 	}
@@ -146,14 +146,14 @@ func TestHoldRefenced(t *testing.T) {
 	first, _ := q.enter(1, time.Now())
 	second, _ := q.enter(1, time.Now())
 	setFence(t, g, false)
-	if _, out := g.awaitRelease(context.Background(), first, nil, testWrite()); out != holdReleased {
+	if _, out := g.awaitRelease(context.Background(), first, nil, nil, testWrite()); out != holdReleased {
 		t.Fatal("first not released")
 	}
 	setFence(t, g, true) // on again before second's turn
 	first.leave()
 	done := make(chan holdOutcome, 1)
 	go func() {
-		_, out := g.awaitRelease(context.Background(), second, time.After(5*time.Second), testWrite())
+		_, out := g.awaitRelease(context.Background(), second, time.After(5*time.Second), nil, testWrite())
 		done <- out
 	}()
 	select {
@@ -164,5 +164,44 @@ func TestHoldRefenced(t *testing.T) {
 	setFence(t, g, false)
 	if out := <-done; out != holdReleased {
 		t.Fatalf("second: outcome %d after the fence lifted again", out)
+	}
+}
+
+// TestHoldLeaverKeepsTheOrder: a write that leaves before its turn (its client gone) lets
+// neither the writes behind it nor one arriving after it pass the write before it.
+func TestHoldLeaverKeepsTheOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		enterAfter bool // the write that must wait enters after the leaver left
+	}{{"queued behind the leaver", false}, {"arriving after the leaver left", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newTestGate(t, false)
+			q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
+			w1, _ := q.enter(1, time.Now())
+			w2, _ := q.enter(1, time.Now())
+			var w3 *heldWrite
+			if !tc.enterAfter {
+				w3, _ = q.enter(1, time.Now())
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, out := g.awaitRelease(ctx, w2, nil, nil, testWrite()); out != holdAbandoned {
+				t.Fatalf("w2: outcome %d, want abandoned", out)
+			}
+			w2.leave()
+			if tc.enterAfter {
+				w3, _ = q.enter(1, time.Now())
+			}
+			if _, out := g.awaitRelease(context.Background(), w3, time.After(100*time.Millisecond), nil, testWrite()); out != holdTimedOut {
+				t.Fatalf("w3 released (outcome %d) while w1, before it, was still waiting", out)
+			}
+			w3.leave()
+			id, out := g.awaitRelease(context.Background(), w1, nil, nil, testWrite())
+			if out != holdReleased {
+				t.Fatalf("w1: outcome %d", out)
+			}
+			g.inflight.remove(id)
+			w1.leave()
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -245,5 +246,78 @@ func TestHoldWarmsTheBackend(t *testing.T) {
 	waitFor(t, func() bool { return green.warmed.Load() == 8 })
 	if n := len(blue.requests()) + len(green.requests()); n != 0 {
 		t.Fatalf("warming forwarded %d requests", n)
+	}
+}
+
+// TestHoldReleaseSlotWaitKeepsTheBounds: a released write waiting for one of
+// --hold-release-concurrency's slots is still held: a client that leaves meanwhile is never
+// forwarded, and one still waiting at --hold-timeout gets 429 and is never forwarded.
+func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		cancel  bool // the second client leaves while the first write holds the only slot
+		want    int  // the second write's answer (0: none, the client left)
+	}{
+		{name: "client gone", timeout: 4 * time.Second, cancel: true},
+		{name: "hold timeout", timeout: 300 * time.Millisecond, want: 429},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			unblock := make(chan struct{})
+			var mu sync.Mutex
+			seen := 0
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != "POST" {
+					return // the warming GET /livez
+				}
+				mu.Lock()
+				seen++
+				first := seen == 1
+				mu.Unlock()
+				if first {
+					<-unblock
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			defer api.Close()
+			p := startProxy(t, api.URL, func(o *Options) { o.HoldReleaseConcurrency, o.HoldTimeout = 1, tc.timeout })
+			fenceHold(t, p)
+			url := p.url + "/api/v1/namespaces/default/configmaps"
+			first := postAsync(t.Context(), http.DefaultClient, url)
+			waitFor(t, func() bool { return p.Status().Hold.Held == 1 })
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			second := postAsync(ctx, http.DefaultClient, url)
+			waitFor(t, func() bool { return p.Status().Hold.Held == 2 })
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return seen == 1 })
+			var unblockOnce sync.Once
+			release := func() { unblockOnce.Do(func() { close(unblock) }) }
+			defer release()
+			if tc.cancel {
+				cancel()
+			}
+			select {
+			case a := <-second:
+				if tc.cancel && a.err == nil || !tc.cancel && a.code != tc.want {
+					t.Fatalf("second write answered %+v while the only release slot was taken, want %d", a, tc.want)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatalf("second write unanswered 3s after fence off, with a hold timeout of %s: it waits for a release slot past its bounds", tc.timeout)
+			}
+			time.Sleep(100 * time.Millisecond) // a forward of the second write would happen now
+			release()
+			if a := <-first; a.code != http.StatusCreated {
+				t.Fatalf("first write answered %+v", a)
+			}
+			time.Sleep(100 * time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			if seen != 1 {
+				t.Fatalf("backend got %d writes, want 1: a write that was no longer held was forwarded", seen)
+			}
+		})
 	}
 }

@@ -26,7 +26,7 @@ func BenchmarkHoldRelease(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				id, out := g.awaitRelease(context.Background(), h, nil, testWrite())
+				id, out := g.awaitRelease(context.Background(), h, nil, nil, testWrite())
 				h.leave()
 				if out == holdReleased {
 					g.inflight.remove(id)
