@@ -42,7 +42,9 @@ type resumeInfo struct {
 func (w *watchBody) enableResume(ri *resumeInfo) {
 	q := ri.req.URL.Query()
 	w.resume = ri
-	w.rv = &rvTracker{fr: w.fr, start: q.Get("resourceVersion"), initialPending: q.Get("sendInitialEvents") == "true"}
+	start, initial := q.Get("resourceVersion"), q.Get("sendInitialEvents")
+	w.rv = &rvTracker{fr: w.fr, start: start, initialPending: initial == "true",
+		unanchored: initial == "" && (start == "" || start == "0")}
 	if ri.req.ContentLength != 0 {
 		w.rv.broken = true // a watch with a body is not one the proxy can re-issue
 	}
@@ -144,6 +146,10 @@ type rvTracker struct {
 	last  []byte // the last event delivered, when newer than rv; parsed by from
 	// initialPending: sendInitialEvents=true and its closing bookmark not delivered yet.
 	initialPending bool
+	// unanchored: started without a resourceVersion or at 0 (and no sendInitialEvents): the
+	// apiserver begins with the state as synthetic ADDED events, each at its object's own
+	// resourceVersion, and marks no end of them; no event is a point to resume from.
+	unanchored bool
 	// broken: an event did not parse, had no resourceVersion, or was an ERROR (after which
 	// the apiserver ends the watch); the watch can only end.
 	broken bool
@@ -154,7 +160,9 @@ type rvTracker struct {
 // maxKeptEvent is the largest event the tracker copies rather than parses at once.
 const maxKeptEvent = 64 << 10
 
-func (t *rvTracker) resumable() bool { return t != nil && !t.broken && !t.initialPending }
+func (t *rvTracker) resumable() bool {
+	return t != nil && !t.broken && !t.initialPending && !t.unanchored
+}
 
 // from is the resourceVersion to resume from: the last event's (a BOOKMARK's counts), else the
 // request's own.
@@ -181,6 +189,8 @@ func (t *rvTracker) why() string {
 		return fmt.Sprint(t.err)
 	case t.initialPending:
 		return "its initial events (sendInitialEvents) are not all delivered"
+	case t.unanchored:
+		return "it started without a resourceVersion (or at 0): its first events are the state, at their objects' own resourceVersions"
 	}
 	return ""
 }

@@ -359,9 +359,13 @@ func TestWatchNotResumable(t *testing.T) {
 			events: []testEvent{{"ADDED", "a", "7"}, {"ADDED", "b", "3"}}},
 		{name: "bookmark without the initial-events-end annotation", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
 			events: []testEvent{{"ADDED", "a", "7"}, {"BOOKMARK", "", "9"}}},
-		{name: "no resourceVersion", events: []testEvent{{"ADDED", "a", ""}}},
-		{name: "green answers 410", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusGone, wantGreen: 1},
-		{name: "green answers 500", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusInternalServerError, wantGreen: 1},
+		{name: "an event without a resourceVersion", query: "resourceVersion=5", events: []testEvent{{"ADDED", "a", ""}}},
+		// Started without a resourceVersion, or at 0: the watch begins with the state as
+		// synthetic ADDED events, each at its object's own resourceVersion, in key order.
+		{name: "started without a resourceVersion", events: []testEvent{{"ADDED", "a", "10"}, {"ADDED", "b", "3"}}},
+		{name: "started at resourceVersion 0", query: "resourceVersion=0", events: []testEvent{{"ADDED", "a", "10"}, {"ADDED", "b", "3"}}},
+		{name: "green answers 410", query: "resourceVersion=5", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusGone, wantGreen: 1},
+		{name: "green answers 500", query: "resourceVersion=5", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusInternalServerError, wantGreen: 1},
 		{name: "initial events done, green fails", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
 			events: []testEvent{{"ADDED", "a", "7"}, {"BOOKMARK", "", "9"}}, annotations: initialEnd, greenStatus: http.StatusGone, wantGreen: 1},
 	}
