@@ -101,11 +101,30 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := setupAuth(ctx, cli, "blue", self, user, readWriteRole); err != nil {
 		return "", err
 	}
-	if err := waitReady(ctx, r.p.Blue.APIServer.Kubeconfig); err != nil {
-		_, derr := cli.AuthDisable(ctx)
-		return "", errors.Join(fmt.Errorf("blue's apiserver is not ready with etcd auth on (is %q the CN of its etcd client certificate? blue.apiserver.etcdUser): %w; auth turned off again", user, err), derr)
+	if err := blueReadyWithAuth(ctx, cli, r.p.Blue.APIServer.Kubeconfig, user, r.j.BlueAuthEnabled); err != nil {
+		return "", err
 	}
 	return fmt.Sprintf("auth on: %q root, %q read-write; blue's apiserver ready", self, user), nil
+}
+
+// blueReadyWithAuth waits for blue's apiserver to be ready with etcd auth on. If it is not, auth
+// is turned off again when ours (this cutover turned it on), even once ctx has ended: an auth
+// the operator (or a rolled-back cutover) turned on stays.
+func blueReadyWithAuth(ctx context.Context, cli *clientv3.Client, kubeconfig, user string, ours bool) error {
+	err := waitReady(ctx, kubeconfig)
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("blue's apiserver is not ready with etcd auth on (is %q the CN of its etcd client certificate? blue.apiserver.etcdUser): %w", user, err)
+	if !ours {
+		return fmt.Errorf("%w; auth stays on, as it was before this cutover", err)
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, derr := cli.AuthDisable(dctx); derr != nil {
+		return errors.Join(err, fmt.Errorf("turning blue etcd's auth off again: %w", derr))
+	}
+	return fmt.Errorf("%w; auth turned off again", err)
 }
 
 // abortBlueAuth turns blue etcd's auth off again if this cutover turned it on (an abort before

@@ -1,12 +1,16 @@
 package cutover
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -193,5 +197,49 @@ func TestRollbackResumeAfterItsSwitch(t *testing.T) {
 	}
 	if len(calls) != 0 {
 		t.Errorf("proxy calls %v, want none", calls)
+	}
+}
+
+// TestBlueNotReadyWithAuth: when blue's apiserver is not ready with etcd auth on, auth is
+// turned off again only if this cutover turned it on (an operator's, or a rolled-back
+// cutover's, stays on), and even when the step's own time ran out.
+func TestBlueNotReadyWithAuth(t *testing.T) {
+	for _, ours := range []bool{true, false} {
+		t.Run(fmt.Sprintf("turned on by this cutover %v", ours), func(t *testing.T) {
+			cli := startTestEtcd(t)
+			ctx := t.Context()
+			if _, err := cli.RoleAdd(ctx, "root"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cli.UserAdd(ctx, "root", "pw"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cli.AuthEnable(ctx); err != nil {
+				t.Fatal(err)
+			}
+			root, err := clientv3.New(clientv3.Config{Endpoints: cli.Endpoints(), Username: "root", Password: "pw", DialTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			_, dir := validPlan(t)
+			kubeconfig := writeKubeconfig(t, dir, "blue.kubeconfig", "https://"+closedAddr(t))
+			sctx, cancel := context.WithTimeout(ctx, time.Second) // the step's time runs out
+			defer cancel()
+			err = blueReadyWithAuth(sctx, root, kubeconfig, "kube-apiserver-etcd-client", ours)
+			if err == nil || !strings.Contains(err.Error(), "not ready with etcd auth on") {
+				t.Fatalf("error %v, want blue's apiserver not ready", err)
+			}
+			st, err := root.AuthStatus(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Enabled == ours {
+				t.Errorf("auth enabled %v after the failure, want %v", st.Enabled, !ours)
+			}
+		})
 	}
 }
