@@ -224,14 +224,26 @@ func (handOverStep) describe(*runner, bool) string {
 }
 
 func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
-	rev, err := r.handOver(ctx)
-	if err != nil {
-		// Past the switch, writes fenced: going on without a way back beats staying fenced.
-		r.j.Bake = nil
+	if r.j.NoBake != "" {
 		_, _ = r.stopReplication()
-		return fmt.Sprintf("NO WAY BACK: blue cannot follow green (%v); the cutover finishes without a bake: green serves, blue stays as it was (its apiserver may only read blue etcd)", err), nil
+		return "skipped, NO WAY BACK: " + r.j.NoBake, nil
+	}
+	// Within the window's budget, like the gate before it.
+	wctx, cancel := r.windowContext(ctx)
+	defer cancel()
+	rev, err := r.handOver(wctx)
+	if err != nil {
+		_, _ = r.stopReplication()
+		return r.forgoBake(fmt.Errorf("blue cannot follow green: %w", err)) + " (its apiserver may only read blue etcd)", nil
 	}
 	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
+}
+
+// forgoBake gives the way back up, past the switch with writes fenced: going on without a bake
+// beats staying fenced. It returns the step's detail.
+func (r *runner) forgoBake(why error) string {
+	r.j.Bake, r.j.NoBake = nil, why.Error()
+	return fmt.Sprintf("NO WAY BACK: %s; the cutover finishes without a bake: green serves, blue stays as it was", r.j.NoBake)
 }
 
 // handOver turns replication around (handOverStep) and returns the bake's revision.
@@ -243,7 +255,9 @@ func (r *runner) handOver(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	release, err := replicate.HoldLeases(context.Background(), blueCli, r.o.Log)
+	// The leases are kept alive until the bake's replication takes them over (or the hand-over
+	// fails); only listing them is bounded by ctx.
+	release, err := replicate.HoldLeases(context.Background(), ctx, blueCli, r.o.Log)
 	if err != nil {
 		blueCli.Close()
 		return 0, err

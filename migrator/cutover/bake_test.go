@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -241,5 +242,56 @@ func TestBlueNotReadyWithAuth(t *testing.T) {
 				t.Errorf("auth enabled %v after the failure, want %v", st.Enabled, !ours)
 			}
 		})
+	}
+}
+
+// TestBakeStepsKeepTheWindowBudget: past the switch, the bake's own steps (gate-blue,
+// reverse-replication) are bounded by timeouts.window from the fence. A blue etcd that does
+// not answer then costs the way back, not writes fenced for timeouts.switch: the cutover goes
+// on without a bake, green ungated, writes open.
+func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
+	green := startTestEtcd(t)
+	p := bakePlan(t)
+	p.hash = "plan-hash"
+	p.Blue.Etcd.EtcdClientSpec = datadir.ConnSpec{Endpoints: []string{"http://" + closedAddr(t)}}
+	p.Green.Etcd.TLS = nil
+	p.Green.Etcd.Members = p.Green.Etcd.Members[:1]
+	p.Green.Etcd.Members[0].ClientURL = green.Endpoints()[0]
+	if !strings.Contains(p.Green.Etcd.Members[0].ClientURL, "://") {
+		p.Green.Etcd.Members[0].ClientURL = "http://" + p.Green.Etcd.Members[0].ClientURL
+	}
+	p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser
+	if _, err := green.RoleAdd(t.Context(), readWriteRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := green.UserAdd(t.Context(), p.Green.APIServer.EtcdUser, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	p.Timeouts.Window, p.Timeouts.Switch = Duration(time.Second), Duration(30*time.Second)
+	var done []StepRecord
+	for _, s := range bakeSteps {
+		done = append(done, StepRecord{Step: s.name()})
+		if s.name() == StepSwitch {
+			break
+		}
+	}
+	j := &Journal{Version: 1, ID: "x", PlanHash: p.hash, State: StateRunning, Done: done, FencedAt: time.Now().UTC(), GreenPIDs: map[string]int{}}
+	var calls []string
+	st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: bakeSteps}).forward()
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := r.run(t.Context())
+	took := time.Since(start)
+	if err != nil || rep.Result != ResultDone {
+		t.Fatalf("after %s: report %+v, %v; want done without a bake", took, rep, err)
+	}
+	if st.Fenced || took > 10*time.Second {
+		t.Errorf("proxy %+v after %s: want unfenced within the window's budget (1s), not timeouts.switch (30s)", *st, took)
+	}
+	if !strings.Contains(rep.Next, "NO WAY BACK") {
+		t.Errorf("report's next %q, want it to say there is no way back", rep.Next)
 	}
 }

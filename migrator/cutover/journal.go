@@ -83,6 +83,9 @@ type Journal struct {
 	Rebuilds int `json:"rebuilds,omitempty"`
 	// Bake (bake.enabled) is the way back after the switch (bake.go).
 	Bake *BakeRecord `json:"bake,omitempty"`
+	// NoBake (bake.enabled) says why the cutover went on without a way back: a bake step past
+	// the switch could not be done within timeouts.window, and writes stay fenced for no bake.
+	NoBake string `json:"noBake,omitempty"`
 	// BlueAuthEnabled: the cutover turned blue etcd's auth on (blue-etcd-auth); an abort turns
 	// it off again.
 	BlueAuthEnabled bool `json:"blueAuthEnabled,omitempty"`

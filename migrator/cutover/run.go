@@ -287,7 +287,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	rep := r.report(ResultDone, nil)
 	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it)."
 	if r.p.Bake.Enabled {
-		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (see the reverse-replication step). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it)."
+		why := r.j.NoBake
+		if why == "" {
+			why = "see the reverse-replication step"
+		}
+		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (" + why + "). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it)."
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil

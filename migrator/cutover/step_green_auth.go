@@ -173,7 +173,23 @@ func (gateStep) describe(r *runner, _ bool) string {
 	return fmt.Sprintf("%s etcd user %s: role %s granted, %s revoked (its apiserver reads, writes nothing)", r.from.name, r.from.api.EtcdUser, readOnlyRole, readWriteRole)
 }
 
-func (gateStep) run(ctx context.Context, r *runner) (string, error) {
+func (s gateStep) run(ctx context.Context, r *runner) (string, error) {
+	if s.n != StepGateBlue {
+		return gate(ctx, r)
+	}
+	// The bake's first step: within the window's budget, or the cutover goes on without a way
+	// back rather than keep writes fenced.
+	wctx, cancel := r.windowContext(ctx)
+	defer cancel()
+	detail, err := gate(wctx, r)
+	if err != nil {
+		return r.forgoBake(fmt.Errorf("blue's apiserver could not be gated: %w", err)), nil
+	}
+	return detail, nil
+}
+
+// gate takes writing away from r.from's apiserver (gateStep).
+func gate(ctx context.Context, r *runner) (string, error) {
 	sd := r.from
 	cli, err := r.authClient(sd)
 	if err != nil {

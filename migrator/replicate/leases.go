@@ -39,10 +39,11 @@ func (m *leaseMirror) count() int {
 	return len(m.kept)
 }
 
-// adoptDest keeps alive every lease green already has (restored from blue's snapshot).
-func (m *leaseMirror) adoptDest(ctx context.Context) error {
+// adoptDest keeps alive (within ctx) every lease green already has (restored from blue's
+// snapshot), listed within listCtx.
+func (m *leaseMirror) adoptDest(ctx, listCtx context.Context) error {
 	m.ctx = ctx
-	resp, err := m.cfg.Dest.Leases(ctx)
+	resp, err := m.cfg.Dest.Leases(listCtx)
 	if err != nil {
 		return fmt.Errorf("replicate: listing green's leases: %w", err)
 	}
@@ -266,13 +267,16 @@ func (m *leaseMirror) has(id clientv3.LeaseID) bool {
 // holding keys is a revision of that cluster's own. A replication that is about to start with
 // cli's cluster as its destination (whose Run keeps the leases alive from then on) uses it to
 // leave no gap. Leases granted after the call are not held.
-func HoldLeases(ctx context.Context, cli *clientv3.Client, log *slog.Logger) (release func(), err error) {
+//
+// The leases are listed within listCtx (which may end before ctx): a cluster that does not
+// answer fails the call then.
+func HoldLeases(ctx, listCtx context.Context, cli *clientv3.Client, log *slog.Logger) (release func(), err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := newLeaseMirror(Config{Dest: cli, Log: log})
-	if err := m.adoptDest(ctx); err != nil {
+	if err := m.adoptDest(ctx, listCtx); err != nil {
 		cancel()
 		m.stopAll()
 		return nil, err

@@ -158,7 +158,7 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	if err := r.checkStart(ctx); err != nil {
 		return err
 	}
-	if err := r.leases.adoptDest(ctx); err != nil {
+	if err := r.leases.adoptDest(ctx, ctx); err != nil {
 		return err
 	}
 	var wg sync.WaitGroup

@@ -697,7 +697,7 @@ func TestHoldLeases(t *testing.T) {
 	id := grant(t, m, 2)
 	put(t, m, "/held", "v", clientv3.WithLease(id))
 	rev := revision(t, m)
-	release, err := HoldLeases(t.Context(), m.cli, testLog(t))
+	release, err := HoldLeases(t.Context(), t.Context(), m.cli, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
