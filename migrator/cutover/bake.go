@@ -228,8 +228,7 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 		_, _ = r.stopReplication()
 		return "skipped, NO WAY BACK: " + r.j.NoBake, nil
 	}
-	// Within the window's budget, like the gate before it.
-	wctx, cancel := r.windowContext(ctx)
+	wctx, cancel := r.bakeContext(ctx)
 	defer cancel()
 	rev, err := r.handOver(wctx)
 	if err != nil {
@@ -237,6 +236,17 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 		return r.forgoBake(fmt.Errorf("blue cannot follow green: %w", err)) + " (its apiserver may only read blue etcd)", nil
 	}
 	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
+}
+
+// bakeContext bounds a bake step past the switch (gate-blue, reverse-replication) by the
+// window's budget from the fence; in a resumed run, whose crash kept writes fenced anyway, by
+// one more timeouts.window from now, so that a resume does not give the way back up only for
+// coming late.
+func (r *runner) bakeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.o.Resume {
+		return context.WithTimeout(ctx, r.p.Timeouts.Window.D())
+	}
+	return r.windowContext(ctx)
 }
 
 // forgoBake gives the way back up, past the switch with writes fenced: going on without a bake

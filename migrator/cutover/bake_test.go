@@ -278,7 +278,7 @@ func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
 	j := &Journal{Version: 1, ID: "x", PlanHash: p.hash, State: StateRunning, Done: done, FencedAt: time.Now().UTC(), GreenPIDs: map[string]int{}}
 	var calls []string
 	st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
-	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: bakeSteps}).forward()
+	r := (&runner{o: Options{Plan: p}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: bakeSteps}).forward()
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -179,7 +179,7 @@ func (s gateStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	// The bake's first step: within the window's budget, or the cutover goes on without a way
 	// back rather than keep writes fenced.
-	wctx, cancel := r.windowContext(ctx)
+	wctx, cancel := r.bakeContext(ctx)
 	defer cancel()
 	detail, err := gate(wctx, r)
 	if err != nil {
