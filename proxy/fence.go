@@ -103,6 +103,12 @@ func (g *gate) current() State {
 // update applies change to a copy of the state, persists it, then publishes it. A failed save
 // changes nothing.
 func (g *gate) update(change func(*State) error) (State, error) {
+	return g.updateThen(change, nil)
+}
+
+// updateThen is update, with commit (if any) run under the gate's lock once the new state is
+// saved, before it is published: what must change with the persisted state, never without it.
+func (g *gate) updateThen(change func(*State) error, commit func()) (State, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	next := g.state
@@ -113,6 +119,9 @@ func (g *gate) update(change func(*State) error) (State, error) {
 	next.ChangedAt = g.now().UTC()
 	if err := g.store.save(next); err != nil {
 		return g.state, fmt.Errorf("state not changed: %w", err)
+	}
+	if commit != nil {
+		commit()
 	}
 	g.publish(next)
 	return next, nil

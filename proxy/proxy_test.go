@@ -441,6 +441,41 @@ func TestStatePersistsAcrossRestart(t *testing.T) {
 // TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
 // backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
 // unfenced until 'backend set' names the backend; then reads flow, still fenced.
+// TestFailedSaveLeavesUnconfirmed: a backend set whose state cannot be saved changes nothing:
+// an unconfirmed proxy stays unconfirmed (serves nothing, refuses fence off) and the backend
+// stays the old one.
+func TestFailedSaveLeavesUnconfirmed(t *testing.T) {
+	api, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state.json")
+	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, api.URL, func(o *Options) {
+		o.StateFile = state
+		o.AllowedBackends = append(o.AllowedBackends, green.URL)
+	})
+	// The rename over the state file fails, even as root: it is now a directory, not empty.
+	if err := os.Remove(state); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(state, "keep"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err == nil {
+		t.Fatal("backend set succeeded with a state file that cannot be written")
+	}
+	if st := p.Status(); !st.Unconfirmed || st.Backend == green.URL {
+		t.Fatalf("status after the failed backend set = %+v, want unconfirmed, not on green", st)
+	}
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 503 {
+		t.Fatalf("read after the failed backend set = %d, want 503 (still unconfirmed)", resp.StatusCode)
+	}
+	if len(api.requests())+len(green.requests()) != 0 {
+		t.Fatalf("forwarded: blue %q, green %q", api.requests(), green.requests())
+	}
+}
+
 func TestCorruptStateServesNothing(t *testing.T) {
 	for name, content := range map[string]string{
 		"garbage":       "{not json",

@@ -233,21 +233,18 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	if err := probeTLS(ctx, nb); err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
-	_, err = s.gate.update(func(st *State) error {
+	_, err = s.gate.updateThen(func(st *State) error {
 		if !st.Fenced {
 			return ErrNotFenced
 		}
 		st.Backend = nb.url.String()
 		st.BackendCAFile = caFile
-		// Published under the gate's lock, with the persisted state.
+		return nil
+	}, func() { // once saved, under the gate's lock: a failed save changes nothing
 		s.active.Store(nb)
 		s.unconfirmed.Store(false)
-		return nil
 	})
 	if err != nil {
-		if s.active.Load() == nb { // the save failed after the store: put the old one back
-			s.active.Store(old)
-		}
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	s.metrics.backendSwitches.Inc()
