@@ -25,6 +25,12 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 			if st.identity != nil {
 				names.setIdentityHeaders(pr.Out.Header, st.identity)
 			}
+			// Go's HTTP/1.1 transport takes a request with either header (and a GetBody, which
+			// writes have) for idempotent and sends it again when a reused connection closes
+			// after the backend read it: a write could be applied twice. kube-apiserver
+			// ignores both.
+			delete(pr.Out.Header, "Idempotency-Key")
+			delete(pr.Out.Header, "X-Idempotency-Key")
 			if st.attrs.Upgrade {
 				// Never reuse a backend connection that was asked to upgrade: if the answer is not
 				// 101, nothing of it may carry another request (CVE-2018-1002105).

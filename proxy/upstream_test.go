@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -98,5 +99,48 @@ func TestWriteBodyResendable(t *testing.T) {
 	}
 	if b, _ := io.ReadAll(r.Body); string(b) != body {
 		t.Fatalf("Body gave %q, want %q", b, body)
+	}
+}
+
+// TestWriteNotSentTwiceOverHTTP1: Go's HTTP/1.1 transport sends a request again on a new
+// connection when a reused one closed after the backend read it, if it takes the request for
+// idempotent, which a write with an Idempotency-Key header and a GetBody is to it. The
+// backend may have applied the write: it must reach the backend once.
+func TestWriteNotSentTwiceOverHTTP1(t *testing.T) {
+	var mu sync.Mutex
+	posts := 0
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		mu.Lock()
+		posts++
+		n := posts
+		mu.Unlock()
+		if n == 2 { // read it (applied, say), then the connection goes without an answer
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer api.Close()
+	p := startProxy(t, api.URL, func(o *Options) { o.UpstreamHTTP2 = false })
+	url := p.url + "/api/v1/namespaces/default/configmaps"
+	if got := send(t, "POST", url, "application/json", "{}"); got != http.StatusCreated {
+		t.Fatalf("first write = %d", got) // leaves a connection to reuse
+	}
+	req, _ := http.NewRequest("POST", url, strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "k1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if posts != 2 {
+		t.Fatalf("the backend got %d writes, want 2: the second was sent again after the backend read it (answer %d)", posts, resp.StatusCode)
 	}
 }

@@ -63,7 +63,8 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) ([
 	// GetBody lets the HTTP/2 transport send the write again on a new connection when the
 	// backend refused its stream unprocessed (a graceful GOAWAY from an apiserver shutting down,
 	// REFUSED_STREAM): the write still reaches the backend's handler at most once. The HTTP/1.1
-	// transport never resends a POST, PUT, PATCH or DELETE, GetBody or not.
+	// transport resends a POST, PUT, PATCH or DELETE only with an Idempotency-Key header, which
+	// the proxy does not forward (reverseproxy.go).
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
