@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 
@@ -108,13 +110,84 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	ri.on.handOff(ri.s)
 	ri.on = nb
 	w.mu.Lock()
-	w.rc = resp.Body
+	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
 	w.mu.Unlock()
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
+}
+
+// firstEventGuard is a resumed watch's new body: it passes nothing on until the first event is
+// whole, and ends the stream cleanly (io.EOF, at the boundary the resume left) if that event is
+// an ERROR. kube-apiserver answers a watch from a resourceVersion its cache no longer holds
+// with 200 and one ERROR event (410 Expired): the client is better served by a normal end of
+// the watch (informers relist either way; `kubectl get -w` ends rather than fails).
+type firstEventGuard struct {
+	rc      io.ReadCloser
+	fr      framing
+	log     *slog.Logger
+	checked bool
+	buf     []byte // read, not passed on yet
+}
+
+func (g *firstEventGuard) Read(p []byte) (int, error) {
+	for !g.checked {
+		if end := firstEventEnd(g.fr, g.buf); end > 0 || len(g.buf) > maxKeptEvent {
+			var e eventMeta
+			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
+				g.log.Info("watch resumed, then ended by the new backend (an ERROR event, e.g. 410 Expired); ended cleanly")
+				return 0, io.EOF
+			}
+			g.checked = true
+			break
+		}
+		var chunk [4096]byte
+		n, err := g.rc.Read(chunk[:])
+		g.buf = append(g.buf, chunk[:n]...)
+		if err != nil {
+			if len(g.buf) > 0 {
+				g.checked = true // pass on what came: the stream's own end follows
+				break
+			}
+			return 0, err
+		}
+	}
+	if len(g.buf) > 0 {
+		n := copy(p, g.buf)
+		g.buf = g.buf[n:]
+		if len(g.buf) == 0 {
+			g.buf = nil
+		}
+		return n, nil
+	}
+	return g.rc.Read(p)
+}
+
+func (g *firstEventGuard) Close() error { return g.rc.Close() }
+
+// firstEventEnd is the length of the first whole event in b, or 0 when b holds none yet.
+func firstEventEnd(fr framing, b []byte) int {
+	if fr == framingJSON {
+		return bytes.IndexByte(b, '\n') + 1
+	}
+	if len(b) < 4 {
+		return 0
+	}
+	if end := 4 + int(binary.BigEndian.Uint32(b)); len(b) >= end {
+		return end
+	}
+	return 0
+}
+
+// parseEvent reads the type and resourceVersion of one whole event (its annotations only when
+// asked).
+func parseEvent(fr framing, e *eventMeta, ev []byte, annotations bool) error {
+	if fr == framingProtobuf {
+		return e.parseProtobuf(ev, annotations)
+	}
+	return e.parseJSON(ev, annotations)
 }
 
 // resumeRequest is req re-addressed to nb, from resourceVersion rv. resourceVersionMatch and
@@ -245,11 +318,7 @@ func (t *rvTracker) take(ev []byte) {
 	}
 	var e eventMeta
 	var err error
-	if t.fr == framingProtobuf {
-		err = e.parseProtobuf(ev, t.initialPending)
-	} else {
-		err = e.parseJSON(ev, t.initialPending)
-	}
+	err = parseEvent(t.fr, &e, ev, t.initialPending)
 	switch {
 	case err != nil:
 		t.fail(err)

@@ -545,3 +545,25 @@ func TestWatchBodyInterruptedMidEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchResumeEndsOnExpired: kube-apiserver answers a watch from a resourceVersion its cache
+// no longer holds with 200 and one ERROR event (410 Expired), not with an HTTP 410. A resumed
+// watch that the new backend answers so ends cleanly between events: the ERROR is not passed on
+// (informers relist as after any end; kubectl get -w ends instead of failing).
+func TestWatchResumeEndsOnExpired(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, fr, "resourceVersion=5")
+			ev := testEvent{"ADDED", "a", "10"}
+			blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
+			c.expect(t, ev)
+			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
+				t.Fatalf("drain = %+v, want the watch resumed", sw.Drain)
+			}
+			green.watch(t, 1).feed <- frame(t, fr, testEvent{"ERROR", "", ""}, nil)
+			c.expectEnd(t)
+		})
+	}
+}
