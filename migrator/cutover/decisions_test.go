@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -460,5 +461,45 @@ func TestFenceJournaledBeforeItIsSent(t *testing.T) {
 	w.r.p.Migration.Mode = ModeReplicate
 	if w.r.rebuildable(fmt.Errorf("replication: %w", replicate.ErrCompacted)) {
 		t.Error("a run killed after the fence request would rebuild green with writes fenced")
+	}
+}
+
+// TestOldJournalKept: a new cutover over an ended one keeps the old journal beside it, and
+// refuses to start when it cannot (a rename that fails would have the new journal overwrite
+// it).
+func TestOldJournalKept(t *testing.T) {
+	for _, blocked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("rename blocked %v", blocked), func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			dir := w.r.p.StateDir
+			if err := (&Journal{ID: "x", State: StateAborted, PlanHash: "plan-hash"}).save(dir); err != nil {
+				t.Fatal(err)
+			}
+			kept := filepath.Join(dir, "journal-x.json")
+			if blocked { // a non-empty directory where the old journal goes: even root cannot rename over it
+				if err := os.MkdirAll(filepath.Join(kept, "keep"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := w.r.openJournal()
+			if blocked {
+				if err == nil || !strings.Contains(err.Error(), "journal-x.json") {
+					t.Fatalf("error %v, want a refusal naming where the old journal goes", err)
+				}
+				if j, lerr := LoadJournal(dir); lerr != nil || j.ID != "x" {
+					t.Fatalf("the old journal was overwritten: %+v, %v", j, lerr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j, lerr := LoadJournal(dir); lerr != nil || j.ID == "x" {
+				t.Fatalf("new journal %+v, %v", j, lerr)
+			}
+			if _, err := os.Stat(kept); err != nil {
+				t.Fatalf("old journal not kept: %v", err)
+			}
+		})
 	}
 }

@@ -130,7 +130,9 @@ func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, erro
 	case resume:
 		return nil, fmt.Errorf("nothing to resume: %v", err)
 	case err == nil:
-		_ = os.Rename(journalPath(dir), filepath.Join(dir, "journal-"+j.ID+".json"))
+		if err := keepJournal(dir, j.ID); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err

@@ -239,7 +239,9 @@ func (r *runner) openJournal() error {
 	case j.State == StateDone:
 		return fmt.Errorf("cutover %s is done: green serves; a new cutover (e.g. back from green) needs a new plan and state dir", j.ID)
 	default: // aborted, rehearsed or rolled back: keep its journal next to the new one
-		_ = os.Rename(journalPath(p.StateDir), filepath.Join(p.StateDir, "journal-"+j.ID+".json"))
+		if err := keepJournal(p.StateDir, j.ID); err != nil {
+			return err
+		}
 	}
 	if r.j == nil {
 		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}}
@@ -322,6 +324,16 @@ func (journalSteps) Begin(int) error { return nil }
 func (js journalSteps) Finish(rec steprun.Record) error {
 	js.j.Done = append(js.j.Done, StepRecord{Step: rec.Step, Started: rec.Started, Duration: rec.Duration, Detail: rec.Detail})
 	return js.j.save(js.stateDir)
+}
+
+// keepJournal moves the journal of an ended cutover (or rollback) with id aside in dir, so that
+// a new one does not overwrite it.
+func keepJournal(dir, id string) error {
+	kept := filepath.Join(dir, "journal-"+id+".json")
+	if err := os.Rename(journalPath(dir), kept); err != nil {
+		return fmt.Errorf("keeping the journal of %s as %s before a new one: %w (move it away by hand)", id, kept, err)
+	}
+	return nil
 }
 
 func lastStep(j *Journal) string {
