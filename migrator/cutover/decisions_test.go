@@ -378,10 +378,10 @@ func TestStepTable(t *testing.T) {
 	}
 }
 
-// TestReportKeepsTheFenceBarrier: the time the fence waited for the writes admitted before it
-// (the slowest proxy's) is journaled and reported, so that a window can be split into blue's
-// own write latency and kubefence's steps.
-func TestReportKeepsTheFenceBarrier(t *testing.T) {
+// newFenceWorld is a decision world with the real fence step, whose proxy answers fence
+// requests through fence, given the in-memory proxy to pass them on to.
+func newFenceWorld(t *testing.T, fence func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error)) *decisionWorld {
+	t.Helper()
 	w := newDecisionWorld(t, false, "", false)
 	for i, s := range w.r.steps {
 		if s.name() == StepFence {
@@ -391,13 +391,23 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	inner := memProxy(w.st, &w.calls)
 	adm := inner
 	adm.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		return fence(inner, ctx, req)
+	}
+	w.r.adm = adm
+	return w
+}
+
+// TestReportKeepsTheFenceBarrier: the time the fence waited for the writes admitted before it
+// (the slowest proxy's) is journaled and reported, so that a window can be split into blue's
+// own write latency and kubefence's steps.
+func TestReportKeepsTheFenceBarrier(t *testing.T) {
+	w := newFenceWorld(t, func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
 		resp, err := inner.fence(ctx, req)
 		if req.Fenced {
 			resp.Barrier.Waited = admin.Duration(12 * time.Millisecond)
 		}
 		return resp, err
-	}
-	w.r.adm = adm
+	})
 	if err := w.r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
@@ -419,16 +429,9 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 // journaled must not resume as if nothing were fenced: not rebuild green from a new snapshot
 // (minutes with writes fenced) and not start the window's budget again.
 func TestFenceJournaledBeforeItIsSent(t *testing.T) {
-	w := newDecisionWorld(t, false, "", false)
-	for i, s := range w.r.steps {
-		if s.name() == StepFence {
-			w.r.steps[i] = fenceStep{}
-		}
-	}
-	inner := memProxy(w.st, &w.calls)
-	adm := inner
 	var onDisk *Journal
-	adm.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+	var w *decisionWorld
+	w = newFenceWorld(t, func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
 		if req.Fenced && onDisk == nil {
 			j, err := LoadJournal(w.r.p.StateDir)
 			if err != nil {
@@ -437,8 +440,7 @@ func TestFenceJournaledBeforeItIsSent(t *testing.T) {
 			onDisk = j
 		}
 		return inner.fence(ctx, req)
-	}
-	w.r.adm = adm
+	})
 	if err := w.r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
