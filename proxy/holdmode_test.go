@@ -24,6 +24,7 @@ type answer struct {
 	code int
 	body string
 	err  error
+	at   time.Time // when it came
 }
 
 // postAsync sends a write and delivers its answer on the returned channel.
@@ -34,12 +35,12 @@ func postAsync(ctx context.Context, c *http.Client, url string) <-chan answer {
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
 		if err != nil {
-			ch <- answer{err: err}
+			ch <- answer{err: err, at: time.Now()}
 			return
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		ch <- answer{code: resp.StatusCode, body: string(b)}
+		ch <- answer{code: resp.StatusCode, body: string(b), at: time.Now()}
 	}()
 	return ch
 }
@@ -260,7 +261,7 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 		want    int  // the second write's answer (0: none, the client left)
 	}{
 		{name: "client gone", timeout: 4 * time.Second, cancel: true},
-		{name: "hold timeout", timeout: 300 * time.Millisecond, want: 429},
+		{name: "hold timeout", timeout: time.Second, want: 429},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			unblock := make(chan struct{})
@@ -292,6 +293,7 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 				t.Fatal(err)
 			}
+			opened := time.Now()
 			waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return seen == 1 })
 			var unblockOnce sync.Once
 			release := func() { unblockOnce.Do(func() { close(unblock) }) }
@@ -303,6 +305,9 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 			case a := <-second:
 				if tc.cancel && a.err == nil || !tc.cancel && a.code != tc.want {
 					t.Fatalf("second write answered %+v while the only release slot was taken, want %d", a, tc.want)
+				}
+				if a.at.Before(opened) {
+					t.Fatalf("the second write ended (%+v) before the fence opened: the wait for a slot was not tested", a)
 				}
 			case <-time.After(3 * time.Second):
 				t.Fatalf("second write unanswered 3s after fence off, with a hold timeout of %s: it waits for a release slot past its bounds", tc.timeout)

@@ -438,9 +438,6 @@ func TestStatePersistsAcrossRestart(t *testing.T) {
 	}
 }
 
-// TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
-// backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
-// unfenced until 'backend set' names the backend; then reads flow, still fenced.
 // TestFailedSaveLeavesUnconfirmed: a backend set whose state cannot be saved changes nothing:
 // an unconfirmed proxy stays unconfirmed (serves nothing, refuses fence off) and the backend
 // stays the old one.
@@ -471,11 +468,17 @@ func TestFailedSaveLeavesUnconfirmed(t *testing.T) {
 	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 503 {
 		t.Fatalf("read after the failed backend set = %d, want 503 (still unconfirmed)", resp.StatusCode)
 	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err == nil || !strings.Contains(err.Error(), "backend set") {
+		t.Fatalf("fence off after the failed backend set: %v, want refused naming 'backend set'", err)
+	}
 	if len(api.requests())+len(green.requests()) != 0 {
 		t.Fatalf("forwarded: blue %q, green %q", api.requests(), green.requests())
 	}
 }
 
+// TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
+// backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
+// unfenced until 'backend set' names the backend; then reads flow, still fenced.
 func TestCorruptStateServesNothing(t *testing.T) {
 	for name, content := range map[string]string{
 		"garbage":       "{not json",

@@ -134,6 +134,11 @@ type firstEventGuard struct {
 
 func (g *firstEventGuard) Read(p []byte) (int, error) {
 	for !g.checked {
+		var chunk [4096]byte
+		n, err := g.rc.Read(chunk[:])
+		g.buf = append(g.buf, chunk[:n]...)
+		// The event is looked at before the error: the read that completes it may also end
+		// the stream (HTTP/1.1 returns the last data with io.EOF).
 		if end := firstEventEnd(g.fr, g.buf); end > 0 || len(g.buf) > maxKeptEvent {
 			var e eventMeta
 			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
@@ -143,9 +148,6 @@ func (g *firstEventGuard) Read(p []byte) (int, error) {
 			g.checked = true
 			break
 		}
-		var chunk [4096]byte
-		n, err := g.rc.Read(chunk[:])
-		g.buf = append(g.buf, chunk[:n]...)
 		if err != nil {
 			if len(g.buf) > 0 {
 				g.checked = true // pass on what came: the stream's own end follows

@@ -36,6 +36,7 @@ type apiWatch struct {
 	query  url.Values
 	header http.Header
 	feed   chan []byte
+	last   chan []byte // written, then the response ends (no flush between)
 }
 
 func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
@@ -46,7 +47,7 @@ func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
 			fmt.Fprintf(w, `{"from":%q}`, name)
 			return
 		}
-		wt := &apiWatch{query: r.URL.Query(), header: r.Header.Clone(), feed: make(chan []byte, 16)}
+		wt := &apiWatch{query: r.URL.Query(), header: r.Header.Clone(), feed: make(chan []byte, 16), last: make(chan []byte, 1)}
 		a.mu.Lock()
 		a.watches = append(a.watches, wt)
 		status := a.status
@@ -65,6 +66,9 @@ func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
 			case b := <-wt.feed:
 				_, _ = w.Write(b)
 				http.NewResponseController(w).Flush()
+			case b := <-wt.last:
+				_, _ = w.Write(b)
+				return
 			case <-r.Context().Done():
 				return
 			}
@@ -552,18 +556,25 @@ func TestWatchBodyInterruptedMidEvent(t *testing.T) {
 // (informers relist as after any end; kubectl get -w ends instead of failing).
 func TestWatchResumeEndsOnExpired(t *testing.T) {
 	for _, fr := range framings {
-		t.Run(fr.String(), func(t *testing.T) {
-			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
-			p := startProxy(t, blue.URL)
-			c := openWatch(t, p, fr, "resourceVersion=5")
-			ev := testEvent{"ADDED", "a", "10"}
-			blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
-			c.expect(t, ev)
-			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
-				t.Fatalf("drain = %+v, want the watch resumed", sw.Drain)
-			}
-			green.watch(t, 1).feed <- frame(t, fr, testEvent{"ERROR", "", ""}, nil)
-			c.expectEnd(t)
-		})
+		for _, ends := range []bool{false, true} { // the backend ends the response with the ERROR
+			t.Run(fmt.Sprintf("%s/response ends %v", fr, ends), func(t *testing.T) {
+				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+				p := startProxy(t, blue.URL)
+				c := openWatch(t, p, fr, "resourceVersion=5")
+				ev := testEvent{"ADDED", "a", "10"}
+				blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
+				c.expect(t, ev)
+				if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
+					t.Fatalf("drain = %+v, want the watch resumed", sw.Drain)
+				}
+				gw, expired := green.watch(t, 1), frame(t, fr, testEvent{"ERROR", "", ""}, nil)
+				if ends {
+					gw.last <- expired
+				} else {
+					gw.feed <- expired
+				}
+				c.expectEnd(t)
+			})
+		}
 	}
 }
