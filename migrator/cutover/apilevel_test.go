@@ -35,7 +35,7 @@ func TestOlderProxyRefusedBeforeTheFence(t *testing.T) {
 				st := &admin.Status{Backend: blue, APILevel: lvl, Version: "v-" + name}
 				g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: name, Client: memProxy(st, &calls)})
 			}
-			r := &runner{p: p, adm: g, j: &Journal{}}
+			r := &runner{p: p, adm: g, j: &Journal{}, journalDir: t.TempDir()}
 			errs := map[string]error{"preflight": r.checkProxyOnBlue(t.Context())}
 			_, errs["fence"] = fenceStep{}.run(t.Context(), r)
 			for what, err := range errs {

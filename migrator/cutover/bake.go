@@ -238,22 +238,33 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("green and blue at revision %d; blue follows green from here", rev), nil
 }
 
-// bakeContext bounds a bake step past the switch (gate-blue, reverse-replication) by the
-// window's budget from the fence; in a resumed run, whose crash kept writes fenced anyway, by
-// one more timeouts.window from now, so that a resume does not give the way back up only for
+// bakeStepFloor is the least time a bake step past the switch gets, whatever is left of the
+// window: the steps take milliseconds, and a switch that used the budget up (a slow drain of
+// watches) should not cost the way back for them.
+const bakeStepFloor = 2 * time.Second
+
+// bakeContext bounds a step past the switch that only keeps the way back (gate-blue,
+// reverse-replication, the rollback's last catch-up) by the window's budget from the fence, but
+// at least bakeStepFloor from now; in a resumed run, whose crash kept writes fenced anyway, at
+// least one more timeouts.window, so that a resume does not give the way back up only for
 // coming late.
 func (r *runner) bakeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	least := bakeStepFloor
 	if r.o.Resume {
-		return context.WithTimeout(ctx, r.p.Timeouts.Window.D())
+		least = r.p.Timeouts.Window.D()
 	}
-	return r.windowContext(ctx)
+	deadline := r.j.FencedAt.Add(r.p.Timeouts.Window.D())
+	if floor := time.Now().Add(least); floor.After(deadline) {
+		deadline = floor
+	}
+	return context.WithDeadline(ctx, deadline)
 }
 
 // forgoBake gives the way back up, past the switch with writes fenced: going on without a bake
 // beats staying fenced. It returns the step's detail.
 func (r *runner) forgoBake(why error) string {
 	r.j.Bake, r.j.NoBake = nil, why.Error()
-	return fmt.Sprintf("NO WAY BACK: %s; the cutover finishes without a bake: green serves, blue stays as it was", r.j.NoBake)
+	return fmt.Sprintf("NO WAY BACK: %s; the cutover finishes without a bake: green serves, blue stays as it was at the switch (its apiserver may have lost its right to write blue etcd)", r.j.NoBake)
 }
 
 // handOver turns replication around (handOverStep) and returns the bake's revision.

@@ -291,7 +291,14 @@ func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
 	if st.Fenced || took > 10*time.Second {
 		t.Errorf("proxy %+v after %s: want unfenced within the window's budget (1s), not timeouts.switch (30s)", *st, took)
 	}
-	if !strings.Contains(rep.Next, "NO WAY BACK") {
-		t.Errorf("report's next %q, want it to say there is no way back", rep.Next)
+	if !strings.Contains(rep.Next, "NO WAY BACK") || !strings.Contains(rep.Next, "could not be gated") {
+		t.Errorf("report's next %q, want it to say there is no way back, and why", rep.Next)
+	}
+	j, err = LoadJournal(p.StateDir)
+	if err != nil || j.NoBake == "" || j.Bake != nil {
+		t.Fatalf("journal %+v, %v; want noBake said, no bake", j, err)
+	}
+	if rec, ok := j.record(StepHandOver); !ok || !strings.HasPrefix(rec.Detail, "skipped") {
+		t.Errorf("reverse-replication %+v, want it skipped", rec)
 	}
 }

@@ -505,3 +505,30 @@ func TestOldJournalKept(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceJournaledButNeverSent: a run that journaled the fence and died before any proxy got
+// it left no window: the resumed fence step starts one afresh (its budget from the new fence),
+// rather than fence writes only for a drain that is already past the budget.
+func TestFenceJournaledButNeverSent(t *testing.T) {
+	w := newFenceWorld(t, func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		return inner.fence(ctx, req)
+	})
+	w.r.o.Resume = true
+	stale := time.Now().Add(-time.Hour).UTC()
+	j := &Journal{ID: "x", State: StateRunning, PlanHash: "plan-hash", FencedAt: stale, RefusedAtFence: 9,
+		Done: []StepRecord{{Step: StepPreflight}}}
+	if err := j.save(w.r.p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := w.r.run(t.Context())
+	if err != nil || rep.Result != ResultDone {
+		t.Fatalf("report %+v, %v", rep, err)
+	}
+	if final, err := LoadJournal(w.r.p.StateDir); err != nil || final.FencedAt.Before(start) || final.RefusedAtFence != 0 {
+		t.Errorf("journal after the resume: %+v, %v; want the fence journaled afresh", final, err)
+	}
+}

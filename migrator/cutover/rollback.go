@@ -186,7 +186,7 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 			return fmt.Sprintf("replication could not be picked up again (%v); what %s's apiserver wrote between the switch and its gate (its own leases) is not on %s, whose apiserver writes its own", err, r.from.name, r.to.name), nil
 		}
 	}
-	wctx, cancel := r.windowContext(ctx) // what is missing is not worth writes fenced past the budget
+	wctx, cancel := r.bakeContext(ctx) // what is missing is not worth writes fenced long past the budget
 	rev, cerr := r.caughtUp(wctx)
 	cancel()
 	prog, err := r.stopReplication()

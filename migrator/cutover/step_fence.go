@@ -37,6 +37,11 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 		return "", err
 	}
+	if !r.j.FencedAt.IsZero() && !st.Fenced {
+		// A run before this one journaled the fence, but no proxy holds it (it died before
+		// sending it, or someone lifted it by hand): no window is open; start one afresh.
+		r.j.FencedAt, r.j.RefusedAtFence = time.Time{}, 0
+	}
 	reason := r.p.Proxy.Reason
 	if reason == "" {
 		reason = "kubefence cutover " + r.j.ID
