@@ -367,6 +367,10 @@ func TestAdminSocketDirTightened(t *testing.T) {
 	if err := privateDir(sticky); err == nil || !strings.Contains(err.Error(), "shared") {
 		t.Fatalf("sticky dir: %v, want refused as shared", err)
 	}
+	// A 0700 directory of another user: its owner could replace the socket.
+	if err := privateDirOf(dir, os.Geteuid()+1); err == nil || !strings.Contains(err.Error(), "owned by uid") {
+		t.Fatalf("another user's dir: %v, want refused naming its owner", err)
+	}
 }
 
 // TestBackendSetChecked: only --upstream and --allowed-backends may be switched to, and an https

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -438,7 +439,11 @@ var sharedDirs = map[string]bool{"/": true, "/run": true, "/var/run": true, "/tm
 // privateDir creates dir with mode 0700, or tightens an existing one to 0700, so that nobody but
 // the proxy's user can reach the admin socket even in the instant before its own chmod. A shared
 // directory (sticky, like /tmp, or a system one like /run) is refused, not tightened.
-func privateDir(dir string) error {
+func privateDir(dir string) error { return privateDirOf(dir, os.Geteuid()) }
+
+// privateDirOf is privateDir for the user uid: a directory another user owns is refused, since
+// its owner could replace the socket in it.
+func privateDirOf(dir string, uid int) error {
 	dir = filepath.Clean(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -449,6 +454,9 @@ func privateDir(dir string) error {
 	}
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != uid {
+		return fmt.Errorf("%s is owned by uid %d, not by the proxy's user (uid %d): its owner could replace the admin socket; give --admin-socket a path in a directory the proxy's user owns", dir, st.Uid, uid)
 	}
 	if fi.Mode().Perm() == 0o700 {
 		return nil
