@@ -302,3 +302,44 @@ func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
 		t.Errorf("reverse-replication %+v, want it skipped", rec)
 	}
 }
+
+// TestRollbackGateKeepsTheWindowBudget: past the rollback's switch, gating green's apiserver
+// only keeps the side left behind from writing. A green etcd that does not answer costs that,
+// within the window's budget (at least 2 s), not writes fenced on blue for timeouts.switch:
+// the rollback goes on, blue's apiserver may write, writes open.
+func TestRollbackGateKeepsTheWindowBudget(t *testing.T) {
+	blue := startTestEtcd(t)
+	p := bakePlan(t)
+	p.hash = "plan-hash"
+	p.Blue.Etcd.EtcdClientSpec = datadir.ConnSpec{Endpoints: blue.Endpoints()}
+	p.Green.Etcd.TLS = nil
+	p.Green.Etcd.Members = p.Green.Etcd.Members[:1]
+	p.Green.Etcd.Members[0].ClientURL = "http://" + closedAddr(t)
+	p.Blue.APIServer.EtcdUser = DefaultGreenEtcdUser
+	if _, err := blue.RoleAdd(t.Context(), readWriteRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blue.UserAdd(t.Context(), p.Blue.APIServer.EtcdUser, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	p.Timeouts.Window, p.Timeouts.Switch = Duration(time.Second), Duration(30*time.Second)
+	main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
+	r, err := newRollbackRunner(Options{Plan: p}, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.j.Done = []StepRecord{{Step: StepFence}, {Step: StepDrain}, {Step: StepSwitch}}
+	r.j.FencedAt = time.Now().UTC()
+	var calls []string
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: 3}
+	r.adm = memProxy(st, &calls)
+	start := time.Now()
+	err = r.walk(t.Context())
+	took := time.Since(start)
+	if err != nil || st.Fenced || took > 10*time.Second {
+		t.Fatalf("after %s: %v, proxy %+v; want the rollback finished, writes open on blue, within the budget (1s, at least 2s a step), not timeouts.switch (30s)", took, err, *st)
+	}
+	if rec, ok := r.j.record(StepGateGreen); !ok || !strings.Contains(rec.Detail, "could not be gated") {
+		t.Errorf("gate-green %+v, want it to say green's apiserver could not be gated", rec)
+	}
+}

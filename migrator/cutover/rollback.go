@@ -179,16 +179,16 @@ func (stopFollowingStep) describe(r *runner, _ bool) string {
 }
 
 func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
+	wctx, cancel := r.bakeContext(ctx) // what is missing is not worth writes fenced long past the budget
+	defer cancel()
 	if r.repl == nil {
 		// The process that replicated died after the switch: pick it up to bring over what
 		// the gated apiserver wrote before its gate, if green is still blue change for change.
-		if _, err := r.ensureReplication(ctx); err != nil {
+		if _, err := r.ensureReplication(wctx); err != nil {
 			return fmt.Sprintf("replication could not be picked up again (%v); what %s's apiserver wrote between the switch and its gate (its own leases) is not on %s, whose apiserver writes its own", err, r.from.name, r.to.name), nil
 		}
 	}
-	wctx, cancel := r.bakeContext(ctx) // what is missing is not worth writes fenced long past the budget
 	rev, cerr := r.caughtUp(wctx)
-	cancel()
 	prog, err := r.stopReplication()
 	r.j.ReplicationAtStop = &prog
 	if err = errors.Join(cerr, err); err != nil {

@@ -173,19 +173,21 @@ func (gateStep) describe(r *runner, _ bool) string {
 	return fmt.Sprintf("%s etcd user %s: role %s granted, %s revoked (its apiserver reads, writes nothing)", r.from.name, r.from.api.EtcdUser, readOnlyRole, readWriteRole)
 }
 
+// run gates within the window's budget (bakeContext): past the switch, writes fenced, the
+// gate only keeps the side left behind from writing. If it cannot be done in time, a cutover
+// goes on without a bake (NO WAY BACK) and a rollback without the gate, rather than keep
+// writes fenced.
 func (s gateStep) run(ctx context.Context, r *runner) (string, error) {
-	if s.n != StepGateBlue {
-		return gate(ctx, r)
-	}
-	// The bake's first step: within the window's budget, or the cutover goes on without a way
-	// back rather than keep writes fenced.
 	wctx, cancel := r.bakeContext(ctx)
 	defer cancel()
 	detail, err := gate(wctx, r)
-	if err != nil {
+	switch {
+	case err == nil:
+		return detail, nil
+	case s.n == StepGateBlue:
 		return r.forgoBake(fmt.Errorf("blue's apiserver could not be gated: %w", err)), nil
 	}
-	return detail, nil
+	return fmt.Sprintf("%s's apiserver could not be gated (%v): it may still write %s etcd, which nothing follows any more; going on rather than keep writes fenced", r.from.name, err, r.from.name), nil
 }
 
 // gate takes writing away from r.from's apiserver (gateStep).
