@@ -20,7 +20,7 @@ var errRewatch = errors.New("watch ended")
 // again (from green's revision + 1) when the watch ends for a transient reason.
 func (r *Replicator) replicate(ctx context.Context) error {
 	p := &pipeline{r: r}
-	defer p.wait() // no txn may reach green after Run returns
+	defer p.stop() // no txn may reach green after Run returns, and each that did is counted
 	backoff := 100 * time.Millisecond
 	for {
 		err := r.watch(ctx, p, r.appliedRev()+1)

@@ -284,7 +284,23 @@ func (p *pipeline) flush(ctx context.Context) error {
 	return nil
 }
 
-// wait waits for every txn in flight to end, whatever its outcome (Run does before it returns).
+// stop waits for every txn in flight to end (Run does before it returns) and counts as applied
+// those green applied, oldest first, up to the first that did not: Progress().Applied is then
+// green's revision as far as these txns go, also when Run was stopped with txns in flight.
+func (p *pipeline) stop() {
+	p.wait()
+	for _, t := range p.flight {
+		if t.rev <= p.r.appliedRev() {
+			continue // counted already (a resync stopped half-way)
+		}
+		if t.err != nil || !t.resp.Succeeded || t.resp.Header.Revision != t.rev {
+			return
+		}
+		p.r.applied(t.rev)
+	}
+}
+
+// wait waits for every txn in flight to end, whatever its outcome.
 func (p *pipeline) wait() {
 	for _, t := range p.flight {
 		<-t.done

@@ -903,3 +903,62 @@ func failedTxn() *sentTxn {
 	close(t.done)
 	return t
 }
+
+// heldKV holds every txn that reaches it until release is closed, and says when one arrives.
+type heldKV struct {
+	clientv3.KV
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (kv *heldKV) Txn(ctx context.Context) clientv3.Txn {
+	return &heldTxn{Txn: kv.KV.Txn(ctx), kv: kv}
+}
+
+type heldTxn struct {
+	clientv3.Txn
+	kv *heldKV
+}
+
+func (t *heldTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *heldTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *heldTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
+	select {
+	case t.kv.arrived <- struct{}{}:
+	default:
+	}
+	<-t.kv.release
+	return t.Txn.Commit()
+}
+
+// TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green
+// (Run waits for it), so Progress().Applied after Run returns must count it: the cutover
+// compares it with the revision it caught up to, to catch a write made after that.
+func TestStopCountsWhatWasInFlight(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	kv := &heldKV{KV: cli.KV, arrived: make(chan struct{}, 1), release: make(chan struct{})}
+	cli.KV = kv
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
+	put(t, blue, "/a", "1")
+	select {
+	case <-kv.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no txn reached green")
+	}
+	run.stop()
+	time.AfterFunc(200*time.Millisecond, func() { close(kv.release) })
+	<-run.done
+	run.done <- nil // for the cleanup
+	if g, applied := revision(t, green), run.r.Progress().Applied; g != applied {
+		t.Fatalf("green at revision %d, Progress().Applied %d after Run returned", g, applied)
+	}
+}
