@@ -129,19 +129,19 @@ func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan t
 			}
 		}
 		id, ok := g.admitWrite(w)
-		if ok && ctx.Err() != nil { // the client left just as the fence opened: never forward
+		if ok && ctx.Err() == nil {
+			return id, holdReleased
+		}
+		if ok { // the client left just as the fence opened: never forward
 			g.inflight.remove(id)
 		}
-		if !ok || ctx.Err() != nil {
-			if slots != nil {
-				<-slots
-			}
-			if ok {
-				return 0, holdAbandoned
-			}
-			continue // fenced again before our turn: wait for the next opening
+		if slots != nil {
+			<-slots
 		}
-		return id, holdReleased
+		if ok {
+			return 0, holdAbandoned
+		}
+		// fenced again before our turn: wait for the next opening
 	}
 }
 
