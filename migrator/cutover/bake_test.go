@@ -245,29 +245,41 @@ func TestBlueNotReadyWithAuth(t *testing.T) {
 	}
 }
 
+// budgetPlan is bakePlan for the window-budget tests: the etcd of side answers ("blue" or
+// "green") is a plain test etcd with the apiservers' etcd user and the read-write role (not
+// granted yet), the other side's etcd a port nothing listens on; timeouts.window is 1 s and
+// timeouts.switch 30 s, what the budget must not wait out.
+func budgetPlan(t *testing.T, answers string) *Plan {
+	t.Helper()
+	cli := startTestEtcd(t)
+	if _, err := cli.RoleAdd(t.Context(), readWriteRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.UserAdd(t.Context(), DefaultGreenEtcdUser, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	url, closed := "http://"+cli.Endpoints()[0], "http://"+closedAddr(t)
+	blueURL, greenURL := closed, url
+	if answers == "blue" {
+		blueURL, greenURL = url, closed
+	}
+	p := bakePlan(t)
+	p.hash = "plan-hash"
+	p.Blue.Etcd.EtcdClientSpec = datadir.ConnSpec{Endpoints: []string{blueURL}}
+	p.Green.Etcd.TLS = nil
+	p.Green.Etcd.Members = p.Green.Etcd.Members[:1]
+	p.Green.Etcd.Members[0].ClientURL = greenURL
+	p.Blue.APIServer.EtcdUser, p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser, DefaultGreenEtcdUser
+	p.Timeouts.Window, p.Timeouts.Switch = Duration(time.Second), Duration(30*time.Second)
+	return p
+}
+
 // TestBakeStepsKeepTheWindowBudget: past the switch, the bake's own steps (gate-blue,
 // reverse-replication) are bounded by timeouts.window from the fence. A blue etcd that does
 // not answer then costs the way back, not writes fenced for timeouts.switch: the cutover goes
 // on without a bake, green ungated, writes open.
 func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
-	green := startTestEtcd(t)
-	p := bakePlan(t)
-	p.hash = "plan-hash"
-	p.Blue.Etcd.EtcdClientSpec = datadir.ConnSpec{Endpoints: []string{"http://" + closedAddr(t)}}
-	p.Green.Etcd.TLS = nil
-	p.Green.Etcd.Members = p.Green.Etcd.Members[:1]
-	p.Green.Etcd.Members[0].ClientURL = green.Endpoints()[0]
-	if !strings.Contains(p.Green.Etcd.Members[0].ClientURL, "://") {
-		p.Green.Etcd.Members[0].ClientURL = "http://" + p.Green.Etcd.Members[0].ClientURL
-	}
-	p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser
-	if _, err := green.RoleAdd(t.Context(), readWriteRole); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := green.UserAdd(t.Context(), p.Green.APIServer.EtcdUser, "pw"); err != nil {
-		t.Fatal(err)
-	}
-	p.Timeouts.Window, p.Timeouts.Switch = Duration(time.Second), Duration(30*time.Second)
+	p := budgetPlan(t, "green")
 	var done []StepRecord
 	for _, s := range bakeSteps {
 		done = append(done, StepRecord{Step: s.name()})
@@ -308,21 +320,7 @@ func TestBakeStepsKeepTheWindowBudget(t *testing.T) {
 // within the window's budget (at least 2 s), not writes fenced on blue for timeouts.switch:
 // the rollback goes on, blue's apiserver may write, writes open.
 func TestRollbackGateKeepsTheWindowBudget(t *testing.T) {
-	blue := startTestEtcd(t)
-	p := bakePlan(t)
-	p.hash = "plan-hash"
-	p.Blue.Etcd.EtcdClientSpec = datadir.ConnSpec{Endpoints: blue.Endpoints()}
-	p.Green.Etcd.TLS = nil
-	p.Green.Etcd.Members = p.Green.Etcd.Members[:1]
-	p.Green.Etcd.Members[0].ClientURL = "http://" + closedAddr(t)
-	p.Blue.APIServer.EtcdUser = DefaultGreenEtcdUser
-	if _, err := blue.RoleAdd(t.Context(), readWriteRole); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := blue.UserAdd(t.Context(), p.Blue.APIServer.EtcdUser, "pw"); err != nil {
-		t.Fatal(err)
-	}
-	p.Timeouts.Window, p.Timeouts.Switch = Duration(time.Second), Duration(30*time.Second)
+	p := budgetPlan(t, "blue")
 	main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
 	r, err := newRollbackRunner(Options{Plan: p}, main)
 	if err != nil {
