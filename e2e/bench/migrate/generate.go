@@ -87,16 +87,19 @@ func skeleton(ctx context.Context, env *framework.Env, tmp string, d dataset, cf
 		return 0, err
 	}
 	snapDir := filepath.Join(tmp, "member", "snap")
-	var snaps []string
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		snaps, err = filepath.Glob(filepath.Join(snapDir, "*.snap"))
+		snaps, err := filepath.Glob(filepath.Join(snapDir, "*.snap"))
 		return len(snaps) > 0, err
 	})
 	if err = errors.Join(err, e.stop()); err != nil {
 		return 0, fmt.Errorf("etcd 3.4 took no snapshot of a fresh member (see %s): %w", e.proc.LogPath, err)
 	}
-	sort.Strings(snaps)
-	newest := snaps[len(snaps)-1]
+	// Listed only now that etcd has exited: it may have saved another snapshot after the one the
+	// wait saw, and the newest is the one it boots from.
+	newest, older, err := snapshotsIn(snapDir)
+	if err != nil {
+		return 0, err
+	}
 	skel, meta, err := readSkeleton(newest)
 	if err != nil {
 		return 0, err
@@ -112,7 +115,7 @@ func skeleton(ctx context.Context, env *framework.Env, tmp string, d dataset, cf
 	if err = errors.Join(err, f.Close()); err != nil {
 		return 0, fmt.Errorf("write the v2 store's JSON: %w", err)
 	}
-	for _, s := range snaps { // older snapshots hold the empty store: etcd would purge them too
+	for _, s := range append(older, newest) { // they hold the empty store: etcd would purge them too
 		if err := os.Remove(s); err != nil {
 			return 0, err
 		}
@@ -121,6 +124,20 @@ func skeleton(ctx context.Context, env *framework.Env, tmp string, d dataset, cf
 		return 0, fmt.Errorf("write the snapshot file: %w", err)
 	}
 	return skel.CurrentIndex, nil
+}
+
+// snapshotsIn returns the newest etcd snapshot file in dir and the older ones. Their names
+// are etcd's term-index in fixed-width hex, so the order of the names is theirs.
+func snapshotsIn(dir string) (newest string, older []string, err error) {
+	snaps, err := filepath.Glob(filepath.Join(dir, "*.snap"))
+	if err != nil {
+		return "", nil, err
+	}
+	if len(snaps) == 0 {
+		return "", nil, fmt.Errorf("no etcd snapshot in %s", dir)
+	}
+	sort.Strings(snaps)
+	return snaps[len(snaps)-1], snaps[:len(snaps)-1], nil
 }
 
 // writeTail runs step 3.
@@ -147,7 +164,7 @@ func checkSamples(ctx context.Context, c *framework.V2Client, d dataset) error {
 		case deleted(i) && r.ErrorCode != 100:
 			return fmt.Errorf("etcd 3.4 serves deleted key %s from the built snapshot: %+v", key(i), r)
 		case !deleted(i) && (r.Node.Value != finalValue(i) || r.Node.ModifiedIndex < d.index(i)):
-			return fmt.Errorf("etcd 3.4 serves key %s from the built snapshot as %.80q (index %d), not as built", key(i), r.Node.Value, r.Node.ModifiedIndex)
+			return fmt.Errorf("etcd 3.4 serves key %s from the built snapshot as %.80q (index %d, error code %d %q), not as built", key(i), r.Node.Value, r.Node.ModifiedIndex, r.ErrorCode, r.Message)
 		}
 	}
 	return nil

@@ -47,3 +47,37 @@ func TestGenerate(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotsIn: etcd 3.4 with --snapshot-count=1 can save a second snapshot (index 4 after
+// index 2) milliseconds after the first; the newest is the one it boots from.
+func TestSnapshotsIn(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		files      []string
+		newest     string
+		olderCount int
+	}{
+		{"none", []string{"db"}, "", 0},
+		{"one", []string{"db", "0000000000000002-0000000000000003.snap"}, "0000000000000002-0000000000000003.snap", 0},
+		{"a later one", []string{"0000000000000002-0000000000000004.snap", "0000000000000002-0000000000000002.snap", "0000000000000003-0000000000000010.snap"}, "0000000000000003-0000000000000010.snap", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, f), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			newest, older, err := snapshotsIn(dir)
+			if tc.newest == "" {
+				if err == nil {
+					t.Fatalf("no snapshot: got %q, want an error", newest)
+				}
+				return
+			}
+			if err != nil || filepath.Base(newest) != tc.newest || len(older) != tc.olderCount {
+				t.Fatalf("snapshotsIn = %q, %v, %v; want %q and %d older", newest, older, err, tc.newest, tc.olderCount)
+			}
+		})
+	}
+}
