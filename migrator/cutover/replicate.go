@@ -238,8 +238,8 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 }
 
 // caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
-// (linearizable), the replicator applied it, and dst's revision equals src's read again after
-// it (src's own apiserver may write meanwhile: then once more). It returns that revision. A
+// (linearizable), the replicator applied it, dst's revision equals src's read again after it
+// (src's own apiserver may write meanwhile: then once more), and the replicator applied that one. It returns that revision. A
 // dst whose lag grows through catchUpPatience fails it at once (notCatchingUpError).
 func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	if err := r.replicationAlive(); err != nil {
@@ -284,6 +284,12 @@ func (r *runner) waitCaughtUp(ctx context.Context) (int64, error) {
 			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 		}
 		if d == s {
+			// Equal numbers are not yet the same data: something else may have written to dst
+			// while blue moved on. The replicator checks dst's revision after each revision it
+			// applies, so once it has applied d, d is its own (or it stopped on the mismatch).
+			if err := rp.rep.WaitFor(ctx, d); err != nil {
+				return 0, err
+			}
 			return d, nil
 		}
 		if d > s {
