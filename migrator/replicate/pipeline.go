@@ -185,7 +185,7 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	if i > 0 {
 		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1))
 	}
-	cmps = append(cmps, notAppliedGuard(t.evs, t.rev))
+	cmps = append(cmps, notAppliedGuard(t.evs, t.rev)...)
 	t.done, t.resp, t.err = make(chan struct{}), nil, nil
 	t.seq = p.seq
 	p.seq++
@@ -207,13 +207,17 @@ func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.Version(string(evs[0].Kv.Key)), "=", 0) // only deletes
 }
 
-// notAppliedGuard holds while revision rev (whose events are evs) is not applied on green.
-func notAppliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
-	ev := evs[0]
-	if ev.Type == mvccpb.PUT {
-		return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "<", rev)
+// notAppliedGuard holds while revision rev (whose events are evs) is not applied on green. A
+// revision that starts with a delete is not applied while the key exists from before it: a
+// key put again by a later revision must not be deleted by a late copy of this one (a txn
+// that timed out and that green commits after all).
+func notAppliedGuard(evs []*clientv3.Event, rev int64) []clientv3.Cmp {
+	key := string(evs[0].Kv.Key)
+	before := clientv3.Compare(clientv3.ModRevision(key), "<", rev)
+	if evs[0].Type == mvccpb.PUT {
+		return []clientv3.Cmp{before}
 	}
-	return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), ">", 0)
+	return []clientv3.Cmp{clientv3.Compare(clientv3.Version(key), ">", 0), before}
 }
 
 // settle waits for the oldest txn in flight: applied as its revision, it is counted; anything

@@ -593,8 +593,9 @@ func TestGuards(t *testing.T) {
 	if _, err := blue.cli.Delete(ctx, "/del"); err != nil { // s+2: only a delete
 		t.Fatal(err)
 	}
-	r3 := put(t, blue, "/b", "2") // s+3
-	evs := revisionEvents(t, blue, s+1, 3)
+	r3 := put(t, blue, "/b", "2")   // s+3
+	r4 := put(t, blue, "/del", "y") // s+4: the deleted key again
+	evs := revisionEvents(t, blue, s+1, 4)
 	txn := func(rev int64) bool {
 		t.Helper()
 		var ops []clientv3.Op
@@ -605,30 +606,31 @@ func TestGuards(t *testing.T) {
 				ops = append(ops, clientv3.OpDelete(string(e.Kv.Key)))
 			}
 		}
-		resp, err := green.cli.Txn(ctx).If(appliedGuard(evs[rev-1], rev-1), notAppliedGuard(evs[rev], rev)).Then(ops...).Commit()
+		resp, err := green.cli.Txn(ctx).If(append(notAppliedGuard(evs[rev], rev), appliedGuard(evs[rev-1], rev-1))...).Then(ops...).Commit()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp.Succeeded
 	}
 	// s+1 goes without the predecessor's guard, as the pipeline sends when nothing is in flight.
-	if _, err := green.cli.Txn(ctx).If(notAppliedGuard(evs[r1], r1)).Then(clientv3.OpPut("/a", "1")).Commit(); err != nil {
+	if _, err := green.cli.Txn(ctx).If(notAppliedGuard(evs[r1], r1)...).Then(clientv3.OpPut("/a", "1")).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
 		rev  int64
 		want bool
-	}{{r3, false}, {s + 2, true}, {s + 2, false}, {r3, true}, {r3, false}}
+	}{{r3, false}, {s + 2, true}, {s + 2, false}, {r3, true}, {r3, false}, {r4, true},
+		{s + 2, false}} // a late copy of the delete (a timed-out txn green commits after all) must not delete the key again
 	for _, st := range steps {
 		before := revision(t, green)
 		if got := txn(st.rev); got != st.want {
 			t.Errorf("revision %d sent with green at %d: applied %v, want %v", st.rev, before, got, st.want)
 		}
 	}
-	if got := revision(t, green); got != r3 {
-		t.Fatalf("green at %d, want %d", got, r3)
+	if got := revision(t, green); got != r4 {
+		t.Fatalf("green at %d, want %d", got, r4)
 	}
-	if a, b := all(t, blue, r3), all(t, green, r3); a != b {
+	if a, b := all(t, blue, r4), all(t, green, r4); a != b {
 		t.Fatal("blue and green differ")
 	}
 }
