@@ -97,7 +97,8 @@ func (a *Attributes) Class() Class {
 
 // Session reports a write that opens a session rather than changes stored state: exec, attach,
 // port-forward, a */proxy request, or a protocol upgrade to another subresource kube-apiserver
-// does not store (an aggregated API's console, say) or to a non-resource path. It passes the
+// does not store (an aggregated API's console, say) or to a non-resource path (one this
+// classifier parsed: an odd path it could not parse is a write like any other). It passes the
 // fence only while it is open, but the fence's barrier does not wait for it: it goes to
 // kubelets, pods and services, not etcd, and may last for hours (docs/proxy.md). Upgrade
 // headers on a write to an object itself or to a subresource kube-apiserver stores change
@@ -109,7 +110,7 @@ func (a *Attributes) Session() bool {
 	switch {
 	case sessionSubresources[a.Subresource], a.Verb == "proxy":
 		return true
-	case !a.Upgrade:
+	case !a.Upgrade, a.Unknown != "": // a path not parsed here may still name a stored object
 		return false
 	case !a.IsResourceRequest:
 		return true

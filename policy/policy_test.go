@@ -399,6 +399,11 @@ func TestSession(t *testing.T) {
 		{req("PATCH", "/apis/apps/v1/namespaces/ns/deployments/d/scale", upgradeWS...), false},
 		{req("POST", "/api/v1/namespaces/ns/pods/p/binding", upgradeWS...), false},
 		{req("POST", "/api/v1/namespaces/ns/pods/p/eviction", upgradeWS...), false},
+		// A path the classifier does not parse (kube-apiserver routes on the decoded one) is a
+		// write whatever its headers say.
+		{req("POST", "/api/v1/namespaces%2Fns%2Fconfigmaps", upgradeWS...), false},
+		{req("POST", "/api/v1/namespaces/x/../ns/configmaps", upgradeWS...), false},
+		{req("PUT", "/api/v1//namespaces/ns/configmaps/c", upgradeSPDY...), false},
 	}
 	for _, tc := range cases {
 		a := c.Classify(tc.r)

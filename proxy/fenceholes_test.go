@@ -260,6 +260,17 @@ func TestLongProxyGetCannotHoldBarrier(t *testing.T) {
 // like any other (the apiserver ignores the headers and commits it): fence on's barrier waits
 // for it, as for any write admitted before the flip.
 func TestUpgradeHeadersDoNotEscapeBarrier(t *testing.T) {
+	for _, path := range []string{
+		"/api/v1/namespaces/default/configmaps",
+		"/api/v1/namespaces%2Fdefault%2Fconfigmaps", // not parsed here; kube-apiserver decodes it
+	} {
+		t.Run(path, func(t *testing.T) { upgradeHeadersWrite(t, path) })
+	}
+}
+
+// upgradeHeadersWrite sends a create with upgrade headers to path, fences while the backend
+// holds it, and expects the barrier to wait for it.
+func upgradeHeadersWrite(t *testing.T, path string) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -271,7 +282,7 @@ func TestUpgradeHeadersDoNotEscapeBarrier(t *testing.T) {
 	p := startProxy(t, api.URL)
 	done := make(chan int, 1)
 	go func() {
-		req, _ := http.NewRequest("POST", p.url+"/api/v1/namespaces/default/configmaps", strings.NewReader("{}"))
+		req, _ := http.NewRequest("POST", p.url+path, strings.NewReader("{}"))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", "websocket")
