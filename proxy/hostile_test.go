@@ -6,8 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -183,4 +186,23 @@ func TestTLSBelow12Refused(t *testing.T) {
 		t.Fatalf("TLS 1.2+ refused: %v", err)
 	}
 	c.Close()
+}
+
+// TestWriteBodyNotAllocatedAhead: a client that announces a large body and sends one byte
+// must not make the proxy allocate the announced size before the bytes arrive (a connection
+// per such request, or 1,000 HTTP/2 streams, would each hold it until --write-body-timeout).
+func TestWriteBodyNotAllocatedAhead(t *testing.T) {
+	const announced = 3_000_000
+	r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/d/configmaps", io.MultiReader(strings.NewReader("{"), iotest.ErrReader(io.ErrUnexpectedEOF)))
+	r.ContentLength = announced
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second})
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a body cut short was read without an error")
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > announced/4 {
+		t.Fatalf("reading 1 byte of a body announced as %d bytes allocated %d bytes", announced, got)
+	}
 }
