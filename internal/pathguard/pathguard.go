@@ -109,3 +109,26 @@ func Resolve(p string) string {
 	}
 	return cur
 }
+
+// CheckFresh returns an error unless output is free to be made: it does not exist, or it is an
+// empty directory. A file there (a snapshot or a db given by mistake) or a directory holding
+// anything is refused; role names it in the error ("--output-dir", "the output").
+func CheckFresh(role, output string) error {
+	st, err := os.Lstat(output)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s %s: %w", role, output, err)
+	case !st.IsDir():
+		return fmt.Errorf("%s %s is a file: refusing to overwrite it (choose a new path)", role, output)
+	}
+	entries, err := os.ReadDir(output)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", role, output, err)
+	}
+	if len(entries) > 0 {
+		return fmt.Errorf("%s %s is not empty: refusing to overwrite it (choose a new path, or move it away)", role, output)
+	}
+	return nil
+}

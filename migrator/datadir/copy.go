@@ -251,13 +251,7 @@ func checkOutput(dst string, sources ...string) error {
 	if err := apart("the output", dst, "the source", sources...); err != nil {
 		return err
 	}
-	if st, err := os.Stat(dst); err == nil && !st.IsDir() {
-		return fmt.Errorf("the output %s is a file: refusing to overwrite it (choose a new path)", dst)
-	}
-	if entries, err := os.ReadDir(dst); err == nil && len(entries) > 0 {
-		return fmt.Errorf("the output %s is not empty: refusing to overwrite it (choose a new path, or move it away)", dst)
-	}
-	return nil
+	return pathguard.CheckFresh("the output", dst)
 }
 
 // apart refuses an output that is a source, lies inside one, or holds one, and the same for

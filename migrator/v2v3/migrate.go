@@ -39,8 +39,8 @@ func (c *Config) Validate() error {
 	}
 	if c.OutputDir == "" {
 		errs = append(errs, errors.New("--output-dir is required"))
-	} else if entries, err := os.ReadDir(c.OutputDir); err == nil && len(entries) > 0 {
-		errs = append(errs, fmt.Errorf("--output-dir %s is not empty: refusing to write into it", c.OutputDir))
+	} else if err := pathguard.CheckFresh("--output-dir", c.OutputDir); err != nil {
+		errs = append(errs, err)
 	}
 	if c.OutputDir != "" {
 		for flag, src := range map[string]string{"--data-dir": c.DataDir, "--wal-dir": c.WALDir} {

@@ -196,11 +196,16 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := t.TempDir()
+	file := filepath.Join(t.TempDir(), "member.db")
+	if err := os.WriteFile(file, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		c    Config
 		want []string
 	}{
+		{"output is a file", Config{DataDir: src, OutputDir: file, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"is a file"}},
 		{"empty", Config{}, []string{"--data-dir is required", "--output-dir is required", "--name, --initial-cluster"}},
 		{"non-empty output", Config{DataDir: src, OutputDir: full, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"is not empty"}},
 		{"output inside source", Config{DataDir: src, OutputDir: filepath.Join(src, "out"), Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"must not be inside"}},
@@ -247,5 +252,29 @@ func TestMoveLeases(t *testing.T) {
 		if l.ID != id {
 			t.Errorf("lease %d says ID %d", id, l.ID)
 		}
+	}
+}
+
+// TestRunKeepsFileAtOutput: a file where the output dir should go is refused and left as it
+// was, also when it appears after Validate (finish would have removed it).
+func TestRunKeepsFileAtOutput(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	c := testConfig(t, smallMember(t, now), now)
+	c.OutputDir = filepath.Join(t.TempDir(), "member.db")
+	if err := os.WriteFile(c.OutputDir, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(c); err == nil || !strings.Contains(err.Error(), "is a file") {
+		t.Errorf("Run with a file at --output-dir: %v, want an error saying it is a file", err)
+	}
+	if b, err := os.ReadFile(c.OutputDir); string(b) != "kept" {
+		t.Fatalf("the file at --output-dir now holds %q (%v)", b, err)
+	}
+	member := t.TempDir()
+	if err := finish(member, c.OutputDir); err == nil {
+		t.Error("finish over a file: no error")
+	}
+	if b, err := os.ReadFile(c.OutputDir); string(b) != "kept" {
+		t.Fatalf("finish replaced the file at the output: %q (%v)", b, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // revBytes is the key bucket's key for a revision: 8-byte big-endian main, '_', 8-byte sub.
@@ -279,6 +280,11 @@ func uvarintLen(v uint64) int {
 
 // finish renames the verified member dir into place.
 func finish(member, outDir string) error {
+	// Checked again: something may have taken the path since Validate, and os.Remove would
+	// remove a file as readily as the empty dir it expects.
+	if err := pathguard.CheckFresh("output dir", outDir); err != nil {
+		return err
+	}
 	if err := os.Remove(outDir); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("output dir %s: %w", outDir, err)
 	}
