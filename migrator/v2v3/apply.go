@@ -17,10 +17,10 @@ import (
 // ReplayStats counts what the WAL replay did.
 type ReplayStats struct {
 	Entries int `json:"entries"`
-	Applied int `json:"applied"` // v2 writes that changed the store
-	Refused int `json:"refused"` // v2 writes the store refused (failed CAS, ...), as etcd did
+	Applied int `json:"applied"` // v2 writes and conf changes that changed the store
+	Refused int `json:"refused"` // v2 writes the store refused (failed CAS, ...) and conf changes etcd's validation refused, as etcd did
 	Syncs   int `json:"syncs"`   // SYNC requests (TTL expiry as of their time)
-	Ignored int `json:"ignored"` // reads (QGET), conf changes, v3-only and empty entries
+	Ignored int `json:"ignored"` // reads (QGET), v3-only and empty entries, a removed member's attributes
 	// Overlay is how many snapshot nodes the replay needed in memory (the rest were streamed).
 	Overlay int `json:"overlayNodes"`
 }
@@ -154,30 +154,11 @@ type v2Result struct {
 func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress, clock *phaseClock) (*v2Result, error) {
 	res := &v2Result{c: newCollector(o, keepNodes)}
 	rs := &res.replay
-	var reqs []*etcdserverpb.Request
 	hidden := map[string]bool{}
-	for i := range src.Entries {
-		e := &src.Entries[i]
-		rs.Entries++
-		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
-			rs.Ignored++
-			continue
-		}
-		req, err := v2Request(e.Data)
-		e.Data = nil // decoded: the garbage collector may free it while the rest is decoded
-		if err != nil {
-			return nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
-		}
-		if req == nil {
-			rs.Ignored++
-			continue
-		}
-		if strings.HasPrefix(req.Path, "/1/") && strings.Contains(req.Path, "/_") {
-			hidden[req.Path] = true
-		}
-		reqs = append(reqs, req)
+	steps, reqs, err := decodeTail(src, rs, hidden)
+	if err != nil {
+		return nil, err
 	}
-	src.Entries = nil
 	clock.lap("readWAL")
 	t := newTouchSet(reqs)
 	t.all = all
@@ -210,8 +191,14 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress,
 		}
 	}
 	clock.lap("scanSnapshot")
-	for i, req := range reqs {
-		switch applyV2(st, req) {
+	for i, step := range steps {
+		var o outcome
+		if step.member != nil {
+			o = applyMemberChange(st, step.member)
+		} else {
+			o = applyV2(st, step.req)
+		}
+		switch o {
 		case outcomeApplied:
 			rs.Applied++
 		case outcomeRefused:
@@ -222,12 +209,56 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress,
 			rs.Ignored++
 		}
 		if i%4096 == 0 {
-			progress.report("replay WAL", int64(i), int64(len(reqs)))
+			progress.report("replay WAL", int64(i), int64(len(steps)))
 		}
 	}
 	walkStore(st, hidden, res.c)
 	clock.lap("replayWAL")
 	return res, nil
+}
+
+// walStep is a committed entry of the WAL tail that changes the v2 store: a v2 request (etcd
+// 3.5's membership requests as the v2 PUTs they amount to) or a conf change.
+type walStep struct {
+	req    *etcdserverpb.Request
+	member *memberChange
+}
+
+// decodeTail decodes the committed WAL tail into the steps the replay applies, also returning
+// their v2 requests (what the overlay must load) and noting the hidden paths they name.
+func decodeTail(src *Source, rs *ReplayStats, hidden map[string]bool) ([]walStep, []*etcdserverpb.Request, error) {
+	var steps []walStep
+	var reqs []*etcdserverpb.Request
+	for i := range src.Entries {
+		e := &src.Entries[i]
+		rs.Entries++
+		var step walStep
+		var err error
+		switch {
+		case len(e.Data) == 0:
+		case e.Type == raftpb.EntryConfChange:
+			step.member, err = decodeConfChange(e.Data)
+		case e.Type == raftpb.EntryNormal:
+			step.req, err = v2Request(e.Data)
+		}
+		e.Data = nil // decoded: the garbage collector may free it while the rest is decoded
+		if err != nil {
+			return nil, nil, fmt.Errorf("WAL entry %d: %w", e.Index, err)
+		}
+		if step.req == nil && step.member == nil {
+			rs.Ignored++
+			continue
+		}
+		if r := step.req; r != nil {
+			if strings.HasPrefix(r.Path, "/1/") && strings.Contains(r.Path, "/_") {
+				hidden[r.Path] = true
+			}
+			reqs = append(reqs, r)
+		}
+		steps = append(steps, step)
+	}
+	src.Entries = nil
+	return steps, reqs, nil
 }
 
 // walkStore hands the user tree (/1) of a store to the collector. It walks the store's nodes
@@ -280,10 +311,15 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 }
 
 // v2Request decodes an entry: an InternalRaftRequest whose V2 field is set, or (older WALs) a
-// bare v2 Request. It returns nil for v3 requests.
+// bare v2 Request; etcd 3.5's requests that set a member's attributes or the cluster version
+// come back as the v2 PUTs that write the same into the store. It returns nil for other v3
+// requests.
 func v2Request(data []byte) (*etcdserverpb.Request, error) {
 	var irr etcdserverpb.InternalRaftRequest
 	if err := irr.Unmarshal(data); err == nil {
+		if irr.V2 == nil {
+			return membershipRequest(&irr), nil
+		}
 		return irr.V2, nil
 	}
 	var r etcdserverpb.Request
@@ -326,6 +362,8 @@ func applyV2(st v2store.Store, r *etcdserverpb.Request) outcome {
 			_, err = st.Create(r.Path, r.Dir, r.Val, false, ttl)
 		case r.PrevIndex > 0 || r.PrevValue != "":
 			_, err = st.CompareAndSwap(r.Path, r.PrevValue, r.PrevIndex, r.Val, ttl)
+		case removedMemberAttributes(st, r): // etcd skips it: no index
+			return outcomeIgnored
 		default:
 			_, err = st.Set(r.Path, r.Dir, r.Val, ttl)
 		}
