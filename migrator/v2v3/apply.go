@@ -239,7 +239,10 @@ func decodeTail(src *Source, rs *ReplayStats, hidden map[string]bool) ([]walStep
 		case e.Type == raftpb.EntryConfChange:
 			step.member, err = decodeConfChange(e.Data)
 		case e.Type == raftpb.EntryNormal:
-			step.req, err = v2Request(e.Data)
+			var v3 bool
+			if step.req, v3, err = decodeEntry(e.Data); v3 {
+				src.lastV3Write = e.Index
+			}
 		}
 		e.Data = nil // decoded: the garbage collector may free it while the rest is decoded
 		if err != nil {
@@ -315,18 +318,31 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 // come back as the v2 PUTs that write the same into the store. It returns nil for other v3
 // requests.
 func v2Request(data []byte) (*etcdserverpb.Request, error) {
+	r, _, err := decodeEntry(data)
+	return r, err
+}
+
+// decodeEntry is v2Request, also saying whether the entry is a v3 request that changes the v3
+// backend's keys or leases.
+func decodeEntry(data []byte) (_ *etcdserverpb.Request, v3Write bool, _ error) {
 	var irr etcdserverpb.InternalRaftRequest
 	if err := irr.Unmarshal(data); err == nil {
 		if irr.V2 == nil {
-			return membershipRequest(&irr), nil
+			return membershipRequest(&irr), changesV3(&irr), nil
 		}
-		return irr.V2, nil
+		return irr.V2, false, nil
 	}
 	var r etcdserverpb.Request
 	if err := r.Unmarshal(data); err != nil {
-		return nil, fmt.Errorf("neither a raft request nor a v2 request: %w", err)
+		return nil, false, fmt.Errorf("neither a raft request nor a v2 request: %w", err)
 	}
-	return &r, nil
+	return &r, false, nil
+}
+
+// changesV3 says whether a v3 request writes keys or leases (a txn is counted whatever it holds).
+func changesV3(r *etcdserverpb.InternalRaftRequest) bool {
+	return r.Put != nil || r.DeleteRange != nil || r.Txn != nil || r.Compaction != nil ||
+		r.LeaseGrant != nil || r.LeaseRevoke != nil || r.LeaseCheckpoint != nil
 }
 
 type outcome int

@@ -210,6 +210,9 @@ func (m *migration) replay(context.Context) (err error) {
 		return err
 	}
 	m.rep.Replay = m.res.replay
+	if w, ci := m.src.lastV3Write, m.src.consistentIndex; w > ci {
+		return fmt.Errorf("the WAL holds v3 writes up to entry %#x that the v3 backend has not applied (it applied up to %#x; the member stopped before committing them, or the copy took the backend before the WAL): they would be lost, since the backend is carried over as it is. Start this member's own etcd version once on a copy of the data dir, so that it applies its WAL, stop it, and migrate that copy", w, ci)
+	}
 	debug.FreeOSMemory() // the WAL tail and the replay's garbage: give it back before writing
 	return nil
 }

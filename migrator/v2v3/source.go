@@ -6,6 +6,7 @@
 package v2v3
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -40,6 +41,9 @@ type Source struct {
 	NodeID, ClusterID uint64
 	// V3Keys counts keys in the member's v3 backend (member/snap/db).
 	V3Keys int
+	// consistentIndex is the last WAL entry the v3 backend applied; lastV3Write is the last
+	// entry of the committed WAL tail that writes v3 keys or leases (0: none).
+	consistentIndex, lastV3Write uint64
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -62,7 +66,7 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 		walDir = filepath.Join(member, "wal")
 	}
 	src := &Source{}
-	if src.V3Keys, err = countV3Keys(filepath.Join(member, "snap", "db")); err != nil {
+	if src.V3Keys, src.consistentIndex, err = readBackendMeta(filepath.Join(member, "snap", "db")); err != nil {
 		return nil, err
 	}
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
@@ -277,28 +281,33 @@ func (sf *snapFile) readRaftSnapshot(inner []byte) error {
 	return nil
 }
 
-// countV3Keys counts the keys of the v3 backend read-only. A live etcd holds the file's lock, so
-// failing to get it in time means the data dir is in use.
-func countV3Keys(path string) (int, error) {
+// readBackendMeta counts the keys of the v3 backend and reads its consistent index (the last
+// WAL entry it applied), read-only. A live etcd holds the file's lock, so failing to get it in
+// time means the data dir is in use.
+func readBackendMeta(path string) (keys int, consistentIndex uint64, _ error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+		return 0, 0, nil
 	}
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return 0, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
+		return 0, 0, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("open v3 backend %s: %w", path, err)
+		return 0, 0, fmt.Errorf("open v3 backend %s: %w", path, err)
 	}
 	defer db.Close()
-	n := 0
 	err = db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket([]byte("key")); b != nil {
-			n = b.Stats().KeyN
+			keys = b.Stats().KeyN
+		}
+		if b := tx.Bucket([]byte("meta")); b != nil {
+			if v := b.Get([]byte("consistent_index")); len(v) == 8 {
+				consistentIndex = binary.BigEndian.Uint64(v)
+			}
 		}
 		return nil
 	})
-	return n, err
+	return keys, consistentIndex, err
 }
 
 // checkWALSequence checks that the WAL's segment files (SEQ-INDEX.wal) have consecutive

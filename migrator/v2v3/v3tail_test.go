@@ -1,0 +1,128 @@
+package v2v3
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
+	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.uber.org/zap"
+)
+
+// mixedMember writes a member with a v2 key in its snapshot (index 0x100), a v3 key in its
+// backend (consistent index 0x100) and the WAL tail given (from index 0x101, all committed).
+func mixedMember(t *testing.T, tail ...*etcdserverpb.InternalRaftRequest) string {
+	t.Helper()
+	st := v2store.New("/0", "/1")
+	if _, err := st.Set("/1/v2key", false, "x", v2store.TTLOptionSet{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	snapDir := filepath.Join(dir, "member", "snap")
+	if err := os.MkdirAll(snapDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	data, err := st.Save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeSnap(t, filepath.Join(snapDir, "0000000000000001-0000000000000100.snap"), data, 0x100, false)
+	db, err := bolt.Open(filepath.Join(snapDir, "db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		kb, err := tx.CreateBucket([]byte("key"))
+		if err != nil {
+			return err
+		}
+		mb, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket([]byte("lease")); err != nil {
+			return err
+		}
+		v, err := (&mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 1, ModRevision: 1, Version: 1}).Marshal()
+		if err != nil {
+			return err
+		}
+		if err := kb.Put(revBytes(1), v); err != nil {
+			return err
+		}
+		return mb.Put([]byte("consistent_index"), binary.BigEndian.AppendUint64(nil, 0x100))
+	})
+	if err = errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+	w, err := wal.Create(zap.NewNop(), filepath.Join(dir, "member", "wal"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SaveSnapshot(walpb.Snapshot{Index: 0x100, Term: 1, ConfState: &raftpb.ConfState{Voters: []uint64{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	var ents []raftpb.Entry
+	for i, r := range tail {
+		b, err := r.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ents = append(ents, raftpb.Entry{Term: 1, Index: 0x101 + uint64(i), Type: raftpb.EntryNormal, Data: b})
+	}
+	if err := w.Save(raftpb.HardState{Term: 1, Commit: 0x100 + uint64(len(tail))}, ents); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestV3WritesInTheTail: v3 writes the WAL has committed past the backend's consistent index
+// (a member that crashed before its backend committed them, a live copy) would be lost, since
+// the backend is carried over as it is: refused, saying what to do. v2 writes there are fine.
+func TestV3WritesInTheTail(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	v2put := &etcdserverpb.InternalRaftRequest{V2: &etcdserverpb.Request{Method: "PUT", Path: "/1/late", Val: "y"}}
+	for _, tc := range []struct {
+		name    string
+		tail    []*etcdserverpb.InternalRaftRequest
+		wantErr string
+	}{
+		{"v2 writes only", []*etcdserverpb.InternalRaftRequest{v2put}, ""},
+		{"a v3 put", []*etcdserverpb.InternalRaftRequest{v2put, {Put: &etcdserverpb.PutRequest{Key: []byte("/b"), Value: []byte("2")}}}, "0x102"},
+		{"a v3 txn", []*etcdserverpb.InternalRaftRequest{{Txn: &etcdserverpb.TxnRequest{}}}, "0x101"},
+		{"a lease grant", []*etcdserverpb.InternalRaftRequest{{LeaseGrant: &etcdserverpb.LeaseGrantRequest{ID: 7, TTL: 60}}}, "0x101"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(t, mixedMember(t, tc.tail...), now)
+			_, err := Run(c)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out := readOutput(t, c.OutputDir); out["/a"] == nil || out["/late"] == nil {
+					t.Fatalf("output %v lacks /a or /late", out)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "v3 writes") || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Run = %v, want a refusal naming the v3 writes up to entry %s", err, tc.wantErr)
+			}
+			if _, serr := os.Stat(c.OutputDir); !os.IsNotExist(serr) {
+				t.Errorf("a refused migration left %s", c.OutputDir)
+			}
+		})
+	}
+}
