@@ -78,7 +78,8 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 			src.Close()
 		}
 	}()
-	if err := checkWALSequence(walDir); err != nil {
+	lastSegment, err := checkWALSequence(walDir)
+	if err != nil {
 		return nil, err
 	}
 	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: src.Meta.Index, Term: src.Meta.Term})
@@ -96,6 +97,13 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 		return nil, fmt.Errorf("the WAL in %s: metadata: %w", walDir, err)
 	}
 	src.NodeID, src.ClusterID = m.NodeID, m.ClusterID
+	read := src.Meta.Index
+	if len(ents) > 0 {
+		read = max(read, ents[len(ents)-1].Index)
+	}
+	if err := checkWALReached(walDir, lastSegment, read); err != nil {
+		return nil, err
+	}
 	for _, e := range ents {
 		// Never apply the uncommitted tail.
 		if e.Index <= src.Meta.Index || e.Index > hs.Commit {
@@ -310,28 +318,44 @@ func readBackendMeta(path string) (keys int, consistentIndex uint64, _ error) {
 	return keys, consistentIndex, err
 }
 
+// walSegment is a WAL segment file: SEQ-INDEX.wal, INDEX the first entry it holds.
+type walSegment struct {
+	name  string
+	index uint64
+}
+
 // checkWALSequence checks that the WAL's segment files (SEQ-INDEX.wal) have consecutive
 // sequence numbers, naming the gap: etcd's reader only reports the checksum error a gap causes.
-func checkWALSequence(dir string) error {
+// It returns the last segment.
+func checkWALSequence(dir string) (walSegment, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.wal"))
 	if err != nil {
-		return err
+		return walSegment{}, err
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("no WAL files in %s: is this the member's WAL dir (--wal-dir)?", dir)
+		return walSegment{}, fmt.Errorf("no WAL files in %s: is this the member's WAL dir (--wal-dir)?", dir)
 	}
 	sort.Strings(names)
-	var prev uint64
+	var prev, seq, index uint64
 	for i, n := range names {
-		var seq, index uint64
 		if _, err := fmt.Sscanf(filepath.Base(n), "%016x-%016x.wal", &seq, &index); err != nil {
-			return fmt.Errorf("unexpected file in the WAL dir: %s", n)
+			return walSegment{}, fmt.Errorf("unexpected file in the WAL dir: %s", n)
 		}
 		if i > 0 && seq != prev+1 {
-			return fmt.Errorf("WAL segment missing between %s and %s (sequence %d to %d): restore the data dir from a good copy",
+			return walSegment{}, fmt.Errorf("WAL segment missing between %s and %s (sequence %d to %d): restore the data dir from a good copy",
 				filepath.Base(names[i-1]), filepath.Base(n), prev, seq)
 		}
 		prev = seq
 	}
-	return nil
+	return walSegment{name: filepath.Base(names[len(names)-1]), index: index}, nil
+}
+
+// checkWALReached refuses a WAL read that ended before its last segment: etcd's reader stops
+// at a torn record in any segment when it only reads, and the entries after it (in the later
+// segments) would be left out without a word. read is the last entry read (or the snapshot's).
+func checkWALReached(dir string, last walSegment, read uint64) error {
+	if read+1 >= last.index {
+		return nil
+	}
+	return fmt.Errorf("the WAL in %s ends at entry %d, before its last segment %s (from entry %d): a damaged record in an earlier segment hides the rest (etcd refuses to start on it too); restore the data dir from a good copy. Only if etcd does start on a copy of it (a new leader rewrote the entries at the segment's start), migrate a copy that etcd has run on since", dir, read, last.name, last.index)
 }
