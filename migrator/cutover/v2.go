@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/kubefence/kubefence/migrator/datadir"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
@@ -33,7 +34,10 @@ func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, er
 	dst := r.memberCopyPath()
 	var last error
 	for try := 1; try <= datadir.LiveAttempts; try++ {
-		if err := copyLiveMember(e.DataDir, e.WALDir, snapshotDB, dst); err != nil {
+		if err := copyLiveMember(e.DataDir, e.WALDir, snapshotDB, dst); errors.Is(err, datadir.ErrRaced) {
+			last = err
+			continue
+		} else if err != nil {
 			return "", err
 		}
 		has, why, err := v2v3.DetectV2(dst, "")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -177,14 +178,34 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec ConnSpec, e
 			return rep, nil
 		}
 		var retry *errRetry
-		if !errors.As(err, &retry) {
+		switch {
+		case errors.As(err, &retry):
+			last = retry.err
+		case errors.Is(err, ErrRaced):
+			last = err
+		default:
 			return rep, err
 		}
-		last = retry.err
 	}
 	rep.Attempts--
 	return rep, fmt.Errorf("live copy of %s: %w", dataDir, last)
 }
+
+// ErrRaced marks a copy of a running member's files that raced the member: a file was gone
+// by the time it was opened (a WAL segment cut from its preallocated .tmp, a snapshot or WAL
+// segment purged). Taking the copy again may succeed.
+var ErrRaced = errors.New("a file of the running member changed during the copy")
+
+// gone marks err as ErrRaced when it says that a listed file no longer exists.
+func gone(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", ErrRaced, err)
+	}
+	return err
+}
+
+// statHook, when set (tests), runs before walkFollow looks at a path.
+var statHook func(path string)
 
 // errRetry marks a live copy that raced the member and may succeed if taken again.
 type errRetry struct{ err error }
@@ -343,7 +364,7 @@ func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
 		if rel == ManifestName || (keep != nil && !keep(rel)) {
 			return nil
 		}
-		return copyOne(path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel))
+		return gone(copyOne(path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel)))
 	})
 	if err != nil {
 		return nil, err
@@ -371,12 +392,15 @@ func walkFollow(root string, dir func(rel string) error, file func(path, rel str
 }
 
 func walkFollowAt(path, rel string, ancestors map[string]bool, dir func(string) error, file func(string, string) error) error {
+	if statHook != nil {
+		statHook(path)
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		if target, lerr := os.Readlink(path); lerr == nil {
 			return fmt.Errorf("%s is a symlink to %s, which cannot be followed (%w): a copy without it would not be the whole member; mount or fix what it points to, or remove the link", path, target, err)
 		}
-		return err
+		return gone(err)
 	}
 	switch {
 	case st.Mode().IsRegular():

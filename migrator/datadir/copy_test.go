@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,5 +117,38 @@ func TestCheckOutputRefusesFilesAndRelativeAliases(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(file); string(b) != "keep" {
 		t.Fatal("the file was changed")
+	}
+}
+
+// TestCopyMemberFilesRacesTheMember: etcd renames its preallocated WAL segment (0.tmp) when it
+// cuts one, and purges old segments and snapshots, while a live copy lists and opens them. A
+// file gone between the listing and the copy is a race (ErrRaced: copy again), not a failure.
+func TestCopyMemberFilesRacesTheMember(t *testing.T) {
+	data := t.TempDir()
+	wal := filepath.Join(data, "member", "wal")
+	for _, f := range []string{filepath.Join(data, "member", "snap", "0000000000000002-0000000000000010.snap"),
+		filepath.Join(wal, "0000000000000000-0000000000000000.wal"), filepath.Join(wal, "0.tmp")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	statHook = func(path string) {
+		if filepath.Base(path) == "0.tmp" { // the cut, just after the WAL dir was listed
+			if err := os.Rename(path, filepath.Join(wal, "0000000000000001-0000000000000005.wal")); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { statHook = nil })
+	backend := filepath.Join(t.TempDir(), "db")
+	if err := os.WriteFile(backend, []byte("db"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := CopyMemberFiles(data, "", filepath.Join(t.TempDir(), "copy"), func() (string, int64, error) { return backend, 2, nil })
+	if !errors.Is(err, ErrRaced) {
+		t.Fatalf("CopyMemberFiles = %v, want ErrRaced", err)
 	}
 }
