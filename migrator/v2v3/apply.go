@@ -82,23 +82,33 @@ type ovNode struct {
 
 // scanVisit sends each snapshot node either to the overlay or straight to the collector.
 type scanVisit struct {
-	t      *touchSet
-	c      *collector
-	data   []byte
-	root   *ovNode
-	stack  []*ovNode
-	hidden map[string]bool
-	kept   int
+	t     *touchSet
+	c     *collector
+	data  []byte
+	root  *ovNode
+	stack []*ovNode
+	// expires holds, for each directory the scan is in, when it expires with its ancestors
+	// (the earliest of theirs: a directory's expiry deletes everything under it).
+	expires []time.Time
+	hidden  map[string]bool
+	kept    int
 }
 
 func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
 	keep, force := v.t.classify(n.path, n.dir, n.expire, forced)
+	expire := n.expire
+	if len(v.expires) > 0 {
+		expire = earliest(expire, v.expires[len(v.expires)-1])
+	}
+	if n.dir {
+		v.expires = append(v.expires, expire)
+	}
 	if !keep {
 		if strings.HasPrefix(n.path, "/1/") {
 			if n.dir {
-				v.c.dir(n.path, n.created, n.modified, n.expire)
+				v.c.dir(n.path, n.created, n.modified, expire)
 			} else {
-				v.c.file(n.path, KV{raw: n.value, CreateRevision: int64(n.created), ModRevision: int64(n.modified)}, n.expire)
+				v.c.file(n.path, KV{raw: n.value, CreateRevision: int64(n.created), ModRevision: int64(n.modified)}, expire)
 			}
 		}
 		return false, false, nil
@@ -130,7 +140,20 @@ func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
 	return true, force, nil
 }
 
-func (v *scanVisit) leave(*v2Node) { v.stack = v.stack[:len(v.stack)-1] }
+func (v *scanVisit) leave(_ *v2Node, kept bool) {
+	v.expires = v.expires[:len(v.expires)-1]
+	if kept {
+		v.stack = v.stack[:len(v.stack)-1]
+	}
+}
+
+// earliest is the earlier of two expiry times, the zero time meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
 
 // bytes returns the span's value, unescaped (appended to buf), or a slice of data when it has
 // no escapes.
@@ -272,16 +295,17 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 	if err != nil {
 		return // no user tree (left)
 	}
-	var walk func(n *v2store.NodeExtern)
-	walk = func(n *v2store.NodeExtern) {
-		var expire time.Time
+	// inherited is when the node's directories expire (the earliest of theirs).
+	var walk func(n *v2store.NodeExtern, inherited time.Time)
+	walk = func(n *v2store.NodeExtern, inherited time.Time) {
+		expire := inherited
 		if n.Expiration != nil {
-			expire = *n.Expiration
+			expire = earliest(*n.Expiration, inherited)
 		}
 		if n.Dir {
 			c.dir(n.Key, n.CreatedIndex, n.ModifiedIndex, expire)
 			for _, ch := range n.Nodes {
-				walk(ch)
+				walk(ch, expire)
 			}
 			return
 		}
@@ -293,7 +317,7 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 		c.file(n.Key, KV{Value: unsafe.Slice(unsafe.StringData(value), len(value)), CreateRevision: int64(n.CreatedIndex), ModRevision: int64(n.ModifiedIndex)}, expire)
 	}
 	for _, n := range ev.Node.Nodes {
-		walk(n)
+		walk(n, time.Time{})
 	}
 	// Hidden subtrees: shortest first, so that a path under an already walked one is skipped.
 	paths := make([]string, 0, len(hidden))
@@ -308,9 +332,20 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 		}
 		seen[root] = true
 		if ev, err := st.Get(root, true, true); err == nil {
-			walk(ev.Node)
+			walk(ev.Node, ancestorsExpire(st, root))
 		}
 	}
+}
+
+// ancestorsExpire is when the directories above p (below /1) expire: the earliest of theirs.
+func ancestorsExpire(st v2store.Store, p string) time.Time {
+	var expire time.Time
+	for d := path.Dir(p); d != "/1" && d != "/"; d = path.Dir(d) {
+		if ev, err := st.Get(d, false, false); err == nil && ev.Node.Expiration != nil {
+			expire = earliest(expire, *ev.Node.Expiration)
+		}
+	}
+	return expire
 }
 
 // v2Request decodes an entry: an InternalRaftRequest whose V2 field is set, or (older WALs) a

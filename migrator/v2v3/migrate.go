@@ -344,7 +344,7 @@ func (findUser) node(n *v2Node, _ bool) (bool, bool, error) {
 	return false, false, nil
 }
 
-func (findUser) leave(*v2Node) {}
+func (findUser) leave(*v2Node, bool) {}
 
 // DetectV2 says whether a member data dir holds v2 user content — a node under the user tree
 // in its newest v2 snapshot, or a v2 write to it in the committed WAL tail — reading the dir as

@@ -41,8 +41,8 @@ type v2Node struct {
 // replay overlay, and whether its children must follow it there.
 type scanVisitor interface {
 	node(n *v2Node, forced bool) (keep bool, forceChildren bool, err error)
-	// leave is called after a kept directory's children.
-	leave(n *v2Node)
+	// leave is called after every directory's children; kept says whether node kept it.
+	leave(n *v2Node, kept bool)
 }
 
 type scanner struct {
@@ -329,9 +329,7 @@ func (s *scanner) node(forced bool) error {
 			if err := s.object(func([]byte) error { return s.node(force) }); err != nil {
 				return err
 			}
-			if keep {
-				s.v.leave(&n)
-			}
+			s.v.leave(&n, keep)
 			return nil
 		default:
 			return s.skip()

@@ -1,0 +1,66 @@
+package v2v3
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
+)
+
+// TestTTLDirectories: a v2 directory with a TTL takes everything under it when it expires, so
+// its keys expire with it: a key gets the earliest expiry of itself and its directories, and a
+// key under a directory already expired is dropped. Streamed from the snapshot or walked from
+// the replay's store, the same.
+func TestTTLDirectories(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	st := v2store.New("/0", "/1")
+	set := func(p string, dir bool, expire time.Time) {
+		t.Helper()
+		if _, err := st.Set(p, dir, map[bool]string{false: "v"}[dir], v2store.TTLOptionSet{ExpireTime: expire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("/1/d", true, now.Add(time.Minute))
+	set("/1/d/k", false, time.Time{})
+	set("/1/d/later", false, now.Add(time.Hour))
+	set("/1/d/sooner", false, now.Add(30*time.Second))
+	set("/1/d/sub", true, time.Time{})
+	set("/1/d/sub/deep", false, time.Time{})
+	set("/1/gone", true, now.Add(-time.Minute))
+	set("/1/gone/k", false, time.Time{})
+	set("/1/plain", false, time.Time{})
+	want := map[string]int64{"/d/k": 60, "/d/later": 60, "/d/sooner": 30, "/d/sub/deep": 60, "/plain": 0}
+	data, err := st.Save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	writeSnap(t, filepath.Join(dir, "0000000000000002-0000000000000100.snap"), data, 0x100, false)
+	for _, all := range []bool{false, true} {
+		src := &Source{}
+		if err := src.loadSnapshot(dir); err != nil {
+			t.Fatal(err)
+		}
+		res, err := readV2(src, Options{Now: now}, false, all, nil, nil)
+		src.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, kv := range res.c.kvs {
+			got[string(kv.Key)] = 0
+			if l := res.c.leases[kv.Lease]; l != nil {
+				got[string(kv.Key)] = l.TTL
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("full load %v: keys %v, want %v", all, got, want)
+		}
+		for k, ttl := range want {
+			if g, ok := got[k]; !ok || g != ttl {
+				t.Errorf("full load %v: %s has TTL %d (present %v), want %d", all, k, g, ok, ttl)
+			}
+		}
+	}
+}
