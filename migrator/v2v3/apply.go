@@ -319,20 +319,22 @@ func walkStore(st v2store.Store, hidden map[string]bool, c *collector) {
 	for _, n := range ev.Node.Nodes {
 		walk(n, time.Time{})
 	}
-	// Hidden subtrees: shortest first, so that a path under an already walked one is skipped.
-	paths := make([]string, 0, len(hidden))
+	// Hidden nodes, asked for by name: every prefix of a hidden path that ends in a hidden
+	// segment. A walk from one takes what is under it but its hidden descendants (Get lists
+	// none), which come by their own prefixes: each node is walked once.
+	var roots []string
 	for p := range hidden {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		root := hiddenRoot(p)
-		if seen[root] {
-			continue
+		for _, r := range hiddenPrefixes(p) {
+			if !seen[r] {
+				seen[r] = true
+				roots = append(roots, r)
+			}
 		}
-		seen[root] = true
-		if ev, err := st.Get(root, true, true); err == nil {
-			walk(ev.Node, ancestorsExpire(st, root))
+	}
+	sort.Strings(roots)
+	for _, r := range roots {
+		if ev, err := st.Get(r, true, true); err == nil {
+			walk(ev.Node, ancestorsExpire(st, r))
 		}
 	}
 }

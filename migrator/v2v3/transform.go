@@ -181,13 +181,21 @@ func rewritePrefix(kvs []KV, from, to string) (int, error) {
 	return n, nil
 }
 
-// hiddenRoot is the path up to and including its first hidden segment.
-func hiddenRoot(p string) string {
-	i := strings.Index(p, "/_")
-	if j := strings.IndexByte(p[i+1:], '/'); j >= 0 {
-		return p[:i+1+j]
+// hiddenPrefixes are the prefixes of p that end in a hidden segment, shortest first.
+func hiddenPrefixes(p string) []string {
+	var out []string
+	for i := 0; i < len(p); {
+		j := strings.IndexByte(p[i+1:], '/')
+		end := len(p)
+		if j >= 0 {
+			end = i + 1 + j
+		}
+		if strings.HasPrefix(p[i:], "/_") {
+			out = append(out, p[:end])
+		}
+		i = end
 	}
-	return p
+	return out
 }
 
 // Progress reports a phase's progress (done of total; total 0 when unknown). Nil is silent.

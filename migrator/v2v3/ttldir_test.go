@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
 
@@ -61,6 +62,41 @@ func TestTTLDirectories(t *testing.T) {
 			if g, ok := got[k]; !ok || g != ttl {
 				t.Errorf("full load %v: %s has TTL %d (present %v), want %d", all, k, g, ok, ttl)
 			}
+		}
+	}
+}
+
+// TestNestedHiddenKeys: v2store lists no hidden child, so the replay's store must be asked for
+// every hidden node by name, a hidden node under another one too (/_a/_b), with
+// --include-hidden; without it they are counted.
+func TestNestedHiddenKeys(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, include := range []bool{true, false} {
+		st := v2store.New("/0", "/1")
+		for _, p := range []string{"/1/_a/_b", "/1/_a/x", "/1/d/_h/_i/k", "/1/plain"} {
+			if _, err := st.Set(p, false, "v", v2store.TTLOptionSet{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The tail touches them, so that they are replayed on the store, not streamed.
+		src := writeMember(t, st, []*etcdserverpb.Request{{Method: "PUT", Path: "/1/_a/_b", Val: "w"}, {Method: "PUT", Path: "/1/d/_h/_i/k", Val: "w"}})
+		c := testConfig(t, src, now)
+		c.IncludeHidden = include
+		rep, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := readOutput(t, c.OutputDir)
+		if rep.Keys.Hidden != 3 {
+			t.Errorf("include %v: %d hidden keys counted, want 3", include, rep.Keys.Hidden)
+		}
+		for _, k := range []string{"/_a/_b", "/_a/x", "/d/_h/_i/k"} {
+			if _, ok := out[k]; ok != include {
+				t.Errorf("include %v: %s in the output: %v", include, k, ok)
+			}
+		}
+		if out["/plain"] == nil {
+			t.Errorf("include %v: /plain missing", include)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,10 +229,16 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestHiddenRoot(t *testing.T) {
-	for p, want := range map[string]string{"/1/a/_b/c": "/1/a/_b", "/1/_top": "/1/_top", "/1/x/_y/_z/w": "/1/x/_y"} {
-		if r := hiddenRoot(p); r != want {
-			t.Errorf("hiddenRoot(%s) = %s, want %s", p, r, want)
+func TestHiddenPrefixes(t *testing.T) {
+	for p, want := range map[string][]string{
+		"/1/a/_b/c":    {"/1/a/_b"},
+		"/1/_top":      {"/1/_top"},
+		"/1/x/_y/_z/w": {"/1/x/_y", "/1/x/_y/_z"},
+		"/1/_a/b/_c":   {"/1/_a", "/1/_a/b/_c"},
+		"/1/plain":     nil,
+	} {
+		if got := hiddenPrefixes(p); !slices.Equal(got, want) {
+			t.Errorf("hiddenPrefixes(%s) = %v, want %v", p, got, want)
 		}
 	}
 }
