@@ -236,8 +236,12 @@ func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
 		if rep.V3 != nil {
 			v3 = rep.V3.V3Keys
 		}
-		return fmt.Sprintf("from %s: %d v2 keys migrated (%d with a lease, %d hidden left out), %d v3 keys kept, verified",
-			src, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped, v3), nil
+		detail := fmt.Sprintf("from %s: %d v2 keys migrated (%d with a lease, %d hidden left out), %d v3 keys kept, verified",
+			src, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped, v3)
+		for _, w := range rep.Warnings {
+			detail += "; WARNING: " + w
+		}
+		return detail, nil
 	})
 }
 

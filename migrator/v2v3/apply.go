@@ -169,6 +169,7 @@ func (s span) bytes(data, buf []byte) ([]byte, error) {
 type v2Result struct {
 	c      *collector
 	replay ReplayStats
+	index  uint64 // the store's index after the replay
 }
 
 // readV2 builds the final v2 state: the snapshot, streamed, with the committed WAL tail
@@ -235,6 +236,7 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress,
 			progress.report("replay WAL", int64(i), int64(len(steps)))
 		}
 	}
+	res.index = st.Index()
 	walkStore(st, hidden, res.c)
 	clock.lap("replayWAL")
 	return res, nil

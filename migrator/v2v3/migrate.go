@@ -88,6 +88,10 @@ type Report struct {
 	// Prefixes counts keys per top-level prefix (/registry/<resource> for Kubernetes data).
 	Prefixes map[string]int `json:"prefixes"`
 	Verified int            `json:"verified"`
+	// V2Index is the v2 store's index after the replay: the last one v2 clients could see.
+	V2Index uint64 `json:"v2Index"`
+	// Warnings say what the migration did that a reader must act on.
+	Warnings []string `json:"warnings,omitempty"`
 	// V3 says what was carried over from the source\'s v3 store, when it had one.
 	V3        *MergeStats              `json:"v3,omitempty"`
 	Now       time.Time                `json:"ttlClock"`
@@ -247,9 +251,29 @@ func (m *migration) transform(ctx context.Context) (err error) {
 	}
 	ts.Keys = len(m.kvs)
 	m.rep.Keys, m.rep.Leases = ts, len(m.leases)
+	m.rep.V2Index = res.index
+	if m.v3 == nil {
+		m.warnIndexGap()
+	}
 	m.rep.Prefixes = prefixCounts(m.kvs)
 	m.clock.lap("transform")
 	return nil
+}
+
+// warnIndexGap warns when the v2 store's index is past the newest key's revision (its last
+// writes deleted keys, or expired them, or changed the membership): etcd's next revision is
+// the newest key's + 1, so the first writes after the migration would take revisions that v2
+// clients may have seen, and a client resuming a watch from one would miss them.
+func (m *migration) warnIndexGap() {
+	var top uint64
+	if n := len(m.kvs); n > 0 {
+		top = uint64(m.kvs[n-1].ModRevision)
+	}
+	if m.rep.V2Index <= top || m.rep.V2Index-top <= m.c.RevisionBump {
+		return
+	}
+	gap := m.rep.V2Index - top
+	m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the v2 store's index is %d but the newest key's revision is %d: the first writes after the migration would take revisions %d to %d, which v2 clients may have seen (a delete, an expiry, a membership change), and a client resuming a watch from one would miss them. To have such clients told to relist instead, run migrate v2-to-v3 with --bump-revision %d --mark-compacted (or more)", m.rep.V2Index, top, top+1, m.rep.V2Index, gap))
 }
 
 // write builds the new member in a temp dir: etcd's restore of the base, then the keys.

@@ -2,6 +2,7 @@ package v2v3
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,5 +99,37 @@ func TestNestedHiddenKeys(t *testing.T) {
 		if out["/plain"] == nil {
 			t.Errorf("include %v: /plain missing", include)
 		}
+	}
+}
+
+// TestIndexPastNewestKey: when the v2 store's last writes deleted keys, its index is past the
+// newest key's revision, and the first v3 writes would take revisions v2 clients have seen:
+// the report says so and how far to bump, unless the bump covers it.
+func TestIndexPastNewestKey(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name string
+		bump uint64
+		want bool
+	}{{"no bump", 0, true}, {"a bump short of it", 1, true}, {"a bump past it", 5, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := v2store.New("/0", "/1")
+			for _, p := range []string{"/1/a", "/1/b", "/1/c"} { // indexes 1, 2, 3
+				if _, err := st.Set(p, false, "v", v2store.TTLOptionSet{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src := writeMember(t, st, []*etcdserverpb.Request{{Method: "DELETE", Path: "/1/b"}, {Method: "DELETE", Path: "/1/c"}}) // 4, 5
+			c := testConfig(t, src, now)
+			c.RevisionBump, c.MarkCompacted = tc.bump, tc.bump > 0
+			rep, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			warned := len(rep.Warnings) == 1 && strings.Contains(rep.Warnings[0], "--bump-revision 4")
+			if rep.V2Index != 5 || warned != tc.want {
+				t.Fatalf("v2 index %d, warnings %q: want index 5 and a warning to bump by 4: %v", rep.V2Index, rep.Warnings, tc.want)
+			}
+		})
 	}
 }

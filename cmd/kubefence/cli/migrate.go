@@ -148,6 +148,9 @@ func printMigrateReport(w io.Writer, r *v2v3.Report) {
 		fmt.Fprintf(w, "  v3 store carried over: %d live keys, %d revisions; v2 keys renumbered above it; %d key(s) in both\n",
 			r.V3.V3Keys, r.V3.V3Revisions, len(r.V3.Conflicts))
 	}
+	for _, warning := range r.Warnings {
+		fmt.Fprintf(w, "  WARNING: %s\n", warning)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PREFIX\tKEYS")
 	for _, p := range slices.Sorted(maps.Keys(r.Prefixes)) {
