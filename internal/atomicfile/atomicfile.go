@@ -5,6 +5,7 @@ package atomicfile
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -49,4 +50,18 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// SyncDirs fsyncs root and every directory under it, making the entries of a tree built by
+// others (files they synced themselves) durable before the tree is renamed into place.
+func SyncDirs(root string) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		return SyncDir(p)
+	})
 }

@@ -30,3 +30,19 @@ func TestWrite(t *testing.T) {
 		t.Fatal("write into a missing directory succeeded")
 	}
 }
+
+func TestSyncDirs(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "member", "snap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "member", "snap", "db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := SyncDirs(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := SyncDirs(filepath.Join(root, "missing")); err == nil {
+		t.Fatal("SyncDirs of a missing tree succeeded")
+	}
+}

@@ -317,7 +317,7 @@ func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, e
 
 // BuildInto builds dst through a temp dir next to it, absent when build starts (build creates
 // it, as etcd's restore does); then the temp dir is renamed to dst, never over anything but an
-// empty dir, and dst's parent is synced. On any error the temp dir is removed and dst is
+// empty dir, and dst's parent is synced (every directory in it first). On any error the temp dir is removed and dst is
 // untouched.
 func BuildInto(dst string, build func(tmp string) error) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
@@ -332,6 +332,12 @@ func BuildInto(dst string, build func(tmp string) error) error {
 		return diskHint(err, filepath.Dir(dst))
 	}
 	if err := build(tmp); err != nil {
+		return fail(err)
+	}
+	// What build wrote may come from etcd's restore, which syncs its files but not the
+	// directories naming them: synced here, so that a crash after the rename cannot leave dst
+	// without its WAL dir (etcd would start a new member there).
+	if err := atomicfile.SyncDirs(tmp); err != nil {
 		return fail(err)
 	}
 	if entries, err := os.ReadDir(dst); err == nil && len(entries) == 0 {

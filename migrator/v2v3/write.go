@@ -285,6 +285,11 @@ func finish(member, outDir string) error {
 	if err := pathguard.CheckFresh("output dir", outDir); err != nil {
 		return err
 	}
+	// etcd's restore and bbolt sync the files they write, not the directories that name them:
+	// after a crash the renamed member could lack its WAL dir, and etcd would start a new one.
+	if err := atomicfile.SyncDirs(member); err != nil {
+		return err
+	}
 	if err := os.Remove(outDir); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("output dir %s: %w", outDir, err)
 	}
