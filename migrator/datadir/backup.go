@@ -26,10 +26,18 @@ type BackupReport struct {
 // <data dir name>-<version>-<UTC time>, with a sha256 manifest. A backup is never overwritten:
 // the complete copy is renamed into place only if that name is free.
 func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
+	return backupTo(dataDir, root, backupPath(dataDir, root, version, now))
+}
+
+// backupPath is where Backup puts dataDir's backup taken at now.
+func backupPath(dataDir, root, version string, now time.Time) string {
+	return filepath.Join(root, fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z")))
+}
+
+// backupTo is Backup into dst, a new dir under root.
+func backupTo(dataDir, root, dst string) (BackupReport, error) {
 	start := time.Now()
 	rep := BackupReport{DataDir: dataDir}
-	name := fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z"))
-	dst := filepath.Join(root, name)
 	if err := apart("the backup dir", root, "the data dir", dataDir); err != nil {
 		return rep, err
 	}

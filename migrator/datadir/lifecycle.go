@@ -98,15 +98,18 @@ type Report struct {
 	DataDirs  []string    `json:"dataDirs"`
 	Before    []Detection `json:"before"`
 	// After is each data dir's version file when the run ends.
-	After     map[string]string `json:"after,omitempty"`
-	Backups   map[string]string `json:"backups,omitempty"`
-	Steps     []*StepReport     `json:"steps"`
-	DryRun    bool              `json:"dryRun,omitempty"`
-	Resumed   bool              `json:"resumed,omitempty"`
-	Journal   string            `json:"journal"`
-	BackupDir string            `json:"backupDir"`
-	Done      bool              `json:"done"`
-	Duration  time.Duration     `json:"durationNanos"`
+	After   map[string]string `json:"after,omitempty"`
+	Backups map[string]string `json:"backups,omitempty"`
+	// PlannedBackups is where each data dir's backup goes, journaled before it is taken: a
+	// run killed after the backup was in place, before Backups recorded it, keeps it.
+	PlannedBackups map[string]string `json:"plannedBackups,omitempty"`
+	Steps          []*StepReport     `json:"steps"`
+	DryRun         bool              `json:"dryRun,omitempty"`
+	Resumed        bool              `json:"resumed,omitempty"`
+	Journal        string            `json:"journal"`
+	BackupDir      string            `json:"backupDir"`
+	Done           bool              `json:"done"`
+	Duration       time.Duration     `json:"durationNanos"`
 }
 
 func (o *Options) defaults() error {
@@ -386,6 +389,9 @@ type executor struct {
 	// afterSwap, when set (by tests), runs after each member's data dir is swapped; an error
 	// stops the step there, as a crash would.
 	afterSwap func(dir string) error
+	// afterBackup, when set (by tests), runs after each data dir's backup is in place, before
+	// the journal records it; an error stops the step there, as a crash would.
+	afterBackup func(dir string) error
 }
 
 // walk runs the steps the journal has not finished.
@@ -433,25 +439,53 @@ func (e *executor) save() error {
 	return atomicfile.Write(e.rep.Journal, b, 0o600)
 }
 
+// backup backs data dir d up once per run: where it goes is journaled first, so that a
+// resumed run keeps a backup that a killed one finished (its manifest verifies) and takes it
+// there otherwise.
+func (e *executor) backup(s *StepReport, d string) error {
+	if e.rep.Backups == nil {
+		e.rep.Backups = map[string]string{}
+	}
+	if e.rep.PlannedBackups == nil {
+		e.rep.PlannedBackups = map[string]string{}
+	}
+	if b, ok := e.rep.Backups[d]; ok {
+		s.Members[d] = "backed up to " + b + " (earlier)"
+		return nil
+	}
+	dst, planned := e.rep.PlannedBackups[d]
+	if !planned {
+		dst = backupPath(d, e.opts.BackupDir, s.Version, time.Now())
+		e.rep.PlannedBackups[d] = dst
+		if err := e.save(); err != nil {
+			return err
+		}
+	}
+	if _, err := VerifyManifest(dst); planned && err == nil {
+		e.rep.Backups[d] = dst
+		s.Members[d] = "backed up to " + dst + " (earlier)"
+		return e.save()
+	}
+	br, err := backupTo(d, e.opts.BackupDir, dst)
+	if err != nil {
+		return err
+	}
+	if e.afterBackup != nil {
+		if err := e.afterBackup(d); err != nil {
+			return err
+		}
+	}
+	e.rep.Backups[d] = br.Backup
+	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)", br.Backup, br.Files, br.Bytes)
+	return e.save()
+}
+
 func (e *executor) do(ctx context.Context, s *StepReport) error {
 	s.Members = map[string]string{}
 	switch s.Kind {
 	case StepBackup:
-		if e.rep.Backups == nil {
-			e.rep.Backups = map[string]string{}
-		}
 		for _, d := range e.opts.DataDirs {
-			if b, ok := e.rep.Backups[d]; ok {
-				s.Members[d] = "backed up to " + b + " (earlier)"
-				continue
-			}
-			br, err := Backup(d, e.opts.BackupDir, s.Version, time.Now())
-			if err != nil {
-				return err
-			}
-			e.rep.Backups[d] = br.Backup
-			s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)", br.Backup, br.Files, br.Bytes)
-			if err := e.save(); err != nil {
+			if err := e.backup(s, d); err != nil {
 				return err
 			}
 		}

@@ -242,3 +242,35 @@ func TestRebuildRefusesChangedSource(t *testing.T) {
 		})
 	}
 }
+
+// TestBackupResumedAfterCrash: a run killed after a backup was renamed into place, before the
+// journal recorded it, keeps that backup on resume instead of taking a second one.
+func TestBackupResumedAfterCrash(t *testing.T) {
+	f := newRebuildFixture(t)
+	step := func() *StepReport { return &StepReport{Name: "backup", Kind: StepBackup, Version: "3.4.23"} }
+	rep := &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(), Steps: []*StepReport{step()}}
+	e := &executor{opts: f.opts, rep: rep, afterBackup: func(string) error { return errors.New("killed") }}
+	if err := e.save(); err != nil { // as the walk does before a step starts
+		t.Fatal(err)
+	}
+	if err := e.do(t.Context(), rep.Steps[0]); err == nil {
+		t.Fatal("the injected crash did not stop the step")
+	}
+	resumed, err := loadJournal(f.opts.journalPath(), OpUpgrade, f.opts)
+	if err != nil || resumed == nil {
+		t.Fatalf("journal after the crash: %v, %v", resumed, err)
+	}
+	e = &executor{opts: f.opts, rep: resumed}
+	s := resumed.Steps[0]
+	s.Members = map[string]string{}
+	if err := e.do(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	backups, _ := filepath.Glob(filepath.Join(f.opts.BackupDir, "m*-3.4.23-*"))
+	if len(backups) != len(f.dirs) {
+		t.Fatalf("%d backups for %d data dirs: %v", len(backups), len(f.dirs), backups)
+	}
+	if got := s.Members[f.dirs[0]]; !strings.Contains(got, "earlier") {
+		t.Errorf("the first data dir's backup: %q, want it kept from the killed run", got)
+	}
+}
