@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strings"
@@ -337,5 +338,44 @@ func TestAdminOverMutualTLS(t *testing.T) {
 	}
 	if st := f.p.Status(); !st.Fenced || st.Reason != "over mTLS" {
 		t.Fatalf("status = %+v", st)
+	}
+}
+
+// TestAdminClientCertExpiryPerRequest: the admin API over mTLS checks the client certificate on
+// every request, not once per connection: a keep-alive connection whose certificate expired
+// may not fence the cluster.
+func TestAdminClientCertExpiryPerRequest(t *testing.T) {
+	var adminCA *testCA
+	f := newIdentityFixture(t, func(o *Options, dir string) {
+		adminCA = newTestCA(t, dir, "admin-ca")
+		o.AdminListen, o.AdminClientCAFile = "127.0.0.1:0", adminCA.pem
+	})
+	short, _, _ := adminCA.issueUntil(t, f.dir, "short-op", "operator", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(1500*time.Millisecond))
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: f.serverCAs,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &short, nil }}}}
+	defer hc.CloseIdleConnections()
+	get := func() (int, bool) {
+		t.Helper()
+		reused := false
+		ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+f.p.AdminAddr().String()+"/v1/status", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, reused
+	}
+	if code, _ := get(); code != http.StatusOK {
+		t.Fatalf("status with a valid admin certificate: %d", code)
+	}
+	time.Sleep(time.Until(short.Leaf.NotAfter) + 200*time.Millisecond)
+	code, reused := get()
+	if !reused {
+		t.Fatal("the second request did not reuse the connection: the test shows nothing")
+	}
+	if code != http.StatusUnauthorized {
+		t.Fatalf("status on a kept connection after the certificate expired: %d, want 401", code)
 	}
 }

@@ -7,6 +7,7 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -333,8 +334,9 @@ func (s *Server) serveAll() {
 	go s.serve("admin", func() error { return s.adminServer.Serve(s.adminLn) })
 	if s.adminNetLn != nil {
 		s.adminNetServer = &http.Server{
-			Handler:           s.adminServer.Handler,
+			Handler:           verifyAdminClient(s.cfg.adminCAs, s.adminServer.Handler),
 			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       time.Minute,
 			TLSConfig: &tls.Config{
 				MinVersion:     tls.VersionTLS12,
 				GetCertificate: s.cfg.certs.getCertificate,
@@ -349,6 +351,27 @@ func (s *Server) serveAll() {
 			return s.apiServer.Serve(s.apiLn)
 		}
 		return s.apiServer.ServeTLS(s.apiLn, "", "")
+	})
+}
+
+// verifyAdminClient checks the admin client's certificate chain against cas on every request:
+// the handshake checked it once, and a keep-alive connection may outlive the certificate.
+func verifyAdminClient(cas *x509.CertPool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var err error = errors.New("no client certificate")
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			certs := r.TLS.PeerCertificates
+			inter := x509.NewCertPool()
+			for _, c := range certs[1:] {
+				inter.AddCert(c)
+			}
+			_, err = certs[0].Verify(x509.VerifyOptions{Roots: cas, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		}
+		if err != nil {
+			writeJSON(w, http.StatusUnauthorized, admin.Error{Error: "admin client certificate: " + err.Error()})
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
