@@ -53,6 +53,23 @@ func walFiles(t *testing.T, dir string) []string {
 	return names
 }
 
+// tearLastRecord cuts a WAL segment inside its last written record (before the preallocated
+// zeros), as a crash mid-write can leave it.
+func tearLastRecord(t *testing.T, file string) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := len(b)
+	for end > 0 && b[end-1] == 0 {
+		end--
+	}
+	if err := os.WriteFile(file, b[:end-40], 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestWALProblemsNamed(t *testing.T) {
 	t.Run("intact", func(t *testing.T) {
 		d, _ := writeWAL(t, 200)
@@ -71,16 +88,7 @@ func TestWALProblemsNamed(t *testing.T) {
 	t.Run("torn last record is tolerated", func(t *testing.T) {
 		d, w := writeWAL(t, 200)
 		files := walFiles(t, w)
-		last := files[len(files)-1]
-		b, _ := os.ReadFile(last)
-		end := len(b)
-		for end > 0 && b[end-1] == 0 {
-			end--
-		}
-		// Cut the file inside the last written record, as a crash mid-write can leave it.
-		if err := os.WriteFile(last, b[:end-40], 0o600); err != nil {
-			t.Fatal(err)
-		}
+		tearLastRecord(t, files[len(files)-1])
 		src, err := ReadSource(d, "")
 		if err != nil {
 			t.Fatalf("a torn tail must be tolerated: %v", err)
@@ -97,15 +105,7 @@ func TestWALProblemsNamed(t *testing.T) {
 		if len(files) < 3 {
 			t.Fatalf("want several segments, got %d", len(files))
 		}
-		f := files[1]
-		b, _ := os.ReadFile(f)
-		end := len(b)
-		for end > 0 && b[end-1] == 0 {
-			end--
-		}
-		if err := os.WriteFile(f, b[:end-40], 0o600); err != nil {
-			t.Fatal(err)
-		}
+		tearLastRecord(t, files[1])
 		src, err := ReadSource(d, "")
 		if err == nil || !strings.Contains(err.Error(), filepath.Base(files[len(files)-1])) {
 			n := 0
