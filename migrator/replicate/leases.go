@@ -65,6 +65,31 @@ func (m *leaseMirror) ensure(ctx context.Context, id clientv3.LeaseID, green int
 	if ok {
 		return nil
 	}
+	// As a txn: each try within ApplyTimeout, 10 tries (a grant that timed out but was applied
+	// answers ErrLeaseExist the next time, which is kept alive like any).
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, m.cfg.ApplyTimeout)
+		err := m.grant(actx, id, green)
+		cancel()
+		if err == nil || errors.Is(err, ErrRevisionMismatch) || ctx.Err() != nil {
+			return err
+		}
+		if attempt == 10 {
+			return fmt.Errorf("%w (%d attempts)", err, attempt)
+		}
+		m.cfg.Log.Warn("granting a lease on green failed; trying again", "lease", fmt.Sprintf("%x", int64(id)), "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// grant is one try of ensure: blue's lease's TTL, then the grant on green with its ID.
+func (m *leaseMirror) grant(ctx context.Context, id clientv3.LeaseID, green int64) error {
 	ttl := m.cfg.MissingLeaseTTL
 	src, err := m.cfg.Source.TimeToLive(ctx, id)
 	switch {

@@ -155,10 +155,14 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	defer func() { err = renameErr(r.rename, err); r.finish(err) }()
 	defer r.leases.stopAll()
 
-	if err := r.checkStart(ctx); err != nil {
+	// Green is read at the start within what a revision's tries would take (ApplyTimeout, 10
+	// tries): an unreachable green stops Run rather than leaving it waiting for ever.
+	sctx, scancel := context.WithTimeout(ctx, 10*r.cfg.ApplyTimeout)
+	defer scancel()
+	if err := r.checkStart(sctx); err != nil {
 		return err
 	}
-	if err := r.leases.adoptDest(ctx, ctx); err != nil {
+	if err := r.leases.adoptDest(ctx, sctx); err != nil {
 		return err
 	}
 	var wg sync.WaitGroup

@@ -964,3 +964,37 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 		t.Fatalf("green at revision %d, Progress().Applied %d after Run returned", g, applied)
 	}
 }
+
+// TestLeaseGrantRetried: a put that names a lease green does not keep yet makes the replicator
+// grant it on green first. Green restarting then is ridden out as for a txn (ApplyTimeout a
+// try, 10 tries), not the end of replication.
+func TestLeaseGrantRetried(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = time.Second })
+	catchUp(t, run, blue)
+	id := grant(t, blue, 60)
+	restarted := make(chan struct{})
+	go func() { defer close(restarted); green.restart(t, 1500*time.Millisecond) }()
+	time.Sleep(200 * time.Millisecond) // green is down
+	put(t, blue, "leased", "x", clientv3.WithLease(id))
+	<-restarted
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+}
+
+// TestStartBounded: Run reads green's revision and lists its leases before anything else; a
+// green that does not answer stops Run within 10 ApplyTimeouts instead of leaving it waiting.
+func TestStartBounded(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	client, peer := "http://"+green.e.Clients[0].Addr().String(), "http://"+green.e.Peers[0].Addr().String()
+	green.e.Close()
+	t.Cleanup(func() { green.e = launch(t, green.name, green.dir, green.o, client, peer) }) // closed again by startEtcd's cleanup
+	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond })
+	if err := run.wait(t, 30*time.Second); err == nil || !strings.Contains(err.Error(), "green") {
+		t.Fatalf("Run = %v, want an error about green", err)
+	}
+}
