@@ -92,6 +92,10 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 			Options:      v2v3.Options{IncludeHidden: p.Migration.IncludeHidden, Now: time.Now()},
 			RevisionBump: uint64(p.Migration.RevisionBump), MarkCompacted: p.Migration.RevisionBump > 0,
 			OnConflict: p.Migration.OnConflict,
+			// blue runs on: what its apiservers write around the copy, past the fence, is what
+			// this fenced-copy path leaves behind (the replication cutover does not), and they
+			// write again what they need on green.
+			DropV3Tail: true,
 		})
 		if err != nil {
 			return err
@@ -118,8 +122,12 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	if rep.V3 != nil {
 		v3 = rep.V3.V3Keys
 	}
-	return fmt.Sprintf("%d member data dir(s) built: %d v3 keys kept, %d v2 keys migrated (%d with a lease, %d hidden left out), verified",
-		len(p.Green.Etcd.Members), v3, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped), nil
+	detail := fmt.Sprintf("%d member data dir(s) built: %d v3 keys kept, %d v2 keys migrated (%d with a lease, %d hidden left out), verified",
+		len(p.Green.Etcd.Members), v3, rep.Keys.Keys, rep.Keys.TTLKeys, rep.Keys.HiddenSkipped)
+	for _, w := range rep.Warnings {
+		detail += "; " + w
+	}
+	return detail, nil
 }
 
 // checkV2Keys counts, on green etcd, the keys under each prefix the v2 migration wrote to: at

@@ -264,10 +264,9 @@ func decodeTail(src *Source, rs *ReplayStats, hidden map[string]bool) ([]walStep
 		case e.Type == raftpb.EntryConfChange:
 			step.member, err = decodeConfChange(e.Data)
 		case e.Type == raftpb.EntryNormal:
-			var v3 bool
-			if step.req, v3, err = decodeEntry(e.Data); v3 {
-				src.lastV3Write = e.Index
-			}
+			var v3 v3Write
+			step.req, v3, err = decodeEntry(e.Data)
+			src.noteV3Write(v3, e.Index)
 		}
 		e.Data = nil // decoded: the garbage collector may free it while the rest is decoded
 		if err != nil {
@@ -361,27 +360,40 @@ func v2Request(data []byte) (*etcdserverpb.Request, error) {
 	return r, err
 }
 
-// decodeEntry is v2Request, also saying whether the entry is a v3 request that changes the v3
-// backend's keys or leases.
-func decodeEntry(data []byte) (_ *etcdserverpb.Request, v3Write bool, _ error) {
+// v3Write is what a v3 request may change in the v3 backend.
+type v3Write uint8
+
+const (
+	noV3Write    v3Write = iota
+	v3Put                // a put: it always changes a key
+	v3OtherWrite         // a delete, txn, compaction or lease change: it may change keys or leases
+)
+
+// decodeEntry is v2Request, also saying what the entry, as a v3 request, may change in the v3
+// backend.
+func decodeEntry(data []byte) (*etcdserverpb.Request, v3Write, error) {
 	var irr etcdserverpb.InternalRaftRequest
 	if err := irr.Unmarshal(data); err == nil {
 		if irr.V2 == nil {
-			return membershipRequest(&irr), changesV3(&irr), nil
+			return membershipRequest(&irr), v3WriteOf(&irr), nil
 		}
-		return irr.V2, false, nil
+		return irr.V2, noV3Write, nil
 	}
 	var r etcdserverpb.Request
 	if err := r.Unmarshal(data); err != nil {
-		return nil, false, fmt.Errorf("neither a raft request nor a v2 request: %w", err)
+		return nil, noV3Write, fmt.Errorf("neither a raft request nor a v2 request: %w", err)
 	}
-	return &r, false, nil
+	return &r, noV3Write, nil
 }
 
-// changesV3 says whether a v3 request writes keys or leases (a txn is counted whatever it holds).
-func changesV3(r *etcdserverpb.InternalRaftRequest) bool {
-	return r.Put != nil || r.DeleteRange != nil || r.Txn != nil || r.Compaction != nil ||
-		r.LeaseGrant != nil || r.LeaseRevoke != nil || r.LeaseCheckpoint != nil
+func v3WriteOf(r *etcdserverpb.InternalRaftRequest) v3Write {
+	switch {
+	case r.Put != nil:
+		return v3Put
+	case r.DeleteRange != nil, r.Txn != nil, r.Compaction != nil, r.LeaseGrant != nil, r.LeaseRevoke != nil, r.LeaseCheckpoint != nil:
+		return v3OtherWrite
+	}
+	return noV3Write
 }
 
 type outcome int

@@ -29,6 +29,10 @@ type Config struct {
 	Progress Progress `json:"-"`
 	// OnConflict says which store wins for a key present in both: "" (an error), "v3" or "v2".
 	OnConflict string
+	// DropV3Tail leaves out, with a warning, v3 writes the WAL committed past the backend's
+	// consistent index, which are otherwise refused: the cutover's copy of a running blue,
+	// whose apiservers write around the copy and write again what they need.
+	DropV3Tail bool
 }
 
 // Validate reports every problem with the configuration at once.
@@ -214,8 +218,12 @@ func (m *migration) replay(context.Context) (err error) {
 		return err
 	}
 	m.rep.Replay = m.res.replay
-	if w, ci := m.src.lastV3Write, m.src.consistentIndex; w > ci {
-		return fmt.Errorf("the WAL holds v3 writes up to entry %#x that the v3 backend has not applied (it applied up to %#x; the member stopped before committing them, or the copy took the backend before the WAL): they would be lost, since the backend is carried over as it is. Start this member's own etcd version once on a copy of the data dir, so that it applies its WAL, stop it, and migrate that copy", w, ci)
+	if w := m.src.unappliedV3(); w > 0 {
+		what := fmt.Sprintf("the WAL holds v3 writes up to entry %#x that the v3 backend has not applied (it applied up to %#x; the member stopped before committing them, or the copy took the backend before the WAL)", w, m.src.consistentIndex)
+		if !m.c.DropV3Tail {
+			return errors.New(what + ": they would be lost, since the backend is carried over as it is. Start this member's own etcd version once on a copy of the data dir, so that it applies its WAL, stop it, and migrate that copy")
+		}
+		m.rep.Warnings = append(m.rep.Warnings, what+": they are left out")
 	}
 	debug.FreeOSMemory() // the WAL tail and the replay's garbage: give it back before writing
 	return nil

@@ -41,9 +41,12 @@ type Source struct {
 	NodeID, ClusterID uint64
 	// V3Keys counts keys in the member's v3 backend (member/snap/db).
 	V3Keys int
-	// consistentIndex is the last WAL entry the v3 backend applied; lastV3Write is the last
-	// entry of the committed WAL tail that writes v3 keys or leases (0: none).
-	consistentIndex, lastV3Write uint64
+	// consistentIndex is the last WAL entry the v3 backend applied, as far as it tells:
+	// etcd 3.5 and later (a backend with a term) save it with every backend commit, 3.4 only
+	// with a write that changed keys. lastV3Put and lastV3Write are the last entries of the
+	// committed WAL tail that put a v3 key, or that may change v3 keys or leases (0: none).
+	consistentIndex, lastV3Put, lastV3Write uint64
+	indexEveryEntry                         bool
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -66,7 +69,7 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 		walDir = filepath.Join(member, "wal")
 	}
 	src := &Source{}
-	if src.V3Keys, src.consistentIndex, err = readBackendMeta(filepath.Join(member, "snap", "db")); err != nil {
+	if src.V3Keys, src.consistentIndex, src.indexEveryEntry, err = readBackendMeta(filepath.Join(member, "snap", "db")); err != nil {
 		return nil, err
 	}
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
@@ -290,18 +293,19 @@ func (sf *snapFile) readRaftSnapshot(inner []byte) error {
 }
 
 // readBackendMeta counts the keys of the v3 backend and reads its consistent index (the last
-// WAL entry it applied), read-only. A live etcd holds the file's lock, so failing to get it in
+// WAL entry it applied) and whether it keeps a term (etcd 3.5 and later, which save the index
+// with every commit), read-only. A live etcd holds the file's lock, so failing to get it in
 // time means the data dir is in use.
-func readBackendMeta(path string) (keys int, consistentIndex uint64, _ error) {
+func readBackendMeta(path string) (keys int, consistentIndex uint64, hasTerm bool, _ error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return 0, 0, nil
+		return 0, 0, false, nil
 	}
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return 0, 0, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
+		return 0, 0, false, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("open v3 backend %s: %w", path, err)
+		return 0, 0, false, fmt.Errorf("open v3 backend %s: %w", path, err)
 	}
 	defer db.Close()
 	err = db.View(func(tx *bolt.Tx) error {
@@ -312,10 +316,35 @@ func readBackendMeta(path string) (keys int, consistentIndex uint64, _ error) {
 			if v := b.Get([]byte("consistent_index")); len(v) == 8 {
 				consistentIndex = binary.BigEndian.Uint64(v)
 			}
+			hasTerm = b.Get([]byte("term")) != nil
 		}
 		return nil
 	})
-	return keys, consistentIndex, err
+	return keys, consistentIndex, hasTerm, err
+}
+
+// noteV3Write records a committed tail entry that writes v3 state.
+func (s *Source) noteV3Write(w v3Write, index uint64) {
+	switch w {
+	case v3Put:
+		s.lastV3Put, s.lastV3Write = index, index
+	case v3OtherWrite:
+		s.lastV3Write = index
+	}
+}
+
+// unappliedV3 is the last committed tail entry whose v3 writes the backend does not hold, as
+// far as its consistent index tells (0: none). A 3.4 backend's index only moves with a write
+// that changed keys, so there only a put past it is known to be missing.
+func (s *Source) unappliedV3() uint64 {
+	last := s.lastV3Put
+	if s.indexEveryEntry {
+		last = s.lastV3Write
+	}
+	if last > s.consistentIndex {
+		return last
+	}
+	return 0
 }
 
 // walSegment is a WAL segment file: SEQ-INDEX.wal, INDEX the first entry it holds.
