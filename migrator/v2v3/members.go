@@ -114,7 +114,8 @@ func applyMemberChange(st v2store.Store, m *memberChange) outcome {
 			_, err = st.Create(path.Join(removedDir, hexID(m.id)), false, "", false, permanent)
 		}
 	case m.typ == raftpb.ConfChangeUpdateNode && exists && !peerURLTaken(members, m.attrs.PeerURLs, m.id):
-		_, err = st.Update(key, marshalAttrs(m.attrs), permanent)
+		cur.PeerURLs = m.attrs.PeerURLs // etcd updates the peer URLs only: a learner stays one
+		_, err = st.Update(key, marshalAttrs(cur), permanent)
 	case m.typ != raftpb.ConfChangeAddNode && m.typ != raftpb.ConfChangeAddLearnerNode:
 		return outcomeRefused
 	case m.promote && exists && cur.IsLearner:

@@ -93,6 +93,8 @@ func TestMemberChangesTakeIndices(t *testing.T) {
 		{"a voter promoted", []walEntry{add(1, a), promote(1, a)}, 2},
 		{"a second learner", []walEntry{add(1, a), addLearner(2, b), addLearner(3, c)}, 3},
 		{"an update", []walEntry{add(1, a), update(1, b)}, 3},
+		// An update takes the peer URLs only: the learner stays one, and can be promoted.
+		{"a learner updated, then promoted", []walEntry{add(1, a), addLearner(2, b), update(2, c), promote(2, c)}, 5},
 		{"an update to a taken URL", []walEntry{add(1, a), add(2, b), update(1, b)}, 3},
 		{"an unknown member updated", []walEntry{add(1, a), update(5, b)}, 2},
 		{"etcd 3.5's attributes and version", []walEntry{add(1, a),
