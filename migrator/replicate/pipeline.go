@@ -207,14 +207,18 @@ func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.Version(string(evs[0].Kv.Key)), "=", 0) // only deletes
 }
 
-// notAppliedGuard holds while revision rev (whose events are evs) is not applied on green. A
-// revision that starts with a delete is not applied while the key exists from before it: a
-// key put again by a later revision must not be deleted by a late copy of this one (a txn
-// that timed out and that green commits after all).
+// notAppliedGuard holds while revision rev (whose events are evs) is not applied on green: its
+// first key was last changed before rev. A late copy of a txn (one that timed out and that
+// green commits after all) must not apply again once later revisions changed that key: so a
+// delete, or a put that updates the key, also needs the key to exist, or a key put again
+// later would be deleted, or one deleted later put back. A put that creates the key cannot
+// tell "not yet created" from "deleted since" by the key alone; the check of green's revision
+// after every txn stops replication if that happens.
 func notAppliedGuard(evs []*clientv3.Event, rev int64) []clientv3.Cmp {
-	key := string(evs[0].Kv.Key)
+	ev := evs[0]
+	key := string(ev.Kv.Key)
 	before := clientv3.Compare(clientv3.ModRevision(key), "<", rev)
-	if evs[0].Type == mvccpb.PUT {
+	if ev.Type == mvccpb.PUT && ev.Kv.Version == 1 {
 		return []clientv3.Cmp{before}
 	}
 	return []clientv3.Cmp{clientv3.Compare(clientv3.Version(key), ">", 0), before}

@@ -593,9 +593,14 @@ func TestGuards(t *testing.T) {
 	if _, err := blue.cli.Delete(ctx, "/del"); err != nil { // s+2: only a delete
 		t.Fatal(err)
 	}
-	r3 := put(t, blue, "/b", "2")   // s+3
-	r4 := put(t, blue, "/del", "y") // s+4: the deleted key again
-	evs := revisionEvents(t, blue, s+1, 4)
+	r3 := put(t, blue, "/b", "2")                         // s+3
+	r4 := put(t, blue, "/del", "y")                       // s+4: the deleted key again
+	r5 := put(t, blue, "/a", "3")                         // s+5: an update of /a
+	if _, err := blue.cli.Delete(ctx, "/a"); err != nil { // s+6: /a deleted
+		t.Fatal(err)
+	}
+	r6 := r5 + 1
+	evs := revisionEvents(t, blue, s+1, 6)
 	txn := func(rev int64) bool {
 		t.Helper()
 		var ops []clientv3.Op
@@ -620,17 +625,19 @@ func TestGuards(t *testing.T) {
 		rev  int64
 		want bool
 	}{{r3, false}, {s + 2, true}, {s + 2, false}, {r3, true}, {r3, false}, {r4, true},
-		{s + 2, false}} // a late copy of the delete (a timed-out txn green commits after all) must not delete the key again
+		{s + 2, false}, // a late copy of the delete (a timed-out txn green commits after all) must not delete the key again
+		{r5, true}, {r6, true},
+		{r5, false}} // nor a late copy of an update put the key back
 	for _, st := range steps {
 		before := revision(t, green)
 		if got := txn(st.rev); got != st.want {
 			t.Errorf("revision %d sent with green at %d: applied %v, want %v", st.rev, before, got, st.want)
 		}
 	}
-	if got := revision(t, green); got != r4 {
-		t.Fatalf("green at %d, want %d", got, r4)
+	if got := revision(t, green); got != r6 {
+		t.Fatalf("green at %d, want %d", got, r6)
 	}
-	if a, b := all(t, blue, r4), all(t, green, r4); a != b {
+	if a, b := all(t, blue, r6), all(t, green, r6); a != b {
 		t.Fatal("blue and green differ")
 	}
 }
