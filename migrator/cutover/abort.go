@@ -34,6 +34,9 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		r.emit(Event{Type: EventReport, Report: rep})
 		return rep, fmt.Errorf("step %s: %w", s.name(), err)
 	}
+	if s.name() == StepPreflight {
+		return r.failPreflight(err)
+	}
 	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
 	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err))
 	rep := r.report(ResultAborted, err)
@@ -49,6 +52,20 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
+}
+
+// failPreflight ends a run whose preflight failed. The preflight changes nothing, so there is
+// nothing to abort: what it found (a proxy fenced, ports in use, green processes running) may
+// be someone else's, another run of the same plan even, and is left alone.
+func (r *runner) failPreflight(err error) (*Report, error) {
+	r.j.State, r.j.AbortReason = StateAborted, "preflight failed: "+err.Error()
+	if serr := r.saveJournal(); serr != nil {
+		err = fmt.Errorf("%w; saving the journal: %w", err, serr)
+	}
+	rep := r.report(ResultAborted, err)
+	rep.Next = "nothing was changed: fix what the preflight names and run the cutover again"
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, fmt.Errorf("cutover stopped at step %s, nothing was changed: %w", StepPreflight, err)
 }
 
 // proxyOnTarget reports whether the proxy answers with r.to (green in a cutover) as its

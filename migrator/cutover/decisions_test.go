@@ -532,3 +532,29 @@ func TestFenceJournaledButNeverSent(t *testing.T) {
 		t.Errorf("journal after the resume: %+v, %v; want the fence journaled afresh", final, err)
 	}
 }
+
+// TestPreflightFailureChangesNothing: the preflight changes nothing, so its failure must not
+// abort: a proxy fenced by someone else stays fenced, and processes with green's command line
+// (another run of the same plan, say) are not stopped.
+func TestPreflightFailureChangesNothing(t *testing.T) {
+	p, _ := validPlan(t)
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 3, Fenced: true, Reason: "someone else's"}
+	var calls []string
+	var stopped []int
+	procs := fakeProcesses(map[int]bool{555: true}, &stopped)
+	procs.find = func([]string) int { return 555 }
+	r := (&runner{o: Options{Plan: p}, p: p, adm: memProxy(st, &calls), procs: procs, steps: replicateSteps}).forward()
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.fail(t.Context(), preflightStep{}, errors.New("the proxy is fenced"))
+	if err == nil || !strings.Contains(rep.Next, "nothing was changed") {
+		t.Fatalf("report %+v, %v: want a failure saying nothing was changed", rep, err)
+	}
+	if len(calls) > 0 || len(stopped) > 0 || !st.Fenced {
+		t.Fatalf("proxy calls %v, stopped %v, fenced %v: want none, none, still fenced", calls, stopped, st.Fenced)
+	}
+}
