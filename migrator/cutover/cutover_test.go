@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -70,6 +71,10 @@ func TestParsePlan(t *testing.T) {
 		}, []string{`onConflict "mine"`}},
 		{"missing fields", func(p *Plan) { p.Green.Etcd.Binary = ""; p.Blue.APIServer.Kubeconfig = "" }, []string{"green.etcd.binary is required", "blue.apiserver.kubeconfig is required"}},
 		{"relative data dir", func(p *Plan) { p.Green.Etcd.Members[0].DataDir = "green" }, []string{"must be absolute"}},
+		// The run lock and the journal are found through it: relative, a run from another
+		// directory would find neither, and a second run would start.
+		{"relative state dir", func(p *Plan) { p.StateDir = "state" }, []string{`stateDir "state" must be absolute`}},
+		{"negative timeout", func(p *Plan) { p.Timeouts.Window = Duration(-time.Second) }, []string{`"-1s" is negative`}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
 		{"version not exact", func(p *Plan) { p.Green.Etcd.Version = "3.6" }, []string{`green.etcd.version: "3.6" is not an etcd version`}},
 		{"both launchers", func(p *Plan) { p.Green.APIServer.StaticPod = &StaticPod{Manifest: "x", ManifestDir: "/"} }, []string{"not both"}},

@@ -216,6 +216,9 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if err != nil {
 		return fmt.Errorf("line %d: %q is not a duration like 30s or 5m", n.Line, n.Value)
 	}
+	if v < 0 { // every one is a bound or a period: a step would start past its deadline
+		return fmt.Errorf("line %d: %q is negative: give a duration like 30s or 5m, or leave it out for the default", n.Line, n.Value)
+	}
 	*d = Duration(v)
 	return nil
 }
@@ -371,8 +374,11 @@ func (p *Plan) validate() []error {
 	if p.APIVersion != PlanAPIVersion || p.Kind != PlanKind {
 		ps.add("apiVersion/kind %q/%q: want %s/%s", p.APIVersion, p.Kind, PlanAPIVersion, PlanKind)
 	}
-	if p.StateDir == "" {
+	switch {
+	case p.StateDir == "":
 		ps.add("stateDir is required: the journal, the snapshot and green's logs go there")
+	case !filepath.IsAbs(p.StateDir):
+		ps.add("stateDir %q must be absolute: the run's lock and journal are found through it, whatever directory kubefence runs in", p.StateDir)
 	}
 	if m := p.Proxy.FenceMode; m != admin.ModeRefuse && m != admin.ModeHold {
 		ps.add("proxy.fenceMode %q: want %s or %s", m, admin.ModeRefuse, admin.ModeHold)
