@@ -310,14 +310,25 @@ func (p *Plan) revisionBump() int64 {
 // LoadPlan reads a plan file and checks its shape (ParsePlan) and the files it names
 // (CheckFiles); every problem is reported at once.
 func LoadPlan(path string) (*Plan, error) {
+	p, err := ReadPlan(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("plan %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ReadPlan reads and parses a plan file, checking its shape but not the files it names: for
+// the commands that must work when some are gone (abort, cleanup, status), which need the
+// journal and the proxies, and report a file they do use when they use it.
+func ReadPlan(path string) (*Plan, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read plan: %w", err)
 	}
 	p, err := ParsePlan(data)
-	if err == nil {
-		err = p.CheckFiles()
-	}
 	if err != nil {
 		return nil, fmt.Errorf("plan %s: %w", path, err)
 	}

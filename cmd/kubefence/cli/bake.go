@@ -56,6 +56,7 @@ type cutoverStatusOptions struct {
 
 func newCutoverStatusCommand(g *globals) *cobra.Command {
 	o := &cutoverStatusOptions{newCutoverOptions(g)}
+	o.shapeOnly = true
 	return o.planSubcommand(o, "status --plan PLAN", "Show where the cutover in the plan's state dir stands; during a bake, blue's lag behind green")
 }
 

@@ -48,6 +48,8 @@ func TestExitCodes(t *testing.T) {
 	if err := os.WriteFile(badPlan, []byte("apiVersion: kubefence.io/v1alpha1\nkind: CutoverPlan\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A complete plan whose files (/etc/kubernetes/...) are not on this machine.
+	examplePlan := filepath.Join("..", "..", "..", "deploy", "examples", "cutover-plan-kubeadm.yaml")
 	cases := []struct {
 		name string
 		args []string
@@ -68,6 +70,10 @@ func TestExitCodes(t *testing.T) {
 		{"cutover without a plan", []string{"cutover"}, ExitUsage, "", "--plan is required"},
 		{"cutover with a bad plan", []string{"cutover", "--plan", badPlan, "--dry-run"}, ExitUsage, "", "stateDir is required"},
 		{"cutover abort with a bad plan", []string{"cutover", "abort", "--plan", badPlan}, ExitUsage, "", "green.etcd.binary is required"},
+		// The way out needs the journal and the proxies, not the files the plan names (a green
+		// binary or certificate gone must not keep writes fenced): here, no journal at all.
+		{"cutover abort, plan files missing", []string{"cutover", "abort", "--plan", examplePlan}, ExitFailure, "", "no cutover to abort"},
+		{"cutover status, plan files missing", []string{"cutover", "status", "--plan", examplePlan}, ExitFailure, "", "no cutover"},
 		{"migrate without flags", []string{"migrate", "v2-to-v3"}, ExitUsage, "", "--data-dir is required"},
 		{"migrate bad conflict policy", []string{"migrate", "v2-to-v3", "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both"`},
 		{"migrate bad clock", []string{"migrate", "v2-to-v3", "--ttl-clock", "yesterday"}, ExitUsage, "", "--ttl-clock"},

@@ -24,6 +24,9 @@ type cutoverOptions struct {
 	logger   func() *slog.Logger
 
 	plan *cutover.Plan
+	// shapeOnly: the plan's files are not checked when it is read (abort, cleanup, status
+	// must work when some are gone).
+	shapeOnly bool
 }
 
 func (o *cutoverOptions) addFlags(cmd *cobra.Command, planUsage string) {
@@ -42,7 +45,11 @@ func (o *cutoverOptions) Complete([]string) (err error) {
 	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
-	if o.planFile != "" {
+	switch {
+	case o.planFile == "":
+	case o.shapeOnly:
+		o.plan, err = cutover.ReadPlan(o.planFile)
+	default:
 		o.plan, err = cutover.LoadPlan(o.planFile)
 	}
 	return err
@@ -132,6 +139,7 @@ type cutoverCleanupOptions struct {
 
 func newCutoverCleanupCommand(g *globals) *cobra.Command {
 	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
+	o.shapeOnly = true
 	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)")
 	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker)")
 	return cmd
@@ -165,6 +173,7 @@ type cutoverAbortOptions struct {
 
 func newCutoverAbortCommand(g *globals) *cobra.Command {
 	o := &cutoverAbortOptions{newCutoverOptions(g)}
+	o.shapeOnly = true
 	return o.planSubcommand(o, "abort --plan PLAN", "Stop a cutover before its switch: stop green, unfence blue")
 }
 
