@@ -75,6 +75,12 @@ func TestParsePlan(t *testing.T) {
 		// directory would find neither, and a second run would start.
 		{"relative state dir", func(p *Plan) { p.StateDir = "state" }, []string{`stateDir "state" must be absolute`}},
 		{"negative timeout", func(p *Plan) { p.Timeouts.Window = Duration(-time.Second) }, []string{`"-1s" is negative`}},
+		// etcd binds to them: an IP (or localhost) and a port, no path, or it refuses to start.
+		{"green etcd URLs etcd cannot bind", func(p *Plan) {
+			m := &p.Green.Etcd.Members[0]
+			m.ClientURL, m.PeerURL, m.MetricsURL = "http://green-etcd.example:2479", "http://127.0.0.1", "http://127.0.0.1:2381/metrics"
+		}, []string{`clientURL "http://green-etcd.example:2479"`, `peerURL "http://127.0.0.1"`, `metricsURL "http://127.0.0.1:2381/metrics"`}},
+		{"metrics URL taken", func(p *Plan) { m := &p.Green.Etcd.Members[0]; m.MetricsURL = m.PeerURL }, []string{"is used twice"}},
 		{"same url", func(p *Plan) { p.Green.APIServer.URL = p.Blue.APIServer.URL }, []string{"is blue's URL"}},
 		{"version not exact", func(p *Plan) { p.Green.Etcd.Version = "3.6" }, []string{`green.etcd.version: "3.6" is not an etcd version`}},
 		{"both launchers", func(p *Plan) { p.Green.APIServer.StaticPod = &StaticPod{Manifest: "x", ManifestDir: "/"} }, []string{"not both"}},

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -360,6 +361,20 @@ type problems []error
 
 func (ps *problems) add(format string, args ...any) { *ps = append(*ps, fmt.Errorf(format, args...)) }
 
+// bindURL is url for a URL etcd listens on: etcd refuses to start unless its host is an IP
+// (or localhost), it has a port, and no path.
+func (ps *problems) bindURL(field, u string) {
+	n := len(*ps)
+	if ps.url(field, u); len(*ps) > n {
+		return
+	}
+	pu, _ := url.Parse(u)
+	host, port, err := net.SplitHostPort(pu.Host)
+	if err != nil || port == "" || (host != "localhost" && net.ParseIP(host) == nil) || (pu.Path != "" && pu.Path != "/") {
+		ps.add("%s %q: etcd listens on it, so give an IP address (or localhost) and a port, without a path, like https://10.0.0.1:2379", field, u)
+	}
+}
+
 // url refuses an empty or non-http(s) URL.
 func (ps *problems) url(field, u string) {
 	if u == "" {
@@ -441,15 +456,23 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		} else if !filepath.IsAbs(m.DataDir) {
 			ps.add("%s.dataDir %q must be absolute", f, m.DataDir)
 		}
-		ps.url(f+".clientURL", m.ClientURL)
-		ps.url(f+".peerURL", m.PeerURL)
+		if m.External { // its host binds them
+			ps.url(f+".clientURL", m.ClientURL)
+			ps.url(f+".peerURL", m.PeerURL)
+		} else {
+			ps.bindURL(f+".clientURL", m.ClientURL)
+			ps.bindURL(f+".peerURL", m.PeerURL)
+			if m.MetricsURL != "" {
+				ps.bindURL(f+".metricsURL", m.MetricsURL)
+			}
+		}
 		switch {
 		case m.External && !m.Learner:
 			ps.add("%s.external needs learner: true (a member on another host joins as a learner; only this host's are restored)", f)
 		case i == 0 && m.Learner:
 			ps.add("%s: the first member is restored from the snapshot; learners join it (learner: true on a later member)", f)
 		}
-		unique := []string{m.Name, m.ClientURL, m.PeerURL}
+		unique := []string{m.Name, m.ClientURL, m.PeerURL, m.MetricsURL}
 		if !m.External { // an external member's data dir is on its own host
 			unique = append(unique, m.DataDir)
 		}
