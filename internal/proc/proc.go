@@ -5,6 +5,7 @@ package proc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -88,16 +89,26 @@ func Find(argv []string) int {
 }
 
 // Stop sends SIGTERM, then SIGKILL after grace, and waits (up to 5s more) for the process to
-// be gone.
+// be gone. A process that leads its own process group (Daemon's, by setsid) is signalled with
+// its group: a wrapper's child (a shell running the real program without exec) goes with it.
 func Stop(pid int, argv []string, grace time.Duration) {
 	if !Alive(pid, argv) {
 		return
 	}
-	gone := func(context.Context) (bool, error) { return !Alive(pid, argv), nil }
-	_ = syscall.Kill(pid, syscall.SIGTERM)
+	target := pid
+	if pgid, err := syscall.Getpgid(pid); err == nil && pgid == pid {
+		target = -pid
+	}
+	gone := func(context.Context) (bool, error) {
+		if Alive(pid, argv) {
+			return false, nil
+		}
+		return target == pid || errors.Is(syscall.Kill(target, 0), syscall.ESRCH), nil
+	}
+	_ = syscall.Kill(target, syscall.SIGTERM)
 	if wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, grace, true, gone) == nil {
 		return
 	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
+	_ = syscall.Kill(target, syscall.SIGKILL)
 	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 5*time.Second, true, gone)
 }

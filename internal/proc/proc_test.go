@@ -1,13 +1,18 @@
 package proc
 
 import (
+	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestAliveMatchesWholeCommandLine: a process of the same binary with other arguments (another
@@ -55,6 +60,9 @@ func TestDaemonStop(t *testing.T) {
 	}{
 		{"exits on SIGTERM", "echo hello; sleep 30; true"},
 		{"ignores SIGTERM", "trap '' TERM; echo hello; sleep 30; true"},
+		// A wrapper (a shell that runs the real program without exec): the program is in the
+		// daemon's process group and must go with it, or it is left running, unknown to all.
+		{"a wrapper and its child", "sleep 30 & echo hello; wait"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,6 +86,12 @@ func TestDaemonStop(t *testing.T) {
 			Stop(pid, argv, 300*time.Millisecond)
 			if Alive(pid, argv) {
 				t.Fatalf("pid %d alive after Stop (%s)", pid, time.Since(start))
+			}
+			// Its group (setsid: the pid is its id) is gone too, once init has reaped it.
+			if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 3*time.Second, true, func(context.Context) (bool, error) {
+				return errors.Is(syscall.Kill(-pid, 0), syscall.ESRCH), nil
+			}); err != nil {
+				t.Fatalf("a process of pid %d's group still runs after Stop", pid)
 			}
 			if b, err := os.ReadFile(log); err != nil || !strings.HasPrefix(string(b), "### ") || !strings.Contains(string(b), "kubefence test starts") {
 				t.Errorf("log %q, %v: want the start line first", b, err)
