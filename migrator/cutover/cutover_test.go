@@ -129,6 +129,26 @@ func TestCheckFiles(t *testing.T) {
 			t.Errorf("CheckFiles: %v; want %q", err, w)
 		}
 	}
+
+	// A proxy's admin client files, blue's WAL dir, and binaries that are no program.
+	p, _ = validPlan(t)
+	notExec := filepath.Join(t.TempDir(), "etcd")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.Green.Etcd.Binary = notExec
+	p.Green.APIServer.Command = []string{t.TempDir(), "--etcd-servers=https://10.0.0.2:2379"}
+	p.Proxies = []ProxyRef{{AdminAddress: "https://10.0.0.5:9443", CertFile: "/nonexistent/admin.crt", KeyFile: "/nonexistent/admin.key", CAFile: "/nonexistent/admin-ca.crt"}}
+	p.Migration.Mode, p.Blue.Etcd.DataDir, p.Blue.Etcd.WALDir = "auto", t.TempDir(), "/nonexistent/wal"
+	if err := os.Mkdir(filepath.Join(p.Blue.Etcd.DataDir, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err = p.CheckFiles()
+	for _, w := range []string{"green.etcd.binary " + strconv.Quote(notExec) + " is not executable", "green.apiserver.command[0]", "proxies[0].certFile", "proxies[0].keyFile", "proxies[0].caFile", `blue.etcd.walDir "/nonexistent/wal" is not a directory`} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("CheckFiles: %v; want %q", err, w)
+		}
+	}
 }
 
 // TestGreenApartFromBlue: a green data dir inside blue's member (through a symlink) parses,

@@ -579,8 +579,8 @@ func (p *Plan) validateBake(ps *problems) {
 // planPath is a file or directory a plan names.
 type planPath struct {
 	field, path string
-	// want is what must be there: a file (anything stat-able), a directory, or an etcd member
-	// data dir (a directory holding member/).
+	// want is what must be there: a file (anything stat-able), a directory, an etcd member
+	// data dir (a directory holding member/), or a program.
 	want pathKind
 }
 
@@ -590,6 +590,7 @@ const (
 	aFile pathKind = iota
 	aDir
 	aMemberDir
+	aProgram // a regular file with an execute bit
 )
 
 // paths lists the files and directories the plan names and the cutover reads, set or not.
@@ -600,12 +601,16 @@ func (p *Plan) paths() []planPath {
 		{"blue.etcd.caFile", p.Blue.Etcd.CAFile, aFile},
 		{"blue.etcd.certFile", p.Blue.Etcd.CertFile, aFile},
 		{"blue.etcd.keyFile", p.Blue.Etcd.KeyFile, aFile},
-		{"green.etcd.binary", p.Green.Etcd.Binary, aFile},
+		{"green.etcd.binary", p.Green.Etcd.Binary, aProgram},
 		{"green.apiserver.kubeconfig", a.Kubeconfig, aFile},
 		{"green.apiserver.caFile", a.CAFile, aFile},
 	}
 	if len(a.Command) > 0 {
-		ps = append(ps, planPath{"green.apiserver.command[0]", a.Command[0], aFile})
+		ps = append(ps, planPath{"green.apiserver.command[0]", a.Command[0], aProgram})
+	}
+	for i, pr := range p.Proxies {
+		f := fmt.Sprintf("proxies[%d]", i)
+		ps = append(ps, planPath{f + ".certFile", pr.CertFile, aFile}, planPath{f + ".keyFile", pr.KeyFile, aFile}, planPath{f + ".caFile", pr.CAFile, aFile})
 	}
 	if sp := a.StaticPod; sp != nil {
 		ps = append(ps, planPath{"green.apiserver.staticPod.manifest", sp.Manifest, aFile}, planPath{"green.apiserver.staticPod.manifestDir", sp.ManifestDir, aDir})
@@ -614,11 +619,11 @@ func (p *Plan) paths() []planPath {
 		f := fmt.Sprintf("green.apiservers[%d]", i)
 		ps = append(ps, planPath{f + ".kubeconfig", x.Kubeconfig, aFile}, planPath{f + ".caFile", x.CAFile, aFile})
 		if len(x.Command) > 0 {
-			ps = append(ps, planPath{f + ".command[0]", x.Command[0], aFile})
+			ps = append(ps, planPath{f + ".command[0]", x.Command[0], aProgram})
 		}
 	}
 	if p.Migration.Mode != "snapshot" && !p.replicating() {
-		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir})
+		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir}, planPath{"blue.etcd.walDir", p.Blue.Etcd.WALDir, aDir})
 	}
 	return append(ps, p.Green.Etcd.TLS.files()...)
 }
@@ -641,6 +646,10 @@ func (p *Plan) CheckFiles() error {
 			ps.add("%s: %v", f.field, err)
 		case f.want == aDir && (err != nil || !st.IsDir()):
 			ps.add("%s %q is not a directory", f.field, f.path)
+		case f.want == aProgram && err != nil:
+			ps.add("%s: %v", f.field, err)
+		case f.want == aProgram && (!st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0):
+			ps.add("%s %q is not executable (mode %v): give the program's path", f.field, f.path, st.Mode())
 		case f.want == aMemberDir:
 			if st, err := os.Stat(filepath.Join(f.path, "member")); err != nil || !st.IsDir() {
 				ps.add("%s %s is not an etcd member data dir (no member/ directory)", f.field, f.path)
