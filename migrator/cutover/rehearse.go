@@ -272,7 +272,7 @@ func (r *runner) finishRehearsal() (*Report, error) {
 		rep.Result = ResultFailed
 		rep.Next = "tearing green down did not complete: run 'kubefence cutover cleanup --plan …' to stop what is left"
 	} else {
-		rep.Next = "green was torn down (processes stopped, its data dirs removed); writes were never fenced. Run the cutover without --rehearse when ready."
+		rep.Next = "green was torn down (processes stopped, its data dirs removed)" + r.p.leftOnHosts() + "; writes were never fenced. Run the cutover without --rehearse when ready."
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, err

@@ -1,6 +1,8 @@
 package cutover
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +47,26 @@ func TestRehearsalPrediction(t *testing.T) {
 	m.WatchMoveError = "forbidden"
 	if got := m.WatchMoveText(); got != "not timed, left out (forbidden)" {
 		t.Errorf("watch move %q, want it said as left out, with why", got)
+	}
+}
+
+// TestRehearsalNamesWhatHostsStarted: a rehearsal tears down what it started; a green
+// apiserver another host starts keeps running against a green that is gone, so the report
+// says to stop it there, as an abort's does.
+func TestRehearsalNamesWhatHostsStarted(t *testing.T) {
+	p, _ := validPlan(t)
+	p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://10.0.0.12:7443", Kubeconfig: p.Green.APIServer.Kubeconfig}}}
+	var calls []string
+	var stopped []int
+	r := (&runner{o: Options{Plan: p, Rehearse: true}, p: p, adm: memProxy(&admin.Status{Backend: p.Blue.APIServer.URL}, &calls), procs: fakeProcesses(map[int]bool{}, &stopped), steps: replicateSteps}).forward()
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.finishRehearsal()
+	if err != nil || !strings.Contains(rep.Next, "green apiserver https://10.0.0.12:7443, which kubefence does not stop") {
+		t.Fatalf("report %+v, %v: want it to name the green apiserver its host started", rep, err)
 	}
 }
