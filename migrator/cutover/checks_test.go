@@ -409,3 +409,49 @@ func TestStaticPodWaitsForReadyz(t *testing.T) {
 		})
 	}
 }
+
+// TestGreenAPIServerNotOnBlueEtcd: a green apiserver whose --etcd-servers name blue's etcd (a
+// command or manifest copied from blue's) would serve blue's data: verify would compare blue
+// with blue, and the switch would send every request to blue's etcd through it. The preflight
+// refuses it.
+func TestGreenAPIServerNotOnBlueEtcd(t *testing.T) {
+	manifest := func(t *testing.T, servers string) *StaticPod {
+		dir := t.TempDir()
+		m := writeFile(t, dir, "kube-apiserver-green.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: kube-apiserver-green, namespace: kube-system}
+spec:
+  containers:
+  - name: kube-apiserver
+    image: registry.k8s.io/kube-apiserver:v1.36.0
+    command: [kube-apiserver, --advertise-address=10.0.0.2, "--etcd-servers=`+servers+`"]
+`)
+		return &StaticPod{Manifest: m, ManifestDir: t.TempDir()}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(t *testing.T, p *Plan)
+		want string // "" for none
+	}{
+		{"green's etcd", func(*testing.T, *Plan) {}, ""},
+		{"blue's etcd", func(_ *testing.T, p *Plan) { p.Green.APIServer.Command[1] = "--etcd-servers=https://10.0.0.1:2379" }, "green.apiserver's --etcd-servers names https://10.0.0.1:2379"},
+		{"blue's among green's, flag and value apart", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command[:1], "--etcd-servers", "http://127.0.0.1:2479,https://10.0.0.1:2379/")
+		}, "https://10.0.0.1:2379/"},
+		{"a static pod on blue's etcd", func(t *testing.T, p *Plan) {
+			p.Green.APIServer.Command, p.Green.APIServer.StaticPod = nil, manifest(t, "https://10.0.0.1:2379")
+		}, "blue.etcd.endpoints"},
+		{"a static pod on green's", func(t *testing.T, p *Plan) {
+			p.Green.APIServer.Command, p.Green.APIServer.StaticPod = nil, manifest(t, "http://127.0.0.1:2479")
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			tc.edit(t, p)
+			err := checkGreenEtcdServers(p)
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("checkGreenEtcdServers = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -11,7 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/version"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -38,7 +40,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -205,4 +207,68 @@ func enoughSpace(dir string, need int64) error {
 			return fmt.Errorf("%s: cannot tell free space", dir)
 		}
 	}
+}
+
+// checkGreenEtcdServers refuses a green apiserver this host starts whose --etcd-servers name
+// one of blue's etcd endpoints (a command or a manifest copied from blue's): it would serve
+// blue's data, verify would compare blue with blue, and the switch would send every request
+// to blue's etcd through it. An apiserver its own host starts is that host's to check.
+func checkGreenEtcdServers(p *Plan) error {
+	blue := map[string]bool{}
+	for _, e := range p.Blue.Etcd.Endpoints {
+		blue[proc.HostPort(e)] = true
+	}
+	var errs []error
+	for i, a := range p.greenAPIServers() {
+		field := "green.apiserver"
+		if i > 0 {
+			field = fmt.Sprintf("green.apiservers[%d]", i-1)
+		}
+		args := a.Command
+		if a.StaticPod != nil {
+			var err error
+			if args, err = manifestArgs(a.StaticPod.Manifest); err != nil {
+				errs = append(errs, fmt.Errorf("%s.staticPod.manifest: %w", field, err))
+				continue
+			}
+		}
+		for _, s := range etcdServers(args) {
+			if blue[proc.HostPort(s)] {
+				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, one of blue.etcd.endpoints: green's apiserver would serve blue's data; give it green's etcd members' client URLs", field, s))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
+// "--etcd-servers a,b"), split at commas.
+func etcdServers(args []string) []string {
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, "--etcd-servers=")
+		if !ok && a == "--etcd-servers" && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if ok {
+			return strings.Split(v, ",")
+		}
+	}
+	return nil
+}
+
+// manifestArgs is the command and arguments of every container of a static pod manifest.
+func manifestArgs(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(data, &pod); err != nil {
+		return nil, fmt.Errorf("not a pod manifest: %w", err)
+	}
+	var args []string
+	for _, c := range pod.Spec.Containers {
+		args = append(append(args, c.Command...), c.Args...)
+	}
+	return args, nil
 }
