@@ -1,9 +1,14 @@
 package cutover
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net/url"
 	"path/filepath"
 
+	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
@@ -116,4 +121,80 @@ func (t *GreenEtcdTLS) tlsArgs() []string {
 		"--trusted-ca-file", t.CAFile, "--cert-file", t.ServerCertFile, "--key-file", t.ServerKeyFile, "--client-cert-auth",
 		"--peer-trusted-ca-file", t.CAFile, "--peer-cert-file", t.PeerCertFile, "--peer-key-file", t.PeerKeyFile, "--peer-client-cert-auth",
 	}
+}
+
+// checkGreenTLS loads green etcd's TLS files and checks what etcd and the cutover need of
+// them: each certificate goes with its key and is signed by the CA for its use (serving:
+// server auth; peer: server and client auth; kubefence's own: client auth); the serving and
+// peer certificates cover this host's members' URLs; and kubefence's certificate's CN, its
+// etcd user once auth is on (mode replicate), is not the green apiserver's.
+func checkGreenTLS(p *Plan) error {
+	t := p.Green.Etcd.TLS
+	if t == nil {
+		return nil
+	}
+	roots, err := tlsutil.LoadCAPool(t.CAFile)
+	if err != nil {
+		return fmt.Errorf("green.etcd.tls.caFile: %w", err)
+	}
+	var errs []error
+	load := func(what, cert, key string, usages ...x509.ExtKeyUsage) *x509.Certificate {
+		c, err := loadSignedPair(roots, cert, key, usages)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("green.etcd.tls.%sCertFile and %sKeyFile: %w", what, what, err))
+		}
+		return c
+	}
+	server := load("server", t.ServerCertFile, t.ServerKeyFile, x509.ExtKeyUsageServerAuth)
+	peer := load("peer", t.PeerCertFile, t.PeerKeyFile, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	self := load("client", t.ClientCertFile, t.ClientKeyFile, x509.ExtKeyUsageClientAuth)
+	for _, m := range p.Green.Etcd.Members {
+		if m.External {
+			continue // its host's certificates
+		}
+		errs = append(errs, covers(server, "serverCertFile", m.ClientURL), covers(peer, "peerCertFile", m.PeerURL))
+	}
+	if self != nil && p.replicating() {
+		switch cn := self.Subject.CommonName; cn {
+		case "":
+			errs = append(errs, fmt.Errorf("green.etcd.tls.clientCertFile %s has no CN: etcd auth takes it as kubefence's user name", t.ClientCertFile))
+		case p.Green.APIServer.EtcdUser:
+			errs = append(errs, fmt.Errorf("green.etcd.tls.clientCertFile %s has CN %q, the same as the green apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", t.ClientCertFile, cn))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loadSignedPair loads a certificate with its key and verifies it against roots for each of
+// usages.
+func loadSignedPair(roots *x509.CertPool, cert, key string, usages []x509.ExtKeyUsage) (*x509.Certificate, error) {
+	kp, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range usages {
+		if _, err := kp.Leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
+			return nil, fmt.Errorf("%s is not signed by green.etcd.tls.caFile for %s: %w", cert, usageName(u), err)
+		}
+	}
+	return kp.Leaf, nil
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	if u == x509.ExtKeyUsageServerAuth {
+		return "serving"
+	}
+	return "client use"
+}
+
+// covers says whether c (nil: already refused) is valid for u's host.
+func covers(c *x509.Certificate, field, u string) error {
+	pu, err := url.Parse(u)
+	if c == nil || err != nil {
+		return nil
+	}
+	if err := c.VerifyHostname(pu.Hostname()); err != nil {
+		return fmt.Errorf("green.etcd.tls.%s does not cover %s (%s): %w", field, pu.Hostname(), u, err)
+	}
+	return nil
 }
