@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strings"
@@ -351,22 +350,11 @@ func TestAdminClientCertExpiryPerRequest(t *testing.T) {
 		o.AdminListen, o.AdminClientCAFile = "127.0.0.1:0", adminCA.pem
 	})
 	short, _, _ := adminCA.issueUntil(t, f.dir, "short-op", "operator", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(1500*time.Millisecond))
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: f.serverCAs,
+	hc := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: f.serverCAs,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &short, nil }}}}
 	defer hc.CloseIdleConnections()
-	get := func() (int, bool) {
-		t.Helper()
-		reused := false
-		ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+f.p.AdminAddr().String()+"/v1/status", nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, reused
-	}
+	status := "https://" + f.p.AdminAddr().String() + "/v1/status"
+	get := func() (int, bool) { return getReused(t, hc, status) }
 	if code, _ := get(); code != http.StatusOK {
 		t.Fatalf("status with a valid admin certificate: %d", code)
 	}

@@ -354,21 +354,21 @@ func (s *Server) serveAll() {
 	})
 }
 
-// verifyAdminClient checks the admin client's certificate chain against cas on every request:
-// the handshake checked it once, and a keep-alive connection may outlive the certificate.
+// verifyAdminClient checks the admin client's certificate chain against cas on every request,
+// with the same x509 authenticator as the API listener's clients: the handshake checked it
+// once, and a keep-alive connection may outlive the certificate.
 func verifyAdminClient(cas *x509.CertPool, next http.Handler) http.Handler {
+	authn := newClientAuthenticator(func() (x509.VerifyOptions, bool) {
+		return x509.VerifyOptions{Roots: cas, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, true
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var err error = errors.New("no client certificate")
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			certs := r.TLS.PeerCertificates
-			inter := x509.NewCertPool()
-			for _, c := range certs[1:] {
-				inter.AddCert(c)
+		_, ok, err := authn.AuthenticateRequest(r)
+		if !ok || err != nil {
+			why := "no client certificate"
+			if err != nil {
+				why = err.Error()
 			}
-			_, err = certs[0].Verify(x509.VerifyOptions{Roots: cas, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-		}
-		if err != nil {
-			writeJSON(w, http.StatusUnauthorized, admin.Error{Error: "admin client certificate: " + err.Error()})
+			writeJSON(w, http.StatusUnauthorized, admin.Error{Error: "admin client certificate: " + why})
 			return
 		}
 		next.ServeHTTP(w, r)
