@@ -4,10 +4,13 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // Write replaces path with data, created with mode.
@@ -64,4 +67,36 @@ func SyncDirs(root string) error {
 		}
 		return SyncDir(p)
 	})
+}
+
+// PlaceDir renames the directory tmp, built by the caller, to dst: every directory in tmp is
+// synced first (what etcd's restore and bbolt write is synced as files, not as entries of
+// their directories), dst may only be absent or an empty directory (then removed), the rename
+// never replaces anything, and dst's parent is synced.
+func PlaceDir(tmp, dst string) error {
+	if err := SyncDirs(tmp); err != nil {
+		return err
+	}
+	if entries, err := os.ReadDir(dst); err == nil && len(entries) == 0 {
+		if err := os.Remove(dst); err != nil {
+			return err
+		}
+	}
+	if err := RenameNoReplace(tmp, dst); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(dst))
+}
+
+// RenameNoReplace renames src to dst, failing with an error that wraps os.ErrExist if dst
+// exists.
+func RenameNoReplace(src, dst string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("%s: %w", dst, os.ErrExist)
+	}
+	if err != nil {
+		return fmt.Errorf("rename %s to %s: %w", src, dst, err)
+	}
+	return nil
 }

@@ -120,6 +120,8 @@ func CheckFresh(role, output string) error {
 		return nil
 	case err != nil:
 		return fmt.Errorf("%s %s: %w", role, output, err)
+	case st.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("%s %s is a symlink: give the directory it points to, or a new path", role, output)
 	case !st.IsDir():
 		return fmt.Errorf("%s %s is a file: refusing to overwrite it (choose a new path)", role, output)
 	}

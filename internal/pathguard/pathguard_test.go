@@ -3,6 +3,7 @@ package pathguard
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -84,5 +85,29 @@ func TestCheckApartBindMount(t *testing.T) {
 	t.Cleanup(func() { unmount(mnt) })
 	if err := CheckApart("the output", filepath.Join(mnt, "out"), "the source", "src"); !IsOverlap(err) {
 		t.Fatalf("an output under a bind mount of the source: %v, want an overlap", err)
+	}
+}
+
+func TestCheckFresh(t *testing.T) {
+	dir := t.TempDir()
+	full, empty, file, link := filepath.Join(dir, "full"), filepath.Join(dir, "empty"), filepath.Join(dir, "file"), filepath.Join(dir, "link")
+	for _, err := range []error{os.Mkdir(full, 0o700), os.WriteFile(filepath.Join(full, "x"), nil, 0o600), os.Mkdir(empty, 0o700),
+		os.WriteFile(file, nil, 0o600), os.Symlink(empty, link)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		path, want string // want "" for none
+	}{
+		{filepath.Join(dir, "new"), ""},
+		{empty, ""},
+		{full, "is not empty"},
+		{file, "is a file"},
+		{link, "is a symlink"},
+	} {
+		if err := CheckFresh("--output-dir", tc.path); (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("CheckFresh(%s) = %v, want %q", filepath.Base(tc.path), err, tc.want)
+		}
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/internal/pathguard"
 )
@@ -58,18 +56,6 @@ func backupTo(dataDir, root, dst string) (BackupReport, error) {
 	}
 	rep.Backup, rep.Files, rep.Bytes, rep.Duration = dst, len(m), m.Bytes(), time.Since(start)
 	return rep, nil
-}
-
-// renameNoReplace renames, failing if dst exists.
-func renameNoReplace(src, dst string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("%s: %w", dst, os.ErrExist)
-	}
-	if err != nil {
-		return fmt.Errorf("rename %s to %s: %w", src, dst, err)
-	}
-	return nil
 }
 
 // RestoreReport says what a restore did.
@@ -122,7 +108,7 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 	}
 	if _, err := os.Stat(dataDir); err == nil {
 		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
-		if err := renameNoReplace(dataDir, rep.Replaced); err != nil {
+		if err := atomicfile.RenameNoReplace(dataDir, rep.Replaced); err != nil {
 			os.RemoveAll(tmp)
 			return rep, err
 		}

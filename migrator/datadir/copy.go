@@ -335,20 +335,12 @@ func BuildInto(dst string, build func(tmp string) error) error {
 		return fail(err)
 	}
 	// What build wrote may come from etcd's restore, which syncs its files but not the
-	// directories naming them: synced here, so that a crash after the rename cannot leave dst
-	// without its WAL dir (etcd would start a new member there).
-	if err := atomicfile.SyncDirs(tmp); err != nil {
+	// directories naming them: PlaceDir syncs them, so that a crash after the rename cannot
+	// leave dst without its WAL dir (etcd would start a new member there).
+	if err := atomicfile.PlaceDir(tmp, dst); err != nil {
 		return fail(err)
 	}
-	if entries, err := os.ReadDir(dst); err == nil && len(entries) == 0 {
-		if err := os.Remove(dst); err != nil {
-			return fail(err)
-		}
-	}
-	if err := renameNoReplace(tmp, dst); err != nil {
-		return fail(err)
-	}
-	return atomicfile.SyncDir(filepath.Dir(dst))
+	return nil
 }
 
 // diskHint adds what to do to a full disk.

@@ -285,16 +285,5 @@ func finish(member, outDir string) error {
 	if err := pathguard.CheckFresh("output dir", outDir); err != nil {
 		return err
 	}
-	// etcd's restore and bbolt sync the files they write, not the directories that name them:
-	// after a crash the renamed member could lack its WAL dir, and etcd would start a new one.
-	if err := atomicfile.SyncDirs(member); err != nil {
-		return err
-	}
-	if err := os.Remove(outDir); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("output dir %s: %w", outDir, err)
-	}
-	if err := os.Rename(member, outDir); err != nil {
-		return err
-	}
-	return atomicfile.SyncDir(filepath.Dir(outDir))
+	return atomicfile.PlaceDir(member, outDir)
 }
