@@ -60,7 +60,7 @@ func (s *Server) adminHandler() http.Handler {
 		}
 		resp, err := s.SetBackend(r.Context(), req)
 		switch {
-		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed):
+		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed), errors.Is(err, ErrWritesInFlight):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
 		case err != nil:
 			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})

@@ -16,6 +16,11 @@ import (
 // ErrNotFenced is returned by a backend change while writes are open (invariant switch-only-fenced, docs/invariants.md).
 var ErrNotFenced = errors.New("the backend can be changed only while fenced: run 'kubefence fence on' first")
 
+// ErrWritesInFlight refuses a backend change while writes admitted before the fence still run
+// on the old backend (the barrier did not finish): it could acknowledge them after the switch,
+// and the new backend would never have them.
+var ErrWritesInFlight = errors.New("writes admitted before the fence are still running: wait until 'kubefence fence status' shows none, then switch")
+
 // ErrBadRequest marks an admin request that is not well formed.
 var ErrBadRequest = errors.New("bad request")
 

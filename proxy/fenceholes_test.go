@@ -420,3 +420,46 @@ func writePEMCert(t *testing.T, path string, der []byte) {
 }
 
 func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestNoSwitchWithWritesInFlight: a write admitted before the fence and still running on blue
+// (the barrier timed out) could be acknowledged by blue after the switch, and green would
+// never have it. The switch is refused until it has finished, then allowed.
+func TestNoSwitchWithWritesInFlight(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			arrived <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer blue.Close()
+	free := sync.OnceFunc(func() { close(release) })
+	defer free() // before blue.Close, which waits for the held handler
+	green := newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+	done := make(chan int, 1)
+	go func() {
+		done <- send(t, "POST", p.url+"/api/v1/namespaces/default/configmaps", "application/json", "{}")
+	}()
+	<-arrived
+	if fr := fenceOn(t, p, 100*time.Millisecond); fr.Barrier.Complete {
+		t.Fatalf("barrier complete with a write at blue: %+v", fr.Barrier)
+	}
+	_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL})
+	if apiErr, ok := err.(*admin.APIError); !ok || apiErr.Code != http.StatusConflict || !strings.Contains(err.Error(), "still running") {
+		t.Fatalf("switch with a write in flight: %v, want 409 saying a write is still running", err)
+	}
+	if st := p.Status(); st.Backend != strings.TrimSuffix(blue.URL, "/") {
+		t.Fatalf("backend %s after a refused switch", st.Backend)
+	}
+	free()
+	if code := <-done; code != http.StatusCreated {
+		t.Fatalf("the write got %d", code)
+	}
+	waitFor(t, func() bool { return p.Status().InflightWrites == 0 })
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatalf("switch once the write finished: %v", err)
+	}
+}

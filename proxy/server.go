@@ -239,6 +239,11 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		if !st.Fenced {
 			return ErrNotFenced
 		}
+		// Under the gate's lock no write is admitted; one admitted before the fence and still
+		// running could be acknowledged by the old backend after the switch.
+		if n := s.gate.inflight.len(); n > 0 {
+			return fmt.Errorf("%w: %d write(s) admitted before the fence are still running on %s", ErrWritesInFlight, n, old.url)
+		}
 		st.Backend = nb.url.String()
 		st.BackendCAFile = caFile
 		return nil
