@@ -21,6 +21,9 @@ var ErrNotFenced = errors.New("the backend can be changed only while fenced: run
 // and the new backend would never have them.
 var ErrWritesInFlight = errors.New("writes admitted before the fence are still running: wait until 'kubefence fence status' shows none, then switch")
 
+// ErrConcurrentChange: another admin request changed the fence while this one waited.
+var ErrConcurrentChange = errors.New("concurrent fence change")
+
 // ErrBadRequest marks an admin request that is not well formed.
 var ErrBadRequest = errors.New("bad request")
 

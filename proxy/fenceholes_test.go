@@ -463,3 +463,42 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 		t.Fatalf("switch once the write finished: %v", err)
 	}
 }
+
+// TestFenceAnswerIsItsOwn: fence on answers after its barrier. If another operator turned the
+// fence off and on again meanwhile (a write admitted in between), the answer must not report
+// that other fence's generation as this one's barrier's: the fence it waited for is gone.
+func TestFenceAnswerIsItsOwn(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	api.hold = make(chan struct{})
+	var release sync.Once
+	releaseHold := func() { release.Do(func() { close(api.hold) }) }
+	t.Cleanup(releaseHold) // before the server's Close, which waits for the held handlers
+	p := startProxy(t, api.URL)
+	go func() { _, _, _ = doErr("POST", p.url+"/api/v1/namespaces/default/configmaps") }()
+	waitFor(t, func() bool { return api.writesIn.Load() == 1 })
+	type answer struct {
+		r   admin.FenceResponse
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		r, err := p.admin.Fence(context.Background(), admin.FenceRequest{Fenced: true, Reason: "A", WaitTimeout: admin.Duration(10 * time.Second)})
+		ch <- answer{r, err}
+	}()
+	waitFor(t, func() bool { return p.Status().Generation == 1 })
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _, _ = doErr("POST", p.url+"/api/v1/namespaces/default/configmaps") }() // admitted between B's off and on
+	waitFor(t, func() bool { return api.writesIn.Load() == 2 })
+	go func() { _, _ = p.admin.Fence(context.Background(), admin.FenceRequest{Fenced: true, Reason: "B"}) }()
+	waitFor(t, func() bool { return p.Status().Generation == 3 })
+	releaseHold()
+	a := <-ch
+	if a.err == nil && a.r.Status.Generation != 1 {
+		t.Fatalf("A's fence on answered generation %d (reason %q), another change's, with no error", a.r.Status.Generation, a.r.Status.Reason)
+	}
+	if a.err != nil && !strings.Contains(a.err.Error(), "changed while") {
+		t.Fatalf("A's fence on: %v, want an error saying the fence changed while it waited", a.err)
+	}
+}

@@ -166,7 +166,7 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 		return admin.FenceResponse{Status: s.Status()}, fmt.Errorf("%w: fence mode %q: want %s or %s", ErrBadRequest, mode, admin.ModeRefuse, admin.ModeHold)
 	}
 	start := time.Now()
-	_, err := s.gate.update(func(st *State) error {
+	mine, err := s.gate.update(func(st *State) error {
 		st.Fenced = true
 		st.Reason = reason
 		st.Mode = mode
@@ -183,7 +183,13 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 	}
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
 	s.log.Info("fence on", "reason", reason, "mode", mode, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
-	return admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}, nil
+	resp := admin.FenceResponse{Status: s.Status(), Flip: admin.Duration(flip), Barrier: &barrier}
+	if now := resp.Status.Generation; now != mine.Generation {
+		// Someone changed the fence while this barrier waited: what it waited for is not the
+		// fence now on (writes may have been admitted in between).
+		return resp, fmt.Errorf("%w: the fence changed while its barrier waited (generation %d, now %d, reason %q): check 'kubefence fence status' and fence again", ErrConcurrentChange, mine.Generation, now, resp.Status.Reason)
+	}
+	return resp, nil
 }
 
 // FenceOff reopens writes; with expect (a backend URL), only if the proxy is on that backend,
