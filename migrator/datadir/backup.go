@@ -95,12 +95,20 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 	} else if busy {
 		return rep, fmt.Errorf("%s is in use by a running etcd: stop it before restoring", dataDir)
 	}
+	// An upgrade or downgrade killed in a swap left the member beside dataDir, not in it: put
+	// it back first, as their next run would, so that it is kept below like any data dir.
+	if err := recoverSwap(dataDir); err != nil {
+		return rep, fmt.Errorf("finish the swap an interrupted upgrade or downgrade left in %s: %w", dataDir, err)
+	}
 	if err := os.RemoveAll(tmp); err != nil {
 		return rep, err
 	}
 	m, err := copyTree(backup, tmp, nil)
 	if err == nil {
 		err = Compare(want, m)
+	}
+	if err == nil {
+		err = atomicfile.SyncDirs(tmp) // every directory, not only those holding files
 	}
 	if err != nil {
 		os.RemoveAll(tmp)

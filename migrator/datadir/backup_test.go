@@ -276,3 +276,32 @@ func symlink(t *testing.T, target, link string) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestoreAfterAnInterruptedSwap: an upgrade killed between its swap's two renames leaves
+// no data dir and the member in <dir>.kubefence-old; its error suggests restore-backup. The
+// restore must keep that member (as .replaced-…), not leave it for the next run to delete.
+func TestRestoreAfterAnInterruptedSwap(t *testing.T) {
+	parent := t.TempDir()
+	d := filepath.Join(parent, "m1")
+	writeTree(t, d, memberDir)
+	br, err := Backup(d, filepath.Join(parent, "bk"), "3.4.23", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "written-after-the-backup"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(d, oldPath(d)); err != nil { // killed between the swap's two renames
+		t.Fatal(err)
+	}
+	rr, err := RestoreBackup(br.Backup, d, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := recoverSwap(d); err != nil { // what the next upgrade does first
+		t.Fatal(err)
+	}
+	if rr.Replaced == "" || !exists(filepath.Join(rr.Replaced, "written-after-the-backup")) {
+		t.Fatalf("restore kept %q; want the member that was in %s kept there", rr.Replaced, oldPath(d))
+	}
+}
