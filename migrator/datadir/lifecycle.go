@@ -179,6 +179,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		return nil, err
 	}
 	for _, d := range opts.DataDirs {
+		if opts.DryRun {
+			break // it changes nothing: a swap a killed run left is the real run's to finish
+		}
 		if err := recoverSwap(d); err != nil {
 			return nil, err
 		}

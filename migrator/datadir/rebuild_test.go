@@ -274,3 +274,16 @@ func TestBackupResumedAfterCrash(t *testing.T) {
 		t.Errorf("the first data dir's backup: %q, want it kept from the killed run", got)
 	}
 }
+
+// TestDryRunChangesNothing: a dry run only reports; what an interrupted swap left beside a data
+// dir is a real run's to finish or clean up.
+func TestDryRunChangesNothing(t *testing.T) {
+	parent := t.TempDir()
+	d := filepath.Join(parent, "m1")
+	writeMember(t, d, testPeers[0], 5)
+	writeTree(t, oldPath(d), map[string]string{"x": "the member before a finished swap"})
+	_, _ = Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: true, Target: Version{3, 6, 16}, BinDir: parent})
+	if !exists(oldPath(d)) {
+		t.Fatalf("a dry run removed %s", oldPath(d))
+	}
+}
