@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,10 +28,16 @@ var testPeers = []Peer{
 // cluster 0xc, with commit entries all committed, and a backend whose members bucket lists peers.
 func writeMember(t *testing.T, dir string, self Peer, commit uint64) {
 	t.Helper()
+	writeMemberOf(t, dir, 0xc, self, commit)
+}
+
+// writeMemberOf is writeMember for a member of cluster.
+func writeMemberOf(t *testing.T, dir string, cluster uint64, self Peer, commit uint64) {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Join(dir, "member", "snap"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	md, err := (&etcdserverpb.Metadata{NodeID: self.ID, ClusterID: 0xc}).Marshal()
+	md, err := (&etcdserverpb.Metadata{NodeID: self.ID, ClusterID: cluster}).Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,5 +292,44 @@ func TestDryRunChangesNothing(t *testing.T) {
 	_, _ = Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: true, Target: Version{3, 6, 16}, BinDir: parent})
 	if !exists(oldPath(d)) {
 		t.Fatalf("a dry run removed %s", oldPath(d))
+	}
+}
+
+// TestRebuildNeedsTheWholeCluster: a rebuild builds every member from the most advanced one,
+// with the membership it names. Data dirs of another cluster would get this one's data, and a
+// member left out could never rejoin the rebuilt ones: refused, nothing built.
+func TestRebuildNeedsTheWholeCluster(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(t *testing.T, f *rebuildFixture)
+		want string
+	}{
+		{"another cluster's member", func(t *testing.T, f *rebuildFixture) {
+			if err := os.RemoveAll(f.dirs[2]); err != nil {
+				t.Fatal(err)
+			}
+			writeMemberOf(t, f.dirs[2], 0xd, testPeers[2], 20)
+		}, "cluster"},
+		{"a member left out", func(_ *testing.T, f *rebuildFixture) { f.dirs = f.dirs[:2] }, "m3"},
+		{"a member twice", func(t *testing.T, f *rebuildFixture) {
+			if err := os.RemoveAll(f.dirs[2]); err != nil {
+				t.Fatal(err)
+			}
+			writeMember(t, f.dirs[2], testPeers[1], 20)
+		}, "twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			tc.edit(t, f)
+			f.opts.DataDirs = f.dirs
+			e, s := f.start()
+			err := e.rebuild(s, f.build)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("rebuild = %v, want a refusal naming %q", err, tc.want)
+			}
+			if built := f.builtFrom(); slices.ContainsFunc(built, func(s string) bool { return s != "" }) {
+				t.Fatalf("members were built: %v", built)
+			}
+		})
 	}
 }

@@ -210,7 +210,34 @@ func mostAdvanced(dirs []string) (string, map[string]Membership, error) {
 			best = d
 		}
 	}
+	if err := oneWholeCluster(dirs, all, best); err != nil {
+		return "", nil, err
+	}
 	return best, all, nil
+}
+
+// oneWholeCluster refuses data dirs that are not, one each, every member of one cluster: a
+// rebuild builds them all from the most advanced (best) with its membership, so another
+// cluster's member would get this one's data, and a member left out could never rejoin.
+func oneWholeCluster(dirs []string, all map[string]Membership, best string) error {
+	src := all[best]
+	seen := map[uint64]string{}
+	for _, d := range dirs {
+		ms := all[d]
+		if ms.ClusterID != src.ClusterID {
+			return fmt.Errorf("%s belongs to cluster %x, %s to cluster %x: give the data dirs of one cluster's members", d, ms.ClusterID, best, src.ClusterID)
+		}
+		if other, ok := seen[ms.Self.ID]; ok {
+			return fmt.Errorf("%s and %s are the same member (%s, %x) twice: give each member's data dir once", other, d, ms.Self.Name, ms.Self.ID)
+		}
+		seen[ms.Self.ID] = d
+	}
+	for _, p := range src.Peers {
+		if _, ok := seen[p.ID]; !ok {
+			return fmt.Errorf("member %s (%x) of the cluster is not among the data dirs given: a rebuild needs every member's data dir (add it with another --data-dir)", p.Name, p.ID)
+		}
+	}
+	return nil
 }
 
 // migrateV2 turns every member's data into v3-only data with the v2→v3 migration, from the
