@@ -460,6 +460,11 @@ func markReady(dir string, src RebuildSource) error {
 	if err != nil {
 		return err
 	}
+	// What built dir (etcd's restore, the v2 migration) synced its files, not every directory
+	// naming them: the marker says the member is whole, so the tree is made durable first.
+	if err := atomicfile.SyncDirs(dir); err != nil {
+		return err
+	}
 	if err := atomicfile.Write(filepath.Join(dir, readyMarker), append(b, '\n'), 0o600); err != nil {
 		return diskHint(err, dir)
 	}
