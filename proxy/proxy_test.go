@@ -485,6 +485,10 @@ func TestCorruptStateServesNothing(t *testing.T) {
 		"empty":         "",
 		"wrong version": `{"version":99,"backend":"http://x"}`,
 		"no backend":    `{"version":1,"fenced":false}`,
+		// Readable, but its backend cannot be used (a CA file removed since, a URL that is none):
+		// the proxy must not exit (and crash-loop), nor guess.
+		"backend CA file gone": `{"version":1,"fenced":false,"backend":"https://10.0.0.9:6443","backendCAFile":"/nonexistent/ca.crt","generation":7}`,
+		"backend no URL":       `{"version":1,"fenced":false,"backend":"10.0.0.9:6443","generation":7}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			api := newFakeAPI(t, "blue")

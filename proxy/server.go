@@ -85,11 +85,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if cfg.opts.StateFile != "" {
 		s.gate.store = &stateStore{path: cfg.opts.StateFile}
 	}
-	st, err := s.initialState()
-	if err != nil {
-		return nil, err
-	}
-	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
+	st, b, err := s.initialState()
 	if err != nil {
 		return nil, err
 	}
@@ -104,10 +100,10 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 // fenced with --start-fenced). A state file that cannot be read starts the proxy fenced and
 // unconfirmed (invariant persist-then-ack): it serves nothing, reads included, until the operator names the
 // backend with 'kubefence backend set', because the backend it was on cannot be known.
-func (s *Server) initialState() (State, error) {
+func (s *Server) initialState() (State, *backend, error) {
 	cfg, log := s.cfg, s.log
 	if err := s.gate.store.checkWritable(); err != nil {
-		return State{}, err
+		return State{}, nil, err
 	}
 	st, err := s.gate.store.load()
 	switch {
@@ -116,23 +112,31 @@ func (s *Server) initialState() (State, error) {
 		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
 			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
 		}
-		return st, nil
+		b, berr := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
+		if berr == nil {
+			return st, b, nil
+		}
+		// Readable, but its backend cannot be used (a CA file removed since): as unreadable.
+		err = fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr)
 	case errors.Is(err, errNoState):
 		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
 		if cfg.opts.StartFenced {
 			st.Fenced, st.Reason = true, "started with --start-fenced"
 			log.Info("no state file yet: starting FENCED (--start-fenced); 'kubefence fence off' opens writes", "stateFile", cfg.opts.StateFile)
 		}
-		return st, nil
+		b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
+		return st, b, err
 	}
 	if cfg.opts.Upstream == "" {
-		return State{}, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
+		return State{}, nil, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
 	}
-	log.Error("cannot read the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
+	log.Error("cannot use the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
 		"err", err)
 	s.unconfirmed.Store(true)
-	return State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
-		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}, nil
+	st = State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
+		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
+	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
+	return st, b, err
 }
 
 // Handler is the proxy's request path (for tests and embedding).
