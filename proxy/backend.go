@@ -221,6 +221,10 @@ func parseBackendURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
+// errSwitchedAway is why a stream's context ends when a switch cuts it (drain): its client did
+// not go away.
+var errSwitchedAway = errors.New("the proxy switched backends")
+
 // errDraining tells the caller to pick the active backend again: this one is being switched away.
 var errDraining = errors.New("backend is draining")
 

@@ -502,3 +502,46 @@ func TestFenceAnswerIsItsOwn(t *testing.T) {
 		t.Fatalf("A's fence on: %v, want an error saying the fence changed while it waited", a.err)
 	}
 }
+
+// TestWatchCutBeforeItsHeaders: a watch blue has not answered yet when the proxy switches is
+// cut (nothing to resume from); its client did not go away, so it gets a Status it can act on
+// (503 + Retry-After), not an empty 499.
+func TestWatchCutBeforeItsHeaders(t *testing.T) {
+	arrived, end := make(chan struct{}, 1), make(chan struct{})
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") == "true" {
+			arrived <- struct{}{}
+			select {
+			case <-r.Context().Done():
+			case <-end:
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer blue.Close()
+	defer close(end) // before blue.Close, which waits for the handler
+	green := newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+	type answer struct {
+		code       int
+		retryAfter string
+	}
+	res := make(chan answer, 1)
+	go func() {
+		resp, _, err := doErr("GET", p.url+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=5")
+		if err != nil {
+			res <- answer{}
+			return
+		}
+		res <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
+	}()
+	<-arrived
+	fenceOn(t, p, time.Second)
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-res; a.code != http.StatusServiceUnavailable || a.retryAfter == "" {
+		t.Fatalf("the cut watch got %d (Retry-After %q), want 503 with Retry-After", a.code, a.retryAfter)
+	}
+}

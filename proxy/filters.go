@@ -141,9 +141,9 @@ func withBackend(next http.Handler, active *atomic.Pointer[backend]) http.Handle
 			next.ServeHTTP(w, r)
 			return
 		}
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		st.stream = &stream{cancel: cancel}
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		st.stream = &stream{cancel: func() { cancel(errSwitchedAway) }}
 		for {
 			b := active.Load()
 			if err := b.track(st.stream); err != nil {

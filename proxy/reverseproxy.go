@@ -84,6 +84,12 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		st := reqStateFrom(r.Context())
 		backendURL := st.backend.url.String()
+		if errors.Is(context.Cause(r.Context()), errSwitchedAway) {
+			// A watch or upgrade the switch cut before its backend answered: nothing to resume
+			// from, and its client is still there.
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "kubefence: the proxy switched backends before "+backendURL+" answered; send the request again", 1)
+			return
+		}
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			log.Debug("client went away before the backend answered", "path", r.URL.Path, "backend", backendURL)
 			w.WriteHeader(499)
