@@ -3,59 +3,45 @@ package cutover
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
+
+	"github.com/kubefence/kubefence/internal/flock"
 )
 
 // stateLock is the lock that lets one cutover command (run, resume or abort) at a time work in
-// a state dir. It is an flock on stateDir/lock, so the kernel releases it when the holder dies,
-// even by kill -9; the file holds the holder's pid for the error message.
-type stateLock struct{ f *os.File }
+// a state dir: an flock on stateDir/lock (internal/flock), which holds the holder's pid.
+type stateLock struct{ l *flock.Lock }
 
 func lockPath(stateDir string) string { return filepath.Join(stateDir, "lock") }
 
 // lockStateDir takes the state dir's lock or says which process holds it.
 func lockStateDir(stateDir string) (*stateLock, error) {
 	path := lockPath(stateDir)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	l, err := flock.Take(path)
+	var held *flock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("another kubefence cutover (pid %s) is working in %s (it holds %s): wait for it to finish, or stop that process; only one cutover, resume or abort runs at a time", held.PID(), stateDir, path)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			pid := strings.TrimSpace(string(holder))
-			if pid == "" {
-				pid = "unknown"
-			}
-			return nil, fmt.Errorf("another kubefence cutover (pid %s) is working in %s (it holds %s): wait for it to finish, or stop that process; only one cutover, resume or abort runs at a time", pid, stateDir, path)
-		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return &stateLock{f: f}, nil
+	return &stateLock{l: l}, nil
 }
 
 // markBaking writes "PID bake" into the lock file: the holder keeps blue following green, and
 // `cutover rollback` or `finish` may stop it (stopHolder signals no other holder).
 func (l *stateLock) markBaking() {
-	if l != nil && l.f != nil && l.f.Truncate(0) == nil {
-		_, _ = l.f.WriteAt([]byte(strconv.Itoa(os.Getpid())+" "+bakeRole+"\n"), 0)
+	if l != nil {
+		l.l.Note(bakeRole)
 	}
 }
 
 // bakeRole marks a lock holder that bakes.
 const bakeRole = "bake"
 
-// unlock releases the lock (closing the file releases the flock).
+// unlock releases the lock.
 func (l *stateLock) unlock() {
-	if l != nil && l.f != nil {
-		_ = l.f.Close()
+	if l != nil {
+		l.l.Release()
 	}
 }

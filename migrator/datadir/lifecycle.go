@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/flock"
 	"github.com/kubefence/kubefence/internal/steprun"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
@@ -171,12 +172,36 @@ func (o *Options) journalPath() string {
 	return filepath.Join(o.BackupDir, "journal-"+filepath.Base(o.DataDirs[0])+".json")
 }
 
+// lockPath is the lock one run of these data dirs holds (next to its journal).
+func (o *Options) lockPath() string { return o.journalPath() + ".lock" }
+
+// lock takes the run's lock: a second upgrade or downgrade of the same data dirs would finish
+// this one's swaps, or remove the dir it is building.
+func (o *Options) lock() (*flock.Lock, error) {
+	if err := os.MkdirAll(o.BackupDir, 0o700); err != nil {
+		return nil, err
+	}
+	l, err := flock.Take(o.lockPath())
+	var held *flock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("another kubefence upgrade or downgrade (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
+	}
+	return l, err
+}
+
 // Run upgrades or downgrades the data dirs to opts.Target, resuming a journaled run that did
 // not finish.
 func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	start := time.Now()
 	if err := opts.defaults(); err != nil {
 		return nil, err
+	}
+	if !opts.DryRun {
+		l, err := opts.lock()
+		if err != nil {
+			return nil, err
+		}
+		defer l.Release()
 	}
 	for _, d := range opts.DataDirs {
 		if opts.DryRun {

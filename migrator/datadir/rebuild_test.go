@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/zap"
+
+	"github.com/kubefence/kubefence/internal/flock"
 )
 
 var testPeers = []Peer{
@@ -331,5 +333,21 @@ func TestRebuildNeedsTheWholeCluster(t *testing.T) {
 				t.Fatalf("members were built: %v", built)
 			}
 		})
+	}
+}
+
+// TestOneRunAtATime: a second upgrade or downgrade of the same data dirs (an impatient rerun)
+// would finish the first one's swaps or remove the dir it is building: refused while the first
+// holds the lock, naming it.
+func TestOneRunAtATime(t *testing.T) {
+	f := newRebuildFixture(t)
+	first, err := flock.Take(f.opts.lockPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	_, err = Run(t.Context(), OpUpgrade, f.opts)
+	if err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("Run while another holds the lock: %v, want a refusal naming its pid", err)
 	}
 }

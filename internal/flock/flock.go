@@ -1,0 +1,67 @@
+// Package flock takes exclusive locks that the kernel releases when their holder dies, even by
+// kill -9: an flock on a file that holds the holder's pid, for the error a second taker gets.
+package flock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Lock is a held lock.
+type Lock struct{ f *os.File }
+
+// HeldError says that another process holds the lock.
+type HeldError struct {
+	Path string
+	// Holder is what the holder wrote into the file: its pid, then what it does, if anything.
+	Holder string
+}
+
+func (e *HeldError) Error() string { return fmt.Sprintf("%s is held by pid %s", e.Path, e.PID()) }
+
+// PID is the holder's pid as it wrote it ("unknown" if it wrote none).
+func (e *HeldError) PID() string {
+	if f := strings.Fields(e.Holder); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}
+
+// Take takes the lock on path (created 0600 if missing) without waiting: a *HeldError if
+// another process holds it.
+func Take(path string) (*Lock, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, &HeldError{Path: path, Holder: strings.TrimSpace(string(holder))}
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	l := &Lock{f: f}
+	l.Note("")
+	return l, nil
+}
+
+// Note rewrites the file as "PID note" (just "PID" for ""), for the next taker's error.
+func (l *Lock) Note(note string) {
+	if l == nil || l.f == nil || l.f.Truncate(0) != nil {
+		return
+	}
+	_, _ = l.f.WriteAt([]byte(strings.TrimSpace(strconv.Itoa(os.Getpid())+" "+note)+"\n"), 0)
+}
+
+// Release releases the lock (closing the file releases the flock).
+func (l *Lock) Release() {
+	if l != nil && l.f != nil {
+		_ = l.f.Close()
+	}
+}
