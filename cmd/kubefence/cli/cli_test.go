@@ -158,14 +158,10 @@ func TestFenceCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || !st.Fenced || st.Reason != "test" || st.InflightWrites != 1 {
 		t.Fatalf("status json = %d %v %s", code, err, out)
 	}
-	code, out, _ = runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
-	if code != 0 || !strings.Contains(out, "backend is "+green.URL) {
-		t.Fatalf("backend set = %d %q", code, out)
-	}
-	code, out, _ = runCLI(append([]string{"fence", "off", "-o", "json"}, sock...)...)
-	var fr admin.FenceResponse
-	if err := json.Unmarshal([]byte(out), &fr); code != 0 || err != nil || fr.Status.Fenced || fr.Status.Backend != green.URL {
-		t.Fatalf("fence off json = %d %v %s", code, err, out)
+	// No switch while that write still runs on blue: blue could acknowledge it after the switch.
+	code, _, errOut = runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
+	if code != ExitFailure || !strings.Contains(errOut, "still running") {
+		t.Fatalf("backend set with a write in flight = %d %q, want refused", code, errOut)
 	}
 	releaseHold()
 	select {
@@ -174,7 +170,21 @@ func TestFenceCommands(t *testing.T) {
 			t.Errorf("the write admitted before the fence: %v", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Error("the write admitted before the fence had not ended 10s after its backend answered")
+		t.Fatal("the write admitted before the fence had not ended 10s after its backend answered")
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.Status().InflightWrites > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the write was still registered 10s after it ended")
+		}
+	}
+	code, out, _ = runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
+	if code != 0 || !strings.Contains(out, "backend is "+green.URL) {
+		t.Fatalf("backend set = %d %q", code, out)
+	}
+	code, out, _ = runCLI(append([]string{"fence", "off", "-o", "json"}, sock...)...)
+	var fr admin.FenceResponse
+	if err := json.Unmarshal([]byte(out), &fr); code != 0 || err != nil || fr.Status.Fenced || fr.Status.Backend != green.URL {
+		t.Fatalf("fence off json = %d %v %s", code, err, out)
 	}
 }
 
