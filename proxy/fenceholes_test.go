@@ -134,11 +134,7 @@ func TestFencedWatchPathWrites(t *testing.T) {
 // TestBarrierWaitsForCancelledWrite: a write that reached the backend is still running there
 // after its client gives up; the barrier must wait for the backend's answer.
 func TestBarrierWaitsForCancelledWrite(t *testing.T) {
-	api := newFakeAPI(t, "blue")
-	api.hold = make(chan struct{})
-	var release sync.Once
-	releaseHold := func() { release.Do(func() { close(api.hold) }) }
-	t.Cleanup(releaseHold) // before the server's Close, which waits for the held handler
+	api, releaseHold := heldAPI(t)
 	p := startProxy(t, api.URL)
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -468,11 +464,7 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 // fence off and on again meanwhile (a write admitted in between), the answer must not report
 // that other fence's generation as this one's barrier's: the fence it waited for is gone.
 func TestFenceAnswerIsItsOwn(t *testing.T) {
-	api := newFakeAPI(t, "blue")
-	api.hold = make(chan struct{})
-	var release sync.Once
-	releaseHold := func() { release.Do(func() { close(api.hold) }) }
-	t.Cleanup(releaseHold) // before the server's Close, which waits for the held handlers
+	api, releaseHold := heldAPI(t)
 	p := startProxy(t, api.URL)
 	go func() { _, _, _ = doErr("POST", p.url+"/api/v1/namespaces/default/configmaps") }()
 	waitFor(t, func() bool { return api.writesIn.Load() == 1 })

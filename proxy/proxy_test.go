@@ -255,12 +255,19 @@ func TestIdentityHeadersStripped(t *testing.T) {
 	}
 }
 
-func TestBarrierWaitsForInflightWrites(t *testing.T) {
-	api := newFakeAPI(t, "blue")
+// heldAPI is a fake blue whose writes wait at the backend until release is called (at the
+// latest when the test ends: before the server's Close, which waits for them).
+func heldAPI(t *testing.T) (api *fakeAPI, release func()) {
+	t.Helper()
+	api = newFakeAPI(t, "blue")
 	api.hold = make(chan struct{})
-	var release sync.Once
-	releaseHold := func() { release.Do(func() { close(api.hold) }) }
-	t.Cleanup(releaseHold) // a failing test must not leave the server's Close waiting for the held write
+	release = sync.OnceFunc(func() { close(api.hold) })
+	t.Cleanup(release)
+	return api, release
+}
+
+func TestBarrierWaitsForInflightWrites(t *testing.T) {
+	api, releaseHold := heldAPI(t)
 	p := startProxy(t, api.URL)
 
 	type result struct {
