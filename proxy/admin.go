@@ -62,6 +62,8 @@ func (s *Server) adminHandler() http.Handler {
 		switch {
 		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed), errors.Is(err, ErrWritesInFlight):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
+		case errors.Is(err, ErrNotSaved):
+			writeJSON(w, http.StatusInternalServerError, admin.Error{Error: err.Error()})
 		case err != nil:
 			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})
 		default:

@@ -21,6 +21,9 @@ var ErrNotFenced = errors.New("the backend can be changed only while fenced: run
 // and the new backend would never have them.
 var ErrWritesInFlight = errors.New("writes admitted before the fence are still running: wait until 'kubefence fence status' shows none, then switch")
 
+// ErrNotSaved: the new state could not be saved, so nothing changed (the proxy's failure).
+var ErrNotSaved = errors.New("state not changed (it could not be saved)")
+
 // ErrConcurrentChange: another admin request changed the fence while this one waited.
 var ErrConcurrentChange = errors.New("concurrent fence change")
 
@@ -126,7 +129,7 @@ func (g *gate) updateThen(change func(*State) error, commit func()) (State, erro
 	next.Generation = g.state.Generation + 1
 	next.ChangedAt = g.now().UTC()
 	if err := g.store.save(next); err != nil {
-		return g.state, fmt.Errorf("state not changed: %w", err)
+		return g.state, fmt.Errorf("%w: %w", ErrNotSaved, err)
 	}
 	if commit != nil {
 		commit()

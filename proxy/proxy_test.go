@@ -468,6 +468,8 @@ func TestFailedSaveLeavesUnconfirmed(t *testing.T) {
 	}
 	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err == nil {
 		t.Fatal("backend set succeeded with a state file that cannot be written")
+	} else if apiErr, ok := err.(*admin.APIError); !ok || apiErr.Code != http.StatusInternalServerError {
+		t.Fatalf("backend set with a state file that cannot be written: %v, want 500 (the proxy's failure, not the request's)", err)
 	}
 	if st := p.Status(); !st.Unconfirmed || st.Backend == green.URL {
 		t.Fatalf("status after the failed backend set = %+v, want unconfirmed, not on green", st)
