@@ -12,7 +12,10 @@ import (
 )
 
 // Lock is a held lock.
-type Lock struct{ f *os.File }
+type Lock struct {
+	f    *os.File
+	path string
+}
 
 // HeldError says that another process holds the lock.
 type HeldError struct {
@@ -32,23 +35,40 @@ func (e *HeldError) PID() string {
 }
 
 // Take takes the lock on path (created 0600 if missing) without waiting: a *HeldError if
-// another process holds it.
+// another process holds it. A lock file its holder removed (ReleaseRemove) between this open
+// and this flock is no lock: then it opens path again.
 func Take(path string) (*Lock, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, &HeldError{Path: path, Holder: strings.TrimSpace(string(holder))}
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			holder, _ := os.ReadFile(path)
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, &HeldError{Path: path, Holder: strings.TrimSpace(string(holder))}
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		held, herr := f.Stat()
+		now, nerr := os.Stat(path)
+		if herr == nil && nerr == nil && os.SameFile(held, now) {
+			l := &Lock{f: f, path: path}
+			l.Note("")
+			return l, nil
+		}
+		f.Close()
 	}
-	l := &Lock{f: f}
-	l.Note("")
-	return l, nil
+}
+
+// ReleaseRemove removes the lock file, then releases the lock: for a holder that leaves
+// nothing behind (Take on the removed file opens a new one).
+func (l *Lock) ReleaseRemove() {
+	if l != nil && l.f != nil {
+		_ = os.Remove(l.path)
+	}
+	l.Release()
 }
 
 // Note rewrites the file as "PID note" (just "PID" for ""), for the next taker's error.

@@ -25,5 +25,13 @@ func TestTake(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Take after Release: %v", err)
 	}
-	l2.Release()
+	l2.ReleaseRemove()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("ReleaseRemove left %s: %v", path, err)
+	}
+	l3, err := Take(path)
+	if err != nil {
+		t.Fatalf("Take after ReleaseRemove: %v", err)
+	}
+	l3.Release()
 }

@@ -201,7 +201,13 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer l.Release()
+		defer func() {
+			if exists(opts.journalPath()) {
+				l.Release()
+			} else { // refused before it changed anything: it leaves nothing behind
+				l.ReleaseRemove()
+			}
+		}()
 	}
 	for _, d := range opts.DataDirs {
 		if opts.DryRun {
