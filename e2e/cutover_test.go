@@ -307,14 +307,16 @@ type writeTimes struct {
 // reached blue. One leaked write fails it.
 func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap, times map[string]*writeTimes) {
 	t.Helper()
-	var fenceBegan time.Time
+	// fencedAt is when the fence was surely on: when the fence step ended (its request
+	// returned after the flip). The journal's FencedAt is saved before the request is sent
+	// (write-ahead), so a write sent just after it may still be admitted before the flip.
+	var fenceBegan, fencedAt time.Time
 	for _, s := range j.Done {
 		if s.Step == cutover.StepFence {
-			fenceBegan = s.Started
+			fenceBegan, fencedAt = s.Started, s.Started.Add(s.Duration)
 		}
 	}
-	fencedAt := j.FencedAt
-	if fenceBegan.IsZero() || fencedAt.IsZero() {
+	if fenceBegan.IsZero() || j.FencedAt.IsZero() {
 		t.Fatalf("journal has no fence times: %+v", j)
 	}
 	onBlue := map[string]string{}
