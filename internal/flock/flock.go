@@ -38,7 +38,7 @@ func (e *HeldError) PID() string {
 // another process holds it. A lock file its holder removed (ReleaseRemove) between this open
 // and this flock is no lock: then it opens path again.
 func Take(path string) (*Lock, error) {
-	for {
+	for attempt := 1; ; attempt++ {
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("lock %s: %w", path, err)
@@ -59,6 +59,9 @@ func Take(path string) (*Lock, error) {
 			return l, nil
 		}
 		f.Close()
+		if attempt == 10 { // removed under us each time: something else is at work there
+			return nil, fmt.Errorf("lock %s: the file was removed or replaced while it was being locked, %d times", path, attempt)
+		}
 	}
 }
 
