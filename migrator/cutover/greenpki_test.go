@@ -101,6 +101,23 @@ func TestGreenTLSMaterial(t *testing.T) {
 		{"a key of another certificate", func(_ *testing.T, _ string, _ *testCA, tls *GreenEtcdTLS) {
 			tls.PeerKeyFile = tls.ServerKeyFile
 		}, "green.etcd.tls.peerCertFile and peerKeyFile"},
+		{"a serving certificate an intermediate CA signed, the chain in its file", func(t *testing.T, dir string, ca *testCA, tls *GreenEtcdTLS) {
+			inter := &testCA{file: filepath.Join(dir, "intermediate.crt")}
+			inter.cert, inter.key = issueTestCert(t, ca, &x509.Certificate{Subject: pkix.Name{CommonName: "etcd-intermediate"}, IsCA: true,
+				BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}, inter.file, "")
+			tls.ServerCertFile, tls.ServerKeyFile = inter.issue(t, dir, "chained", "etcd-server", []string{"127.0.0.1"}, both...)
+			leaf, err := os.ReadFile(tls.ServerCertFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chain, err := os.ReadFile(inter.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(tls.ServerCertFile, append(leaf, chain...), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, ""},
 		{"kubefence's client certificate is the apiserver's", func(t *testing.T, dir string, ca *testCA, tls *GreenEtcdTLS) {
 			tls.ClientCertFile, tls.ClientKeyFile = ca.issue(t, dir, "apiserver-etcd-client", DefaultGreenEtcdUser, nil, client)
 		}, "the same as the green apiserver's etcd user"},

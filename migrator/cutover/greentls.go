@@ -172,8 +172,16 @@ func loadSignedPair(roots *x509.CertPool, cert, key string, usages []x509.ExtKey
 	if err != nil {
 		return nil, err
 	}
+	inter := x509.NewCertPool() // the chain the file carries after its certificate, as etcd sends it
+	for _, der := range kp.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", cert, err)
+		}
+		inter.AddCert(c)
+	}
 	for _, u := range usages {
-		if _, err := kp.Leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
+		if _, err := kp.Leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
 			return nil, fmt.Errorf("%s is not signed by green.etcd.tls.caFile for %s: %w", cert, usageName(u), err)
 		}
 	}
