@@ -60,7 +60,7 @@ func (s *Server) adminHandler() http.Handler {
 		}
 		resp, err := s.SetBackend(r.Context(), req)
 		switch {
-		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed), errors.Is(err, ErrWritesInFlight):
+		case errors.Is(err, ErrNotFenced), errors.Is(err, ErrBackendNotAllowed), errors.Is(err, ErrWritesInFlight), errors.Is(err, ErrConcurrentChange):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
 		case errors.Is(err, ErrNotSaved):
 			writeJSON(w, http.StatusInternalServerError, admin.Error{Error: err.Error()})

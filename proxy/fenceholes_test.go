@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -535,5 +536,30 @@ func TestWatchCutBeforeItsHeaders(t *testing.T) {
 	}
 	if a := <-res; a.code != http.StatusServiceUnavailable || a.retryAfter == "" {
 		t.Fatalf("the cut watch got %d (Retry-After %q), want 503 with Retry-After", a.code, a.retryAfter)
+	}
+}
+
+// TestBackendSetExpectsGeneration: a switch naming the generation it saw refuses (409) when the
+// fence changed since (off and on again by hand: writes may have reached blue in between), and
+// leaves the backend alone; at that generation it switches.
+func TestBackendSetExpectsGeneration(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+	ctx := t.Context()
+	seen := fenceOn(t, p, time.Second).Status.Generation
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	now := fenceOn(t, p, time.Second).Status.Generation
+	_, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, ExpectGeneration: seen})
+	var ae *admin.APIError
+	if !errors.As(err, &ae) || ae.Code != http.StatusConflict || !strings.Contains(err.Error(), fmt.Sprint(seen)) {
+		t.Fatalf("switch expecting generation %d at %d: %v; want 409 naming it", seen, now, err)
+	}
+	if st := p.Status(); st.Backend != strings.TrimSuffix(blue.URL, "/") || st.Generation != now {
+		t.Fatalf("status %+v after a refused switch: want blue at generation %d", st, now)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, ExpectGeneration: now}); err != nil {
+		t.Fatalf("switch at the generation expected: %v", err)
 	}
 }

@@ -249,6 +249,9 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		if !st.Fenced {
 			return ErrNotFenced
 		}
+		if req.ExpectGeneration != 0 && st.Generation != req.ExpectGeneration {
+			return fmt.Errorf("%w: the state is at generation %d, not %d as expected (last change %s, reason %q): someone changed the fence or the backend since; check 'kubefence fence status'", ErrConcurrentChange, st.Generation, req.ExpectGeneration, st.ChangedAt.Format(time.RFC3339), st.Reason)
+		}
 		// Under the gate's lock no write is admitted; one admitted before the fence and still
 		// running could be acknowledged by the old backend after the switch.
 		if n := s.gate.inflight.len(); n > 0 {

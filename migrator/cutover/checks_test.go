@@ -26,6 +26,9 @@ import (
 type fakeProxy struct {
 	mu sync.Mutex
 	st admin.Status
+	// afterStatus, if set, runs once after a status answer: another operator acting just
+	// after the caller looked.
+	afterStatus func(st *admin.Status)
 }
 
 func startFakeProxy(t *testing.T, st admin.Status) (*fakeProxy, string) {
@@ -56,6 +59,10 @@ func (f *fakeProxy) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/status":
 		out = speaking(f.st)
+		if f.afterStatus != nil {
+			f.afterStatus(&f.st)
+			f.afterStatus = nil
+		}
 	case "/v1/fence":
 		var req admin.FenceRequest
 		_ = json.NewDecoder(r.Body).Decode(&req)
@@ -72,6 +79,11 @@ func (f *fakeProxy) serve(w http.ResponseWriter, r *http.Request) {
 		if !f.st.Fenced {
 			w.WriteHeader(http.StatusConflict)
 			out = admin.Error{Error: "not fenced"}
+			break
+		}
+		if req.ExpectGeneration != 0 && req.ExpectGeneration != f.st.Generation {
+			w.WriteHeader(http.StatusConflict)
+			out = admin.Error{Error: fmt.Sprintf("concurrent fence change: at generation %d, not %d", f.st.Generation, req.ExpectGeneration)}
 			break
 		}
 		prev := f.st.Backend
@@ -109,19 +121,22 @@ func TestSwitchRefusedWhenFenceChanged(t *testing.T) {
 	blue, green := p.Blue.APIServer.URL, p.Green.APIServer.URL
 	cases := []struct {
 		name    string
-		byHand  func(t *testing.T, a *admin.Client)
+		byHand  func(t *testing.T, a *admin.Client, fp *fakeProxy)
 		want    string // "" switches
 		backend string
 	}{
-		{"fence held", func(*testing.T, *admin.Client) {}, "", green},
-		{"fence off and on by hand", func(t *testing.T, a *admin.Client) {
+		{"fence held", func(*testing.T, *admin.Client, *fakeProxy) {}, "", green},
+		{"fence off and on by hand", func(t *testing.T, a *admin.Client, _ *fakeProxy) {
 			for _, on := range []bool{false, true} {
 				if _, err := a.Fence(t.Context(), admin.FenceRequest{Fenced: on}); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}, "someone ran fence off/on", blue},
-		{"fence off by hand", func(t *testing.T, a *admin.Client) {
+		{"fence off and on by hand just after the switch looked", func(_ *testing.T, _ *admin.Client, fp *fakeProxy) {
+			fp.afterStatus = func(st *admin.Status) { st.Generation += 2 }
+		}, "concurrent fence change", blue},
+		{"fence off by hand", func(t *testing.T, a *admin.Client, _ *fakeProxy) {
 			if _, err := a.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +152,7 @@ func TestSwitchRefusedWhenFenceChanged(t *testing.T) {
 			if r.j.FenceGeneration != 8 {
 				t.Fatalf("journaled generation %d, want the proxy's after fence on (8)", r.j.FenceGeneration)
 			}
-			tc.byHand(t, r.adm.(*admin.Client))
+			tc.byHand(t, r.adm.(*admin.Client), fp)
 			_, err := (switchStep{}).run(t.Context(), r)
 			if tc.want == "" && err != nil {
 				t.Fatalf("switch refused: %v", err)

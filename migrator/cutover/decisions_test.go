@@ -54,6 +54,9 @@ func memProxy(st *admin.Status, calls *[]string) funcProxy {
 		},
 		setBackend: func(_ context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
 			*calls = append(*calls, "backend "+req.URL)
+			if req.ExpectGeneration != 0 && req.ExpectGeneration != st.Generation {
+				return admin.BackendResponse{Status: *st}, fmt.Errorf("409: at generation %d, not %d", st.Generation, req.ExpectGeneration)
+			}
 			prev := st.Backend
 			st.Backend = req.URL
 			st.Generation++

@@ -220,8 +220,16 @@ func (g *proxyGroup) Fence(ctx context.Context, req admin.FenceRequest) (admin.F
 
 // SetBackend switches every proxy. If some did not acknowledge, the ones that did are switched
 // back before the error is returned: no proxy may serve green while another serves blue.
+// req.ExpectGeneration is the group's (the sum over the proxies, as Status reports it): each
+// proxy is asked to switch only at its own generation of that moment (expectEach).
 func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.BackendResponse, error) { return c.SetBackend(ctx, req) })
+	calls, err := g.expectEach(ctx, req)
+	if err != nil {
+		return admin.BackendResponse{}, err
+	}
+	res, err := admin.Each(ctx, calls, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
+		return c.p.SetBackend(ctx, c.req)
+	})
 	if err != nil {
 		return admin.BackendResponse{}, g.switchBack(ctx, res, err)
 	}
@@ -234,6 +242,37 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 		out.Drain.Duration = max(out.Drain.Duration, r.Value.Drain.Duration)
 	}
 	return out, nil
+}
+
+// backendCall is one proxy's switch request.
+type backendCall struct {
+	p   proxyAdmin
+	req admin.BackendRequest
+}
+
+// expectEach is each proxy's switch request. When req expects a generation of the group, the
+// proxies' generations are read and must add up to it (generations only grow, so an equal sum
+// means no proxy changed); each proxy then expects its own, and refuses (409) if its fence or
+// backend changes after this look.
+func (g *proxyGroup) expectEach(ctx context.Context, req admin.BackendRequest) ([]admin.Target[backendCall], error) {
+	calls := make([]admin.Target[backendCall], len(g.proxies))
+	for i, p := range g.proxies {
+		calls[i] = admin.Target[backendCall]{Name: p.Name, Client: backendCall{p: p.Client, req: req}}
+	}
+	if req.ExpectGeneration == 0 {
+		return calls, nil
+	}
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	if st := mergeStatus(res); st.Generation != req.ExpectGeneration {
+		return nil, fmt.Errorf("the proxies' state changed since (generation %d expected, %d now; last change %s, reason %q): someone ran fence off/on or backend set by hand; not switching", req.ExpectGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason)
+	}
+	for i, r := range res {
+		calls[i].Client.req.ExpectGeneration = r.Value.Generation
+	}
+	return calls, nil
 }
 
 func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.BackendResponse], cause error) error {

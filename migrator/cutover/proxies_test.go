@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,6 +51,37 @@ func TestProxyGroupFencesAndSwitchesAll(t *testing.T) {
 	for i, s := range sts {
 		if s.Backend != greenURL || !s.Fenced {
 			t.Errorf("proxy %d: %+v", i, s)
+		}
+	}
+}
+
+// TestProxyGroupSwitchExpectsGeneration: a switch expecting the generation the fence left
+// (the sum over the proxies) switches none when one proxy's fence was turned off and on since,
+// and sends each proxy its own generation when none changed, so that a change after the
+// group's look is refused by the proxy itself.
+func TestProxyGroupSwitchExpectsGeneration(t *testing.T) {
+	g, sts, calls := threeProxies(-1)
+	ctx := t.Context()
+	resp, err := g.Fence(ctx, admin.FenceRequest{Fenced: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenced := resp.Status.Generation
+	sts[1].Generation += 2 // off and on again by hand
+	if _, err := g.SetBackend(ctx, admin.BackendRequest{URL: greenURL, ExpectGeneration: fenced}); err == nil || !strings.Contains(err.Error(), "changed since") {
+		t.Fatalf("switch after a proxy's fence changed: %v", err)
+	}
+	for i, s := range sts {
+		if s.Backend != blueURL || slices.Contains(calls[i], "backend "+greenURL) {
+			t.Errorf("proxy %d asked to switch (%q) or switched (%s) after the fence changed", i, calls[i], s.Backend)
+		}
+	}
+	if _, err := g.SetBackend(ctx, admin.BackendRequest{URL: greenURL, ExpectGeneration: fenced + 2}); err != nil {
+		t.Fatalf("switch at the generation expected: %v", err)
+	}
+	for i, s := range sts {
+		if s.Backend != greenURL {
+			t.Errorf("proxy %d on %s", i, s.Backend)
 		}
 	}
 }

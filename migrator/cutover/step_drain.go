@@ -77,7 +77,7 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), err)
 	}
 	r.j.SwitchRevision = rev
-	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile, ResumeWatches: true})
+	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile, ResumeWatches: true, ExpectGeneration: r.j.FenceGeneration})
 	if err != nil {
 		return "", err
 	}

@@ -22,10 +22,14 @@ func (switchStep) describe(r *runner, _ bool) string {
 }
 
 func (switchStep) run(ctx context.Context, r *runner) (string, error) {
-	if _, err := r.checkFenceHeld(ctx); err != nil {
+	switched, err := r.checkFenceHeld(ctx)
+	if err != nil {
 		return "", err
 	}
-	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile})
+	if switched {
+		return fmt.Sprintf("the proxy was switched to %s before the process that ran the switch stopped", r.to.name), nil
+	}
+	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ExpectGeneration: r.j.FenceGeneration})
 	if err != nil {
 		return "", err
 	}

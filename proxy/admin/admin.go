@@ -167,6 +167,10 @@ type BackendRequest struct {
 	// serves the same etcd revisions as the old (a replication cutover, or another apiserver on
 	// the same etcd): otherwise resourceVersions mean different things there.
 	ResumeWatches bool `json:"resumeWatches,omitempty"`
+	// ExpectGeneration, when not 0, switches only if the proxy's state is still at this
+	// generation (409 otherwise): a caller that checked the fence first learns that someone
+	// turned it off and on again since, and writes may have reached the old backend.
+	ExpectGeneration uint64 `json:"expectGeneration,omitempty"`
 }
 
 // Drain says how the long-running requests on the previous backend ended.

@@ -341,6 +341,7 @@ type backendSetOptions struct {
 	caFile        string
 	url           string
 	resumeWatches bool
+	expectGen     uint64
 }
 
 func newBackendSetCommand(g *globals) *cobra.Command {
@@ -364,6 +365,7 @@ that cannot be resumed (still sending its initial events, or refused by URL) end
 		Args: args(cobra.ExactArgs(1)),
 	}, o)
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
+	cmd.Flags().Uint64Var(&o.expectGen, "expect-generation", 0, "switch only if the proxy's state is still at this generation (as 'fence status' or 'fence on' printed it); 409 if the fence or backend changed since (0: no check)")
 	cmd.Flags().BoolVar(&o.resumeWatches, "resume-watches", false, "resume open watches on the new backend from the last resourceVersion delivered, instead of ending them; only when it serves the same etcd revisions as the old (otherwise resourceVersions mean different things there and watches must end)")
 	return cmd
 }
@@ -381,7 +383,7 @@ func (o *backendSetOptions) Validate() error {
 }
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
-	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches}
+	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches, ExpectGeneration: o.expectGen}
 	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.BackendResponse, error) {
 		resp, err := c.SetBackend(ctx, req)
 		var apiErr *admin.APIError
