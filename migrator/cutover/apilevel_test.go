@@ -22,6 +22,9 @@ func TestOlderProxyRefusedBeforeTheFence(t *testing.T) {
 		{"current", map[string]int{"a": admin.APILevel}, ""},
 		{"one older", map[string]int{"a": admin.APILevel, "b": 0}, "b (kubefence v-b) speaks admin API level 0"},
 		{"newer", map[string]int{"a": admin.APILevel + 1}, ""},
+		// Level 1 knows fence off's expectBackend but not backend set's expectGeneration: it
+		// would refuse the switch inside the window.
+		{"level 1", map[string]int{"a": admin.APILevel, "b": 1}, "b (kubefence v-b) speaks admin API level 1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -406,7 +406,7 @@ func checkAPILevel(st admin.Status) error {
 	if st.APILevel >= admin.APILevel {
 		return nil
 	}
-	return fmt.Errorf("proxy %s speaks admin API level %d, this kubefence needs %d: it would refuse what the window asks of it (fence off --expect-backend) and leave writes fenced. Upgrade the proxies to this kubefence first (a restarted proxy keeps its fence state and backend), or run the cutover with the proxies' kubefence", st.Version, st.APILevel, admin.APILevel)
+	return fmt.Errorf("proxy %s speaks admin API level %d, this kubefence needs %d: it would refuse what the window asks of it (backend set --expect-generation, fence off --expect-backend) and leave writes fenced. Upgrade the proxies to this kubefence first (a restarted proxy keeps its fence state and backend), or run the cutover with the proxies' kubefence", st.Version, st.APILevel, admin.APILevel)
 }
 
 // proxyNames lists the plan's proxies for messages.

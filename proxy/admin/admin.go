@@ -28,9 +28,9 @@ const DefaultSocket = "/run/kubefence/admin.sock"
 
 // APILevel is the admin API this build speaks. It grows whenever a request gains a field an
 // older proxy would refuse (the proxy refuses unknown fields): 1 added fence off's
-// expectBackend. A cutover refuses proxies below its own level before it fences anything, so a
+// expectBackend, 2 backend set's expectGeneration. A cutover refuses proxies below its own level before it fences anything, so a
 // newer kubefence never finds out at the unfence that a proxy cannot understand it.
-const APILevel = 1
+const APILevel = 2
 
 // Status is the proxy's acknowledged state and live counters.
 type Status struct {
