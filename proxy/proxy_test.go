@@ -445,6 +445,39 @@ func TestStatePersistsAcrossRestart(t *testing.T) {
 	}
 }
 
+// TestUnconfirmedSurvivesRestart: a fence on while unconfirmed saves the guessed backend (the
+// --upstream) with the fence; a restart must not take that file for a confirmed state and allow
+// a fence off there, maybe on blue while the other proxies write green.
+func TestUnconfirmedSurvivesRestart(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, api.URL, func(o *Options) { o.StateFile = state })
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "by hand"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Shutdown(time.Second)
+	o := *p.opts
+	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	p2 := startProxyWith(t, &o)
+	if st := p2.Status(); !st.Fenced || !st.Unconfirmed {
+		t.Fatalf("restarted status = %+v, want fenced and still unconfirmed", st)
+	}
+	if _, err := p2.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err == nil || !strings.Contains(err.Error(), "backend set") {
+		t.Fatalf("fence off after the restart: %v, want refused naming 'backend set'", err)
+	}
+	if _, err := p2.admin.SetBackend(t.Context(), admin.BackendRequest{URL: api.URL}); err != nil {
+		t.Fatal(err)
+	}
+	_ = p2.Shutdown(time.Second)
+	p3 := startProxyWith(t, &o)
+	if st := p3.Status(); st.Unconfirmed {
+		t.Fatalf("status after backend set and a restart = %+v, want confirmed", st)
+	}
+}
+
 // TestFailedSaveLeavesUnconfirmed: a backend set whose state cannot be saved changes nothing:
 // an unconfirmed proxy stays unconfirmed (serves nothing, refuses fence off) and the backend
 // stays the old one.

@@ -47,8 +47,9 @@ type Server struct {
 	authn       authenticator.Request
 	clientCA    x509request.VerifyOptionFunc // the current client CA bundle; set with authn
 
-	// unconfirmed is set while the backend is not known: the state file was unreadable at
-	// start-up and no 'backend set' has named one since. Every API request then gets 503.
+	// unconfirmed mirrors State.Unconfirmed for the request path: the backend is not known (the
+	// state file was unreadable at a start-up and no 'backend set' has named one since). Every
+	// API request then gets 503.
 	unconfirmed atomic.Bool
 
 	openWatches atomic.Int64
@@ -90,6 +91,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.active.Store(b)
+	s.unconfirmed.Store(st.Unconfirmed)
 	s.gate.publish(st)
 	s.refusals.setReason(st.Reason)
 	s.handler = s.buildHandler()
@@ -108,7 +110,10 @@ func (s *Server) initialState() (State, *backend, error) {
 	st, err := s.gate.store.load()
 	switch {
 	case err == nil:
-		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation)
+		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation, "unconfirmed", st.Unconfirmed)
+		if st.Unconfirmed {
+			log.Error("the state file says the backend is still unconfirmed (it was unreadable at an earlier start-up): serving nothing (503) until 'kubefence backend set URL' names the backend to use")
+		}
 		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
 			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
 		}
@@ -132,8 +137,7 @@ func (s *Server) initialState() (State, *backend, error) {
 	}
 	log.Error("cannot use the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
 		"err", err)
-	s.unconfirmed.Store(true)
-	st = State{Version: stateVersion, Fenced: true, Reason: "state file unreadable at start-up: " + err.Error(),
+	st = State{Version: stateVersion, Fenced: true, Unconfirmed: true, Reason: "state file unreadable at start-up: " + err.Error(),
 		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
 	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 	return st, b, err
@@ -259,6 +263,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		}
 		st.Backend = nb.url.String()
 		st.BackendCAFile = caFile
+		st.Unconfirmed = false
 		return nil
 	}, func() { // once saved, under the gate's lock: a failed save changes nothing
 		s.active.Store(nb)

@@ -27,6 +27,10 @@ type State struct {
 	// Backend is the apiserver URL requests go to; BackendCAFile verifies its serving certificate.
 	Backend       string `json:"backend"`
 	BackendCAFile string `json:"backendCAFile,omitempty"`
+	// Unconfirmed: the backend is a guess (--upstream) because the state file could not be used
+	// at a start-up; the proxy serves nothing and refuses fence off until a backend set names
+	// the backend. Saved with every change, so a fence on meanwhile does not confirm the guess.
+	Unconfirmed bool `json:"unconfirmed,omitempty"`
 	// Generation counts acknowledged changes; it only grows.
 	Generation uint64    `json:"generation"`
 	ChangedAt  time.Time `json:"changedAt"`
