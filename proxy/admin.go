@@ -19,8 +19,8 @@ func (s *Server) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, s.Status())
 	})
 	mux.HandleFunc("POST /v1/fence", func(w http.ResponseWriter, r *http.Request) {
-		var req admin.FenceRequest
-		if !readJSON(w, r, &req) {
+		req, ok := readFenceRequest(w, r)
+		if !ok {
 			return
 		}
 		var resp admin.FenceResponse
@@ -73,14 +73,45 @@ func (s *Server) adminHandler() http.Handler {
 	return mux
 }
 
+// readJSON decodes the request's body, one JSON document with known fields only, into v; it
+// answers 400 otherwise.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		if _, next := dec.Token(); next != io.EOF {
+			err = errors.New("more than one JSON document")
+		}
+	}
+	if err != nil {
 		writeJSON(w, http.StatusBadRequest, admin.Error{Error: "bad request body: " + err.Error()})
 		return false
 	}
 	return true
+}
+
+// readFenceRequest reads a fence request, which must say "fenced": false is also what a
+// missing field decodes to, and a malformed request must not open writes.
+func readFenceRequest(w http.ResponseWriter, r *http.Request) (admin.FenceRequest, bool) {
+	var body struct {
+		admin.FenceRequest
+		Fenced *bool `json:"fenced"`
+	}
+	if !readJSON(w, r, &body) {
+		return admin.FenceRequest{}, false
+	}
+	req := body.FenceRequest
+	switch {
+	case body.Fenced == nil:
+		writeJSON(w, http.StatusBadRequest, admin.Error{Error: `bad request body: give "fenced": true (fence on) or false (fence off)`})
+		return req, false
+	case *body.Fenced && req.ExpectBackend != "":
+		writeJSON(w, http.StatusBadRequest, admin.Error{Error: `bad request body: "expectBackend" goes with fence off ("fenced": false) only`})
+		return req, false
+	}
+	req.Fenced = *body.Fenced
+	return req, true
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

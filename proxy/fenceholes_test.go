@@ -563,3 +563,51 @@ func TestBackendSetExpectsGeneration(t *testing.T) {
 		t.Fatalf("switch at the generation expected: %v", err)
 	}
 }
+
+// adminPost sends body as is to the proxy's admin socket.
+func adminPost(t *testing.T, p *testProxy, path, body string) (int, string) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", p.opts.AdminSocket)
+	}}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://kubefence"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestFenceRequestMustSayWhich: a fence request that does not say "fenced", expects a backend
+// for a fence on (only fence off can), or carries a second document is refused (400) and
+// changes nothing: a script's malformed request must not fail open.
+func TestFenceRequestMustSayWhich(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	fenceOn(t, p, time.Second)
+	gen := p.Status().Generation
+	for _, body := range []string{
+		`{}`,
+		`{"reason":"maintenance","waitTimeout":"30s"}`,
+		`{"fenced":true,"expectBackend":"http://x"}`,
+		`{"fenced":false}{"fenced":true}`,
+	} {
+		code, resp := adminPost(t, p, "/v1/fence", body)
+		if code != http.StatusBadRequest {
+			t.Errorf("POST /v1/fence %s = %d %s, want 400", body, code, resp)
+		}
+		if st := p.Status(); !st.Fenced || st.Generation != gen {
+			t.Fatalf("after %s: status %+v, want still fenced at generation %d", body, st, gen)
+		}
+	}
+	if code, resp := adminPost(t, p, "/v1/fence", `{"fenced":false}`); code != http.StatusOK {
+		t.Fatalf("fence off = %d %s", code, resp)
+	}
+}
