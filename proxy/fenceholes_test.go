@@ -611,3 +611,27 @@ func TestFenceRequestMustSayWhich(t *testing.T) {
 		t.Fatalf("fence off = %d %s", code, resp)
 	}
 }
+
+// TestFailedFenceOnKeepsTheReason: a fence on whose state cannot be saved changes nothing, the
+// reason refused writes are told included.
+func TestFailedFenceOnKeepsTheReason(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL)
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "reason-A"}); err != nil {
+		t.Fatal(err)
+	}
+	// The rename over the state file fails, even as root: it is now a directory, not empty.
+	if err := os.Remove(p.opts.StateFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(p.opts.StateFile, "keep"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "reason-B"}); err == nil {
+		t.Fatal("fence on succeeded with a state file that cannot be written")
+	}
+	resp, body := do(t, "POST", p.url+"/api/v1/namespaces/default/configmaps")
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "reason-A") || strings.Contains(body, "reason-B") {
+		t.Fatalf("write after the failed fence on = %d %q, want 429 with reason-A only", resp.StatusCode, body)
+	}
+}

@@ -174,13 +174,12 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 		return admin.FenceResponse{Status: s.Status()}, fmt.Errorf("%w: fence mode %q: want %s or %s", ErrBadRequest, mode, admin.ModeRefuse, admin.ModeHold)
 	}
 	start := time.Now()
-	mine, err := s.gate.update(func(st *State) error {
+	mine, err := s.gate.updateThen(func(st *State) error {
 		st.Fenced = true
 		st.Reason = reason
 		st.Mode = mode
-		s.refusals.setReason(reason)
 		return nil
-	})
+	}, func() { s.refusals.setReason(reason) }) // once saved: a failed save changes nothing
 	if err != nil {
 		return admin.FenceResponse{Status: s.Status()}, err
 	}
