@@ -89,9 +89,6 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
-	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
-		r.o.Log.Warn("replication had stopped with an error", "err", err)
-	}
 	fenced := statusErr != nil || st.Fenced
 	unfence := func() error {
 		if fenced {
@@ -109,9 +106,12 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return nil
 	}
 	// In mode replicate the proxy is unfenced first: an abort inside the window must not keep
-	// writes held while green's write-gated apiserver takes its grace period to stop.
+	// writes held while the replicator waits for its txns in flight (up to their timeout each)
+	// or green's write-gated apiserver takes its grace period to stop.
 	if r.p.replicating() {
-		if err := unfence(); err != nil {
+		err := unfence()
+		r.stopReplicationLogged()
+		if err != nil {
 			return err
 		}
 	}

@@ -237,6 +237,14 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 	return prog, nil
 }
 
+// stopReplicationLogged stops replication where its error changes nothing (an abort): it is
+// logged.
+func (r *runner) stopReplicationLogged() {
+	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
+		r.o.Log.Warn("replication had stopped with an error", "err", err)
+	}
+}
+
 // caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
 // (linearizable), the replicator applied it, dst's revision equals src's read again after it
 // (src's own apiserver may write meanwhile: then once more), and the replicator applied that one. It returns that revision. A

@@ -335,3 +335,43 @@ func TestCheckFenceHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestAbortUnfencesBeforeReplicationStops: stopping the replicator waits for the txns it has in
+// flight (up to their timeout each); an abort inside the window must open writes on blue first,
+// not hold them past the budget for green's sake.
+func TestAbortUnfencesBeforeReplicationStops(t *testing.T) {
+	r, calls, _, _ := stuckReplicator(t, true)
+	unfenced := make(chan struct{})
+	px := r.adm.(funcProxy)
+	fence := px.fence
+	px.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		resp, err := fence(ctx, req)
+		if !req.Fenced && err == nil {
+			close(unfenced)
+		}
+		return resp, err
+	}
+	r.adm = px
+	old := r.repl
+	old.cancel()
+	<-old.done
+	ctx, cancel := context.WithCancel(context.Background())
+	slow := &replication{rep: old.rep, src: old.src, dst: old.dst, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		<-ctx.Done()
+		select { // a txn in flight on a stalled green
+		case <-unfenced:
+		case <-time.After(5 * time.Second):
+		}
+		slow.err = ctx.Err()
+		close(slow.done)
+	}()
+	r.repl = slow
+	start := time.Now()
+	if err := r.abort(t.Context(), "drain missed the window"); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the abort took %s: it waited for replication to stop before it unfenced (calls %q)", took, *calls)
+	}
+}

@@ -147,9 +147,9 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	if _, ok := r.j.record(StepSwitch); ok || r.proxyOnTarget(ctx) {
 		return errors.New("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'")
 	}
-	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
-		r.o.Log.Warn("replication had stopped with an error", "err", err)
-	}
+	// Unfenced before replication stops, which waits for its txns in flight: writes must not
+	// stay fenced past the budget for that.
+	defer r.stopReplicationLogged()
 	if err := r.proxiesBack(ctx); err != nil {
 		return err
 	}
