@@ -28,9 +28,12 @@ const nextAfterAbort = "blue serves as before and writes are open; green's data 
 func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	if s.pastNoReturn() && r.proxyOnTarget(ctx) {
+	_, switched := r.j.record(StepSwitch)
+	if s.pastNoReturn() && (switched || r.proxyOnTarget(ctx)) {
+		// Journaled as switched, some proxies are on r.to even if the group's status cannot
+		// say so (a proxy down, or still on r.from): there is no abort from here.
 		rep := r.report(ResultFailed, err)
-		rep.Next = fmt.Sprintf("the proxy already sends requests to %s; fix the cause and run the same command again with --resume to finish (unfence)", r.to.name)
+		rep.Next = fmt.Sprintf("the proxies were switched to %s; fix the cause (e.g. a proxy that does not answer) and run the same command again with --resume to finish (unfence)", r.to.name)
 		r.emit(Event{Type: EventReport, Report: rep})
 		return rep, fmt.Errorf("step %s: %w", s.name(), err)
 	}

@@ -184,6 +184,45 @@ func TestAbortWithAProxyDown(t *testing.T) {
 	}
 }
 
+// TestUnfenceFailsWithAProxyDown: past the switch (journaled), an unfence that fails because
+// one of two proxies does not answer is not an abort (there is none past the switch): the
+// advice is --resume, and nothing is switched back or stopped.
+func TestUnfenceFailsWithAProxyDown(t *testing.T) {
+	w := newDecisionWorld(t, false, StepUnfence, false)
+	var callsB []string
+	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
+	b := memProxy(stB, &callsB)
+	group := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: b}}}
+	w.r.adm = group
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	w.r.steps[stepIndex(t, StepUnfence)] = fakeStep{n: StepUnfence, past: true, do: func(context.Context, *runner) (string, error) {
+		down := errors.New("connection refused")
+		b.status = func(context.Context) (admin.Status, error) { return admin.Status{}, down }
+		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, down
+		}
+		group.proxies[1].Client = b
+		return "", errors.New("proxy b: " + down.Error())
+	}}
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep == nil || !strings.Contains(rep.Next, "--resume") {
+		t.Fatalf("report %+v, err %v: want the advice to resume", rep, err)
+	}
+	for _, e := range w.events {
+		if e.Type == EventAbort {
+			t.Fatalf("an abort was started past the switch: %+v", e)
+		}
+	}
+	if w.st.Backend != greenURLOf(w.r) || len(w.stopped) != 0 {
+		t.Fatalf("proxy a on %s, stopped %v: want it left on green, nothing stopped", w.st.Backend, w.stopped)
+	}
+}
+
+// greenURLOf is the plan's green apiserver URL as a proxy reports it.
+func greenURLOf(r *runner) string { return strings.TrimSuffix(r.p.Green.APIServer.URL, "/") }
+
 // TestRoutedProxies: proxies in front of apiservers of their own (an HA control plane) are each
 // switched to their own green apiserver, while the steps see the plan's URLs only; a proxy on
 // the plan's URL where it has its own is reported out of place.
