@@ -1,10 +1,12 @@
 package cutover
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -339,5 +341,49 @@ func TestRollbackGateKeepsTheWindowBudget(t *testing.T) {
 	}
 	if rec, ok := r.j.record(StepGateGreen); !ok || !strings.Contains(rec.Detail, "could not be gated") {
 		t.Errorf("gate-green %+v, want it to say green's apiserver could not be gated", rec)
+	}
+}
+
+// TestRollbackResumeLeavesTheBake: 'rollback --resume' with no rollback to resume is refused
+// before the baking process is asked to stop: nothing else keeps blue in step with green.
+func TestRollbackResumeLeavesTheBake(t *testing.T) {
+	p := bakePlan(t)
+	_, sock := startFakeProxy(t, admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3})
+	p.Proxy.AdminSocket = sock
+	p.hash = "plan-hash"
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{Version: 1, ID: "c1", State: StateBaking, PlanHash: p.hash, GreenPIDs: map[string]int{}}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "KUBEFENCE_TEST_BAKING_HOLDER="+p.StateDir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	go func() { exited <- cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill(); <-exited }()
+	if line != "holding\n" {
+		t.Fatalf("helper said %q", line)
+	}
+	_, err = Rollback(ctx, Options{Plan: p, Resume: true})
+	if err == nil || !strings.Contains(err.Error(), "nothing to resume") {
+		t.Fatalf("rollback --resume without a rollback: %v", err)
+	}
+	select {
+	case err := <-exited:
+		exited <- err // for the deferred wait
+		t.Fatalf("the baking process was stopped (%v) by a rollback that then refused", err)
+	case <-time.After(200 * time.Millisecond):
 	}
 }

@@ -40,9 +40,14 @@ const afterRollbackAbort = "green serves as before and writes are open; blue no 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
 func Rollback(ctx context.Context, o Options) (*Report, error) {
-	if j, err := LoadJournal(o.Plan.StateDir); err == nil && (j.State == StateBaking || j.State == StateRollingBack) {
+	// What can be refused is refused before the baking process is stopped: once it has, nothing
+	// keeps blue in step with green.
+	if j, err := LoadJournal(o.Plan.StateDir); err == nil {
+		if err := rollbackAllowed(j, o.Resume); err != nil {
+			return nil, err
+		}
 		if err := proxiesSpeakOurs(ctx, o.Plan); err != nil {
-			return nil, err // before the baking process is stopped
+			return nil, err
 		}
 	}
 	lock, main, err := takeOver(ctx, o.Plan)
@@ -83,13 +88,8 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 // newRollbackRunner is a runner from green to blue on the rollback's journal (new, or the one
 // to resume); it marks the cutover rolling back.
 func newRollbackRunner(o Options, main *Journal) (*runner, error) {
-	switch {
-	case main.State == StateBaking && o.Resume:
-		return nil, fmt.Errorf("nothing to resume: no rollback of cutover %s is in progress", main.ID)
-	case main.State == StateRollingBack && !o.Resume:
-		return nil, fmt.Errorf("a rollback of cutover %s is in progress: run 'kubefence cutover rollback --resume'", main.ID)
-	case main.State != StateBaking && main.State != StateRollingBack:
-		return nil, fmt.Errorf("cutover %s is %s: a rollback goes back to blue during the bake only (plan bake.enabled)", main.ID, main.State)
+	if err := rollbackAllowed(main, o.Resume); err != nil {
+		return nil, err
 	}
 	g, err := newProxyGroup(o.Plan)
 	if err != nil {
@@ -116,6 +116,19 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming rollback %s after step %q", r.j.ID, lastStep(r.j))})
 	}
 	return r, nil
+}
+
+// rollbackAllowed refuses a rollback (or its resume) that the cutover's state does not allow.
+func rollbackAllowed(main *Journal, resume bool) error {
+	switch {
+	case main.State == StateBaking && resume:
+		return fmt.Errorf("nothing to resume: no rollback of cutover %s is in progress", main.ID)
+	case main.State == StateRollingBack && !resume:
+		return fmt.Errorf("a rollback of cutover %s is in progress: run 'kubefence cutover rollback --resume'", main.ID)
+	case main.State != StateBaking && main.State != StateRollingBack:
+		return fmt.Errorf("cutover %s is %s: a rollback goes back to blue during the bake only (plan bake.enabled)", main.ID, main.State)
+	}
+	return nil
 }
 
 // openRollbackJournal is the rollback's journal to resume, or a new one (an earlier aborted
