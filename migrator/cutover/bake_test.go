@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,16 +95,20 @@ func TestBakeJournalStates(t *testing.T) {
 		name, state string
 		resume      bool
 		wantErr     string
+		planHash    string
 	}{
-		{"run over a bake", StateBaking, false, "is baking (green serves)"},
-		{"resume a bake", StateBaking, true, ""},
-		{"run over a rollback", StateRollingBack, false, "finish the rollback first"},
-		{"new cutover after a rollback", StateRolledBack, false, ""},
+		{"run over a bake", StateBaking, false, "is baking (green serves)", ""},
+		{"resume a bake", StateBaking, true, "", ""},
+		// An edited plan (bake.enabled: false) would walk another table of steps and end the
+		// bake without a finish.
+		{"resume a bake with another plan", StateBaking, true, "the plan changed", "another-plan"},
+		{"run over a rollback", StateRollingBack, false, "finish the rollback first", ""},
+		{"new cutover after a rollback", StateRolledBack, false, "", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newDecisionWorld(t, tc.resume, "", false)
-			j := &Journal{ID: "x", State: tc.state, PlanHash: "plan-hash"}
+			j := &Journal{ID: "x", State: tc.state, PlanHash: cmp.Or(tc.planHash, "plan-hash")}
 			if err := j.save(w.r.p.StateDir); err != nil {
 				t.Fatal(err)
 			}

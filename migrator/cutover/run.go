@@ -222,7 +222,7 @@ func (r *runner) openJournal() error {
 		return err
 	case j.State == StateRunning && !o.Resume:
 		return fmt.Errorf("%w (id %s, last finished step %q): run again with --resume to continue, or 'kubefence cutover abort' to go back to blue", ErrInProgress, j.ID, lastStep(j))
-	case j.State == StateRunning && j.PlanHash != p.hash:
+	case (j.State == StateRunning || j.State == StateBaking && o.Resume) && j.PlanHash != p.hash:
 		return fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): resume with the same plan", j.ID, p.hash, j.PlanHash)
 	case j.State == StateRunning:
 		r.j = j
