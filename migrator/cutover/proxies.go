@@ -292,7 +292,7 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 	return fmt.Errorf("%v", errs)
 }
 
-// backTo puts every fenced proxy that answers and is not on a back on it, before an abort
+// backTo puts every fenced proxy that answers and is not on a (or is, unconfirmed) back on it, before an abort
 // unfences them: a proxy may have switched although its answer was lost (or a crash cut the
 // switch short), and unfenced there it would open writes on green while the others write blue.
 // An open proxy was not switched by the run (a switch needs the fence) and is left alone, as is
@@ -302,7 +302,9 @@ func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
 	var errs []error
 	for _, p := range g.proxies {
 		st, err := p.Client.Status(ctx)
-		if err != nil || !st.Fenced || st.Backend == want {
+		// One on a's URL is left alone unless unconfirmed (restarted with an unusable state
+		// file): then it refuses fence off until a backend set names a.
+		if err != nil || !st.Fenced || st.Backend == want && !st.Unconfirmed {
 			continue
 		}
 		if _, err := p.Client.SetBackend(ctx, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
@@ -328,6 +330,7 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 	for _, r := range res {
 		st := r.Value
 		out.Fenced = out.Fenced || st.Fenced
+		out.Unconfirmed = out.Unconfirmed || st.Unconfirmed
 		out.Generation += st.Generation
 		out.RefusedWrites += st.RefusedWrites
 		out.InflightWrites += st.InflightWrites

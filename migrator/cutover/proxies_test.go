@@ -503,3 +503,21 @@ func TestBackToLeavesOpenProxiesAlone(t *testing.T) {
 		t.Fatalf("backTo on an open proxy: %v, calls %v; want nothing asked", err, calls)
 	}
 }
+
+// TestBackToConfirmsAnUnconfirmedProxy: a proxy restarted with an unusable state file is fenced,
+// unconfirmed, on its --upstream (blue): it refuses fence off until a backend set. An abort puts
+// it on blue by name, or no re-run of the abort could ever unfence it.
+func TestBackToConfirmsAnUnconfirmedProxy(t *testing.T) {
+	p, _ := validPlan(t)
+	blue := strings.TrimSuffix(p.Blue.APIServer.URL, "/")
+	st := &admin.Status{Backend: blue, Fenced: true, Unconfirmed: true, Generation: 4}
+	var calls []string
+	mp := memProxy(st, &calls)
+	g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: mp}}}
+	if merged, err := g.Status(t.Context()); err != nil || !merged.Unconfirmed {
+		t.Fatalf("group status %+v, %v: want it unconfirmed as its proxy", merged, err)
+	}
+	if err := g.backTo(t.Context(), p.Blue.APIServer); err != nil || !slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
+		t.Fatalf("backTo on an unconfirmed proxy on blue: %v, calls %v; want a backend set to blue", err, calls)
+	}
+}
