@@ -77,6 +77,11 @@ func TestExitCodes(t *testing.T) {
 		{"migrate without flags", []string{"migrate", "v2-to-v3"}, ExitUsage, "", "--data-dir is required"},
 		{"migrate bad conflict policy", []string{"migrate", "v2-to-v3", "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both"`},
 		{"migrate bad clock", []string{"migrate", "v2-to-v3", "--ttl-clock", "yesterday"}, ExitUsage, "", "--ttl-clock"},
+		{"empty --admin-socket", []string{"fence", "on", "--admin-socket", ""}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-socket=", []string{"fence", "status", "--admin-socket="}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-address", []string{"fence", "off", "--admin-address", ""}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-socket, backend set", []string{"backend", "set", "https://x:6443", "--admin-socket="}, ExitUsage, "", "no proxy named"},
+		{"empty entry in --admin-socket", []string{"fence", "status", "--admin-socket", "/run/a.sock,"}, ExitUsage, "", "--admin-socket has an empty entry"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -66,6 +67,9 @@ func (o *adminOptions) Complete([]string) error {
 			sockets = []string{admin.DefaultSocket}
 		}
 	}
+	if err := checkProxyNames(sockets, addresses); err != nil {
+		return err
+	}
 	o.proxies = nil
 	for _, s := range sockets {
 		o.proxies = append(o.proxies, admin.Proxy{Name: s, Client: admin.NewClient(s)})
@@ -76,6 +80,22 @@ func (o *adminOptions) Complete([]string) error {
 			return err
 		}
 		o.proxies = append(o.proxies, admin.Proxy{Name: a, Client: c})
+	}
+	return nil
+}
+
+// checkProxyNames refuses a command line that names no proxy (--admin-socket "" would otherwise
+// act on none and succeed having done nothing) or an empty one among others.
+func checkProxyNames(sockets, addresses []string) error {
+	if len(sockets) == 0 && len(addresses) == 0 {
+		return UsageErrorf("no proxy named: --admin-socket and --admin-address are empty; give a proxy's admin socket or address, or leave both out for $%s, $%s or %s", envAdminSocket, envAdminAddress, admin.DefaultSocket)
+	}
+	empty := func(n string) bool { return strings.TrimSpace(n) == "" }
+	if slices.ContainsFunc(sockets, empty) {
+		return UsageErrorf("--admin-socket has an empty entry in %q: name every proxy", strings.Join(sockets, ","))
+	}
+	if slices.ContainsFunc(addresses, empty) {
+		return UsageErrorf("--admin-address has an empty entry in %q: name every proxy", strings.Join(addresses, ","))
 	}
 	return nil
 }
