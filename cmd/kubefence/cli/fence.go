@@ -132,12 +132,10 @@ func (o *adminOptions) newTLSClient(address string) (*admin.Client, error) {
 }
 
 func newFenceCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCommand(&cobra.Command{
 		Use:   "fence",
 		Short: "Turn the proxy's write fence on or off, or show it",
-	}
-	cmd.AddCommand(newFenceOnCommand(g), newFenceOffCommand(g), newFenceStatusCommand(g))
-	return cmd
+	}, newFenceOnCommand(g), newFenceOffCommand(g), newFenceStatusCommand(g))
 }
 
 type fenceOnOptions struct {
@@ -348,12 +346,10 @@ func printStatus(w io.Writer, st admin.Status) {
 }
 
 func newBackendCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCommand(&cobra.Command{
 		Use:   "backend",
 		Short: "Switch the proxy to another kube-apiserver (only while fenced)",
-	}
-	cmd.AddCommand(newBackendSetCommand(g))
-	return cmd
+	}, newBackendSetCommand(g))
 }
 
 type backendSetOptions struct {
