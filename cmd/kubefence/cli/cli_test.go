@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -86,6 +87,7 @@ func TestExitCodes(t *testing.T) {
 		{"empty --admin-address", []string{"fence", "off", "--admin-address", ""}, ExitUsage, "", "no proxy named"},
 		{"empty --admin-socket, backend set", []string{"backend", "set", "https://x:6443", "--admin-socket="}, ExitUsage, "", "no proxy named"},
 		{"empty entry in --admin-socket", []string{"fence", "status", "--admin-socket", "/run/a.sock,"}, ExitUsage, "", "--admin-socket has an empty entry"},
+		{"zero --timeout", []string{"fence", "off", "--timeout", "0s"}, ExitUsage, "", "--timeout must be positive"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {
@@ -213,5 +215,51 @@ func TestCutoverReportWording(t *testing.T) {
 	printReport(&buf, &cutover.Report{ID: "x", Result: "done", WriteUnavailability: 86 * time.Millisecond, FenceBarrier: 3100 * time.Microsecond})
 	if out := buf.String(); !strings.Contains(out, "window (fence on -> fence off): 86ms, of which 3.1ms the fence waiting for the writes admitted before it") {
 		t.Errorf("report does not split the window by the barrier:\n%s", out)
+	}
+}
+
+// TestFrozenProxyTimesOut: a proxy whose admin socket accepts requests and never answers makes
+// every admin command fail within its --timeout, naming the proxy, instead of hanging.
+func TestFrozenProxyTimesOut(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "frozen.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+
+	for _, args := range [][]string{
+		{"fence", "off"},
+		{"fence", "status"},
+		{"backend", "set", "https://green:6443"},
+		{"fence", "on", "--wait-timeout", "50ms"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			done := make(chan struct{})
+			var code int
+			var errOut string
+			go func() {
+				defer close(done)
+				code, _, errOut = runCLI(append(args, "--admin-socket", sock, "--timeout", "100ms")...)
+			}()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("kubefence %v still waiting for the frozen proxy after 20s", args)
+			}
+			if code != ExitFailure || !strings.Contains(errOut, "proxy "+sock+": no answer within") {
+				t.Errorf("kubefence %v = %d, stderr %q; want %d naming %s", args, code, errOut, ExitFailure, sock)
+			}
+		})
 	}
 }
