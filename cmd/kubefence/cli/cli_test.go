@@ -263,3 +263,22 @@ func TestFrozenProxyTimesOut(t *testing.T) {
 		})
 	}
 }
+
+// TestMigrateCopyTimeoutHelp: migrate copy --endpoints runs the whole copy (member checks, the
+// wait for convergence and the snapshot stream) under --timeout; its help must say so, or a
+// large snapshot cut at the default looks like a bug.
+func TestMigrateCopyTimeoutHelp(t *testing.T) {
+	root, closeLogs := NewRootCommand(Streams{})
+	defer closeLogs()
+	cmd, _, err := root.Find([]string{"migrate", "copy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := cmd.Flags().Lookup("timeout").Usage
+	if !strings.Contains(usage, "streaming the snapshot") {
+		t.Errorf("migrate copy --timeout: %q does not say it bounds the snapshot stream", usage)
+	}
+	if !strings.Contains(cmd.Long, "--timeout bounds") {
+		t.Errorf("migrate copy's description does not say what --timeout bounds:\n%s", cmd.Long)
+	}
+}

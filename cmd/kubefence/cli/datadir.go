@@ -44,8 +44,9 @@ func newMigrateCopyCommand(g *globals) *cobra.Command {
 		Long: `Two kinds of copy.
 
 From a live cluster (--endpoints): wait until every member answers and their raft indexes are
-within one of each other (up to --timeout), then stream a snapshot through the maintenance API
-from the most advanced member, check the sha256 etcd appends, and rename it into --snapshot.
+within one of each other, then stream a snapshot through the maintenance API from the most
+advanced member, check the sha256 etcd appends, and rename it into --snapshot. --timeout bounds
+all of it, the snapshot stream included: raise it for a large database or a slow link.
 
 Of member data dirs (--data-dir, repeatable, for a stopped member): copy every file, fsync it,
 and record a sha256 manifest (kubefence-manifest.sha256, sha256sum's format) in the copy. A
@@ -63,7 +64,7 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f := cmd.Flags()
 	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
 	f.StringVar(&o.snapshot, "snapshot", "", "snapshot file to write (with --endpoints)")
-	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every member to be healthy with converged raft indexes")
+	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "with --endpoints: how long the whole copy may take, checking the members, waiting until they are healthy with converged raft indexes and streaming the snapshot into --snapshot")
 	f.StringVar(&o.conn.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
 	f.StringVar(&o.conn.CertFile, "cert", "", "client certificate for etcd")
 	f.StringVar(&o.conn.KeyFile, "key", "", "client key for etcd")
