@@ -51,6 +51,10 @@ func TestExitCodes(t *testing.T) {
 	}
 	// A complete plan whose files (/etc/kubernetes/...) are not on this machine.
 	examplePlan := filepath.Join("..", "..", "..", "deploy", "examples", "cutover-plan-kubeadm.yaml")
+	// A data dir whose parent must stay empty: a command line refused must create nothing (no
+	// kubefence-backups next to it).
+	dataParent := t.TempDir()
+	dataDir, binDir := filepath.Join(dataParent, "etcd"), t.TempDir()
 	cases := []struct {
 		name string
 		args []string
@@ -88,6 +92,10 @@ func TestExitCodes(t *testing.T) {
 		{"empty --admin-socket, backend set", []string{"backend", "set", "https://x:6443", "--admin-socket="}, ExitUsage, "", "no proxy named"},
 		{"empty entry in --admin-socket", []string{"fence", "status", "--admin-socket", "/run/a.sock,"}, ExitUsage, "", "--admin-socket has an empty entry"},
 		{"zero --timeout", []string{"fence", "off", "--timeout", "0s"}, ExitUsage, "", "--timeout must be positive"},
+		{"upgrade without --data-dir", []string{"migrate", "upgrade", "--target-version", "3.6.16", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
+		{"upgrade without --bin-dir", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16"}, ExitUsage, "", "--bin-dir is required"},
+		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
+		{"downgrade without --bin-dir", []string{"migrate", "downgrade", "--data-dir", dataDir, "--target-version", "3.5.21"}, ExitUsage, "", "--bin-dir is required"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {
@@ -97,6 +105,9 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("kubefence %v = %d\nstdout: %s\nstderr: %s\nwant %d, stdout ~ %q, stderr ~ %q", tc.args, code, out, errOut, tc.code, tc.out, tc.err)
 			}
 		})
+	}
+	if left, _ := os.ReadDir(dataParent); len(left) > 0 {
+		t.Errorf("command lines refused left %v in %s", left, dataParent)
 	}
 }
 
@@ -280,5 +291,70 @@ func TestMigrateCopyTimeoutHelp(t *testing.T) {
 	}
 	if !strings.Contains(cmd.Long, "--timeout bounds") {
 		t.Errorf("migrate copy's description does not say what --timeout bounds:\n%s", cmd.Long)
+	}
+}
+
+// writeLoadablePlan writes a plan (the kubeadm example's shape) whose files all exist, empty,
+// under a temp dir, so that cutover.LoadPlan accepts it; it returns the plan and its stateDir.
+func writeLoadablePlan(t *testing.T) (plan, stateDir string) {
+	t.Helper()
+	root := t.TempDir()
+	for _, f := range []string{"blue.conf", "green.conf", "blue-ca.crt", "blue.crt", "blue.key", "green-apiserver.yaml",
+		"pki/ca.crt", "pki/server.crt", "pki/server.key", "pki/peer.crt", "pki/peer.key", "pki/healthcheck-client.crt", "pki/healthcheck-client.key"} {
+		writeFile(t, filepath.Join(root, f), "", 0o600)
+	}
+	writeFile(t, filepath.Join(root, "bin", "etcd-3.6.16"), "#!/bin/sh\n", 0o755)
+	if err := os.Mkdir(filepath.Join(root, "manifests"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stateDir = filepath.Join(root, "state")
+	plan = filepath.Join(root, "plan.yaml")
+	writeFile(t, plan, fmt.Sprintf(`apiVersion: kubefence.io/v1alpha1
+kind: CutoverPlan
+stateDir: %[1]s/state
+proxy:
+  adminSocket: %[1]s/admin.sock
+blue:
+  apiserver: {url: "https://127.0.0.1:6443", kubeconfig: %[1]s/blue.conf}
+  etcd: {endpoints: ["https://127.0.0.1:2379"], caFile: %[1]s/blue-ca.crt, certFile: %[1]s/blue.crt, keyFile: %[1]s/blue.key}
+green:
+  etcd:
+    binary: %[1]s/bin/etcd-3.6.16
+    version: 3.6.16
+    members: [{name: green-0, dataDir: %[1]s/green, clientURL: "https://127.0.0.1:2479", peerURL: "https://127.0.0.1:2480"}]
+    tls: {pkiDir: %[1]s/pki}
+  apiserver:
+    url: https://127.0.0.1:7443
+    kubeconfig: %[1]s/green.conf
+    staticPod: {manifest: %[1]s/green-apiserver.yaml, manifestDir: %[1]s/manifests}
+migration:
+  mode: replicate
+`, root), 0o600)
+	return plan, stateDir
+}
+
+func writeFile(t *testing.T, path, content string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCutoverFlagsRefusedBeforeAnything: flags that cannot go together are a usage error found
+// before the state dir is created or locked.
+func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
+	plan, stateDir := writeLoadablePlan(t)
+	if code, out, errOut := runCLI("cutover", "--plan", plan, "--dry-run"); code != ExitOK {
+		t.Fatalf("the test plan does not load: cutover --dry-run = %d\n%s%s", code, out, errOut)
+	}
+	code, _, errOut := runCLI("cutover", "--plan", plan, "--rehearse", "--resume")
+	if code != ExitUsage || !strings.Contains(errOut, "--rehearse and --resume do not go together") {
+		t.Errorf("cutover --rehearse --resume = %d, stderr %q; want %d", code, errOut, ExitUsage)
+	}
+	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
 	}
 }

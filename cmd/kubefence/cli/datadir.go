@@ -275,9 +275,16 @@ func (o *lifecycleOptions) Complete([]string) (err error) {
 	return nil
 }
 
+// Validate checks what datadir.Run would otherwise refuse only once it has taken its lock (and
+// made the backup dir for it), as a failure (exit 1).
 func (o *lifecycleOptions) Validate() error {
-	if o.target == "" {
+	switch {
+	case len(o.opts.DataDirs) == 0:
+		return UsageErrorf("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
+	case o.target == "":
 		return UsageErrorf("--target-version is required (e.g. 3.6.16)")
+	case o.opts.BinDir == "":
+		return UsageErrorf("--bin-dir is required: a dir holding etcd-<version> binaries, one per minor the data dirs step through")
 	}
 	return nil
 }
