@@ -304,20 +304,72 @@ type fenceOffOptions struct {
 
 func newFenceOffCommand(g *globals) *cobra.Command {
 	o := &fenceOffOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
-	cmd := o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o,
+	cmd := o.command(&cobra.Command{
+		Use:   "off",
+		Short: "Reopen writes",
+		Long: `Reopen writes on every proxy named. With --expect-backend only a proxy on that backend opens;
+one on another stays fenced and the command fails naming it. Without it, several proxies must
+be on one backend: the command reads their backends first and, if they differ (a switch that
+reached only some of them), opens none and names each proxy's backend; if they agree, each
+proxy opens only if it is still on that backend when the fence off reaches it.`,
+		Args: args(cobra.NoArgs),
+	}, o,
 		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then fails the command")
 	cmd.Flags().StringVar(&o.expectBackend, "expect-backend", "", "open writes only on a proxy whose backend is this URL; a proxy on another stays fenced and the command fails naming it")
 	return cmd
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
+	expect := func(*admin.Client) string { return o.expectBackend }
+	if o.expectBackend == "" && len(o.proxies) > 1 {
+		var err error
+		if expect, err = o.agreedBackend(ctx); err != nil {
+			return err
+		}
+	}
 	b := bound{o.timeout, "--timeout", "whether it reopened writes"}
 	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
-		return c.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: o.expectBackend})
+		return c.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: expect(c)})
 	}, func(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintf(w, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
 	})
 	return err
+}
+
+// agreedBackend is fence off's check when several proxies are named and --expect-backend is
+// not: after a partial switch one proxy would open writes on green and another on blue. It
+// reads every proxy's status and refuses if those that answered are on different backends;
+// otherwise it returns what each proxy's fence off expects: that backend (the proxy checks it
+// under its fence's lock, so a switch since the read keeps that proxy fenced), or nothing for
+// a proxy too old for expectBackend (admin API level 0), which would refuse the request.
+func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client) string, error) {
+	res, err := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
+		return c.Status(ctx)
+	})
+	var on []string
+	var backend string
+	backends, old := map[string]bool{}, map[*admin.Client]bool{}
+	for i, r := range res {
+		if r.Err != nil {
+			continue // its fence off below expects the others' backend, and most likely fails too
+		}
+		on = append(on, fmt.Sprintf("%s is on %s", r.Proxy, r.Value.Backend))
+		backend = strings.TrimSuffix(r.Value.Backend, "/")
+		backends[backend] = true
+		old[o.proxies[i].Client] = r.Value.APILevel < 1
+	}
+	switch {
+	case len(backends) == 0:
+		return nil, fmt.Errorf("fence off: could not read any proxy's backend, so writes stay fenced: %w", err)
+	case len(backends) > 1:
+		return nil, fmt.Errorf("fence off refused, writes stay fenced: the proxies are on different backends (%s); switch them to one with 'kubefence backend set URL', or open only those on the backend writes must go to with --expect-backend URL", strings.Join(on, ", "))
+	}
+	return func(c *admin.Client) string {
+		if old[c] {
+			return ""
+		}
+		return backend
+	}, nil
 }
 
 type fenceStatusOptions struct{ adminOptions }
