@@ -96,6 +96,7 @@ func TestExitCodes(t *testing.T) {
 		{"upgrade without --bin-dir", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16"}, ExitUsage, "", "--bin-dir is required"},
 		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"downgrade without --bin-dir", []string{"migrate", "downgrade", "--data-dir", dataDir, "--target-version", "3.5.21"}, ExitUsage, "", "--bin-dir is required"},
+		{"detect --wal-dir with several data dirs", []string{"migrate", "detect", "--data-dir", "/var/lib/etcd-a", "--data-dir", "/var/lib/etcd-b", "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir goes with a single --data-dir"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {

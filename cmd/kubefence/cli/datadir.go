@@ -173,7 +173,7 @@ Nothing is written.`,
 		RunE: runE(o),
 	}
 	cmd.Flags().StringSliceVar(&o.dirs, "data-dir", nil, "member data dir (repeatable)")
-	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate")
+	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate (one --data-dir only)")
 	o.output.addFlags(cmd)
 	return cmd
 }
@@ -181,6 +181,9 @@ Nothing is written.`,
 func (o *detectOptions) Validate() error {
 	if len(o.dirs) == 0 {
 		return UsageErrorf("--data-dir is required")
+	}
+	if o.walDir != "" && len(o.dirs) > 1 {
+		return UsageErrorf("--wal-dir goes with a single --data-dir: each member has its own WAL dir, so run detect once per member with its --wal-dir")
 	}
 	return nil
 }
