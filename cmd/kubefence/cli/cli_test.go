@@ -55,6 +55,7 @@ func TestExitCodes(t *testing.T) {
 	// kubefence-backups next to it).
 	dataParent := t.TempDir()
 	dataDir, binDir := filepath.Join(dataParent, "etcd"), t.TempDir()
+	snap, copyOut := filepath.Join(t.TempDir(), "snap.db"), filepath.Join(t.TempDir(), "copy")
 	cases := []struct {
 		name string
 		args []string
@@ -97,6 +98,13 @@ func TestExitCodes(t *testing.T) {
 		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"downgrade without --bin-dir", []string{"migrate", "downgrade", "--data-dir", dataDir, "--target-version", "3.5.21"}, ExitUsage, "", "--bin-dir is required"},
 		{"detect --wal-dir with several data dirs", []string{"migrate", "detect", "--data-dir", "/var/lib/etcd-a", "--data-dir", "/var/lib/etcd-b", "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir goes with a single --data-dir"},
+		{"copy --endpoints --output-dir", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--output-dir", "/tmp/o"}, ExitUsage, "", "--output-dir is for a copy of --data-dir"},
+		{"copy --endpoints --live", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--live"}, ExitUsage, "", "--live is for a copy of --data-dir"},
+		{"copy --endpoints --endpoint", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--endpoint", "https://127.0.0.1:1"}, ExitUsage, "", "--endpoint is for a copy of --data-dir"},
+		{"copy --endpoints --wal-dir", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir is for a copy of --data-dir"},
+		{"copy --endpoint without --live", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--endpoint", "https://127.0.0.1:1"}, ExitUsage, "", "--endpoint is used only with --live"},
+		{"copy --data-dir --snapshot", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--snapshot", snap}, ExitUsage, "", "--snapshot is for a copy of a live cluster"},
+		{"copy --data-dir --timeout", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--timeout", "5m"}, ExitUsage, "", "--timeout is for a copy of a live cluster"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {

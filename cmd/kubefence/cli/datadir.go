@@ -28,6 +28,8 @@ type copyOptions struct {
 	live      bool
 	memberEPs []string
 	timeout   time.Duration
+
+	cmd *cobra.Command
 }
 
 // copyResult is `migrate copy -o json`.
@@ -74,6 +76,7 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f.BoolVar(&o.live, "live", false, "copy a running member (needs --endpoint)")
 	f.StringSliceVar(&o.memberEPs, "endpoint", nil, "with --live: the member's client URL (one per --data-dir, in order)")
 	o.output.addFlags(cmd)
+	o.cmd = cmd
 	return cmd
 }
 
@@ -82,29 +85,52 @@ func (o *copyOptions) Validate() error {
 	case len(o.endpoints) > 0 && len(o.dataDirs) > 0:
 		return UsageErrorf("--endpoints (a snapshot of a live cluster) and --data-dir (a member's files) are two kinds of copy: give one")
 	case len(o.endpoints) > 0:
-		if o.snapshot == "" {
-			return UsageErrorf("--snapshot FILE is required with --endpoints")
-		}
-		if _, err := os.Stat(o.snapshot); err == nil {
-			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
-		}
-		return nil
+		return o.validateSnapshot()
 	case len(o.dataDirs) > 0:
-		if o.outputDir == "" {
-			return UsageErrorf("--output-dir is required with --data-dir")
-		}
-		if o.walDir != "" && len(o.dataDirs) > 1 {
-			return UsageErrorf("--wal-dir goes with a single --data-dir")
-		}
-		if o.live && len(o.memberEPs) != len(o.dataDirs) {
-			return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
-		}
-		if err := o.members().Check(); err != nil {
-			return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
-		}
-		return nil
+		return o.validateDataDirs()
 	}
 	return UsageErrorf("give --endpoints (a snapshot of a live cluster) or --data-dir (a member's files)")
+}
+
+// validateSnapshot checks a copy of a live cluster (--endpoints): the flags of a data dir copy
+// would be dropped, so they are refused.
+func (o *copyOptions) validateSnapshot() error {
+	for _, f := range []string{"output-dir", "live", "endpoint", "wal-dir"} {
+		if o.cmd.Flags().Changed(f) {
+			return UsageErrorf("--%s is for a copy of --data-dir; with --endpoints the copy is a snapshot of the cluster, streamed from a member into --snapshot: leave --%s out", f, f)
+		}
+	}
+	if o.snapshot == "" {
+		return UsageErrorf("--snapshot FILE is required with --endpoints")
+	}
+	if _, err := os.Stat(o.snapshot); err == nil {
+		return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
+	}
+	return nil
+}
+
+// validateDataDirs checks a copy of member data dirs (--data-dir): the flags of a live cluster's
+// snapshot, and --endpoint without --live, would be dropped, so they are refused.
+func (o *copyOptions) validateDataDirs() error {
+	for _, f := range []string{"snapshot", "timeout"} {
+		if o.cmd.Flags().Changed(f) {
+			return UsageErrorf("--%s is for a copy of a live cluster (--endpoints); a copy of --data-dir goes to --output-dir, unbounded: leave --%s out", f, f)
+		}
+	}
+	switch {
+	case o.outputDir == "":
+		return UsageErrorf("--output-dir is required with --data-dir")
+	case o.walDir != "" && len(o.dataDirs) > 1:
+		return UsageErrorf("--wal-dir goes with a single --data-dir")
+	case !o.live && len(o.memberEPs) > 0:
+		return UsageErrorf("--endpoint is used only with --live: give --live to copy a running member through its snapshot API, or leave --endpoint out for a stopped member")
+	case o.live && len(o.memberEPs) != len(o.dataDirs):
+		return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
+	}
+	if err := o.members().Check(); err != nil {
+		return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
+	}
+	return nil
 }
 
 func (o *copyOptions) members() datadir.MemberCopies {
