@@ -367,3 +367,29 @@ func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
 		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
 	}
 }
+
+// TestFenceOnWording: fence on says what happens to writes in the mode the proxy is in.
+func TestFenceOnWording(t *testing.T) {
+	done := &admin.Barrier{Complete: true}
+	running := &admin.Barrier{Remaining: []admin.InflightWrite{{Verb: "update", Resource: "configmaps"}}}
+	cases := []struct {
+		name    string
+		resp    admin.FenceResponse
+		want    string
+		notWant string
+	}{
+		{"refuse", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeRefuse}, Barrier: done}, "writes refused", "held"},
+		{"refuse, writes running", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeRefuse}, Barrier: running}, "writes refused", "held"},
+		{"hold", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeHold}, Barrier: done}, "writes held until fence off", "refused"},
+		{"hold, writes running", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeHold}, Barrier: running}, "writes held until fence off", "refused"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			printFenceOn(&buf, tc.resp)
+			if out := buf.String(); !strings.Contains(out, tc.want) || strings.Contains(out, tc.notWant) {
+				t.Errorf("fence on, mode %s: %q; want %q and not %q", tc.resp.Status.Mode, out, tc.want, tc.notWant)
+			}
+		})
+	}
+}

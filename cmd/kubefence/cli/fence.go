@@ -268,13 +268,17 @@ func printFenceOn(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintln(w, "fence is ON")
 		return
 	}
+	writes := "writes refused"
+	if resp.Status.Mode == admin.ModeHold {
+		writes = "writes held until fence off"
+	}
 	if b.Complete {
-		fmt.Fprintf(w, "fence is ON (generation %d): writes refused; in-flight writes finished in %s\n",
-			resp.Status.Generation, time.Duration(b.Waited).Round(time.Microsecond))
+		fmt.Fprintf(w, "fence is ON (generation %d): %s; in-flight writes finished in %s\n",
+			resp.Status.Generation, writes, time.Duration(b.Waited).Round(time.Microsecond))
 		return
 	}
-	fmt.Fprintf(w, "fence is ON (generation %d): writes refused; %d write(s) admitted before the fence still running:\n",
-		resp.Status.Generation, len(b.Remaining))
+	fmt.Fprintf(w, "fence is ON (generation %d): %s; %d write(s) admitted before the fence still running:\n",
+		resp.Status.Generation, writes, len(b.Remaining))
 	for _, r := range b.Remaining {
 		fmt.Fprintf(w, "  %s\n", describeInflight(r))
 	}
