@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -50,6 +51,11 @@ func TestExitCodes(t *testing.T) {
 	}
 	// A complete plan whose files (/etc/kubernetes/...) are not on this machine.
 	examplePlan := filepath.Join("..", "..", "..", "deploy", "examples", "cutover-plan-kubeadm.yaml")
+	// A data dir whose parent must stay empty: a command line refused must create nothing (no
+	// kubefence-backups next to it).
+	dataParent := t.TempDir()
+	dataDir, binDir := filepath.Join(dataParent, "etcd"), t.TempDir()
+	snap, copyOut := filepath.Join(t.TempDir(), "snap.db"), filepath.Join(t.TempDir(), "copy")
 	cases := []struct {
 		name string
 		args []string
@@ -63,6 +69,10 @@ func TestExitCodes(t *testing.T) {
 		{"unknown flag", []string{"fence", "on", "--bogus"}, ExitUsage, "", "unknown flag: --bogus"},
 		{"unknown command", []string{"frobnicate"}, ExitUsage, "", "unknown command"},
 		{"extra args", []string{"fence", "off", "now"}, ExitUsage, "", "unknown command \"now\""},
+		{"mistyped fence subcommand", []string{"fence", "of"}, ExitUsage, "", `unknown command "of" for "kubefence fence": did you mean off?`},
+		{"fence alone prints its help", []string{"fence"}, ExitOK, "Available Commands", ""},
+		{"mistyped backend subcommand", []string{"backend", "sett", "https://x:6443"}, ExitUsage, "", `unknown command "sett" for "kubefence backend"`},
+		{"mistyped migrate subcommand", []string{"migrate", "detcet"}, ExitUsage, "", `unknown command "detcet" for "kubefence migrate"`},
 		{"backend set needs url", []string{"backend", "set"}, ExitUsage, "", "accepts 1 arg"},
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
@@ -77,6 +87,24 @@ func TestExitCodes(t *testing.T) {
 		{"migrate without flags", []string{"migrate", "v2-to-v3"}, ExitUsage, "", "--data-dir is required"},
 		{"migrate bad conflict policy", []string{"migrate", "v2-to-v3", "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both"`},
 		{"migrate bad clock", []string{"migrate", "v2-to-v3", "--ttl-clock", "yesterday"}, ExitUsage, "", "--ttl-clock"},
+		{"empty --admin-socket", []string{"fence", "on", "--admin-socket", ""}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-socket=", []string{"fence", "status", "--admin-socket="}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-address", []string{"fence", "off", "--admin-address", ""}, ExitUsage, "", "no proxy named"},
+		{"empty --admin-socket, backend set", []string{"backend", "set", "https://x:6443", "--admin-socket="}, ExitUsage, "", "no proxy named"},
+		{"empty entry in --admin-socket", []string{"fence", "status", "--admin-socket", "/run/a.sock,"}, ExitUsage, "", "--admin-socket has an empty entry"},
+		{"zero --timeout", []string{"fence", "off", "--timeout", "0s"}, ExitUsage, "", "--timeout must be positive"},
+		{"upgrade without --data-dir", []string{"migrate", "upgrade", "--target-version", "3.6.16", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
+		{"upgrade without --bin-dir", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16"}, ExitUsage, "", "--bin-dir is required"},
+		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
+		{"downgrade without --bin-dir", []string{"migrate", "downgrade", "--data-dir", dataDir, "--target-version", "3.5.21"}, ExitUsage, "", "--bin-dir is required"},
+		{"detect --wal-dir with several data dirs", []string{"migrate", "detect", "--data-dir", "/var/lib/etcd-a", "--data-dir", "/var/lib/etcd-b", "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir goes with a single --data-dir"},
+		{"copy --endpoints --output-dir", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--output-dir", "/tmp/o"}, ExitUsage, "", "--output-dir is for a copy of --data-dir"},
+		{"copy --endpoints --live", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--live"}, ExitUsage, "", "--live is for a copy of --data-dir"},
+		{"copy --endpoints --endpoint", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--endpoint", "https://127.0.0.1:1"}, ExitUsage, "", "--endpoint is for a copy of --data-dir"},
+		{"copy --endpoints --wal-dir", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--timeout", "1s", "--snapshot", snap, "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir is for a copy of --data-dir"},
+		{"copy --endpoint without --live", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--endpoint", "https://127.0.0.1:1"}, ExitUsage, "", "--endpoint is used only with --live"},
+		{"copy --data-dir --snapshot", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--snapshot", snap}, ExitUsage, "", "--snapshot is for a copy of a live cluster"},
+		{"copy --data-dir --timeout", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--timeout", "5m"}, ExitUsage, "", "--timeout is for a copy of a live cluster"},
 		{"no proxy running", []string{"fence", "status", "--admin-socket", filepath.Join(t.TempDir(), "none.sock")}, ExitFailure, "", "cannot reach the kubefence admin API"},
 	}
 	for _, tc := range cases {
@@ -86,6 +114,9 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("kubefence %v = %d\nstdout: %s\nstderr: %s\nwant %d, stdout ~ %q, stderr ~ %q", tc.args, code, out, errOut, tc.code, tc.out, tc.err)
 			}
 		})
+	}
+	if left, _ := os.ReadDir(dataParent); len(left) > 0 {
+		t.Errorf("command lines refused left %v in %s", left, dataParent)
 	}
 }
 
@@ -204,5 +235,161 @@ func TestCutoverReportWording(t *testing.T) {
 	printReport(&buf, &cutover.Report{ID: "x", Result: "done", WriteUnavailability: 86 * time.Millisecond, FenceBarrier: 3100 * time.Microsecond})
 	if out := buf.String(); !strings.Contains(out, "window (fence on -> fence off): 86ms, of which 3.1ms the fence waiting for the writes admitted before it") {
 		t.Errorf("report does not split the window by the barrier:\n%s", out)
+	}
+}
+
+// TestFrozenProxyTimesOut: a proxy whose admin socket accepts requests and never answers makes
+// every admin command fail within its --timeout, naming the proxy, instead of hanging.
+func TestFrozenProxyTimesOut(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "frozen.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+
+	for _, args := range [][]string{
+		{"fence", "off"},
+		{"fence", "status"},
+		{"backend", "set", "https://green:6443"},
+		{"fence", "on", "--wait-timeout", "50ms"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			done := make(chan struct{})
+			var code int
+			var errOut string
+			go func() {
+				defer close(done)
+				code, _, errOut = runCLI(append(args, "--admin-socket", sock, "--timeout", "100ms")...)
+			}()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("kubefence %v still waiting for the frozen proxy after 20s", args)
+			}
+			if code != ExitFailure || !strings.Contains(errOut, "proxy "+sock+": no answer within") {
+				t.Errorf("kubefence %v = %d, stderr %q; want %d naming %s", args, code, errOut, ExitFailure, sock)
+			}
+		})
+	}
+}
+
+// TestMigrateCopyTimeoutHelp: migrate copy --endpoints runs the whole copy (member checks, the
+// wait for convergence and the snapshot stream) under --timeout; its help must say so, or a
+// large snapshot cut at the default looks like a bug.
+func TestMigrateCopyTimeoutHelp(t *testing.T) {
+	root, closeLogs := NewRootCommand(Streams{})
+	defer closeLogs()
+	cmd, _, err := root.Find([]string{"migrate", "copy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := cmd.Flags().Lookup("timeout").Usage
+	if !strings.Contains(usage, "streaming the snapshot") {
+		t.Errorf("migrate copy --timeout: %q does not say it bounds the snapshot stream", usage)
+	}
+	if !strings.Contains(cmd.Long, "--timeout bounds") {
+		t.Errorf("migrate copy's description does not say what --timeout bounds:\n%s", cmd.Long)
+	}
+}
+
+// writeLoadablePlan writes a plan (the kubeadm example's shape) whose files all exist, empty,
+// under a temp dir, so that cutover.LoadPlan accepts it; it returns the plan and its stateDir.
+func writeLoadablePlan(t *testing.T) (plan, stateDir string) {
+	t.Helper()
+	root := t.TempDir()
+	for _, f := range []string{"blue.conf", "green.conf", "blue-ca.crt", "blue.crt", "blue.key", "green-apiserver.yaml",
+		"pki/ca.crt", "pki/server.crt", "pki/server.key", "pki/peer.crt", "pki/peer.key", "pki/healthcheck-client.crt", "pki/healthcheck-client.key"} {
+		writeFile(t, filepath.Join(root, f), "", 0o600)
+	}
+	writeFile(t, filepath.Join(root, "bin", "etcd-3.6.16"), "#!/bin/sh\n", 0o755)
+	if err := os.Mkdir(filepath.Join(root, "manifests"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stateDir = filepath.Join(root, "state")
+	plan = filepath.Join(root, "plan.yaml")
+	writeFile(t, plan, fmt.Sprintf(`apiVersion: kubefence.io/v1alpha1
+kind: CutoverPlan
+stateDir: %[1]s/state
+proxy:
+  adminSocket: %[1]s/admin.sock
+blue:
+  apiserver: {url: "https://127.0.0.1:6443", kubeconfig: %[1]s/blue.conf}
+  etcd: {endpoints: ["https://127.0.0.1:2379"], caFile: %[1]s/blue-ca.crt, certFile: %[1]s/blue.crt, keyFile: %[1]s/blue.key}
+green:
+  etcd:
+    binary: %[1]s/bin/etcd-3.6.16
+    version: 3.6.16
+    members: [{name: green-0, dataDir: %[1]s/green, clientURL: "https://127.0.0.1:2479", peerURL: "https://127.0.0.1:2480"}]
+    tls: {pkiDir: %[1]s/pki}
+  apiserver:
+    url: https://127.0.0.1:7443
+    kubeconfig: %[1]s/green.conf
+    staticPod: {manifest: %[1]s/green-apiserver.yaml, manifestDir: %[1]s/manifests}
+migration:
+  mode: replicate
+`, root), 0o600)
+	return plan, stateDir
+}
+
+func writeFile(t *testing.T, path, content string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCutoverFlagsRefusedBeforeAnything: flags that cannot go together are a usage error found
+// before the state dir is created or locked.
+func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
+	plan, stateDir := writeLoadablePlan(t)
+	if code, out, errOut := runCLI("cutover", "--plan", plan, "--dry-run"); code != ExitOK {
+		t.Fatalf("the test plan does not load: cutover --dry-run = %d\n%s%s", code, out, errOut)
+	}
+	code, _, errOut := runCLI("cutover", "--plan", plan, "--rehearse", "--resume")
+	if code != ExitUsage || !strings.Contains(errOut, "--rehearse and --resume do not go together") {
+		t.Errorf("cutover --rehearse --resume = %d, stderr %q; want %d", code, errOut, ExitUsage)
+	}
+	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
+	}
+}
+
+// TestFenceOnWording: fence on says what happens to writes in the mode the proxy is in.
+func TestFenceOnWording(t *testing.T) {
+	done := &admin.Barrier{Complete: true}
+	running := &admin.Barrier{Remaining: []admin.InflightWrite{{Verb: "update", Resource: "configmaps"}}}
+	cases := []struct {
+		name    string
+		resp    admin.FenceResponse
+		want    string
+		notWant string
+	}{
+		{"refuse", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeRefuse}, Barrier: done}, "writes refused", "held"},
+		{"refuse, writes running", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeRefuse}, Barrier: running}, "writes refused", "held"},
+		{"hold", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeHold}, Barrier: done}, "writes held until fence off", "refused"},
+		{"hold, writes running", admin.FenceResponse{Status: admin.Status{Fenced: true, Mode: admin.ModeHold}, Barrier: running}, "writes held until fence off", "refused"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			printFenceOn(&buf, tc.resp)
+			if out := buf.String(); !strings.Contains(out, tc.want) || strings.Contains(out, tc.notWant) {
+				t.Errorf("fence on, mode %s: %q; want %q and not %q", tc.resp.Status.Mode, out, tc.want, tc.notWant)
+			}
+		})
 	}
 }

@@ -28,6 +28,8 @@ type copyOptions struct {
 	live      bool
 	memberEPs []string
 	timeout   time.Duration
+
+	cmd *cobra.Command
 }
 
 // copyResult is `migrate copy -o json`.
@@ -44,8 +46,9 @@ func newMigrateCopyCommand(g *globals) *cobra.Command {
 		Long: `Two kinds of copy.
 
 From a live cluster (--endpoints): wait until every member answers and their raft indexes are
-within one of each other (up to --timeout), then stream a snapshot through the maintenance API
-from the most advanced member, check the sha256 etcd appends, and rename it into --snapshot.
+within one of each other, then stream a snapshot through the maintenance API from the most
+advanced member, check the sha256 etcd appends, and rename it into --snapshot. --timeout bounds
+all of it, the snapshot stream included: raise it for a large database or a slow link.
 
 Of member data dirs (--data-dir, repeatable, for a stopped member): copy every file, fsync it,
 and record a sha256 manifest (kubefence-manifest.sha256, sha256sum's format) in the copy. A
@@ -63,7 +66,7 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f := cmd.Flags()
 	f.StringSliceVar(&o.endpoints, "endpoints", nil, "client URLs of every member of a live cluster (snapshot copy)")
 	f.StringVar(&o.snapshot, "snapshot", "", "snapshot file to write (with --endpoints)")
-	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every member to be healthy with converged raft indexes")
+	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "with --endpoints: how long the whole copy may take, checking the members, waiting until they are healthy with converged raft indexes and streaming the snapshot into --snapshot")
 	f.StringVar(&o.conn.CAFile, "cacert", "", "CA bundle for etcd's serving certificates")
 	f.StringVar(&o.conn.CertFile, "cert", "", "client certificate for etcd")
 	f.StringVar(&o.conn.KeyFile, "key", "", "client key for etcd")
@@ -73,6 +76,7 @@ With one --data-dir, --output-dir is the copy; with several, each member's copy 
 	f.BoolVar(&o.live, "live", false, "copy a running member (needs --endpoint)")
 	f.StringSliceVar(&o.memberEPs, "endpoint", nil, "with --live: the member's client URL (one per --data-dir, in order)")
 	o.output.addFlags(cmd)
+	o.cmd = cmd
 	return cmd
 }
 
@@ -81,29 +85,52 @@ func (o *copyOptions) Validate() error {
 	case len(o.endpoints) > 0 && len(o.dataDirs) > 0:
 		return UsageErrorf("--endpoints (a snapshot of a live cluster) and --data-dir (a member's files) are two kinds of copy: give one")
 	case len(o.endpoints) > 0:
-		if o.snapshot == "" {
-			return UsageErrorf("--snapshot FILE is required with --endpoints")
-		}
-		if _, err := os.Stat(o.snapshot); err == nil {
-			return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
-		}
-		return nil
+		return o.validateSnapshot()
 	case len(o.dataDirs) > 0:
-		if o.outputDir == "" {
-			return UsageErrorf("--output-dir is required with --data-dir")
-		}
-		if o.walDir != "" && len(o.dataDirs) > 1 {
-			return UsageErrorf("--wal-dir goes with a single --data-dir")
-		}
-		if o.live && len(o.memberEPs) != len(o.dataDirs) {
-			return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
-		}
-		if err := o.members().Check(); err != nil {
-			return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
-		}
-		return nil
+		return o.validateDataDirs()
 	}
 	return UsageErrorf("give --endpoints (a snapshot of a live cluster) or --data-dir (a member's files)")
+}
+
+// validateSnapshot checks a copy of a live cluster (--endpoints): the flags of a data dir copy
+// would be dropped, so they are refused.
+func (o *copyOptions) validateSnapshot() error {
+	for _, f := range []string{"output-dir", "live", "endpoint", "wal-dir"} {
+		if o.cmd.Flags().Changed(f) {
+			return UsageErrorf("--%s is for a copy of --data-dir; with --endpoints the copy is a snapshot of the cluster, streamed from a member into --snapshot: leave --%s out", f, f)
+		}
+	}
+	if o.snapshot == "" {
+		return UsageErrorf("--snapshot FILE is required with --endpoints")
+	}
+	if _, err := os.Stat(o.snapshot); err == nil {
+		return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
+	}
+	return nil
+}
+
+// validateDataDirs checks a copy of member data dirs (--data-dir): the flags of a live cluster's
+// snapshot, and --endpoint without --live, would be dropped, so they are refused.
+func (o *copyOptions) validateDataDirs() error {
+	for _, f := range []string{"snapshot", "timeout"} {
+		if o.cmd.Flags().Changed(f) {
+			return UsageErrorf("--%s is for a copy of a live cluster (--endpoints); a copy of --data-dir goes to --output-dir, unbounded: leave --%s out", f, f)
+		}
+	}
+	switch {
+	case o.outputDir == "":
+		return UsageErrorf("--output-dir is required with --data-dir")
+	case o.walDir != "" && len(o.dataDirs) > 1:
+		return UsageErrorf("--wal-dir goes with a single --data-dir")
+	case !o.live && len(o.memberEPs) > 0:
+		return UsageErrorf("--endpoint is used only with --live: give --live to copy a running member through its snapshot API, or leave --endpoint out for a stopped member")
+	case o.live && len(o.memberEPs) != len(o.dataDirs):
+		return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
+	}
+	if err := o.members().Check(); err != nil {
+		return UsageErrorf("%v: the source is never written, so choose an --output-dir outside every --data-dir", err)
+	}
+	return nil
 }
 
 func (o *copyOptions) members() datadir.MemberCopies {
@@ -172,7 +199,7 @@ Nothing is written.`,
 		RunE: runE(o),
 	}
 	cmd.Flags().StringSliceVar(&o.dirs, "data-dir", nil, "member data dir (repeatable)")
-	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate")
+	cmd.Flags().StringVar(&o.walDir, "wal-dir", "", "its WAL dir, when separate (one --data-dir only)")
 	o.output.addFlags(cmd)
 	return cmd
 }
@@ -180,6 +207,9 @@ Nothing is written.`,
 func (o *detectOptions) Validate() error {
 	if len(o.dirs) == 0 {
 		return UsageErrorf("--data-dir is required")
+	}
+	if o.walDir != "" && len(o.dirs) > 1 {
+		return UsageErrorf("--wal-dir goes with a single --data-dir: each member has its own WAL dir, so run detect once per member with its --wal-dir")
 	}
 	return nil
 }
@@ -274,9 +304,16 @@ func (o *lifecycleOptions) Complete([]string) (err error) {
 	return nil
 }
 
+// Validate checks what datadir.Run would otherwise refuse only once it has taken its lock (and
+// made the backup dir for it), as a failure (exit 1).
 func (o *lifecycleOptions) Validate() error {
-	if o.target == "" {
+	switch {
+	case len(o.opts.DataDirs) == 0:
+		return UsageErrorf("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
+	case o.target == "":
 		return UsageErrorf("--target-version is required (e.g. 3.6.16)")
+	case o.opts.BinDir == "":
+		return UsageErrorf("--bin-dir is required: a dir holding etcd-<version> binaries, one per minor the data dirs step through")
 	}
 	return nil
 }

@@ -31,7 +31,7 @@ func MarkdownReference() string {
 		if c.Long != "" {
 			b.WriteString(c.Long + "\n\n")
 		}
-		if c.Runnable() {
+		if c.Runnable() && c.Annotations[annotationGroup] == "" {
 			fmt.Fprintf(&b, "```\n%s\n```\n\n", c.UseLine())
 		}
 		if fl := c.NonInheritedFlags().FlagUsages(); strings.TrimSpace(fl) != "" {

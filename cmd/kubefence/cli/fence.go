@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kubefence/kubefence/proxy"
 	"github.com/kubefence/kubefence/proxy/admin"
 
 	"github.com/kubefence/kubefence/internal/tlsutil"
@@ -27,6 +29,7 @@ type adminOptions struct {
 	cert      string
 	key       string
 	ca        string
+	timeout   time.Duration
 
 	cmd     *cobra.Command
 	proxies admin.Group
@@ -38,7 +41,12 @@ const (
 	envAdminAddress = "KUBEFENCE_ADMIN_ADDRESS"
 )
 
-func (o *adminOptions) addFlags(cmd *cobra.Command) {
+// defaultAdminTimeout is how long an admin command waits for a proxy's answer (fence on: on top
+// of --wait-timeout; backend set: on top of the proxy's drain).
+const defaultAdminTimeout = 30 * time.Second
+
+func (o *adminOptions) addFlags(cmd *cobra.Command, timeout time.Duration, timeoutUsage string) {
+	cmd.Flags().DurationVar(&o.timeout, "timeout", timeout, timeoutUsage)
 	cmd.Flags().StringSliceVar(&o.sockets, "admin-socket", nil, "a proxy's admin socket; repeat (or comma-separate) for every proxy: the command acts on all of them. Default $"+envAdminSocket+", else "+admin.DefaultSocket)
 	cmd.Flags().StringSliceVar(&o.addresses, "admin-address", nil, "a proxy's admin API over the network (https://HOST:PORT of its --admin-listen); repeatable like --admin-socket. Default $"+envAdminAddress)
 	cmd.Flags().StringVar(&o.cert, "admin-cert-file", "", "client certificate for --admin-address")
@@ -47,10 +55,11 @@ func (o *adminOptions) addFlags(cmd *cobra.Command) {
 	o.output.addFlags(cmd)
 }
 
-// command makes cmd an admin-API command that runs run (o's command) with the shared flags.
-func (o *adminOptions) command(cmd *cobra.Command, run command) *cobra.Command {
+// command makes cmd an admin-API command that runs run (o's command) with the shared flags,
+// --timeout defaulting to timeout.
+func (o *adminOptions) command(cmd *cobra.Command, run command, timeout time.Duration, timeoutUsage string) *cobra.Command {
 	cmd.RunE = runE(run)
-	o.addFlags(cmd)
+	o.addFlags(cmd, timeout, timeoutUsage)
 	o.cmd = cmd
 	return cmd
 }
@@ -66,6 +75,9 @@ func (o *adminOptions) Complete([]string) error {
 			sockets = []string{admin.DefaultSocket}
 		}
 	}
+	if err := checkProxyNames(sockets, addresses); err != nil {
+		return err
+	}
 	o.proxies = nil
 	for _, s := range sockets {
 		o.proxies = append(o.proxies, admin.Proxy{Name: s, Client: admin.NewClient(s)})
@@ -76,6 +88,29 @@ func (o *adminOptions) Complete([]string) error {
 			return err
 		}
 		o.proxies = append(o.proxies, admin.Proxy{Name: a, Client: c})
+	}
+	return nil
+}
+
+// checkProxyNames refuses a command line that names no proxy (--admin-socket "" would otherwise
+// act on none and succeed having done nothing) or an empty one among others.
+func checkProxyNames(sockets, addresses []string) error {
+	if len(sockets) == 0 && len(addresses) == 0 {
+		return UsageErrorf("no proxy named: --admin-socket and --admin-address are empty; give a proxy's admin socket or address, or leave both out for $%s, $%s or %s", envAdminSocket, envAdminAddress, admin.DefaultSocket)
+	}
+	empty := func(n string) bool { return strings.TrimSpace(n) == "" }
+	if slices.ContainsFunc(sockets, empty) {
+		return UsageErrorf("--admin-socket has an empty entry in %q: name every proxy", strings.Join(sockets, ","))
+	}
+	if slices.ContainsFunc(addresses, empty) {
+		return UsageErrorf("--admin-address has an empty entry in %q: name every proxy", strings.Join(addresses, ","))
+	}
+	return nil
+}
+
+func (o *adminOptions) Validate() error {
+	if o.timeout <= 0 {
+		return UsageErrorf("--timeout must be positive")
 	}
 	return nil
 }
@@ -112,12 +147,10 @@ func (o *adminOptions) newTLSClient(address string) (*admin.Client, error) {
 }
 
 func newFenceCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCommand(&cobra.Command{
 		Use:   "fence",
 		Short: "Turn the proxy's write fence on or off, or show it",
-	}
-	cmd.AddCommand(newFenceOnCommand(g), newFenceOffCommand(g), newFenceStatusCommand(g))
-	return cmd
+	}, newFenceOnCommand(g), newFenceOffCommand(g), newFenceStatusCommand(g))
 }
 
 type fenceOnOptions struct {
@@ -141,7 +174,7 @@ than the proxy's --hold-timeout gets the 429 instead and is never sent. The comm
 once every write admitted before the fence has finished. If some are still running after
 --wait-timeout it lists them and exits 1; the fence stays on either way.`,
 		Args: args(cobra.NoArgs),
-	}, o)
+	}, o, defaultAdminTimeout, "how long to wait for each proxy's answer on top of --wait-timeout; a proxy that has not answered by then fails the command")
 	cmd.Flags().StringVar(&o.reason, "reason", "", "why the API is fenced (shown to refused clients and in status)")
 	cmd.Flags().StringVar(&o.mode, "mode", admin.ModeRefuse, "what the fence does with a write: refuse (429 + Retry-After) or hold (keep it until fence off, then forward it)")
 	cmd.Flags().DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "how long to wait for writes admitted before the fence to finish")
@@ -149,6 +182,9 @@ once every write admitted before the fence has finished. If some are still runni
 }
 
 func (o *fenceOnOptions) Validate() error {
+	if err := o.adminOptions.Validate(); err != nil {
+		return err
+	}
 	if o.waitTimeout <= 0 {
 		return UsageErrorf("--wait-timeout must be positive")
 	}
@@ -159,10 +195,9 @@ func (o *fenceOnOptions) Validate() error {
 }
 
 func (o *fenceOnOptions) Run(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout+30*time.Second)
-	defer cancel()
 	req := admin.FenceRequest{Fenced: true, Reason: o.reason, Mode: o.mode, WaitTimeout: admin.Duration(o.waitTimeout)}
-	res, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
+	b := bound{o.waitTimeout + o.timeout, "--wait-timeout + --timeout", "whether it fenced writes"}
+	res, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
 		return c.Fence(ctx, req)
 	}, printFenceOn)
 	if err != nil {
@@ -177,14 +212,40 @@ func (o *fenceOnOptions) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// eachProxy runs f on every proxy at once and prints the answers: with one proxy as human says,
-// with several each under its proxy's name (-o json: a list of {proxy, result, error}). The
-// error names every proxy that did not acknowledge.
-func eachProxy[T any](ctx context.Context, o *adminOptions, f func(context.Context, *admin.Client) (T, error), human func(io.Writer, T)) ([]admin.Result[T], error) {
-	res, err := admin.Each(ctx, o.proxies, f)
+// bound is how long each proxy may take to answer, the flags that say so, and what is left
+// unknown when one does not answer in time ("" for a read).
+type bound struct {
+	limit   time.Duration
+	flags   string
+	unknown string
+}
+
+// each runs f on every proxy at once (admin.Each), each call bounded by b: a proxy that accepts
+// the request and never answers fails with an error saying so instead of hanging the command.
+func each[T any](ctx context.Context, proxies admin.Group, b bound, f func(context.Context, *admin.Client) (T, error)) ([]admin.Result[T], error) {
+	return admin.Each(ctx, proxies, func(ctx context.Context, c *admin.Client) (T, error) {
+		cctx, cancel := context.WithTimeout(ctx, b.limit)
+		defer cancel()
+		v, err := f(cctx, c)
+		if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			msg := fmt.Sprintf("no answer within %s (%s): the proxy may be stuck, see its log", b.limit, b.flags)
+			if b.unknown != "" {
+				msg += "; " + b.unknown + " is unknown: check with 'kubefence fence status'"
+			}
+			err = errors.New(msg)
+		}
+		return v, err
+	})
+}
+
+// eachProxy runs f on every proxy at once, bounded by b, and prints the answers: with one proxy
+// as human says, with several each under its proxy's name (-o json: a list of {proxy, result,
+// error}). The error names every proxy that did not acknowledge.
+func eachProxy[T any](ctx context.Context, o *adminOptions, b bound, f func(context.Context, *admin.Client) (T, error), human func(io.Writer, T)) ([]admin.Result[T], error) {
+	res, err := each(ctx, o.proxies, b, f)
 	if len(res) == 1 {
 		if err != nil {
-			return res, res[0].Err
+			return res, fmt.Errorf("proxy %s: %w", res[0].Proxy, res[0].Err)
 		}
 		return res, o.printer.print(o.Out, res[0].Value, func(w io.Writer) { human(w, res[0].Value) })
 	}
@@ -207,13 +268,17 @@ func printFenceOn(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintln(w, "fence is ON")
 		return
 	}
+	writes := "writes refused"
+	if resp.Status.Mode == admin.ModeHold {
+		writes = "writes held until fence off"
+	}
 	if b.Complete {
-		fmt.Fprintf(w, "fence is ON (generation %d): writes refused; in-flight writes finished in %s\n",
-			resp.Status.Generation, time.Duration(b.Waited).Round(time.Microsecond))
+		fmt.Fprintf(w, "fence is ON (generation %d): %s; in-flight writes finished in %s\n",
+			resp.Status.Generation, writes, time.Duration(b.Waited).Round(time.Microsecond))
 		return
 	}
-	fmt.Fprintf(w, "fence is ON (generation %d): writes refused; %d write(s) admitted before the fence still running:\n",
-		resp.Status.Generation, len(b.Remaining))
+	fmt.Fprintf(w, "fence is ON (generation %d): %s; %d write(s) admitted before the fence still running:\n",
+		resp.Status.Generation, writes, len(b.Remaining))
 	for _, r := range b.Remaining {
 		fmt.Fprintf(w, "  %s\n", describeInflight(r))
 	}
@@ -243,34 +308,90 @@ type fenceOffOptions struct {
 
 func newFenceOffCommand(g *globals) *cobra.Command {
 	o := &fenceOffOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
-	cmd := o.command(&cobra.Command{Use: "off", Short: "Reopen writes", Args: args(cobra.NoArgs)}, o)
+	cmd := o.command(&cobra.Command{
+		Use:   "off",
+		Short: "Reopen writes",
+		Long: `Reopen writes on every proxy named. With --expect-backend only a proxy on that backend opens;
+one on another stays fenced and the command fails naming it. Without it, several proxies must
+be on one backend: the command reads their backends first and, if they differ (a switch that
+reached only some of them), opens none and names each proxy's backend; if they agree, each
+proxy opens only if it is still on that backend when the fence off reaches it.`,
+		Args: args(cobra.NoArgs),
+	}, o,
+		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then fails the command")
 	cmd.Flags().StringVar(&o.expectBackend, "expect-backend", "", "open writes only on a proxy whose backend is this URL; a proxy on another stays fenced and the command fails naming it")
 	return cmd
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
-	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
-		return c.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: o.expectBackend})
+	expect := func(*admin.Client) string { return o.expectBackend }
+	if o.expectBackend == "" && len(o.proxies) > 1 {
+		var err error
+		if expect, err = o.agreedBackend(ctx); err != nil {
+			return err
+		}
+	}
+	b := bound{o.timeout, "--timeout", "whether it reopened writes"}
+	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
+		return c.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: expect(c)})
 	}, func(w io.Writer, resp admin.FenceResponse) {
 		fmt.Fprintf(w, "fence is OFF (generation %d): writes flow to %s\n", resp.Status.Generation, resp.Status.Backend)
 	})
 	return err
 }
 
+// agreedBackend is fence off's check when several proxies are named and --expect-backend is
+// not: after a partial switch one proxy would open writes on green and another on blue. It
+// reads every proxy's status and refuses if those that answered are on different backends;
+// otherwise it returns what each proxy's fence off expects: that backend (the proxy checks it
+// under its fence's lock, so a switch since the read keeps that proxy fenced), or nothing for
+// a proxy too old for expectBackend (admin API level 0), which would refuse the request.
+func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client) string, error) {
+	res, err := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
+		return c.Status(ctx)
+	})
+	var on []string
+	var backend string
+	backends, old := map[string]bool{}, map[*admin.Client]bool{}
+	for i, r := range res {
+		if r.Err != nil {
+			continue // its fence off below expects the others' backend, and most likely fails too
+		}
+		on = append(on, fmt.Sprintf("%s is on %s", r.Proxy, r.Value.Backend))
+		backend = strings.TrimSuffix(r.Value.Backend, "/")
+		backends[backend] = true
+		old[o.proxies[i].Client] = r.Value.APILevel < 1
+	}
+	switch {
+	case len(backends) == 0:
+		return nil, fmt.Errorf("fence off: could not read any proxy's backend, so writes stay fenced: %w", err)
+	case len(backends) > 1:
+		return nil, fmt.Errorf("fence off refused, writes stay fenced: the proxies are on different backends (%s); switch them to one with 'kubefence backend set URL', or open only those on the backend writes must go to with --expect-backend URL", strings.Join(on, ", "))
+	}
+	return func(c *admin.Client) string {
+		if old[c] {
+			return ""
+		}
+		return backend
+	}, nil
+}
+
 type fenceStatusOptions struct{ adminOptions }
 
 func newFenceStatusCommand(g *globals) *cobra.Command {
 	o := &fenceStatusOptions{adminOptions{printOptions: printOptions{Streams: g.streams}}}
-	return o.command(&cobra.Command{Use: "status", Short: "Show the fence state, backend and live counters", Args: args(cobra.NoArgs)}, o)
+	return o.command(&cobra.Command{Use: "status", Short: "Show the fence state, backend and live counters", Args: args(cobra.NoArgs)}, o,
+		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then is shown as unreachable and fails the command")
 }
 
 func (o *fenceStatusOptions) Run(ctx context.Context) error {
 	status := func(ctx context.Context, c *admin.Client) (admin.Status, error) { return c.Status(ctx) }
+	b := bound{o.timeout, "--timeout", ""}
 	if len(o.proxies) == 1 {
-		_, err := eachProxy(ctx, &o.adminOptions, status, printStatus)
+		_, err := eachProxy(ctx, &o.adminOptions, b, status, printStatus)
 		return err
 	}
-	res, err := admin.Each(ctx, o.proxies, status)
+	res, err := each(ctx, o.proxies, b, status)
 	if perr := o.printer.print(o.Out, res, func(w io.Writer) { printStatuses(w, res) }); perr != nil {
 		return perr
 	}
@@ -328,12 +449,10 @@ func printStatus(w io.Writer, st admin.Status) {
 }
 
 func newBackendCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCommand(&cobra.Command{
 		Use:   "backend",
 		Short: "Switch the proxy to another kube-apiserver (only while fenced)",
-	}
-	cmd.AddCommand(newBackendSetCommand(g))
-	return cmd
+	}, newBackendSetCommand(g))
 }
 
 type backendSetOptions struct {
@@ -363,7 +482,8 @@ etcd revisions as the old backend (a replication cutover, or another apiserver o
 etcd); otherwise resourceVersions mean different things there and watches must end. A watch
 that cannot be resumed (still sending its initial events, or refused by URL) ends as without it.`,
 		Args: args(cobra.ExactArgs(1)),
-	}, o)
+	}, o, defaultAdminTimeout+proxy.NewOptions().DrainTimeout,
+		fmt.Sprintf("how long to wait for each proxy's answer, which comes once the watches on the old backend have drained: %s plus the proxy's default --drain-timeout; raise it for a proxy with a longer --drain-timeout", defaultAdminTimeout))
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the new backend's serving certificate, as the proxy sees the path (default: keep the current one)")
 	cmd.Flags().Uint64Var(&o.expectGen, "expect-generation", 0, "switch only if the proxy's state is still at this generation (as 'fence status' or 'fence on' printed it); 409 if the fence or backend changed since (0: no check)")
 	cmd.Flags().BoolVar(&o.resumeWatches, "resume-watches", false, "resume open watches on the new backend from the last resourceVersion delivered, instead of ending them; only when it serves the same etcd revisions as the old (otherwise resourceVersions mean different things there and watches must end)")
@@ -376,6 +496,9 @@ func (o *backendSetOptions) Complete(a []string) error {
 }
 
 func (o *backendSetOptions) Validate() error {
+	if err := o.adminOptions.Validate(); err != nil {
+		return err
+	}
 	if !strings.HasPrefix(o.url, "https://") && !strings.HasPrefix(o.url, "http://") {
 		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", o.url)
 	}
@@ -384,7 +507,8 @@ func (o *backendSetOptions) Validate() error {
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
 	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches, ExpectGeneration: o.expectGen}
-	_, err := eachProxy(ctx, &o.adminOptions, func(ctx context.Context, c *admin.Client) (admin.BackendResponse, error) {
+	b := bound{o.timeout, "--timeout", "whether it switched the backend"}
+	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.BackendResponse, error) {
 		resp, err := c.SetBackend(ctx, req)
 		var apiErr *admin.APIError
 		if errors.As(err, &apiErr) && apiErr.Code == 409 {

@@ -17,14 +17,12 @@ import (
 )
 
 func newMigrateCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCommand(&cobra.Command{
 		Use:   "migrate",
 		Short: "Offline etcd data work: copy, detect, back up, upgrade, downgrade, migrate v2 stores to v3",
-	}
-	cmd.AddCommand(newMigrateV2ToV3Command(g), newMigrateCopyCommand(g), newMigrateDetectCommand(g),
+	}, newMigrateV2ToV3Command(g), newMigrateCopyCommand(g), newMigrateDetectCommand(g),
 		newMigrateLifecycleCommand(g, datadir.OpUpgrade), newMigrateLifecycleCommand(g, datadir.OpDowngrade),
 		newMigrateRestoreBackupCommand(g))
-	return cmd
 }
 
 type migrateV2Options struct {

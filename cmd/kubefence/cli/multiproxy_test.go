@@ -79,3 +79,47 @@ func TestSeveralProxies(t *testing.T) {
 		t.Fatal("the reachable proxy was not unfenced")
 	}
 }
+
+// TestFenceOffRefusesDisagreeingProxies: after a partial switch (one proxy on green, one still
+// on blue), fence off naming both without --expect-backend opens neither: it would send writes
+// to two etcds. It names each proxy's backend; with --expect-backend only the proxy on that
+// backend opens.
+func TestFenceOffRefusesDisagreeingProxies(t *testing.T) {
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer blue.Close()
+	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer green.Close()
+	a, b := startTestProxy(t, blue.URL), startTestProxy(t, blue.URL)
+	both := []string{"--admin-socket", a.AdminSocket(), "--admin-socket", b.AdminSocket()}
+	if code, out, errOut := runCLI(append([]string{"fence", "on"}, both...)...); code != 0 {
+		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCLI("backend", "set", green.URL, "--admin-socket", a.AdminSocket()); code != 0 {
+		t.Fatalf("backend set on one proxy = %d\n%s%s", code, out, errOut)
+	}
+
+	code, out, errOut := runCLI(append([]string{"fence", "off"}, both...)...)
+	for _, want := range []string{a.AdminSocket() + " is on " + green.URL, b.AdminSocket() + " is on " + blue.URL, "--expect-backend"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("fence off, proxies on different backends: stderr lacks %q", want)
+		}
+	}
+	if code != ExitFailure || !a.Status().Fenced || !b.Status().Fenced {
+		t.Fatalf("fence off, proxies on different backends = %d (fenced: %v, %v), want %d and both still fenced\n%s%s",
+			code, a.Status().Fenced, b.Status().Fenced, ExitFailure, out, errOut)
+	}
+
+	code, out, errOut = runCLI(append([]string{"fence", "off", "--expect-backend", green.URL}, both...)...)
+	if code != ExitFailure || a.Status().Fenced || !b.Status().Fenced || !strings.Contains(errOut, b.AdminSocket()) {
+		t.Fatalf("fence off --expect-backend green = %d (fenced: %v, %v), want only the proxy on green open\n%s%s",
+			code, a.Status().Fenced, b.Status().Fenced, out, errOut)
+	}
+
+	// Once they agree, fence off opens them all.
+	if code, out, errOut := runCLI("backend", "set", green.URL, "--admin-socket", b.AdminSocket()); code != 0 {
+		t.Fatalf("backend set on the other proxy = %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCLI(append([]string{"fence", "off"}, both...)...); code != 0 || a.Status().Fenced || b.Status().Fenced {
+		t.Fatalf("fence off, proxies on one backend = %d\n%s%s", code, out, errOut)
+	}
+}

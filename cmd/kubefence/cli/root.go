@@ -177,3 +177,31 @@ func isCobraUsageError(err error) bool {
 func args(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error { return usage(v(cmd, a)) }
 }
+
+// annotationGroup marks a command that only groups subcommands (groupCommand): it runs only to
+// print its help, so the reference shows no usage line for it.
+const annotationGroup = "kubefence.io/group"
+
+// groupCommand makes cmd a group of subcommands, as kubectl's DefaultSubCommandRun: run alone
+// it prints its help; with an argument, which cannot be one of its subcommands (cobra would have
+// run that), it fails with ExitUsage. Cobra checks subcommand names only under the root and
+// prints a command's help without checking its arguments when it has no Run, so a mistyped
+// subcommand ("fence of") would print help and exit 0 having done nothing.
+func groupCommand(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
+	cmd.Args = noSubcommandArgs
+	cmd.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+	cmd.Annotations = map[string]string{annotationGroup: "true"}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
+func noSubcommandArgs(cmd *cobra.Command, a []string) error {
+	if len(a) == 0 {
+		return nil
+	}
+	err := UsageErrorf("unknown command %q for %q", a[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(a[0]); len(s) > 0 {
+		err = UsageErrorf("%v: did you mean %s?", err, strings.Join(s, " or "))
+	}
+	return err
+}
