@@ -17,6 +17,11 @@ import (
 // abortTimeout bounds an abort after a failed step.
 const abortTimeout = 2 * time.Minute
 
+// afterFailedRollbackAbort is the advice after a rollback's abort (back to green) that did not
+// complete: 'cutover abort' refuses a rolling-back cutover, and a fence off by hand could open a
+// proxy on blue while the others write green.
+const afterFailedRollbackAbort = "the rollback's abort did not complete: once every proxy answers ('kubefence fence status'), run 'kubefence cutover rollback --resume': it goes on to blue, or back to green if it cannot"
+
 // nextAfterAbort is the advice after an abort that completed.
 const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
 
@@ -47,6 +52,9 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
 		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
+		if r.main != nil {
+			rep.Next = afterFailedRollbackAbort
+		}
 	} else {
 		rep.Next = nextAfterAbort + r.p.leftOnHosts()
 		if r.main != nil {
@@ -246,7 +254,13 @@ func withJournal(o Options, none string, do func(*runner) error) error {
 
 // abortByOperator is `kubefence cutover abort` on the journal of a cutover.
 func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
-	if r.j.State != StateRunning {
+	switch r.j.State {
+	case StateRunning:
+	case StateBaking:
+		return nil, fmt.Errorf("cutover %s is baking (green serves): nothing to abort; 'kubefence cutover rollback' goes back to blue, 'kubefence cutover finish' ends the bake", r.j.ID)
+	case StateRollingBack:
+		return nil, fmt.Errorf("cutover %s is rolling back: nothing to abort; finish it with 'kubefence cutover rollback --resume'", r.j.ID)
+	default:
 		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", r.j.ID, r.j.State)
 	}
 	if err := r.abort(ctx, "aborted by the operator"); err != nil {

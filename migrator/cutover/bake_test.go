@@ -392,3 +392,32 @@ func TestRollbackResumeLeavesTheBake(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// TestFailedRollbackAbortAdvice: a rollback whose abort cannot complete (a proxy does not
+// answer) advises what works from there, 'rollback --resume' once every proxy answers: not
+// 'cutover abort', which refuses a rolling-back cutover, nor a plain fence off, which could open
+// one proxy on blue while the others write green.
+func TestFailedRollbackAbortAdvice(t *testing.T) {
+	p := bakePlan(t)
+	p.hash = "plan-hash"
+	main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRollbackRunner(Options{Plan: p}, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("connection refused")
+	r.adm = funcProxy{
+		status: func(context.Context) (admin.Status, error) { return admin.Status{}, down },
+		fence: func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, down
+		},
+	}
+	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepDrain })
+	rep, _ := r.fail(t.Context(), r.steps[i], errors.New("drain missed the window"))
+	if rep == nil || strings.Contains(rep.Next+rep.Error, "cutover abort") || strings.Contains(rep.Next+rep.Error, "'kubefence fence off'") || !strings.Contains(rep.Next, "rollback --resume") {
+		t.Fatalf("report %+v: want the advice to run 'cutover rollback --resume' once every proxy answers", rep)
+	}
+}

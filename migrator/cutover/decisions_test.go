@@ -326,6 +326,8 @@ func TestAbortDecisions(t *testing.T) {
 		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "already sends requests to green", nil},
 		{"after the switch is journaled", true, []StepRecord{{Step: StepSwitch, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}, StateRunning, "switched to green at 2026-01-02T03:04:05Z", nil},
 		{"an aborted cutover", false, nil, StateAborted, "nothing to abort", nil},
+		{"a baking cutover", true, nil, StateBaking, "'kubefence cutover rollback' goes back to blue", nil},
+		{"a rolling-back cutover", true, nil, StateRollingBack, "'kubefence cutover rollback --resume'", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

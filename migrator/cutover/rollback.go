@@ -168,7 +168,7 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	}
 	if st, err := r.adm.Status(ctx); err != nil || st.Fenced {
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
-			return fmt.Errorf("unfence: %w; run 'kubefence fence off' on every proxy", err)
+			return fmt.Errorf("unfence: %w", err)
 		}
 	}
 	r.main.State = StateBaking
