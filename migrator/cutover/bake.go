@@ -332,6 +332,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	r.from, r.to = r.p.greenSide(), r.p.blueSide()
 	r.progressStep = "bake"
 	r.noPickup = "blue no longer follows green exactly, so a rollback would lose writes: run 'kubefence cutover finish' (green serves; blue stays as it was)"
+	r.retryPickup = "this is not known to be lasting: once both etcds answer, run 'kubefence cutover --resume --plan PLAN' soon (it checks that blue is still green change for change; nothing keeps blue's leases alive meanwhile); 'kubefence cutover finish' gives up the way back"
 	if r.j.State != StateBaking {
 		r.j.State = StateBaking
 		if err := r.saveJournal(); err != nil {
@@ -356,7 +357,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	}
 	if err != nil {
 		rep := r.report(ResultFailed, fmt.Errorf("blue stopped following green: %w", err))
-		rep.Next = r.noPickup
+		rep.Next = r.pickupAdvice(err)
 		r.emit(Event{Type: EventReport, Report: rep})
 		return rep, err
 	}

@@ -191,7 +191,7 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if err != nil {
 		src.Close()
 		dst.Close()
-		return "", fmt.Errorf("picking replication up again (the process that replicated stopped): %w; %s", err, r.noPickup)
+		return "", fmt.Errorf("picking replication up again (the process that replicated stopped): %w; %s", err, r.pickupAdvice(err))
 	}
 	if err := r.startReplication(src, dst, rev); err != nil {
 		return "", err
@@ -200,6 +200,17 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("replication picked up again at %s's revision %d (it is %s's revision %d, change for change)", r.to.name, rev, r.from.name, rev), nil
+}
+
+// pickupAdvice is what to do when replication could not be picked up again, or stopped, with
+// err. Only a revision mismatch or a compaction means the side that followed no longer does
+// (noPickup); another error (an etcd that did not answer in time) may pass, and where the
+// advice would give up the way back (a bake, a rollback), trying again comes first.
+func (r *runner) pickupAdvice(err error) string {
+	if r.retryPickup == "" || errors.Is(err, replicate.ErrRevisionMismatch) || errors.Is(err, replicate.ErrCompacted) {
+		return r.noPickup
+	}
+	return r.retryPickup
 }
 
 // replicationAlive says why replication cannot be relied on, or nil while it runs.

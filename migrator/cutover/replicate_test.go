@@ -375,3 +375,26 @@ func TestAbortUnfencesBeforeReplicationStops(t *testing.T) {
 		t.Fatalf("the abort took %s: it waited for replication to stop before it unfenced (calls %q)", took, *calls)
 	}
 }
+
+// TestPickupAdvice: only a revision mismatch or a compaction is taken to mean blue no longer
+// follows green; an etcd that did not answer in time does not make a bake or a rollback give
+// up the way back.
+func TestPickupAdvice(t *testing.T) {
+	r := &runner{noPickup: "finish", retryPickup: "try again"}
+	cases := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("at revision 9: %w", replicate.ErrRevisionMismatch), "finish"},
+		{fmt.Errorf("blue's revision 9: %w", replicate.ErrCompacted), "finish"},
+		{fmt.Errorf("replicate: reading blue's revision: %w", context.DeadlineExceeded), "try again"},
+	}
+	for _, tc := range cases {
+		if got := r.pickupAdvice(tc.err); got != tc.want {
+			t.Errorf("%v: advice %q, want %q", tc.err, got, tc.want)
+		}
+	}
+	if got := (&runner{noPickup: "abort"}).pickupAdvice(context.DeadlineExceeded); got != "abort" {
+		t.Errorf("a forward cutover's advice %q, want its only one", got)
+	}
+}

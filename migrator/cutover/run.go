@@ -134,8 +134,9 @@ type runner struct {
 	from, to side
 	// journalDir holds r.j: the state dir, or its rollback/ directory in a rollback.
 	journalDir string
-	// noPickup is the advice when replication cannot be picked up again.
-	noPickup string
+	// noPickup is the advice when replication cannot be picked up again (pickupAdvice);
+	// retryPickup, if set, when that may pass (an etcd that did not answer).
+	noPickup, retryPickup string
 	// main is the cutover's journal when r is its rollback (r.j is the rollback's).
 	main *Journal
 	// lock is the state dir's lock this process holds (Run's), marked when it bakes.
