@@ -126,10 +126,10 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 			return err
 		}
 	}
-	if _, err := r.stopGreen(); err != nil {
-		return err
-	}
-	if err := unfence(); err != nil {
+	// A green process that will not stop keeps blue's writes fenced no longer: the proxies are
+	// on blue. The abort is reported incomplete.
+	_, stopErr := r.stopGreen()
+	if err := errors.Join(unfence(), stopErr); err != nil {
 		return err
 	}
 	if err := r.abortBlueAuth(ctx); err != nil {
@@ -205,13 +205,18 @@ func (r *runner) stopGreen() ([]string, error) {
 		}
 		gps = append(gps, greenEtcdProcess(r.p, m))
 	}
+	var errs []error
 	for _, gp := range gps {
 		if pid := r.greenPID(gp.name, gp.argv); pid > 0 {
 			r.procs.stop(pid, gp.argv, 30*time.Second)
+			if r.procs.alive(pid, gp.argv) { // e.g. stuck in the kernel on a dead disk
+				errs = append(errs, fmt.Errorf("%s (pid %d) is still running after SIGTERM and SIGKILL: stop it by hand, then run this again", gp.what, pid))
+				continue
+			}
 			stopped = append(stopped, fmt.Sprintf("%s (pid %d)", gp.what, pid))
 		}
 	}
-	return stopped, nil
+	return stopped, errors.Join(errs...)
 }
 
 // Abort stops a cutover in progress before its switch: green is stopped, blue unfenced.

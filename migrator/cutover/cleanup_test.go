@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCleanup: cleanup stops what an aborted cutover or a rehearsal left, removes only the data
@@ -19,6 +20,7 @@ func TestCleanup(t *testing.T) {
 		wantStopped         []int
 		wantDirGone         bool
 		hostStarted         bool // green.apiservers holds one its host starts: named, not stopped
+		survivor            int  // a pid that is still running after its stop
 	}{
 		{name: "in progress", state: StateRunning, wantErr: "in progress"},
 		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
@@ -28,6 +30,7 @@ func TestCleanup(t *testing.T) {
 		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
 		{name: "aborted, an apiserver its host started", state: StateAborted, marker: "x", wantStopped: []int{101, 102}, hostStarted: true},
 		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
+		{name: "an etcd that outlives its stop", state: StateAborted, marker: "x", remove: true, survivor: 101, wantStopped: []int{101, 102}, wantErr: "still running"},
 		{name: "someone else's data dir", state: StateAborted, marker: "other-run", remove: true, wantStopped: []int{101, 102}, wantErr: "not restored by cutover x"},
 	}
 	for _, tc := range cases {
@@ -48,7 +51,15 @@ func TestCleanup(t *testing.T) {
 			}
 			var stopped []int
 			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
-			r := (&runner{p: p, j: j, procs: fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)}).forward()
+			running := map[int]bool{101: true, 102: true}
+			procs := fakeProcesses(running, &stopped)
+			if stop := procs.stop; tc.survivor != 0 {
+				procs.stop = func(pid int, argv []string, grace time.Duration) {
+					stop(pid, argv, grace)
+					running[tc.survivor] = true
+				}
+			}
+			r := (&runner{p: p, j: j, procs: procs}).forward()
 			rep, err := r.cleanup(tc.remove)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
