@@ -3,9 +3,11 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -396,5 +398,61 @@ func TestPickupAdvice(t *testing.T) {
 	}
 	if got := (&runner{noPickup: "abort"}).pickupAdvice(context.DeadlineExceeded); got != "abort" {
 		t.Errorf("a forward cutover's advice %q, want its only one", got)
+	}
+}
+
+// silentEndpoint is a TCP address that accepts connections and never answers: an etcd that
+// hangs.
+func silentEndpoint(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestResumeAfterTheWindowAbortsAtOnce: a resume after the cutover process died inside the
+// window, its budget spent by then, must not hold writes fenced while it tries to pick
+// replication up from etcds that hang (30 s): the budget bounds that too.
+func TestResumeAfterTheWindowAbortsAtOnce(t *testing.T) {
+	p := replicatePlan(t)
+	p.Timeouts.Window = Duration(5 * time.Second)
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: &Journal{FencedAt: time.Now().Add(-time.Minute)}}).forward()
+	silent := silentEndpoint(t)
+	r.from.etcd = datadir.ConnSpec{Endpoints: []string{silent}}
+	r.to.etcd = datadir.ConnSpec{Endpoints: []string{silent}}
+	start := time.Now()
+	_, err := r.ensureReplication(t.Context())
+	if took := time.Since(start); err == nil || took > 3*time.Second || !strings.Contains(err.Error(), "timeouts.window") {
+		t.Fatalf("picking replication up after the window: %v after %s; want a failure naming the window, at once", err, took)
+	}
+	// A bake's journal holds the window it baked after: picking up there is not bounded by it.
+	r.j.UnfencedAt = r.j.FencedAt.Add(time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if _, err := r.ensureReplication(ctx); err == nil || strings.Contains(err.Error(), "timeouts.window") {
+		t.Fatalf("picking replication up in a bake: %v; want the caller's deadline, not the closed window's", err)
 	}
 }

@@ -14,6 +14,10 @@ func (r *runner) windowContext(ctx context.Context) (context.Context, context.Ca
 	return context.WithDeadline(ctx, r.j.FencedAt.Add(r.p.Timeouts.Window.D()))
 }
 
+// inWindow: this run's fence is journaled and its unfence is not (a bake's journal holds the
+// window it baked after, long closed).
+func (r *runner) inWindow() bool { return !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() }
+
 // drainStep (mode replicate, fenced) waits until green has applied blue's current revision and
 // is at blue's revision.
 type drainStep struct{}
