@@ -281,6 +281,10 @@ func (e *APIError) Error() string { return e.Message }
 // ErrUnreachable wraps a failure to reach the admin socket at all.
 var ErrUnreachable = errors.New("cannot reach the kubefence admin API")
 
+// maxAnswer bounds an admin answer: the largest, the writes log (65,536 entries of a few
+// hundred bytes each, names up to 253 characters), stays well below it.
+const maxAnswer = 256 << 20
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -300,9 +304,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same?): %v", ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
 		return fmt.Errorf("read admin answer: %w", err)
+	}
+	if len(data) > maxAnswer {
+		return fmt.Errorf("the admin answer to %s %s is larger than %d MiB: not read", method, path, maxAnswer>>20)
 	}
 	if resp.StatusCode/100 != 2 {
 		var e Error

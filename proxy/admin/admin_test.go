@@ -1,0 +1,51 @@
+package admin
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLargeWritesAnswer: the writes answer holds up to 65,536 entries, which with long names
+// passes 16 MiB; the client decodes it whole instead of failing on a cut body.
+func TestLargeWritesAnswer(t *testing.T) {
+	const n = 65536
+	var resp WritesResponse
+	long := strings.Repeat("n", 253)
+	for i := range n {
+		resp.Writes = append(resp.Writes, ForwardedWrite{Verb: "update", Resource: "configmaps", Namespace: strings.Repeat("s", 63), Name: long + string(rune('a'+i%26))})
+	}
+	resp.Complete = true
+	body, err := json.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(body) <= 16<<20 {
+		t.Fatalf("answer of %d bytes: the test needs one past 16 MiB", len(body))
+	}
+	dir, err := os.MkdirTemp("", "kf-admin") // short: a socket path has ~108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "a.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	got, err := NewClient(sock).Writes(t.Context(), time.Now())
+	if err != nil || len(got.Writes) != n || !got.Complete {
+		t.Fatalf("writes answer of %d bytes: %d entries, complete %v, %v", len(body), len(got.Writes), got.Complete, err)
+	}
+}
