@@ -275,26 +275,42 @@ func (g *proxyGroup) expectEach(ctx context.Context, req admin.BackendRequest) (
 	return calls, nil
 }
 
-func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.BackendResponse], cause error) error {
-	errs := []error{cause}
-	for i, r := range res {
-		if r.Err != nil {
-			continue
-		}
-		back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}
-		if _, err := g.proxies[i].Client.SetBackend(ctx, back); err != nil {
-			errs = append(errs, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", r.Proxy, r.Value.Status.Backend, r.Value.Previous, err))
+// targetOf names the backend a switch went to, from the proxies that acknowledged it.
+func (g *proxyGroup) targetOf(res []admin.Result[admin.BackendResponse]) string {
+	for _, r := range res {
+		if r.Err == nil {
+			return r.Value.Status.Backend
 		}
 	}
-	if len(errs) == 1 {
-		return fmt.Errorf("%w (the proxies that switched were switched back)", cause)
-	}
-	return fmt.Errorf("%v", errs)
+	return "the new backend"
 }
 
-// backTo puts every fenced proxy that answers and is not on a (or is, unconfirmed) back on it, before an abort
-// unfences them: a proxy may have switched although its answer was lost (or a crash cut the
-// switch short), and unfenced there it would open writes on green while the others write blue.
+func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.BackendResponse], cause error) error {
+	var failed, unknown []error
+	for i, r := range res {
+		var refused *admin.APIError
+		switch {
+		case r.Err != nil && !errors.As(r.Err, &refused):
+			// No answer: it may have switched all the same. An abort looks at it again.
+			unknown = append(unknown, fmt.Errorf("proxy %s may have switched to %s (no answer); 'kubefence fence status' shows where it is, and an abort puts it back", r.Proxy, g.targetOf(res)))
+		case r.Err != nil:
+		default:
+			back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}
+			if _, err := g.proxies[i].Client.SetBackend(ctx, back); err != nil {
+				failed = append(failed, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", r.Proxy, r.Value.Status.Backend, r.Value.Previous, err))
+			}
+		}
+	}
+	if len(failed) == 0 {
+		return errors.Join(append([]error{fmt.Errorf("%w (the proxies that acknowledged the switch were switched back)", cause)}, unknown...)...)
+	}
+	return fmt.Errorf("%v", append(append([]error{cause}, failed...), unknown...))
+}
+
+// backTo puts every fenced proxy that answers and is not on a (or is, unconfirmed) back on it,
+// before an abort unfences them: a proxy may have switched although its answer was lost (or a
+// crash cut the switch short), and unfenced there it would open writes on green while the
+// others write blue.
 // An open proxy was not switched by the run (a switch needs the fence) and is left alone, as is
 // one that does not answer: the unfence fails for it, and the abort is run again once it is back.
 func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {

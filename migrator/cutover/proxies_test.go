@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -519,5 +520,25 @@ func TestBackToConfirmsAnUnconfirmedProxy(t *testing.T) {
 	}
 	if err := g.backTo(t.Context(), p.Blue.APIServer); err != nil || !slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
 		t.Fatalf("backTo on an unconfirmed proxy on blue: %v, calls %v; want a backend set to blue", err, calls)
+	}
+}
+
+// TestPartialSwitchLostAnswer: a proxy whose answer was lost (a timeout during its drain) may
+// have switched: the error says so, not that every proxy that switched was switched back.
+func TestPartialSwitchLostAnswer(t *testing.T) {
+	g, sts, _ := threeProxies(-1)
+	for _, s := range sts {
+		s.Fenced = true
+	}
+	p := g.proxies[1].Client.(funcProxy)
+	inner := p.setBackend
+	p.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+		_, _ = inner(ctx, req)
+		return admin.BackendResponse{}, fmt.Errorf("%w: %w", admin.ErrUnreachable, context.DeadlineExceeded)
+	}
+	g.proxies[1].Client = p
+	_, err := g.SetBackend(t.Context(), admin.BackendRequest{URL: greenURL})
+	if err == nil || !strings.Contains(err.Error(), "proxy b may have switched") {
+		t.Fatalf("partial switch with a lost answer: %v; want it to say proxy b may be on the new backend", err)
 	}
 }
