@@ -138,16 +138,27 @@ func (r *runner) abortBlueAuth(ctx context.Context) error {
 		return err
 	}
 	defer cli.Close()
+	self, err := certCN(r.p.Blue.Etcd.CertFile)
+	if err != nil {
+		return err
+	}
+	if err := authOff(ctx, cli, self); err != nil {
+		return err
+	}
+	r.j.BlueAuthEnabled = false
+	return nil
+}
+
+// authOff turns etcd's auth off and removes kubefence's own user self: left behind, the next
+// run would take it for an auth someone else turned on (authOn, etcd 3.4) and its abort would
+// leave auth on. Either failing is the abort's failure, run again.
+func authOff(ctx context.Context, cli clientv3.Auth, self string) error {
 	if _, err := cli.AuthDisable(ctx); err != nil {
 		return fmt.Errorf("turning blue etcd's auth off again (the cutover turned it on): %w", err)
 	}
-	// Without kubefence's own user, the next run sees auth as off again (authOn, etcd 3.4).
-	if self, err := certCN(r.p.Blue.Etcd.CertFile); err == nil {
-		if _, err := cli.UserDelete(ctx, self); err != nil && r.o.Log != nil {
-			r.o.Log.Warn("removing kubefence's user from blue etcd", "user", self, "err", err)
-		}
+	if _, err := cli.UserDelete(ctx, self); err != nil && !errors.Is(rpctypes.Error(err), rpctypes.ErrUserNotFound) {
+		return fmt.Errorf("removing kubefence's user %q from blue etcd (auth is off; run the abort again): %w", self, err)
 	}
-	r.j.BlueAuthEnabled = false
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
@@ -419,5 +420,45 @@ func TestFailedRollbackAbortAdvice(t *testing.T) {
 	rep, _ := r.fail(t.Context(), r.steps[i], errors.New("drain missed the window"))
 	if rep == nil || strings.Contains(rep.Next+rep.Error, "cutover abort") || strings.Contains(rep.Next+rep.Error, "'kubefence fence off'") || !strings.Contains(rep.Next, "rollback --resume") {
 		t.Fatalf("report %+v: want the advice to run 'cutover rollback --resume' once every proxy answers", rep)
+	}
+}
+
+// fakeAuth is etcd's auth API answering userDelete's error.
+type fakeAuth struct {
+	clientv3.Auth
+	disabled  bool
+	deleteErr error
+}
+
+func (f *fakeAuth) AuthDisable(context.Context) (*clientv3.AuthDisableResponse, error) {
+	f.disabled = true
+	return &clientv3.AuthDisableResponse{}, nil
+}
+
+func (f *fakeAuth) UserDelete(context.Context, string) (*clientv3.AuthUserDeleteResponse, error) {
+	return &clientv3.AuthUserDeleteResponse{}, f.deleteErr
+}
+
+// TestAuthOff: kubefence's own user left on blue would make the next run take auth for the
+// operator's (etcd 3.4) and keep it on at its abort: a failed delete fails the abort (run
+// again); a user already gone does not.
+func TestAuthOff(t *testing.T) {
+	cases := []struct {
+		name      string
+		deleteErr error
+		wantErr   string
+	}{
+		{"deleted", nil, ""},
+		{"already gone", rpctypes.ErrGRPCUserNotFound, ""},
+		{"delete failed", errors.New("etcdserver: request timed out"), "run the abort again"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeAuth{deleteErr: tc.deleteErr}
+			err := authOff(t.Context(), f, "kubefence")
+			if !f.disabled || tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("auth off: disabled %v, err %v; want %q", f.disabled, err, tc.wantErr)
+			}
+		})
 	}
 }
