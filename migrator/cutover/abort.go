@@ -119,7 +119,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	// In mode replicate the proxy is unfenced first: an abort inside the window must not keep
 	// writes held while the replicator waits for its txns in flight (up to their timeout each)
 	// or green's write-gated apiserver takes its grace period to stop.
-	if r.p.replicating() {
+	if r.p.Replicating() {
 		err := unfence()
 		r.stopReplicationLogged()
 		if err != nil {

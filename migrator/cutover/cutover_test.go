@@ -50,7 +50,7 @@ func TestParsePlan(t *testing.T) {
 	if err != nil {
 		t.Fatalf("valid plan refused: %v", err)
 	}
-	if got.Migration.Mode != "auto" || got.replicating() || got.Proxy.FenceMode != admin.ModeRefuse || got.Migration.RevisionBump != DefaultRevisionBump || got.Proxy.AdminSocket == "" || got.Timeouts.Verify == 0 {
+	if got.Migration.Mode != "auto" || got.Replicating() || got.Proxy.FenceMode != admin.ModeRefuse || got.Migration.RevisionBump != DefaultRevisionBump || got.Proxy.AdminSocket == "" || got.Timeouts.Verify == 0 {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 	cases := []struct {

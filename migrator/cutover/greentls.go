@@ -154,7 +154,7 @@ func checkGreenTLS(p *Plan) error {
 		}
 		errs = append(errs, covers(server, "serverCertFile", m.ClientURL), covers(peer, "peerCertFile", m.PeerURL))
 	}
-	if self != nil && p.replicating() {
+	if self != nil && p.Replicating() {
 		switch cn := self.Subject.CommonName; cn {
 		case "":
 			errs = append(errs, fmt.Errorf("green.etcd.tls.clientCertFile %s has no CN: etcd auth takes it as kubefence's user name", t.ClientCertFile))

@@ -247,7 +247,7 @@ func (p *Plan) setDefaults() {
 		// Hold is what makes a sub-second window invisible; a window of seconds (the fenced
 		// copy) would hold writes past their clients' timeouts, so those refuse.
 		p.Proxy.FenceMode = admin.ModeRefuse
-		if p.replicating() {
+		if p.Replicating() {
 			p.Proxy.FenceMode = admin.ModeHold
 		}
 	}
@@ -283,10 +283,10 @@ func (p *Plan) setDefaults() {
 // DefaultGreenEtcdUser is the CN of kubeadm's apiserver-etcd-client certificate.
 const DefaultGreenEtcdUser = "kube-apiserver-etcd-client"
 
-// replicating says whether the cutover replicates: migration.mode replicate, or auto when
+// Replicating says whether the cutover replicates: migration.mode replicate, or auto when
 // there is no blue member data dir to look for v2 content in (v3 data) and green etcd speaks
 // TLS (the write gate on green's apiserver is etcd auth on its client certificate).
-func (p *Plan) replicating() bool {
+func (p *Plan) Replicating() bool {
 	switch p.Migration.Mode {
 	case ModeReplicate:
 		return true
@@ -302,7 +302,7 @@ const ModeReplicate = "replicate"
 // revisionBump is what the restore adds to green's revision: none when replicating (green
 // must be at blue's revisions exactly).
 func (p *Plan) revisionBump() int64 {
-	if p.replicating() {
+	if p.Replicating() {
 		return 0
 	}
 	return p.Migration.RevisionBump
@@ -560,7 +560,7 @@ func (p *Plan) validateBake(ps *problems) {
 	if !p.Bake.Enabled {
 		return
 	}
-	if !p.replicating() {
+	if !p.Replicating() {
 		ps.add("bake.enabled needs a replicating cutover (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): blue can only follow green revision for revision")
 	}
 	if p.Blue.APIServer.EtcdUser == "" {
@@ -622,7 +622,7 @@ func (p *Plan) paths() []planPath {
 			ps = append(ps, planPath{f + ".command[0]", x.Command[0], aProgram})
 		}
 	}
-	if p.Migration.Mode != "snapshot" && !p.replicating() {
+	if p.Migration.Mode != "snapshot" && !p.Replicating() {
 		ps = append(ps, planPath{"blue.etcd.dataDir", p.Blue.Etcd.DataDir, aMemberDir}, planPath{"blue.etcd.walDir", p.Blue.Etcd.WALDir, aDir})
 	}
 	return append(ps, p.Green.Etcd.TLS.files()...)

@@ -23,7 +23,7 @@ const maxRebuilds = 2
 // rebuildable says whether a failed step's error is answered by rebuilding green: blue
 // compacted what replication needed, before the fence, with rebuilds left.
 func (r *runner) rebuildable(err error) bool {
-	return r.p.replicating() && errors.Is(err, replicate.ErrCompacted) && r.j.FencedAt.IsZero() && r.j.Rebuilds < maxRebuilds
+	return r.p.Replicating() && errors.Is(err, replicate.ErrCompacted) && r.j.FencedAt.IsZero() && r.j.Rebuilds < maxRebuilds
 }
 
 // rebuildGreen stops replication and green, removes green's data dirs (only those this cutover

@@ -57,7 +57,7 @@ func stepsFor(p *Plan) []step {
 	if p.Bake.Enabled {
 		return bakeSteps
 	}
-	if p.replicating() {
+	if p.Replicating() {
 		return replicateSteps
 	}
 	return steps

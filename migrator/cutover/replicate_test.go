@@ -74,7 +74,7 @@ func TestReplicatePlan(t *testing.T) {
 	tlsDefault := replicatePlan(t)
 	tlsDefault.Migration.Mode, tlsDefault.Proxy.FenceMode = "", ""
 	data, _ = yaml.Marshal(tlsDefault)
-	if got, err := ParsePlan(data); err != nil || !got.replicating() || got.Proxy.FenceMode != admin.ModeHold || len(DryRun(got)) != len(replicateSteps) {
+	if got, err := ParsePlan(data); err != nil || !got.Replicating() || got.Proxy.FenceMode != admin.ModeHold || len(DryRun(got)) != len(replicateSteps) {
 		t.Errorf("default plan (TLS green, no blue data dir): %v; want replication in hold mode", err)
 	}
 	insecure, _ := validPlan(t)

@@ -148,6 +148,9 @@ type runner struct {
 	authClients map[string]*clientv3.Client
 }
 
+// ErrRehearseNeedsReplication refuses --rehearse of a plan that does not replicate.
+var ErrRehearseNeedsReplication = errors.New("--rehearse needs a replicating plan (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): the fenced copy has nothing to rehearse without fencing")
+
 func newRunner(o Options, j *Journal) (*runner, error) {
 	g, err := newProxyGroup(o.Plan)
 	if err != nil {
@@ -155,8 +158,8 @@ func newRunner(o Options, j *Journal) (*runner, error) {
 	}
 	steps := stepsFor(o.Plan)
 	if o.Rehearse {
-		if !o.Plan.replicating() {
-			return nil, errors.New("--rehearse needs a replicating plan (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): the fenced copy has nothing to rehearse without fencing")
+		if !o.Plan.Replicating() {
+			return nil, ErrRehearseNeedsReplication
 		}
 		if o.Resume {
 			return nil, errors.New("--rehearse and --resume do not go together: run the rehearsal again")

@@ -36,12 +36,12 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	r.j.Snapshot, r.j.SnapshotRevision, r.j.SnapshotBytes = info.Path, info.Revision, info.Bytes
 	when := "after the fence"
-	if r.p.replicating() {
+	if r.p.Replicating() {
 		when = "just before, writes open,"
 	}
 	msg := fmt.Sprintf("%.1f MB, %d keys at revision %d (a linearizable read %s saw %d) from %s", float64(info.Bytes)/1e6, info.Keys, info.Revision, when, info.ReadRevision, info.Endpoint)
 	r.j.Mode = "snapshot"
-	if r.p.replicating() {
+	if r.p.Replicating() {
 		r.j.Mode = ModeReplicate
 	}
 	if r.v2Possible() {
@@ -58,5 +58,5 @@ func (r *runner) snapshotPath() string { return filepath.Join(r.p.StateDir, "blu
 
 // v2Possible says whether the copy looks at a blue member's v2 store.
 func (r *runner) v2Possible() bool {
-	return r.p.Migration.Mode != "snapshot" && !r.p.replicating() && r.p.Blue.Etcd.DataDir != ""
+	return r.p.Migration.Mode != "snapshot" && !r.p.Replicating() && r.p.Blue.Etcd.DataDir != ""
 }

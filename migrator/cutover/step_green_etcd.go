@@ -143,7 +143,7 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 		args = append(args, "--listen-metrics-urls", m.MetricsURL)
 	}
 	args = append(args, p.Green.Etcd.TLS.tlsArgs()...)
-	if p.replicating() {
+	if p.Replicating() {
 		args = append(args, replicationEtcdArgs...)
 	}
 	return append(args, p.Green.Etcd.ExtraArgs...)

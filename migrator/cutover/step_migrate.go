@@ -33,7 +33,7 @@ func (migrateStep) describe(r *runner, _ bool) string {
 		return fmt.Sprintf("kubefence migrate v2-to-v3 from %s into %s (v3 keys kept, v2 keys renumbered above them, TTLs as leases; revision +%d, marked compacted), or for auto without v2 content a snapshot restore",
 			r.memberCopyPath(), strings.Join(dirs, ", "), p.Migration.RevisionBump)
 	}
-	if p.replicating() {
+	if p.Replicating() {
 		return fmt.Sprintf("restore the snapshot into %s without a revision bump (green at the snapshot's revision, for replication)", strings.Join(dirs, ", "))
 	}
 	return fmt.Sprintf("restore the snapshot into %s (revision +%d, marked compacted)", strings.Join(dirs, ", "), p.Migration.RevisionBump)

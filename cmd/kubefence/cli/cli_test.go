@@ -366,6 +366,20 @@ func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
 	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
 		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
 	}
+	// The same plan copying under the fence (mode snapshot) has nothing to rehearse.
+	data, err := os.ReadFile(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyPlan := filepath.Join(filepath.Dir(plan), "copy-plan.yaml")
+	writeFile(t, copyPlan, strings.Replace(string(data), "mode: replicate", "mode: snapshot", 1), 0o600)
+	code, _, errOut = runCLI("cutover", "--plan", copyPlan, "--rehearse")
+	if code != ExitUsage || !strings.Contains(errOut, "needs a replicating plan") {
+		t.Errorf("cutover --rehearse of a copying plan = %d, stderr %q; want %d", code, errOut, ExitUsage)
+	}
+	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
+	}
 }
 
 // TestFenceOnWording: fence on says what happens to writes in the mode the proxy is in.

@@ -117,15 +117,17 @@ blue unfenced, as before. After the switch there is no abort; the report says ho
 	return cmd
 }
 
-// Validate refuses --rehearse --resume here, before Run creates and locks the state dir (the
-// library refuses it too, but only then). Whether the plan replicates, which --rehearse also
-// needs, is the library's to say: cutover exports no way to ask it.
+// Validate refuses --rehearse with --resume, or with a plan that does not replicate, here,
+// before Run creates and locks the state dir (the library refuses them too, but only then).
 func (o *cutoverRunOptions) Validate() error {
 	if err := o.cutoverOptions.Validate(); err != nil {
 		return err
 	}
-	if o.rehearse && o.resume {
+	switch {
+	case o.rehearse && o.resume:
 		return UsageErrorf("--rehearse and --resume do not go together: a rehearsal is not resumed; run the rehearsal again, with --rehearse alone")
+	case o.rehearse && !o.plan.Replicating():
+		return usage(cutover.ErrRehearseNeedsReplication)
 	}
 	return nil
 }
