@@ -120,6 +120,7 @@ func withAuthentication(next http.Handler, authn authenticator.Request, clientCA
 				why = err.Error()
 			}
 			log.Info("client certificate refused", "why", why, "remote", r.RemoteAddr)
+			reqStateFrom(r.Context()).answered = decisionUnauthenticated
 			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "kubefence: client certificate not accepted: "+why, 0)
 			return
 		}

@@ -19,9 +19,9 @@ func (s *Server) buildHandler() http.Handler {
 	h = withWriteLog(h, s.writes)
 	h = withIdentityHeaders(h, s.headerNames.stripList())
 	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.holder, s.log)
-	h = withAccounting(h, s.metrics.requests, &s.openWatches)
 	h = withConfirmedBackend(h, &s.unconfirmed, o.RetryAfter)
 	h = withAuthentication(h, s.authn, s.clientCA, s.log)
+	h = withAccounting(h, s.metrics.requests, &s.openWatches)
 	h = withAttributes(h, s.classifier)
 	h = withChunkedRequestClose(h)
 	h = withRecover(h, s.log)
@@ -34,10 +34,22 @@ type reqState struct {
 	backend *backend
 	stream  *stream // for watches and upgrades
 	writeID uint64  // the request's registration as an in-flight write, or 0
-	refused bool
+	// answered says why the proxy answered the request itself (decision* below); "" is
+	// forwarded.
+	answered string
 	// identity is the client-certificate user the proxy forwards, or nil.
 	identity user.Info
 }
+
+// What kubefence_requests_total's decision label says of a request the proxy answered itself.
+const (
+	decisionForwarded       = "forwarded"
+	decisionRefused         = "refused"         // a write the fence refused (429)
+	decisionAbandoned       = "abandoned"       // a held write whose client went away
+	decisionRejected        = "rejected"        // a write whose body was not read (413, 408, 400)
+	decisionUnavailable     = "unavailable"     // the backend is unconfirmed (503)
+	decisionUnauthenticated = "unauthenticated" // a client certificate refused (401)
+)
 
 type reqStateKey struct{}
 

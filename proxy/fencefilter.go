@@ -98,7 +98,7 @@ func (rf *refusals) setReason(reason string) {
 }
 
 func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
-	st.refused = true
+	st.answered = decisionRefused
 	rf.counter.Inc()
 	rf.total.Add(1)
 	a := &st.attrs

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
@@ -63,6 +64,7 @@ func withAttributes(next http.Handler, classifier *policy.Classifier) http.Handl
 func withConfirmedBackend(next http.Handler, unconfirmed *atomic.Bool, retryAfter int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if unconfirmed.Load() {
+			reqStateFrom(r.Context()).answered = decisionUnavailable
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable",
 				"kubefence: the proxy's state file was unreadable at start-up, so it does not know which apiserver to use; "+
 					"an operator must run 'kubefence backend set URL'", retryAfter)
@@ -86,10 +88,7 @@ func withAccounting(next http.Handler, requests *prometheus.CounterVec, openWatc
 			if watch {
 				openWatches.Add(-1)
 			}
-			decision := "forwarded"
-			if st.refused {
-				decision = "refused"
-			}
+			decision := cmp.Or(st.answered, decisionForwarded)
 			code := rw.code
 			if code == 0 {
 				code = http.StatusOK

@@ -226,7 +226,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: "held for --hold-timeout " + hd.timeout.String()})
 	case holdAbandoned:
 		hd.q.abandoned.Add(1)
-		st.refused = true
+		st.answered = decisionAbandoned
 		w.WriteHeader(499) // nobody reads it: the client is gone
 	case holdReleased:
 		hd.q.released.Add(1)

@@ -695,6 +695,29 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// TestMetricsNameWhoAnswered: a write whose body the proxy refused (413) was answered by the
+// proxy, not forwarded; an unconfirmed proxy's 503s are counted too.
+func TestMetricsNameWhoAnswered(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	p := startProxy(t, api.URL, func(o *Options) { o.MaxWriteBodyBytes = 1 })
+	do(t, "POST", p.url+"/api/v1/namespaces/default/configmaps") // "{}": 2 bytes
+	_, body := do(t, "GET", "http://"+p.MetricsAddr().String()+"/metrics")
+	if want := `kubefence_requests_total{class="write",code="413",decision="rejected"} 1`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q", want)
+	}
+
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u := startProxy(t, api.URL, func(o *Options) { o.StateFile = state })
+	do(t, "GET", u.url+"/api/v1/namespaces/default/configmaps")
+	_, body = do(t, "GET", "http://"+u.MetricsAddr().String()+"/metrics")
+	if want := `kubefence_requests_total{class="read",code="503",decision="unavailable"} 1`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q", want)
+	}
+}
+
 func TestMetricsAndHealth(t *testing.T) {
 	api := newFakeAPI(t, "blue")
 	p := startProxy(t, api.URL)

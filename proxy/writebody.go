@@ -79,6 +79,7 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) ([
 
 // answerBodyError answers a write whose body could not be read; nothing was forwarded.
 func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits bodyLimits, log *slog.Logger) {
+	reqStateFrom(r.Context()).answered = decisionRejected
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		writeStatus(w, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge",
