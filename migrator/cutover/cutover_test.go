@@ -222,6 +222,8 @@ func TestCompare(t *testing.T) {
 	}{
 		{"identical", cms, map[string]rawObject{"ns/a": obj("u1", "50", "a")}, map[string]rawObject{"ns/a": obj("u1", "50", "a")}, "same"},
 		{"same content reordered", cms, map[string]rawObject{"ns/a": {uid: "u", rv: 40, raw: []byte(`{"a":2,"b":1}`)}}, map[string]rawObject{"ns/a": {uid: "u", rv: 40, raw: []byte(`{"b":1,"a":2}`)}}, "same"},
+		// Numbers past float64's 53 bits are told apart.
+		{"large numbers differ", cms, map[string]rawObject{"ns/a": {uid: "u", rv: 40, raw: []byte(`{"size":9007199254740993}`)}}, map[string]rawObject{"ns/a": {uid: "u", rv: 40, raw: []byte(`{"size": 9007199254740992}`)}}, "ns/a: differs"},
 		{"missing on green", cms, map[string]rawObject{"ns/a": obj("u1", "60", "a")}, none, "ns/a: missing on green"},
 		{"differs", cms, map[string]rawObject{"ns/a": obj("u1", "70", "a")}, map[string]rawObject{"ns/a": obj("u1", "70", "b")}, "ns/a: differs"},
 		{"other uid", cms, map[string]rawObject{"ns/a": obj("u4", "70", "a")}, map[string]rawObject{"ns/a": obj("u9", "70", "a")}, "differs (uid u4 vs u9)"},
@@ -332,5 +334,16 @@ func TestReportSaysOnlyWhatIsTrue(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMismatchAdvice: at one revision (mode replicate) a difference is green's own, not a
+// write around the proxy, which replication would have carried over.
+func TestMismatchAdvice(t *testing.T) {
+	if err := mismatchError(1, []string{"ns/a: differs"}, 42); strings.Contains(err.Error(), "around the proxy") || !strings.Contains(err.Error(), "revision 42") {
+		t.Errorf("replicate mode: %v", err)
+	}
+	if err := mismatchError(1, []string{"ns/a: differs"}, 0); !strings.Contains(err.Error(), "around the proxy") {
+		t.Errorf("copy mode: %v", err)
 	}
 }

@@ -117,12 +117,23 @@ func verifyWith(ctx context.Context, blue, green *rest.Config, at int64, cmp com
 	sort.Strings(rep.ChangedAfterCopy)
 	sort.Strings(rep.Mismatches)
 	if mismatched > 0 {
-		return rep, fmt.Errorf("%d object(s) differ between blue and green, green would not have them as blue does: %s. Find what wrote to blue around the proxy (straight to its apiserver or etcd), stop it, and run the cutover again", mismatched, strings.Join(rep.Mismatches, "; "))
+		return rep, mismatchError(mismatched, rep.Mismatches, at)
 	}
 	if changed > len(rep.ChangedAfterCopy) {
 		rep.ChangedAfterCopy = append(rep.ChangedAfterCopy, fmt.Sprintf("... and %d more", changed-len(rep.ChangedAfterCopy)))
 	}
 	return rep, nil
+}
+
+// mismatchError says what differing objects mean. Compared at one revision (mode replicate),
+// what blue took was replicated: green itself diverged. Compared with the copy, a write reached
+// blue without the fence.
+func mismatchError(n int, mismatches []string, at int64) error {
+	what := strings.Join(mismatches, "; ")
+	if at != 0 {
+		return fmt.Errorf("%d object(s) differ between blue and green at revision %d: %s. Green does not hold what blue held: replication went wrong, something wrote to green, or the two apiservers serve the data differently (version, encryption config, an aggregated API). Abort; green is rebuilt by the next run", n, at, what)
+	}
+	return fmt.Errorf("%d object(s) differ between blue and green, green would not have them as blue does: %s. Find what wrote to blue around the proxy (straight to its apiserver or etcd), stop it, and run the cutover again", n, what)
 }
 
 // listableResources is every resource type blue's discovery lists (its preferred versions),
@@ -167,11 +178,19 @@ func (o rawObject) equal(other rawObject) bool {
 	if bytes.Equal(o.raw, other.raw) {
 		return true
 	}
-	var a, b any
-	if json.Unmarshal(o.raw, &a) != nil || json.Unmarshal(other.raw, &b) != nil {
-		return false
-	}
-	return reflect.DeepEqual(a, b)
+	a, aerr := decodeExact(o.raw)
+	b, berr := decodeExact(other.raw)
+	return aerr == nil && berr == nil && reflect.DeepEqual(a, b)
+}
+
+// decodeExact decodes JSON keeping numbers as written (json.Number): as float64, integers past
+// 2^53 that differ would compare equal.
+func decodeExact(raw []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	err := dec.Decode(&v)
+	return v, err
 }
 
 // compare classifies every object of one resource type. An object blue holds as it was at the
