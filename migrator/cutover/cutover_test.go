@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -345,5 +348,42 @@ func TestMismatchAdvice(t *testing.T) {
 	}
 	if err := mismatchError(1, []string{"ns/a: differs"}, 0); !strings.Contains(err.Error(), "around the proxy") {
 		t.Errorf("copy mode: %v", err)
+	}
+}
+
+// TestListableTargets: what verify lists is what etcd stores: the APIs an aggregated server
+// answers (metrics.k8s.io from metrics-server: made up at each request) are left out, and their
+// discovery failing (an APIService unavailable) does not stop verify; another group's does.
+func TestListableTargets(t *testing.T) {
+	lists := []*metav1.APIResourceList{
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "configmaps", Verbs: []string{"list"}}, {Name: "pods/status", Verbs: []string{"get"}}, {Name: "bindings", Verbs: []string{"create"}}}},
+		{GroupVersion: "metrics.k8s.io/v1beta1", APIResources: []metav1.APIResource{{Name: "pods", Verbs: []string{"list"}}}},
+	}
+	aggregated := map[schema.GroupVersion]bool{{Group: "metrics.k8s.io", Version: "v1beta1"}: true, {Group: "custom.metrics.k8s.io", Version: "v1beta2"}: true}
+	failedAggregated := &discovery.ErrGroupDiscoveryFailed{Groups: map[schema.GroupVersion]error{{Group: "custom.metrics.k8s.io", Version: "v1beta2"}: errors.New("503")}}
+	failedStored := &discovery.ErrGroupDiscoveryFailed{Groups: map[schema.GroupVersion]error{{Group: "apps", Version: "v1"}: errors.New("503")}}
+	cases := []struct {
+		name    string
+		err     error
+		want    string
+		wantErr string
+	}{
+		{"aggregated left out", nil, "/v1, Resource=configmaps", ""},
+		{"an aggregated API unavailable", failedAggregated, "/v1, Resource=configmaps", ""},
+		{"a stored API unavailable", failedStored, "", "apps/v1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := listableTargets(lists, tc.err, aggregated)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(got) != 1 || got[0].String() != tc.want {
+				t.Fatalf("targets %v, %v; want [%s]", got, err, tc.want)
+			}
+		})
 	}
 }

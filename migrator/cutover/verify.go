@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -70,11 +71,11 @@ func verifyWith(ctx context.Context, blue, green *rest.Config, at int64, cmp com
 		c.QPS, c.Burst = 200, 400
 		c.WarningHandler = rest.NoWarnings{} // deprecated types are listed on purpose
 	}
-	targets, err := listableResources(blue)
+	bhc, err := rest.HTTPClientFor(blue)
 	if err != nil {
 		return nil, err
 	}
-	bhc, err := rest.HTTPClientFor(blue)
+	targets, err := listableResources(ctx, blue, bhc)
 	if err != nil {
 		return nil, err
 	}
@@ -136,22 +137,44 @@ func mismatchError(n int, mismatches []string, at int64) error {
 	return fmt.Errorf("%d object(s) differ between blue and green, green would not have them as blue does: %s. Find what wrote to blue around the proxy (straight to its apiserver or etcd), stop it, and run the cutover again", n, what)
 }
 
-// listableResources is every resource type blue's discovery lists (its preferred versions),
-// in order.
-func listableResources(blue *rest.Config) ([]schema.GroupVersionResource, error) {
+// listableResources is every resource type blue's discovery lists (its preferred versions) and
+// etcd stores, in order: the APIs aggregated servers answer are left out (aggregatedOn).
+func listableResources(ctx context.Context, blue *rest.Config, hc *http.Client) ([]schema.GroupVersionResource, error) {
+	aggregated, err := aggregatedOn(ctx, hc, blue.Host)
+	if err != nil {
+		return nil, err
+	}
 	dc, err := discovery.NewDiscoveryClientForConfig(blue)
 	if err != nil {
 		return nil, err
 	}
 	lists, err := dc.ServerPreferredResources()
-	if err != nil {
-		return nil, fmt.Errorf("discovery on blue: %w", err)
+	return listableTargets(lists, err, aggregated)
+}
+
+// listableTargets picks from discovery's lists the resource types to compare: listable, no
+// subresource, not served by an aggregated server. A discovery failure (discErr) is tolerated
+// only for aggregated APIs: an unavailable APIService (a stale metrics.k8s.io) stores nothing.
+func listableTargets(lists []*metav1.APIResourceList, discErr error, aggregated map[schema.GroupVersion]bool) ([]schema.GroupVersionResource, error) {
+	if discErr != nil {
+		var failed *discovery.ErrGroupDiscoveryFailed
+		if !errors.As(discErr, &failed) {
+			return nil, fmt.Errorf("discovery on blue: %w", discErr)
+		}
+		for gv := range failed.Groups {
+			if !aggregated[gv] {
+				return nil, fmt.Errorf("discovery on blue: %w", discErr)
+			}
+		}
 	}
 	var targets []schema.GroupVersionResource
 	for _, l := range lists {
 		gv, err := schema.ParseGroupVersion(l.GroupVersion)
 		if err != nil {
 			return nil, err
+		}
+		if aggregated[gv] {
+			continue
 		}
 		for _, r := range l.APIResources {
 			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") {
@@ -162,6 +185,36 @@ func listableResources(blue *rest.Config) ([]schema.GroupVersionResource, error)
 	}
 	sort.Slice(targets, func(i, j int) bool { return targets[i].String() < targets[j].String() })
 	return targets, nil
+}
+
+// apiServices are the kube-aggregator's registrations.
+var apiServices = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
+
+// aggregatedOn is every group version the apiserver at host hands to another server (an
+// APIService with a spec.service): nothing of it is in etcd, and what it answers (metrics
+// made up at each request) differs from one apiserver to the other.
+func aggregatedOn(ctx context.Context, hc *http.Client, host string) (map[schema.GroupVersion]bool, error) {
+	objs, err := listRaw(ctx, hc, host, apiServices, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list %s on blue: %w", apiServices, err)
+	}
+	out := map[schema.GroupVersion]bool{}
+	for _, o := range objs {
+		var svc struct {
+			Spec struct {
+				Service *json.RawMessage `json:"service"`
+				Group   string           `json:"group"`
+				Version string           `json:"version"`
+			} `json:"spec"`
+		}
+		if err := json.Unmarshal(o.raw, &svc); err != nil {
+			return nil, fmt.Errorf("an APIService on blue: %w", err)
+		}
+		if svc.Spec.Service != nil {
+			out[schema.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version}] = true
+		}
+	}
+	return out, nil
 }
 
 // rawObject is one listed object: its identity and its JSON.
