@@ -462,3 +462,46 @@ func TestAuthOff(t *testing.T) {
 		})
 	}
 }
+
+// grantAuth is etcd's auth API whose UserGrantRole fails with errs, one per call, then succeeds.
+type grantAuth struct {
+	clientv3.Auth
+	errs  []error
+	calls int
+}
+
+func (g *grantAuth) UserGrantRole(context.Context, string, string) (*clientv3.AuthUserGrantRoleResponse, error) {
+	g.calls++
+	if len(g.errs) > 0 {
+		err := g.errs[0]
+		g.errs = g.errs[1:]
+		return nil, err
+	}
+	return &clientv3.AuthUserGrantRoleResponse{}, nil
+}
+
+// TestGrantRetried: the ungate comes after the switch, writes fenced until it is done; a leader
+// change or a timeout on green must not end it (the grant is idempotent), a refusal must.
+func TestGrantRetried(t *testing.T) {
+	cases := []struct {
+		name      string
+		errs      []error
+		wantCalls int
+		wantErr   string
+	}{
+		{"at once", nil, 1, ""},
+		{"after a leader change and a timeout", []error{rpctypes.ErrGRPCLeaderChanged, rpctypes.ErrGRPCTimeout}, 3, ""},
+		{"permission denied", []error{rpctypes.ErrGRPCPermissionDenied}, 1, "permission denied"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &grantAuth{errs: tc.errs}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			err := grantRole(ctx, g, "kube-apiserver-etcd-client", readWriteRole)
+			if g.calls != tc.wantCalls || tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("%d call(s), %v; want %d, %q", g.calls, err, tc.wantCalls, tc.wantErr)
+			}
+		})
+	}
+}

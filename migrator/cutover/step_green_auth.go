@@ -6,11 +6,13 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
 )
@@ -154,10 +156,34 @@ func (ungateStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, err := cli.UserGrantRole(ctx, r.to.api.EtcdUser, readWriteRole); err != nil {
-		return "", fmt.Errorf("%s etcd auth: %w", r.to.name, err)
+	if err := grantRole(ctx, cli, r.to.api.EtcdUser, readWriteRole); err != nil {
+		return "", fmt.Errorf("%s etcd auth: %w; %s's apiserver may still only read: writes stay fenced until this step is done (--resume)", r.to.name, err, r.to.name)
 	}
 	return fmt.Sprintf("%s apiserver (%s) may write", r.to.name, r.to.api.EtcdUser), nil
+}
+
+// grantRole grants user role, again while etcd answers with an error that may pass (a leader
+// change, a timeout, too many requests, no leader): granting a role the user holds changes
+// nothing. A refusal (permission denied, no such user or role) ends it at once.
+func grantRole(ctx context.Context, cli clientv3.Auth, user, role string) error {
+	var last error
+	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Cap: time.Second, Steps: math.MaxInt32},
+		func(ctx context.Context) (bool, error) {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_, last = cli.UserGrantRole(actx, user, role)
+			switch rpctypes.Error(last) {
+			case nil:
+				return true, nil
+			case rpctypes.ErrPermissionDenied, rpctypes.ErrUserNotFound, rpctypes.ErrRoleNotFound, rpctypes.ErrUserEmpty:
+				return false, last
+			}
+			return false, nil
+		})
+	if err != nil && last != nil && !errors.Is(err, last) {
+		return fmt.Errorf("%w (last: %w)", err, last)
+	}
+	return err
 }
 
 // gateStep keeps r.from's apiserver from writing (blue's after a cutover's switch, green's after
