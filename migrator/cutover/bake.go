@@ -87,7 +87,7 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	user := r.p.Blue.APIServer.EtcdUser
-	on, err := authOn(ctx, cli, self)
+	on, err := authOn(ctx, cli)
 	if err != nil {
 		return "", fmt.Errorf("blue etcd auth status: %w", err)
 	}
@@ -149,9 +149,9 @@ func (r *runner) abortBlueAuth(ctx context.Context) error {
 	return nil
 }
 
-// authOff turns etcd's auth off and removes kubefence's own user self: left behind, the next
-// run would take it for an auth someone else turned on (authOn, etcd 3.4) and its abort would
-// leave auth on. Either failing is the abort's failure, run again.
+// authOff turns etcd's auth off and removes kubefence's own user self, which has the root role:
+// left behind, it would be root again whenever someone turned auth on. Either failing is the
+// abort's failure, run again.
 func authOff(ctx context.Context, cli clientv3.Auth, self string) error {
 	if _, err := cli.AuthDisable(ctx); err != nil {
 		return fmt.Errorf("turning blue etcd's auth off again (the cutover turned it on): %w", err)
@@ -162,10 +162,9 @@ func authOff(ctx context.Context, cli clientv3.Auth, self string) error {
 	return nil
 }
 
-// authOn says whether etcd's auth is enabled. etcd 3.4 has no AuthStatus: there kubefence's own
-// user existing means auth was set up (by an earlier run or the operator) and counts as on, and
-// otherwise a role list that anyone may read means off.
-func authOn(ctx context.Context, cli *clientv3.Client, self string) (bool, error) {
+// authOn says whether etcd's auth is enabled. etcd 3.4 has no AuthStatus: there an
+// authentication as a user no one has is refused as "auth not enabled" or as "failed".
+func authOn(ctx context.Context, cli clientv3.Auth) (bool, error) {
 	st, err := cli.AuthStatus(ctx)
 	if err == nil {
 		return st.Enabled, nil
@@ -173,11 +172,15 @@ func authOn(ctx context.Context, cli *clientv3.Client, self string) (bool, error
 	if status.Code(err) != codes.Unimplemented {
 		return false, err
 	}
-	if _, err := cli.UserGet(ctx, self); err == nil {
+	// etcd 3.4: authenticating as nobody says which, whatever users exist.
+	_, err = cli.Authenticate(ctx, "kubefence-auth-probe", "not a password")
+	switch rpctypes.Error(err) {
+	case rpctypes.ErrAuthNotEnabled:
+		return false, nil
+	case rpctypes.ErrAuthFailed:
 		return true, nil
 	}
-	_, err = cli.RoleList(ctx)
-	return err != nil, nil
+	return false, fmt.Errorf("etcd auth: is it on? (asked by authenticating as nobody): %w", err)
 }
 
 // checkTxnLimits asks blue for a txn of blueMinTxnOps comparisons and one of blueMinRequestSize

@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -439,9 +441,8 @@ func (f *fakeAuth) UserDelete(context.Context, string) (*clientv3.AuthUserDelete
 	return &clientv3.AuthUserDeleteResponse{}, f.deleteErr
 }
 
-// TestAuthOff: kubefence's own user left on blue would make the next run take auth for the
-// operator's (etcd 3.4) and keep it on at its abort: a failed delete fails the abort (run
-// again); a user already gone does not.
+// TestAuthOff: kubefence's own user (root role) must not stay on blue after an abort: a failed
+// delete fails the abort (run again); a user already gone does not.
 func TestAuthOff(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -503,5 +504,43 @@ func TestGrantRetried(t *testing.T) {
 				t.Fatalf("%d call(s), %v; want %d, %q", g.calls, err, tc.wantCalls, tc.wantErr)
 			}
 		})
+	}
+}
+
+// statusAuth is etcd 3.4's auth API (no AuthStatus) with auth on or off and kubefence's user
+// present either way.
+type statusAuth struct {
+	clientv3.Auth
+	enabled bool
+}
+
+func (statusAuth) AuthStatus(context.Context) (*clientv3.AuthStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "unknown method AuthStatus")
+}
+
+func (a statusAuth) Authenticate(context.Context, string, string) (*clientv3.AuthenticateResponse, error) {
+	if !a.enabled {
+		return nil, rpctypes.ErrGRPCAuthNotEnabled
+	}
+	return nil, rpctypes.ErrGRPCAuthFailed
+}
+
+func (statusAuth) UserGet(context.Context, string) (*clientv3.AuthUserGetResponse, error) {
+	return &clientv3.AuthUserGetResponse{}, nil // kubefence's user was left behind
+}
+
+func (statusAuth) RoleList(context.Context) (*clientv3.AuthRoleListResponse, error) {
+	return &clientv3.AuthRoleListResponse{}, nil
+}
+
+// TestAuthOnWithoutAuthStatus: on etcd 3.4 a user left behind (an operator turned auth off and
+// kept the users) does not make auth count as on: the next run would not journal that it turned
+// auth on, and its abort would leave it on.
+func TestAuthOnWithoutAuthStatus(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		on, err := authOn(t.Context(), statusAuth{enabled: enabled})
+		if err != nil || on != enabled {
+			t.Errorf("auth enabled %v: authOn = %v, %v", enabled, on, err)
+		}
 	}
 }
