@@ -115,6 +115,21 @@ func TestCompareWrites(t *testing.T) {
 	}
 }
 
+// TestForwardedWritesThatStoreNothing: a TokenRequest (serviceaccounts/token) or a request
+// through pods/proxy writes no key of its resource: counted, each would hide a write around the
+// proxies to that resource and namespace.
+func TestForwardedWritesThatStoreNothing(t *testing.T) {
+	fw := forwardedCounts([]admin.ForwardedWrite{
+		{Verb: "create", Resource: "serviceaccounts", Subresource: "token", Namespace: "x"},
+		{Verb: "create", Resource: "pods", Subresource: "proxy", Namespace: "x"},
+		{Verb: "update", Resource: "pods", Subresource: "status", Namespace: "x"},
+	}, time.Now())
+	got := compareWrites([]blueWrite{{"serviceaccounts", "x", "script (Update)"}, {"pods", "x", "kubelet (Update)"}}, fw)
+	if len(got) != 1 || got[0].Resource != "serviceaccounts" {
+		t.Fatalf("groups %+v: want the serviceaccounts write around the proxies reported", got)
+	}
+}
+
 // TestApiserverOwnKeys: kube-apiserver's own keys are left out, a whole key only where it
 // names one object (the kubernetes Service's endpoints, not kubernetes-dashboard's).
 func TestApiserverOwnKeys(t *testing.T) {
