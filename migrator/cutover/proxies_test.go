@@ -155,10 +155,10 @@ func TestPlanProxies(t *testing.T) {
 	}
 }
 
-// TestAbortWithAProxyDown: a failure before the switch with one of two proxies unreachable
-// still puts the other one back open on blue, and says the abort is incomplete.
-func TestAbortWithAProxyDown(t *testing.T) {
-	w := newDecisionWorld(t, false, StepCopy, false)
+// secondProxyGoesDown puts w's proxy in a group with a second one, b, and makes step fail
+// after b stopped answering; it returns b's state.
+func secondProxyGoesDown(t *testing.T, w *decisionWorld, step string, past bool) *admin.Status {
+	t.Helper()
 	var callsB []string
 	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
 	b := memProxy(stB, &callsB)
@@ -167,15 +167,23 @@ func TestAbortWithAProxyDown(t *testing.T) {
 	if err := w.r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
-	w.r.steps[stepIndex(t, StepCopy)] = fakeStep{n: StepCopy, do: func(context.Context, *runner) (string, error) {
+	w.r.steps[stepIndex(t, step)] = fakeStep{n: step, past: past, do: func(context.Context, *runner) (string, error) {
 		down := errors.New("connection refused")
 		b.status = func(context.Context) (admin.Status, error) { return admin.Status{}, down }
 		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
 			return admin.FenceResponse{}, down
 		}
 		group.proxies[1].Client = b
-		return "", errors.New("copy broke")
+		return "", errors.New(step + " broke: proxy b: " + down.Error())
 	}}
+	return stB
+}
+
+// TestAbortWithAProxyDown: a failure before the switch with one of two proxies unreachable
+// still puts the other one back open on blue, and says the abort is incomplete.
+func TestAbortWithAProxyDown(t *testing.T) {
+	w := newDecisionWorld(t, false, StepCopy, false)
+	stB := secondProxyGoesDown(t, w, StepCopy, false)
 	rep, err := w.r.run(t.Context())
 	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "proxy b") {
 		t.Fatalf("report %+v, err %v", rep, err)
@@ -190,23 +198,7 @@ func TestAbortWithAProxyDown(t *testing.T) {
 // advice is --resume, and nothing is switched back or stopped.
 func TestUnfenceFailsWithAProxyDown(t *testing.T) {
 	w := newDecisionWorld(t, false, StepUnfence, false)
-	var callsB []string
-	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
-	b := memProxy(stB, &callsB)
-	group := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: b}}}
-	w.r.adm = group
-	if err := w.r.openJournal(); err != nil {
-		t.Fatal(err)
-	}
-	w.r.steps[stepIndex(t, StepUnfence)] = fakeStep{n: StepUnfence, past: true, do: func(context.Context, *runner) (string, error) {
-		down := errors.New("connection refused")
-		b.status = func(context.Context) (admin.Status, error) { return admin.Status{}, down }
-		b.fence = func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
-			return admin.FenceResponse{}, down
-		}
-		group.proxies[1].Client = b
-		return "", errors.New("proxy b: " + down.Error())
-	}}
+	secondProxyGoesDown(t, w, StepUnfence, true)
 	rep, err := w.r.run(t.Context())
 	if err == nil || rep == nil || !strings.Contains(rep.Next, "--resume") {
 		t.Fatalf("report %+v, err %v: want the advice to resume", rep, err)
