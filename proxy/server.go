@@ -90,6 +90,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.Backend = b.url.String() // as every switch saves it: Status reports the state's
 	s.active.Store(b)
 	s.unconfirmed.Store(st.Unconfirmed)
 	s.gate.publish(st)
@@ -146,17 +147,18 @@ func (s *Server) initialState() (State, *backend, error) {
 // Handler is the proxy's request path (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Status returns the acknowledged state and live counters.
+// Status returns the acknowledged state, all of it from one published state (fence, backend,
+// generation), and live counters.
 func (s *Server) Status() admin.Status {
 	st := s.gate.current()
-	b := s.active.Load()
+	b := s.active.Load() // its counters only: a switch stores it before it publishes the state
 	listen := ""
 	if s.apiLn != nil {
 		listen = s.apiLn.Addr().String()
 	}
 	return admin.Status{
 		APILevel: admin.APILevel, Version: version.Version,
-		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: s.unconfirmed.Load(), Backend: b.url.String(), Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Backend: st.Backend, Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 		Mode: st.Mode, Hold: s.holder.status(), Now: time.Now().UTC(),
