@@ -216,9 +216,11 @@ func (d *demo) manual(ctx context.Context) error {
 	d.keepRunning = true
 	fmt.Fprintf(d.out, `
 Blue is running behind the proxy with a live writer, reader and watcher; nothing is fenced yet.
-Follow docs/runbook.md sections 3-5 in another terminal:
+Follow docs/runbook.md sections 3-5 in another terminal, with the kubectl that make e2e-deps
+pinned (a kubectl on your PATH may be another version, or another program):
 
   export KUBECONFIG=%[1]s                      # through the proxy
+  %[8]s get configmaps -n demo | head
   %[2]s cutover --plan %[3]s --dry-run
   %[2]s fence status --admin-socket %[4]s
   %[2]s cutover --plan %[3]s                   # the move, then the bake; try kill -9 and --resume
@@ -229,7 +231,7 @@ Follow docs/runbook.md sections 3-5 in another terminal:
   logs: %[6]s; green's (once started): %[7]s/logs
 
 Press Ctrl-C here to stop everything, green included.
-`, d.px.Kubeconfig, d.o.kubefence, d.green.PlanPath, d.px.AdminSocket, d.px.MetricsURL, d.env.LogDir, d.green.Plan.StateDir)
+`, d.px.Kubeconfig, d.o.kubefence, d.green.PlanPath, d.px.AdminSocket, d.px.MetricsURL, d.env.LogDir, d.green.Plan.StateDir, kubectl())
 	<-ctx.Done()
 	d.traffic.stop()
 	d.keepRunning = false
@@ -419,24 +421,32 @@ func fenceWord(f bool) string {
 
 func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy, blue, green *framework.APIServer, stateDir string) {
 	fmt.Fprintf(out, `
-Everything is still running (KEEP=1). Try it by hand in another terminal:
+Everything is still running (KEEP=1). Try it by hand in another terminal, with the kubectl that
+make e2e-deps pinned (a kubectl on your PATH may be another version, or another program):
 
-  export KUBECONFIG=%s        # through the proxy (admin client certificate)
-  kubectl get configmaps -n demo | head
-  %s fence status --admin-socket %s
-  %s fence on --reason "trying it" --admin-socket %s
-  kubectl -n demo create configmap while-fenced   # waits: 429 + Retry-After, retried by kubectl
-  (or: fence on --mode hold, and the create waits, unanswered, until fence off)
-  %s fence off --admin-socket %s                  # ... and now it goes through
+  export KUBECONFIG=%[1]s        # through the proxy (admin client certificate)
+  %[2]s get configmaps -n demo | head
+  %[3]s fence status --admin-socket %[4]s
+  %[3]s fence on --reason "trying it" --admin-socket %[4]s
+  %[2]s -n demo create configmap while-fenced
+      # 429 + Retry-After: 1: kubectl (client-go) retries it 10 times, about 10 s, then fails
+  (or: fence on --mode hold: the create is held, unanswered, up to the proxy's --hold-timeout
+   of 4 s, then gets the 429 and is retried as above)
+  %[3]s fence off --admin-socket %[4]s
+      # run within those ~10 s, and the create being retried goes through
 
-  blue apiserver (stopped serving clients, still running): %s
-  green apiserver (behind the proxy now):                   %s
-  logs: %s and %s/logs (green, started by the cutover)
-  cutover journal: %s/journal.json
+  blue apiserver (stopped serving clients, still running): %[5]s
+  green apiserver (behind the proxy now):                   %[6]s
+  logs: %[7]s and %[8]s/logs (green, started by the cutover)
+  cutover journal: %[8]s/journal.json
 
 Press Ctrl-C here to stop everything (etcd, apiservers, proxy).
-`, px.Kubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, stateDir, stateDir)
+`, px.Kubeconfig, kubectl(), o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, stateDir)
 }
+
+// kubectl is the pinned kubectl of make e2e-deps, by its full path: a bare kubectl on PATH may be
+// another version, or another program.
+func kubectl() string { return framework.BinPath("kubectl", framework.Kube136) }
 
 func clientset(kubeconfig string, qps float32) (*kubernetes.Clientset, error) {
 	_, cfg, err := framework.ClientsetFor(kubeconfig)
