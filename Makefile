@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
 # Fuzz time for the policy classifier in `make test`.
 FUZZTIME ?= 10s
 
-.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check lint demo bench-proxy bench-cutover bench-migrate clean
+.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check demo bench-proxy bench-cutover bench-migrate clean
 
 all: build
 
