@@ -104,7 +104,9 @@ func (d *demo) close() {
 		return
 	}
 	if d.baker != nil {
-		d.baker.stop()
+		if err := d.baker.stop(); err != nil {
+			fmt.Fprintf(d.out, "WARNING: %v\n", err)
+		}
 	}
 	if d.green != nil {
 		_, _ = framework.StopCutoverProcesses(d.green.Plan.StateDir)
@@ -241,7 +243,7 @@ Press Ctrl-C here to stop everything, green included.
 // rehearse runs the rehearsal and keeps its prediction.
 func (d *demo) rehearse(ctx context.Context) error {
 	done := d.p.begin("kubefence cutover --plan %s --rehearse (everything before the fence, a drain measured without fencing, green torn down)", filepath.Base(d.green.PlanPath))
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "--rehearse"); err != nil {
+	if err := d.cutoverCmd(ctx, "--rehearse"); err != nil {
 		return err
 	}
 	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
@@ -272,7 +274,7 @@ func (d *demo) cutover(ctx context.Context) error {
 	done("window " + d.sum.Window.Round(time.Millisecond).String())
 	done = d.p.begin("bake: green serves, writes go on, blue follows green")
 	time.Sleep(3 * time.Second)
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "status"); err != nil {
+	if err := d.cutoverCmd(ctx, "status"); err != nil {
 		return err
 	}
 	done("")
@@ -282,10 +284,12 @@ func (d *demo) cutover(ctx context.Context) error {
 // rollback goes back to blue and checks the writes and the leaders there.
 func (d *demo) rollback(ctx context.Context) error {
 	done := d.p.begin("kubefence cutover rollback --plan %s (stops the baking process; the window backwards)", filepath.Base(d.green.PlanPath))
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "rollback"); err != nil {
+	if err := d.cutoverCmd(ctx, "rollback"); err != nil {
 		return err
 	}
-	d.baker.stop() // the rollback stopped it: wait for its end
+	if err := d.baker.stop(); err != nil { // the rollback stopped it: wait for its end
+		return err
+	}
 	rj, err := cutover.LoadJournal(filepath.Join(d.green.Plan.StateDir, "rollback"))
 	if err != nil {
 		return err
@@ -302,17 +306,19 @@ func (d *demo) rollback(ctx context.Context) error {
 // forwardAgain cleans green up and moves to it again, then ends the bake.
 func (d *demo) forwardAgain(ctx context.Context) error {
 	done := d.p.begin("forward again: kubefence cutover cleanup --remove-data-dirs, then kubefence cutover, then kubefence cutover finish")
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "cleanup", "--remove-data-dirs"); err != nil {
+	if err := d.cutoverCmd(ctx, "cleanup", "--remove-data-dirs"); err != nil {
 		return err
 	}
 	var err error
 	if d.baker, err = startBaker(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, d.green.Plan.StateDir); err != nil {
 		return err
 	}
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "finish"); err != nil {
+	if err := d.cutoverCmd(ctx, "finish"); err != nil {
 		return err
 	}
-	d.baker.stop() // finish stopped it: wait for its end
+	if err := d.baker.stop(); err != nil { // finish stopped it: wait for its end
+		return err
+	}
 	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
 	if err != nil {
 		return err
@@ -655,23 +661,44 @@ func (i *indent) Write(p []byte) (int, error) {
 }
 
 // cutoverCmd runs `kubefence cutover args... --plan plan` (args may start with a subcommand),
-// its output indented under the step.
-func cutoverCmd(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan string, args ...string) error {
-	cmd := exec.CommandContext(ctx, bin, append(append([]string{"cutover"}, args...), "--plan", plan)...)
-	cmd.Stdout = &indent{w: out, prefix: "            | "}
+// its output indented under the step. A run past the bound (options.cutoverBound, or the plan's
+// timeouts) is killed and fails the demo, saying so.
+func (d *demo) cutoverCmd(ctx context.Context, args ...string) error {
+	bound := d.o.cutoverBound
+	if bound == 0 {
+		var err error
+		if bound, err = framework.CutoverBound(d.green.PlanPath); err != nil {
+			return err
+		}
+	}
+	what := "kubefence cutover " + strings.Join(args, " ")
+	hung := fmt.Errorf("%s did not end within %s", what, bound)
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, hung)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.o.kubefence, append(append([]string{"cutover"}, args...), "--plan", d.green.PlanPath)...)
+	cmd.Stdout = &indent{w: d.out, prefix: "            | "}
 	cmd.Stderr = cmd.Stdout
+	cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("kubefence cutover %s: %w (logs in %s)", strings.Join(args, " "), err, env.LogDir)
+		if context.Cause(ctx) == hung {
+			return fmt.Errorf("%w; killed: %v (logs in %s)", hung, err, d.env.LogDir)
+		}
+		return fmt.Errorf("%s: %w (logs in %s)", what, err, d.env.LogDir)
 	}
 	return nil
 }
 
 // baker is a `kubefence cutover` process that bakes after the cutover (it runs until stopped).
 type baker struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	once sync.Once
+	cmd     *exec.Cmd
+	done    chan struct{}
+	once    sync.Once
+	stopErr error
 }
+
+// bakerStopBound is how long stop waits for the baking process to end: a clean stop takes
+// seconds.
+const bakerStopBound = 2 * time.Minute
 
 // startBaker starts `kubefence cutover --plan plan`, its output indented under the step, and
 // returns once the cutover is baking (its journal says so), or its error if it ended before.
@@ -679,6 +706,7 @@ func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.E
 	b := &baker{cmd: exec.Command(bin, "cutover", "--plan", plan), done: make(chan struct{})}
 	b.cmd.Stdout = &indent{w: out, prefix: "            | "}
 	b.cmd.Stderr = b.cmd.Stdout
+	b.cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open
 	if err := b.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -694,22 +722,31 @@ func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.E
 		return err == nil && j.State == cutover.StateBaking, nil
 	})
 	if err != nil {
-		b.stop()
+		_ = b.stop()
 		return nil, err
 	}
 	return b, nil
 }
 
-// stop ends the baking process (SIGTERM: it stops cleanly) if it still runs, and waits for it.
-func (b *baker) stop() {
+// stop ends the baking process (SIGTERM: it stops cleanly) if it still runs, and waits for it;
+// one still running bakerStopBound after the SIGTERM is killed, and stop says so.
+func (b *baker) stop() error {
 	b.once.Do(func() {
 		select {
 		case <-b.done:
+			return
 		default:
 			_ = b.cmd.Process.Signal(syscall.SIGTERM)
 		}
-		<-b.done
+		select {
+		case <-b.done:
+		case <-time.After(bakerStopBound):
+			_ = b.cmd.Process.Kill()
+			<-b.done
+			b.stopErr = fmt.Errorf("the baking kubefence cutover (pid %d) did not end within %s of SIGTERM; killed it", b.cmd.Process.Pid, bakerStopBound)
+		}
 	})
+	return b.stopErr
 }
 
 func rateWord(rate int) string {
