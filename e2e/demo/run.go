@@ -354,10 +354,12 @@ func (d *demo) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	before := d.traffic.acked.Load()
-	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
-		return d.traffic.acked.Load() > before+20, nil
-	})
+	if n, bound := moreWrites(d.o.writeRate); n > 0 {
+		before := d.traffic.acked.Load()
+		_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, bound, true, func(context.Context) (bool, error) {
+			return d.traffic.acked.Load() > before+n, nil
+		})
+	}
 	d.traffic.stop()
 	plainAcked, plainErrs := d.plain.stop()
 	st, _ := d.px.Admin.Status(ctx)
@@ -386,6 +388,20 @@ func (d *demo) check(ctx context.Context) error {
 	done(strings.Join(sum.Leaders, "; "))
 	d.printSummary(st)
 	return d.verdict(st, plainErrs)
+}
+
+// moreWrites is how many more writes check lets the client-go writer make on green before it
+// stops the traffic, and how long it waits for them: none with the writer off (rate 0); at a
+// set rate, their time at that rate and 10 s more; as fast as the API lets it, up to 60 s.
+func moreWrites(rate int) (int64, time.Duration) {
+	const n = 20
+	switch {
+	case rate == 0:
+		return 0, 0
+	case rate > 0:
+		return n, 10*time.Second + n*time.Second/time.Duration(rate)
+	}
+	return n, 60 * time.Second
 }
 
 // printSummary prints what the demo measured.
