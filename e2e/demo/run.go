@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,7 +65,7 @@ type demo struct {
 	keepRunning bool
 }
 
-func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
+func run(ctx context.Context, o options, out io.Writer) (_ *summary, err error) {
 	if o.objects == 0 {
 		o.objects = 200
 	}
@@ -72,7 +73,10 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	out = &syncWriter{w: out}
 	d := &demo{o: o, out: out, p: &printer{out: out, start: time.Now()}}
 	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy, go back, and move again")
-	defer d.close()
+	defer func() {
+		d.close()
+		d.workDir(err)
+	}()
 	if err := d.setup(ctx); err != nil {
 		return nil, err
 	}
@@ -114,6 +118,29 @@ func (d *demo) close() {
 	_ = d.env.Close()
 	if left := d.env.Running(); len(left) > 0 {
 		fmt.Fprintf(d.out, "WARNING: processes left running: %v\n", left)
+	}
+}
+
+// workDir removes the work directory (hundreds of MB: data dirs, logs) once a run has passed and
+// everything is stopped, unless it is to be kept (--keep, --manual) or is the caller's (--dir);
+// otherwise it says where the directory is.
+func (d *demo) workDir(err error) {
+	if d.env == nil {
+		return
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintf(d.out, "\nwork directory kept: %s (component logs in %s)\n", d.env.Dir, d.env.LogDir)
+	case d.o.keep || d.o.manual:
+		fmt.Fprintf(d.out, "\nwork directory kept: %s (remove it when done)\n", d.env.Dir)
+	case d.o.dir != "":
+		// given with --dir (TestDemo's): the caller's to remove
+	case len(d.env.Running()) > 0:
+		fmt.Fprintf(d.out, "\nwork directory kept, processes still use it: %s\n", d.env.Dir)
+	default:
+		if err := os.RemoveAll(d.env.Dir); err != nil {
+			fmt.Fprintf(d.out, "WARNING: removing the work directory: %v\n", err)
+		}
 	}
 }
 
