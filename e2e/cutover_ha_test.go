@@ -203,7 +203,7 @@ func TestCutoverHA(t *testing.T) {
 
 	// (4) The way back: every proxy to its own host's blue apiserver, nothing lost.
 	t.Logf("kubefence cutover rollback:\n%s", f.cutoverSub(t, "rollback"))
-	baker.wait()
+	baker.wait(t, "the rollback stopped it")
 	f.checkProxies(t, "after the rollback", false)
 	bcs := qpsClient(t, f.apis[2].Kubeconfig, 100)
 	checkHAWrites(t, bcs, "blue", "one", phase1Done)

@@ -50,6 +50,10 @@ func (h *holdWriters) record(writer string, w holdWrite) {
 	h.writes[writer] = append(h.writes[writer], w)
 }
 
+// writeBound bounds each write of the hold-mode writers: far above the 15 s hold timeout, so
+// that only a hung write reaches it.
+const writeBound = time.Minute
+
 // run calls write(i) in a loop until stopped; write returns the created object's
 // resourceVersion.
 func (h *holdWriters) run(writer string, write func(i int) (name, rv string, err error)) {
@@ -62,6 +66,20 @@ func (h *holdWriters) run(writer string, write func(i int) (name, rv string, err
 			h.record(writer, holdWrite{name: name, sent: sent, done: time.Now(), rv: rv, err: err})
 		}
 	}()
+}
+
+// finish stops the writers and waits for their last writes (each bounded by writeBound); writers
+// still running after that fail the test.
+func (h *holdWriters) finish(t *testing.T) {
+	t.Helper()
+	h.stop.Store(true)
+	done := make(chan struct{})
+	go func() { h.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * writeBound):
+		t.Fatalf("the hold-mode writers did not stop within %s: a write hangs", 2*writeBound)
+	}
 }
 
 // TestCutoverHoldMode: with proxy.fenceMode hold, writers that retry (client-go), that never
@@ -97,7 +115,9 @@ func TestCutoverHoldMode(t *testing.T) {
 	hw := &holdWriters{writes: map[string][]holdWrite{}}
 	hw.run("client-go", func(i int) (string, string, error) {
 		name := fmt.Sprintf("cg-%05d", i)
-		cm, err := cs.CoreV1().ConfigMaps("hold").Create(context.WithoutCancel(ctx), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeBound)
+		defer cancel()
+		cm, err := cs.CoreV1().ConfigMaps("hold").Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 		if err != nil {
 			return name, "", err
 		}
@@ -114,8 +134,7 @@ func TestCutoverHoldMode(t *testing.T) {
 		t.Fatalf("cutover failed: %v", err)
 	}
 	time.Sleep(time.Second)
-	hw.stop.Store(true)
-	hw.wg.Wait()
+	hw.finish(t)
 
 	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
 	if err != nil || j.State != cutover.StateDone {
@@ -252,7 +271,14 @@ func kubectlApply(t *testing.T, f *cutoverFixture) func(i int) (string, string, 
 		if err := os.WriteFile(manifest, []byte(doc), 0o600); err != nil {
 			return "applied", "", err
 		}
-		out, err := exec.Command(kubectl, "--kubeconfig", f.px.Kubeconfig, "apply", "-f", manifest, "-o", "jsonpath={.metadata.resourceVersion}").CombinedOutput()
+		ctx, cancel := context.WithTimeout(context.Background(), writeBound)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", f.px.Kubeconfig, "apply", "-f", manifest, "-o", "jsonpath={.metadata.resourceVersion}")
+		cmd.WaitDelay = 5 * time.Second
+		out, err := cmd.CombinedOutput()
+		if err != nil && ctx.Err() != nil {
+			return "applied", "", fmt.Errorf("kubectl apply did not end within %s: %v: %s", writeBound, err, out)
+		}
 		if err != nil {
 			return "applied", "", fmt.Errorf("kubectl apply: %v: %s", err, out)
 		}

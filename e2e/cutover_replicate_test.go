@@ -49,7 +49,7 @@ func TestCutoverReplicate(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
+	go func() { // cutoverCmd ends within cmdBound: a hung cutover is killed, and says so
 		out, err := f.cutoverCmd(context.WithoutCancel(ctx))
 		done <- result{out, err}
 	}()

@@ -52,14 +52,14 @@ func TestCutoverRollback(t *testing.T) {
 	t.Logf("kubefence cutover status:\n%s", f.cutoverSub(t, "status"))
 
 	_ = baker.cmd.Process.Kill()
-	baker.wait()
+	baker.wait(t, "SIGKILL")
 	baker = f.startBaker(t, "--resume")
 	time.Sleep(2 * time.Second)
 
 	killAt(t, cutover.StepGateGreen, "cutover", "rollback", "--plan", f.green.PlanPath)
-	baker.wait() // the rollback stopped it
+	baker.wait(t, "the rollback stopped it")
 	t.Logf("the baker's output:\n%s", baker.output())
-	out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "rollback", "--resume", "--plan", f.green.PlanPath).CombinedOutput()
+	out, err := runKubefence(ctx, "cutover", "rollback", "--resume", "--plan", f.green.PlanPath)
 	t.Logf("kubefence cutover rollback --resume:\n%s", out)
 	if err != nil {
 		t.Fatalf("rollback --resume: %v", err)
@@ -75,7 +75,7 @@ func TestCutoverRollback(t *testing.T) {
 	t.Logf("kubefence cutover cleanup:\n%s", f.cutoverSub(t, "cleanup", "--remove-data-dirs"))
 	baker = f.startBaker(t)
 	t.Logf("kubefence cutover finish:\n%s", f.cutoverSub(t, "finish"))
-	baker.wait()
+	baker.wait(t, "cutover finish stopped it")
 	if j := loadJournal(t, f); j.State != cutover.StateDone {
 		t.Fatalf("after finish the cutover is %s", j.State)
 	}
@@ -111,7 +111,7 @@ func bakeFixture(t *testing.T) (*cutoverFixture, *kubernetes.Clientset) {
 func TestCutoverBakeAbort(t *testing.T) {
 	f, _ := bakeFixture(t)
 	killAtStep(t, f, cutover.StepVerify)
-	out, err := exec.CommandContext(t.Context(), kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput()
+	out, err := runKubefence(t.Context(), "cutover", "abort", "--plan", f.green.PlanPath)
 	t.Logf("kubefence cutover abort:\n%s", out)
 	if err != nil {
 		t.Fatalf("abort: %v", err)
@@ -176,6 +176,7 @@ func (f *cutoverFixture) checkRolledBack(t *testing.T, acked []string, leaders [
 // baker is a `kubefence cutover` process that ends baking: it runs until stopped.
 type baker struct {
 	cmd  *exec.Cmd
+	args []string
 	mu   sync.Mutex
 	out  strings.Builder
 	done chan struct{}
@@ -187,8 +188,15 @@ func (b *baker) output() string {
 	return b.out.String()
 }
 
-func (b *baker) wait() {
-	<-b.done
+// wait waits for the baking process to end after why (it was stopped, or killed); one still
+// running after cmdBound fails the test.
+func (b *baker) wait(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case <-b.done:
+	case <-time.After(cmdBound):
+		t.Fatalf("kubefence cutover %v (baking) did not end within %s after %s:\n%s", b.args, cmdBound, why, b.output())
+	}
 	_ = b.cmd.Wait()
 }
 
@@ -196,7 +204,7 @@ func (b *baker) wait() {
 // follows green.
 func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
 	t.Helper()
-	b := &baker{cmd: exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...), done: make(chan struct{})}
+	b := &baker{cmd: exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...), args: args, done: make(chan struct{})}
 	pipe, err := b.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -231,21 +239,23 @@ func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
 	return b
 }
 
-// cutoverSub runs `kubefence cutover SUB --plan PLAN args…` and returns its output.
+// cutoverSub runs `kubefence cutover SUB --plan PLAN args…` (bounded by cmdBound, not by the
+// test's end) and returns its output.
 func (f *cutoverFixture) cutoverSub(t *testing.T, sub string, args ...string) string {
 	t.Helper()
-	out, err := exec.CommandContext(context.WithoutCancel(t.Context()), kubefenceBin, append([]string{"cutover", sub, "--plan", f.green.PlanPath}, args...)...).CombinedOutput()
+	out, err := runKubefence(context.WithoutCancel(t.Context()), append([]string{"cutover", sub, "--plan", f.green.PlanPath}, args...)...)
 	if err != nil {
 		t.Fatalf("kubefence cutover %s: %v\n%s", sub, err, out)
 	}
-	return string(out)
+	return out
 }
 
-// killAt runs kubefence with argv and kills it with SIGKILL as soon as it starts step.
+// killAt runs kubefence with argv and kills it with SIGKILL as soon as it starts step; a run
+// that neither starts it nor ends within cmdBound is killed and fails the test.
 func killAt(t *testing.T, step string, argv ...string) {
 	t.Helper()
 	killed := false
-	seen, _ := runScanning(context.Background(), t, argv, func(line string, p *os.Process) bool {
+	seen, err := runScanning(t.Context(), t, argv, func(line string, p *os.Process) bool {
 		if startsStep(line, step) {
 			_ = p.Kill()
 			killed = true
@@ -255,7 +265,7 @@ func killAt(t *testing.T, step string, argv ...string) {
 	})
 	t.Logf("kubefence %v (killed at %s):\n%s", argv, step, seen)
 	if !killed {
-		t.Fatalf("kubefence %v never started step %s", argv, step)
+		t.Fatalf("kubefence %v never started step %s: %v", argv, step, err)
 	}
 }
 

@@ -78,11 +78,41 @@ func (f *cutoverFixture) checkAborted(t *testing.T) {
 	}
 }
 
-// cutoverCmd runs `kubefence cutover` with args and returns its combined output.
+// cutoverCmd runs `kubefence cutover` with args (bounded by cmdBound) and returns its combined
+// output.
 func (f *cutoverFixture) cutoverCmd(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
+	return runKubefence(ctx, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)
+}
+
+// cmdBound bounds each kubefence command a cutover test waits for. Here one takes seconds to a
+// minute or two; a hung one is killed at the bound and fails its test with an error that names
+// it, instead of holding the whole run until go test's -timeout, which names nothing.
+const cmdBound = 5 * time.Minute
+
+// boundedKubefence is kubefence with args under ctx, bounded by cmdBound (a caller's context
+// without cancellation included); output a process it started may hold open is given up
+// WaitDelay after it ends. explain, called once the command has ended, turns the error of a
+// command killed at the bound into one that says so.
+func boundedKubefence(ctx context.Context, args ...string) (cmd *exec.Cmd, explain func(error) error) {
+	bound := fmt.Errorf("kubefence %s did not end within %s", strings.Join(args, " "), cmdBound)
+	ctx, cancel := context.WithTimeoutCause(ctx, cmdBound, bound)
+	cmd = exec.CommandContext(ctx, kubefenceBin, args...)
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, func(err error) error {
+		defer cancel()
+		if err != nil && context.Cause(ctx) == bound {
+			return fmt.Errorf("%w; killed: %v", bound, err)
+		}
+		return err
+	}
+}
+
+// runKubefence runs kubefence with args, bounded as boundedKubefence, and returns its combined
+// output.
+func runKubefence(ctx context.Context, args ...string) (string, error) {
+	cmd, explain := boundedKubefence(ctx, args...)
 	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return string(out), explain(err)
 }
 
 func (f *cutoverFixture) proxyClient(t *testing.T, qps float32) *kubernetes.Clientset {
@@ -464,10 +494,10 @@ func (f *cutoverFixture) cutoverWithHook(t *testing.T, step string, hook func())
 // runScanning runs kubefence with args, reading its stdout and stderr line by line as they come:
 // onLine sees each line and the process (to signal it, or to start what a line asks for) and
 // returns false to stop looking (the rest is read and dropped). It returns the lines looked at
-// and the exit error.
+// and the exit error. A run past cmdBound is killed, and its error says so.
 func runScanning(ctx context.Context, t *testing.T, args []string, onLine func(line string, p *os.Process) bool) (string, error) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, kubefenceBin, args...)
+	cmd, explain := boundedKubefence(ctx, args...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -485,7 +515,7 @@ func runScanning(ctx context.Context, t *testing.T, args []string, onLine func(l
 		}
 	}
 	_, _ = io.Copy(io.Discard, pipe)
-	return out.String(), cmd.Wait()
+	return out.String(), explain(cmd.Wait())
 }
 
 // startsStep says whether a line of the cutover's output is the start of step.

@@ -20,10 +20,14 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
+
+// v2KeyNotFound is the v2 API's errorCode for a missing key.
+const v2KeyNotFound = 100
 
 // writeV2Data drives etcd 3.4's v2 API through every kind of write the migrator must replay.
 func writeV2Data(t *testing.T, c *framework.V2Client) {
@@ -83,7 +87,15 @@ func writeV2Data(t *testing.T, c *framework.V2Client) {
 	// Hidden keys.
 	do("PUT", "/_hidden/secret", "value", "h1")
 	do("PUT", "/registry/_internal/state", "value", "h2")
-	time.Sleep(2500 * time.Millisecond) // the leader's SYNC expires the 1 s key
+	// The leader's SYNC expires the 1 s key, within a second or two; the v2 store drops it only
+	// then, so once a read misses it the expiry is in the log the migration replays.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		r, err := c.Do(ctx, "GET", "/registry/events/default/short", nil)
+		return err == nil && r.ErrorCode == v2KeyNotFound, nil
+	})
+	if err != nil {
+		t.Fatalf("the 1 s TTL key /registry/events/default/short did not expire within 30 s: %v", err)
+	}
 	// Writes after the last snapshot (--snapshot-count is small).
 	for i := range 7 {
 		do("PUT", fmt.Sprintf("/registry/late/k%d", i), "value", fmt.Sprintf("late %d", i))

@@ -28,6 +28,7 @@ import (
 // endpoint (what in-cluster clients reach) is the proxy, and a replicating cutover's preflight,
 // with bypass not allowed, finds no writer around the proxy and goes on.
 func TestStackedTopology(t *testing.T) {
+	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136)
 	nodeIP := nonLoopbackIP(t)
 	env := newEnv(t)
 	ctx := t.Context()

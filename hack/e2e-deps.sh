@@ -30,8 +30,22 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
     apt_updated=1
   fi
-  # policy-rc.d keeps the package's own etcd service from starting: the tests start their own.
-  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  # Debian's etcd-server starts its own etcd service on install (2379/2380), under systemd too;
+  # the tests start their own. A policy-rc.d that exits 101 makes invoke-rc.d and
+  # deb-systemd-invoke start no service during the install (the unit stays enabled for the next
+  # boot). An existing policy-rc.d is the host's and is used as it is.
+  local policy=/usr/sbin/policy-rc.d ours=0
+  if [ ! -e "$policy" ] && [ ! -L "$policy" ]; then
+    printf '#!/bin/sh\n# hack/e2e-deps.sh: no service starts during its apt-get install\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    ours=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT # set -e: also when the install fails
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if [ "$ours" = 1 ]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
 }
 
 # link_or_copy SRC DST puts SRC in the cache under its versioned name.

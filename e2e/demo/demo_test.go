@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 )
@@ -20,7 +21,8 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	sum, err := run(t.Context(), options{dir: dir, objects: 100, writeRate: -1}, &out)
+	// A hung cutover command fails the test in minutes, not at go test's -timeout.
+	sum, err := run(t.Context(), options{dir: dir, objects: 100, writeRate: -1, cutoverBound: 5 * time.Minute}, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatalf("demo failed: %v (logs in %s/logs)", err, dir)

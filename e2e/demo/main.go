@@ -56,6 +56,9 @@ type options struct {
 	objects int
 	// writeRate is the client-go writer's rate: writes/s, 0 none, < 0 as fast as it can.
 	writeRate int
+	// cutoverBound bounds each kubefence cutover command; 0: the plan's timeouts
+	// (framework.CutoverBound), for a workload of any size.
+	cutoverBound time.Duration
 }
 
 // printer prints numbered steps with durations.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,7 +65,7 @@ type demo struct {
 	keepRunning bool
 }
 
-func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
+func run(ctx context.Context, o options, out io.Writer) (_ *summary, err error) {
 	if o.objects == 0 {
 		o.objects = 200
 	}
@@ -72,7 +73,10 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	out = &syncWriter{w: out}
 	d := &demo{o: o, out: out, p: &printer{out: out, start: time.Now()}}
 	fmt.Fprintln(out, "kubefence demo: move a live control plane from etcd 3.4 (blue) to etcd 3.6 (green) behind the fence proxy, go back, and move again")
-	defer d.close()
+	defer func() {
+		d.close()
+		d.workDir(err)
+	}()
 	if err := d.setup(ctx); err != nil {
 		return nil, err
 	}
@@ -104,7 +108,9 @@ func (d *demo) close() {
 		return
 	}
 	if d.baker != nil {
-		d.baker.stop()
+		if err := d.baker.stop(); err != nil {
+			fmt.Fprintf(d.out, "WARNING: %v\n", err)
+		}
 	}
 	if d.green != nil {
 		_, _ = framework.StopCutoverProcesses(d.green.Plan.StateDir)
@@ -112,6 +118,29 @@ func (d *demo) close() {
 	_ = d.env.Close()
 	if left := d.env.Running(); len(left) > 0 {
 		fmt.Fprintf(d.out, "WARNING: processes left running: %v\n", left)
+	}
+}
+
+// workDir removes the work directory (hundreds of MB: data dirs, logs) once a run has passed and
+// everything is stopped, unless it is to be kept (--keep, --manual) or is the caller's (--dir);
+// otherwise it says where the directory is.
+func (d *demo) workDir(err error) {
+	if d.env == nil {
+		return
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintf(d.out, "\nwork directory kept: %s (component logs in %s)\n", d.env.Dir, d.env.LogDir)
+	case d.o.keep || d.o.manual:
+		fmt.Fprintf(d.out, "\nwork directory kept: %s (remove it when done)\n", d.env.Dir)
+	case d.o.dir != "":
+		// given with --dir (TestDemo's): the caller's to remove
+	case len(d.env.Running()) > 0:
+		fmt.Fprintf(d.out, "\nwork directory kept, processes still use it: %s\n", d.env.Dir)
+	default:
+		if err := os.RemoveAll(d.env.Dir); err != nil {
+			fmt.Fprintf(d.out, "WARNING: removing the work directory: %v\n", err)
+		}
 	}
 }
 
@@ -216,9 +245,11 @@ func (d *demo) manual(ctx context.Context) error {
 	d.keepRunning = true
 	fmt.Fprintf(d.out, `
 Blue is running behind the proxy with a live writer, reader and watcher; nothing is fenced yet.
-Follow docs/runbook.md sections 3-5 in another terminal:
+Follow docs/runbook.md sections 3-5 in another terminal, with the kubectl that make e2e-deps
+pinned (a kubectl on your PATH may be another version, or another program):
 
   export KUBECONFIG=%[1]s                      # through the proxy
+  %[8]s get configmaps -n demo | head
   %[2]s cutover --plan %[3]s --dry-run
   %[2]s fence status --admin-socket %[4]s
   %[2]s cutover --plan %[3]s                   # the move, then the bake; try kill -9 and --resume
@@ -229,7 +260,7 @@ Follow docs/runbook.md sections 3-5 in another terminal:
   logs: %[6]s; green's (once started): %[7]s/logs
 
 Press Ctrl-C here to stop everything, green included.
-`, d.px.Kubeconfig, d.o.kubefence, d.green.PlanPath, d.px.AdminSocket, d.px.MetricsURL, d.env.LogDir, d.green.Plan.StateDir)
+`, d.px.Kubeconfig, d.o.kubefence, d.green.PlanPath, d.px.AdminSocket, d.px.MetricsURL, d.env.LogDir, d.green.Plan.StateDir, kubectl())
 	<-ctx.Done()
 	d.traffic.stop()
 	d.keepRunning = false
@@ -239,7 +270,7 @@ Press Ctrl-C here to stop everything, green included.
 // rehearse runs the rehearsal and keeps its prediction.
 func (d *demo) rehearse(ctx context.Context) error {
 	done := d.p.begin("kubefence cutover --plan %s --rehearse (everything before the fence, a drain measured without fencing, green torn down)", filepath.Base(d.green.PlanPath))
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "--rehearse"); err != nil {
+	if err := d.cutoverCmd(ctx, "--rehearse"); err != nil {
 		return err
 	}
 	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
@@ -270,7 +301,7 @@ func (d *demo) cutover(ctx context.Context) error {
 	done("window " + d.sum.Window.Round(time.Millisecond).String())
 	done = d.p.begin("bake: green serves, writes go on, blue follows green")
 	time.Sleep(3 * time.Second)
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "status"); err != nil {
+	if err := d.cutoverCmd(ctx, "status"); err != nil {
 		return err
 	}
 	done("")
@@ -280,10 +311,12 @@ func (d *demo) cutover(ctx context.Context) error {
 // rollback goes back to blue and checks the writes and the leaders there.
 func (d *demo) rollback(ctx context.Context) error {
 	done := d.p.begin("kubefence cutover rollback --plan %s (stops the baking process; the window backwards)", filepath.Base(d.green.PlanPath))
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "rollback"); err != nil {
+	if err := d.cutoverCmd(ctx, "rollback"); err != nil {
 		return err
 	}
-	d.baker.stop() // the rollback stopped it: wait for its end
+	if err := d.baker.stop(); err != nil { // the rollback stopped it: wait for its end
+		return err
+	}
 	rj, err := cutover.LoadJournal(filepath.Join(d.green.Plan.StateDir, "rollback"))
 	if err != nil {
 		return err
@@ -300,17 +333,19 @@ func (d *demo) rollback(ctx context.Context) error {
 // forwardAgain cleans green up and moves to it again, then ends the bake.
 func (d *demo) forwardAgain(ctx context.Context) error {
 	done := d.p.begin("forward again: kubefence cutover cleanup --remove-data-dirs, then kubefence cutover, then kubefence cutover finish")
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "cleanup", "--remove-data-dirs"); err != nil {
+	if err := d.cutoverCmd(ctx, "cleanup", "--remove-data-dirs"); err != nil {
 		return err
 	}
 	var err error
 	if d.baker, err = startBaker(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, d.green.Plan.StateDir); err != nil {
 		return err
 	}
-	if err := cutoverCmd(ctx, d.o.kubefence, d.out, d.env, d.green.PlanPath, "finish"); err != nil {
+	if err := d.cutoverCmd(ctx, "finish"); err != nil {
 		return err
 	}
-	d.baker.stop() // finish stopped it: wait for its end
+	if err := d.baker.stop(); err != nil { // finish stopped it: wait for its end
+		return err
+	}
 	j, err := cutover.LoadJournal(d.green.Plan.StateDir)
 	if err != nil {
 		return err
@@ -346,10 +381,12 @@ func (d *demo) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	before := d.traffic.acked.Load()
-	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
-		return d.traffic.acked.Load() > before+20, nil
-	})
+	if n, bound := moreWrites(d.o.writeRate); n > 0 {
+		before := d.traffic.acked.Load()
+		_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, bound, true, func(context.Context) (bool, error) {
+			return d.traffic.acked.Load() > before+n, nil
+		})
+	}
 	d.traffic.stop()
 	plainAcked, plainErrs := d.plain.stop()
 	st, _ := d.px.Admin.Status(ctx)
@@ -378,6 +415,20 @@ func (d *demo) check(ctx context.Context) error {
 	done(strings.Join(sum.Leaders, "; "))
 	d.printSummary(st)
 	return d.verdict(st, plainErrs)
+}
+
+// moreWrites is how many more writes check lets the client-go writer make on green before it
+// stops the traffic, and how long it waits for them: none with the writer off (rate 0); at a
+// set rate, their time at that rate and 10 s more; as fast as the API lets it, up to 60 s.
+func moreWrites(rate int) (int64, time.Duration) {
+	const n = 20
+	switch {
+	case rate == 0:
+		return 0, 0
+	case rate > 0:
+		return n, 10*time.Second + n*time.Second/time.Duration(rate)
+	}
+	return n, 60 * time.Second
 }
 
 // printSummary prints what the demo measured.
@@ -419,24 +470,32 @@ func fenceWord(f bool) string {
 
 func printKeep(out io.Writer, o options, env *framework.Env, px *framework.Proxy, blue, green *framework.APIServer, stateDir string) {
 	fmt.Fprintf(out, `
-Everything is still running (KEEP=1). Try it by hand in another terminal:
+Everything is still running (KEEP=1). Try it by hand in another terminal, with the kubectl that
+make e2e-deps pinned (a kubectl on your PATH may be another version, or another program):
 
-  export KUBECONFIG=%s        # through the proxy (admin client certificate)
-  kubectl get configmaps -n demo | head
-  %s fence status --admin-socket %s
-  %s fence on --reason "trying it" --admin-socket %s
-  kubectl -n demo create configmap while-fenced   # waits: 429 + Retry-After, retried by kubectl
-  (or: fence on --mode hold, and the create waits, unanswered, until fence off)
-  %s fence off --admin-socket %s                  # ... and now it goes through
+  export KUBECONFIG=%[1]s        # through the proxy (admin client certificate)
+  %[2]s get configmaps -n demo | head
+  %[3]s fence status --admin-socket %[4]s
+  %[3]s fence on --reason "trying it" --admin-socket %[4]s
+  %[2]s -n demo create configmap while-fenced
+      # 429 + Retry-After: 1: kubectl (client-go) retries it 10 times, about 10 s, then fails
+  (or: fence on --mode hold: the create is held, unanswered, up to the proxy's --hold-timeout
+   of 4 s, then gets the 429 and is retried as above)
+  %[3]s fence off --admin-socket %[4]s
+      # run within those ~10 s, and the create being retried goes through
 
-  blue apiserver (stopped serving clients, still running): %s
-  green apiserver (behind the proxy now):                   %s
-  logs: %s and %s/logs (green, started by the cutover)
-  cutover journal: %s/journal.json
+  blue apiserver (stopped serving clients, still running): %[5]s
+  green apiserver (behind the proxy now):                   %[6]s
+  logs: %[7]s and %[8]s/logs (green, started by the cutover)
+  cutover journal: %[8]s/journal.json
 
 Press Ctrl-C here to stop everything (etcd, apiservers, proxy).
-`, px.Kubeconfig, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, stateDir, stateDir)
+`, px.Kubeconfig, kubectl(), o.kubefence, px.AdminSocket, blue.URL, green.URL, env.LogDir, stateDir)
 }
+
+// kubectl is the pinned kubectl of make e2e-deps, by its full path: a bare kubectl on PATH may be
+// another version, or another program.
+func kubectl() string { return framework.BinPath("kubectl", framework.Kube136) }
 
 func clientset(kubeconfig string, qps float32) (*kubernetes.Clientset, error) {
 	_, cfg, err := framework.ClientsetFor(kubeconfig)
@@ -645,23 +704,44 @@ func (i *indent) Write(p []byte) (int, error) {
 }
 
 // cutoverCmd runs `kubefence cutover args... --plan plan` (args may start with a subcommand),
-// its output indented under the step.
-func cutoverCmd(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan string, args ...string) error {
-	cmd := exec.CommandContext(ctx, bin, append(append([]string{"cutover"}, args...), "--plan", plan)...)
-	cmd.Stdout = &indent{w: out, prefix: "            | "}
+// its output indented under the step. A run past the bound (options.cutoverBound, or the plan's
+// timeouts) is killed and fails the demo, saying so.
+func (d *demo) cutoverCmd(ctx context.Context, args ...string) error {
+	bound := d.o.cutoverBound
+	if bound == 0 {
+		var err error
+		if bound, err = framework.CutoverBound(d.green.PlanPath); err != nil {
+			return err
+		}
+	}
+	what := "kubefence cutover " + strings.Join(args, " ")
+	hung := fmt.Errorf("%s did not end within %s", what, bound)
+	ctx, cancel := context.WithTimeoutCause(ctx, bound, hung)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.o.kubefence, append(append([]string{"cutover"}, args...), "--plan", d.green.PlanPath)...)
+	cmd.Stdout = &indent{w: d.out, prefix: "            | "}
 	cmd.Stderr = cmd.Stdout
+	cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("kubefence cutover %s: %w (logs in %s)", strings.Join(args, " "), err, env.LogDir)
+		if context.Cause(ctx) == hung {
+			return fmt.Errorf("%w; killed: %v (logs in %s)", hung, err, d.env.LogDir)
+		}
+		return fmt.Errorf("%s: %w (logs in %s)", what, err, d.env.LogDir)
 	}
 	return nil
 }
 
 // baker is a `kubefence cutover` process that bakes after the cutover (it runs until stopped).
 type baker struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	once sync.Once
+	cmd     *exec.Cmd
+	done    chan struct{}
+	once    sync.Once
+	stopErr error
 }
+
+// bakerStopBound is how long stop waits for the baking process to end: a clean stop takes
+// seconds.
+const bakerStopBound = 2 * time.Minute
 
 // startBaker starts `kubefence cutover --plan plan`, its output indented under the step, and
 // returns once the cutover is baking (its journal says so), or its error if it ended before.
@@ -669,6 +749,7 @@ func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.E
 	b := &baker{cmd: exec.Command(bin, "cutover", "--plan", plan), done: make(chan struct{})}
 	b.cmd.Stdout = &indent{w: out, prefix: "            | "}
 	b.cmd.Stderr = b.cmd.Stdout
+	b.cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open
 	if err := b.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -684,22 +765,31 @@ func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.E
 		return err == nil && j.State == cutover.StateBaking, nil
 	})
 	if err != nil {
-		b.stop()
+		_ = b.stop()
 		return nil, err
 	}
 	return b, nil
 }
 
-// stop ends the baking process (SIGTERM: it stops cleanly) if it still runs, and waits for it.
-func (b *baker) stop() {
+// stop ends the baking process (SIGTERM: it stops cleanly) if it still runs, and waits for it;
+// one still running bakerStopBound after the SIGTERM is killed, and stop says so.
+func (b *baker) stop() error {
 	b.once.Do(func() {
 		select {
 		case <-b.done:
+			return
 		default:
 			_ = b.cmd.Process.Signal(syscall.SIGTERM)
 		}
-		<-b.done
+		select {
+		case <-b.done:
+		case <-time.After(bakerStopBound):
+			_ = b.cmd.Process.Kill()
+			<-b.done
+			b.stopErr = fmt.Errorf("the baking kubefence cutover (pid %d) did not end within %s of SIGTERM; killed it", b.cmd.Process.Pid, bakerStopBound)
+		}
 	})
+	return b.stopErr
 }
 
 func rateWord(rate int) string {

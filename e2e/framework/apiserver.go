@@ -134,8 +134,8 @@ func (a *APIServer) WaitReady(ctx context.Context, timeout time.Duration) error 
 		return err
 	}
 	return WaitUntil(ctx, 200*time.Millisecond, "kube-apiserver "+a.Config.Name+" ready", func(ctx context.Context) (bool, error) {
-		if a.Proc.Exited() {
-			return false, fmt.Errorf("kube-apiserver exited; see %s", a.Proc.LogPath)
+		if err := a.Proc.ExitError(); err != nil {
+			return false, err
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.URL+"/readyz", nil)
 		resp, err := hc.Do(req)

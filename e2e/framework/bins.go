@@ -37,10 +37,16 @@ func BinDir() string {
 // ErrMissingBinary says a component is not installed; the message names the make target.
 var ErrMissingBinary = errors.New("missing e2e binary")
 
+// BinPath is where `make e2e-deps` puts component-version (e.g. "kubectl", "1.36.4"), whether
+// it is there or not.
+func BinPath(component, version string) string {
+	return filepath.Join(BinDir(), component+"-"+version)
+}
+
 // Bin returns the path of component-version (e.g. "etcd", "3.4.23"), or an error that says how
 // to install it.
 func Bin(component, version string) (string, error) {
-	p := filepath.Join(BinDir(), component+"-"+version)
+	p := BinPath(component, version)
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("%w: %s not found (run 'make e2e-deps' to install the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl)", ErrMissingBinary, p)
 	}

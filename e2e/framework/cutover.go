@@ -150,6 +150,23 @@ func (g *GreenSetup) EtcdConn() datadir.ConnSpec {
 	return spec
 }
 
+// CutoverBound is the longest a `kubefence cutover` of the plan at path may run (any
+// subcommand, --rehearse included): the sum of the plan's step timeouts and fence barrier, the
+// defaults filled in, and a minute for the rest. Every step is bounded by its own timeout, so a
+// run past that is hung; a caller that waits for one can fail instead of waiting on forever.
+func CutoverBound(path string) (time.Duration, error) {
+	p, err := cutover.ReadPlan(path)
+	if err != nil {
+		return 0, err
+	}
+	t := p.Timeouts
+	sum := time.Minute + p.Proxy.WaitTimeout.D()
+	for _, d := range []cutover.Duration{t.Preflight, t.Copy, t.Migrate, t.GreenEtcd, t.GreenAPIServer, t.Verify, t.Switch, t.Unfence, t.Replicate, t.Window} {
+		sum += d.D()
+	}
+	return sum, nil
+}
+
 // Save writes Plan to PlanPath (after a test changed it).
 func (g *GreenSetup) Save() error {
 	data, err := yaml.Marshal(&g.Plan)

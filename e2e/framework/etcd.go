@@ -159,8 +159,8 @@ func (c *Etcd) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	defer cli.Close()
 	for _, m := range c.Members {
 		err := WaitUntil(ctx, 100*time.Millisecond, "etcd member "+m.Name+" healthy", func(ctx context.Context) (bool, error) {
-			if m.Proc.Exited() {
-				return false, fmt.Errorf("etcd exited; see %s", m.Proc.LogPath)
+			if err := m.Proc.ExitError(); err != nil {
+				return false, err
 			}
 			sctx, scancel := context.WithTimeout(ctx, time.Second)
 			defer scancel()

@@ -124,8 +124,8 @@ func (p *Proxy) Start(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	err = WaitUntil(ctx, 50*time.Millisecond, "kubefence proxy serving", func(ctx context.Context) (bool, error) {
-		if proc.Exited() {
-			return false, fmt.Errorf("kubefence proxy exited; see %s", proc.LogPath)
+		if err := proc.ExitError(); err != nil {
+			return false, err
 		}
 		if _, err := p.Admin.Status(ctx); err != nil {
 			return false, err

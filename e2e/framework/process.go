@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Env is one test's (or one demo's) world: a work dir for data, a log dir kept on failure, and
@@ -122,6 +124,22 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// ErrExited says that a process a waiter waits for has exited: WaitUntil stops at once on it.
+var ErrExited = errors.New("exited")
+
+// ExitError is nil while the process runs; once it has exited, an error that wraps ErrExited
+// and says how it exited and where its log is.
+func (p *Process) ExitError() error {
+	if !p.Exited() {
+		return nil
+	}
+	how := "with status 0"
+	if p.err != nil {
+		how = "(" + p.err.Error() + ")"
+	}
+	return fmt.Errorf("%s (pid %d) %w %s; see %s", p.Name, p.Pid(), ErrExited, how, p.LogPath)
+}
+
 // Stop sends SIGTERM to the process group, then SIGKILL after grace.
 func (p *Process) Stop(grace time.Duration) error {
 	if p.Exited() {
@@ -176,26 +194,28 @@ func FreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// WaitUntil polls cond every interval until it returns true, an error that is final, or ctx ends.
+// WaitUntil polls cond every interval until it returns true or ctx ends. An error from cond is
+// kept for the message and polling goes on, except one that wraps ErrExited (the process waited
+// for has exited, see ExitError): that ends the wait at once.
 func WaitUntil(ctx context.Context, interval time.Duration, what string, cond func(context.Context) (bool, error)) error {
 	var last error
-	for {
+	err := wait.PollUntilContextCancel(ctx, interval, true, func(ctx context.Context) (bool, error) {
 		ok, err := cond(ctx)
-		if ok {
-			return nil
+		if errors.Is(err, ErrExited) {
+			return false, err
 		}
 		if err != nil {
 			last = err
 		}
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), last)
-			}
-			return fmt.Errorf("%s: %w", what, ctx.Err())
-		case <-time.After(interval):
-		}
+		return ok, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrExited) || last == nil:
+		return fmt.Errorf("%s: %w", what, err)
 	}
+	return fmt.Errorf("%s: %w (last error: %v)", what, err, last)
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

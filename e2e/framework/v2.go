@@ -29,13 +29,16 @@ type V2Result struct {
 	} `json:"node"`
 }
 
-// Do sends one v2 request: method PUT, POST or DELETE on key with form parameters.
+// Do sends one v2 request: method PUT, POST, DELETE or GET on key with form parameters. A key
+// that does not exist is an answer with ErrorCode 100, not an error.
 func (c *V2Client) Do(ctx context.Context, method, key string, params url.Values) (V2Result, error) {
 	var r V2Result
 	u := strings.TrimSuffix(c.Endpoint, "/") + "/v2/keys" + key
 	var body io.Reader
-	if method == http.MethodDelete {
-		u += "?" + params.Encode()
+	if method == http.MethodDelete || method == http.MethodGet {
+		if q := params.Encode(); q != "" {
+			u += "?" + q
+		}
 	} else {
 		body = strings.NewReader(params.Encode())
 	}

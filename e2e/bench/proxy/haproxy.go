@@ -66,9 +66,9 @@ backend apiserver
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = framework.WaitUntil(ctx, 50*time.Millisecond, name+" listening", func(context.Context) (bool, error) {
-		if proc.Exited() {
+		if err := proc.ExitError(); err != nil {
 			b, _ := os.ReadFile(proc.LogPath)
-			return false, fmt.Errorf("haproxy exited: %s", b)
+			return false, fmt.Errorf("%w:\n%s", err, b)
 		}
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
