@@ -100,7 +100,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
-	fenced := statusErr != nil || st.Fenced
+	// Only a fence this run placed is lifted: its time is journaled before it is sent, so none
+	// journaled means one on now is someone else's (an operator's, around a rehearsal).
+	fenced := (statusErr != nil || st.Fenced) && !r.j.FencedAt.IsZero()
 	unfence := func() error {
 		if fenced {
 			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.
@@ -246,6 +248,9 @@ func withJournal(o Options, none string, do func(*runner) error) error {
 	}
 	if err != nil {
 		return err
+	}
+	if j.Version > 1 || !knownStates[j.State] {
+		return fmt.Errorf("cutover %s's journal (version %d, state %q) was written by a newer kubefence: use that one", j.ID, j.Version, j.State)
 	}
 	if j.GreenPIDs == nil {
 		j.GreenPIDs = map[string]int{}

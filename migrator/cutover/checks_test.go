@@ -179,6 +179,7 @@ func TestAbortAfterCancel(t *testing.T) {
 	p, _ := validPlan(t)
 	fp, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: 3})
 	r := testRunner(t, p, sock)
+	r.j.FencedAt = time.Now().UTC() // the run fenced
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	rep, err := r.fail(ctx, copyStep{}, ctx.Err())

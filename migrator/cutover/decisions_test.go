@@ -118,6 +118,7 @@ func newDecisionWorld(t *testing.T, resume bool, fail string, switched bool) *de
 			r.j.GreenPIDs["g0"], r.j.GreenPIDs["apiserver"] = 101, 102
 			switch {
 			case name == StepFence:
+				r.j.FencedAt = time.Now().UTC() // write-ahead, as the real step does
 				_, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true})
 				return "", err
 			case name == StepSwitch && (name != fail || switched):
@@ -326,6 +327,8 @@ func TestAbortDecisions(t *testing.T) {
 		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "already sends requests to green", nil},
 		{"after the switch is journaled", true, []StepRecord{{Step: StepSwitch, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}, StateRunning, "switched to green at 2026-01-02T03:04:05Z", nil},
 		{"an aborted cutover", false, nil, StateAborted, "nothing to abort", nil},
+		// A fence this run never placed (an operator's, around a rehearsal) stays on.
+		{"a fence not this run's", false, []StepRecord{{Step: StepPreflight}, {Step: StepCopy}}, StateRunning, "", []int{102, 101}},
 		{"a baking cutover", true, nil, StateBaking, "'kubefence cutover rollback' goes back to blue", nil},
 		{"a rolling-back cutover", true, nil, StateRollingBack, "'kubefence cutover rollback --resume'", nil},
 	}
@@ -337,6 +340,9 @@ func TestAbortDecisions(t *testing.T) {
 				w.st.Backend = w.r.p.Green.APIServer.URL
 			}
 			w.r.j = &Journal{ID: "x", State: tc.state, Done: tc.done, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			if slices.ContainsFunc(tc.done, func(s StepRecord) bool { return s.Step == StepFence }) {
+				w.r.j.FencedAt = time.Now().UTC()
+			}
 			rep, err := w.r.abortByOperator(t.Context())
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -345,8 +351,8 @@ func TestAbortDecisions(t *testing.T) {
 				if !w.st.Fenced || len(w.calls) > 0 {
 					t.Errorf("a refused abort changed the proxy: %+v, calls %q", *w.st, w.calls)
 				}
-			} else if err != nil || rep.Result != ResultAborted || w.st.Fenced || w.r.j.State != StateAborted {
-				t.Fatalf("report %+v, err %v, proxy %+v, journal %s", rep, err, *w.st, w.r.j.State)
+			} else if err != nil || rep.Result != ResultAborted || w.st.Fenced != w.r.j.FencedAt.IsZero() || w.r.j.State != StateAborted {
+				t.Fatalf("report %+v, err %v, proxy %+v (want fenced only if the run never fenced), journal %s", rep, err, *w.st, w.r.j.State)
 			}
 			if !slices.Equal(w.stopped, tc.wantStopped) {
 				t.Errorf("stopped %v, want %v", w.stopped, tc.wantStopped)

@@ -25,6 +25,11 @@ const (
 	StateRolledBack  = "rolled-back"
 )
 
+// knownStates are the journal states this kubefence writes; a journal in another was written by
+// a newer one.
+var knownStates = map[string]bool{StateRunning: true, StateDone: true, StateAborted: true, StateBaking: true,
+	StateRollingBack: true, StateRolledBack: true, StateRehearsed: true}
+
 // Journal records a cutover's progress in the state dir. It is written atomically after every
 // finished step, before the next one starts.
 type Journal struct {
@@ -35,6 +40,8 @@ type Journal struct {
 	Started  time.Time `json:"started"`
 	// Done lists finished steps with their duration and results.
 	Done []StepRecord `json:"done"`
+	// Rehearse marks a rehearsal's journal (--rehearse): it is never resumed as a cutover.
+	Rehearse bool `json:"rehearse,omitempty"`
 
 	FencedAt   time.Time `json:"fencedAt,omitzero"`
 	UnfencedAt time.Time `json:"unfencedAt,omitzero"`

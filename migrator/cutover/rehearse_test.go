@@ -70,3 +70,36 @@ func TestRehearsalNamesWhatHostsStarted(t *testing.T) {
 		t.Fatalf("report %+v, %v: want it to name the green apiserver its host started", rep, err)
 	}
 }
+
+// TestStoppedRehearsalIsNotResumed: a rehearsal killed partway leaves a running journal; a
+// --resume of it (or a new run over it) must not go on as a real cutover (fence, switch): it
+// is refused, naming the abort that tears it down.
+func TestStoppedRehearsalIsNotResumed(t *testing.T) {
+	for _, resume := range []bool{true, false} {
+		w := newDecisionWorld(t, resume, "", false)
+		j := &Journal{Version: 1, ID: "x", State: StateRunning, PlanHash: "plan-hash", Rehearse: true, Done: []StepRecord{{Step: StepPreflight}}}
+		if err := j.save(w.r.p.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.r.openJournal(); err == nil || !strings.Contains(err.Error(), "cutover abort") || !strings.Contains(err.Error(), "rehearsal") {
+			t.Errorf("resume %v over a stopped rehearsal: %v; want it refused, naming the abort", resume, err)
+		}
+	}
+}
+
+// TestJournalOfANewerKubefence: a state or version this kubefence does not know is refused, not
+// taken for a finished cutover (set aside, a new one started over a green that may serve).
+func TestJournalOfANewerKubefence(t *testing.T) {
+	for _, j := range []*Journal{
+		{Version: 1, ID: "x", State: "promoting", PlanHash: "plan-hash"},
+		{Version: 2, ID: "y", State: StateAborted, PlanHash: "plan-hash"},
+	} {
+		w := newDecisionWorld(t, false, "", false)
+		if err := j.save(w.r.p.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.r.openJournal(); err == nil || !strings.Contains(err.Error(), "newer kubefence") {
+			t.Errorf("journal %+v: %v; want it refused as a newer kubefence's", j, err)
+		}
+	}
+}

@@ -224,6 +224,10 @@ func (r *runner) openJournal() error {
 		}
 	case err != nil:
 		return err
+	case j.Version > 1 || !knownStates[j.State]:
+		return fmt.Errorf("cutover %s's journal (version %d, state %q) was written by a newer kubefence: use that one", j.ID, j.Version, j.State)
+	case j.State == StateRunning && j.Rehearse:
+		return fmt.Errorf("rehearsal %s stopped partway (last finished step %q): a rehearsal is not resumed, nor run over; 'kubefence cutover abort --plan PLAN' stops what it started, then rehearse again", j.ID, lastStep(j))
 	case j.State == StateRunning && !o.Resume:
 		return fmt.Errorf("%w (id %s, last finished step %q): run again with --resume to continue, or 'kubefence cutover abort' to go back to blue", ErrInProgress, j.ID, lastStep(j))
 	case (j.State == StateRunning || j.State == StateBaking && o.Resume) && j.PlanHash != p.hash:
@@ -248,7 +252,7 @@ func (r *runner) openJournal() error {
 		}
 	}
 	if r.j == nil {
-		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}}
+		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}, Rehearse: o.Rehearse}
 		if err := r.j.save(p.StateDir); err != nil {
 			return fmt.Errorf("write journal: %w", err)
 		}
