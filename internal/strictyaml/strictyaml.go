@@ -2,13 +2,15 @@
 // plan) strictly: a field the target type does not have is an error, not silently dropped, and
 // every error reads "line N: ..." without the yaml library's prefixes.
 //
-// Decode takes the first document of data; later documents are ignored. Lines gives the line of
-// a top-level key or of each item of a top-level sequence, for errors found after decoding.
+// Decode takes one document: a second one (files joined with cat) is an error, not dropped.
+// Lines gives the line of a top-level key or of each item of a top-level sequence, for errors
+// found after decoding.
 package strictyaml
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 
@@ -18,7 +20,8 @@ import (
 // ErrEmpty is returned by Decode for a document with no content.
 var ErrEmpty = errors.New("empty document")
 
-// Decode decodes the first YAML document of data into v, refusing fields v does not have.
+// Decode decodes the one YAML document of data into v, refusing fields v does not have and a
+// second document.
 func Decode(data []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -28,7 +31,14 @@ func Decode(data []byte, v any) error {
 		}
 		return clean(err)
 	}
-	return nil
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err != nil:
+		return clean(err)
+	}
+	return fmt.Errorf("line %d: a second YAML document: give one document (the files were joined?)", next.Line)
 }
 
 // Lines locates the top-level keys of a document, and the items of its top-level sequences.

@@ -21,7 +21,9 @@ func TestDecode(t *testing.T) {
 		want string // substring of the error; "" for success
 	}{
 		{"ok", "name: a\nitems: [x, y]\n", ""},
-		{"first document only", "name: a\n---\nname: b\nother: 1\n", ""},
+		// A second document (files joined with cat) would be dropped without a word.
+		{"two documents", "name: a\n---\nname: b\n", "line 2: a second YAML document"},
+		{"a document end marker", "name: a\n...\n", ""},
 		{"unknown field", "name: a\nitem: [x]\n", "line 2: field item not found"},
 		{"two unknown fields", "nam: a\nitem: [x]\n", "line 1: field nam not found"},
 		{"syntax", "name: a\nitems: [\n", "line 2"},
