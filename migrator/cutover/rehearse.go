@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -263,6 +265,10 @@ func (r *runner) finishRehearsal() (*Report, error) {
 	if err == nil {
 		err = r.removeRestoredDirs()
 	}
+	// Blue's snapshot (Secrets included) goes with green: nothing will use it.
+	if rerr := os.Remove(r.snapshotPath()); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
 	r.j.State = StateRehearsed
 	if serr := r.saveJournal(); serr != nil {
 		err = errors.Join(err, serr)
@@ -272,7 +278,7 @@ func (r *runner) finishRehearsal() (*Report, error) {
 		rep.Result = ResultFailed
 		rep.Next = "tearing green down did not complete: run 'kubefence cutover cleanup --plan …' to stop what is left"
 	} else {
-		rep.Next = "green was torn down (processes stopped, its data dirs removed)" + r.p.leftOnHosts() + "; writes were never fenced. Run the cutover without --rehearse when ready."
+		rep.Next = "green was torn down (processes stopped, its data dirs and blue's snapshot removed)" + r.p.leftOnHosts() + "; writes were never fenced. Run the cutover without --rehearse when ready."
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, err

@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -65,9 +66,31 @@ func TestRehearsalNamesWhatHostsStarted(t *testing.T) {
 	if err := r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
+	// The snapshot of blue (Secrets included) goes with green.
+	if err := os.WriteFile(r.snapshotPath(), []byte("blue"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := r.finishRehearsal()
 	if err != nil || !strings.Contains(rep.Next, "green apiserver https://10.0.0.12:7443, which kubefence does not stop") {
 		t.Fatalf("report %+v, %v: want it to name the green apiserver its host started", rep, err)
+	}
+	if _, err := os.Stat(r.snapshotPath()); !os.IsNotExist(err) {
+		t.Errorf("the rehearsal left blue's snapshot %s (%v)", r.snapshotPath(), err)
+	}
+}
+
+// TestReportBounded: a proxy that accepts and never answers does not hold the report (and the
+// state dir's lock) for ever.
+func TestReportBounded(t *testing.T) {
+	p, _ := validPlan(t)
+	hang := funcProxy{status: func(ctx context.Context) (admin.Status, error) { <-ctx.Done(); return admin.Status{}, ctx.Err() }}
+	r := (&runner{p: p, j: &Journal{ID: "x"}, adm: hang}).forward()
+	done := make(chan struct{})
+	go func() { r.report(ResultFailed, nil); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("report waited more than 20 s for a proxy that does not answer")
 	}
 }
 

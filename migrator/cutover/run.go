@@ -373,11 +373,17 @@ func (r *runner) report(result string, err error) *Report {
 	if err != nil {
 		rep.Error = err.Error()
 	}
-	if st, serr := r.adm.Status(context.Background()); serr == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), reportStatusTimeout)
+	defer cancel()
+	if st, serr := r.adm.Status(ctx); serr == nil {
 		rep.Backend = st.Backend
 	}
 	return rep
 }
+
+// reportStatusTimeout bounds the report's look at the proxies: one that does not answer must not
+// keep the report, and the state dir's lock, for ever.
+const reportStatusTimeout = 10 * time.Second
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
