@@ -43,6 +43,11 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 	case StateRollingBack:
 		return nil, fmt.Errorf("cutover %s is rolling back: finish it with 'kubefence cutover rollback --resume' first", j.ID)
 	}
+	if j.PlanHash != r.p.hash {
+		// Green's processes are found by the command lines the plan gives: an edited plan
+		// finds none of them, and their data dirs would go while they run.
+		return nil, fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): clean up with the plan it ran with", j.ID, r.p.hash, j.PlanHash)
+	}
 	rep := &CleanupReport{ID: j.ID, State: j.State, LeftOnHosts: r.p.startedByHosts()}
 	var err error
 	if rep.Stopped, err = r.stopGreen(); err != nil {

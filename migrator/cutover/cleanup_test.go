@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,7 @@ func TestCleanup(t *testing.T) {
 		wantDirGone         bool
 		hostStarted         bool // green.apiservers holds one its host starts: named, not stopped
 		survivor            int  // a pid that is still running after its stop
+		planHash            string
 	}{
 		{name: "in progress", state: StateRunning, wantErr: "in progress"},
 		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
@@ -30,6 +32,9 @@ func TestCleanup(t *testing.T) {
 		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
 		{name: "aborted, an apiserver its host started", state: StateAborted, marker: "x", wantStopped: []int{101, 102}, hostStarted: true},
 		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
+		// Processes are found by the command lines the plan gives: an edited plan finds none,
+		// and would remove the data dirs of etcds still running.
+		{name: "the plan changed", state: StateAborted, marker: "x", remove: true, planHash: "other-plan", wantErr: "the plan changed"},
 		{name: "an etcd that outlives its stop", state: StateAborted, marker: "x", remove: true, survivor: 101, wantStopped: []int{101, 102}, wantErr: "still running"},
 		{name: "someone else's data dir", state: StateAborted, marker: "other-run", remove: true, wantStopped: []int{101, 102}, wantErr: "not restored by cutover x"},
 	}
@@ -50,7 +55,7 @@ func TestCleanup(t *testing.T) {
 				p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://host2:6443"}}}
 			}
 			var stopped []int
-			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			j := &Journal{ID: "x", State: tc.state, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}, PlanHash: cmp.Or(tc.planHash, p.hash)}
 			running := map[int]bool{101: true, 102: true}
 			procs := fakeProcesses(running, &stopped)
 			if stop := procs.stop; tc.survivor != 0 {
