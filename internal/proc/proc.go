@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,13 +43,30 @@ func Start(argv []string, logPath, who string, attr *syscall.SysProcAttr) (*exec
 
 // Daemon starts a process that outlives kubefence (its own session; output to logPath) and
 // returns its pid. While kubefence runs it reaps the process if it exits; after, init does.
+// A script is refused: it runs as its interpreter, or, once it execs, as another program,
+// never with the command line by which Alive, Find and Stop know it.
 func Daemon(argv []string, logPath, who string) (int, error) {
+	if len(argv) > 0 && isScript(argv[0]) {
+		return 0, fmt.Errorf("%s is a script: its process runs under another command line, by which kubefence could not find, check or stop it; give the program itself (with its flags)", argv[0])
+	}
 	cmd, err := Start(argv, logPath, who, &syscall.SysProcAttr{Setsid: true})
 	if err != nil {
 		return 0, err
 	}
 	go func() { _ = cmd.Wait() }()
 	return cmd.Process.Pid, nil
+}
+
+// isScript says whether path starts with "#!" (the kernel then runs its interpreter).
+func isScript(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, 2)
+	n, _ := io.ReadFull(f, head)
+	return n == 2 && string(head) == "#!"
 }
 
 // Alive reports whether pid runs exactly the command line argv: a recycled pid, or another

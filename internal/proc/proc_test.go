@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -119,5 +120,24 @@ func TestPortFree(t *testing.T) {
 	}
 	if got := HostPort("https://example.com"); got != "example.com:443" {
 		t.Errorf("HostPort = %q", got)
+	}
+}
+
+// TestDaemonRefusesAScript: a script runs as its interpreter (/bin/sh SCRIPT ...), or, once it
+// execs, as another program: never with the command line it was started with, by which Alive,
+// Find and Stop know it. Started, it would be reported gone while it runs, and never stopped.
+func TestDaemonRefusesAScript(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "etcd")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := Daemon([]string{script, "--name", "g0"}, filepath.Join(dir, "log"), "test")
+	if err == nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatal("a script was started")
+	}
+	if !strings.Contains(err.Error(), "is a script") {
+		t.Fatalf("error %v: want it to say the program is a script", err)
 	}
 }
