@@ -175,18 +175,58 @@ func (o *Options) journalPath() string {
 // lockPath is the lock one run of these data dirs holds (next to its journal).
 func (o *Options) lockPath() string { return o.journalPath() + ".lock" }
 
-// lock takes the run's lock: a second upgrade or downgrade of the same data dirs would finish
-// this one's swaps, or remove the dir it is building.
-func (o *Options) lock() (*flock.Lock, error) {
+// runLock is what one run holds: the lock next to its journal and one beside each data dir.
+type runLock struct {
+	journal *flock.Lock
+	dirs    []*flock.Lock
+}
+
+// release releases every lock; removeJournal removes the journal's lock file too (a run refused
+// before it changed anything leaves nothing behind). The data dirs' lock files hold nothing.
+func (l *runLock) release(removeJournal bool) {
+	for _, d := range l.dirs {
+		d.ReleaseRemove()
+	}
+	if removeJournal {
+		l.journal.ReleaseRemove()
+	} else {
+		l.journal.Release()
+	}
+}
+
+// dirLockPath is the lock beside data dir d, whatever the backup dir or the other members named.
+func dirLockPath(d string) string { return filepath.Clean(d) + ".kubefence-lock" }
+
+// lock takes the run's locks: a second upgrade or downgrade of one of these data dirs (with
+// another backup dir, the members in another order, or a subset) would finish this one's swaps,
+// or remove the dir it is building. The data dirs' locks are taken in sorted order.
+func (o *Options) lock() (*runLock, error) {
 	if err := os.MkdirAll(o.BackupDir, 0o700); err != nil {
 		return nil, err
 	}
-	l, err := flock.Take(o.lockPath())
-	var held *flock.HeldError
-	if errors.As(err, &held) {
-		return nil, fmt.Errorf("another kubefence upgrade or downgrade (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
+	l := &runLock{}
+	paths := []string{o.lockPath()}
+	dirs := slices.Sorted(slices.Values(o.DataDirs))
+	for _, d := range dirs {
+		paths = append(paths, dirLockPath(d))
 	}
-	return l, err
+	for i, path := range paths {
+		fl, err := flock.Take(path)
+		if err != nil {
+			l.release(true)
+			var held *flock.HeldError
+			if errors.As(err, &held) {
+				return nil, fmt.Errorf("another kubefence upgrade or downgrade (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
+			}
+			return nil, err
+		}
+		if i == 0 {
+			l.journal = fl
+		} else {
+			l.dirs = append(l.dirs, fl)
+		}
+	}
+	return l, nil
 }
 
 // Run upgrades or downgrades the data dirs to opts.Target, resuming a journaled run that did
@@ -201,13 +241,8 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer func() {
-			if exists(opts.journalPath()) {
-				l.Release()
-			} else { // refused before it changed anything: it leaves nothing behind
-				l.ReleaseRemove()
-			}
-		}()
+		// Refused before it changed anything (no journal), it leaves nothing behind.
+		defer func() { l.release(!exists(opts.journalPath())) }()
 	}
 	for _, d := range opts.DataDirs {
 		if opts.DryRun {

@@ -1,7 +1,9 @@
 package datadir
 
 import (
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -89,4 +91,30 @@ func TestPlanUpgrade(t *testing.T) {
 	writeTree(t, dir, map[string]string{"member/snap/db": "x", VersionFileName: "3.6.16/etcd3"})
 	_, err := plan(t.Context(), OpUpgrade, Options{DataDirs: []string{dir}, Target: mustParseVersion(t, "3.5.35"), BinDir: bin})
 	assertErrContains(t, err, "newer than --target-version", "downgrade")
+}
+
+// TestOneRunPerDataDir: two upgrades of one data dir with other backup dirs (or the members
+// named in another order, or a subset) must not both run: the second would remove the dir the
+// first is building and swap the same dir.
+func TestOneRunPerDataDir(t *testing.T) {
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	first := Options{DataDirs: []string{a, b}, BackupDir: filepath.Join(root, "b1")}
+	l, err := first.lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.release(true)
+	for _, o := range []Options{
+		{DataDirs: []string{a, b}, BackupDir: filepath.Join(root, "b2")},
+		{DataDirs: []string{b, a}, BackupDir: filepath.Join(root, "b1")},
+		{DataDirs: []string{b}, BackupDir: filepath.Join(root, "b3")},
+	} {
+		if l2, err := o.lock(); err == nil || !strings.Contains(err.Error(), "another kubefence upgrade or downgrade") {
+			if err == nil {
+				l2.release(true)
+			}
+			t.Errorf("%v with backups in %s: %v; want it refused while the first runs", o.DataDirs, o.BackupDir, err)
+		}
+	}
 }
