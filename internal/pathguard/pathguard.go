@@ -6,6 +6,7 @@ package pathguard
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,11 +18,17 @@ import (
 // source is caught too, by comparing the identities of output's existing ancestors with the
 // source's. outRole and srcRole name the two in the error ("the output", "the source"), which
 // gives both paths as given and as resolved; callers add what to do.
+//
+// The source's own symlinks count as the source: an output under one as written (src/wal/copy),
+// or where one points (a member's WAL dir on another disk), is inside what a copy of the source
+// reads and follows.
 func CheckApart(outRole, output, srcRole, source string) error {
 	out, src := Resolve(output), Resolve(source)
 	e := &OverlapError{OutputRole: outRole, Output: output, SourceRole: srcRole, Source: source, ResolvedOutput: out, ResolvedSource: src}
 	switch {
-	case within(out, src) || sameDirAbove(out, src):
+	case within(out, src) || sameDirAbove(out, src) || within(absClean(output), absClean(source)):
+		return e
+	case linkedFrom(out, src, e):
 		return e
 	case within(src, out) || sameDirAbove(src, out):
 		e.Holds = true
@@ -36,6 +43,35 @@ type OverlapError struct {
 	ResolvedOutput, ResolvedSource         string
 	// Holds is true when the output holds the source (rather than lying inside it).
 	Holds bool
+	// Link is the source's symlink (and Target where it points) the output lies under, if any.
+	Link, Target string
+}
+
+// absClean is p made absolute and cleaned, symlinks not resolved: the path as written.
+func absClean(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return filepath.Clean(p)
+}
+
+// linkedFrom reports whether out lies where a symlink inside src points (a directory a copy of
+// src follows), and names the link in e.
+func linkedFrom(out, src string, e *OverlapError) bool {
+	found := false
+	_ = filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || found || d.Type()&fs.ModeSymlink == 0 {
+			return nil
+		}
+		if target := Resolve(path); within(out, target) {
+			if st, serr := os.Stat(target); serr == nil && st.IsDir() {
+				found, e.Link, e.Target = true, path, target
+				return filepath.SkipAll
+			}
+		}
+		return nil
+	})
+	return found
 }
 
 func (e *OverlapError) Error() string {
@@ -44,6 +80,9 @@ func (e *OverlapError) Error() string {
 		how = "must not hold"
 	}
 	s := fmt.Sprintf("%s %s %s %s %s", e.OutputRole, e.Output, how, e.SourceRole, e.Source)
+	if e.Link != "" {
+		return s + fmt.Sprintf(" (its symlink %s points to %s, which holds it)", e.Link, e.Target)
+	}
 	if e.ResolvedOutput != filepath.Clean(e.Output) || e.ResolvedSource != filepath.Clean(e.Source) {
 		s += fmt.Sprintf(" (resolved: %s and %s)", e.ResolvedOutput, e.ResolvedSource)
 	}

@@ -7,20 +7,20 @@ import (
 	"testing"
 )
 
-// tree makes, under a temp dir: src/sub, other, link-to-src -> src, link-to-sub -> src/sub,
-// and chdirs there.
+// tree makes, under a temp dir: src/sub, other, waldisk/wal, link-to-src -> src, link-to-sub ->
+// src/sub, src/wal -> waldisk/wal (a member's WAL on another disk), and chdirs there.
 func tree(t *testing.T) string {
 	t.Helper()
 	root, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"src/sub", "other"} {
+	for _, d := range []string{"src/sub", "other", "waldisk/wal"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for link, target := range map[string]string{"link-to-src": "src", "link-to-sub": "src/sub"} {
+	for link, target := range map[string]string{"link-to-src": "src", "link-to-sub": "src/sub", "src/wal": "waldisk/wal"} {
 		if err := os.Symlink(filepath.Join(root, target), filepath.Join(root, link)); err != nil {
 			t.Fatal(err)
 		}
@@ -50,6 +50,11 @@ func TestCheckApart(t *testing.T) {
 		{"dot-dot lexically out of the source", "src/../other/out", "src", ""},
 		{"output holds the source", root, "src", "hold"},
 		{"output holds the source through a symlink", "link-to-src", "src/sub", "hold"},
+		// The source reads what its symlinks point at (a WAL dir elsewhere): an output there, or
+		// reached through such a link, is written into the source.
+		{"inside the source through its own symlink", "src/wal/copy", "src", "inside"},
+		{"where a symlink in the source points", "waldisk/wal/copy", "src", "inside"},
+		{"beside where a symlink in the source points", "waldisk/copy", "src", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := CheckApart("the output", c.output, "the source", c.source)
