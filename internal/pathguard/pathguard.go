@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -171,5 +172,44 @@ func CheckFresh(role, output string) error {
 	if len(entries) > 0 {
 		return fmt.Errorf("%s %s is not empty: refusing to overwrite it (choose a new path, or move it away)", role, output)
 	}
+	if isMountPoint(output) {
+		return fmt.Errorf("%s %s is a mount point: the new directory is built beside it and renamed into its place, which a mount point refuses; give a directory inside it (e.g. %s)", role, output, filepath.Join(output, "data"))
+	}
 	return nil
+}
+
+// isMountPoint reports whether dir is where a filesystem (or a bind mount) is mounted, from
+// /proc/self/mountinfo (its fifth field, with spaces and the like escaped as \ooo).
+func isMountPoint(dir string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	want := Resolve(dir)
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMountPath(f[4]) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

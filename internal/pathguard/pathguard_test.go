@@ -116,3 +116,25 @@ func TestCheckFresh(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFreshMountPoint: an empty mount point cannot be replaced by the dir built beside it
+// (rename: EBUSY, after all the work): it is refused at once, saying what to give instead.
+func TestCheckFreshMountPoint(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount")
+	}
+	dir := t.TempDir()
+	vol, dst := filepath.Join(dir, "volume"), filepath.Join(dir, "data")
+	for _, d := range []string{vol, dst} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bindMount(vol, dst); err != nil {
+		t.Skipf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unmount(dst) })
+	if err := CheckFresh("--output-dir", dst); err == nil || !strings.Contains(err.Error(), "mount point") {
+		t.Fatalf("CheckFresh(an empty mount point) = %v, want it refused as a mount point", err)
+	}
+}
