@@ -1,9 +1,11 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"syscall"
 )
 
 // HostPort returns the host:port of a URL (with the scheme's default port), or "" for a URL
@@ -30,8 +32,13 @@ func PortFree(rawURLs ...string) error {
 			return fmt.Errorf("%q is not a URL", raw)
 		}
 		ln, err := net.Listen("tcp", hp)
-		if err != nil {
+		switch {
+		case errors.Is(err, syscall.EADDRINUSE):
 			return fmt.Errorf("%s is in use (%v)", hp, err)
+		case errors.Is(err, syscall.EADDRNOTAVAIL):
+			return fmt.Errorf("%s cannot be listened on: not an address of this host (%v)", hp, err)
+		case err != nil:
+			return fmt.Errorf("%s cannot be listened on (%v)", hp, err)
 		}
 		ln.Close()
 	}

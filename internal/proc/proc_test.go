@@ -121,6 +121,10 @@ func TestPortFree(t *testing.T) {
 	if got := HostPort("https://example.com"); got != "example.com:443" {
 		t.Errorf("HostPort = %q", got)
 	}
+	// An address this host does not have (TEST-NET-1) is no port in use.
+	if err := PortFree("http://192.0.2.1:2379"); err == nil || strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "not an address of this host") {
+		t.Errorf("an address not of this host: %v", err)
+	}
 }
 
 // TestDaemonRefusesAScript: a script runs as its interpreter (/bin/sh SCRIPT ...), or, once it
