@@ -144,8 +144,10 @@ const catchUpRound = 50 * time.Millisecond
 // catchUpRounds decides, round after round, whether catching up before the fence goes on: a
 // round waits until green applied blue's revision read at its start, so it lasts as long as
 // green needs for the lag it began with. While green gains on blue the rounds get shorter;
-// two rounds in a row no shorter than the shortest so far mean green only keeps pace (or
-// falls behind), and waiting longer would not shrink the drain.
+// two rounds in a row no shorter than the shortest so far, and not clearly shorter than the
+// one before (by gainingBy), mean green only keeps pace (or falls behind), and waiting longer
+// would not shrink the drain. A round clearly shorter than the one before is a gain, however
+// long it still is (a burst of writes after green had caught up).
 type catchUpRounds struct {
 	shortest time.Duration
 	stalls   int
@@ -158,18 +160,27 @@ type catchUpRounds struct {
 
 // next takes a round's duration and says whether to go on.
 func (c *catchUpRounds) next(took time.Duration) (goOn bool) {
+	prev := c.last
 	c.rounds, c.last = c.rounds+1, took
 	if took <= catchUpRound {
 		c.caughtUp = true
 		return false
 	}
-	if c.shortest > 0 && took >= c.shortest {
+	switch {
+	case c.shortest > 0 && took >= c.shortest && float64(took) > gainingBy*float64(prev):
 		c.stalls++
 		return c.stalls < 2
+	case c.shortest > 0 && took >= c.shortest: // shorter than the round before: gaining
+		c.stalls = 0
+		return true
 	}
 	c.shortest, c.stalls = took, 0
 	return true
 }
+
+// gainingBy is how much shorter than the one before a round must be to count as a gain (a
+// tenth shorter): rounds wobbling at one pace do not.
+const gainingBy = 0.9
 
 // String says how the catch-up ended, for the step's detail.
 func (c *catchUpRounds) String() string {

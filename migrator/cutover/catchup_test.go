@@ -137,6 +137,9 @@ func TestCatchUpRounds(t *testing.T) {
 		{"one slower round in a gain", []time.Duration{ms(800), ms(900), ms(400), ms(30)}, 3, true},
 		{"wobbling at one pace", []time.Duration{ms(800), ms(900), ms(850)}, 2, false},
 		{"a stall, then gaining again", []time.Duration{ms(800), ms(900), ms(700), ms(750), ms(300), ms(20)}, 5, true},
+		// A burst of writes after green had caught up: the rounds grow, then shrink again;
+		// green gains, however long the rounds still are next to the first.
+		{"a burst after catching up", []time.Duration{ms(60), ms(10000), ms(8000), ms(5000), ms(2000), ms(600), ms(40)}, 6, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
