@@ -20,6 +20,14 @@ type StatusReport struct {
 	Bake *BakeStatus `json:"bake,omitempty"`
 	// Rollback is the state of the rollback's journal, once one started.
 	Rollback string `json:"rollback,omitempty"`
+	// Rehearsal: the journal is a rehearsal's (never resumed as a cutover).
+	Rehearsal bool `json:"rehearsal,omitempty"`
+	// WindowOpenSince is when the cutover's fence went on, while it has not been lifted: every
+	// proxy holds or refuses writes.
+	WindowOpenSince time.Time `json:"windowOpenSince,omitzero"`
+	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
+	// none does.
+	Runner int `json:"runner"`
 }
 
 // BakeStatus is blue against green during a bake.
@@ -47,7 +55,10 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done}
+	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done, Rehearsal: j.Rehearse, Runner: follower(p.StateDir)}
+	if j.State == StateRunning && !j.FencedAt.IsZero() && j.UnfencedAt.IsZero() {
+		st.WindowOpenSince = j.FencedAt
+	}
 	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil {
 		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))
 	}
@@ -57,7 +68,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	b := &BakeStatus{BakeRecord: *j.Bake}
 	st.Bake = b
 	if j.State == StateBaking || j.State == StateRollingBack {
-		b.Follower = follower(p.StateDir)
+		b.Follower = st.Runner
 		ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 		defer cancel()
 		if err := b.readRevisions(ctx, p); err != nil {

@@ -69,25 +69,56 @@ func (o *cutoverStatusOptions) Run(ctx context.Context) error {
 }
 
 func printCutoverStatus(w io.Writer, st *cutover.StatusReport) {
-	fmt.Fprintf(w, "cutover %s: %s (started %s)\n", st.ID, st.State, st.Started.Format(time.RFC3339))
+	what := ""
+	if st.Rehearsal {
+		what = " (a rehearsal)"
+	}
+	fmt.Fprintf(w, "cutover %s%s: %s (started %s)\n", st.ID, what, st.State, st.Started.Format(time.RFC3339))
 	for _, s := range st.Steps {
 		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
 	}
+	printRunner(w, st)
 	if b := st.Bake; b != nil {
-		fmt.Fprintf(w, "  bake: blue follows green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
-		switch {
-		case b.Error != "":
-			fmt.Fprintf(w, "  revisions: %s\n", b.Error)
-		case b.GreenRevision > 0:
-			fmt.Fprintf(w, "  green at revision %d, blue at %d: lag %d revisions\n", b.GreenRevision, b.BlueRevision, b.LagRevisions)
-		}
-		if st.State == cutover.StateBaking && b.Follower == 0 {
-			fmt.Fprintln(w, "  WARNING: no process keeps blue in step: run 'kubefence cutover --resume --plan PLAN' (blue's leases are not kept alive meanwhile)")
-		} else if b.Follower > 0 {
-			fmt.Fprintf(w, "  kept in step by pid %d\n", b.Follower)
-		}
+		printBake(w, st.State, b)
 	}
 	if st.Rollback != "" {
 		fmt.Fprintf(w, "  rollback: %s\n", st.Rollback)
+	}
+}
+
+// printRunner says who runs the cutover, and what to do when no one does while it needs it.
+func printRunner(w io.Writer, st *cutover.StatusReport) {
+	if !st.WindowOpenSince.IsZero() {
+		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
+	}
+	switch {
+	case st.Runner > 0:
+		fmt.Fprintf(w, "  run by pid %d\n", st.Runner)
+	case st.State == cutover.StateRunning && !st.WindowOpenSince.IsZero():
+		fmt.Fprintln(w, "  WARNING: no process runs this cutover: run 'kubefence cutover --resume --plan PLAN' to finish the window, or 'kubefence cutover abort --plan PLAN' to go back to blue, now")
+	case st.State == cutover.StateRunning && st.Rehearsal:
+		fmt.Fprintln(w, "  no process runs this rehearsal: 'kubefence cutover abort --plan PLAN' stops what it started")
+	case st.State == cutover.StateRunning:
+		fmt.Fprintln(w, "  no process runs this cutover: 'kubefence cutover --resume --plan PLAN' continues it, 'kubefence cutover abort --plan PLAN' goes back to blue")
+	case st.State == cutover.StateRollingBack:
+		fmt.Fprintln(w, "  WARNING: no process runs the rollback: run 'kubefence cutover rollback --resume --plan PLAN'")
+	}
+}
+
+// printBake says where blue stands against green in a bake, and whether anything keeps it so.
+func printBake(w io.Writer, state string, b *cutover.BakeStatus) {
+	if state != cutover.StateBaking && state != cutover.StateRollingBack {
+		fmt.Fprintf(w, "  bake: blue followed green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
+		return
+	}
+	fmt.Fprintf(w, "  bake: blue follows green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
+	switch {
+	case b.Error != "":
+		fmt.Fprintf(w, "  revisions: %s\n", b.Error)
+	case b.GreenRevision > 0:
+		fmt.Fprintf(w, "  green at revision %d, blue at %d: lag %d revisions\n", b.GreenRevision, b.BlueRevision, b.LagRevisions)
+	}
+	if state == cutover.StateBaking && b.Follower == 0 {
+		fmt.Fprintln(w, "  WARNING: no process keeps blue in step: run 'kubefence cutover --resume --plan PLAN' (blue's leases are not kept alive meanwhile)")
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
@@ -99,6 +101,43 @@ func TestDetectWithBuffers(t *testing.T) {
 			var dets []datadir.Detection
 			if err := json.Unmarshal(out.Bytes(), &dets); err != nil || len(dets) != 1 || dets[0].DataDir != good || dets[0].Version.String() != "3.5.9" {
 				t.Errorf("stdout %q (%v), want the one detection of %s", &out, err, good)
+			}
+		})
+	}
+}
+
+// TestCutoverStatusSaysWhatNeedsDoing: status of a cutover killed inside its window says writes
+// are fenced and that no process runs it; of a finished bake, that blue no longer follows.
+func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
+	fenced := time.Date(2026, 11, 26, 3, 0, 0, 0, time.UTC)
+	cases := []struct {
+		name string
+		st   cutover.StatusReport
+		want []string
+		not  []string
+	}{
+		{"an open window, no process", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced},
+			[]string{"WRITES FENCED since 2026-11-26T03:00:00Z", "no process runs this cutover", "--resume", "cutover abort"}, nil},
+		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
+			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
+		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
+			[]string{"no process runs the rollback", "rollback --resume"}, nil},
+		{"a finished bake", cutover.StatusReport{ID: "x", State: cutover.StateDone, Bake: &cutover.BakeStatus{BakeRecord: cutover.BakeRecord{Revision: 7}}},
+			[]string{"bake: blue followed green from revision 7"}, []string{"blue follows green"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			printCutoverStatus(&b, &tc.st)
+			for _, w := range tc.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("status %q lacks %q", b.String(), w)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(b.String(), w) {
+					t.Errorf("status %q says %q", b.String(), w)
+				}
 			}
 		})
 	}

@@ -1,0 +1,37 @@
+package cutover
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+// TestStatusOfAnOpenWindow: a cutover killed inside its window leaves every proxy holding
+// writes with no process running it; status says the window is open since when, and that no
+// process runs the cutover, instead of a plain "running".
+func TestStatusOfAnOpenWindow(t *testing.T) {
+	p := replicatePlan(t)
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fenced := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+	j := &Journal{Version: 1, ID: "x", State: StateRunning, FencedAt: fenced, Rehearse: false,
+		Done: []StepRecord{{Step: StepPreflight}, {Step: StepVerify}}}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Status(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.WindowOpenSince.Equal(fenced) || st.Runner != 0 {
+		t.Fatalf("status %+v: want the window open since %s and no process running the cutover", st, fenced)
+	}
+	j.UnfencedAt = fenced.Add(time.Second)
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := Status(t.Context(), p); err != nil || !st.WindowOpenSince.IsZero() {
+		t.Fatalf("status %+v, %v: the window closed, want no open window", st, err)
+	}
+}
