@@ -184,7 +184,8 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if r.inWindow() {
+	inWindow := r.windowOpen(ctx)
+	if inWindow {
 		// Inside the window (a resume after the process that ran it died): its budget bounds
 		// this too, so that a spent one aborts to blue at once, not after the check's own time.
 		var wcancel context.CancelFunc
@@ -195,7 +196,7 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	rev, err := replicate.Tip(tctx, src, dst)
 	err = replicate.Rename(err, r.from.name, r.to.name)
 	cancel()
-	if err != nil && r.inWindow() && ctx.Err() != nil {
+	if err != nil && inWindow && ctx.Err() != nil {
 		err = fmt.Errorf("%w (the window's budget, timeouts.window %s from the fence at %s, is spent)", err, r.p.Timeouts.Window.D(), r.j.FencedAt.Format(time.RFC3339))
 	}
 	if err != nil {

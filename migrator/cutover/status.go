@@ -23,8 +23,10 @@ type StatusReport struct {
 	// Rehearsal: the journal is a rehearsal's (never resumed as a cutover).
 	Rehearsal bool `json:"rehearsal,omitempty"`
 	// WindowOpenSince is when the cutover's fence went on, while it has not been lifted: every
-	// proxy holds or refuses writes.
+	// proxy holds or refuses writes. FenceStartedAt is when it was being turned on when the run
+	// stopped (the fence step not done): the proxies may or may not hold it.
 	WindowOpenSince time.Time `json:"windowOpenSince,omitzero"`
+	FenceStartedAt  time.Time `json:"fenceStartedAt,omitzero"`
 	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
 	// none does.
 	Runner int `json:"runner"`
@@ -57,7 +59,11 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	}
 	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done, Rehearsal: j.Rehearse, Runner: follower(p.StateDir)}
 	if j.State == StateRunning && !j.FencedAt.IsZero() && j.UnfencedAt.IsZero() {
-		st.WindowOpenSince = j.FencedAt
+		if j.done(StepFence) {
+			st.WindowOpenSince = j.FencedAt
+		} else {
+			st.FenceStartedAt = j.FencedAt
+		}
 	}
 	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil {
 		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))

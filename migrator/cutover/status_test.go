@@ -20,6 +20,14 @@ func TestStatusOfAnOpenWindow(t *testing.T) {
 	if err := j.save(p.StateDir); err != nil {
 		t.Fatal(err)
 	}
+	// Journaled before it is sent: the fence step not done, the proxies may not hold it.
+	if st, err := Status(t.Context(), p); err != nil || !st.WindowOpenSince.IsZero() || !st.FenceStartedAt.Equal(fenced) {
+		t.Fatalf("status %+v, %v: want the fence as being turned on at %s, not a window open", st, err, fenced)
+	}
+	j.Done = append(j.Done, StepRecord{Step: StepFence})
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
 	st, err := Status(t.Context(), p)
 	if err != nil {
 		t.Fatal(err)

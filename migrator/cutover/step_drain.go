@@ -14,9 +14,21 @@ func (r *runner) windowContext(ctx context.Context) (context.Context, context.Ca
 	return context.WithDeadline(ctx, r.j.FencedAt.Add(r.p.Timeouts.Window.D()))
 }
 
-// inWindow: this run's fence is journaled and its unfence is not (a bake's journal holds the
-// window it baked after, long closed).
-func (r *runner) inWindow() bool { return !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() }
+// windowOpen says whether this run's window is open: its fence is journaled and its unfence is
+// not (a bake's journal holds the window it baked after, long closed), and the fence step is
+// done or the proxies hold a fence. The fence is journaled before it is sent: a run that died
+// before sending it, or one someone lifted by hand, has no window open, and the fence step
+// starts one afresh. Proxies that cannot be asked count as fenced.
+func (r *runner) windowOpen(ctx context.Context) bool {
+	if r.j.FencedAt.IsZero() || !r.j.UnfencedAt.IsZero() {
+		return false
+	}
+	if r.j.done(StepFence) {
+		return true
+	}
+	st, err := r.adm.Status(ctx)
+	return err != nil || st.Fenced
+}
 
 // drainStep (mode replicate, fenced) waits until green has applied blue's current revision and
 // is at blue's revision.

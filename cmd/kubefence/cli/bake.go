@@ -91,10 +91,13 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 	if !st.WindowOpenSince.IsZero() {
 		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	}
+	if !st.FenceStartedAt.IsZero() {
+		fmt.Fprintf(w, "  the fence was being turned on at %s: 'kubefence fence status' shows whether the proxies hold it\n", st.FenceStartedAt.Format(time.RFC3339))
+	}
 	switch {
 	case st.Runner > 0:
 		fmt.Fprintf(w, "  run by pid %d\n", st.Runner)
-	case st.State == cutover.StateRunning && !st.WindowOpenSince.IsZero():
+	case st.State == cutover.StateRunning && (!st.WindowOpenSince.IsZero() || !st.FenceStartedAt.IsZero()):
 		fmt.Fprintln(w, "  WARNING: no process runs this cutover: run 'kubefence cutover --resume --plan PLAN' to finish the window, or 'kubefence cutover abort --plan PLAN' to go back to blue, now")
 	case st.State == cutover.StateRunning && st.Rehearsal:
 		fmt.Fprintln(w, "  no process runs this rehearsal: 'kubefence cutover abort --plan PLAN' stops what it started")
