@@ -31,14 +31,30 @@ func Decode(data []byte, v any) error {
 		}
 		return clean(err)
 	}
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case errors.Is(err, io.EOF):
-		return nil
-	case err != nil:
-		return clean(err)
+	for {
+		var next yaml.Node
+		switch err := dec.Decode(&next); {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return clean(err)
+		case !emptyDocument(&next):
+			return fmt.Errorf("line %d: a second YAML document: give one document (the files were joined?)", next.Line)
+		}
 	}
-	return fmt.Errorf("line %d: a second YAML document: give one document (the files were joined?)", next.Line)
+}
+
+// emptyDocument says whether n holds nothing: what a trailing "---" (or one before a comment)
+// decodes to.
+func emptyDocument(n *yaml.Node) bool {
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	switch {
+	case n.Kind == 0, n.Kind == yaml.DocumentNode && len(n.Content) == 0:
+		return true
+	}
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
 }
 
 // Lines locates the top-level keys of a document, and the items of its top-level sequences.

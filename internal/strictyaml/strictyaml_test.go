@@ -24,6 +24,9 @@ func TestDecode(t *testing.T) {
 		// A second document (files joined with cat) would be dropped without a word.
 		{"two documents", "name: a\n---\nname: b\n", "line 2: a second YAML document"},
 		{"a document end marker", "name: a\n...\n", ""},
+		// A trailing separator (or an empty document after it) is no second document.
+		{"a trailing separator", "name: a\n---\n", ""},
+		{"an empty document after it", "name: a\n---\n# nothing\n---\n", ""},
 		{"unknown field", "name: a\nitem: [x]\n", "line 2: field item not found"},
 		{"two unknown fields", "nam: a\nitem: [x]\n", "line 1: field nam not found"},
 		{"syntax", "name: a\nitems: [\n", "line 2"},
