@@ -304,6 +304,7 @@ func describeInflight(r admin.InflightWrite) string {
 type fenceOffOptions struct {
 	adminOptions
 	expectBackend string
+	eachOwn       bool
 }
 
 func newFenceOffCommand(g *globals) *cobra.Command {
@@ -315,12 +316,26 @@ func newFenceOffCommand(g *globals) *cobra.Command {
 one on another stays fenced and the command fails naming it. Without it, several proxies must
 be on one backend: the command reads their backends first and, if they differ (a switch that
 reached only some of them), opens none and names each proxy's backend; if they agree, each
-proxy opens only if it is still on that backend when the fence off reaches it.`,
+proxy opens only if it is still on that backend when the fence off reaches it. In an HA control
+plane each proxy stands in front of its own node's apiserver: check each is on the side writes
+must go to ('kubefence fence status'), then pass --each-own-backend, which opens each proxy only
+if it is still on the backend read for it.`,
 		Args: args(cobra.NoArgs),
 	}, o,
 		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then fails the command")
 	cmd.Flags().StringVar(&o.expectBackend, "expect-backend", "", "open writes only on a proxy whose backend is this URL; a proxy on another stays fenced and the command fails naming it")
+	cmd.Flags().BoolVar(&o.eachOwn, "each-own-backend", false, "several proxies, each in front of its own apiserver (an HA control plane): do not require one backend; each opens only if still on the backend read for it")
 	return cmd
+}
+
+func (o *fenceOffOptions) Validate() error {
+	if err := o.adminOptions.Validate(); err != nil {
+		return err
+	}
+	if o.eachOwn && o.expectBackend != "" {
+		return UsageErrorf("--each-own-backend and --expect-backend do not go together: the first expects each proxy's own backend, the second one URL for all")
+	}
+	return nil
 }
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
@@ -352,7 +367,7 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 	})
 	var on []string
 	var backend string
-	backends, old := map[string]bool{}, map[*admin.Client]bool{}
+	backends, own, old := map[string]bool{}, map[*admin.Client]string{}, map[*admin.Client]bool{}
 	for i, r := range res {
 		if r.Err != nil {
 			continue // its fence off below expects the others' backend, and most likely fails too
@@ -360,19 +375,23 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 		on = append(on, fmt.Sprintf("%s is on %s", r.Proxy, r.Value.Backend))
 		backend = strings.TrimSuffix(r.Value.Backend, "/")
 		backends[backend] = true
-		old[o.proxies[i].Client] = r.Value.APILevel < 1
+		own[o.proxies[i].Client] = backend
+		old[o.proxies[i].Client] = r.Value.APILevel < 1 // it knows no expectBackend, and would refuse it
 	}
 	switch {
 	case len(backends) == 0:
 		return nil, fmt.Errorf("fence off: could not read any proxy's backend, so writes stay fenced: %w", err)
-	case len(backends) > 1:
-		return nil, fmt.Errorf("fence off refused, writes stay fenced: the proxies are on different backends (%s); switch them to one with 'kubefence backend set URL', or open only those on the backend writes must go to with --expect-backend URL", strings.Join(on, ", "))
+	case len(backends) > 1 && !o.eachOwn:
+		return nil, fmt.Errorf("fence off refused, writes stay fenced: the proxies are on different backends (%s); switch them to one with 'kubefence backend set URL', or open only those on the backend writes must go to with --expect-backend URL. If each proxy stands in front of its own apiserver (an HA control plane) and each is on the side writes must go to, pass --each-own-backend", strings.Join(on, ", "))
 	}
 	return func(c *admin.Client) string {
-		if old[c] {
+		switch b, read := own[c]; {
+		case old[c]:
 			return ""
+		case o.eachOwn && read:
+			return b
 		}
-		return backend
+		return backend // one not read expects another's backend, and most likely fails too
 	}, nil
 }
 

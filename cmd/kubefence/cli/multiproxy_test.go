@@ -123,3 +123,24 @@ func TestFenceOffRefusesDisagreeingProxies(t *testing.T) {
 		t.Fatalf("fence off, proxies on one backend = %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestFenceOffEachOwnBackend: in an HA control plane each proxy stands in front of its own
+// node's apiserver, so their backends always differ: --each-own-backend opens each on the
+// backend it is on when read, and the refusal without it says so.
+func TestFenceOffEachOwnBackend(t *testing.T) {
+	node1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer node1.Close()
+	node2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	defer node2.Close()
+	a, b := startTestProxy(t, node1.URL), startTestProxy(t, node2.URL)
+	both := []string{"--admin-socket", a.AdminSocket(), "--admin-socket", b.AdminSocket()}
+	if code, out, errOut := runCLI(append([]string{"fence", "on"}, both...)...); code != 0 {
+		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := runCLI(append([]string{"fence", "off"}, both...)...); code != ExitFailure || !strings.Contains(errOut, "--each-own-backend") {
+		t.Fatalf("fence off of proxies on their own backends = %d, stderr %q: want refused, naming --each-own-backend", code, errOut)
+	}
+	if code, out, errOut := runCLI(append([]string{"fence", "off", "--each-own-backend"}, both...)...); code != 0 || a.Status().Fenced || b.Status().Fenced {
+		t.Fatalf("fence off --each-own-backend = %d (fenced: %v, %v)\n%s%s", code, a.Status().Fenced, b.Status().Fenced, out, errOut)
+	}
+}
