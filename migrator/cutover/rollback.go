@@ -100,7 +100,7 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 	r := &runner{o: o, p: p, adm: g, procs: osProcesses, steps: rollbackSteps, main: main,
 		from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback"),
 		noPickup:    "blue no longer follows green exactly, so going back would lose writes: green keeps serving; end the bake with 'kubefence cutover finish'",
-		retryPickup: "this is not known to be lasting: once both etcds answer, run 'kubefence cutover rollback --resume' (it checks that blue is still green change for change)"}
+		retryPickup: "this is not known to be lasting: once both etcds answer, try the rollback again as the next step says (it checks that blue is still green change for change)"}
 	if r.j, err = openRollbackJournal(r.journalDir, main, o.Resume); err != nil {
 		return nil, err
 	}

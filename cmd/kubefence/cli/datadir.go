@@ -312,9 +312,9 @@ func (o *lifecycleOptions) Validate() error {
 		return UsageErrorf("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
 	case o.target == "":
 		return UsageErrorf("--target-version is required (e.g. 3.6.16)")
-	case o.opts.BinDir == "":
-		return UsageErrorf("--bin-dir is required: a dir holding etcd-<version> binaries, one per minor the data dirs step through")
 	}
+	// --bin-dir is not required here: a resumed run takes the binaries its journal names, and
+	// data already at the target needs none; the plan says when one is missing.
 	return nil
 }
 
