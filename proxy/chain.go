@@ -33,7 +33,9 @@ type reqState struct {
 	attrs   policy.Attributes
 	backend *backend
 	stream  *stream // for watches and upgrades
-	writeID uint64  // the request's registration as an in-flight write, or 0
+	// answeredBy ends the write's registration as in flight once the backend answered
+	// (committed) it: a client slow to read the answer must not hold the barrier or the switch.
+	answeredBy func()
 	// answered says why the proxy answered the request itself (decision* below); "" is
 	// forwarded.
 	answered string

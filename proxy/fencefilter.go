@@ -58,8 +58,8 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			}
 			return
 		}
-		st.writeID = id
-		defer g.inflight.remove(id)
+		st.answeredBy = func() { g.inflight.remove(id) }
+		defer g.inflight.remove(id) // no answer at all: the backend failed, or the proxy did
 		// From here the write's fate on the backend does not depend on the client: a client that
 		// goes away must not end the registration before the backend has answered (invariant barrier).
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))

@@ -635,3 +635,36 @@ func TestFailedFenceOnKeepsTheReason(t *testing.T) {
 		t.Fatalf("write after the failed fence on = %d %q, want 429 with reason-A only", resp.StatusCode, body)
 	}
 }
+
+// TestBarrierEndsWhenTheBackendAnswers: a write admitted before the fence is done once the
+// backend answered it (committed), not once its client has read the whole answer: a client that
+// never reads must not hold the barrier, nor keep the switch refused.
+func TestBarrierEndsWhenTheBackendAnswers(t *testing.T) {
+	big := strings.Repeat("x", 16<<20) // past every socket buffer on the way
+	answered := make(chan struct{}, 1)
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			w.WriteHeader(http.StatusOK)
+			answered <- struct{}{}
+			_, _ = io.WriteString(w, big)
+		}
+	}))
+	green := newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = append(o.AllowedBackends, green.URL) })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blue.Close()
+	defer conn.Close() // before blue.Close, which waits for the handler still writing
+	body := "{}"
+	fmt.Fprintf(conn, "PUT /api/v1/namespaces/default/configmaps/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	<-answered // and the client reads nothing
+	waitFor(t, func() bool { return p.Status().InflightWrites == 0 })
+	if fr := fenceOn(t, p, 2*time.Second); !fr.Barrier.Complete {
+		t.Fatalf("barrier %+v: a write its backend answered still counts, because its client does not read", fr.Barrier)
+	}
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatalf("switch with a slow reader of a finished write: %v", err)
+	}
+}

@@ -230,7 +230,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		w.WriteHeader(499) // nobody reads it: the client is gone
 	case holdReleased:
 		hd.q.released.Add(1)
-		st.writeID = id
+		st.answeredBy = func() { g.inflight.remove(id) }
 		defer g.inflight.remove(id)
 		defer func() { <-hd.release }() // the slot awaitRelease took, before passing the turn on
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
