@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -44,13 +45,18 @@ type resumeInfo struct {
 func (w *watchBody) enableResume(ri *resumeInfo) {
 	q := ri.req.URL.Query()
 	w.resume = ri
-	start, initial := q.Get("resourceVersion"), q.Get("sendInitialEvents")
-	w.rv = &rvTracker{fr: w.fr, start: start, initialPending: initial == "true",
-		unanchored: initial == "" && (start == "" || start == "0")}
+	start := q.Get("resourceVersion")
+	_, asked := q["sendInitialEvents"]
+	w.rv = &rvTracker{fr: w.fr, start: start, initialPending: asked && truthy(q.Get("sendInitialEvents")),
+		unanchored: !asked && (start == "" || start == "0")}
 	if ri.req.ContentLength != 0 {
 		w.rv.broken = true // a watch with a body is not one the proxy can re-issue
 	}
 }
+
+// truthy reads a boolean query parameter as kube-apiserver does: anything but "0" or "false"
+// (any case), the empty value included, is true.
+func truthy(v string) bool { return v != "0" && !strings.EqualFold(v, "false") }
 
 func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
 
@@ -252,8 +258,13 @@ func (t *rvTracker) from() (string, bool) {
 			return "", false
 		}
 	}
-	if t.rv != "" {
+	switch {
+	case t.rv != "":
 		return t.rv, true
+	case t.start == "" || t.start == "0":
+		// Asked from "now" (sendInitialEvents=false) and no event came: no revision to go on
+		// from; "now" on the new backend could miss what happened in between.
+		return "", false
 	}
 	return t.start, true
 }
@@ -266,6 +277,8 @@ func (t *rvTracker) why() string {
 		return "its initial events (sendInitialEvents) are not all delivered"
 	case t.unanchored:
 		return "it started without a resourceVersion (or at 0): its first events are the state, at their objects' own resourceVersions"
+	case t.rv == "" && (t.start == "" || t.start == "0"):
+		return "it asked for events from now (no initial events) and none came yet: no revision to go on from"
 	}
 	return ""
 }

@@ -368,6 +368,12 @@ func TestWatchNotResumable(t *testing.T) {
 		// synthetic ADDED events, each at its object's own resourceVersion, in key order.
 		{name: "started without a resourceVersion", events: []testEvent{{"ADDED", "a", "10"}, {"ADDED", "b", "3"}}},
 		{name: "started at resourceVersion 0", query: "resourceVersion=0", events: []testEvent{{"ADDED", "a", "10"}, {"ADDED", "b", "3"}}},
+		// No initial events, from "now": until an event came there is no revision to resume
+		// from; the resource version asked for is none.
+		{name: "sendInitialEvents=false from now, nothing delivered", query: "sendInitialEvents=false&resourceVersionMatch=NotOlderThan&resourceVersion=0"},
+		// The apiserver takes any value but 0 or false as true.
+		{name: "sendInitialEvents=1, initial events pending", query: "sendInitialEvents=1&resourceVersionMatch=NotOlderThan&resourceVersion=5",
+			events: []testEvent{{"ADDED", "a", "3"}}},
 		{name: "green answers 410", query: "resourceVersion=5", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusGone, wantGreen: 1},
 		{name: "green answers 500", query: "resourceVersion=5", events: []testEvent{{"ADDED", "a", "10"}}, greenStatus: http.StatusInternalServerError, wantGreen: 1},
 		{name: "initial events done, green fails", query: "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
