@@ -320,10 +320,11 @@ func (t *rvTracker) observe(b []byte, ends []int) {
 			t.last = append(t.last[:0], ev...)
 		}
 	}
-	t.cur = append(t.cur[:0], b[ends[len(ends)-1]:]...)
-	if cap(t.cur) > 1<<20 && len(t.cur) == 0 {
+	rest := b[ends[len(ends)-1]:]
+	if cap(t.cur) > maxKeptEvent {
 		t.cur = nil // do not keep a large event's buffer for the life of the watch
 	}
+	t.cur = append(t.cur[:0], rest...)
 }
 
 // take parses one event and moves rv to it.

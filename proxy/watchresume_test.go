@@ -584,3 +584,23 @@ func TestWatchResumeEndsOnExpired(t *testing.T) {
 		}
 	}
 }
+
+// TestRVTrackerKeepsLittle: an event larger than what the tracker keeps, arriving over many
+// reads, is not kept for the watch's life once it has passed: thousands of watches on one
+// large object would otherwise hold a copy each.
+func TestRVTrackerKeepsLittle(t *testing.T) {
+	big := `{"type":"MODIFIED","object":{"metadata":{"name":"n","resourceVersion":"41"},"data":{"x":"` + strings.Repeat("x", 800<<10) + `"}}}` + "\n"
+	next := `{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"42"}}}` + "\n"
+	w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
+	w.rv = &rvTracker{fr: framingJSON, start: "5"}
+	for i := 0; i < len(big); i += 16 << 10 {
+		w.advance([]byte(big[i:min(i+16<<10, len(big))]))
+	}
+	w.advance([]byte(next))
+	if c := cap(w.rv.cur) + cap(w.rv.last); c > 2*maxKeptEvent {
+		t.Fatalf("the tracker keeps %d bytes after an %d-byte event passed, want at most %d", c, len(big), 2*maxKeptEvent)
+	}
+	if rv, ok := w.rv.from(); rv != "42" || !ok {
+		t.Fatalf("from() = %q, %v", rv, ok)
+	}
+}
