@@ -70,25 +70,32 @@ func (q *holdQueue) enter(size int64, now time.Time) (*heldWrite, error) {
 
 // leave frees the write's place and passes the turn on, once the write before it has had its
 // own: one that leaves before its turn (timed out, client gone) must not let the writes behind
-// it, or one arriving after it, pass the writes before it. Calling it again is harmless.
+// it, or one arriving after it, pass the writes before it. Until then it keeps its place in the
+// totals (within the hold timeout every write before it leaves too), so that writes abandoned
+// behind a held one cannot grow past them. Calling it again is harmless.
 func (h *heldWrite) leave() {
 	h.once.Do(func() {
-		q := h.q
-		q.mu.Lock()
-		q.count--
-		q.bytes -= h.size
-		q.mu.Unlock()
 		if h.prev == nil {
-			close(h.turn)
+			h.pass()
 			return
 		}
 		select {
 		case <-h.prev:
-			close(h.turn)
-		default: // within the hold timeout every write before it leaves too
-			go func() { <-h.prev; close(h.turn) }()
+			h.pass()
+		default:
+			go func() { <-h.prev; h.pass() }()
 		}
 	})
+}
+
+// pass frees the write's place and gives the turn to the write after it.
+func (h *heldWrite) pass() {
+	q := h.q
+	q.mu.Lock()
+	q.count--
+	q.bytes -= h.size
+	q.mu.Unlock()
+	close(h.turn)
 }
 
 // stats returns the writes and bytes held now.

@@ -205,3 +205,29 @@ func TestHoldLeaverKeepsTheOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestAbandonedWritesStayCounted: a held write whose client leaves before its turn waits for the
+// writes before it to pass the turn on; until then it keeps its place in the totals, so a client
+// that opens and abandons writes behind a held head cannot grow the proxy past
+// --max-held-requests. Once the head leaves, every place is freed.
+func TestAbandonedWritesStayCounted(t *testing.T) {
+	q := &holdQueue{maxCount: 3, maxBytes: 1 << 20}
+	head, err := q.enter(1, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := 0
+	for range 10 {
+		h, err := q.enter(1, time.Now())
+		if err != nil {
+			break
+		}
+		accepted++
+		h.leave() // its client went away, its turn not come
+	}
+	if accepted != 2 {
+		t.Fatalf("%d abandoned writes taken behind the held head, want 2 (--max-held-requests 3)", accepted)
+	}
+	head.leave()
+	waitFor(t, func() bool { c, b := q.stats(); return c == 0 && b == 0 })
+}
