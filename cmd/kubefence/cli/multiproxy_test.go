@@ -85,15 +85,8 @@ func TestSeveralProxies(t *testing.T) {
 // to two etcds. It names each proxy's backend; with --expect-backend only the proxy on that
 // backend opens.
 func TestFenceOffRefusesDisagreeingProxies(t *testing.T) {
-	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
-	defer blue.Close()
-	green := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
-	defer green.Close()
-	a, b := startTestProxy(t, blue.URL), startTestProxy(t, blue.URL)
-	both := []string{"--admin-socket", a.AdminSocket(), "--admin-socket", b.AdminSocket()}
-	if code, out, errOut := runCLI(append([]string{"fence", "on"}, both...)...); code != 0 {
-		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
-	}
+	blue, green := emptyAPI(t), emptyAPI(t)
+	a, b, both := twoFencedProxies(t, blue.URL, blue.URL)
 	if code, out, errOut := runCLI("backend", "set", green.URL, "--admin-socket", a.AdminSocket()); code != 0 {
 		t.Fatalf("backend set on one proxy = %d\n%s%s", code, out, errOut)
 	}
@@ -128,19 +121,31 @@ func TestFenceOffRefusesDisagreeingProxies(t *testing.T) {
 // node's apiserver, so their backends always differ: --each-own-backend opens each on the
 // backend it is on when read, and the refusal without it says so.
 func TestFenceOffEachOwnBackend(t *testing.T) {
-	node1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
-	defer node1.Close()
-	node2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
-	defer node2.Close()
-	a, b := startTestProxy(t, node1.URL), startTestProxy(t, node2.URL)
-	both := []string{"--admin-socket", a.AdminSocket(), "--admin-socket", b.AdminSocket()}
-	if code, out, errOut := runCLI(append([]string{"fence", "on"}, both...)...); code != 0 {
-		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
-	}
+	a, b, both := twoFencedProxies(t, emptyAPI(t).URL, emptyAPI(t).URL)
 	if code, _, errOut := runCLI(append([]string{"fence", "off"}, both...)...); code != ExitFailure || !strings.Contains(errOut, "--each-own-backend") {
 		t.Fatalf("fence off of proxies on their own backends = %d, stderr %q: want refused, naming --each-own-backend", code, errOut)
 	}
 	if code, out, errOut := runCLI(append([]string{"fence", "off", "--each-own-backend"}, both...)...); code != 0 || a.Status().Fenced || b.Status().Fenced {
 		t.Fatalf("fence off --each-own-backend = %d (fenced: %v, %v)\n%s%s", code, a.Status().Fenced, b.Status().Fenced, out, errOut)
 	}
+}
+
+// emptyAPI is a backend answering {} to everything, closed at the end of the test.
+func emptyAPI(t *testing.T) *httptest.Server {
+	t.Helper()
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }))
+	t.Cleanup(api.Close)
+	return api
+}
+
+// twoFencedProxies starts two proxies on backends a and b and fences both with the CLI; both
+// are the flags naming them.
+func twoFencedProxies(t *testing.T, backendA, backendB string) (a, b *proxy.Server, both []string) {
+	t.Helper()
+	a, b = startTestProxy(t, backendA), startTestProxy(t, backendB)
+	both = []string{"--admin-socket", a.AdminSocket(), "--admin-socket", b.AdminSocket()}
+	if code, out, errOut := runCLI(append([]string{"fence", "on"}, both...)...); code != 0 {
+		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
+	}
+	return a, b, both
 }
