@@ -237,9 +237,12 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		w.WriteHeader(499) // nobody reads it: the client is gone
 	case holdReleased:
 		hd.q.released.Add(1)
-		st.answeredBy = func() { g.inflight.remove(id) }
-		defer g.inflight.remove(id)
-		defer func() { <-hd.release }() // the slot awaitRelease took, before passing the turn on
+		// The registration and the release slot awaitRelease took end when the backend answers
+		// (or fails): a client slow to read its answer holds neither.
+		var once sync.Once
+		done := func() { once.Do(func() { g.inflight.remove(id); <-hd.release }) }
+		st.answeredBy = done
+		defer done()
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	}
 }

@@ -52,8 +52,8 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 }
 
 // modifyResponse ends a write's in-flight registration once the backend answered it, closes the
-// client connection after a refused upgrade, and wraps the body of a watch so that a backend switch can end it at an event boundary, or resume it on the new
-// backend (watchresume.go).
+// client connection after a refused upgrade, and wraps the body of a watch so that a backend
+// switch can end it at an event boundary, or resume it on the new backend (watchresume.go).
 func modifyResponse(log *slog.Logger) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		st := reqStateFrom(resp.Request.Context())
