@@ -249,9 +249,6 @@ func withJournal(o Options, none string, do func(*runner) error) error {
 	if err != nil {
 		return err
 	}
-	if j.Version > 1 || !knownStates[j.State] {
-		return fmt.Errorf("cutover %s's journal (version %d, state %q) was written by a newer kubefence: use that one", j.ID, j.Version, j.State)
-	}
 	if j.GreenPIDs == nil {
 		j.GreenPIDs = map[string]int{}
 	}

@@ -544,3 +544,31 @@ func TestAuthOnWithoutAuthStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestNewerJournalRefusedByEveryCommand: a journal a newer kubefence wrote (a version or state
+// this one does not know) is refused by every command that acts on it, not only by a run: a
+// rollback or a finish taking it for a bake would stop the process baking and act on a
+// cutover whose steps it does not know.
+func TestNewerJournalRefusedByEveryCommand(t *testing.T) {
+	for _, j := range []*Journal{
+		{Version: 2, ID: "v2", State: StateBaking, PlanHash: "plan-hash"},
+		{Version: 1, ID: "s", State: "promoting", PlanHash: "plan-hash"},
+	} {
+		for name, cmd := range map[string]func(context.Context, Options) (*Report, error){
+			"rollback": Rollback, "finish": Finish, "abort": Abort,
+		} {
+			p := bakePlan(t)
+			p.hash = "plan-hash"
+			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := j.save(p.StateDir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := cmd(t.Context(), Options{Plan: p})
+			if err == nil || !strings.Contains(err.Error(), "newer kubefence") {
+				t.Errorf("%s over journal version %d, state %q: %v; want it refused as a newer kubefence's", name, j.Version, j.State, err)
+			}
+		}
+	}
+}

@@ -141,7 +141,9 @@ func journalPath(stateDir string) string { return filepath.Join(stateDir, "journ
 // errNoJournal means no cutover has started in this state dir.
 var errNoJournal = errors.New("no journal")
 
-// LoadJournal reads the journal of stateDir.
+// LoadJournal reads the journal of stateDir. One a newer kubefence wrote (a version or state
+// this one does not know) is refused, for every command: acting on it would mean guessing what
+// its steps did.
 func LoadJournal(stateDir string) (*Journal, error) {
 	data, err := os.ReadFile(journalPath(stateDir))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -153,6 +155,9 @@ func LoadJournal(stateDir string) (*Journal, error) {
 	var j Journal
 	if err := json.Unmarshal(data, &j); err != nil {
 		return nil, fmt.Errorf("journal %s is corrupt: %w (inspect it; move it away only if no cutover is in progress)", journalPath(stateDir), err)
+	}
+	if j.Version > 1 || !knownStates[j.State] {
+		return nil, fmt.Errorf("cutover %s's journal (version %d, state %q) was written by a newer kubefence: use that one", j.ID, j.Version, j.State)
 	}
 	return &j, nil
 }

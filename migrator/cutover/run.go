@@ -224,8 +224,6 @@ func (r *runner) openJournal() error {
 		}
 	case err != nil:
 		return err
-	case j.Version > 1 || !knownStates[j.State]:
-		return fmt.Errorf("cutover %s's journal (version %d, state %q) was written by a newer kubefence: use that one", j.ID, j.Version, j.State)
 	case j.State == StateRunning && j.Rehearse:
 		return fmt.Errorf("rehearsal %s stopped partway (last finished step %q): a rehearsal is not resumed, nor run over; 'kubefence cutover abort --plan PLAN' stops what it started, then rehearse again", j.ID, lastStep(j))
 	case j.State == StateRunning && !o.Resume:
