@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,5 +72,50 @@ func TestCaughtUpMeansReplicated(t *testing.T) {
 	rev, err := r.waitCaughtUp(wctx)
 	if err == nil || !errors.Is(err, replicate.ErrRevisionMismatch) {
 		t.Fatalf("waitCaughtUp = %d, %v; want ErrRevisionMismatch (green's revision 3 is not blue's)", rev, err)
+	}
+}
+
+// TestDeltaCheckBeforeTheSwitch: the switch's wait for the delta check fails, naming the
+// revision, when green's change differs from blue's at the same revision (no revision count
+// can tell), and replication then counts as unreliable for every step that asks; without a
+// check running, the switch refuses, except for a journal that never said where the full
+// verify ran.
+func TestDeltaCheckBeforeTheSwitch(t *testing.T) {
+	blue, green := startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	r := &runner{from: side{name: "blue"}, to: side{name: "green"}, repl: &replication{src: blue, dst: green}, j: &Journal{Verified: &VerifyReport{Revision: 1}}}
+
+	if _, err := r.deltaChecked(ctx, 1); err == nil || !strings.Contains(err.Error(), "not switching") {
+		t.Fatalf("deltaChecked without a check = %v, want a refusal", err)
+	}
+	r.j.Verified.Revision = 0
+	if note, err := r.deltaChecked(ctx, 1); err != nil || !strings.Contains(note, "not compared") {
+		t.Fatalf("deltaChecked for an older journal = %q, %v", note, err)
+	}
+
+	r.startDeltaCheck(1)
+	t.Cleanup(func() { r.repl.check.Stop() })
+	if note, err := r.deltaChecked(ctx, 1); err != nil || !strings.Contains(note, "nothing changed") {
+		t.Fatalf("deltaChecked at the verify's revision = %q, %v", note, err)
+	}
+	for _, w := range []struct {
+		c    *clientv3.Client
+		k, v string
+	}{{blue, "a", "1"}, {green, "a", "1"}, {blue, "b", "1"}, {green, "b", "2"}} {
+		if _, err := w.c.Put(ctx, w.k, w.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if note, err := r.deltaChecked(wctx, 2); err != nil || !strings.Contains(note, "revisions 2-2 identical") {
+		t.Fatalf("deltaChecked(2) = %q, %v", note, err)
+	}
+	_, err := r.deltaChecked(wctx, 3)
+	if !errors.Is(err, replicate.ErrRevisionMismatch) || !strings.Contains(err.Error(), "at revision 3") {
+		t.Fatalf("deltaChecked(3) = %v, want ErrRevisionMismatch at revision 3", err)
+	}
+	if err := r.replicationAlive(); !errors.Is(err, replicate.ErrRevisionMismatch) {
+		t.Fatalf("replicationAlive after the check failed = %v", err)
 	}
 }

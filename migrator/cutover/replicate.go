@@ -75,9 +75,12 @@ var replicationEtcdArgs = []string{"--max-txn-ops", "100000", "--max-request-byt
 type replication struct {
 	rep      *replicate.Replicator
 	src, dst *clientv3.Client
-	cancel   context.CancelFunc
-	done     chan struct{}
-	err      error // Run's error, once done is closed
+	// check compares src's and dst's changes revision by revision after the full verify's
+	// revision (nil before the verify, and when replicating back in a rollback).
+	check  *replicate.Checker
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // Run's error, once done is closed
 	// release ends what else holds dst's leases (the handover to the bake), if anything.
 	release func()
 	// srcName and dstName name the sides in its progress lines.
@@ -207,6 +210,11 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if err := r.startReplication(src, dst, rev); err != nil {
 		return "", err
 	}
+	if v := r.j.Verified; v != nil && v.Revision > 0 && r.j.done(StepVerify) && !r.j.done(StepSwitch) {
+		// The changes since the full verify were compared by the process that died: compare
+		// them again from there (etcd keeps them until blue's apiserver compacts).
+		r.startDeltaCheck(v.Revision)
+	}
 	if rev == r.j.SnapshotRevision {
 		return "", nil
 	}
@@ -233,8 +241,44 @@ func (r *runner) replicationAlive() error {
 	case <-r.repl.done:
 		return fmt.Errorf("replication stopped: %w", r.repl.err)
 	default:
-		return nil
 	}
+	if c := r.repl.check; c != nil {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("comparing %s's changes with %s's since the full verify (revision %d): %w", r.to.name, r.from.name, c.From(), err)
+		}
+	}
+	return nil
+}
+
+// startDeltaCheck starts comparing the replication's two sides revision by revision after
+// rev, a revision the full verify found identical on both (replicate.Checker), replacing a
+// check already running.
+func (r *runner) startDeltaCheck(rev int64) {
+	rp := r.repl
+	if rp.check != nil {
+		rp.check.Stop()
+	}
+	rp.check = replicate.StartCheck(rp.src, rp.dst, rev, r.o.Log)
+}
+
+// deltaChecked waits (within ctx) until the delta check has compared every revision up to rev
+// and says what it covered.
+func (r *runner) deltaChecked(ctx context.Context, rev int64) (string, error) {
+	c := r.repl.check
+	if c == nil {
+		if v := r.j.Verified; v != nil && v.Revision == 0 {
+			// A journal of a kubefence before the delta check does not say where the verify was.
+			return "the changes since the full verify were not compared (its journal does not say at which revision it ran)", nil
+		}
+		return "", errors.New("the changes since the full verify are not being compared in this process: not switching")
+	}
+	if err := c.WaitFor(ctx, rev); err != nil {
+		return "", fmt.Errorf("comparing %s's changes with %s's since the full verify: %w", r.to.name, r.from.name, err)
+	}
+	if rev == c.From() {
+		return fmt.Sprintf("nothing changed since the full verify at revision %d", rev), nil
+	}
+	return fmt.Sprintf("revisions %d-%d identical in both etcds' histories, change for change", c.From()+1, rev), nil
 }
 
 // stopReplication stops the replicator (if this process runs one) and closes its clients; it
@@ -245,6 +289,9 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 		return replicate.Progress{}, nil
 	}
 	r.repl = nil
+	if rp.check != nil {
+		rp.check.Stop()
+	}
 	rp.cancel()
 	<-rp.done
 	prog := rp.rep.Progress()

@@ -69,7 +69,7 @@ func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Swit
 func (replicaSwitchStep) pastNoReturn() bool            { return true }
 
 func (replicaSwitchStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("check %s's revision equals %s's (within timeouts.window), then kubefence backend set --resume-watches %s", r.to.name, r.from.name, r.to.api.URL)
+	return fmt.Sprintf("check %s's revision equals %s's and (in a cutover) that every change since the full verify is the same in both etcds' histories (within timeouts.window), then kubefence backend set --resume-watches %s", r.to.name, r.from.name, r.to.api.URL)
 }
 
 func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
@@ -92,11 +92,21 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), err)
 	}
+	checked := ""
+	if !s.pickUp { // a rollback has no full verify of its direction to compare from
+		wctx, cancel := r.windowContext(ctx)
+		checked, err = r.deltaChecked(wctx, rev)
+		cancel()
+		if err != nil {
+			return "", err
+		}
+		checked = "; " + checked
+	}
 	r.j.SwitchRevision = rev
 	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile, ResumeWatches: true, ExpectGeneration: r.j.FenceGeneration})
 	if err != nil {
 		return "", err
 	}
 	d := resp.Drain
-	return withNote(picked, fmt.Sprintf("%s and %s at revision %d; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended)), nil
+	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended)), nil
 }

@@ -10,7 +10,8 @@ import (
 
 // replicaVerifyStep (mode replicate, before the fence) compares every object on blue and green
 // at one revision both hold: blue's current one, once the replicator has applied it. The same
-// history at the same revision: any difference fails.
+// history at the same revision: any difference fails. From there on, the delta check compares
+// each revision's changes on both sides (startDeltaCheck), which the switch waits for.
 type replicaVerifyStep struct{}
 
 func (replicaVerifyStep) name() string                  { return StepVerify }
@@ -18,7 +19,7 @@ func (replicaVerifyStep) timeout(p *Plan) time.Duration { return p.Timeouts.Veri
 func (replicaVerifyStep) pastNoReturn() bool            { return false }
 
 func (replicaVerifyStep) describe(*runner, bool) string {
-	return "wait until green applied blue's current revision R, then list every listable resource type on blue and green at exactly resourceVersion R and compare each object (UID and content); any difference fails"
+	return "wait until green applied blue's current revision R, then list every listable resource type on blue and green at exactly resourceVersion R and compare each object (UID and content); any difference fails. From R on, compare each revision's changes in both etcds' histories until the switch"
 }
 
 func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
@@ -34,9 +35,13 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	rep, err := verifyAt(ctx, blue, green, rev)
+	if rep != nil {
+		rep.Revision = rev
+	}
 	r.j.Verified = rep
 	if err != nil {
 		return "", err
 	}
+	r.startDeltaCheck(rev)
 	return fmt.Sprintf("%d objects of %d resource types identical at revision %d; %s", rep.Objects, rep.ResourceTypes, rev, r.progressLine(r.repl.rep.Progress())), nil
 }

@@ -22,7 +22,10 @@ import (
 
 // VerifyReport is what the verify step found.
 type VerifyReport struct {
-	ResourceTypes int `json:"resourceTypes"`
+	// Revision is the etcd revision both sides were compared at (mode replicate; 0 otherwise):
+	// the changes after it are compared revision by revision until the switch.
+	Revision      int64 `json:"revision,omitempty"`
+	ResourceTypes int   `json:"resourceTypes"`
 	// Objects were identical (UID and content) on blue and green.
 	Objects int `json:"objects"`
 	// ChangedAfterCopy are differences verify can explain: objects green's apiserver wrote, objects

@@ -1,0 +1,241 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Checker compares, revision by revision, what blue and green changed after a revision at
+// which both held the same content (the full verify's): each of green's revisions must hold
+// exactly blue's changes of the same revision (type, key, value, create and mod revision,
+// version and lease of each, in order), and neither side may have a revision the other lacks.
+// Equal at the start and equal change for change after it, the two are equal at every revision
+// checked: the delta since the full verify, verified from both etcds' own histories rather
+// than from what the replicator believes it sent, and without listing everything again.
+//
+// It reads a watch on each side; the revisions one side has and the other has not shown yet
+// wait in memory, up to maxCheckPending bytes a side (green trails blue by the replication's
+// lag).
+type Checker struct {
+	blue, green *clientv3.Client
+	from        int64
+	log         *slog.Logger
+	cancel      context.CancelFunc
+	stopped     chan struct{}
+
+	mu      sync.Mutex
+	checked int64
+	err     error // why the check stopped, once done
+	done    bool
+	cond    chan struct{} // closed and replaced whenever checked or done changes
+}
+
+// maxCheckPending bounds the changes a Checker keeps per side while the other side has not
+// shown the same revisions yet.
+const maxCheckPending = 64 << 20
+
+// StartCheck starts comparing blue's and green's changes after revision from, which both must
+// hold with the same content, until Stop. log may be nil.
+func StartCheck(blue, green *clientv3.Client, from int64, log *slog.Logger) *Checker {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Checker{blue: blue, green: green, from: from, log: log, cancel: cancel, stopped: make(chan struct{}), checked: from, cond: make(chan struct{})}
+	go func() {
+		defer close(c.stopped)
+		c.finish(c.run(ctx))
+	}()
+	return c
+}
+
+// From is the revision the check started after.
+func (c *Checker) From() int64 { return c.from }
+
+// Stop ends the check and waits for it.
+func (c *Checker) Stop() {
+	c.cancel()
+	<-c.stopped
+}
+
+// Err is why the check stopped by itself (a difference, a compaction), nil while it runs or
+// after Stop.
+func (c *Checker) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errors.Is(c.err, context.Canceled) {
+		return nil
+	}
+	return c.err
+}
+
+// WaitFor returns nil once every revision up to rev has been compared and found equal, the
+// check's error if it stopped first, ctx's if ctx ends first.
+func (c *Checker) WaitFor(ctx context.Context, rev int64) error {
+	for {
+		c.mu.Lock()
+		checked, done, err, cond := c.checked, c.done, c.err, c.cond
+		c.mu.Unlock()
+		if checked >= rev {
+			return nil
+		}
+		if done {
+			if err == nil || errors.Is(err, context.Canceled) {
+				err = errors.New("the check was stopped")
+			}
+			return fmt.Errorf("replicate: green's changes compared with blue's up to revision %d, not %d: %w", checked, rev, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicate: green's changes compared with blue's up to revision %d, waiting for %d: %w", checked, rev, context.Cause(ctx))
+		case <-cond:
+		}
+	}
+}
+
+func (c *Checker) finish(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done, c.err = true, err
+	close(c.cond)
+	c.cond = make(chan struct{})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		c.log.Error("comparing green's changes with blue's stopped", "checked", c.checked, "err", err)
+	}
+}
+
+func (c *Checker) passed(rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checked = rev
+	close(c.cond)
+	c.cond = make(chan struct{})
+}
+
+func (c *Checker) checkedRev() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checked
+}
+
+// run compares until ctx ends or a round finds what watching again cannot fix.
+func (c *Checker) run(ctx context.Context) error {
+	c.log.Info("comparing green's changes with blue's, revision by revision", "after", c.from)
+	backoff := 100 * time.Millisecond
+	for {
+		err := c.round(ctx)
+		if !errors.Is(err, errRewatch) {
+			return err
+		}
+		c.log.Warn("a watch of the check ended; watching again", "from", c.checkedRev()+1, "err", err, "after", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// round watches both sides from the revision after the last one compared, and compares each
+// revision once both have shown it.
+func (c *Checker) round(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	from := c.checkedRev() + 1
+	sides := [2]*pendingRevs{{side: "blue"}, {side: "green"}}
+	bch := c.blue.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
+	gch := c.green.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
+	for {
+		var err error
+		select {
+		case resp, ok := <-bch:
+			err = sides[0].take(ctx, resp, ok)
+		case resp, ok := <-gch:
+			err = sides[1].take(ctx, resp, ok)
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.compare(sides[0], sides[1]); err != nil {
+			return err
+		}
+	}
+}
+
+// compare takes the revisions both sides have shown, oldest first.
+func (c *Checker) compare(blue, green *pendingRevs) error {
+	for len(blue.revs) > 0 && len(green.revs) > 0 {
+		b, g := blue.pop(), green.pop()
+		switch {
+		case g.rev < b.rev:
+			return fmt.Errorf("%w: green has a revision %d that blue has not (blue's next is %d): something other than the replicator wrote to green, or green expired a lease by itself", ErrRevisionMismatch, g.rev, b.rev)
+		case g.rev > b.rev:
+			return fmt.Errorf("%w: green has no revision %d, blue's next change (green's next is %d)", ErrRevisionMismatch, b.rev, g.rev)
+		}
+		if diff := diffEvents(b.evs, g.evs); diff != "" {
+			return fmt.Errorf("%w: at revision %d %s", ErrRevisionMismatch, b.rev, diff)
+		}
+		c.passed(b.rev)
+	}
+	return nil
+}
+
+// pendingRevs are one side's revisions not compared yet, oldest first.
+type pendingRevs struct {
+	side  string
+	revs  []revChanges
+	bytes int
+}
+
+type revChanges struct {
+	rev   int64
+	evs   []*clientv3.Event
+	bytes int
+}
+
+func (p *pendingRevs) pop() revChanges {
+	r := p.revs[0]
+	p.revs = p.revs[1:]
+	p.bytes -= r.bytes
+	return r
+}
+
+// take adds a watch response's revisions (etcd never splits one revision's events across
+// responses), or says why the watch cannot go on.
+func (p *pendingRevs) take(ctx context.Context, resp clientv3.WatchResponse, ok bool) error {
+	switch {
+	case !ok && ctx.Err() != nil:
+		return ctx.Err()
+	case !ok:
+		return fmt.Errorf("%w: %s's watch channel closed", errRewatch, p.side)
+	case resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted):
+		return fmt.Errorf("%w: %s is compacted at revision %d: its changes since the full verify can no longer be compared", ErrCompacted, p.side, resp.CompactRevision)
+	case resp.Err() != nil:
+		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
+	}
+	evs := resp.Events
+	for len(evs) > 0 {
+		rc := revChanges{rev: evs[0].Kv.ModRevision}
+		n := 0
+		for n < len(evs) && evs[n].Kv.ModRevision == rc.rev {
+			rc.bytes += len(evs[n].Kv.Key) + len(evs[n].Kv.Value)
+			n++
+		}
+		rc.evs = evs[:n:n]
+		p.revs = append(p.revs, rc)
+		p.bytes += rc.bytes
+		evs = evs[n:]
+	}
+	if p.bytes > maxCheckPending {
+		return fmt.Errorf("replicate: %s is more than %d MiB of changes ahead of the other side's (last revision %d): the check gave up", p.side, maxCheckPending>>20, p.revs[len(p.revs)-1].rev)
+	}
+	return nil
+}

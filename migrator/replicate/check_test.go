@@ -1,0 +1,165 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestCheckerFollowsReplication: with the replicator applying blue's changes (puts, a multi-key
+// txn, deletes, a leased key), the check keeps up with blue's revision and finds nothing.
+func TestCheckerFollowsReplication(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	run := start(t, blue, green, s, nil)
+	c := StartCheck(blue.cli, green.cli, s, testLog(t))
+	t.Cleanup(c.Stop)
+	lease := grant(t, blue, 60)
+	for i := range 20 {
+		put(t, blue, fmt.Sprintf("/k%d", i), fmt.Sprint(i), clientv3.WithLease(lease))
+	}
+	if _, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("/x", "1"), clientv3.OpPut("/y", "2"), clientv3.OpDelete("/a")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blue.cli.Delete(t.Context(), "/k", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	rev := catchUp(t, run, blue)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitFor(ctx, rev); err != nil {
+		t.Fatalf("WaitFor(%d) = %v", rev, err)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("Err() = %v after an exact replication", err)
+	}
+}
+
+// TestCheckerFindsDifferences: green's changes after the start differ from blue's with the same
+// number of revisions (so no revision count can tell): a value, a lease, an extra key, a
+// different revision order. Each is ErrRevisionMismatch naming the revision; what came before it
+// counts as checked.
+func TestCheckerFindsDifferences(t *testing.T) {
+	type ops func(m *member) // applied to blue, then to green
+	same := func(k, v string) ops { return func(m *member) { put(t, m, k, v) } }
+	cases := []struct {
+		name        string
+		blue, green []ops
+		want        string
+	}{
+		{"a value", []ops{same("/a", "1"), same("/b", "1")}, []ops{same("/a", "1"), same("/b", "2")}, "change 0 differs"},
+		{"one more key in a revision", []ops{same("/a", "1")}, []ops{func(m *member) {
+			if _, err := m.cli.Txn(t.Context()).Then(clientv3.OpPut("/a", "1"), clientv3.OpPut("/z", "1")).Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}}, "blue has 1 change(s), green 2"},
+		{"a deleted key kept", []ops{same("/a", "1"), func(m *member) {
+			if _, err := m.cli.Delete(t.Context(), "/a"); err != nil {
+				t.Fatal(err)
+			}
+		}}, []ops{same("/a", "1"), same("/a", "1")}, "change 0 differs"},
+		{"the order of two revisions", []ops{same("/a", "1"), same("/b", "1")}, []ops{same("/b", "1"), same("/a", "1")}, "change 0 differs"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+			put(t, blue, "/seed", "0")
+			green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+			c := StartCheck(blue.cli, green.cli, s, testLog(t))
+			t.Cleanup(c.Stop)
+			for _, op := range tc.blue {
+				op(blue)
+			}
+			for _, op := range tc.green {
+				op(green)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			err := c.WaitFor(ctx, revision(t, blue))
+			if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("WaitFor = %v, want ErrRevisionMismatch saying %q", err, tc.want)
+			}
+			if !errors.Is(c.Err(), ErrRevisionMismatch) {
+				t.Fatalf("Err() = %v after a difference", c.Err())
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// TestCheckerRevisionGap: a revision on one side only (green expiring a lease by itself, say)
+// is a mismatch at that revision, whichever side has it: the revisions after it pair up
+// differently.
+func TestCheckerRevisionGap(t *testing.T) {
+	for _, extraOnGreen := range []bool{true, false} {
+		blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+		put(t, blue, "/seed", "0")
+		green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+		c := StartCheck(blue.cli, green.cli, s, testLog(t))
+		put(t, blue, "/a", "1")
+		put(t, green, "/a", "1")
+		extra, other := green, blue
+		if !extraOnGreen {
+			extra, other = blue, green
+		}
+		put(t, extra, "/lease-expiry", "x")
+		put(t, extra, "/b", "1")
+		put(t, other, "/b", "1")
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		err := c.WaitFor(ctx, revision(t, blue))
+		cancel()
+		c.Stop()
+		if want := fmt.Sprintf("at revision %d", s+2); !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("extra revision on green %v: WaitFor = %v, want ErrRevisionMismatch", extraOnGreen, err)
+		}
+		t.Log(err)
+	}
+}
+
+// TestCheckerCompacted: history compacted past the start cannot be compared: ErrCompacted,
+// never a pass.
+func TestCheckerCompacted(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	run := start(t, blue, green, s, nil)
+	for i := range 3 {
+		put(t, blue, "/a", fmt.Sprint(i))
+	}
+	rev := catchUp(t, run, blue)
+	if _, err := blue.cli.Compact(t.Context(), rev); err != nil {
+		t.Fatal(err)
+	}
+	c := StartCheck(blue.cli, green.cli, s, testLog(t))
+	t.Cleanup(c.Stop)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitFor(ctx, rev); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("WaitFor over compacted history = %v, want ErrCompacted", err)
+	}
+}
+
+// TestCheckerStop: Stop ends the check; a WaitFor after it fails rather than waiting, and Err
+// stays nil (nothing was found).
+func TestCheckerStop(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	c := StartCheck(blue.cli, green.cli, s, testLog(t))
+	c.Stop()
+	if err := c.WaitFor(t.Context(), s+1); err == nil || !strings.Contains(err.Error(), "stopped") {
+		t.Fatalf("WaitFor after Stop = %v", err)
+	}
+	if err := c.WaitFor(t.Context(), s); err != nil {
+		t.Fatalf("WaitFor(the start) = %v", err)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("Err() after Stop = %v", err)
+	}
+}
