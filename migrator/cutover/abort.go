@@ -118,20 +118,16 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		}
 		return nil
 	}
-	// In mode replicate the proxy is unfenced first: an abort inside the window must not keep
-	// writes held while the replicator waits for its txns in flight (up to their timeout each)
-	// or green's write-gated apiserver takes its grace period to stop.
+	// The proxies are unfenced first, in every mode: they are on blue, which serves either way,
+	// and writes must not wait for the replicator's txns in flight (up to their timeout each) or
+	// for green's processes to stop (up to 30 s of grace each; an apiserver whose etcd failed is
+	// the slow kind). A green process that will not stop makes the abort incomplete.
+	unfenceErr := unfence()
 	if r.p.Replicating() {
-		err := unfence()
 		r.stopReplicationLogged()
-		if err != nil {
-			return err
-		}
 	}
-	// A green process that will not stop keeps blue's writes fenced no longer: the proxies are
-	// on blue. The abort is reported incomplete.
 	_, stopErr := r.stopGreen()
-	if err := errors.Join(unfence(), stopErr); err != nil {
+	if err := errors.Join(unfenceErr, stopErr); err != nil {
 		return err
 	}
 	if err := r.abortBlueAuth(ctx); err != nil {

@@ -569,3 +569,26 @@ func TestPreflightFailureChangesNothing(t *testing.T) {
 		t.Fatalf("proxy calls %v, stopped %v, fenced %v: want none, none, still fenced", calls, stopped, st.Fenced)
 	}
 }
+
+// TestAbortUnfencesBeforeGreenStops: in the fenced copy too, an abort opens writes on blue
+// before it stops green (up to 30 s of grace per process, and a green apiserver whose etcd
+// failed is the slow kind): blue serves either way, and writes must not wait for green.
+func TestAbortUnfencesBeforeGreenStops(t *testing.T) {
+	w := newDecisionWorld(t, false, StepVerify, false)
+	stop := w.r.procs.stop
+	w.r.procs.stop = func(pid int, argv []string, grace time.Duration) {
+		w.calls = append(w.calls, fmt.Sprintf("stop %d", pid))
+		stop(pid, argv, grace)
+	}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ := w.r.run(t.Context())
+	if rep == nil || rep.Result != ResultAborted {
+		t.Fatalf("report %+v, want an abort", rep)
+	}
+	want := []string{"fence on", "fence off", "stop 102", "stop 101"}
+	if !slices.Equal(w.calls, want) {
+		t.Fatalf("calls %q, want %q: writes were fenced while green was stopped", w.calls, want)
+	}
+}

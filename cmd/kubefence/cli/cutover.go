@@ -189,7 +189,7 @@ type cutoverAbortOptions struct {
 func newCutoverAbortCommand(g *globals) *cobra.Command {
 	o := &cutoverAbortOptions{newCutoverOptions(g)}
 	o.shapeOnly = true
-	return o.planSubcommand(o, "abort --plan PLAN", "Stop a cutover before its switch: stop green, unfence blue")
+	return o.planSubcommand(o, "abort --plan PLAN", "Stop a cutover before its switch: unfence blue, stop green")
 }
 
 func (o *cutoverAbortOptions) Run(ctx context.Context) error {
