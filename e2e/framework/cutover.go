@@ -194,7 +194,7 @@ func StopCutoverProcesses(stateDir string) ([]string, error) {
 			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			return err == nil && bytes.Contains(cmdline, env) && Running(pid)
 		}
-		if !ours() || syscall.Kill(pid, syscall.SIGTERM) != nil {
+		if pid <= 0 || !ours() || syscall.Kill(pid, syscall.SIGTERM) != nil {
 			continue
 		}
 		stopped = append(stopped, fmt.Sprintf("%s (pid %d)", name, pid))

@@ -112,3 +112,42 @@ func TestRehearseNeedsReplication(t *testing.T) {
 		t.Errorf("a rehearsal ends with %s", last.name())
 	}
 }
+
+// TestAdoptsOnlyWhatItStarted: a green process found by its command line is adopted (stopped by
+// cleanup or abort, taken over by a resume) only when this cutover journaled that it was
+// starting it. Another run of the same plan in another state dir (a preflight that failed on
+// the ports that run's green holds) must not stop that green, which may serve.
+func TestAdoptsOnlyWhatItStarted(t *testing.T) {
+	cases := []struct {
+		name        string
+		pids        map[string]int
+		wantStopped []int
+	}{
+		{"never started here: someone else's", map[string]int{}, nil},
+		{"g0 starting, its pid not journaled yet: adopted", map[string]int{"g0": 0}, []int{555}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			var stopped []int
+			procs := fakeProcesses(map[int]bool{555: true}, &stopped)
+			procs.find = func(argv []string) int {
+				if procs.alive(555, argv) {
+					return 555
+				}
+				return 0
+			}
+			j := &Journal{ID: "x", State: StateAborted, GreenPIDs: tc.pids, PlanHash: p.hash}
+			r := (&runner{p: p, j: j, procs: procs}).forward()
+			if _, err := r.cleanup(false); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(stopped, tc.wantStopped) {
+				t.Errorf("stopped %v, want %v", stopped, tc.wantStopped)
+			}
+		})
+	}
+}

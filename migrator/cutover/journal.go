@@ -71,7 +71,8 @@ type Journal struct {
 	Mode string `json:"mode,omitempty"`
 	// V2Prefixes counts the keys the v2 migration wrote per prefix (green etcd is checked for them).
 	V2Prefixes map[string]int `json:"v2Prefixes,omitempty"`
-	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name.
+	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name; 0 for
+	// one it was starting when it last saved the journal.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
 	// RefusedAtFence and RefusedAtUnfence are the proxy's count of refused writes at the fence
 	// and at the unfence; the report's RefusedWrites is their difference.

@@ -168,6 +168,14 @@ func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
 	if err := proc.PortFree(urls...); err != nil {
 		return fmt.Errorf("%s: %w", gp.what, err)
 	}
+	if _, ok := r.j.GreenPIDs[gp.name]; !ok {
+		// Write-ahead: a run killed before it journals the pid adopts the process by its
+		// command line (greenPID), and only then.
+		r.j.GreenPIDs[gp.name] = 0
+		if err := r.saveJournal(); err != nil {
+			return err
+		}
+	}
 	pid, err := r.procs.start(gp.argv, r.logPath(gp.log))
 	if err != nil {
 		return err
