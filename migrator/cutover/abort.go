@@ -266,6 +266,11 @@ func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
 	default:
 		return nil, fmt.Errorf("cutover %s is %s: nothing to abort", r.j.ID, r.j.State)
 	}
+	if r.j.PlanHash != r.p.hash {
+		// Green's processes are found by the command lines the plan gives, the proxies by its
+		// list: an edited plan would stop none of green and may unfence other proxies.
+		return nil, fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): abort with the plan it ran with. Nothing was changed; if writes must open at once, 'kubefence fence off --expect-backend BLUE_URL' on each proxy reopens them where the proxy is still on blue", r.j.ID, r.p.hash, r.j.PlanHash)
+	}
 	if err := r.abort(ctx, "aborted by the operator"); err != nil {
 		return nil, err
 	}

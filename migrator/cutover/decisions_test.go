@@ -331,6 +331,9 @@ func TestAbortDecisions(t *testing.T) {
 		{"a fence not this run's", false, []StepRecord{{Step: StepPreflight}, {Step: StepCopy}}, StateRunning, "", []int{102, 101}},
 		{"a baking cutover", true, nil, StateBaking, "'kubefence cutover rollback' goes back to blue", nil},
 		{"a rolling-back cutover", true, nil, StateRollingBack, "'kubefence cutover rollback --resume'", nil},
+		// Green's processes are found by the command lines the plan gives: an edited plan
+		// finds none, and the abort would report green stopped while it runs.
+		{"the plan changed", false, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "the plan changed", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -339,7 +342,11 @@ func TestAbortDecisions(t *testing.T) {
 			if tc.onGreen {
 				w.st.Backend = w.r.p.Green.APIServer.URL
 			}
-			w.r.j = &Journal{ID: "x", State: tc.state, Done: tc.done, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			hash := w.r.p.hash
+			if tc.name == "the plan changed" {
+				hash = "other-plan"
+			}
+			w.r.j = &Journal{ID: "x", State: tc.state, Done: tc.done, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}, PlanHash: hash}
 			if slices.ContainsFunc(tc.done, func(s StepRecord) bool { return s.Step == StepFence }) {
 				w.r.j.FencedAt = time.Now().UTC()
 			}
