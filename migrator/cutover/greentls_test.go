@@ -112,6 +112,17 @@ func TestLearnerMembers(t *testing.T) {
 	}{
 		{func(p *Plan) { p.Green.Etcd.Members[1].External = true }, "external needs learner: true"},
 		{func(p *Plan) { p.Green.Etcd.Members[0].Learner = true }, "the first member is restored from the snapshot"},
+		// A learner's initial cluster is the members before it: a restored one after it is
+		// left out, and etcd refuses to start the learner ("member count is unequal").
+		{func(p *Plan) { p.Green.Etcd.Members[1].Learner = true }, "restored members come before the learners"},
+		// One port, written two ways: the plan must see it, not green's start in the window.
+		{func(p *Plan) {
+			p.Green.Etcd.Members[1].PeerURL = strings.Replace(p.Green.Etcd.Members[0].ClientURL, "127.0.0.1", "localhost", 1)
+		}, "the same address as green.etcd.members[0].clientURL"},
+		{func(p *Plan) { p.Green.Etcd.Members[2].MetricsURL = p.Green.Etcd.Members[1].ClientURL + "/" }, "the same address as green.etcd.members[1].clientURL"},
+		{func(p *Plan) {
+			p.Green.Etcd.Members[2].PeerURL = strings.Replace(p.Green.APIServer.URL, "https:", "http:", 1)
+		}, "the same address as green.apiserver.url"},
 	}
 	for _, b := range bad {
 		q, _ := validPlan(t)

@@ -10,16 +10,19 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
+	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/internal/strictyaml"
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -448,6 +451,10 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		ps.add("green.etcd.members: %d given, want 1 or 3", n)
 	}
 	seen := map[string]bool{}
+	addrs := map[string]string{} // host:port of what this host binds -> the field naming it
+	if a := p.Green.APIServer; len(a.Command) > 0 || a.StaticPod != nil {
+		ps.distinctAddrs(addrs, map[string]string{"green.apiserver.url": a.URL})
+	}
 	for i, m := range g.Members {
 		f := fmt.Sprintf("green.etcd.members[%d]", i)
 		ps.required(f+".name", m.Name)
@@ -472,9 +479,13 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 		case i == 0 && m.Learner:
 			ps.add("%s: the first member is restored from the snapshot; learners join it (learner: true on a later member)", f)
 		}
+		if i > 0 && !m.Learner && g.Members[i-1].Learner {
+			ps.add("%s: restored members come before the learners (a learner starts with the members listed before it as its initial cluster)", f)
+		}
 		unique := []string{m.Name, m.ClientURL, m.PeerURL, m.MetricsURL}
 		if !m.External { // an external member's data dir is on its own host
 			unique = append(unique, m.DataDir)
+			ps.distinctAddrs(addrs, map[string]string{f + ".clientURL": m.ClientURL, f + ".peerURL": m.PeerURL, f + ".metricsURL": m.MetricsURL})
 		}
 		for _, v := range unique {
 			if v != "" && seen[v] {
@@ -677,4 +688,24 @@ func apartFromBlue(field, dir string, blue BlueEtcd) []error {
 		}
 	}
 	return errs
+}
+
+// distinctAddrs adds a problem for each URL of urls (by field) whose address this host binds
+// already for another field of addrs, however it is written (localhost or 127.0.0.1, a trailing
+// slash), and records the others.
+func (ps *problems) distinctAddrs(addrs map[string]string, urls map[string]string) {
+	for _, field := range slices.Sorted(maps.Keys(urls)) {
+		hp := proc.HostPort(urls[field])
+		if urls[field] == "" || hp == "" {
+			continue
+		}
+		if host, port, err := net.SplitHostPort(hp); err == nil && host == "localhost" {
+			hp = net.JoinHostPort("127.0.0.1", port)
+		}
+		if other, ok := addrs[hp]; ok && other != field {
+			ps.add("%s %q: the same address as %s (%s); each needs a port of its own", field, urls[field], other, hp)
+			continue
+		}
+		addrs[hp] = field
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -48,7 +50,11 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		if m.External {
 			continue // on another host
 		}
-		if err := proc.PortFree(m.ClientURL, m.PeerURL); err != nil {
+		urls := []string{m.ClientURL, m.PeerURL}
+		if m.MetricsURL != "" {
+			urls = append(urls, m.MetricsURL)
+		}
+		if err := proc.PortFree(urls...); err != nil {
 			errs = append(errs, fmt.Errorf("green etcd %s: %w", m.Name, err))
 		}
 		if entries, err := readDirIfExists(m.DataDir); err != nil || len(entries) > 0 {
@@ -212,11 +218,20 @@ func enoughSpace(dir string, need int64) error {
 // checkGreenEtcdServers refuses a green apiserver this host starts whose --etcd-servers name
 // one of blue's etcd endpoints (a command or a manifest copied from blue's): it would serve
 // blue's data, verify would compare blue with blue, and the switch would send every request
-// to blue's etcd through it. An apiserver its own host starts is that host's to check.
+// to blue's etcd through it. Each must be one of green's members' client URLs (however it is
+// written): another (a typo) would keep green's apiserver from ever becoming ready. An
+// apiserver its own host starts is that host's to check.
 func checkGreenEtcdServers(p *Plan) error {
 	blue := map[string]bool{}
 	for _, e := range p.Blue.Etcd.Endpoints {
 		blue[proc.HostPort(e)] = true
+	}
+	green, clients := map[string]bool{}, []string{}
+	for _, m := range p.Green.Etcd.Members {
+		clients = append(clients, m.ClientURL)
+		for _, k := range endpointKeys(m.ClientURL) {
+			green[k] = true
+		}
 	}
 	var errs []error
 	for i, a := range p.greenAPIServers() {
@@ -233,12 +248,43 @@ func checkGreenEtcdServers(p *Plan) error {
 			}
 		}
 		for _, s := range etcdServers(args) {
-			if blue[proc.HostPort(s)] {
+			switch {
+			case blue[proc.HostPort(s)]:
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, one of blue.etcd.endpoints: green's apiserver would serve blue's data; give it green's etcd members' client URLs", field, s))
+			case !slices.ContainsFunc(endpointKeys(s), func(k string) bool { return green[k] }):
+				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, none of green.etcd.members' clientURLs (%s): green's apiserver would never become ready; give it their scheme, host and port", field, s, strings.Join(clients, ", ")))
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// endpointKeys are the ways an etcd URL names its server: its scheme and port with its host
+// and each address the host resolves to (localhost is 127.0.0.1 too), for comparing URLs
+// written differently.
+func endpointKeys(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(proc.HostPort(raw))
+	if err != nil {
+		return nil
+	}
+	hosts := []string{host}
+	if net.ParseIP(host) == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+		cancel()
+		if err == nil {
+			hosts = append(hosts, addrs...)
+		}
+	}
+	keys := make([]string, 0, len(hosts))
+	for _, h := range hosts {
+		keys = append(keys, u.Scheme+"://"+net.JoinHostPort(h, port))
+	}
+	return keys
 }
 
 // etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
