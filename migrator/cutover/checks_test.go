@@ -478,3 +478,31 @@ spec:
 		})
 	}
 }
+
+// TestGreenQuotaFitsBlue: green etcd starts with etcd's default 2 GiB quota unless
+// green.etcd.extraArgs sets one; a blue database near it (a cluster that raised blue's quota)
+// would be refused writes on green soon after the restore, in the window of a fenced copy.
+func TestGreenQuotaFitsBlue(t *testing.T) {
+	const gib = int64(1) << 30
+	for _, tc := range []struct {
+		name   string
+		extra  []string
+		blueDB int64
+		want   string
+	}{
+		{"1 GiB under the default", nil, gib, ""},
+		{"1.9 GiB under the default", nil, 19 * gib / 10, "--quota-backend-bytes"},
+		{"1.9 GiB under 8 GiB", []string{"--quota-backend-bytes=8589934592"}, 19 * gib / 10, ""},
+		{"flag and value apart", []string{"--quota-backend-bytes", "1073741824"}, gib, "1.0 GiB"},
+		{"no quota", []string{"--quota-backend-bytes=-1"}, 100 * gib, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.Green.Etcd.ExtraArgs = tc.extra
+			err := checkGreenQuota(p, tc.blueDB)
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkGreenQuota = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,7 +43,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p), checkGreenTLS(p))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p), checkGreenTLS(p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -318,3 +319,34 @@ func manifestArgs(path string) ([]string, error) {
 	}
 	return args, nil
 }
+
+// etcdDefaultQuota is etcd's --quota-backend-bytes when none is given (or 0).
+const etcdDefaultQuota = 2 << 30
+
+// checkGreenQuota refuses a green whose etcd quota leaves too little room for blue's database
+// (blueDB, the largest member's file): green is restored from it at about its size and would
+// refuse writes (NOSPACE) soon after.
+func checkGreenQuota(p *Plan, blueDB int64) error {
+	quota, set := int64(etcdDefaultQuota), false
+	args := etcdCommand(p, p.Green.Etcd.Members[0])
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, "--quota-backend-bytes=")
+		if !ok && a == "--quota-backend-bytes" && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); ok && err == nil && n != 0 {
+			quota, set = n, true
+		}
+	}
+	if quota < 0 || blueDB <= quota/5*4 { // negative: no quota
+		return nil
+	}
+	source := "etcd's default, green.etcd.extraArgs sets none"
+	if set {
+		source = "from green.etcd.extraArgs"
+	}
+	return fmt.Errorf("green etcd's quota (--quota-backend-bytes, %s: %s) leaves too little room for blue's database of %s: green would refuse writes once restored from it; set --quota-backend-bytes in green.etcd.extraArgs at least as large as blue's and above %s, or defragment blue first", gibs(quota), source, gibs(blueDB), gibs(blueDB/4*5))
+}
+
+// gibs is n bytes in GiB, one decimal.
+func gibs(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }

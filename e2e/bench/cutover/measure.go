@@ -156,6 +156,7 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	green.Plan.Migration.Mode, green.Plan.Proxy.FenceMode = "", "" // the defaults: auto (replicate here), hold
 	green.Plan.Bake.Enabled = rollback
 	green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client" // the PKI's apiserver-etcd-client
+	green.Plan.Green.Etcd.ExtraArgs = blueEtcdArgs[:1]                // blue's quota: green holds blue's data
 	if err := green.Save(); err != nil {
 		return r, err
 	}
