@@ -125,6 +125,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	unfenceErr := unfence()
 	if r.p.Replicating() {
 		r.stopReplicationLogged()
+		r.releaseGreenHold()
 	}
 	_, stopErr := r.stopGreen()
 	if err := errors.Join(unfenceErr, stopErr); err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
@@ -118,4 +119,50 @@ func TestDeltaCheckBeforeTheSwitch(t *testing.T) {
 	if err := r.replicationAlive(); !errors.Is(err, replicate.ErrRevisionMismatch) {
 		t.Fatalf("replicationAlive after the check failed = %v", err)
 	}
+}
+
+// TestGreenLeasesHeldUntilReplication: from green's start until replication takes them over,
+// green's restored leases are kept alive (learners joining or the auth step may take longer than
+// a master lease's 15 s): an expiry green made by itself would be a revision of its own, and
+// the cutover could only abort. Released, the lease expires as etcd would have it.
+func TestGreenLeasesHeldUntilReplication(t *testing.T) {
+	green := startTestEtcd(t)
+	ctx := t.Context()
+	l, err := green.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := green.Put(ctx, "/registry/masterleases/10.0.0.1", "x", clientv3.WithLease(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{to: side{name: "green"}}
+	if err := r.holdGreenLeases(ctx, datadir.ConnSpec{Endpoints: green.Endpoints()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second) // twice the lease's TTL
+	if got := revisionOf(t, green); got != put.Header.Revision {
+		t.Fatalf("green moved from revision %d to %d while its leases were held", put.Header.Revision, got)
+	}
+	release := r.takeGreenHold()
+	if release == nil || r.greenHold != nil {
+		t.Fatal("the hold was not handed over")
+	}
+	release()
+	deadline := time.Now().Add(15 * time.Second)
+	for revisionOf(t, green) == put.Header.Revision {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease did not expire once released")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func revisionOf(t *testing.T, c *clientv3.Client) int64 {
+	t.Helper()
+	rev, err := replicate.Revision(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
 }

@@ -33,6 +33,7 @@ func (r *runner) rebuildGreen(cause error) error {
 		r.o.Log.Info("replication stopped", "err", err)
 	}
 	r.closeAuthClients() // the fence step connects again, to the green built next
+	r.releaseGreenHold()
 	if _, err := r.stopGreen(); err != nil {
 		return err
 	}

@@ -128,7 +128,13 @@ func (r *runner) replicationClients() (src, dst *clientv3.Client, err error) {
 // clients it then owns (closed when replication stops, or now if it cannot start), in a
 // goroutine of this process that runs until stopReplication.
 func (r *runner) startReplication(src, dst *clientv3.Client, from int64) error {
-	return r.startReplicationOf(src, dst, from, r.from.name, r.to.name)
+	if err := r.startReplicationOf(src, dst, from, r.from.name, r.to.name); err != nil {
+		return err
+	}
+	// Run keeps dst's leases alive from its start: what held them since green started goes
+	// when replication stops.
+	r.repl.release = r.takeGreenHold()
+	return nil
 }
 
 // startReplicationOf is startReplication with the sides' names given.
@@ -148,6 +154,42 @@ func (r *runner) startReplicationOf(src, dst *clientv3.Client, from int64, srcNa
 	go r.reportProgress(rp, r.progressStep)
 	r.repl = rp
 	return nil
+}
+
+// holdGreenLeases keeps every lease green was restored with alive, over a client of spec, until
+// replication takes them over (takeGreenHold) or releaseGreenHold: joining learners, or the auth
+// step, may take longer than a lease's TTL (15 s for kube-apiserver's master leases), and an
+// expiry green made by itself would be a revision of its own, which the auth step and
+// replication refuse. It holds nothing a second time.
+func (r *runner) holdGreenLeases(ctx context.Context, spec datadir.ConnSpec) error {
+	if r.greenHold != nil {
+		return nil
+	}
+	cli, err := datadir.NewClient(spec)
+	if err != nil {
+		return fmt.Errorf("%s etcd, to keep its leases alive: %w", r.to.name, err)
+	}
+	release, err := replicate.HoldLeases(context.Background(), ctx, cli, r.o.Log)
+	if err != nil {
+		cli.Close()
+		return fmt.Errorf("keeping %s's restored leases alive: %w", r.to.name, err)
+	}
+	r.greenHold = func() { release(); cli.Close() }
+	return nil
+}
+
+// takeGreenHold hands what keeps green's leases alive to its taker (nil if nothing does).
+func (r *runner) takeGreenHold() func() {
+	h := r.greenHold
+	r.greenHold = nil
+	return h
+}
+
+// releaseGreenHold stops keeping green's leases alive, if this process does.
+func (r *runner) releaseGreenHold() {
+	if h := r.takeGreenHold(); h != nil {
+		h()
+	}
 }
 
 // progressEvery is how often where replication stands is reported while it runs.

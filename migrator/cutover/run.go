@@ -146,6 +146,9 @@ type runner struct {
 	// authClients are the etcd clients of the window's gate and ungate steps, by side name
 	// (authClient).
 	authClients map[string]*clientv3.Client
+	// greenHold ends what keeps green's restored leases alive from green's start until
+	// replication takes them over (holdGreenLeases), nil when nothing does.
+	greenHold func()
 }
 
 // ErrRehearseNeedsReplication refuses --rehearse of a plan that does not replicate.
@@ -265,6 +268,7 @@ func (r *runner) openJournal() error {
 // is rebuilt from a new snapshot (rebuild.go) and the walk starts again.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	defer func() { _, _ = r.stopReplication() }()
+	defer r.releaseGreenHold()
 	defer r.closeAuthClients()
 	for {
 		err := r.walk(ctx)

@@ -72,6 +72,9 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := r.holdRestoredLeases(ctx); err != nil {
+		return "", err
+	}
 	cli, err := datadir.NewClient(p.greenConn())
 	if err != nil {
 		return "", err
@@ -113,7 +116,20 @@ func (r *runner) seedsHealthy(ctx context.Context, eps []string, members []green
 	if err != nil {
 		return nil, err
 	}
+	if err := r.holdRestoredLeases(ctx); err != nil { // learners join for longer than a TTL
+		return nil, err
+	}
 	return r.joinLearners(ctx)
+}
+
+// holdRestoredLeases (mode replicate) keeps the leases green was restored with alive until
+// replication takes them over: from the restored members' start, green must change nothing
+// by itself.
+func (r *runner) holdRestoredLeases(ctx context.Context) error {
+	if !r.p.Replicating() {
+		return nil
+	}
+	return r.holdGreenLeases(ctx, r.p.seedConn())
 }
 
 func learnersNote(names []string) string {
