@@ -236,7 +236,7 @@ func (p *pipeline) settle(ctx context.Context) error {
 		p.grow()
 		p.flight = p.flight[1:]
 		p.resyncs, p.headRetries = 0, 0
-		p.r.applied(t.rev)
+		p.r.applied(t.rev, t.evs)
 		return nil
 	}
 	if t.err == nil && p.headRetries < maxHeadRetries {
@@ -304,7 +304,7 @@ func (p *pipeline) stop() {
 		if t.err != nil || !t.resp.Succeeded || t.resp.Header.Revision != t.rev {
 			return
 		}
-		p.r.applied(t.rev)
+		p.r.applied(t.rev, t.evs)
 	}
 }
 
@@ -398,8 +398,10 @@ func (p *pipeline) adopt(ctx context.Context, g int64) error {
 	if diff != "" {
 		return fmt.Errorf("%w: green's revision %d is not blue's: %s", ErrRevisionMismatch, g, diff)
 	}
-	for rev := applied + 1; rev <= g; rev++ {
-		p.r.applied(rev)
+	for _, t := range p.flight { // applied+1 … the newest sent, in order
+		if t.rev > applied && t.rev <= g {
+			p.r.applied(t.rev, t.evs)
+		}
 	}
 	p.resyncs = 0
 	return nil

@@ -3,6 +3,8 @@ package replicate
 import (
 	"context"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Progress is where replication stands. The JSON form is what `-o json` prints.
@@ -31,6 +33,9 @@ type Progress struct {
 	Resyncs int64 `json:"resyncs"`
 	// LeaseWaits is how many times this run drained the pipeline to grant a lease on green.
 	LeaseWaits int64 `json:"leaseWaits"`
+	// Compactions is how many times this run compacted green, each to the revision blue's
+	// apiserver compacted blue to (its compact_rev_key put, applied to green).
+	Compactions int64 `json:"compactions"`
 }
 
 const rateWindow = 10 * time.Second
@@ -101,6 +106,7 @@ func (r *Replicator) Progress() Progress {
 	p := r.progress.snapshot(time.Now())
 	r.mu.Unlock()
 	p.Leases = r.leases.count()
+	p.Compactions = r.compact.count()
 	return p
 }
 
@@ -110,13 +116,15 @@ func (r *Replicator) sawSource(rev int64) {
 	r.mu.Unlock()
 }
 
-// applied records rev as applied, wakes WaitFor and calls OnApplied.
-func (r *Replicator) applied(rev int64) {
+// applied records blue's revision rev (its events evs) as applied, wakes WaitFor, tells the
+// compactor and calls OnApplied.
+func (r *Replicator) applied(rev int64, evs []*clientv3.Event) {
 	r.mu.Lock()
 	r.progress.didApply(rev, time.Now())
 	close(r.cond)
 	r.cond = make(chan struct{})
 	r.mu.Unlock()
+	r.compact.applied(rev, evs)
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(r.Progress())
 	}
