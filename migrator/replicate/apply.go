@@ -16,16 +16,27 @@ import (
 // errRewatch: the watch ended for a reason worth watching again from the next revision.
 var errRewatch = errors.New("watch ended")
 
+// Watching blue again waits rewatchBackoff, doubled after each watch that ended without
+// delivering anything, up to maxRewatchBackoff; a watch that delivered starts it over, so that
+// early blips do not make every later drop wait the longest (the cutover's window is 5 s).
+const (
+	rewatchBackoff    = 100 * time.Millisecond
+	maxRewatchBackoff = 5 * time.Second
+)
+
 // replicate watches blue from the revision after green's and applies what arrives, watching
 // again (from green's revision + 1) when the watch ends for a transient reason.
 func (r *Replicator) replicate(ctx context.Context) error {
 	p := &pipeline{r: r}
 	defer p.stop() // no txn may reach green after Run returns, and each that did is counted
-	backoff := 100 * time.Millisecond
+	backoff := rewatchBackoff
 	for {
-		err := r.watch(ctx, p, r.appliedRev()+1)
+		delivered, err := r.watch(ctx, p, r.appliedRev()+1)
 		if !errors.Is(err, errRewatch) {
 			return err
+		}
+		if delivered {
+			backoff = rewatchBackoff
 		}
 		if cerr := r.cfg.Source.Ctx().Err(); cerr != nil {
 			return fmt.Errorf("replicate: blue's client is closed (%w) with green at %d", cerr, r.appliedRev())
@@ -36,7 +47,7 @@ func (r *Replicator) replicate(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		backoff = min(2*backoff, maxRewatchBackoff)
 	}
 }
 
@@ -47,8 +58,9 @@ func (r *Replicator) appliedRev() int64 {
 }
 
 // watch applies blue's revisions from rev on, one txn each, through the pipeline; the oldest
-// txn in flight is settled as soon as it ends, so progress is current when blue is quiet.
-func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) error {
+// txn in flight is settled as soon as it ends, so progress is current when blue is quiet. It
+// says whether the watch delivered a response (other than an error) before it ended.
+func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) (delivered bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	r.cfg.Log.Info("watching blue", "from", from)
@@ -61,16 +73,17 @@ func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) error {
 		select {
 		case <-head:
 			if err := p.settle(ctx); err != nil {
-				return err
+				return delivered, err
 			}
 			continue
 		case resp, ok := <-wch:
 			if !ok {
-				return r.watchEnded(ctx, p)
+				return delivered, r.watchEnded(ctx, p)
 			}
 			if err := r.take(ctx, p, resp); err != nil {
-				return err
+				return delivered, err
 			}
+			delivered = true
 		}
 	}
 }
