@@ -162,13 +162,15 @@ func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clie
 }
 
 // definite turns the errors that sending again cannot fix into what to do about them; nil for
-// the others.
-func definite(err error, rev int64, n int) error {
+// the others. rev is the blue revision that failed, evs its events.
+func definite(err error, rev int64, evs []*clientv3.Event) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrTooManyOps):
-		return fmt.Errorf("%w: blue's revision %d holds %d operations, more than green's --max-txn-ops allows (default 128; a lease expiry alone deletes up to 1,000 event keys in one revision). One revision cannot be split without breaking exact revisions: run green etcd with --max-txn-ops 100000: %v", ErrTooManyOps, rev, n, err)
+		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), more than green's --max-txn-ops allows. %s If green's --max-txn-ops is below 100000 (what the cutover runs it with; a lease expiry alone deletes up to 1,000 event keys in one revision), raising it is the other way: %v",
+			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
-		return fmt.Errorf("replicate: blue's revision %d (%d operations) is larger than green accepts in one request: run green etcd with --max-request-bytes at least blue's, and give the green client a MaxCallSendMsgSize above it: %w", rev, n, err)
+		return fmt.Errorf("replicate: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
+			rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
 	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty),
@@ -176,4 +178,29 @@ func definite(err error, rev int64, n int) error {
 		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
 	}
 	return nil
+}
+
+// tooBig is the way out of a blue revision rev that green cannot take as one txn.
+func tooBig(rev int64) string {
+	return fmt.Sprintf("Green cannot take that revision as one txn, and one revision cannot be split without breaking exact revisions; a snapshot of blue taken after revision %d holds it: rebuild green from a new snapshot (run the cutover again).", rev)
+}
+
+// eventBytes is the size of the keys and values of evs.
+func eventBytes(evs []*clientv3.Event) int {
+	n := 0
+	for _, ev := range evs {
+		n += len(ev.Kv.Key) + len(ev.Kv.Value)
+	}
+	return n
+}
+
+// byteSize says n bytes for a reader: "900 bytes", "12.5 KiB", "1.8 MiB".
+func byteSize(n int) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d bytes", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }

@@ -246,7 +246,7 @@ func (p *pipeline) settle(ctx context.Context) error {
 		return nil
 	}
 	if t.err != nil {
-		if err := definite(t.err, t.rev, len(t.ops)); err != nil {
+		if err := definite(t.err, t.rev, t.evs); err != nil {
 			p.wait()
 			return err
 		}

@@ -300,7 +300,9 @@ func TestCompacted(t *testing.T) {
 }
 
 // TestTooManyOps: a blue revision with more operations than green's --max-txn-ops stops with
-// ErrTooManyOps saying which flag to set; green is left untouched at the revision before.
+// ErrTooManyOps naming the revision and its size, and the ways out: a new snapshot (taken after
+// the revision, it holds it), or the flag if it is below what the cutover sets; green is left
+// untouched at the revision before.
 func TestTooManyOps(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	for i := range 200 {
@@ -308,12 +310,18 @@ func TestTooManyOps(t *testing.T) {
 	}
 	green, s := greenFrom(t, blue, etcdOpts{}) // etcd's default --max-txn-ops, 128
 	run := start(t, blue, green, s, nil)
-	if _, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()); err != nil { // one op on blue, 200 deletes
+	del, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()) // one op on blue, 200 deletes
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := run.wait(t, 30*time.Second)
-	if !errors.Is(err, ErrTooManyOps) || !strings.Contains(err.Error(), "--max-txn-ops 100000") || !strings.Contains(err.Error(), "200 operations") {
-		t.Fatalf("Run = %v, want ErrTooManyOps naming 200 operations and --max-txn-ops 100000", err)
+	err = run.wait(t, 30*time.Second)
+	if !errors.Is(err, ErrTooManyOps) {
+		t.Fatalf("Run = %v, want ErrTooManyOps", err)
+	}
+	for _, want := range []string{fmt.Sprintf("revision %d holds 200 operations", del.Header.Revision), "new snapshot", "--max-txn-ops", "below 100000"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run = %v, want it to say %q", err, want)
+		}
 	}
 	if got := revision(t, green); got != s {
 		t.Fatalf("green moved from %d to %d", s, got)
@@ -528,19 +536,31 @@ func TestCompareRevision(t *testing.T) {
 }
 
 // TestRequestTooLarge: a blue revision bigger than green's --max-request-bytes stops Run with an
-// error that names the flag; green is left untouched.
+// error that names the revision and its size, and the ways out: a new snapshot, or the flag if
+// it is below what the cutover sets (not a client setting no operator can reach); green is left
+// untouched.
 func TestRequestTooLarge(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxReq: 8 << 20})
 	put(t, blue, "a", "1")
 	green, s := greenFrom(t, blue, etcdOpts{}) // 1.5 MiB
 	run := start(t, blue, green, s, nil)
 	big := strings.Repeat("x", 900<<10)
-	if _, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("big/1", big), clientv3.OpPut("big/2", big)).Commit(); err != nil {
+	resp, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("big/1", big), clientv3.OpPut("big/2", big)).Commit()
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := run.wait(t, 30*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "--max-request-bytes") {
-		t.Fatalf("Run = %v, want an error naming --max-request-bytes", err)
+	err = run.wait(t, 30*time.Second)
+	if err == nil {
+		t.Fatal("Run = nil, want an error")
+	}
+	want := []string{fmt.Sprintf("revision %d (2 operations, 1.8 MiB", resp.Header.Revision), "new snapshot", "--max-request-bytes", "below 10 MiB"}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Run = %v, want it to say %q", err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "MaxCallSendMsgSize") {
+		t.Errorf("Run = %v: names a client setting no operator can reach", err)
 	}
 	if got := revision(t, green); got != s {
 		t.Fatalf("green moved from %d to %d", s, got)
