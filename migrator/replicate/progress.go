@@ -20,8 +20,8 @@ type Progress struct {
 	LagSeconds float64 `json:"lagSeconds"`
 	// Revisions is how many revisions this run applied.
 	Revisions int64 `json:"revisions"`
-	// RevisionsPerSecond is the apply rate over the last rateWindow (over the whole run while it
-	// is shorter).
+	// RevisionsPerSecond is the apply rate over the last rateWindow up to now (over the whole
+	// run while it is shorter): it falls towards 0 while replication stalls.
 	RevisionsPerSecond float64 `json:"revisionsPerSecond"`
 	// Leases is how many leases the replicator keeps alive on green.
 	Leases int `json:"leases"`
@@ -91,13 +91,29 @@ func (t *tracker) snapshot(now time.Time) Progress {
 	if len(t.seen) > 0 {
 		p.LagSeconds = now.Sub(t.seen[0].at).Seconds()
 	}
-	if n := len(t.samples); n >= 2 {
-		first, last := t.samples[0], t.samples[n-1]
-		if dt := last.at.Sub(first.at).Seconds(); dt > 0 {
-			p.RevisionsPerSecond = float64(last.n-first.n) / dt
-		}
-	}
+	p.RevisionsPerSecond = t.rate(now)
 	return p
+}
+
+// rate is the revisions applied per second from the start of the rateWindow before now (the
+// newest sample at or before it; the oldest sample while the run is shorter) up to now, so that
+// it falls towards 0 while nothing is applied.
+func (t *tracker) rate(now time.Time) float64 {
+	if len(t.samples) == 0 {
+		return 0
+	}
+	base := t.samples[0]
+	for _, s := range t.samples[1:] {
+		if now.Sub(s.at) < rateWindow {
+			break
+		}
+		base = s
+	}
+	dt := now.Sub(base.at).Seconds()
+	if dt <= 0 {
+		return 0
+	}
+	return float64(t.revisions-base.n) / dt
 }
 
 // Progress reports where replication stands now.
