@@ -962,9 +962,10 @@ func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
 	return t.Txn.Commit()
 }
 
-// TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green
-// (Run waits for it), so Progress().Applied after Run returns must count it: the cutover
-// compares it with the revision it caught up to, to catch a write made after that.
+// TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green,
+// and Run returns only after it ended (none may reach green after Run returns, when the cutover
+// may let green's apiserver write); Progress().Applied after Run returns must count it: the
+// cutover compares it with the revision it caught up to, to catch a write made after that.
 func TestStopCountsWhatWasInFlight(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
@@ -977,18 +978,22 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 	kv := &heldKV{KV: cli.KV, arrived: make(chan struct{}, 1), release: make(chan struct{})}
 	cli.KV = kv
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
-	put(t, blue, "/a", "1")
+	rev := put(t, blue, "/a", "1")
 	select {
 	case <-kv.arrived:
 	case <-time.After(30 * time.Second):
 		t.Fatal("no txn reached green")
 	}
 	run.stop()
-	time.AfterFunc(200*time.Millisecond, func() { close(kv.release) })
+	var released atomic.Bool
+	time.AfterFunc(200*time.Millisecond, func() { released.Store(true); close(kv.release) })
 	<-run.done
 	run.done <- nil // for the cleanup
-	if g, applied := revision(t, green), run.r.Progress().Applied; g != applied {
-		t.Fatalf("green at revision %d, Progress().Applied %d after Run returned", g, applied)
+	if !released.Load() {
+		t.Fatal("Run returned while its txn was held in flight: it could reach green after Run returned")
+	}
+	if g, applied := revision(t, green), run.r.Progress().Applied; g != rev || applied != g {
+		t.Fatalf("after Run returned green is at revision %d, Progress().Applied %d; want both at %d, the txn in flight", g, applied, rev)
 	}
 }
 
