@@ -26,9 +26,9 @@ const (
 
 // replicate watches blue from the revision after green's and applies what arrives, watching
 // again (from green's revision + 1) when the watch ends for a transient reason.
-func (r *Replicator) replicate(ctx context.Context) error {
+func (r *Replicator) replicate(ctx context.Context) (err error) {
 	p := &pipeline{r: r}
-	defer p.stop() // no txn may reach green after Run returns, and each that did is counted
+	defer func() { err = stopped(ctx, err, p.stop()) }() // no txn may reach green after Run returns, and each that did is counted
 	backoff := rewatchBackoff
 	for {
 		delivered, err := r.watch(ctx, p, r.appliedRev()+1)
@@ -49,6 +49,19 @@ func (r *Replicator) replicate(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, maxRewatchBackoff)
 	}
+}
+
+// stopped is why replication stopped: err, and serr if stopping the pipeline failed (green's
+// revision unknown, or not blue's). When ctx ended, err is only that: serr replaces it, so that
+// a caller that takes a cancellation for a clean stop does not miss it.
+func stopped(ctx context.Context, err, serr error) error {
+	switch {
+	case serr == nil:
+		return err
+	case ctx.Err() != nil:
+		return serr
+	}
+	return errors.Join(err, serr)
 }
 
 func (r *Replicator) appliedRev() int64 {

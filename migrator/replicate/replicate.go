@@ -191,7 +191,8 @@ func (r *Replicator) checkStart(ctx context.Context) error {
 }
 
 // ProbeKey is read (never written) to learn a cluster's current revision, and named by
-// read-only txns that check a cluster's limits.
+// read-only txns that check a cluster's limits and by the barrier (a txn whose guard never
+// holds) that learns green's revision after its outcome was unknown.
 const ProbeKey = "\x00kubefence-replicate-probe"
 
 // Revision is a cluster's newest revision, by a linearizable read.

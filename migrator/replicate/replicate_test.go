@@ -997,6 +997,83 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 	}
 }
 
+// lateKV makes the first txn that reaches it end with DeadlineExceeded once release is closed,
+// while the txn itself commits on green after a while, as a request etcd had proposed when its
+// client gave up does; every later txn commits after it, as etcd's raft log orders them.
+type lateKV struct {
+	clientv3.KV
+	after   time.Duration
+	arrived chan struct{} // gets a signal when the first txn arrives
+	release chan struct{}
+	landed  chan struct{} // closed once the first txn committed
+	first   atomic.Bool
+}
+
+func (kv *lateKV) Txn(ctx context.Context) clientv3.Txn {
+	return &lateTxn{Txn: kv.KV.Txn(context.WithoutCancel(ctx)), kv: kv}
+}
+
+type lateTxn struct {
+	clientv3.Txn
+	kv *lateKV
+}
+
+func (t *lateTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *lateTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *lateTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *lateTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.kv.first.CompareAndSwap(false, true) {
+		t.kv.arrived <- struct{}{}
+		<-t.kv.release
+		go func() {
+			defer close(t.kv.landed)
+			time.Sleep(t.kv.after)
+			_, _ = t.Txn.Commit()
+		}()
+		return nil, context.DeadlineExceeded
+	}
+	<-t.kv.landed
+	return t.Txn.Commit()
+}
+
+// TestStopAdoptsLateCommit: a txn in flight when Run is stopped that ends with its outcome
+// unknown (a timeout) may still commit on green; Run must not return before green's revision is
+// known again (read through green's raft log, after that txn), and Progress().Applied must count
+// it: no txn of Run's may reach green after Run returns.
+func TestStopAdoptsLateCommit(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	kv := &lateKV{KV: cli.KV, after: 300 * time.Millisecond, arrived: make(chan struct{}, 1), release: make(chan struct{}), landed: make(chan struct{})}
+	cli.KV = kv
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
+	rev := put(t, blue, "/a", "1")
+	select {
+	case <-kv.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no txn reached green")
+	}
+	run.stop()
+	close(kv.release)
+	<-run.done
+	run.done <- nil // for the cleanup
+	applied := run.r.Progress().Applied
+	select {
+	case <-kv.landed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late txn did not commit")
+	}
+	if g := revision(t, green); g != rev || applied != g {
+		t.Fatalf("Run returned with Progress().Applied %d; green then reached revision %d; want both at %d, the late txn", applied, g, rev)
+	}
+}
+
 // TestLeaseGrantRetried: a put that names a lease green does not keep yet makes the replicator
 // grant it on green first. Green restarting then is ridden out as for a txn (ApplyTimeout a
 // try, 10 tries), not the end of replication.
