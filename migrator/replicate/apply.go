@@ -16,16 +16,27 @@ import (
 // errRewatch: the watch ended for a reason worth watching again from the next revision.
 var errRewatch = errors.New("watch ended")
 
+// Watching blue again waits rewatchBackoff, doubled after each watch that ended without
+// delivering anything, up to maxRewatchBackoff; a watch that delivered starts it over, so that
+// early blips do not make every later drop wait the longest (the cutover's window is 5 s).
+const (
+	rewatchBackoff    = 100 * time.Millisecond
+	maxRewatchBackoff = 5 * time.Second
+)
+
 // replicate watches blue from the revision after green's and applies what arrives, watching
 // again (from green's revision + 1) when the watch ends for a transient reason.
-func (r *Replicator) replicate(ctx context.Context) error {
+func (r *Replicator) replicate(ctx context.Context) (err error) {
 	p := &pipeline{r: r}
-	defer p.stop() // no txn may reach green after Run returns, and each that did is counted
-	backoff := 100 * time.Millisecond
+	defer func() { err = stopped(ctx, err, p.stop()) }() // no txn may reach green after Run returns, and each that did is counted
+	backoff := rewatchBackoff
 	for {
-		err := r.watch(ctx, p, r.appliedRev()+1)
+		delivered, err := r.watch(ctx, p, r.appliedRev()+1)
 		if !errors.Is(err, errRewatch) {
 			return err
+		}
+		if delivered {
+			backoff = rewatchBackoff
 		}
 		if cerr := r.cfg.Source.Ctx().Err(); cerr != nil {
 			return fmt.Errorf("replicate: blue's client is closed (%w) with green at %d", cerr, r.appliedRev())
@@ -36,8 +47,21 @@ func (r *Replicator) replicate(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		backoff = min(2*backoff, maxRewatchBackoff)
 	}
+}
+
+// stopped is why replication stopped: err, and serr if stopping the pipeline failed (green's
+// revision unknown, or not blue's). When ctx ended, err is only that: serr replaces it, so that
+// a caller that takes a cancellation for a clean stop does not miss it.
+func stopped(ctx context.Context, err, serr error) error {
+	switch {
+	case serr == nil:
+		return err
+	case ctx.Err() != nil:
+		return serr
+	}
+	return errors.Join(err, serr)
 }
 
 func (r *Replicator) appliedRev() int64 {
@@ -47,8 +71,9 @@ func (r *Replicator) appliedRev() int64 {
 }
 
 // watch applies blue's revisions from rev on, one txn each, through the pipeline; the oldest
-// txn in flight is settled as soon as it ends, so progress is current when blue is quiet.
-func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) error {
+// txn in flight is settled as soon as it ends, so progress is current when blue is quiet. It
+// says whether the watch delivered a response (other than an error) before it ended.
+func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) (delivered bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	r.cfg.Log.Info("watching blue", "from", from)
@@ -61,16 +86,17 @@ func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) error {
 		select {
 		case <-head:
 			if err := p.settle(ctx); err != nil {
-				return err
+				return delivered, err
 			}
 			continue
 		case resp, ok := <-wch:
 			if !ok {
-				return r.watchEnded(ctx, p)
+				return delivered, r.watchEnded(ctx, p)
 			}
 			if err := r.take(ctx, p, resp); err != nil {
-				return err
+				return delivered, err
 			}
+			delivered = true
 		}
 	}
 }
@@ -149,13 +175,15 @@ func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clie
 }
 
 // definite turns the errors that sending again cannot fix into what to do about them; nil for
-// the others.
-func definite(err error, rev int64, n int) error {
+// the others. rev is the blue revision that failed, evs its events.
+func definite(err error, rev int64, evs []*clientv3.Event) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrTooManyOps):
-		return fmt.Errorf("%w: blue's revision %d holds %d operations, more than green's --max-txn-ops allows (default 128; a lease expiry alone deletes up to 1,000 event keys in one revision). One revision cannot be split without breaking exact revisions: run green etcd with --max-txn-ops 100000: %v", ErrTooManyOps, rev, n, err)
+		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), more than green's --max-txn-ops allows. %s If green's --max-txn-ops is below 100000 (what the cutover runs it with; a lease expiry alone deletes up to 1,000 event keys in one revision), raising it is the other way: %v",
+			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
-		return fmt.Errorf("replicate: blue's revision %d (%d operations) is larger than green accepts in one request: run green etcd with --max-request-bytes at least blue's, and give the green client a MaxCallSendMsgSize above it: %w", rev, n, err)
+		return fmt.Errorf("replicate: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
+			rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
 	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty),
@@ -163,4 +191,29 @@ func definite(err error, rev int64, n int) error {
 		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
 	}
 	return nil
+}
+
+// tooBig is the way out of a blue revision rev that green cannot take as one txn.
+func tooBig(rev int64) string {
+	return fmt.Sprintf("Green cannot take that revision as one txn, and one revision cannot be split without breaking exact revisions; a snapshot of blue taken after revision %d holds it: rebuild green from a new snapshot (run the cutover again).", rev)
+}
+
+// eventBytes is the size of the keys and values of evs.
+func eventBytes(evs []*clientv3.Event) int {
+	n := 0
+	for _, ev := range evs {
+		n += len(ev.Kv.Key) + len(ev.Kv.Value)
+	}
+	return n
+}
+
+// byteSize says n bytes for a reader: "900 bytes", "12.5 KiB", "1.8 MiB".
+func byteSize(n int) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d bytes", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }

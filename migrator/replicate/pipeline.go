@@ -41,7 +41,9 @@ import (
 // unknown (a timeout, a lost connection), does the pipeline resync: it waits for every txn in
 // flight, reads green's revision g, checks that green's revision g is blue's change for change,
 // counts everything up to g as applied, and sends the rest again. Txns are never cancelled in
-// flight: Run waits for them, so none can reach green after Run returns.
+// flight: Run waits for them, and when one ended with its outcome unknown (it timed out, and
+// green may still commit it), Run learns green's revision through green's raft log after it
+// (pipeline.stop), so that none reaches green after Run returns.
 
 // pipelineDepth is the most txns in flight at once (the window's ceiling).
 const pipelineDepth = 64
@@ -236,7 +238,7 @@ func (p *pipeline) settle(ctx context.Context) error {
 		p.grow()
 		p.flight = p.flight[1:]
 		p.resyncs, p.headRetries = 0, 0
-		p.r.applied(t.rev)
+		p.r.applied(t.rev, t.evs)
 		return nil
 	}
 	if t.err == nil && p.headRetries < maxHeadRetries {
@@ -246,7 +248,7 @@ func (p *pipeline) settle(ctx context.Context) error {
 		return nil
 	}
 	if t.err != nil {
-		if err := definite(t.err, t.rev, len(t.ops)); err != nil {
+		if err := definite(t.err, t.rev, t.evs); err != nil {
 			p.wait()
 			return err
 		}
@@ -294,18 +296,60 @@ func (p *pipeline) flush(ctx context.Context) error {
 
 // stop waits for every txn in flight to end (Run does before it returns) and counts as applied
 // those green applied, oldest first, up to the first that did not: Progress().Applied is then
-// green's revision as far as these txns go, also when Run was stopped with txns in flight.
-func (p *pipeline) stop() {
+// green's revision as far as these txns go, also when Run was stopped with txns in flight. A
+// txn that ended with its outcome unknown (a timeout, a lost connection) may still commit on
+// green after it ended: then green's revision is learnt through green's raft log and adopted
+// (settleUnknown), so that none commits after Run returns.
+func (p *pipeline) stop() error {
 	p.wait()
 	for _, t := range p.flight {
-		if t.rev <= p.r.appliedRev() {
+		switch {
+		case t.rev <= p.r.appliedRev():
 			continue // counted already (a resync stopped half-way)
+		case t.err == nil && t.resp.Succeeded && t.resp.Header.Revision == t.rev:
+			p.r.applied(t.rev, t.evs)
+		case t.err != nil && definite(t.err, t.rev, t.evs) == nil:
+			return p.settleUnknown(t)
+		default:
+			// not applied (its guards failed, or green refused it), so neither is a later one
+			// (each is guarded on its predecessor); or applied as another revision, which
+			// settle reports
+			return nil
 		}
-		if t.err != nil || !t.resp.Succeeded || t.resp.Header.Revision != t.rev {
-			return
-		}
-		p.r.applied(t.rev)
 	}
+	return nil
+}
+
+// settleUnknown learns green's revision after Run stopped with t's outcome unknown, within one
+// ApplyTimeout: a barrier (a txn that changes nothing, ordered in green's raft log after every
+// request green had proposed, t included) answers with green's revision g once each of those is
+// applied, and g is adopted (checked to be blue's revision g).
+func (p *pipeline) settleUnknown(t *sentTxn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.r.cfg.ApplyTimeout)
+	defer cancel()
+	g, err := barrier(ctx, p.r.cfg.Dest)
+	if err != nil {
+		return fmt.Errorf("replicate: stopped with green's revision unknown: blue's revision %d ended with %v and may still commit on green; reading green's revision through its raft log failed: %v", t.rev, t.err, err)
+	}
+	if err := p.adopt(ctx, g); err != nil {
+		return err
+	}
+	p.r.cfg.Log.Info("stopped with a txn's outcome unknown; green's revision read after it", "revision", t.rev, "err", t.err, "green", g)
+	return nil
+}
+
+// barrier commits on cli, through its raft log, a txn that changes nothing (its guard never
+// holds; one that could write is not served as a read), and returns the revision it answers
+// with: every request proposed before it is applied by then.
+func barrier(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.Version(ProbeKey), "<", 0)).Then(clientv3.OpPut(ProbeKey, "")).Commit()
+	if err != nil {
+		return 0, err
+	}
+	if resp.Succeeded {
+		return 0, fmt.Errorf("the barrier's guard (version of %q below 0) held", ProbeKey)
+	}
+	return resp.Header.Revision, nil
 }
 
 // wait waits for every txn in flight to end, whatever its outcome.
@@ -398,8 +442,10 @@ func (p *pipeline) adopt(ctx context.Context, g int64) error {
 	if diff != "" {
 		return fmt.Errorf("%w: green's revision %d is not blue's: %s", ErrRevisionMismatch, g, diff)
 	}
-	for rev := applied + 1; rev <= g; rev++ {
-		p.r.applied(rev)
+	for _, t := range p.flight { // applied+1 … the newest sent, in order
+		if t.rev > applied && t.rev <= g {
+			p.r.applied(t.rev, t.evs)
+		}
 	}
 	p.resyncs = 0
 	return nil

@@ -3,6 +3,8 @@ package replicate
 import (
 	"context"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Progress is where replication stands. The JSON form is what `-o json` prints.
@@ -18,8 +20,8 @@ type Progress struct {
 	LagSeconds float64 `json:"lagSeconds"`
 	// Revisions is how many revisions this run applied.
 	Revisions int64 `json:"revisions"`
-	// RevisionsPerSecond is the apply rate over the last rateWindow (over the whole run while it
-	// is shorter).
+	// RevisionsPerSecond is the apply rate over the last rateWindow up to now (over the whole
+	// run while it is shorter): it falls towards 0 while replication stalls.
 	RevisionsPerSecond float64 `json:"revisionsPerSecond"`
 	// Leases is how many leases the replicator keeps alive on green.
 	Leases int `json:"leases"`
@@ -31,6 +33,9 @@ type Progress struct {
 	Resyncs int64 `json:"resyncs"`
 	// LeaseWaits is how many times this run drained the pipeline to grant a lease on green.
 	LeaseWaits int64 `json:"leaseWaits"`
+	// Compactions is how many times this run compacted green, each to the revision blue's
+	// apiserver compacted blue to (its compact_rev_key put, applied to green).
+	Compactions int64 `json:"compactions"`
 }
 
 const rateWindow = 10 * time.Second
@@ -86,13 +91,29 @@ func (t *tracker) snapshot(now time.Time) Progress {
 	if len(t.seen) > 0 {
 		p.LagSeconds = now.Sub(t.seen[0].at).Seconds()
 	}
-	if n := len(t.samples); n >= 2 {
-		first, last := t.samples[0], t.samples[n-1]
-		if dt := last.at.Sub(first.at).Seconds(); dt > 0 {
-			p.RevisionsPerSecond = float64(last.n-first.n) / dt
-		}
-	}
+	p.RevisionsPerSecond = t.rate(now)
 	return p
+}
+
+// rate is the revisions applied per second from the start of the rateWindow before now (the
+// newest sample at or before it; the oldest sample while the run is shorter) up to now, so that
+// it falls towards 0 while nothing is applied.
+func (t *tracker) rate(now time.Time) float64 {
+	if len(t.samples) == 0 {
+		return 0
+	}
+	base := t.samples[0]
+	for _, s := range t.samples[1:] {
+		if now.Sub(s.at) < rateWindow {
+			break
+		}
+		base = s
+	}
+	dt := now.Sub(base.at).Seconds()
+	if dt <= 0 {
+		return 0
+	}
+	return float64(t.revisions-base.n) / dt
 }
 
 // Progress reports where replication stands now.
@@ -101,6 +122,7 @@ func (r *Replicator) Progress() Progress {
 	p := r.progress.snapshot(time.Now())
 	r.mu.Unlock()
 	p.Leases = r.leases.count()
+	p.Compactions = r.compact.count()
 	return p
 }
 
@@ -110,13 +132,15 @@ func (r *Replicator) sawSource(rev int64) {
 	r.mu.Unlock()
 }
 
-// applied records rev as applied, wakes WaitFor and calls OnApplied.
-func (r *Replicator) applied(rev int64) {
+// applied records blue's revision rev (its events evs) as applied, wakes WaitFor, tells the
+// compactor and calls OnApplied.
+func (r *Replicator) applied(rev int64, evs []*clientv3.Event) {
 	r.mu.Lock()
 	r.progress.didApply(rev, time.Now())
 	close(r.cond)
 	r.cond = make(chan struct{})
 	r.mu.Unlock()
+	r.compact.applied(rev, evs)
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(r.Progress())
 	}

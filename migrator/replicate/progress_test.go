@@ -6,7 +6,8 @@ import (
 )
 
 // TestProgressLag: the lag in seconds runs from when the oldest unapplied revision was first
-// seen, not from when replication first fell behind; the rate counts applied revisions.
+// seen, not from when replication first fell behind; the rate counts applied revisions up to
+// now, so a stall shows it falling to 0 rather than the last rate kept.
 func TestProgressLag(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
@@ -33,8 +34,18 @@ func TestProgressLag(t *testing.T) {
 	if p.Revisions != 5 || p.Applied != 15 {
 		t.Fatalf("%+v: want 5 revisions applied, at 15", p)
 	}
-	// samples at +4 s (2 revisions counted), +5 s, +6 s, +7 s (5): 3 revisions in 3 s
-	if p.RevisionsPerSecond != 1 {
-		t.Fatalf("rate %.2f revisions/s, want 1", p.RevisionsPerSecond)
+	// samples at +4 s (2 revisions counted), +5 s, +6 s, +7 s (5), then nothing applied
+	for _, c := range []struct {
+		now  time.Duration
+		rate float64
+	}{
+		{7 * time.Second, 1},      // 3 revisions in 3 s
+		{8 * time.Second, 0.75},   // 3 in 4 s: stalled for a second
+		{12 * time.Second, 0.375}, // 3 in 8 s
+		{20 * time.Second, 0},     // nothing in the last 10 s
+	} {
+		if got := tr.snapshot(at(c.now)).RevisionsPerSecond; got != c.rate {
+			t.Errorf("at +%s: rate %.3f revisions/s, want %.3f", c.now, got, c.rate)
+		}
 	}
 }

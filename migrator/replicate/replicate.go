@@ -107,6 +107,7 @@ type Replicator struct {
 	cfg     Config
 	rename  *sideNames // nil: the default names
 	leases  *leaseMirror
+	compact *compactor
 	started atomic.Bool
 
 	mu       sync.Mutex
@@ -129,6 +130,7 @@ func New(cfg Config) (*Replicator, error) {
 	r.progress.applied = cfg.FromRevision
 	r.progress.source = cfg.FromRevision
 	r.leases = newLeaseMirror(r.cfg)
+	r.compact = newCompactor(&r.cfg)
 	return r, nil
 }
 
@@ -145,7 +147,8 @@ func Run(ctx context.Context, cfg Config) error {
 // blue from FromRevision+1 and applies each revision as one txn until ctx is cancelled (it then
 // returns ctx's error) or something breaks exact revisions (ErrRevisionMismatch,
 // ErrTooManyOps), or blue compacted what is needed (ErrCompacted). When Run returns, green's
-// leases are no longer kept alive by it. Run may be called once.
+// leases are no longer kept alive by it. Green is compacted as blue's apiserver compacts blue
+// (compact.go). Run may be called once.
 func (r *Replicator) Run(ctx context.Context) (err error) {
 	if r.started.Swap(true) {
 		return errors.New("replicate: Run called twice on one Replicator")
@@ -168,9 +171,10 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); r.pollSource(ctx) }()
 	go func() { defer wg.Done(); r.leases.checkLoop(ctx, r.appliedRev) }()
+	go func() { defer wg.Done(); r.compact.run(ctx) }()
 	return r.replicate(ctx)
 }
 
@@ -187,7 +191,8 @@ func (r *Replicator) checkStart(ctx context.Context) error {
 }
 
 // ProbeKey is read (never written) to learn a cluster's current revision, and named by
-// read-only txns that check a cluster's limits.
+// read-only txns that check a cluster's limits and by the barrier (a txn whose guard never
+// holds) that learns green's revision after its outcome was unknown.
 const ProbeKey = "\x00kubefence-replicate-probe"
 
 // Revision is a cluster's newest revision, by a linearizable read.

@@ -300,7 +300,9 @@ func TestCompacted(t *testing.T) {
 }
 
 // TestTooManyOps: a blue revision with more operations than green's --max-txn-ops stops with
-// ErrTooManyOps saying which flag to set; green is left untouched at the revision before.
+// ErrTooManyOps naming the revision and its size, and the ways out: a new snapshot (taken after
+// the revision, it holds it), or the flag if it is below what the cutover sets; green is left
+// untouched at the revision before.
 func TestTooManyOps(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	for i := range 200 {
@@ -308,12 +310,18 @@ func TestTooManyOps(t *testing.T) {
 	}
 	green, s := greenFrom(t, blue, etcdOpts{}) // etcd's default --max-txn-ops, 128
 	run := start(t, blue, green, s, nil)
-	if _, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()); err != nil { // one op on blue, 200 deletes
+	del, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()) // one op on blue, 200 deletes
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := run.wait(t, 30*time.Second)
-	if !errors.Is(err, ErrTooManyOps) || !strings.Contains(err.Error(), "--max-txn-ops 100000") || !strings.Contains(err.Error(), "200 operations") {
-		t.Fatalf("Run = %v, want ErrTooManyOps naming 200 operations and --max-txn-ops 100000", err)
+	err = run.wait(t, 30*time.Second)
+	if !errors.Is(err, ErrTooManyOps) {
+		t.Fatalf("Run = %v, want ErrTooManyOps", err)
+	}
+	for _, want := range []string{fmt.Sprintf("revision %d holds 200 operations", del.Header.Revision), "new snapshot", "--max-txn-ops", "below 100000"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run = %v, want it to say %q", err, want)
+		}
 	}
 	if got := revision(t, green); got != s {
 		t.Fatalf("green moved from %d to %d", s, got)
@@ -528,19 +536,31 @@ func TestCompareRevision(t *testing.T) {
 }
 
 // TestRequestTooLarge: a blue revision bigger than green's --max-request-bytes stops Run with an
-// error that names the flag; green is left untouched.
+// error that names the revision and its size, and the ways out: a new snapshot, or the flag if
+// it is below what the cutover sets (not a client setting no operator can reach); green is left
+// untouched.
 func TestRequestTooLarge(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxReq: 8 << 20})
 	put(t, blue, "a", "1")
 	green, s := greenFrom(t, blue, etcdOpts{}) // 1.5 MiB
 	run := start(t, blue, green, s, nil)
 	big := strings.Repeat("x", 900<<10)
-	if _, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("big/1", big), clientv3.OpPut("big/2", big)).Commit(); err != nil {
+	resp, err := blue.cli.Txn(t.Context()).Then(clientv3.OpPut("big/1", big), clientv3.OpPut("big/2", big)).Commit()
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := run.wait(t, 30*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "--max-request-bytes") {
-		t.Fatalf("Run = %v, want an error naming --max-request-bytes", err)
+	err = run.wait(t, 30*time.Second)
+	if err == nil {
+		t.Fatal("Run = nil, want an error")
+	}
+	want := []string{fmt.Sprintf("revision %d (2 operations, 1.8 MiB", resp.Header.Revision), "new snapshot", "--max-request-bytes", "below 10 MiB"}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Run = %v, want it to say %q", err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "MaxCallSendMsgSize") {
+		t.Errorf("Run = %v: names a client setting no operator can reach", err)
 	}
 	if got := revision(t, green); got != s {
 		t.Fatalf("green moved from %d to %d", s, got)
@@ -942,9 +962,10 @@ func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
 	return t.Txn.Commit()
 }
 
-// TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green
-// (Run waits for it), so Progress().Applied after Run returns must count it: the cutover
-// compares it with the revision it caught up to, to catch a write made after that.
+// TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green,
+// and Run returns only after it ended (none may reach green after Run returns, when the cutover
+// may let green's apiserver write); Progress().Applied after Run returns must count it: the
+// cutover compares it with the revision it caught up to, to catch a write made after that.
 func TestStopCountsWhatWasInFlight(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
@@ -957,18 +978,99 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 	kv := &heldKV{KV: cli.KV, arrived: make(chan struct{}, 1), release: make(chan struct{})}
 	cli.KV = kv
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
-	put(t, blue, "/a", "1")
+	rev := put(t, blue, "/a", "1")
 	select {
 	case <-kv.arrived:
 	case <-time.After(30 * time.Second):
 		t.Fatal("no txn reached green")
 	}
 	run.stop()
-	time.AfterFunc(200*time.Millisecond, func() { close(kv.release) })
+	var released atomic.Bool
+	time.AfterFunc(200*time.Millisecond, func() { released.Store(true); close(kv.release) })
 	<-run.done
 	run.done <- nil // for the cleanup
-	if g, applied := revision(t, green), run.r.Progress().Applied; g != applied {
-		t.Fatalf("green at revision %d, Progress().Applied %d after Run returned", g, applied)
+	if !released.Load() {
+		t.Fatal("Run returned while its txn was held in flight: it could reach green after Run returned")
+	}
+	if g, applied := revision(t, green), run.r.Progress().Applied; g != rev || applied != g {
+		t.Fatalf("after Run returned green is at revision %d, Progress().Applied %d; want both at %d, the txn in flight", g, applied, rev)
+	}
+}
+
+// lateKV makes the first txn that reaches it end with DeadlineExceeded once release is closed,
+// while the txn itself commits on green after a while, as a request etcd had proposed when its
+// client gave up does; every later txn commits after it, as etcd's raft log orders them.
+type lateKV struct {
+	clientv3.KV
+	after   time.Duration
+	arrived chan struct{} // gets a signal when the first txn arrives
+	release chan struct{}
+	landed  chan struct{} // closed once the first txn committed
+	first   atomic.Bool
+}
+
+func (kv *lateKV) Txn(ctx context.Context) clientv3.Txn {
+	return &lateTxn{Txn: kv.KV.Txn(context.WithoutCancel(ctx)), kv: kv}
+}
+
+type lateTxn struct {
+	clientv3.Txn
+	kv *lateKV
+}
+
+func (t *lateTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *lateTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *lateTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *lateTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.kv.first.CompareAndSwap(false, true) {
+		t.kv.arrived <- struct{}{}
+		<-t.kv.release
+		go func() {
+			defer close(t.kv.landed)
+			time.Sleep(t.kv.after)
+			_, _ = t.Txn.Commit()
+		}()
+		return nil, context.DeadlineExceeded
+	}
+	<-t.kv.landed
+	return t.Txn.Commit()
+}
+
+// TestStopAdoptsLateCommit: a txn in flight when Run is stopped that ends with its outcome
+// unknown (a timeout) may still commit on green; Run must not return before green's revision is
+// known again (read through green's raft log, after that txn), and Progress().Applied must count
+// it: no txn of Run's may reach green after Run returns.
+func TestStopAdoptsLateCommit(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	kv := &lateKV{KV: cli.KV, after: 300 * time.Millisecond, arrived: make(chan struct{}, 1), release: make(chan struct{}), landed: make(chan struct{})}
+	cli.KV = kv
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
+	rev := put(t, blue, "/a", "1")
+	select {
+	case <-kv.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no txn reached green")
+	}
+	run.stop()
+	close(kv.release)
+	<-run.done
+	run.done <- nil // for the cleanup
+	applied := run.r.Progress().Applied
+	select {
+	case <-kv.landed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late txn did not commit")
+	}
+	if g := revision(t, green); g != rev || applied != g {
+		t.Fatalf("Run returned with Progress().Applied %d; green then reached revision %d; want both at %d, the late txn", applied, g, rev)
 	}
 }
 

@@ -1,0 +1,97 @@
+package replicate
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// droppingWatcher ends blue's first drops watches at once, without a response; the next one
+// ends after its first response; the ones after are blue's own. It records when each watch was
+// opened and when the one with a response ended.
+type droppingWatcher struct {
+	clientv3.Watcher
+	drops int
+
+	mu         sync.Mutex
+	opened     []time.Time
+	ended      time.Time
+	delivering chan struct{} // closed when the watch that delivers is opened
+}
+
+func (w *droppingWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.opened = append(w.opened, time.Now())
+	n := len(w.opened)
+	if n > w.drops+1 {
+		return w.Watcher.Watch(ctx, key, opts...)
+	}
+	ch := make(chan clientv3.WatchResponse)
+	if n <= w.drops {
+		close(ch)
+		return ch
+	}
+	real := w.Watcher.Watch(ctx, key, opts...)
+	close(w.delivering)
+	go func() {
+		defer close(ch)
+		select {
+		case resp := <-real:
+			select {
+			case ch <- resp:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+		w.mu.Lock()
+		w.ended = time.Now()
+		w.mu.Unlock()
+	}()
+	return ch
+}
+
+// TestRewatchBackoffReset: the wait before watching blue again grows while watches end without
+// delivering anything, and starts over after a watch that delivered: early blips must not make
+// every later drop wait the longest backoff (5 s, the cutover's whole window budget).
+func TestRewatchBackoffReset(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	w := &droppingWatcher{Watcher: cli.Watcher, drops: 3, delivering: make(chan struct{})}
+	cli.Watcher = w
+	run := start(t, blue, green, s, func(c *Config) { c.Source = cli })
+	select {
+	case <-w.delivering: // after 100 + 200 + 400 ms of backoff; the next would be 800 ms
+	case <-time.After(30 * time.Second):
+		t.Fatal("blue not watched again after three drops")
+	}
+	put(t, blue, "a", "1") // the watch delivers it, then ends
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		opened, ended := w.opened, w.ended
+		w.mu.Unlock()
+		if len(opened) > w.drops+1 {
+			if gap := opened[w.drops+1].Sub(ended); gap > 400*time.Millisecond {
+				t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("blue not watched again after a watch that delivered ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
