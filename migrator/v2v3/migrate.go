@@ -53,6 +53,8 @@ func (c *Config) Validate() error {
 			}
 			if err := pathguard.CheckApart("--output-dir", c.OutputDir, flag, src); err != nil {
 				errs = append(errs, fmt.Errorf("%w: the source is never written, so choose an output outside it", err))
+			} else if err := pathguard.CheckApart("the working dir next to --output-dir", workPath(c.OutputDir), flag, src); err != nil {
+				errs = append(errs, fmt.Errorf("%w: it is removed before each run, and the source is never written, so choose another output", err))
 			}
 		}
 	}
