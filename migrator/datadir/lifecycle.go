@@ -216,7 +216,7 @@ func (o *Options) lock() (*runLock, error) {
 			l.release(true)
 			var held *flock.HeldError
 			if errors.As(err, &held) {
-				return nil, fmt.Errorf("another kubefence upgrade or downgrade (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
+				return nil, fmt.Errorf("another kubefence upgrade, downgrade or restore-backup (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
 			}
 			return nil, err
 		}
