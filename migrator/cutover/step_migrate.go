@@ -30,7 +30,7 @@ func (migrateStep) describe(r *runner, _ bool) string {
 		dirs = append(dirs, m.DataDir)
 	}
 	if r.v2Possible() {
-		return fmt.Sprintf("kubefence migrate v2-to-v3 from %s into %s (v3 keys kept, v2 keys renumbered above them, TTLs as leases; revision +%d, marked compacted), or for auto without v2 content a snapshot restore",
+		return fmt.Sprintf("kubefence migrate v2-to-v3 from %s into %s (v3 keys kept, v2 keys renumbered above them, TTLs as leases measured from when the copy finished, the same for every member; revision +%d, marked compacted), or for auto without v2 content a snapshot restore",
 			r.memberCopyPath(), strings.Join(dirs, ", "), p.Migration.RevisionBump)
 	}
 	if p.Replicating() {

@@ -85,11 +85,15 @@ func (r *runner) v2ReportPath() string { return filepath.Join(r.p.StateDir, "v2-
 // step whose data dirs are already built still knows what to check on green.
 func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	p := r.p
-	err := buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
+	now, err := r.ttlClock()
+	if err != nil {
+		return "", err
+	}
+	err = buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			DataDir: r.memberCopyPath(), OutputDir: tmp,
 			Member:       v2v3.Membership{Name: m.Name, InitialCluster: p.greenInitialCluster(), InitialAdvertisePeerURLs: []string{m.PeerURL}, InitialClusterToken: p.Green.Etcd.ClusterToken},
-			Options:      v2v3.Options{IncludeHidden: p.Migration.IncludeHidden, Now: time.Now()},
+			Options:      v2v3.Options{IncludeHidden: p.Migration.IncludeHidden, Now: now},
 			RevisionBump: uint64(p.Migration.RevisionBump), MarkCompacted: p.Migration.RevisionBump > 0,
 			OnConflict: p.Migration.OnConflict,
 			// blue runs on: what its apiservers write around the copy, past the fence, is what
@@ -128,6 +132,19 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 		detail += "; " + w
 	}
 	return detail, nil
+}
+
+// ttlClock is the time every green member's TTLs are measured against (which TTL keys are
+// expired, the leases' remaining TTLs): when the copy step finished, as its journaled record
+// says. One clock for all members, those a resumed run builds later too, so they hold the same
+// keys and leases; a clock per build would keep a key expiring between two builds on one member
+// and drop it on the other, and its lease's revoke would put their revisions apart for good.
+func (r *runner) ttlClock() (time.Time, error) {
+	rec, ok := r.j.record(StepCopy)
+	if !ok {
+		return time.Time{}, fmt.Errorf("the journal of %s records no finished copy step, which the v2 migration measures TTLs from: abort this cutover and run a new one", r.j.ID)
+	}
+	return rec.Started.Add(rec.Duration).UTC(), nil
 }
 
 // checkV2Keys counts, on green etcd, the keys under each prefix the v2 migration wrote to: at

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/flock"
 	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
@@ -69,8 +70,14 @@ type RestoreReport struct {
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
 // copy, and puts it in place. A data dir already there is kept, renamed to
-// <data dir>.replaced-<UTC time>; it must not be in use by a running etcd.
+// <data dir>.replaced-<UTC time>; it must not be in use by a running etcd. It holds the lock an
+// upgrade or downgrade holds beside the data dir, so it never runs between their steps.
 func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error) {
+	return restoreBackup(backup, dataDir, now, os.Rename)
+}
+
+// restoreBackup is RestoreBackup, its last rename (the verified copy into place) done by place.
+func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataDir string) error) (RestoreReport, error) {
 	start := time.Now()
 	rep := RestoreReport{Backup: backup, DataDir: dataDir}
 	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
@@ -79,17 +86,15 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 			return rep, fmt.Errorf("%w: a restore replaces the data dir and never writes into the backup, so restore into a path outside it (or move the backup out of the data dir first)", err)
 		}
 	}
-	want, err := ReadManifest(backup)
+	want, err := verifiedBackup(backup)
 	if err != nil {
 		return rep, err
 	}
-	got, err := HashDir(backup)
+	lock, err := lockForRestore(dataDir)
 	if err != nil {
 		return rep, err
 	}
-	if err := Compare(want, got); err != nil {
-		return rep, fmt.Errorf("the backup %s is damaged, nothing was restored: %w", backup, err)
-	}
+	defer lock.ReleaseRemove()
 	if busy, err := InUse(dataDir); err != nil {
 		return rep, err
 	} else if busy {
@@ -100,8 +105,63 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 	if err := recoverSwap(dataDir); err != nil {
 		return rep, fmt.Errorf("finish the swap an interrupted upgrade or downgrade left in %s: %w", dataDir, err)
 	}
-	if err := os.RemoveAll(tmp); err != nil {
+	files, err := copyVerified(backup, tmp, want)
+	if err != nil {
+		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
+	}
+	if _, err := os.Stat(dataDir); err == nil {
+		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
+		if err := atomicfile.RenameNoReplace(dataDir, rep.Replaced); err != nil {
+			os.RemoveAll(tmp)
+			return rep, err
+		}
+	}
+	if err := place(tmp, dataDir); err != nil {
+		return rep, notPlaced(err, dataDir, tmp, rep.Replaced)
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
 		return rep, err
+	}
+	rep.Files, rep.Duration = files, time.Since(start)
+	return rep, nil
+}
+
+// verifiedBackup is the backup's manifest, once the backup's files are checked against it.
+func verifiedBackup(backup string) (map[string]string, error) {
+	want, err := ReadManifest(backup)
+	if err != nil {
+		return nil, err
+	}
+	got, err := HashDir(backup)
+	if err != nil {
+		return nil, err
+	}
+	if err := Compare(want, got); err != nil {
+		return nil, fmt.Errorf("the backup %s is damaged, nothing was restored: %w", backup, err)
+	}
+	return want, nil
+}
+
+// lockForRestore takes the lock beside dataDir that an upgrade or downgrade holds while it
+// runs (dirLockPath).
+func lockForRestore(dataDir string) (*flock.Lock, error) {
+	lock, err := flock.Take(dirLockPath(dataDir))
+	var held *flock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("a kubefence upgrade, downgrade or restore-backup (pid %s) works on %s (it holds %s): wait for it to finish, or stop that process; nothing was restored", held.PID(), dataDir, held.Path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	lock.Note("restore-backup")
+	return lock, nil
+}
+
+// copyVerified copies the backup to tmp (replacing what an earlier attempt left) and checks
+// the copy against want, returning how many files it copied; on any error tmp is removed.
+func copyVerified(backup, tmp string, want map[string]string) (int, error) {
+	if err := os.RemoveAll(tmp); err != nil {
+		return 0, err
 	}
 	m, err := copyTree(backup, tmp, nil)
 	if err == nil {
@@ -112,21 +172,16 @@ func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error)
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
-		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
 	}
-	if _, err := os.Stat(dataDir); err == nil {
-		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
-		if err := atomicfile.RenameNoReplace(dataDir, rep.Replaced); err != nil {
-			os.RemoveAll(tmp)
-			return rep, err
-		}
+	return len(m), err
+}
+
+// notPlaced is the error of a restore whose verified copy could not be renamed into place,
+// after the old data dir (if any) was renamed aside: there is no data dir now, so it says
+// where both are and what to rename back.
+func notPlaced(err error, dataDir, copy, replaced string) error {
+	if replaced == "" {
+		return fmt.Errorf("put the verified copy of the backup, %s, in place: %w. There is no data dir at %s: rename the copy to %s to finish the restore", copy, err, dataDir, dataDir)
 	}
-	if err := os.Rename(tmp, dataDir); err != nil {
-		return rep, err
-	}
-	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
-		return rep, err
-	}
-	rep.Files, rep.Duration = len(m), time.Since(start)
-	return rep, nil
+	return fmt.Errorf("put the verified copy of the backup, %s, in place: %w. There is no data dir at %s now: the data dir it had is %s and the verified copy is %s; rename one of them to %s (the copy to finish the restore, the old dir to undo it)", copy, err, dataDir, replaced, copy, dataDir)
 }

@@ -1,13 +1,17 @@
 package datadir
 
 import (
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/flock"
 )
 
 func TestBackupRestore(t *testing.T) {
@@ -303,5 +307,48 @@ func TestRestoreAfterAnInterruptedSwap(t *testing.T) {
 	}
 	if rr.Replaced == "" || !exists(filepath.Join(rr.Replaced, "written-after-the-backup")) {
 		t.Fatalf("restore kept %q; want the member that was in %s kept there", rr.Replaced, oldPath(d))
+	}
+}
+
+// TestRestoreFailsToPlaceTheCopy: the old data dir is renamed aside before the verified copy
+// is renamed into place; when that second rename fails there is no data dir, and the error
+// says where both are and what to rename back. Both are kept.
+func TestRestoreFailsToPlaceTheCopy(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "data")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "newer wal bytes"})
+	current := readTree(t, dataDir)
+	_, err = restoreBackup(rep.Backup, dataDir, time.Unix(1800000000, 0), func(string, string) error { return errors.New("injected rename failure") })
+	replaced, restored := dataDir+".replaced-20270115T080000Z", dataDir+".kubefence-restore"
+	assertErrContains(t, err, "injected rename failure", replaced, restored, "rename one of them to "+dataDir)
+	assertTree(t, replaced, current)
+	assertTree(t, restored, memberDir)
+}
+
+// TestRestoreWaitsForAnUpgrade: restore-backup takes the lock an upgrade or downgrade holds
+// beside each data dir, so it cannot replace the dir between the steps of a running one.
+func TestRestoreWaitsForAnUpgrade(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "data")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrade, err := flock.Take(dirLockPath(dataDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	upgrade.ReleaseRemove()
+	assertErrContains(t, err, "pid "+strconv.Itoa(os.Getpid()), dirLockPath(dataDir))
+	assertTree(t, dataDir, memberDir)
+	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
+		t.Fatalf("after the refused restore the parent holds %v", got)
 	}
 }

@@ -79,7 +79,9 @@ func holdStopped(dataDir string) (io.Closer, error) {
 
 // CopyStopped copies a stopped member's data dir (and a separate WAL dir, into member/wal) to
 // dst, syncing every file, and records a sha256 manifest in the copy. dst must be absent or
-// empty; the copy is built next to it and renamed into place when complete.
+// empty; the copy is built next to it and renamed into place when complete. With a separate
+// WAL dir, the data dir's own member/wal is left out, as CopyMemberFiles does: etcd reads the
+// WAL dir only, and what is there is stale (or a link to the WAL dir, copied twice).
 func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 	start := time.Now()
 	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst}
@@ -91,8 +93,13 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 		return rep, err
 	}
 	defer lock.Close()
+	var notWAL func(rel string) bool
+	if walDir != "" {
+		memberWAL := filepath.Join("member", "wal") + string(filepath.Separator)
+		notWAL = func(rel string) bool { return !strings.HasPrefix(rel, memberWAL) }
+	}
 	m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
-		m, err := copyTree(dataDir, tmp, nil)
+		m, err := copyTree(dataDir, tmp, notWAL)
 		if err != nil || walDir == "" {
 			return m, err
 		}

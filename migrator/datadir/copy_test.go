@@ -152,3 +152,45 @@ func TestCopyMemberFilesRacesTheMember(t *testing.T) {
 		t.Fatalf("CopyMemberFiles = %v, want ErrRaced", err)
 	}
 }
+
+// TestCopyStoppedWithWALDir: with a separate WAL dir, etcd reads its WAL from there only; a
+// member/wal in the data dir is stale (left from before the WAL moved) or a link to the WAL
+// dir. The copy's member/wal is the WAL dir's segments, once, as CopyMemberFiles takes them.
+func TestCopyStoppedWithWALDir(t *testing.T) {
+	wal := map[string]string{
+		"0000000000000000-0000000000000000.wal": "current first segment",
+		"0000000000000001-0000000000000100.wal": "current second segment",
+	}
+	for _, tc := range []struct {
+		name      string
+		memberWAL func(t *testing.T, dataDir, walDir string)
+	}{
+		{"stale segments in the data dir", func(t *testing.T, dataDir, _ string) {
+			writeTree(t, filepath.Join(dataDir, "member", "wal"), map[string]string{
+				"0000000000000000-0000000000000000.wal": "stale first segment",
+				"0000000000000005-0000000000000500.wal": "stale later segment",
+			})
+		}},
+		{"member/wal links to the WAL dir", func(t *testing.T, dataDir, walDir string) {
+			if err := os.RemoveAll(filepath.Join(dataDir, "member", "wal")); err != nil {
+				t.Fatal(err)
+			}
+			symlink(t, walDir, filepath.Join(dataDir, "member", "wal"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			dataDir, walDir, dst := filepath.Join(parent, "data"), filepath.Join(parent, "wal"), filepath.Join(parent, "copy")
+			writeTree(t, dataDir, map[string]string{"member/snap/db": "backend", "member/snap/1.snap": "snap", VersionFileName: "3.4.23/etcd2\n"})
+			writeTree(t, walDir, wal)
+			tc.memberWAL(t, dataDir, walDir)
+			if _, err := CopyStopped(dataDir, walDir, dst); err != nil {
+				t.Fatal(err)
+			}
+			assertTree(t, filepath.Join(dst, "member", "wal"), wal)
+			if _, err := VerifyManifest(dst); err != nil {
+				t.Errorf("the copy's manifest: %v", err)
+			}
+		})
+	}
+}

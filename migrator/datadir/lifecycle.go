@@ -216,7 +216,7 @@ func (o *Options) lock() (*runLock, error) {
 			l.release(true)
 			var held *flock.HeldError
 			if errors.As(err, &held) {
-				return nil, fmt.Errorf("another kubefence upgrade or downgrade (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
+				return nil, fmt.Errorf("another kubefence upgrade, downgrade or restore-backup (pid %s) works on %v (it holds %s): wait for it to finish, or stop that process", held.PID(), o.DataDirs, held.Path)
 			}
 			return nil, err
 		}
@@ -461,6 +461,15 @@ type executor struct {
 	// afterBackup, when set (by tests), runs after each data dir's backup is in place, before
 	// the journal records it; an error stops the step there, as a crash would.
 	afterBackup func(dir string) error
+	// now, when set (by tests), is the wall clock.
+	now func() time.Time
+}
+
+func (e *executor) clock() time.Time {
+	if e.now != nil {
+		return e.now()
+	}
+	return time.Now()
 }
 
 // walk runs the steps the journal has not finished.

@@ -110,7 +110,7 @@ func TestOneRunPerDataDir(t *testing.T) {
 		{DataDirs: []string{b, a}, BackupDir: filepath.Join(root, "b1")},
 		{DataDirs: []string{b}, BackupDir: filepath.Join(root, "b3")},
 	} {
-		if l2, err := o.lock(); err == nil || !strings.Contains(err.Error(), "another kubefence upgrade or downgrade") {
+		if l2, err := o.lock(); err == nil || !strings.Contains(err.Error(), "another kubefence upgrade, downgrade or restore-backup") {
 			if err == nil {
 				l2.release(true)
 			}

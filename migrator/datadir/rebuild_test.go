@@ -54,7 +54,13 @@ func writeMemberOf(t *testing.T, dir string, cluster uint64, self Peer, commit u
 	if err := errors.Join(w.Save(raftpb.HardState{Term: 1, Commit: commit}, ents), w.Close()); err != nil {
 		t.Fatal(err)
 	}
-	db, err := bolt.Open(filepath.Join(dir, "member", "snap", "db"), 0o600, nil)
+	writeMembersBucket(t, filepath.Join(dir, "member", "snap", "db"))
+}
+
+// writeMembersBucket makes a backend at path whose members bucket lists testPeers.
+func writeMembersBucket(t *testing.T, path string) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

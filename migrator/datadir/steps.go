@@ -242,13 +242,15 @@ func oneWholeCluster(dirs []string, all map[string]Membership, best string) erro
 
 // migrateV2 turns every member's data into v3-only data with the v2→v3 migration, from the
 // most advanced member, keeping each member's name and peer URLs; each new dir is swapped in
-// once every one is built and verified.
+// once every one is built and verified. Every member's TTLs are measured against the one clock
+// journaled with the source (a clock per build would keep a key expiring between two builds
+// on one member and drop it on the other).
 func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
 	return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			DataDir: src, OutputDir: tmp,
 			Member:     v2v3.Membership{Name: ms.Self.Name, InitialCluster: ms.InitialCluster(), InitialAdvertisePeerURLs: ms.Self.PeerURLs, InitialClusterToken: e.opts.ClusterToken},
-			Options:    v2v3.Options{IncludeHidden: e.opts.IncludeHidden, Now: time.Now()},
+			Options:    v2v3.Options{IncludeHidden: e.opts.IncludeHidden, Now: s.Source.TTLClock},
 			OnConflict: e.opts.OnConflict,
 		})
 		if err != nil {
@@ -315,6 +317,14 @@ type RebuildSource struct {
 	DataDir     string `json:"dataDir"`
 	Name        string `json:"name"`
 	CommitIndex uint64 `json:"commitIndex"`
+	// TTLClock (v2 migration) is the time every member's TTLs are measured against: which TTL
+	// keys are expired, and the leases' remaining TTLs.
+	TTLClock time.Time `json:"ttlClock,omitzero"`
+}
+
+// same says whether r and o name the same source (a member built from one is built from the other).
+func (r RebuildSource) same(o RebuildSource) bool {
+	return r.DataDir == o.DataDir && r.Name == o.Name && r.CommitIndex == o.CommitIndex && r.TTLClock.Equal(o.TTLClock)
 }
 
 func (r RebuildSource) String() string {
@@ -378,16 +388,26 @@ func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Members
 	return e.clearMarkers()
 }
 
-// chooseSource journals the most advanced member as the step's source, the first time.
+// chooseSource journals the most advanced member as the step's source, the first time, with
+// the TTL clock of a v2 migration. A v2 migration's source journaled without one (by an older
+// kubefence) gets one now: the members that run built, with clocks of their own, no longer
+// match it and are built again.
 func (e *executor) chooseSource(s *StepReport) error {
 	if s.Source != nil {
-		return nil
+		if s.Kind != StepMigrateV2 || !s.Source.TTLClock.IsZero() {
+			return nil
+		}
+		s.Source.TTLClock = e.clock().UTC()
+		return e.save()
 	}
 	src, all, err := mostAdvanced(e.opts.DataDirs)
 	if err != nil {
 		return err
 	}
 	s.Source = &RebuildSource{DataDir: src, Name: all[src].Self.Name, CommitIndex: all[src].CommitIndex}
+	if s.Kind == StepMigrateV2 {
+		s.Source.TTLClock = e.clock().UTC()
+	}
 	return e.save()
 }
 
@@ -478,7 +498,7 @@ func markedFrom(dir string, src RebuildSource) bool {
 		return false
 	}
 	var got RebuildSource
-	return json.Unmarshal(b, &got) == nil && got == src
+	return json.Unmarshal(b, &got) == nil && got.same(src)
 }
 
 // swap puts each dir's ready new dir in its place, in order.

@@ -364,9 +364,16 @@ func v2Request(data []byte) (*etcdserverpb.Request, error) {
 type v3Write uint8
 
 const (
-	noV3Write    v3Write = iota
-	v3Put                // a put: it always changes a key
-	v3OtherWrite         // a delete, txn, compaction or lease change: it may change keys or leases
+	noV3Write v3Write = iota
+	// v3KeyWrite changes or may change keys, users or roles: a put, a delete, a txn holding a
+	// put or a delete (in either branch: which one runs depends on its compares), a lease revoke
+	// (it deletes the lease's keys), an auth change. etcd 3.4 saves its consistent index only
+	// with a write that changed keys, and never with an auth change, so past that index such an
+	// entry may be missing from a 3.4 backend.
+	v3KeyWrite
+	// v3OtherWrite may change the backend but no key: a txn that only reads, a compaction, a
+	// lease grant or checkpoint.
+	v3OtherWrite
 )
 
 // decodeEntry is v2Request, also saying what the entry, as a v3 request, may change in the v3
@@ -388,12 +395,36 @@ func decodeEntry(data []byte) (*etcdserverpb.Request, v3Write, error) {
 
 func v3WriteOf(r *etcdserverpb.InternalRaftRequest) v3Write {
 	switch {
-	case r.Put != nil:
-		return v3Put
-	case r.DeleteRange != nil, r.Txn != nil, r.Compaction != nil, r.LeaseGrant != nil, r.LeaseRevoke != nil, r.LeaseCheckpoint != nil:
+	case r.Put != nil, r.DeleteRange != nil, r.LeaseRevoke != nil, r.Txn != nil && txnWrites(r.Txn), authChange(r):
+		return v3KeyWrite
+	case r.Txn != nil, r.Compaction != nil, r.LeaseGrant != nil, r.LeaseCheckpoint != nil:
 		return v3OtherWrite
 	}
 	return noV3Write
+}
+
+// txnWrites says whether a txn holds a put or a delete, in either branch or a nested txn.
+func txnWrites(t *etcdserverpb.TxnRequest) bool {
+	for _, ops := range [][]*etcdserverpb.RequestOp{t.Success, t.Failure} {
+		for _, op := range ops {
+			if op.GetRequestPut() != nil || op.GetRequestDeleteRange() != nil {
+				return true
+			}
+			if n := op.GetRequestTxn(); n != nil && txnWrites(n) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// authChange says whether a request changes auth: users, roles, or whether auth is on.
+func authChange(r *etcdserverpb.InternalRaftRequest) bool {
+	return r.AuthEnable != nil || r.AuthDisable != nil ||
+		r.AuthUserAdd != nil || r.AuthUserDelete != nil || r.AuthUserChangePassword != nil ||
+		r.AuthUserGrantRole != nil || r.AuthUserRevokeRole != nil ||
+		r.AuthRoleAdd != nil || r.AuthRoleDelete != nil ||
+		r.AuthRoleGrantPermission != nil || r.AuthRoleRevokePermission != nil
 }
 
 type outcome int

@@ -53,6 +53,8 @@ func (c *Config) Validate() error {
 			}
 			if err := pathguard.CheckApart("--output-dir", c.OutputDir, flag, src); err != nil {
 				errs = append(errs, fmt.Errorf("%w: the source is never written, so choose an output outside it", err))
+			} else if err := pathguard.CheckApart("the working dir next to --output-dir", workPath(c.OutputDir), flag, src); err != nil {
+				errs = append(errs, fmt.Errorf("%w: it is removed before each run, and the source is never written, so choose another output", err))
 			}
 		}
 	}
@@ -218,14 +220,30 @@ func (m *migration) replay(context.Context) (err error) {
 		return err
 	}
 	m.rep.Replay = m.res.replay
-	if w := m.src.unappliedV3(); w > 0 {
-		what := fmt.Sprintf("the WAL holds v3 writes up to entry %#x that the v3 backend has not applied (it applied up to %#x; the member stopped before committing them, or the copy took the backend before the WAL)", w, m.src.consistentIndex)
-		if !m.c.DropV3Tail {
-			return errors.New(what + ": they would be lost, since the backend is carried over as it is. Start this member's own etcd version once on a copy of the data dir, so that it applies its WAL, stop it, and migrate that copy")
-		}
-		m.rep.Warnings = append(m.rep.Warnings, what+": they are left out")
+	if err := m.checkV3Tail(); err != nil {
+		return err
 	}
 	debug.FreeOSMemory() // the WAL tail and the replay's garbage: give it back before writing
+	return nil
+}
+
+// checkV3Tail refuses v3 writes the WAL committed past the backend's consistent index (the
+// backend is carried over as it is, so they would be lost), or with DropV3Tail warns that they
+// are left out.
+func (m *migration) checkV3Tail() error {
+	w := m.src.unappliedV3()
+	if w == 0 {
+		return nil
+	}
+	why := "the member stopped before committing them, or the copy took the backend before the WAL"
+	what := fmt.Sprintf("the WAL holds v3 writes up to entry %#x that the v3 backend has not applied (it applied up to %#x; %s)", w, m.src.consistentIndex, why)
+	if !m.src.indexEveryEntry {
+		what = fmt.Sprintf("the WAL holds v3 writes up to entry %#x that the v3 backend may not have applied: etcd 3.4 records how far it applied (%#x here) only with a write that changed keys, so a txn or delete past that either changed nothing (a failed compare, no such key) or is missing (%s)", w, m.src.consistentIndex, why)
+	}
+	if !m.c.DropV3Tail {
+		return errors.New(what + ": they would be lost, since the backend is carried over as it is. Start this member's own etcd version once on a copy of the data dir with --snapshot-count=1, so that it applies its WAL and records how far in a snapshot (etcd 3.4 too), stop it, and migrate that copy")
+	}
+	m.rep.Warnings = append(m.rep.Warnings, what+": those not applied are left out")
 	return nil
 }
 

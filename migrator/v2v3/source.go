@@ -43,10 +43,11 @@ type Source struct {
 	V3Keys int
 	// consistentIndex is the last WAL entry the v3 backend applied, as far as it tells:
 	// etcd 3.5 and later (a backend with a term) save it with every backend commit, 3.4 only
-	// with a write that changed keys. lastV3Put and lastV3Write are the last entries of the
-	// committed WAL tail that put a v3 key, or that may change v3 keys or leases (0: none).
-	consistentIndex, lastV3Put, lastV3Write uint64
-	indexEveryEntry                         bool
+	// with a write that changed keys. lastV3KeyWrite and lastV3Write are the last entries of
+	// the committed WAL tail that may change v3 keys or auth (v3KeyWrite), or anything in the
+	// v3 backend (0: none).
+	consistentIndex, lastV3KeyWrite, lastV3Write uint64
+	indexEveryEntry                              bool
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -326,18 +327,20 @@ func readBackendMeta(path string) (keys int, consistentIndex uint64, hasTerm boo
 // noteV3Write records a committed tail entry that writes v3 state.
 func (s *Source) noteV3Write(w v3Write, index uint64) {
 	switch w {
-	case v3Put:
-		s.lastV3Put, s.lastV3Write = index, index
+	case v3KeyWrite:
+		s.lastV3KeyWrite, s.lastV3Write = index, index
 	case v3OtherWrite:
 		s.lastV3Write = index
 	}
 }
 
-// unappliedV3 is the last committed tail entry whose v3 writes the backend does not hold, as
+// unappliedV3 is the last committed tail entry whose v3 writes the backend may not hold, as
 // far as its consistent index tells (0: none). A 3.4 backend's index only moves with a write
-// that changed keys, so there only a put past it is known to be missing.
+// that changed keys, so there a write that may change keys or auth past it may be missing (or
+// may have changed nothing: a txn whose compare failed, a delete of no key), and one that
+// changes no key (a lease grant) is left alone.
 func (s *Source) unappliedV3() uint64 {
-	last := s.lastV3Put
+	last := s.lastV3KeyWrite
 	if s.indexEveryEntry {
 		last = s.lastV3Write
 	}

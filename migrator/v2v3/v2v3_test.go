@@ -197,6 +197,10 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := t.TempDir()
+	srcAtWork := filepath.Join(t.TempDir(), "out.kubefence-part") // the working dir of output out
+	if err := os.Mkdir(srcAtWork, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	file := filepath.Join(t.TempDir(), "member.db")
 	if err := os.WriteFile(file, []byte("kept"), 0o600); err != nil {
 		t.Fatal(err)
@@ -210,6 +214,7 @@ func TestConfigValidate(t *testing.T) {
 		{"empty", Config{}, []string{"--data-dir is required", "--output-dir is required", "--name, --initial-cluster"}},
 		{"non-empty output", Config{DataDir: src, OutputDir: full, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"is not empty"}},
 		{"output inside source", Config{DataDir: src, OutputDir: filepath.Join(src, "out"), Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"must not be inside"}},
+		{"source where the working dir goes", Config{DataDir: srcAtWork, OutputDir: strings.TrimSuffix(srcAtWork, ".kubefence-part"), Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"the working dir next to --output-dir", "removed before each run"}},
 		{"compacted without bump", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), MarkCompacted: true, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"go together"}},
 		{"bump without compacted", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), RevisionBump: 5, Options: Options{PrefixFrom: "/a"}, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"go together (etcd", "--prefix-from and --prefix-to go together"}},
 		{"missing transformer", Config{DataDir: src, OutputDir: filepath.Join(t.TempDir(), "o"), Options: Options{Transformer: "/nonexistent/xform"}, Member: Membership{Name: "a", InitialCluster: "a=http://x:1", InitialAdvertisePeerURLs: []string{"http://x:1"}}}, []string{"--transformer"}},
@@ -284,4 +289,66 @@ func TestRunKeepsFileAtOutput(t *testing.T) {
 	if b, err := os.ReadFile(c.OutputDir); string(b) != "kept" {
 		t.Fatalf("finish replaced the file at the output: %q (%v)", b, err)
 	}
+}
+
+// TestRunClearsAKilledRunsWork: the new member is built in a working dir next to the output,
+// which a killed run (kill -9, the OOM killer) leaves behind, as big as the new database. Its
+// name comes from the output's, so the next run to that output removes what the killed one
+// left instead of adding another copy beside it.
+func TestRunClearsAKilledRunsWork(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	src := smallMember(t, now)
+	parent := t.TempDir()
+	out := filepath.Join(parent, "out")
+	// run migrates into out and returns what was next to it while the keys were written.
+	run := func() []string {
+		t.Helper()
+		c := testConfig(t, src, now)
+		c.OutputDir = out
+		var beside []string
+		c.Progress = func(phase string, _, _ int64) {
+			if phase == "write" && beside == nil {
+				beside = dirNames(t, parent)
+			}
+		}
+		if _, err := Run(c); err != nil {
+			t.Fatal(err)
+		}
+		return beside
+	}
+	first := run()
+	if len(first) != 1 {
+		t.Fatalf("while writing, %s held %v: want one working dir", parent, first)
+	}
+	work := filepath.Join(parent, first[0])
+	// As a run killed while writing leaves it: no output, the working dir with a database.
+	if err := os.RemoveAll(out); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(work, "data", "member", "snap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "data", "member", "snap", "db"), []byte("a killed run's database"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if again := run(); len(again) != 1 || again[0] != first[0] {
+		t.Errorf("while the second run wrote, %s held %v: want only %s, the first run's working dir, emptied and used again", parent, again, first[0])
+	}
+	if names := dirNames(t, parent); len(names) != 1 || names[0] != "out" {
+		t.Fatalf("%s holds %v after the run, want only out", parent, names)
+	}
+}
+
+// dirNames lists the names in dir.
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }

@@ -34,17 +34,26 @@ type Membership struct {
 	InitialClusterToken      string
 }
 
-// restoreBase makes the new member in a temp dir next to outDir: etcd's own restore (WAL,
-// snapshot, membership, consistent index) run on the source's v3 backend when it has one, or
-// on an empty backend. The v2 keys are appended afterwards with plain bbolt: etcd's backend
-// maps its file with MAP_POPULATE, which would make the whole output resident.
+// workPath is the working dir the new member is built in, next to outDir. Its name comes from
+// outDir's, as datadir.BuildInto's does (<dst>.kubefence-part): a run killed before it renamed
+// the member into place (kill -9, the OOM killer) leaves it behind, as big as the new database,
+// and the next run to the same output removes it instead of adding another beside it.
+func workPath(outDir string) string { return filepath.Clean(outDir) + ".kubefence-part" }
+
+// restoreBase makes the new member in the working dir next to outDir (what a killed run left
+// there removed first): etcd's own restore (WAL, snapshot, membership, consistent index) run on
+// the source's v3 backend when it has one, or on an empty backend. The v2 keys are appended
+// afterwards with plain bbolt: etcd's backend maps its file with MAP_POPULATE, which would make
+// the whole output resident.
 func restoreBase(outDir, v3db string, m Membership) (work, member string, err error) {
-	parent := filepath.Dir(outDir)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(outDir), 0o700); err != nil {
 		return "", "", err
 	}
-	work, err = os.MkdirTemp(parent, "."+filepath.Base(outDir)+".kubefence-")
-	if err != nil {
+	work = workPath(outDir)
+	if err := os.RemoveAll(work); err != nil {
+		return "", "", fmt.Errorf("remove %s, the working dir an earlier run to %s left: %w", work, outDir, err)
+	}
+	if err := os.Mkdir(work, 0o700); err != nil {
 		return "", "", err
 	}
 	defer func() {
