@@ -38,11 +38,12 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			decide(w, r, st, next, pol, rf)
 			return
 		}
-		body, err := readWriteBody(w, r, limits)
+		body, reserved, err := readWriteBody(w, r, limits)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return
 		}
+		defer limits.budget.release(reserved) // the body is kept until the request ends
 		if a.BodyDecidesDryRun() {
 			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
 		}

@@ -43,6 +43,7 @@ type Server struct {
 	switchMu    sync.Mutex // serialises backend changes
 	refusals    *refusals
 	holder      *holder
+	bodyBudget  *bodyBudget // --max-buffered-write-bytes
 	headerNames RequestHeaderNames
 	authn       authenticator.Request
 	clientCA    x509request.VerifyOptionFunc // the current client CA bundle; set with authn
@@ -79,6 +80,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
+	s.bodyBudget = &bodyBudget{max: cfg.opts.MaxBufferedWriteBytes}
 	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)

@@ -81,7 +81,7 @@ func mustRequest(t *testing.T, method, url string) *http.Request {
 func TestWriteBodyResendable(t *testing.T) {
 	const body = `{"kind":"ConfigMap","metadata":{"name":"x"}}`
 	r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/default/configmaps", strings.NewReader(body))
-	if _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second}); err != nil {
+	if _, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second, budget: &bodyBudget{max: 1 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	if r.GetBody == nil {
