@@ -283,3 +283,69 @@ func TestWriteBodyBudget(t *testing.T) {
 		t.Errorf("kubefence_buffered_write_full_total = %q, want 2", got)
 	}
 }
+
+// TestFencedWriteRefusedBeforeItsBody: fenced in refuse mode, a write whose body cannot change
+// the decision is refused as soon as its headers are in: its body is never buffered (nothing is
+// reserved of --max-buffered-write-bytes) and it is never forwarded. A DELETE with a body (the
+// body may make it a dry run) and a write the policy allows are read whole as before. A client
+// that never sends its body keeps its connection no longer than --write-body-timeout.
+func TestFencedWriteRefusedBeforeItsBody(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = time.Second })
+	fenceOn(t, p, time.Second)
+	addr := strings.TrimPrefix(p.url, "http://")
+	cases := []struct {
+		name, method, path, body string
+		early                    bool
+		want                     int
+	}{
+		{"create", "POST", "/api/v1/namespaces/default/configmaps", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}`, true, 429},
+		{"update", "PUT", "/api/v1/namespaces/default/configmaps/c", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}`, true, 429},
+		{"delete whose body says dry run", "DELETE", "/api/v1/namespaces/default/configmaps/c", `{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}`, false, 200},
+		{"review create (allowed)", "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", `{"kind":"SelfSubjectAccessReview","apiVersion":"authorization.k8s.io/v1","spec":{}}`, false, 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			refused, forwarded := metricValue(t, p, "kubefence_refused_writes_total"), api.count()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tc.method, tc.path, len(tc.body), tc.body[:10])
+			if tc.early {
+				for deadline := time.Now().Add(2 * time.Second); metricValue(t, p, "kubefence_refused_writes_total") == refused; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("not refused while its body was coming (%s body bytes reserved), want refused at once, nothing reserved",
+							metricValue(t, p, "kubefence_buffered_write_bytes"))
+					}
+				}
+				if got := metricValue(t, p, "kubefence_buffered_write_bytes"); got != "0" {
+					t.Fatalf("refused write: %s body bytes reserved, want none", got)
+				}
+			} else {
+				waitFor(t, func() bool { return metricValue(t, p, "kubefence_buffered_write_bytes") == fmt.Sprint(len(tc.body)) })
+			}
+			if _, err := io.WriteString(c, tc.body[10:]); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			r, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Body.Close()
+			wantForwarded := 0
+			if tc.want == http.StatusOK {
+				wantForwarded = 1
+			}
+			if n := api.count() - forwarded; r.StatusCode != tc.want || n != wantForwarded {
+				t.Fatalf("%s %s = %d, %d forwarded; want %d", tc.method, tc.path, r.StatusCode, n, tc.want)
+			}
+		})
+	}
+	resp, closed := rawExchange(t, addr, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 3*time.Second)
+	if codes := statusCodes(resp); len(codes) != 1 || codes[0] != "429" || !closed {
+		t.Fatalf("a body never sent: answers %v, connection closed %v; want one 429, then closed", codes, closed)
+	}
+}
