@@ -478,6 +478,40 @@ func TestBackendSetChecked(t *testing.T) {
 	}
 }
 
+// TestBackendSetRefusedBeforeReading: 'backend set' checks the URL and the allow-list before it
+// reads the CA file the admin names (a device like /dev/zero must never be read), and refuses a
+// URL whose userinfo (a password would land in the state file, status and logs), fragment or
+// query is not a backend's, without repeating the password.
+func TestBackendSetRefusedBeforeReading(t *testing.T) {
+	blue, green := newRecordingAPI(t), newRecordingAPI(t)
+	hostPort := strings.TrimPrefix(green.URL, "http://")
+	dir := t.TempDir()
+	p := startProxy(t, blue.URL) // allows http://127.0.0.1:*
+	fenceOn(t, p, time.Second)
+	cases := []struct {
+		name, url, caFile, want string
+	}{
+		{"not allowed, CA file a directory", "http://10.255.0.1:6443", dir, "allowed-backends"},
+		{"userinfo", "http://admin:s3cret@" + hostPort, "", "user"},
+		{"user only", "http://admin@" + hostPort, "", "user"},
+		{"fragment", green.URL + "#x", "", "fragment"},
+		{"query", green.URL + "?x=1", "", "query"},
+		{"empty query", green.URL + "?", "", "query"},
+		{"allowed, CA file a directory", green.URL, dir, "regular file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: tc.url, CAFile: tc.caFile})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("backend set %s (CA %q) = %v, want an error saying %q (and no password)", tc.url, tc.caFile, err, tc.want)
+			}
+			if st := p.Status(); st.Backend != blue.URL {
+				t.Fatalf("a refused switch changed the backend to %s", st.Backend)
+			}
+		})
+	}
+}
+
 func writePEMCert(t *testing.T, path string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {

@@ -242,11 +242,17 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	if caFile == "" {
 		caFile = old.caFile
 	}
-	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
+	// backend that is not allowed.
+	u, err := parseBackendURL(rawURL)
 	if err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
-	if err := s.checkAllowed(nb.url); err != nil {
+	if err := s.checkAllowed(u); err != nil {
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	if err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	if err := probeTLS(ctx, nb); err != nil {
