@@ -114,6 +114,11 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"selfsubjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), true, "review"},
 		{"selfsubjectrulesreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"), true, "review"},
 		{"review kind in wrong group", req("POST", "/apis/example.com/v1/tokenreviews"), false, "write"},
+		{"subjectaccessreview v1beta1", req("POST", "/apis/authorization.k8s.io/v1beta1/subjectaccessreviews"), true, "review"},
+		{"tokenreview v1beta1", req("POST", "/apis/authentication.k8s.io/v1beta1/tokenreviews"), true, "review"},
+		// An unknown version is not kube-apiserver's review: an aggregated API may serve it.
+		{"review at an unknown version", req("POST", "/apis/authorization.k8s.io/v9/subjectaccessreviews"), false, "write"},
+		{"review at an alpha version", req("POST", "/apis/authentication.k8s.io/v2alpha1/tokenreviews"), false, "write"},
 		{"delete of a review", req("DELETE", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x"), false, "write"},
 		{"token request", req("POST", "/api/v1/namespaces/ns/serviceaccounts/default/token"), false, "write"},
 		// Dry runs persist nothing.
