@@ -68,8 +68,10 @@ func (a *Attributes) Class() Class {
 	if a.Unknown != "" {
 		return Write
 	}
-	if a.Upgrade && a.Verb != "watch" {
-		// exec, attach, port-forward and any aggregated API's streaming subresource.
+	if a.Upgrade && (a.Verb != "watch" || a.Subresource != "" || !a.IsResourceRequest) {
+		// exec, attach, port-forward and any aggregated API's streaming subresource. Only a watch
+		// of a resource (WebSocket watches) is a read: RequestInfoFactory also calls "watch" a GET
+		// on a /watch/ path to a subresource, e.g. .../watch/.../virtualmachineinstances/v/console.
 		return Write
 	}
 	if a.IsResourceRequest {

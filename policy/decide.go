@@ -54,6 +54,15 @@ var reviewResources = map[[2]string]bool{
 	{"authorization.k8s.io", "selfsubjectrulesreviews"}:   true,
 }
 
+// reviewVersions are the versions in which kube-apiserver serves the reviews. Another version of
+// those groups is not its review: an aggregated API registered for it may persist anything.
+var reviewVersions = map[string]bool{"v1": true, "v1beta1": true}
+
+// isReview reports the create of a review kube-apiserver answers without persisting anything.
+func isReview(a *Attributes) bool {
+	return a.Verb == "create" && reviewVersions[a.APIVersion] && reviewResources[[2]string{a.APIGroup, a.Resource}]
+}
+
 // Decide says whether a request may pass while the fence is on. Reads pass; writes are refused
 // unless a rule allows them or they are one of the default exemptions (review creates, dry runs).
 // The first matching rule wins.
@@ -73,7 +82,7 @@ func (p *Policy) Decide(a *Attributes) Decision {
 		return Decision{Class: Read, Allow: true, Reason: "read"}
 	}
 	if a.IsResourceRequest && a.Subresource == "" && !a.Upgrade {
-		if a.Verb == "create" && reviewResources[[2]string{a.APIGroup, a.Resource}] {
+		if isReview(a) {
 			return Decision{Class: Write, Allow: true, Reason: "review"}
 		}
 		if a.DryRun {

@@ -93,6 +93,12 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"legacy proxy verb", req("GET", "/api/v1/proxy/namespaces/ns/pods/p/"), false, "write"},
 		{"pod log", req("GET", "/api/v1/namespaces/ns/pods/p/log?follow=true"), true, "read"},
 		{"websocket watch", req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), true, "read"},
+		// An upgrade is a read only as a watch of a resource: RequestInfoFactory calls any GET on a
+		// /watch/ path, or with ?watch=true, "watch", a streaming subresource's too.
+		{"websocket on the watch path of a streaming subresource", req("GET", "/apis/subresources.kubevirt.io/v1/watch/namespaces/a/virtualmachineinstances/v/console", upgradeWS...), false, "write"},
+		{"websocket watch=true of a streaming subresource", req("GET", "/apis/subresources.kubevirt.io/v1/namespaces/a/virtualmachineinstances/v/vnc?watch=true", upgradeWS...), false, "write"},
+		{"spdy on the watch path of a status subresource", req("GET", "/api/v1/watch/namespaces/ns/pods/p/status", upgradeSPDY...), false, "write"},
+		{"websocket watch of one object", req("GET", "/api/v1/watch/namespaces/ns/pods/p", upgradeWS...), true, "read"},
 		{"legacy watch path", req("GET", "/api/v1/watch/namespaces/ns/pods"), true, "read"},
 		{"watch then unwatch", req("GET", "/api/v1/pods?watch=true&watch=false"), true, "read"},
 		// RequestInfoFactory calls every method on a /watch/ path "watch": only GET and HEAD are reads.
@@ -108,6 +114,11 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"selfsubjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), true, "review"},
 		{"selfsubjectrulesreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"), true, "review"},
 		{"review kind in wrong group", req("POST", "/apis/example.com/v1/tokenreviews"), false, "write"},
+		{"subjectaccessreview v1beta1", req("POST", "/apis/authorization.k8s.io/v1beta1/subjectaccessreviews"), true, "review"},
+		{"tokenreview v1beta1", req("POST", "/apis/authentication.k8s.io/v1beta1/tokenreviews"), true, "review"},
+		// An unknown version is not kube-apiserver's review: an aggregated API may serve it.
+		{"review at an unknown version", req("POST", "/apis/authorization.k8s.io/v9/subjectaccessreviews"), false, "write"},
+		{"review at an alpha version", req("POST", "/apis/authentication.k8s.io/v2alpha1/tokenreviews"), false, "write"},
 		{"delete of a review", req("DELETE", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x"), false, "write"},
 		{"token request", req("POST", "/api/v1/namespaces/ns/serviceaccounts/default/token"), false, "write"},
 		// Dry runs persist nothing.
@@ -390,6 +401,7 @@ func TestSession(t *testing.T) {
 		{req("GET", "/api/v1/namespaces/ns/pods/p/log"), false},
 		// An aggregated API's streaming subresource (KubeVirt's console, say) is a session.
 		{req("GET", "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/v/console", upgradeWS...), true},
+		{req("GET", "/apis/subresources.kubevirt.io/v1/watch/namespaces/a/virtualmachineinstances/v/console", upgradeWS...), true},
 		// Upgrade headers change nothing of what kube-apiserver does with a write to an object
 		// or to a subresource it stores: they are writes the barrier waits for.
 		{req("POST", "/api/v1/namespaces/ns/configmaps", upgradeWS...), false},

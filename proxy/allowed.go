@@ -25,7 +25,7 @@ func parseBackendPattern(raw string) (backendPattern, error) {
 	}
 	u, err := parseBackendURL(probe)
 	if err != nil {
-		return backendPattern{}, fmt.Errorf("%q: %w", raw, err)
+		return backendPattern{}, fmt.Errorf("%q: %w", redactURL(raw), err)
 	}
 	bp := backendPattern{scheme: u.Scheme, host: u.Hostname(), port: u.Port()}
 	if star {

@@ -18,7 +18,7 @@ func (s *Server) buildHandler() http.Handler {
 	h = withBackend(h, &s.active)
 	h = withWriteLog(h, s.writes)
 	h = withIdentityHeaders(h, s.headerNames.stripList())
-	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout}, s.refusals, s.holder, s.log)
+	h = withFence(h, &s.gate, s.policy, bodyLimits{max: o.MaxWriteBodyBytes, timeout: o.WriteBodyTimeout, budget: s.bodyBudget, retryAfter: o.RetryAfter}, s.refusals, s.holder, s.log)
 	h = withConfirmedBackend(h, &s.unconfirmed, o.RetryAfter)
 	h = withAuthentication(h, s.authn, s.clientCA, s.log)
 	h = withAccounting(h, s.metrics.requests, &s.openWatches)
@@ -48,7 +48,7 @@ const (
 	decisionForwarded       = "forwarded"
 	decisionRefused         = "refused"         // a write the fence refused (429)
 	decisionAbandoned       = "abandoned"       // a held write whose client went away
-	decisionRejected        = "rejected"        // a write whose body was not read (413, 408, 400)
+	decisionRejected        = "rejected"        // a write whose body was not read (413, 408, 400, 429 when --max-buffered-write-bytes is full)
 	decisionUnavailable     = "unavailable"     // the backend is unconfirmed (503)
 	decisionUnauthenticated = "unauthenticated" // a client certificate refused (401)
 )

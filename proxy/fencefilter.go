@@ -16,8 +16,10 @@ import (
 // withFence refuses what pol refuses while the gate is fenced, and registers with the gate the
 // writes it admits while open so that 'fence on' can wait for them (invariant barrier). It
 // decides before forwarding: a refused request is never sent anywhere (invariant
-// refused-never-forwarded). A write's body is read whole first, within limits (see writebody.go).
-// In hold mode a write the policy would refuse is held instead (see hold.go).
+// refused-never-forwarded). A write's body is read whole first, within limits (see writebody.go),
+// unless the fence is on in refuse mode and the body cannot change the decision: then the write
+// is refused from its headers. In hold mode a write the policy would refuse is held instead (see
+// hold.go).
 func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, hd *holder, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
@@ -38,11 +40,20 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			decide(w, r, st, next, pol, rf)
 			return
 		}
-		body, err := readWriteBody(w, r, limits)
+		if g.fenced.Load() && !g.hold.Load() && !a.BodyDecidesDryRun() {
+			// Fenced in refuse mode, and the body cannot change the decision: decide now,
+			// without buffering a body that would only be refused.
+			if d := pol.Decide(a); !d.Allow {
+				refuseUnread(w, r, st, d, rf, limits)
+				return
+			}
+		}
+		body, reserved, err := readWriteBody(w, r, limits)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return
 		}
+		defer limits.budget.release(reserved) // the body is kept until the request ends
 		if a.BodyDecidesDryRun() {
 			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
 		}
@@ -74,6 +85,16 @@ func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Hand
 		return
 	}
 	next.ServeHTTP(w, r)
+}
+
+// refuseUnread refuses a write whose body was not read. The server discards that body (without
+// keeping it) before it answers, so that the connection can carry the client's retry; the read
+// deadline bounds how long a client trickling it keeps the connection, as when it is read.
+func refuseUnread(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision, rf *refusals, limits bodyLimits) {
+	if st.attrs.HasBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(limits.timeout))
+	}
+	rf.refuse(w, r, st, d)
 }
 
 // refusals answers the requests the fence refuses (429 + Retry-After + the current fence's

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -376,8 +377,76 @@ func TestAdminSocketDirTightened(t *testing.T) {
 		t.Fatalf("sticky dir: %v, want refused as shared", err)
 	}
 	// A 0700 directory of another user: its owner could replace the socket.
-	if err := privateDirOf(dir, os.Geteuid()+1); err == nil || !strings.Contains(err.Error(), "owned by uid") {
+	if err := privateDirOf(dir, os.Geteuid()+1, nil); err == nil || !strings.Contains(err.Error(), "owned by uid") {
 		t.Fatalf("another user's dir: %v, want refused naming its owner", err)
+	}
+}
+
+// TestAdminSocketDirNoSymlink: the proxy (often root) tightens the admin socket's directory to
+// 0700; a symbolic link there (a local user's /tmp/kf -> /usr) must be refused, never followed,
+// and a directory reached through a linked parent is checked as the directory it really is.
+func TestAdminSocketDirNoSymlink(t *testing.T) {
+	tmp, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkdir := func(name string) string {
+		d := filepath.Join(tmp, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	link := func(target, name string) string {
+		l := filepath.Join(tmp, name)
+		if err := os.Symlink(target, l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	usr, shared := mkdir("usr"), mkdir("system/run")
+	cases := []struct {
+		name, dir, untouched, want string
+	}{
+		{"link to another directory", link(usr, "kf"), usr, "symbolic link"},
+		{"link to a directory not made yet", link(filepath.Join(tmp, "later"), "kf2"), "", "symbolic link"},
+		{"linked parent, shared directory", filepath.Join(link(filepath.Join(tmp, "system"), "sys"), "run"), shared, "shared"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := privateDirOf(tc.dir, os.Geteuid(), map[string]bool{shared: true})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("privateDir(%s) = %v, want an error saying %q", tc.dir, err, tc.want)
+			}
+			if tc.untouched == "" {
+				return
+			}
+			if fi, err := os.Stat(tc.untouched); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("%s is now %v (%v), want it left 0755", tc.untouched, fi.Mode(), err)
+			}
+		})
+	}
+	if _, err := os.Lstat(filepath.Join(tmp, "later")); err == nil {
+		t.Errorf("a directory was made through a dangling link")
+	}
+}
+
+// TestAdminSocketBornPrivate: the admin socket is 0600 from the moment it exists, whatever the
+// process's umask, not only after a chmod.
+func TestAdminSocketBornPrivate(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := bindUnixSocket(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket created with mode %v (%v), want 0600 before any chmod", fi.Mode().Perm(), err)
 	}
 }
 
@@ -406,6 +475,40 @@ func TestBackendSetChecked(t *testing.T) {
 	}
 	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, CAFile: goodCA}); err != nil {
 		t.Fatalf("switch to an allowed, verified backend: %v", err)
+	}
+}
+
+// TestBackendSetRefusedBeforeReading: 'backend set' checks the URL and the allow-list before it
+// reads the CA file the admin names (a device like /dev/zero must never be read), and refuses a
+// URL whose userinfo (a password would land in the state file, status and logs), fragment or
+// query is not a backend's, without repeating the password.
+func TestBackendSetRefusedBeforeReading(t *testing.T) {
+	blue, green := newRecordingAPI(t), newRecordingAPI(t)
+	hostPort := strings.TrimPrefix(green.URL, "http://")
+	dir := t.TempDir()
+	p := startProxy(t, blue.URL) // allows http://127.0.0.1:*
+	fenceOn(t, p, time.Second)
+	cases := []struct {
+		name, url, caFile, want string
+	}{
+		{"not allowed, CA file a directory", "http://10.255.0.1:6443", dir, "allowed-backends"},
+		{"userinfo", "http://admin:s3cret@" + hostPort, "", "user"},
+		{"user only", "http://admin@" + hostPort, "", "user"},
+		{"fragment", green.URL + "#x", "", "fragment"},
+		{"query", green.URL + "?x=1", "", "query"},
+		{"empty query", green.URL + "?", "", "query"},
+		{"allowed, CA file a directory", green.URL, dir, "regular file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: tc.url, CAFile: tc.caFile})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("backend set %s (CA %q) = %v, want an error saying %q (and no password)", tc.url, tc.caFile, err, tc.want)
+			}
+			if st := p.Status(); st.Backend != blue.URL {
+				t.Fatalf("a refused switch changed the backend to %s", st.Backend)
+			}
+		})
 	}
 }
 

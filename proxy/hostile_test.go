@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -197,12 +198,154 @@ func TestWriteBodyNotAllocatedAhead(t *testing.T) {
 	r.ContentLength = announced
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second})
+	_, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second, budget: &bodyBudget{max: 4 << 20}})
 	runtime.ReadMemStats(&after)
 	if err == nil {
 		t.Fatal("a body cut short was read without an error")
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > announced/4 {
 		t.Fatalf("reading 1 byte of a body announced as %d bytes allocated %d bytes", announced, got)
+	}
+}
+
+// metricValue scrapes the proxy's /metrics for one sample's value ("" when absent).
+func metricValue(t *testing.T, p *testProxy, sample string) string {
+	t.Helper()
+	_, body := do(t, "GET", "http://"+p.MetricsAddr().String()+"/metrics")
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), sample+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestWriteBodyBudget: write bodies are read before any authentication, so what all of them may
+// hold at once is bounded (--max-buffered-write-bytes), reserved from a write's Content-Length
+// when it starts (as its bytes arrive when it has none) and released when it ends. Anonymous
+// clients sending all but the last byte of large bodies get 429 + Retry-After + a Status at
+// once beyond it, never forwarded; once they leave, writes pass again.
+func TestWriteBodyBudget(t *testing.T) {
+	const size = 40_000
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL, func(o *Options) {
+		o.MaxWriteBodyBytes, o.MaxBufferedWriteBytes, o.WriteBodyTimeout = size, 2*size+size/2, 10*time.Second
+	})
+	addr := strings.TrimPrefix(p.url, "http://")
+	dial := func(head, body string) net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, head+body); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	const post = "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	stalled := fmt.Sprintf("%sContent-Length: %d\r\n\r\n", post, size)
+	first, second := dial(stalled, strings.Repeat("x", size-1)), dial(stalled, strings.Repeat("x", size-1))
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline) && metricValue(t, p, "kubefence_buffered_write_bytes") != "80000"; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cases := []struct{ name, head, body string }{
+		{"announced length over what is left", stalled, ""},
+		{"chunked body growing past what is left", post + "Transfer-Encoding: chunked\r\n\r\n", fmt.Sprintf("%x\r\n%s", size, strings.Repeat("x", size))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(tc.head, tc.body)
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			r, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer at once (%v), want 429 while %d bytes of bodies are held", err, 2*size)
+			}
+			b, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			if r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "1" ||
+				!strings.Contains(string(b), `"reason":"TooManyRequests"`) || !strings.Contains(string(b), "--max-buffered-write-bytes") {
+				t.Fatalf("answer %d Retry-After=%q %s, want 429, Retry-After 1 and a Status naming --max-buffered-write-bytes", r.StatusCode, r.Header.Get("Retry-After"), b)
+			}
+		})
+	}
+	if n := api.count(); n != 0 {
+		t.Fatalf("%d write(s) forwarded, want none", n)
+	}
+	first.Close() // its client went away: its reservation goes with it
+	waitFor(t, func() bool { return metricValue(t, p, "kubefence_buffered_write_bytes") == "40000" })
+	if got := send(t, "POST", p.url+"/api/v1/namespaces/default/configmaps", "application/json", strings.Repeat("x", size)); got != http.StatusOK || api.count() != 1 {
+		t.Fatalf("a write once budget was free = %d (%d forwarded), want 200, forwarded", got, api.count())
+	}
+	second.Close()
+	waitFor(t, func() bool { return metricValue(t, p, "kubefence_buffered_write_bytes") == "0" })
+	if got := metricValue(t, p, "kubefence_buffered_write_full_total"); got != "2" {
+		t.Errorf("kubefence_buffered_write_full_total = %q, want 2", got)
+	}
+}
+
+// TestFencedWriteRefusedBeforeItsBody: fenced in refuse mode, a write whose body cannot change
+// the decision is refused as soon as its headers are in: its body is never buffered (nothing is
+// reserved of --max-buffered-write-bytes) and it is never forwarded. A DELETE with a body (the
+// body may make it a dry run) and a write the policy allows are read whole as before. A client
+// that never sends its body keeps its connection no longer than --write-body-timeout.
+func TestFencedWriteRefusedBeforeItsBody(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = time.Second })
+	fenceOn(t, p, time.Second)
+	addr := strings.TrimPrefix(p.url, "http://")
+	cases := []struct {
+		name, method, path, body string
+		early                    bool
+		want                     int
+	}{
+		{"create", "POST", "/api/v1/namespaces/default/configmaps", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}`, true, 429},
+		{"update", "PUT", "/api/v1/namespaces/default/configmaps/c", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}`, true, 429},
+		{"delete whose body says dry run", "DELETE", "/api/v1/namespaces/default/configmaps/c", `{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}`, false, 200},
+		{"review create (allowed)", "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", `{"kind":"SelfSubjectAccessReview","apiVersion":"authorization.k8s.io/v1","spec":{}}`, false, 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			refused, forwarded := metricValue(t, p, "kubefence_refused_writes_total"), api.count()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tc.method, tc.path, len(tc.body), tc.body[:10])
+			if tc.early {
+				for deadline := time.Now().Add(2 * time.Second); metricValue(t, p, "kubefence_refused_writes_total") == refused; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("not refused while its body was coming (%s body bytes reserved), want refused at once, nothing reserved",
+							metricValue(t, p, "kubefence_buffered_write_bytes"))
+					}
+				}
+				if got := metricValue(t, p, "kubefence_buffered_write_bytes"); got != "0" {
+					t.Fatalf("refused write: %s body bytes reserved, want none", got)
+				}
+			} else {
+				waitFor(t, func() bool { return metricValue(t, p, "kubefence_buffered_write_bytes") == fmt.Sprint(len(tc.body)) })
+			}
+			if _, err := io.WriteString(c, tc.body[10:]); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			r, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Body.Close()
+			wantForwarded := 0
+			if tc.want == http.StatusOK {
+				wantForwarded = 1
+			}
+			if n := api.count() - forwarded; r.StatusCode != tc.want || n != wantForwarded {
+				t.Fatalf("%s %s = %d, %d forwarded; want %d", tc.method, tc.path, r.StatusCode, n, tc.want)
+			}
+		})
+	}
+	resp, closed := rawExchange(t, addr, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 3*time.Second)
+	if codes := statusCodes(resp); len(codes) != 1 || codes[0] != "429" || !closed {
+		t.Fatalf("a body never sent: answers %v, connection closed %v; want one 429, then closed", codes, closed)
 	}
 }

@@ -72,7 +72,23 @@ func newMetrics(s *Server) *metrics {
 		backendInfo{s},
 	)
 	m.registry.MustRegister(holdMetrics(s.holder)...)
+	m.registry.MustRegister(bodyBudgetMetrics(s.bodyBudget)...)
 	return m
+}
+
+// bodyBudgetMetrics are --max-buffered-write-bytes's: the write-body bytes reserved now, and the
+// writes refused because the budget was full.
+func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_buffered_write_bytes",
+			Help: "Write body bytes being read or kept now (reserved against --max-buffered-write-bytes).",
+		}, func() float64 { return float64(b.used.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kubefence_buffered_write_full_total",
+			Help: "Writes refused with 429 at once because --max-buffered-write-bytes was full (never forwarded).",
+		}, func() float64 { return float64(b.full.Load()) }),
+	}
 }
 
 // holdMetrics are hold mode's: the waiting room now, and how holds ended.

@@ -67,6 +67,9 @@ type Options struct {
 	// whole before the fence admits the write.
 	MaxWriteBodyBytes int64
 	WriteBodyTimeout  time.Duration
+	// MaxBufferedWriteBytes bounds the write bodies being read or kept at once, over all clients:
+	// bodies are read before any authentication.
+	MaxBufferedWriteBytes int64
 
 	// Hold mode bounds: how long a write may be held, and how many writes and body bytes may be
 	// held at once (per proxy, and per HTTP/2 connection as a share of its streams).
@@ -88,6 +91,7 @@ func NewOptions() *Options {
 		UpstreamHTTP2:            true,
 		MaxWriteBodyBytes:        3 << 20,
 		WriteBodyTimeout:         30 * time.Second,
+		MaxBufferedWriteBytes:    256 << 20,
 		HoldTimeout:              4 * time.Second,
 		MaxHeldRequests:          20000,
 		MaxHeldBytes:             256 << 20,
@@ -132,6 +136,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.StartFenced, "start-fenced", o.StartFenced, "start fenced when --state-file does not exist yet (a state file, once written, says how to start)")
 	fs.StringSliceVar(&o.AllowedBackends, "allowed-backends", o.AllowedBackends, "backend URLs 'kubefence backend set' may switch to, besides --upstream, e.g. https://10.0.0.20:6443 or https://127.0.0.1:* (any port); empty allows none")
 	fs.Int64Var(&o.MaxWriteBodyBytes, "max-write-body-bytes", o.MaxWriteBodyBytes, "largest write body accepted (413 beyond), as kube-apiserver's own limit; the proxy reads a write's body whole before admitting it")
+	fs.Int64Var(&o.MaxBufferedWriteBytes, "max-buffered-write-bytes", o.MaxBufferedWriteBytes, "write body bytes being read or kept at once, over all clients and connections (reserved from a write's Content-Length when it starts, released when it ends); beyond, new writes get 429 + Retry-After at once, never forwarded")
 	fs.DurationVar(&o.HoldTimeout, "hold-timeout", o.HoldTimeout, "in hold mode, how long a write is held before it is refused with 429 (never forwarded); keep it under 5 s, the request timeout of client-go's leader election")
 	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
 	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")
@@ -227,6 +232,9 @@ func (o *Options) validateLimits() []error {
 	}
 	if o.MaxWriteBodyBytes <= 0 {
 		errs = append(errs, errors.New("--max-write-body-bytes must be positive"))
+	}
+	if o.MaxBufferedWriteBytes < o.MaxWriteBodyBytes {
+		errs = append(errs, fmt.Errorf("--max-buffered-write-bytes %d must be at least --max-write-body-bytes %d, or no write of the largest size could ever be accepted", o.MaxBufferedWriteBytes, o.MaxWriteBodyBytes))
 	}
 	if o.WriteBodyTimeout <= 0 {
 		errs = append(errs, errors.New("--write-body-timeout must be positive"))

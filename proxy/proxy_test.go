@@ -769,6 +769,7 @@ func TestOptionsValidate(t *testing.T) {
 			o.MetricsListen = "x"
 		}, []string{"--listen", "--upstream: backend URL", "--retry-after 0", "--metrics-listen"}},
 		{"upstream with path", func(o *Options) { o.InsecureListen = true; o.Upstream = "https://h:6443/api" }, []string{"no path"}},
+		{"body budget below one body", func(o *Options) { o.MaxBufferedWriteBytes = o.MaxWriteBodyBytes - 1 }, []string{"--max-buffered-write-bytes 3145727 must be at least --max-write-body-bytes"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -82,7 +82,9 @@ func modifyResponse(log *slog.Logger) func(*http.Response) error {
 // upstreamError turns every backend failure into a Kubernetes Status in one place: 499 when the
 // client went away, 504 on a timeout, 502 otherwise. A request that never left (the dial failed)
 // carries Retry-After, so client-go retries it; one that may have reached the backend does not,
-// so a write is never applied twice by our doing.
+// so a write is never applied twice by our doing. Clients, unauthenticated ones included, are
+// told what happened, not where: the backend's address and the transport's error (green's
+// internal address, certificate details) go to the log, with the path but not the query.
 func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, error) {
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		st := reqStateFrom(r.Context())
@@ -90,7 +92,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 		if errors.Is(context.Cause(r.Context()), errSwitchedAway) {
 			// A watch or upgrade the switch cut before its backend answered: nothing to resume
 			// from, and its client is still there.
-			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "kubefence: the proxy switched backends before "+backendURL+" answered; send the request again", 1)
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "kubefence: the proxy switched backends before the backend apiserver answered; send the request again", 1)
 			return
 		}
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
@@ -101,7 +103,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
-			writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver "+backendURL+" timed out", 0)
+			writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver timed out", 0)
 			return
 		}
 		retry := 0
@@ -110,7 +112,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			retry = 1
 		}
 		log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)
-		writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver "+backendURL+" is unreachable: "+err.Error(), retry)
+		writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver is unreachable (the proxy's log says why)", retry)
 	}
 }
 

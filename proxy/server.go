@@ -43,6 +43,7 @@ type Server struct {
 	switchMu    sync.Mutex // serialises backend changes
 	refusals    *refusals
 	holder      *holder
+	bodyBudget  *bodyBudget // --max-buffered-write-bytes
 	headerNames RequestHeaderNames
 	authn       authenticator.Request
 	clientCA    x509request.VerifyOptionFunc // the current client CA bundle; set with authn
@@ -79,6 +80,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
+	s.bodyBudget = &bodyBudget{max: cfg.opts.MaxBufferedWriteBytes}
 	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)
@@ -240,11 +242,17 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	if caFile == "" {
 		caFile = old.caFile
 	}
-	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
+	// backend that is not allowed.
+	u, err := parseBackendURL(rawURL)
 	if err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
-	if err := s.checkAllowed(nb.url); err != nil {
+	if err := s.checkAllowed(u); err != nil {
+		return admin.BackendResponse{Status: s.Status()}, err
+	}
+	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	if err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	if err := probeTLS(ctx, nb); err != nil {
@@ -484,23 +492,36 @@ func (s *Server) Shutdown(timeout time.Duration) error {
 var sharedDirs = map[string]bool{"/": true, "/run": true, "/var/run": true, "/tmp": true, "/var/tmp": true, "/dev/shm": true, "/var/lib": true, "/etc": true}
 
 // privateDir creates dir with mode 0700, or tightens an existing one to 0700, so that nobody but
-// the proxy's user can reach the admin socket even in the instant before its own chmod. A shared
-// directory (sticky, like /tmp, or a system one like /run) is refused, not tightened.
-func privateDir(dir string) error { return privateDirOf(dir, os.Geteuid()) }
+// the proxy's user can reach the admin socket. A shared directory (sticky, like /tmp, or a
+// system one like /run) is refused, not tightened, and so is a symbolic link: the proxy, often
+// root, must not tighten whatever a link (a local user's /tmp/kf -> /usr) points to.
+func privateDir(dir string) error { return privateDirOf(dir, os.Geteuid(), sharedDirs) }
 
-// privateDirOf is privateDir for the user uid: a directory another user owns is refused, since
-// its owner could replace the socket in it.
-func privateDirOf(dir string, uid int) error {
+// privateDirOf is privateDir for the user uid, shared being the directories never to tighten: a
+// directory another user owns is refused, since its owner could replace the socket in it.
+func privateDirOf(dir string, uid int, shared map[string]bool) error {
 	dir = filepath.Clean(dir)
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return errLinkedDir(dir)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	fi, err := os.Stat(dir)
-	if err != nil {
+	// Checked and tightened through a descriptor opened without following a link: the directory
+	// cannot be swapped for a link between the check and the chmod.
+	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	switch {
+	case errors.Is(err, syscall.ELOOP):
+		return errLinkedDir(dir)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%s is not a directory: give --admin-socket a path in a directory", dir)
+	case err != nil:
 		return err
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != uid {
 		return fmt.Errorf("%s is owned by uid %d, not by the proxy's user (uid %d): its owner could replace the admin socket; give --admin-socket a path in a directory the proxy's user owns", dir, st.Uid, uid)
@@ -508,13 +529,24 @@ func privateDirOf(dir string, uid int) error {
 	if fi.Mode().Perm() == 0o700 {
 		return nil
 	}
-	if sharedDirs[dir] || fi.Mode()&os.ModeSticky != 0 {
+	real, err := filepath.EvalSymlinks(dir) // the directory used, when a parent is a link
+	if err != nil {
+		return err
+	}
+	if shared[dir] || shared[real] || fi.Mode()&os.ModeSticky != 0 {
+		if real != dir {
+			dir += " (really " + real + ")"
+		}
 		return fmt.Errorf("%s is shared with other programs (mode %v): give --admin-socket a path in a directory of its own, e.g. /run/kubefence/admin.sock", dir, fi.Mode())
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	if err := f.Chmod(0o700); err != nil {
 		return fmt.Errorf("tighten %s to 0700: %w", dir, err)
 	}
 	return nil
+}
+
+func errLinkedDir(dir string) error {
+	return fmt.Errorf("%s is a symbolic link: give --admin-socket a path in a real directory (the proxy tightens it to 0700 and does not follow links)", dir)
 }
 
 // readyz is ready while the active backend answers its own /readyz.
@@ -540,8 +572,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// listenAdminSocket listens on the admin unix socket with mode 0600, in a directory of mode 0700
-// (created or tightened before the socket exists), replacing a stale socket file.
+// listenAdminSocket listens on the admin unix socket with mode 0600 from its creation, in a
+// directory of mode 0700 (created or tightened before the socket exists), replacing a stale
+// socket file.
 func listenAdminSocket(path string) (net.Listener, error) {
 	if err := privateDir(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("admin socket directory: %w", err)
@@ -556,7 +589,7 @@ func listenAdminSocket(path string) (net.Listener, error) {
 		}
 		_ = os.Remove(path)
 	}
-	ln, err := net.Listen("unix", path)
+	ln, err := bindUnixSocket(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen on admin socket: %w", err)
 	}
@@ -565,4 +598,18 @@ func listenAdminSocket(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("chmod admin socket: %w", err)
 	}
 	return ln, nil
+}
+
+// umaskMu serialises the umask changes of bindUnixSocket.
+var umaskMu sync.Mutex
+
+// bindUnixSocket listens on a new unix socket at path, created with mode 0600 (under umask 0177),
+// so that it is never wider, not even before a chmod. The umask is the process's: what other
+// goroutines create meanwhile is at most 0600 too (narrower, never wider).
+func bindUnixSocket(path string) (net.Listener, error) {
+	umaskMu.Lock()
+	defer umaskMu.Unlock()
+	old := syscall.Umask(0o177)
+	defer syscall.Umask(old)
+	return net.Listen("unix", path)
 }

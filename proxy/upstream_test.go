@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +82,7 @@ func mustRequest(t *testing.T, method, url string) *http.Request {
 func TestWriteBodyResendable(t *testing.T) {
 	const body = `{"kind":"ConfigMap","metadata":{"name":"x"}}`
 	r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/default/configmaps", strings.NewReader(body))
-	if _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second}); err != nil {
+	if _, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second, budget: &bodyBudget{max: 1 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	if r.GetBody == nil {
@@ -142,5 +143,49 @@ func TestWriteNotSentTwiceOverHTTP1(t *testing.T) {
 	defer mu.Unlock()
 	if posts != 2 {
 		t.Fatalf("the backend got %d writes, want 2: the second was sent again after the backend read it (answer %d)", posts, resp.StatusCode)
+	}
+}
+
+// TestBackendErrorsTellClientsNothing: a backend failure is answered to any client, anonymous
+// ones included, with a generic Status: the backend's address and the transport's error (green's
+// internal address, certificate details) go to the proxy's log only, with the request's path but
+// not its query.
+func TestBackendErrorsTellClientsNothing(t *testing.T) {
+	hangUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			c.Close()
+		}
+	}))
+	defer hangUp.Close()
+	cases := []struct {
+		name, upstream, retryAfter string
+	}{
+		{"connection refused", "http://" + freeAddr(t), "1"},
+		{"closed without an answer", hangUp.URL, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := NewOptions()
+			o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, tc.upstream, ""
+			o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+			logs := &syncBuf{}
+			p := startProxyWith(t, o, logs)
+			resp, body := do(t, "GET", p.url+"/api/v1/namespaces?labelSelector=team%3Ds3cret")
+			host := strings.TrimPrefix(tc.upstream, "http://")
+			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != tc.retryAfter || !strings.Contains(body, `"kind":"Status"`) {
+				t.Errorf("answer %d Retry-After=%q %s, want 502 Retry-After=%q and a Status", resp.StatusCode, resp.Header.Get("Retry-After"), body, tc.retryAfter)
+			}
+			for _, secret := range []string{host, "refused", "EOF", "dial"} {
+				if strings.Contains(body, secret) {
+					t.Errorf("the client was told %q: %s", secret, body)
+				}
+			}
+			log := logs.String()
+			if !strings.Contains(log, host) || !strings.Contains(log, "path=/api/v1/namespaces") || strings.Contains(log, "s3cret") {
+				t.Errorf("log %q: want the backend and the path, not the query", log)
+			}
+		})
 	}
 }
