@@ -2,6 +2,8 @@ package cutover
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,5 +133,39 @@ func TestLearnerMembers(t *testing.T) {
 		if errs := q.validate(); !strings.Contains(fmt.Sprint(errs), b.want) {
 			t.Errorf("errors %v, want %q", errs, b.want)
 		}
+	}
+}
+
+// TestStartedLearnersStartAgain: a resume after green's processes died (a reboot) starts again
+// the learners a run before started, with the restored members and before waiting for them:
+// a promoted learner votes, and the restored members alone may have no quorum. A learner never
+// started here, or started by its own host, is left to the join.
+func TestStartedLearnersStartAgain(t *testing.T) {
+	p, _ := validPlan(t)
+	g0 := p.Green.Etcd.Members[0]
+	for i, ext := range []bool{false, false, true} {
+		m := g0
+		m.Name, m.DataDir, m.Learner, m.External = fmt.Sprintf("l%d", i), g0.DataDir+fmt.Sprint(i), true, ext
+		m.ClientURL, m.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", 2589+10*i), fmt.Sprintf("http://127.0.0.1:%d", 2590+10*i)
+		p.Green.Etcd.Members = append(p.Green.Etcd.Members, m)
+	}
+	var started []string
+	procs := fakeProcesses(map[int]bool{}, new([]int))
+	procs.start = func(argv []string, _ string) (int, error) {
+		started = append(started, argv[slices.Index(argv, "--name")+1])
+		return 200 + len(started), nil
+	}
+	// l0 was started (and maybe promoted) before; l1 never was; l2 is started by its host.
+	j := &Journal{ID: "x", GreenPIDs: map[string]int{"l0": 123, "l2": 0}}
+	r := (&runner{p: p, j: j, procs: procs, o: Options{Plan: p}}).forward()
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	gps, err := r.restartLearners()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(started, []string{"l0"}) || len(gps) != 1 || j.GreenPIDs["l0"] != 201 {
+		t.Fatalf("started %v (watching %d), journal %v; want l0 started again", started, len(gps), j.GreenPIDs)
 	}
 }

@@ -54,6 +54,25 @@ func (p *Plan) seedConn() datadir.ConnSpec {
 	return spec
 }
 
+// restartLearners starts again (or adopts) this host's learners that a run before this one
+// started (their pids journaled), for a resume after green's processes died: a promoted learner
+// votes, and the restored members alone may have no quorum without it. It returns them, to
+// watch while green comes up.
+func (r *runner) restartLearners() ([]greenProcess, error) {
+	var gps []greenProcess
+	for _, m := range r.p.Green.Etcd.Members {
+		if _, started := r.j.GreenPIDs[m.Name]; !m.Learner || m.External || !started {
+			continue
+		}
+		gp := greenEtcdProcess(r.p, m)
+		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
+			return nil, err
+		}
+		gps = append(gps, gp)
+	}
+	return gps, nil
+}
+
 // learnerPoll is how often a learner's promotion is tried while it catches up.
 const learnerPoll = 200 * time.Millisecond
 

@@ -54,6 +54,10 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 		members = append(members, gp)
 	}
+	learnersUp, err := r.restartLearners()
+	if err != nil {
+		return "", err
+	}
 	// Connect once every member accepts connections: a gRPC client that dials too early backs
 	// off for a second before trying again.
 	for i, m := range p.seeds() {
@@ -68,7 +72,7 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
-	learners, err := r.seedsHealthy(ctx, eps, members)
+	learners, err := r.seedsHealthy(ctx, eps, append(members, learnersUp...))
 	if err != nil {
 		return "", err
 	}
