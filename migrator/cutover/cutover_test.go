@@ -387,3 +387,19 @@ func TestListableTargets(t *testing.T) {
 		})
 	}
 }
+
+// TestV2TTLClock: every green member of a v2 migration, those a resumed run builds later too,
+// measures TTLs against one time: the end of the journaled copy step.
+func TestV2TTLClock(t *testing.T) {
+	start := time.Date(2026, 11, 26, 1, 2, 3, 0, time.UTC)
+	r := &runner{j: &Journal{ID: "x", Done: []StepRecord{{Step: StepPreflight}, {Step: StepCopy, Started: start, Duration: 90 * time.Second}}}}
+	for range 2 { // the same on every call
+		if got, err := r.ttlClock(); err != nil || !got.Equal(start.Add(90*time.Second)) {
+			t.Fatalf("ttlClock = %v, %v; want the copy's end", got, err)
+		}
+	}
+	r.j.Done = r.j.Done[:1]
+	if _, err := r.ttlClock(); err == nil || !strings.Contains(err.Error(), "no finished copy step") {
+		t.Fatalf("ttlClock without a copy = %v", err)
+	}
+}
