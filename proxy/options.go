@@ -188,8 +188,11 @@ func (o *Options) validateListeners() []error {
 		}
 	}
 	if o.MetricsListen != "" {
-		if _, _, err := net.SplitHostPort(o.MetricsListen); err != nil {
+		host, _, err := net.SplitHostPort(o.MetricsListen)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-listen %q: %v", o.MetricsListen, err))
+		} else if ip := net.ParseIP(host); o.Profiling && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			errs = append(errs, fmt.Errorf("--profiling serves /debug/pprof/ on --metrics-listen %s, which is not a loopback address: profiles let whoever reaches them load the proxy; listen on 127.0.0.1 (or ::1), or leave --profiling off", o.MetricsListen))
 		}
 	}
 	return errs

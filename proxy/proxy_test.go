@@ -770,6 +770,9 @@ func TestOptionsValidate(t *testing.T) {
 		}, []string{"--listen", "--upstream: backend URL", "--retry-after 0", "--metrics-listen"}},
 		{"upstream with path", func(o *Options) { o.InsecureListen = true; o.Upstream = "https://h:6443/api" }, []string{"no path"}},
 		{"body budget below one body", func(o *Options) { o.MaxBufferedWriteBytes = o.MaxWriteBodyBytes - 1 }, []string{"--max-buffered-write-bytes 3145727 must be at least --max-write-body-bytes"}},
+		// Profiles let whoever reaches them load the proxy (a 30 s CPU profile, a trace).
+		{"profiling beyond loopback", func(o *Options) { o.Profiling, o.MetricsListen = true, "0.0.0.0:9445" }, []string{"--profiling serves /debug/pprof/ on --metrics-listen 0.0.0.0:9445"}},
+		{"profiling on a name", func(o *Options) { o.Profiling, o.MetricsListen = true, "proxy.example:9445" }, []string{"--profiling serves"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -786,6 +789,19 @@ func TestOptionsValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestProfilingOnLoopback: --profiling on a loopback --metrics-listen (the default) is fine.
+func TestProfilingOnLoopback(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:9445", "[::1]:9445", "localhost:9445"} {
+		o := NewOptions()
+		o.Profiling, o.MetricsListen = true, addr
+		for _, e := range o.Validate() {
+			if strings.Contains(e.Error(), "--profiling") {
+				t.Errorf("%s: %v", addr, e)
+			}
+		}
 	}
 }
 
