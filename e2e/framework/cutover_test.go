@@ -35,7 +35,7 @@ func TestStopCutoverProcessesOnlyTheirs(t *testing.T) {
 		_, _ = stranger.Process.Kill(), ours.Process.Kill()
 		_ = stranger.Wait() // ours is waited for below
 	})
-	data, _ := json.Marshal(map[string]any{"version": 1, "greenPIDs": map[string]int{"recycled": stranger.Process.Pid, "green-etcd-0": ours.Process.Pid}})
+	data, _ := json.Marshal(map[string]any{"version": 1, "state": "running", "greenPIDs": map[string]int{"recycled": stranger.Process.Pid, "green-etcd-0": ours.Process.Pid}})
 	if err := os.WriteFile(filepath.Join(stateDir, "journal.json"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
