@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestCheckerFollowsReplication: with the replicator applying blue's changes (puts, a multi-key
@@ -161,5 +162,72 @@ func TestCheckerStop(t *testing.T) {
 	}
 	if err := c.Err(); err != nil {
 		t.Fatalf("Err() after Stop = %v", err)
+	}
+}
+
+// TestCheckerWaitsForALaggingSide: one side further ahead than the check keeps in memory is no
+// difference: it lets go and watches both again until the other side has caught up, then
+// compares (green trails blue by the replication's lag, a burst after the verify can be large).
+func TestCheckerWaitsForALaggingSide(t *testing.T) {
+	defer func(n int) { maxCheckPending = n }(maxCheckPending)
+	maxCheckPending = 1 << 10
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/seed", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	c := StartCheck(blue.cli, green.cli, s, testLog(t))
+	t.Cleanup(c.Stop)
+	value := strings.Repeat("x", 300)
+	for i := range 8 { // 2.4 KiB ahead on blue
+		put(t, blue, fmt.Sprintf("/k%d", i), value)
+	}
+	time.Sleep(300 * time.Millisecond) // the check sees blue far ahead
+	for i := range 8 {
+		put(t, green, fmt.Sprintf("/k%d", i), value)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitFor(ctx, revision(t, blue)); err != nil {
+		t.Fatalf("WaitFor = %v; want the lagging side waited for", err)
+	}
+}
+
+// TestCheckerBackoffReset: the wait before watching again grows while watches end having
+// compared nothing, and starts over after one that compared: early blips must not make a drop
+// right before the switch wait the longest backoff (5 s, the window's whole budget).
+func TestCheckerBackoffReset(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/seed", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	put(t, blue, "/a", "1")
+	put(t, green, "/a", "1")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	w := &droppingWatcher{Watcher: cli.Watcher, drops: 3, delivering: make(chan struct{})}
+	cli.Watcher = w
+	c := StartCheck(cli, green.cli, s, testLog(t))
+	t.Cleanup(c.Stop)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitFor(ctx, s+1); err != nil { // compared by the watch that delivers, after 100+200+400 ms
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		opened, ended := w.opened, w.ended
+		w.mu.Unlock()
+		if len(opened) > w.drops+1 {
+			if gap := opened[w.drops+1].Sub(ended); gap > 400*time.Millisecond {
+				t.Fatalf("blue watched again %s after a round that compared ended, want the first backoff (100 ms)", gap)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("blue not watched again after the watch that delivered ended")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
