@@ -283,9 +283,7 @@ func stuckReplicator(t *testing.T, fenced bool) (*runner, *[]string, *[]int, con
 	if err := j.save(p.StateDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.openJournal(); err != nil {
-		t.Fatal(err)
-	}
+	r.j = j // this process verified and replicates (a resume would verify again)
 	// A replicator that runs (nothing answers its clients: the drain cannot finish).
 	blue, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
 	green, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2"}, DialTimeout: time.Second})
@@ -463,5 +461,39 @@ func TestResumeAfterTheWindowAbortsAtOnce(t *testing.T) {
 			t.Errorf("%s: picking replication up: %v; want the caller's deadline, not the window's", name, err)
 		}
 		cancel()
+	}
+}
+
+// TestResumeBeforeTheFenceVerifiesAgain: the changes since the full verify were compared by the
+// process that stopped; a resume before the fence verifies again (a new delta check from a new
+// revision: the old one may be compacted away by now), one inside the window keeps the verify
+// and compares the delta from its revision.
+func TestResumeBeforeTheFenceVerifiesAgain(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		p := replicatePlan(t)
+		p.hash = "plan-hash"
+		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		j := &Journal{Version: 1, ID: "x", State: StateRunning, PlanHash: p.hash, GreenPIDs: map[string]int{}, Verified: &VerifyReport{Revision: 7}}
+		for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd, StepGreenAuth, StepReplicate, StepGreenAPIServer, StepVerify} {
+			j.Done = append(j.Done, StepRecord{Step: s})
+		}
+		if fenced {
+			j.FencedAt = time.Now().UTC()
+		}
+		if err := j.save(p.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		r := (&runner{o: Options{Plan: p, Resume: true}, p: p, steps: replicateSteps}).forward()
+		if err := r.openJournal(); err != nil {
+			t.Fatal(err)
+		}
+		if verified := r.j.done(StepVerify) && r.j.Verified != nil; verified != fenced {
+			t.Errorf("fenced %v: verify kept %v (verified %+v); want it kept only inside the window", fenced, verified, r.j.Verified)
+		}
+		if !r.j.done(StepGreenAPIServer) {
+			t.Errorf("fenced %v: the steps before the verify were forgotten: %v", fenced, r.j.Done)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -236,6 +237,7 @@ func (r *runner) openJournal() error {
 	case j.State == StateRunning:
 		r.j = j
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming cutover %s after step %q", j.ID, lastStep(j))})
+		r.verifyAgainOnResume()
 	case j.State == StateBaking && o.Resume:
 		r.j = j
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming the bake of cutover %s: blue follows green again", j.ID)})
@@ -253,7 +255,7 @@ func (r *runner) openJournal() error {
 		}
 	}
 	if r.j == nil {
-		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}, Rehearse: o.Rehearse}
+		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}, Rehearse: o.Rehearse, PIDsWriteAhead: true}
 		if err := r.j.save(p.StateDir); err != nil {
 			return fmt.Errorf("write journal: %w", err)
 		}
@@ -262,6 +264,20 @@ func (r *runner) openJournal() error {
 		r.j.GreenPIDs = map[string]int{}
 	}
 	return nil
+}
+
+// verifyAgainOnResume (mode replicate) has a resume before the fence verify again: the changes
+// since the full verify were compared by the process that died (the delta check), and its
+// revision may since have been compacted away (kube-apiserver keeps about 5 minutes): a new
+// full verify starts a new delta check. Inside a window (the fence journaled) there is no time
+// for one: the delta check starts again from the journaled revision (ensureReplication).
+func (r *runner) verifyAgainOnResume() {
+	if !r.p.Replicating() || !r.j.FencedAt.IsZero() || !r.j.done(StepVerify) {
+		return
+	}
+	r.j.Done = slices.DeleteFunc(r.j.Done, func(rec StepRecord) bool { return rec.Step == StepVerify })
+	r.j.Verified = nil
+	r.emit(Event{Type: EventNote, Step: StepVerify, Detail: "verifying again: the changes since the last full verify were compared by the process that stopped"})
 }
 
 // run walks the steps the journal has not finished; a failed step ends in fail, unless green
