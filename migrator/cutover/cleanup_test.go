@@ -121,10 +121,14 @@ func TestAdoptsOnlyWhatItStarted(t *testing.T) {
 	cases := []struct {
 		name        string
 		pids        map[string]int
+		writeAhead  bool
 		wantStopped []int
 	}{
-		{"never started here: someone else's", map[string]int{}, nil},
-		{"g0 starting, its pid not journaled yet: adopted", map[string]int{"g0": 0}, []int{555}},
+		{"never started here: someone else's", map[string]int{}, true, nil},
+		{"g0 starting, its pid not journaled yet: adopted", map[string]int{"g0": 0}, true, []int{555}},
+		// A kubefence before the write-ahead journaled a pid only once started: a process of
+		// one killed in between is found by its command line, as it was then.
+		{"a journal of a kubefence before: adopted", map[string]int{}, false, []int{555}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,7 +144,7 @@ func TestAdoptsOnlyWhatItStarted(t *testing.T) {
 				}
 				return 0
 			}
-			j := &Journal{ID: "x", State: StateAborted, GreenPIDs: tc.pids, PlanHash: p.hash}
+			j := &Journal{ID: "x", State: StateAborted, GreenPIDs: tc.pids, PlanHash: p.hash, PIDsWriteAhead: tc.writeAhead}
 			r := (&runner{p: p, j: j, procs: procs}).forward()
 			if _, err := r.cleanup(false); err != nil {
 				t.Fatal(err)

@@ -74,6 +74,10 @@ type Journal struct {
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name; 0 for
 	// one it was starting when it last saved the journal.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
+	// PIDsWriteAhead: this journal names each green process before it is started (GreenPIDs 0),
+	// so a process it does not name is not this cutover's. A journal of a kubefence before it
+	// named them only once started: a process with green's command line is adopted then.
+	PIDsWriteAhead bool `json:"pidsWriteAhead,omitempty"`
 	// RefusedAtFence and RefusedAtUnfence are the proxy's count of refused writes at the fence
 	// and at the unfence; the report's RefusedWrites is their difference.
 	RefusedAtFence   uint64        `json:"refusedAtFence,omitempty"`
