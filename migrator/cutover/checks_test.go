@@ -462,11 +462,14 @@ spec:
 		}, ""},
 		// A typo would keep green's apiserver from ever becoming ready, in the window of a
 		// fenced copy: the preflight names it.
-		{"a port no green member has", func(_ *testing.T, p *Plan) { p.Green.APIServer.Command[1] = "--etcd-servers=http://127.0.0.1:9999" }, "none of green.etcd.members' clientURLs"},
+		{"a port no green member has", func(_ *testing.T, p *Plan) { p.Green.APIServer.Command[1] = "--etcd-servers=http://127.0.0.1:9999" }, "on a green member's host but none of green.etcd.members' clientURLs"},
 		{"http to a member serving https", func(_ *testing.T, p *Plan) {
 			p.Green.Etcd.Members[0].ClientURL = "https://127.0.0.1:2479"
-		}, "none of green.etcd.members' clientURLs"},
+		}, "on a green member's host but none of green.etcd.members' clientURLs"},
 		{"localhost for 127.0.0.1", func(_ *testing.T, p *Plan) { p.Green.APIServer.Command[1] = "--etcd-servers=http://localhost:2479" }, ""},
+		{"a load balancer in front of green", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command[1] = "--etcd-servers=https://green-etcd-lb.invalid:2379"
+		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -219,20 +218,18 @@ func enoughSpace(dir string, need int64) error {
 // checkGreenEtcdServers refuses a green apiserver this host starts whose --etcd-servers name
 // one of blue's etcd endpoints (a command or a manifest copied from blue's): it would serve
 // blue's data, verify would compare blue with blue, and the switch would send every request
-// to blue's etcd through it. Each must be one of green's members' client URLs (however it is
-// written): another (a typo) would keep green's apiserver from ever becoming ready. An
+// to blue's etcd through it. One on a green member's host must be one of green's members'
+// client URLs (however it is written): another (a typo) would keep green's apiserver from ever
+// becoming ready; a host no member has (a load balancer in front of green) is not judged. An
 // apiserver its own host starts is that host's to check.
 func checkGreenEtcdServers(p *Plan) error {
 	blue := map[string]bool{}
 	for _, e := range p.Blue.Etcd.Endpoints {
 		blue[proc.HostPort(e)] = true
 	}
-	green, clients := map[string]bool{}, []string{}
+	green, clients := newGreenEndpoints(p), []string{}
 	for _, m := range p.Green.Etcd.Members {
 		clients = append(clients, m.ClientURL)
-		for _, k := range endpointKeys(m.ClientURL) {
-			green[k] = true
-		}
 	}
 	var errs []error
 	for i, a := range p.greenAPIServers() {
@@ -252,27 +249,26 @@ func checkGreenEtcdServers(p *Plan) error {
 			switch {
 			case blue[proc.HostPort(s)]:
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, one of blue.etcd.endpoints: green's apiserver would serve blue's data; give it green's etcd members' client URLs", field, s))
-			case !slices.ContainsFunc(endpointKeys(s), func(k string) bool { return green[k] }):
-				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, none of green.etcd.members' clientURLs (%s): green's apiserver would never become ready; give it their scheme, host and port", field, s, strings.Join(clients, ", ")))
+			case green.typo(s):
+				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, on a green member's host but none of green.etcd.members' clientURLs (%s): green's apiserver would never become ready; give it their scheme, host and port", field, s, strings.Join(clients, ", ")))
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// endpointKeys are the ways an etcd URL names its server: its scheme and port with its host
-// and each address the host resolves to (localhost is 127.0.0.1 too), for comparing URLs
-// written differently.
-func endpointKeys(raw string) []string {
+// endpointOf is an etcd URL's scheme and port, and its host with each address the host resolves
+// to (localhost is 127.0.0.1 too), for comparing URLs written differently.
+func endpointOf(raw string) (scheme, port string, hosts []string) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil
+		return "", "", nil
 	}
 	host, port, err := net.SplitHostPort(proc.HostPort(raw))
 	if err != nil {
-		return nil
+		return "", "", nil
 	}
-	hosts := []string{host}
+	hosts = []string{host}
 	if net.ParseIP(host) == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		addrs, err := net.DefaultResolver.LookupHost(ctx, host)
@@ -281,11 +277,38 @@ func endpointKeys(raw string) []string {
 			hosts = append(hosts, addrs...)
 		}
 	}
-	keys := make([]string, 0, len(hosts))
-	for _, h := range hosts {
-		keys = append(keys, u.Scheme+"://"+net.JoinHostPort(h, port))
+	return u.Scheme, port, hosts
+}
+
+// greenEndpoints says whether an etcd URL names one of green's members (however it is written),
+// and whether its host is a member's host at least.
+type greenEndpoints struct{ keys, hosts map[string]bool }
+
+func newGreenEndpoints(p *Plan) greenEndpoints {
+	g := greenEndpoints{keys: map[string]bool{}, hosts: map[string]bool{}}
+	for _, m := range p.Green.Etcd.Members {
+		scheme, port, hosts := endpointOf(m.ClientURL)
+		for _, h := range hosts {
+			g.keys[scheme+"://"+net.JoinHostPort(h, port)] = true
+			g.hosts[h] = true
+		}
 	}
-	return keys
+	return g
+}
+
+// typo is true when raw's host is a green member's but no member serves there with raw's scheme
+// and port (a wrong port, http for https). A host that is no member's (a load balancer in front
+// of green) is not judged.
+func (g greenEndpoints) typo(raw string) bool {
+	scheme, port, hosts := endpointOf(raw)
+	onMemberHost := false
+	for _, h := range hosts {
+		if g.keys[scheme+"://"+net.JoinHostPort(h, port)] {
+			return false
+		}
+		onMemberHost = onMemberHost || g.hosts[h]
+	}
+	return onMemberHost
 }
 
 // etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
