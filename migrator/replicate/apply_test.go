@@ -78,19 +78,25 @@ func TestRewatchBackoffReset(t *testing.T) {
 	put(t, blue, "a", "1") // the watch delivers it, then ends
 	last := catchUp(t, run, blue)
 	sameHistory(t, blue, green, s, last)
+	if gap := w.reopenedAfter(t); gap > 400*time.Millisecond {
+		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
+	}
+}
+
+// reopenedAfter is how long after the watch that delivered ended the next one was opened (it
+// waits up to 10 s for it).
+func (w *droppingWatcher) reopenedAfter(t *testing.T) time.Duration {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		w.mu.Lock()
 		opened, ended := w.opened, w.ended
 		w.mu.Unlock()
 		if len(opened) > w.drops+1 {
-			if gap := opened[w.drops+1].Sub(ended); gap > 400*time.Millisecond {
-				t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
-			}
-			return
+			return opened[w.drops+1].Sub(ended)
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("blue not watched again after a watch that delivered ended")
+			t.Fatal("blue not watched again after the watch that delivered ended")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -214,20 +214,7 @@ func TestCheckerBackoffReset(t *testing.T) {
 	if err := c.WaitFor(ctx, s+1); err != nil { // compared by the watch that delivers, after 100+200+400 ms
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		w.mu.Lock()
-		opened, ended := w.opened, w.ended
-		w.mu.Unlock()
-		if len(opened) > w.drops+1 {
-			if gap := opened[w.drops+1].Sub(ended); gap > 400*time.Millisecond {
-				t.Fatalf("blue watched again %s after a round that compared ended, want the first backoff (100 ms)", gap)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("blue not watched again after the watch that delivered ended")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if gap := w.reopenedAfter(t); gap > 400*time.Millisecond {
+		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
 	}
 }
