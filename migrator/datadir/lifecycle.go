@@ -195,6 +195,8 @@ func (l *runLock) release(removeJournal bool) {
 }
 
 // dirLockPath is the lock beside data dir d, whatever the backup dir or the other members named.
+// migrate v2-to-v3 takes the same name beside its output (v2v3's lockPath, which cannot import
+// this package), so a run to an output and one here on a data dir at that path exclude each other.
 func dirLockPath(d string) string { return filepath.Clean(d) + ".kubefence-lock" }
 
 // lock takes the run's locks: a second upgrade or downgrade of one of these data dirs (with

@@ -391,10 +391,13 @@ func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Members
 // chooseSource journals the most advanced member as the step's source, the first time, with
 // the TTL clock of a v2 migration. A v2 migration's source journaled without one (by an older
 // kubefence) gets one now: the members that run built, with clocks of their own, no longer
-// match it and are built again.
+// match it and are built again. Unless that run swapped in the source itself (the last swap,
+// so every member is in): the source's v2 data is gone and nothing can be built again, so the
+// source keeps its zero clock, which the ready markers that run wrote name too, and the step
+// finishes as that version would have.
 func (e *executor) chooseSource(s *StepReport) error {
 	if s.Source != nil {
-		if s.Kind != StepMigrateV2 || !s.Source.TTLClock.IsZero() {
+		if s.Kind != StepMigrateV2 || !s.Source.TTLClock.IsZero() || markedFrom(s.Source.DataDir, *s.Source) {
 			return nil
 		}
 		s.Source.TTLClock = e.clock().UTC()

@@ -122,6 +122,12 @@ func TestV2MigrationMembersAgree(t *testing.T) {
 		// The resumed run takes the clock (its second reading, after the expiry): the member
 		// the older run swapped in with a clock of its own is built again with it.
 		{"resumed after an older kubefence's crash", 1, true, 0},
+		// Killed after the last swap (the source's), before the journal said so: every member
+		// is in, built with the first reading.
+		{"resumed after a crash after the last swap", 3, false, 1},
+		// The same by an older kubefence: the source's v2 data is gone, so no member can be
+		// built again with a new clock. The resume finishes as that version would have.
+		{"resumed after an older kubefence's crash after the last swap", 3, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newV2Fixture(t, expiry)
@@ -149,6 +155,11 @@ func TestV2MigrationMembersAgree(t *testing.T) {
 			}
 			if err := e.migrateV2(t.Context(), s); err != nil {
 				t.Fatal(err)
+			}
+			for _, d := range f.dirs {
+				if exists(filepath.Join(d, readyMarker)) || exists(newPath(d)) || exists(oldPath(d)) {
+					t.Errorf("%s: swap leftovers remain", d)
+				}
 			}
 			want := keysAndLeases(t, f.dirs[0])
 			leases := 0

@@ -142,6 +142,11 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	lock, err := lockOutput(&c)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.ReleaseRemove() // last: after m.close removed the working dir
 	if c.Now.IsZero() {
 		c.Now = time.Now()
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,7 +309,8 @@ func TestRunClearsAKilledRunsWork(t *testing.T) {
 		var beside []string
 		c.Progress = func(phase string, _, _ int64) {
 			if phase == "write" && beside == nil {
-				beside = dirNames(t, parent)
+				// The working dir; the run's lock beside it is TestOneRunPerOutput's.
+				beside = slices.DeleteFunc(dirNames(t, parent), func(n string) bool { return n == "out.kubefence-lock" })
 			}
 		}
 		if _, err := Run(c); err != nil {
@@ -351,4 +353,52 @@ func dirNames(t *testing.T, dir string) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// TestOneRunPerOutput: the working dir is named after the output and removed before each run,
+// so a second run to the same output (an impatient rerun, another terminal) would remove the
+// first's half-written member, or rename its own into place while the first still writes. It
+// is refused while the first holds the lock beside the output, with an error naming the
+// first's pid and what it does; the first's work is left as it was, and the first finishes.
+func TestOneRunPerOutput(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	src := smallMember(t, now)
+	c := testConfig(t, src, now)
+	db := filepath.Join(workPath(c.OutputDir), "data", "member", "snap", "db")
+	var second error
+	secondRan := false
+	c.Progress = func(phase string, _, _ int64) {
+		if phase != "write" || secondRan {
+			return
+		}
+		secondRan = true
+		before, err := os.Stat(db)
+		if err != nil {
+			t.Fatalf("the first run's database while it writes: %v", err)
+		}
+		again := testConfig(t, src, now)
+		again.OutputDir = c.OutputDir
+		_, second = Run(again)
+		if after, err := os.Stat(db); err != nil || !os.SameFile(before, after) {
+			t.Errorf("the second run removed or replaced the first's database %s (%v)", db, err)
+		}
+	}
+	if _, err := Run(c); err != nil {
+		t.Fatalf("the first run: %v", err)
+	}
+	if !secondRan {
+		t.Fatal("no write progress: the second run never started")
+	}
+	want := []string{"pid " + strconv.Itoa(os.Getpid()), "migrate v2-to-v3 from " + src, c.OutputDir + ".kubefence-lock", "wait for it to finish"}
+	if second == nil {
+		t.Fatal("a second run to the output while the first wrote it succeeded")
+	}
+	for _, w := range want {
+		if !strings.Contains(second.Error(), w) {
+			t.Errorf("the second run's error %q does not say %q", second, w)
+		}
+	}
+	if names := dirNames(t, filepath.Dir(c.OutputDir)); !slices.Equal(names, []string{"out"}) {
+		t.Errorf("%s holds %v after the run, want only out (no lock file, no working dir)", filepath.Dir(c.OutputDir), names)
+	}
 }

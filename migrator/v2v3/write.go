@@ -2,11 +2,13 @@ package v2v3
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/flock"
 	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
@@ -39,6 +42,35 @@ type Membership struct {
 // the member into place (kill -9, the OOM killer) leaves it behind, as big as the new database,
 // and the next run to the same output removes it instead of adding another beside it.
 func workPath(outDir string) string { return filepath.Clean(outDir) + ".kubefence-part" }
+
+// lockPath is the lock a run holds beside outDir. It is the name migrate upgrade, downgrade and
+// restore-backup give the lock beside a data dir (datadir's dirLockPath; datadir imports this
+// package, so the name is written twice): a run to an output and one of those on a data dir at
+// that path exclude each other too.
+func lockPath(outDir string) string { return filepath.Clean(outDir) + ".kubefence-lock" }
+
+// lockOutput takes the lock beside the output for the whole run. The working dir is named after
+// the output and removed before each run, so a second run to the same output would remove the
+// first's half-written member, or rename its own into place while the first still writes.
+func lockOutput(c *Config) (*flock.Lock, error) {
+	if err := os.MkdirAll(filepath.Dir(filepath.Clean(c.OutputDir)), 0o700); err != nil {
+		return nil, err
+	}
+	l, err := flock.Take(lockPath(c.OutputDir))
+	var held *flock.HeldError
+	if errors.As(err, &held) {
+		who := "pid " + held.PID()
+		if _, what, ok := strings.Cut(held.Holder, " "); ok {
+			who += ", " + what
+		}
+		return nil, fmt.Errorf("another kubefence process (%s) is building or working on %s (it holds %s): wait for it to finish, or stop that process; nothing was written", who, c.OutputDir, held.Path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.Note("migrate v2-to-v3 from " + c.DataDir)
+	return l, nil
+}
 
 // restoreBase makes the new member in the working dir next to outDir (what a killed run left
 // there removed first): etcd's own restore (WAL, snapshot, membership, consistent index) run on
