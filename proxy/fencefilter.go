@@ -48,12 +48,12 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				return
 			}
 		}
-		body, reserved, err := readWriteBody(w, r, limits)
+		body, res, err := readWriteBody(w, r, limits)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return
 		}
-		defer limits.budget.release(reserved) // the body is kept until the request ends
+		defer res.release() // the body is kept until the request ends
 		if a.BodyDecidesDryRun() {
 			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
 		}
