@@ -287,9 +287,10 @@ func TestWriteBodyBudget(t *testing.T) {
 }
 
 // TestWriteBodyBudgetHTTP2Streams: an announced Content-Length costs --max-buffered-write-bytes
-// nothing until its bytes arrive. One anonymous HTTP/2 connection opening streams that each
-// announce a body of --max-write-body-bytes and send none of it must not make a write from
-// another client get 429 (as kubelet lease renewals would, fenced or not, until
+// nothing until its bytes arrive, and one connection may hold only its share of the budget. One
+// anonymous HTTP/2 connection opening streams that each announce a body of
+// --max-write-body-bytes and send none of it, or all but its last byte, must not make a write
+// from another client get 429 (as kubelet lease renewals would, fenced or not, until
 // --write-body-timeout).
 func TestWriteBodyBudgetHTTP2Streams(t *testing.T) {
 	const maxBody = 1 << 20
@@ -300,6 +301,7 @@ func TestWriteBodyBudgetHTTP2Streams(t *testing.T) {
 		post    int // the other client's write
 	}{
 		{"headers only", 8, 0, 100},
+		{"all but the last byte", 4, maxBody - 1, maxBody},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,13 +29,16 @@ import (
 // anonymous clients opening many HTTP/2 streams, each sending all but the last byte of a body
 // near --max-write-body-bytes, would make the proxy hold gigabytes for --write-body-timeout.
 // Reserving the announced length instead would let streams that send no byte at all fill the
-// budget, and then every write, a kubelet's lease renewal as well, would get 429.
+// budget, and then every write, a kubelet's lease renewal as well, would get 429. One client
+// connection may hold at most a share of the budget (connBudgetShare), so that one HTTP/2
+// connection's streams, sending bytes or not, cannot take it all from the others.
 
 // errBodyTooLarge, errBodyTimeout and errBodyBudget say why a write's body was not read.
 var (
 	errBodyTooLarge = errors.New("write body too large")
 	errBodyTimeout  = errors.New("write body not received in time")
 	errBodyBudget   = errors.New("too many write body bytes being received at once")
+	errConnBudget   = fmt.Errorf("%w on this connection", errBodyBudget)
 )
 
 // initialWriteBuffer is the buffer a write's body is read into before its first byte arrives,
@@ -51,12 +54,27 @@ type bodyLimits struct {
 	retryAfter int
 }
 
-// bodyBudget counts the write-body bytes reserved now, against max.
+// connBudgetShare: one client connection may hold at most 1/connBudgetShare of the budget, or
+// one body of --max-write-body-bytes if that is more.
+const connBudgetShare = 4
+
+// bodyBudget counts the write-body bytes reserved now, against max, and at most perConn of them
+// for the bodies of one client connection.
 type bodyBudget struct {
-	max  int64
-	used atomic.Int64
-	full atomic.Uint64 // writes refused because it was full
+	max     int64
+	perConn int64
+	used    atomic.Int64
+	full    atomic.Uint64 // writes refused because it (or their connection's share) was full
 }
+
+// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each.
+func newBodyBudget(total, maxBody int64) *bodyBudget {
+	return &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody)}
+}
+
+// connBodyBytesKey keys the write-body bytes reserved by one client connection (an
+// *atomic.Int64, set by connContext).
+type connBodyBytesKey struct{}
 
 // reserve takes n bytes of the budget, or none if that would exceed it.
 func (b *bodyBudget) reserve(n int64) bool {
@@ -75,15 +93,26 @@ func (b *bodyBudget) reserve(n int64) bool {
 // release gives back n reserved bytes.
 func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
 
-// reservation is what one write's body holds of the budget. The zero value holds nothing.
+// reservation is what one write's body holds of the budget, and of its connection's share
+// (conn; nil: not counted). The zero value holds nothing.
 type reservation struct {
 	budget *bodyBudget
+	conn   *atomic.Int64
 	n      int64
 }
 
-// take reserves n more bytes, or none (errBodyBudget).
+// take reserves n more bytes, or none: errConnBudget beyond the connection's share,
+// errBodyBudget beyond the budget.
 func (res *reservation) take(n int64) error {
+	if res.conn != nil && res.conn.Add(n) > res.budget.perConn {
+		res.conn.Add(-n)
+		res.budget.full.Add(1)
+		return errConnBudget
+	}
 	if !res.budget.reserve(n) {
+		if res.conn != nil {
+			res.conn.Add(-n)
+		}
 		return errBodyBudget
 	}
 	res.n += n
@@ -92,8 +121,12 @@ func (res *reservation) take(n int64) error {
 
 // release gives back all the reservation holds.
 func (res *reservation) release() {
-	if res.n > 0 {
-		res.budget.release(res.n)
+	if res.n == 0 {
+		return
+	}
+	res.budget.release(res.n)
+	if res.conn != nil {
+		res.conn.Add(-res.n)
 	}
 }
 
@@ -169,7 +202,8 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (b
 	}
 	// The announced length only bounds the buffer: nothing is reserved or allocated for bytes
 	// that have not arrived.
-	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget}}
+	conn, _ := r.Context().Value(connBodyBytesKey{}).(*atomic.Int64)
+	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn}}
 	if r.ContentLength > 0 {
 		b.limit = int(r.ContentLength)
 	}
@@ -225,9 +259,13 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 			// Answer at once: the body's bytes still to come are never read.
 			w.Header().Set("Connection", "close")
 		}
+		what := fmt.Sprintf("more than --max-buffered-write-bytes, %d bytes", limits.budget.max)
+		if errors.Is(err, errConnBudget) {
+			what = fmt.Sprintf("on this connection: more than its share of --max-buffered-write-bytes, %d bytes", limits.budget.perConn)
+		}
 		writeStatus(w, http.StatusTooManyRequests, "TooManyRequests",
-			fmt.Sprintf("kubefence: too many write bodies are being received at once (more than --max-buffered-write-bytes, %d bytes); "+
-				"retry in %ds (client-go retries by itself)", limits.budget.max, limits.retryAfter), limits.retryAfter)
+			fmt.Sprintf("kubefence: too many write bodies are being received at once (%s); retry in %ds (client-go retries by itself)",
+				what, limits.retryAfter), limits.retryAfter)
 	case errors.Is(err, errBodyTimeout):
 		w.Header().Set("Connection", "close")
 		writeStatus(w, http.StatusRequestTimeout, "Timeout",
