@@ -3,15 +3,18 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -422,5 +425,70 @@ func TestFencedWriteRefusedBeforeItsBody(t *testing.T) {
 	resp, closed := rawExchange(t, addr, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 3*time.Second)
 	if codes := statusCodes(resp); len(codes) != 1 || codes[0] != "429" || !closed {
 		t.Fatalf("a body never sent: answers %v, connection closed %v; want one 429, then closed", codes, closed)
+	}
+}
+
+// TestRefusedUnreadBodyAndTheConnection: fenced in refuse mode, a write refused from its
+// headers over HTTP/1.1 has the rest of its body discarded by Go's server, up to 256 KiB, so
+// that the connection carries the next request; a body with more left is not read, and the
+// connection is closed after the 429 (docs/proxy.md says which).
+func TestRefusedUnreadBodyAndTheConnection(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	fenceOn(t, p, time.Second)
+	addr := strings.TrimPrefix(p.url, "http://")
+	cases := []struct {
+		name       string
+		size       int
+		chunked    bool
+		wantCodes  []string
+		wantClosed bool
+	}{
+		{"body within 256 KiB", 200 << 10, false, []string{"429", "200"}, false},
+		{"body over 256 KiB", 300 << 10, false, []string{"429"}, true},
+		{"chunked body over 256 KiB", 300 << 10, true, []string{"429"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			head, body := fmt.Sprintf("Content-Length: %d\r\n\r\n", tc.size), strings.Repeat("x", tc.size)
+			if tc.chunked {
+				head, body = "Transfer-Encoding: chunked\r\n\r\n", fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", tc.size, body)
+			}
+			payload := "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head + body +
+				"GET /api/v1/namespaces HTTP/1.1\r\nHost: x\r\n\r\n"
+			forwarded := api.count()
+			resp, closed := exchangeWhileWriting(t, addr, payload, 500*time.Millisecond)
+			if codes := statusCodes(resp); !slices.Equal(codes, tc.wantCodes) || closed != tc.wantClosed {
+				t.Fatalf("answers %v, connection closed %v; want %v, closed %v", codes, closed, tc.wantCodes, tc.wantClosed)
+			}
+			if n := api.count() - forwarded; n != len(tc.wantCodes)-1 {
+				t.Fatalf("%d request(s) forwarded, want the read after the refused write only", n)
+			}
+		})
+	}
+}
+
+// exchangeWhileWriting is rawExchange for a payload the server may stop reading: it is written
+// while the answers are read. A connection reset counts as closed.
+func exchangeWhileWriting(t *testing.T, addr, payload string, quiet time.Duration) (resp string, closed bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() { _, _ = io.WriteString(c, payload) }() // fails once the server closes: that is the point
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(quiet))
+		n, err := c.Read(buf)
+		b.Write(buf[:n])
+		switch {
+		case err == io.EOF, errors.Is(err, syscall.ECONNRESET):
+			return b.String(), true
+		case err != nil:
+			return b.String(), false
+		}
 	}
 }
