@@ -44,23 +44,24 @@ type Policy struct {
 	Rules []Rule
 }
 
-// reviewResources persist nothing: their create only asks the apiserver a question.
-var reviewResources = map[[2]string]bool{
-	{"authentication.k8s.io", "tokenreviews"}:             true,
-	{"authentication.k8s.io", "selfsubjectreviews"}:       true,
-	{"authorization.k8s.io", "subjectaccessreviews"}:      true,
-	{"authorization.k8s.io", "localsubjectaccessreviews"}: true,
-	{"authorization.k8s.io", "selfsubjectaccessreviews"}:  true,
-	{"authorization.k8s.io", "selfsubjectrulesreviews"}:   true,
+// reviews are the reviews kube-apiserver serves, by group, version and resource: their create
+// only asks it a question and persists nothing. Only the versions kube-apiserver 1.36 serves:
+// authorization.k8s.io/v1beta1 and TokenReview v1beta1 were removed in 1.22, SelfSubjectReview
+// v1alpha1 in 1.32 and v1beta1 in 1.33 (k8s.io/api's prerelease lifecycle; kube-apiserver
+// does not serve a version past its removal). Another version of these groups is not its review:
+// an APIService registered for it is served by whatever it names, which may persist objects.
+var reviews = map[[3]string]bool{
+	{"authentication.k8s.io", "v1", "tokenreviews"}:             true,
+	{"authentication.k8s.io", "v1", "selfsubjectreviews"}:       true,
+	{"authorization.k8s.io", "v1", "subjectaccessreviews"}:      true,
+	{"authorization.k8s.io", "v1", "localsubjectaccessreviews"}: true,
+	{"authorization.k8s.io", "v1", "selfsubjectaccessreviews"}:  true,
+	{"authorization.k8s.io", "v1", "selfsubjectrulesreviews"}:   true,
 }
-
-// reviewVersions are the versions in which kube-apiserver serves the reviews. Another version of
-// those groups is not its review: an aggregated API registered for it may persist anything.
-var reviewVersions = map[string]bool{"v1": true, "v1beta1": true}
 
 // isReview reports the create of a review kube-apiserver answers without persisting anything.
 func isReview(a *Attributes) bool {
-	return a.Verb == "create" && reviewVersions[a.APIVersion] && reviewResources[[2]string{a.APIGroup, a.Resource}]
+	return a.Verb == "create" && reviews[[3]string{a.APIGroup, a.APIVersion, a.Resource}]
 }
 
 // Decide says whether a request may pass while the fence is on. Reads pass; writes are refused

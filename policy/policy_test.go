@@ -114,9 +114,15 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"selfsubjectaccessreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), true, "review"},
 		{"selfsubjectrulesreview", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"), true, "review"},
 		{"review kind in wrong group", req("POST", "/apis/example.com/v1/tokenreviews"), false, "write"},
-		{"subjectaccessreview v1beta1", req("POST", "/apis/authorization.k8s.io/v1beta1/subjectaccessreviews"), true, "review"},
-		{"tokenreview v1beta1", req("POST", "/apis/authentication.k8s.io/v1beta1/tokenreviews"), true, "review"},
-		// An unknown version is not kube-apiserver's review: an aggregated API may serve it.
+		// Only the versions kube-apiserver 1.36 serves: v1. Another version of these groups is not its
+		// review: an APIService registered for it may persist objects while fenced.
+		{"subjectaccessreview v1beta1 (not served since 1.22)", req("POST", "/apis/authorization.k8s.io/v1beta1/subjectaccessreviews"), false, "write"},
+		{"localsubjectaccessreview v1beta1 (not served since 1.22)", req("POST", "/apis/authorization.k8s.io/v1beta1/namespaces/ns/localsubjectaccessreviews"), false, "write"},
+		{"selfsubjectaccessreview v1beta1 (not served since 1.22)", req("POST", "/apis/authorization.k8s.io/v1beta1/selfsubjectaccessreviews"), false, "write"},
+		{"selfsubjectrulesreview v1beta1 (not served since 1.22)", req("POST", "/apis/authorization.k8s.io/v1beta1/selfsubjectrulesreviews"), false, "write"},
+		{"tokenreview v1beta1 (not served since 1.22)", req("POST", "/apis/authentication.k8s.io/v1beta1/tokenreviews"), false, "write"},
+		{"selfsubjectreview v1beta1 (not served since 1.33)", req("POST", "/apis/authentication.k8s.io/v1beta1/selfsubjectreviews"), false, "write"},
+		{"selfsubjectreview v1alpha1 (not served since 1.32)", req("POST", "/apis/authentication.k8s.io/v1alpha1/selfsubjectreviews"), false, "write"},
 		{"review at an unknown version", req("POST", "/apis/authorization.k8s.io/v9/subjectaccessreviews"), false, "write"},
 		{"review at an alpha version", req("POST", "/apis/authentication.k8s.io/v2alpha1/tokenreviews"), false, "write"},
 		{"delete of a review", req("DELETE", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x"), false, "write"},

@@ -76,9 +76,11 @@ type connIdentity struct {
 
 type connIdentityKey struct{}
 
-// connContext gives every accepted connection its identity cache and its count of held writes.
+// connContext gives every accepted connection its identity cache, its count of held writes and
+// its count of write-body bytes (its share of --max-buffered-write-bytes).
 func connContext(ctx context.Context, _ net.Conn) context.Context {
 	ctx = context.WithValue(ctx, connHoldsKey{}, new(atomic.Int32))
+	ctx = context.WithValue(ctx, connBodyBytesKey{}, new(atomic.Int64))
 	return context.WithValue(ctx, connIdentityKey{}, &connIdentity{})
 }
 

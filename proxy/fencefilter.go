@@ -48,12 +48,12 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				return
 			}
 		}
-		body, reserved, err := readWriteBody(w, r, limits)
+		body, res, err := readWriteBody(w, r, limits)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return
 		}
-		defer limits.budget.release(reserved) // the body is kept until the request ends
+		defer res.release() // the body is kept until the request ends
 		if a.BodyDecidesDryRun() {
 			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
 		}
@@ -87,9 +87,11 @@ func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Hand
 	next.ServeHTTP(w, r)
 }
 
-// refuseUnread refuses a write whose body was not read. The server discards that body (without
-// keeping it) before it answers, so that the connection can carry the client's retry; the read
-// deadline bounds how long a client trickling it keeps the connection, as when it is read.
+// refuseUnread refuses a write whose body was not read. Over HTTP/1.1 the server discards up to
+// 256 KiB of that body (without keeping it) before it answers, so that the connection can carry
+// the client's retry, and closes the connection after the answer when more is left; the read
+// deadline bounds how long a client trickling it keeps the connection, as when it is read. Over
+// HTTP/2 the stream is reset after the answer.
 func refuseUnread(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision, rf *refusals, limits bodyLimits) {
 	if st.attrs.HasBody {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(limits.timeout))

@@ -3,13 +3,18 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -221,10 +226,10 @@ func metricValue(t *testing.T, p *testProxy, sample string) string {
 }
 
 // TestWriteBodyBudget: write bodies are read before any authentication, so what all of them may
-// hold at once is bounded (--max-buffered-write-bytes), reserved from a write's Content-Length
-// when it starts (as its bytes arrive when it has none) and released when it ends. Anonymous
-// clients sending all but the last byte of large bodies get 429 + Retry-After + a Status at
-// once beyond it, never forwarded; once they leave, writes pass again.
+// hold at once is bounded (--max-buffered-write-bytes), reserved as their bytes arrive and
+// released when they end. Anonymous clients sending all but the last byte of large bodies hold
+// it; a write whose bytes then grow past what is left gets 429 + Retry-After + a Status at once,
+// never forwarded; once they leave, writes pass again.
 func TestWriteBodyBudget(t *testing.T) {
 	const size = 40_000
 	api := newRecordingAPI(t)
@@ -250,7 +255,7 @@ func TestWriteBodyBudget(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cases := []struct{ name, head, body string }{
-		{"announced length over what is left", stalled, ""},
+		{"body growing past what is left", stalled, strings.Repeat("x", size)},
 		{"chunked body growing past what is left", post + "Transfer-Encoding: chunked\r\n\r\n", fmt.Sprintf("%x\r\n%s", size, strings.Repeat("x", size))},
 	}
 	for _, tc := range cases {
@@ -282,6 +287,79 @@ func TestWriteBodyBudget(t *testing.T) {
 	if got := metricValue(t, p, "kubefence_buffered_write_full_total"); got != "2" {
 		t.Errorf("kubefence_buffered_write_full_total = %q, want 2", got)
 	}
+}
+
+// TestWriteBodyBudgetHTTP2Streams: an announced Content-Length costs --max-buffered-write-bytes
+// nothing until its bytes arrive, and one connection may hold only its share of the budget. One
+// anonymous HTTP/2 connection opening streams that each announce a body of
+// --max-write-body-bytes and send none of it, or all but its last byte, must not make a write
+// from another client get 429 (as kubelet lease renewals would, fenced or not, until
+// --write-body-timeout).
+func TestWriteBodyBudgetHTTP2Streams(t *testing.T) {
+	const maxBody = 1 << 20
+	cases := []struct {
+		name    string
+		streams int
+		send    int // body bytes each stream sends of the maxBody it announces
+		post    int // the other client's write
+	}{
+		{"headers only", 8, 0, 100},
+		{"all but the last byte", 4, maxBody - 1, maxBody},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIdentityFixture(t, func(o *Options, _ string) {
+				o.MaxWriteBodyBytes, o.MaxBufferedWriteBytes = maxBody, 4*maxBody
+			})
+			openStalledStreams(t, f, tc.streams, maxBody, tc.send)
+			req, _ := http.NewRequest("POST", f.proxyURL+"/api/v1/namespaces/default/configmaps", strings.NewReader(strings.Repeat("x", tc.post)))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := f.h2Client(nil).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("a %d-byte write from another connection = %d %s (%d bytes of the budget reserved), want 200",
+					tc.post, resp.StatusCode, b, f.p.bodyBudget.used.Load())
+			}
+		})
+	}
+}
+
+// openStalledStreams opens n write streams on one anonymous HTTP/2 connection, each announcing
+// a body of length bytes and sending send of them, and returns once the proxy has every one:
+// it has either refused it or reserved at least the bytes it sent.
+func openStalledStreams(t *testing.T, f *identityFixture, n, length, send int) {
+	t.Helper()
+	c := f.h2Client(nil)
+	if code, _ := getReused(t, c, f.proxyURL); code != 200 { // one connection for all the streams
+		t.Fatal("warm-up read failed")
+	}
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait) // cleanups run last first: this one after the pipes below are closed
+	for range n {
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { pw.CloseWithError(io.ErrUnexpectedEOF) })
+		req, _ := http.NewRequest("POST", f.proxyURL+"/api/v1/namespaces/default/configmaps", pr)
+		req.ContentLength = int64(length)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := c.Do(req); err == nil {
+				resp.Body.Close()
+				refused.Add(1)
+			}
+		}()
+		go func() { _, _ = pw.Write(make([]byte, send)) }()
+	}
+	// Once in, a stream holds at least what it sent, or its buffer's first bytes (512).
+	each := int64(max(send, min(length, 512)))
+	waitForT(t, 5*time.Second, "the streams in", func() bool {
+		return f.p.bodyBudget.used.Load() >= (int64(n)-refused.Load())*each
+	})
 }
 
 // TestFencedWriteRefusedBeforeItsBody: fenced in refuse mode, a write whose body cannot change
@@ -347,5 +425,70 @@ func TestFencedWriteRefusedBeforeItsBody(t *testing.T) {
 	resp, closed := rawExchange(t, addr, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 3*time.Second)
 	if codes := statusCodes(resp); len(codes) != 1 || codes[0] != "429" || !closed {
 		t.Fatalf("a body never sent: answers %v, connection closed %v; want one 429, then closed", codes, closed)
+	}
+}
+
+// TestRefusedUnreadBodyAndTheConnection: fenced in refuse mode, a write refused from its
+// headers over HTTP/1.1 has the rest of its body discarded by Go's server, up to 256 KiB, so
+// that the connection carries the next request; a body with more left is not read, and the
+// connection is closed after the 429 (docs/proxy.md says which).
+func TestRefusedUnreadBodyAndTheConnection(t *testing.T) {
+	api := newRecordingAPI(t)
+	p := startProxy(t, api.URL)
+	fenceOn(t, p, time.Second)
+	addr := strings.TrimPrefix(p.url, "http://")
+	cases := []struct {
+		name       string
+		size       int
+		chunked    bool
+		wantCodes  []string
+		wantClosed bool
+	}{
+		{"body within 256 KiB", 200 << 10, false, []string{"429", "200"}, false},
+		{"body over 256 KiB", 300 << 10, false, []string{"429"}, true},
+		{"chunked body over 256 KiB", 300 << 10, true, []string{"429"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			head, body := fmt.Sprintf("Content-Length: %d\r\n\r\n", tc.size), strings.Repeat("x", tc.size)
+			if tc.chunked {
+				head, body = "Transfer-Encoding: chunked\r\n\r\n", fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", tc.size, body)
+			}
+			payload := "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head + body +
+				"GET /api/v1/namespaces HTTP/1.1\r\nHost: x\r\n\r\n"
+			forwarded := api.count()
+			resp, closed := exchangeWhileWriting(t, addr, payload, 500*time.Millisecond)
+			if codes := statusCodes(resp); !slices.Equal(codes, tc.wantCodes) || closed != tc.wantClosed {
+				t.Fatalf("answers %v, connection closed %v; want %v, closed %v", codes, closed, tc.wantCodes, tc.wantClosed)
+			}
+			if n := api.count() - forwarded; n != len(tc.wantCodes)-1 {
+				t.Fatalf("%d request(s) forwarded, want the read after the refused write only", n)
+			}
+		})
+	}
+}
+
+// exchangeWhileWriting is rawExchange for a payload the server may stop reading: it is written
+// while the answers are read. A connection reset counts as closed.
+func exchangeWhileWriting(t *testing.T, addr, payload string, quiet time.Duration) (resp string, closed bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() { _, _ = io.WriteString(c, payload) }() // fails once the server closes: that is the point
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(quiet))
+		n, err := c.Read(buf)
+		b.Write(buf[:n])
+		switch {
+		case err == io.EOF, errors.Is(err, syscall.ECONNRESET):
+			return b.String(), true
+		case err != nil:
+			return b.String(), false
+		}
 	}
 }

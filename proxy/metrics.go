@@ -86,7 +86,7 @@ func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
 		}, func() float64 { return float64(b.used.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kubefence_buffered_write_full_total",
-			Help: "Writes refused with 429 at once because --max-buffered-write-bytes was full (never forwarded).",
+			Help: "Writes refused with 429 at once because --max-buffered-write-bytes, or their connection's share of it, was full (never forwarded).",
 		}, func() float64 { return float64(b.full.Load()) }),
 	}
 }

@@ -67,8 +67,8 @@ type Options struct {
 	// whole before the fence admits the write.
 	MaxWriteBodyBytes int64
 	WriteBodyTimeout  time.Duration
-	// MaxBufferedWriteBytes bounds the write bodies being read or kept at once, over all clients:
-	// bodies are read before any authentication.
+	// MaxBufferedWriteBytes bounds the write bodies being read or kept at once, over all clients
+	// (one connection at most a quarter of it): bodies are read before any authentication.
 	MaxBufferedWriteBytes int64
 
 	// Hold mode bounds: how long a write may be held, and how many writes and body bytes may be
@@ -136,7 +136,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.StartFenced, "start-fenced", o.StartFenced, "start fenced when --state-file does not exist yet (a state file, once written, says how to start)")
 	fs.StringSliceVar(&o.AllowedBackends, "allowed-backends", o.AllowedBackends, "backend URLs 'kubefence backend set' may switch to, besides --upstream, e.g. https://10.0.0.20:6443 or https://127.0.0.1:* (any port); empty allows none")
 	fs.Int64Var(&o.MaxWriteBodyBytes, "max-write-body-bytes", o.MaxWriteBodyBytes, "largest write body accepted (413 beyond), as kube-apiserver's own limit; the proxy reads a write's body whole before admitting it")
-	fs.Int64Var(&o.MaxBufferedWriteBytes, "max-buffered-write-bytes", o.MaxBufferedWriteBytes, "write body bytes being read or kept at once, over all clients and connections (reserved from a write's Content-Length when it starts, released when it ends); beyond, new writes get 429 + Retry-After at once, never forwarded")
+	fs.Int64Var(&o.MaxBufferedWriteBytes, "max-buffered-write-bytes", o.MaxBufferedWriteBytes, "write body bytes being read or kept at once, over all clients and connections (reserved as they arrive, never ahead from a Content-Length, and released when the write ends; one client connection may hold a quarter of it, or one write of --max-write-body-bytes if more); beyond, new writes get 429 + Retry-After at once, never forwarded")
 	fs.DurationVar(&o.HoldTimeout, "hold-timeout", o.HoldTimeout, "in hold mode, how long a write is held before it is refused with 429 (never forwarded); keep it under 5 s, the request timeout of client-go's leader election")
 	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
 	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")

@@ -80,7 +80,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
-	s.bodyBudget = &bodyBudget{max: cfg.opts.MaxBufferedWriteBytes}
+	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes)
 	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)

@@ -21,23 +21,29 @@ import (
 //     client: the barrier waits for the backend's answer even if the client went away.
 //
 // Bodies are read before any authentication (and before the backend's), so what all of them may
-// hold at once is bounded (bodyBudget, --max-buffered-write-bytes): a write reserves its
-// Content-Length before its first byte is read (a body of unknown length, its bytes as they
-// arrive) and releases it when it ends. Beyond the budget a write gets 429 + Retry-After at once,
-// and is never forwarded: without it, anonymous clients opening many HTTP/2 streams, each
-// sending all but the last byte of a body near --max-write-body-bytes, would make the proxy hold
-// gigabytes for --write-body-timeout.
+// hold at once is bounded (bodyBudget, --max-buffered-write-bytes): a body's buffer is reserved
+// as it grows, and it grows only as the body's bytes arrive (from initialWriteBuffer, at most
+// doubling, never past the announced length), so that announcing a Content-Length costs the
+// budget nothing the client has not sent; the reservation is released when the write ends.
+// Beyond the budget a write gets 429 + Retry-After at once, and is never forwarded: without it,
+// anonymous clients opening many HTTP/2 streams, each sending all but the last byte of a body
+// near --max-write-body-bytes, would make the proxy hold gigabytes for --write-body-timeout.
+// Reserving the announced length instead would let streams that send no byte at all fill the
+// budget, and then every write, a kubelet's lease renewal as well, would get 429. One client
+// connection may hold at most a share of the budget (connBudgetShare), so that one HTTP/2
+// connection's streams, sending bytes or not, cannot take it all from the others.
 
 // errBodyTooLarge, errBodyTimeout and errBodyBudget say why a write's body was not read.
 var (
 	errBodyTooLarge = errors.New("write body too large")
 	errBodyTimeout  = errors.New("write body not received in time")
 	errBodyBudget   = errors.New("too many write body bytes being received at once")
+	errConnBudget   = fmt.Errorf("%w on this connection", errBodyBudget)
 )
 
-// preallocWriteBody is how much of a write's announced length is allocated before its bytes
-// arrive (most objects are a few KB; a ConfigMap at its 1 MiB limit takes 5 doublings more).
-const preallocWriteBody = 64 << 10
+// initialWriteBuffer is the buffer a write's body is read into before its first byte arrives,
+// reserved like the rest: what a stream that sends no body byte holds of the budget.
+const initialWriteBuffer = 512
 
 // bodyLimits bound a write's body: --max-write-body-bytes and --write-body-timeout, and the
 // bytes of all write bodies at once (--max-buffered-write-bytes), refused with --retry-after.
@@ -48,12 +54,27 @@ type bodyLimits struct {
 	retryAfter int
 }
 
-// bodyBudget counts the write-body bytes reserved now, against max.
+// connBudgetShare: one client connection may hold at most 1/connBudgetShare of the budget, or
+// one body of --max-write-body-bytes if that is more.
+const connBudgetShare = 4
+
+// bodyBudget counts the write-body bytes reserved now, against max, and at most perConn of them
+// for the bodies of one client connection.
 type bodyBudget struct {
-	max  int64
-	used atomic.Int64
-	full atomic.Uint64 // writes refused because it was full
+	max     int64
+	perConn int64
+	used    atomic.Int64
+	full    atomic.Uint64 // writes refused because it (or their connection's share) was full
 }
+
+// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each.
+func newBodyBudget(total, maxBody int64) *bodyBudget {
+	return &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody)}
+}
+
+// connBodyBytesKey keys the write-body bytes reserved by one client connection (an
+// *atomic.Int64, set by connContext).
+type connBodyBytesKey struct{}
 
 // reserve takes n bytes of the budget, or none if that would exceed it.
 func (b *bodyBudget) reserve(n int64) bool {
@@ -72,82 +93,145 @@ func (b *bodyBudget) reserve(n int64) bool {
 // release gives back n reserved bytes.
 func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
 
-// budgetedReader reserves a body of unknown length's bytes as they arrive.
-type budgetedReader struct {
-	r        io.Reader
-	budget   *bodyBudget
-	reserved int64
+// reservation is what one write's body holds of the budget, and of its connection's share
+// (conn; nil: not counted). The zero value holds nothing.
+type reservation struct {
+	budget *bodyBudget
+	conn   *atomic.Int64
+	n      int64
 }
 
-func (br *budgetedReader) Read(p []byte) (int, error) {
-	n, err := br.r.Read(p)
-	if n > 0 {
-		if !br.budget.reserve(int64(n)) {
-			return 0, errBodyBudget
-		}
-		br.reserved += int64(n)
+// take reserves n more bytes, or none: errConnBudget beyond the connection's share,
+// errBodyBudget beyond the budget.
+func (res *reservation) take(n int64) error {
+	if res.conn != nil && res.conn.Add(n) > res.budget.perConn {
+		res.conn.Add(-n)
+		res.budget.full.Add(1)
+		return errConnBudget
 	}
-	return n, err
+	if !res.budget.reserve(n) {
+		if res.conn != nil {
+			res.conn.Add(-n)
+		}
+		return errBodyBudget
+	}
+	res.n += n
+	return nil
+}
+
+// release gives back all the reservation holds.
+func (res *reservation) release() {
+	if res.n == 0 {
+		return
+	}
+	res.budget.release(res.n)
+	if res.conn != nil {
+		res.conn.Add(-res.n)
+	}
+}
+
+// bodyBuffer reads a body into a buffer that grows only as the body's bytes fill it, each growth
+// reserved before it is allocated.
+type bodyBuffer struct {
+	buf   []byte
+	limit int // the announced length, or the most a body of unknown length may have
+	res   reservation
+}
+
+// readFrom reads src to its end: errBodyTooLarge past limit, errBodyBudget when a growth cannot
+// be reserved.
+func (b *bodyBuffer) readFrom(src io.Reader) error {
+	for {
+		if len(b.buf) == cap(b.buf) {
+			if cap(b.buf) == b.limit {
+				return atEnd(src)
+			}
+			if err := b.grow(); err != nil {
+				return err
+			}
+		}
+		n, err := src.Read(b.buf[len(b.buf):cap(b.buf)])
+		b.buf = b.buf[:len(b.buf)+n]
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// grow doubles the buffer (at least initialWriteBuffer, at most limit), once it has reserved the
+// bytes it adds.
+func (b *bodyBuffer) grow() error {
+	n := min(max(2*cap(b.buf), initialWriteBuffer), b.limit)
+	if err := b.res.take(int64(n - cap(b.buf))); err != nil {
+		return err
+	}
+	buf := make([]byte, len(b.buf), n)
+	copy(buf, b.buf)
+	b.buf = buf
+	return nil
+}
+
+// atEnd checks that src, whose limit has been read, has nothing more.
+func atEnd(src io.Reader) error {
+	var one [1]byte
+	for {
+		n, err := src.Read(one[:])
+		switch {
+		case n > 0:
+			return errBodyTooLarge
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
 }
 
 // readWriteBody reads r's body whole, within limits, and replaces it by the bytes read. It
-// returns the bytes it reserved of limits.budget, which the caller releases when the request
-// ends; on an error it has released them. A request with no body is left alone.
-func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (body []byte, reserved int64, err error) {
+// returns what the body holds of limits.budget, which the caller releases when the request
+// ends; on an error it has released it. A request with no body is left alone.
+func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (body []byte, res reservation, err error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return nil, 0, nil
+		return nil, reservation{}, nil
 	}
 	if r.ContentLength > limits.max {
-		return nil, 0, errBodyTooLarge
+		return nil, reservation{}, errBodyTooLarge
 	}
-	var src io.Reader = r.Body
-	var br *budgetedReader
+	// The announced length only bounds the buffer: nothing is reserved or allocated for bytes
+	// that have not arrived.
+	conn, _ := r.Context().Value(connBodyBytesKey{}).(*atomic.Int64)
+	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn}}
 	if r.ContentLength > 0 {
-		if !limits.budget.reserve(r.ContentLength) {
-			return nil, 0, errBodyBudget
-		}
-		reserved = r.ContentLength
-	} else {
-		br = &budgetedReader{r: r.Body, budget: limits.budget}
-		src = br
+		b.limit = int(r.ContentLength)
 	}
-	body, err = readBody(w, r.ContentLength, src, limits)
-	if br != nil {
-		reserved = br.reserved
+	if err := readBody(w, r.Body, b, limits.timeout); err != nil {
+		b.res.release()
+		return nil, reservation{}, err
 	}
-	if err != nil {
-		limits.budget.release(reserved)
-		return nil, 0, err
-	}
-	replaceBody(r, body)
-	return body, reserved, nil
+	replaceBody(r, b.buf)
+	return b.buf, b.res, nil
 }
 
-// readBody reads src whole, within limits; contentLength is the announced length or -1.
-func readBody(w http.ResponseWriter, contentLength int64, src io.Reader, limits bodyLimits) ([]byte, error) {
+// readBody reads src whole into b, within timeout.
+func readBody(w http.ResponseWriter, src io.Reader, b *bodyBuffer, timeout time.Duration) error {
 	rc := http.NewResponseController(w)
-	deadlineSet := rc.SetReadDeadline(time.Now().Add(limits.timeout)) == nil
-	var buf bytes.Buffer
-	if contentLength > 0 {
-		// Only what most writes need ahead: a larger body grows the buffer as its bytes come, so
-		// that announcing a size costs the client as much as it costs the proxy.
-		buf.Grow(int(min(contentLength, preallocWriteBody)))
-	}
-	_, err := buf.ReadFrom(io.LimitReader(src, limits.max+1))
+	deadlineSet := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	err := b.readFrom(src)
 	if deadlineSet {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	switch {
-	case errors.Is(err, errBodyBudget):
-		return nil, err
+	case errors.Is(err, errBodyBudget), errors.Is(err, errBodyTooLarge):
+		return err
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, errBodyTimeout
+		return errBodyTimeout
 	case err != nil:
-		return nil, fmt.Errorf("read write body: %w", err)
-	case int64(buf.Len()) > limits.max:
-		return nil, errBodyTooLarge
+		return fmt.Errorf("read write body: %w", err)
 	}
-	return buf.Bytes(), nil
+	return nil
 }
 
 // replaceBody makes body r's body, to be sent again if need be.
@@ -175,9 +259,13 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 			// Answer at once: the body's bytes still to come are never read.
 			w.Header().Set("Connection", "close")
 		}
+		what := fmt.Sprintf("more than --max-buffered-write-bytes, %d bytes", limits.budget.max)
+		if errors.Is(err, errConnBudget) {
+			what = fmt.Sprintf("on this connection: more than its share of --max-buffered-write-bytes, %d bytes", limits.budget.perConn)
+		}
 		writeStatus(w, http.StatusTooManyRequests, "TooManyRequests",
-			fmt.Sprintf("kubefence: too many write bodies are being received at once (more than --max-buffered-write-bytes, %d bytes); "+
-				"retry in %ds (client-go retries by itself)", limits.budget.max, limits.retryAfter), limits.retryAfter)
+			fmt.Sprintf("kubefence: too many write bodies are being received at once (%s); retry in %ds (client-go retries by itself)",
+				what, limits.retryAfter), limits.retryAfter)
 	case errors.Is(err, errBodyTimeout):
 		w.Header().Set("Connection", "close")
 		writeStatus(w, http.StatusRequestTimeout, "Timeout",
