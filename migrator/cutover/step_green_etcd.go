@@ -76,9 +76,6 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := r.holdRestoredLeases(ctx); err != nil {
-		return "", err
-	}
 	cli, err := datadir.NewClient(p.greenConn())
 	if err != nil {
 		return "", err
@@ -94,6 +91,9 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 		return err
 	}, members...)
 	if err != nil {
+		return "", err
+	}
+	if err := r.holdRestoredLeases(ctx); err != nil { // held already if learners joined
 		return "", err
 	}
 	rev := sts[0].Revision
