@@ -34,6 +34,10 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err := r.repl.rep.WaitFor(ctx, rev); err != nil {
 		return "", err
 	}
+	// Started now, its watches are current (etcd delivers a watch that starts in the past only
+	// as its sync loop gets to it, up to 100 ms at a time) before the verify ends, which may
+	// be well under a second before the fence.
+	r.startDeltaCheck(rev)
 	rep, err := verifyAt(ctx, blue, green, rev)
 	if rep != nil {
 		rep.Revision = rev
@@ -42,6 +46,5 @@ func (replicaVerifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	r.startDeltaCheck(rev)
 	return fmt.Sprintf("%d objects of %d resource types identical at revision %d; %s", rep.Objects, rep.ResourceTypes, rev, r.progressLine(r.repl.rep.Progress())), nil
 }
