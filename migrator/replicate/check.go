@@ -26,6 +26,7 @@ import (
 type Checker struct {
 	blue, green *clientv3.Client
 	from        int64
+	maxPending  int // maxCheckPending when it started
 	log         *slog.Logger
 	cancel      context.CancelFunc
 	stopped     chan struct{}
@@ -39,7 +40,7 @@ type Checker struct {
 
 // maxCheckPending bounds the changes a Checker keeps per side while the other side has not
 // shown the same revisions yet.
-var maxCheckPending = 64 << 20 // a variable for tests
+var maxCheckPending = 64 << 20 // a variable for tests; a Checker reads it when it starts
 
 // StartCheck starts comparing blue's and green's changes after revision from, which both must
 // hold with the same content, until Stop. log may be nil.
@@ -48,7 +49,7 @@ func StartCheck(blue, green *clientv3.Client, from int64, log *slog.Logger) *Che
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Checker{blue: blue, green: green, from: from, log: log, cancel: cancel, stopped: make(chan struct{}), checked: from, cond: make(chan struct{})}
+	c := &Checker{blue: blue, green: green, from: from, maxPending: maxCheckPending, log: log, cancel: cancel, stopped: make(chan struct{}), checked: from, cond: make(chan struct{})}
 	go func() {
 		defer close(c.stopped)
 		c.finish(c.run(ctx))
@@ -160,10 +161,10 @@ func (c *Checker) round(ctx context.Context) (delivered bool, err error) {
 		// A side further ahead than the check keeps waits, unread, for the other (compare
 		// leaves at most one side with revisions pending, so one is always read).
 		bc, gc := bch, gch
-		if sides[0].bytes > maxCheckPending {
+		if sides[0].bytes > c.maxPending {
 			bc = nil
 		}
-		if sides[1].bytes > maxCheckPending {
+		if sides[1].bytes > c.maxPending {
 			gc = nil
 		}
 		var resp clientv3.WatchResponse
