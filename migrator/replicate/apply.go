@@ -128,13 +128,18 @@ func (r *Replicator) take(ctx context.Context, p *pipeline, resp clientv3.WatchR
 		return fmt.Errorf("%w: %w", errRewatch, err)
 	}
 	r.sawSource(resp.Header.Revision)
-	evs := resp.Events
+	return eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error { return p.submit(ctx, rev, evs) })
+}
+
+// eachRevision calls do with each revision's events of a watch response, oldest first (a
+// response may carry several revisions, their events consecutive; etcd never splits one).
+func eachRevision(evs []*clientv3.Event, do func(rev int64, evs []*clientv3.Event) error) error {
 	for len(evs) > 0 {
 		rev, n := evs[0].Kv.ModRevision, 1
 		for n < len(evs) && evs[n].Kv.ModRevision == rev {
 			n++
 		}
-		if err := p.submit(ctx, rev, evs[:n]); err != nil {
+		if err := do(rev, evs[:n:n]); err != nil {
 			return err
 		}
 		evs = evs[n:]

@@ -62,13 +62,7 @@ func TestRewatchBackoffReset(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	w := &droppingWatcher{Watcher: cli.Watcher, drops: 3, delivering: make(chan struct{})}
-	cli.Watcher = w
+	cli, w := droppingClient(t, blue, 3)
 	run := start(t, blue, green, s, func(c *Config) { c.Source = cli })
 	select {
 	case <-w.delivering: // after 100 + 200 + 400 ms of backoff; the next would be 800 ms
@@ -81,6 +75,19 @@ func TestRewatchBackoffReset(t *testing.T) {
 	if gap := w.reopenedAfter(t); gap > 400*time.Millisecond {
 		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
 	}
+}
+
+// droppingClient is a client of m whose first drops watches end at once (droppingWatcher).
+func droppingClient(t *testing.T, m *member, drops int) (*clientv3.Client, *droppingWatcher) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: m.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	w := &droppingWatcher{Watcher: cli.Watcher, drops: drops, delivering: make(chan struct{})}
+	cli.Watcher = w
+	return cli, w
 }
 
 // reopenedAfter is how long after the watch that delivered ended the next one was opened (it

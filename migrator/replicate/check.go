@@ -236,18 +236,13 @@ func (p *pendingRevs) take(ctx context.Context, resp clientv3.WatchResponse, ok 
 	case resp.Err() != nil:
 		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
 	}
-	evs := resp.Events
-	for len(evs) > 0 {
-		rc := revChanges{rev: evs[0].Kv.ModRevision}
-		n := 0
-		for n < len(evs) && evs[n].Kv.ModRevision == rc.rev {
-			rc.bytes += len(evs[n].Kv.Key) + len(evs[n].Kv.Value)
-			n++
+	return eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error {
+		rc := revChanges{rev: rev, evs: evs}
+		for _, e := range evs {
+			rc.bytes += len(e.Kv.Key) + len(e.Kv.Value)
 		}
-		rc.evs = evs[:n:n]
 		p.revs = append(p.revs, rc)
 		p.bytes += rc.bytes
-		evs = evs[n:]
-	}
-	return nil
+		return nil
+	})
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // TestCheckerFollowsReplication: with the replicator applying blue's changes (puts, a multi-key
@@ -200,13 +199,7 @@ func TestCheckerBackoffReset(t *testing.T) {
 	green, s := greenFrom(t, blue, etcdOpts{})
 	put(t, blue, "/a", "1")
 	put(t, green, "/a", "1")
-	cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	w := &droppingWatcher{Watcher: cli.Watcher, drops: 3, delivering: make(chan struct{})}
-	cli.Watcher = w
+	cli, w := droppingClient(t, blue, 3)
 	c := StartCheck(cli, green.cli, s, testLog(t))
 	t.Cleanup(c.Stop)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
