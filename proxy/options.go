@@ -181,7 +181,7 @@ func (o *Options) validateListeners() []error {
 			errs = append(errs, fmt.Errorf("--admin-listen %q: %v", o.AdminListen, err))
 		}
 		if o.AdminClientCAFile == "" {
-			errs = append(errs, errors.New("--admin-listen needs --admin-client-ca-file: the admin API is served over the network with mutual TLS only"))
+			errs = append(errs, errAdminListenNeedsCA)
 		}
 		if o.InsecureListen {
 			errs = append(errs, errors.New("--admin-listen needs --tls-cert-file/--tls-key-file for its serving certificate"))
@@ -270,6 +270,9 @@ type Config struct {
 	adminCAs    *x509.CertPool
 }
 
+// errAdminListenNeedsCA: the network admin API is mutual TLS only.
+var errAdminListenNeedsCA = errors.New("--admin-listen needs --admin-client-ca-file: the admin API is served over the network with mutual TLS only")
+
 // Complete loads the files the options name. Call Validate first.
 func (o *Options) Complete() (*Config, error) {
 	c := &Config{opts: *o, policy: &policy.Policy{}, headerNames: RequestHeaderNames{
@@ -301,6 +304,10 @@ func (o *Options) Complete() (*Config, error) {
 		if c.adminCAs, err = tlsutil.LoadCAPool(o.AdminClientCAFile); err != nil {
 			errs = append(errs, fmt.Errorf("--admin-client-ca-file: %w", err))
 		}
+	} else if o.AdminListen != "" {
+		// Validate says so too; a program that skips it must not serve the admin API with a
+		// nil pool, which crypto/tls reads as the system's roots.
+		errs = append(errs, errAdminListenNeedsCA)
 	}
 	if o.UpstreamClientCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(o.UpstreamClientCertFile, o.UpstreamClientKeyFile)

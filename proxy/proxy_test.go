@@ -815,3 +815,25 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestAdminListenNeedsItsCAWithoutValidate: a program embedding the proxy that skips Validate
+// and sets --admin-listen without a client CA must not get an admin API that trusts the
+// system's roots (a nil ClientCAs pool): Complete refuses it.
+func TestAdminListenNeedsItsCAWithoutValidate(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "ca")
+	_, certFile, keyFile := ca.issue(t, dir, "proxy", "proxy", nil, x509.ExtKeyUsageServerAuth)
+	o := NewOptions()
+	o.Listen = "127.0.0.1:0"
+	o.TLSCertFile, o.TLSKeyFile = certFile, keyFile
+	o.Upstream = "http://127.0.0.1:1"
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+	o.AdminListen = "127.0.0.1:0"
+	cfg, err := o.Complete()
+	if err == nil {
+		t.Fatalf("Complete accepted --admin-listen without --admin-client-ca-file (admin CA pool %v)", cfg.adminCAs)
+	}
+	if !strings.Contains(err.Error(), "--admin-client-ca-file") {
+		t.Fatalf("Complete: %v, want it to name --admin-client-ca-file", err)
+	}
+}
