@@ -100,6 +100,15 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
 	}
+	// Write-ahead: a run killed from here on is no cutover to resume (green may be stopped and
+	// its steps would wait for it), but an abort to finish. An abort finishing one keeps the
+	// first reason.
+	if r.j.AbortReason == "" {
+		r.j.AbortReason = reason
+		if err := r.saveJournal(); err != nil {
+			r.o.Log.Warn("journaling the abort before it starts failed; aborting anyway", "err", err)
+		}
+	}
 	// Only a fence this run placed is lifted: its time is journaled before it is sent, so none
 	// journaled means one on now is someone else's (an operator's, around a rehearsal).
 	fenced := (statusErr != nil || st.Fenced) && !r.j.FencedAt.IsZero()
@@ -135,7 +144,6 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return err
 	}
 	r.j.State = StateAborted
-	r.j.AbortReason = reason
 	return r.saveJournal()
 }
 

@@ -35,6 +35,9 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 	j := r.j
 	switch j.State {
 	case StateRunning:
+		if j.aborting() {
+			return nil, fmt.Errorf("cutover %s's abort did not finish: 'kubefence cutover abort' first", j.ID)
+		}
 		return nil, fmt.Errorf("cutover %s is in progress: run it again with --resume, or 'kubefence cutover abort' first", j.ID)
 	case StateDone:
 		return nil, fmt.Errorf("cutover %s is done: green serves the cluster, there is nothing to clean up", j.ID)

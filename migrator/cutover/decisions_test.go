@@ -599,3 +599,60 @@ func TestAbortUnfencesBeforeGreenStops(t *testing.T) {
 		t.Fatalf("calls %q, want %q: writes were fenced while green was stopped", w.calls, want)
 	}
 }
+
+// TestAnInterruptedAbortIsFinishedByAbort: an abort journals that it is under way before it
+// changes anything, so a run killed partway through it (green stopped, "aborted" not yet
+// saved) is not resumed as a cutover whose steps would wait for a green nobody restarts:
+// --resume and a new run refuse and name 'cutover abort', status says so, and the abort
+// finishes with the first reason kept.
+func TestAnInterruptedAbortIsFinishedByAbort(t *testing.T) {
+	w := newDecisionWorld(t, false, StepVerify, false)
+	stop := w.r.procs.stop
+	var atStop *Journal
+	w.r.procs.stop = func(pid int, argv []string, grace time.Duration) {
+		if atStop == nil {
+			atStop, _ = LoadJournal(w.r.p.StateDir)
+		}
+		stop(pid, argv, grace)
+	}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ := w.r.run(t.Context()); rep == nil || rep.Result != ResultAborted {
+		t.Fatalf("report %+v, want an abort", rep)
+	}
+	if atStop == nil || atStop.State != StateRunning || !strings.Contains(atStop.AbortReason, "step verify failed") {
+		t.Fatalf("journal when green was stopped: %+v, want running with the abort's reason", atStop)
+	}
+	// What a kill -9 at that moment leaves behind.
+	if err := atStop.save(w.r.p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, resume := range []bool{true, false} {
+		again := newDecisionWorld(t, resume, "", false)
+		again.r.p, again.r.o.Plan = w.r.p, w.r.p
+		again.r.forward()
+		err := again.r.openJournal()
+		if err == nil || !strings.Contains(err.Error(), "going back to blue") || !strings.Contains(err.Error(), "cutover abort") {
+			t.Errorf("resume=%v: %v, want a refusal naming 'cutover abort'", resume, err)
+		}
+	}
+	st, err := Status(t.Context(), w.r.p)
+	if err != nil || st.Aborting == "" {
+		t.Errorf("status %+v, %v: want the abort under way", st, err)
+	}
+	j, err := LoadJournal(w.r.p.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fin := newDecisionWorld(t, false, "", false)
+	fin.r.p, fin.r.o.Plan, fin.r.j = w.r.p, w.r.p, j
+	fin.r.forward()
+	if _, err := fin.r.abortByOperator(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	j, _ = LoadJournal(w.r.p.StateDir)
+	if j.State != StateAborted || !strings.HasPrefix(j.AbortReason, "step verify failed") {
+		t.Errorf("journal %s, reason %q: want aborted with the first reason", j.State, j.AbortReason)
+	}
+}

@@ -30,6 +30,10 @@ const (
 var knownStates = map[string]bool{StateRunning: true, StateDone: true, StateAborted: true, StateBaking: true,
 	StateRollingBack: true, StateRolledBack: true, StateRehearsed: true}
 
+// aborting reports an abort that started and did not finish: the run stopped partway through
+// it, green maybe stopped. Only 'cutover abort' goes on from there.
+func (j *Journal) aborting() bool { return j.State == StateRunning && j.AbortReason != "" }
+
 // Journal records a cutover's progress in the state dir. It is written atomically after every
 // finished step, before the next one starts.
 type Journal struct {
@@ -83,7 +87,9 @@ type Journal struct {
 	RefusedAtFence   uint64        `json:"refusedAtFence,omitempty"`
 	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
-	AbortReason      string        `json:"abortReason,omitempty"`
+	// AbortReason is why the cutover was aborted. An abort saves it before it changes anything,
+	// so with the state still running it marks an abort under way (aborting).
+	AbortReason string `json:"abortReason,omitempty"`
 	// ReplicationAtFence and ReplicationAtStop (mode replicate) are where replication stood just
 	// before the fence (the lag the window had to drain) and when it was stopped after the switch.
 	ReplicationAtFence *replicate.Progress `json:"replicationAtFence,omitempty"`

@@ -228,6 +228,8 @@ func (r *runner) openJournal() error {
 		}
 	case err != nil:
 		return err
+	case j.aborting():
+		return fmt.Errorf("cutover %s was going back to blue when it stopped (%s): 'kubefence cutover abort --plan PLAN' finishes that", j.ID, j.AbortReason)
 	case j.State == StateRunning && j.Rehearse:
 		return fmt.Errorf("rehearsal %s stopped partway (last finished step %q): a rehearsal is not resumed, nor run over; 'kubefence cutover abort --plan PLAN' stops what it started, then rehearse again", j.ID, lastStep(j))
 	case j.State == StateRunning && !o.Resume:

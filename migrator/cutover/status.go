@@ -27,6 +27,9 @@ type StatusReport struct {
 	// stopped (the fence step not done): the proxies may or may not hold it.
 	WindowOpenSince time.Time `json:"windowOpenSince,omitzero"`
 	FenceStartedAt  time.Time `json:"fenceStartedAt,omitzero"`
+	// Aborting is the reason of an abort that started and did not finish (the run stopped
+	// partway through it): 'kubefence cutover abort' finishes it.
+	Aborting string `json:"aborting,omitempty"`
 	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
 	// none does.
 	Runner int `json:"runner"`
@@ -58,6 +61,9 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 		return nil, err
 	}
 	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done, Rehearsal: j.Rehearse, Runner: follower(p.StateDir)}
+	if j.aborting() {
+		st.Aborting = j.AbortReason
+	}
 	if j.State == StateRunning && !j.FencedAt.IsZero() && j.UnfencedAt.IsZero() {
 		if j.done(StepFence) {
 			st.WindowOpenSince = j.FencedAt

@@ -94,9 +94,14 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 	if !st.FenceStartedAt.IsZero() {
 		fmt.Fprintf(w, "  the fence was being turned on at %s: 'kubefence fence status' shows whether the proxies hold it\n", st.FenceStartedAt.Format(time.RFC3339))
 	}
+	if st.Aborting != "" {
+		fmt.Fprintf(w, "  going back to blue: %s\n", st.Aborting)
+	}
 	switch {
 	case st.Runner > 0:
 		fmt.Fprintf(w, "  run by pid %d\n", st.Runner)
+	case st.Aborting != "":
+		fmt.Fprintln(w, "  WARNING: the abort did not finish: run 'kubefence cutover abort --plan PLAN'")
 	case st.State == cutover.StateRunning && (!st.WindowOpenSince.IsZero() || !st.FenceStartedAt.IsZero()):
 		fmt.Fprintln(w, "  WARNING: no process runs this cutover: run 'kubefence cutover --resume --plan PLAN' to finish the window, or 'kubefence cutover abort --plan PLAN' to go back to blue, now")
 	case st.State == cutover.StateRunning && st.Rehearsal:

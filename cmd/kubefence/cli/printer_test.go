@@ -118,6 +118,8 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 	}{
 		{"an open window, no process", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced},
 			[]string{"WRITES FENCED since 2026-11-26T03:00:00Z", "no process runs this cutover", "--resume", "cutover abort"}, nil},
+		{"an abort that stopped partway", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Aborting: "step drain failed"},
+			[]string{"going back to blue: step drain failed", "the abort did not finish", "cutover abort"}, []string{"--resume"}},
 		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
 			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
 		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
