@@ -98,7 +98,7 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
-	if err := setupAuth(ctx, cli, "blue", self, user, readWriteRole); err != nil {
+	if _, err := setupAuth(ctx, cli, "blue", self, user, readWriteRole, false); err != nil {
 		return "", err
 	}
 	if err := blueReadyWithAuth(ctx, cli, r.p.Blue.APIServer.Kubeconfig, user, r.j.BlueAuthEnabled); err != nil {
@@ -353,7 +353,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		rep := r.report(ResultBaking, nil)
-		rep.Next = r.bakeAdvice()
+		rep.Next = r.bakeAdvice() + r.rolesTakenAdvice()
 		r.emit(Event{Type: EventReport, Report: rep})
 	}
 	picked, err := r.ensureReplication(ctx)

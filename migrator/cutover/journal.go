@@ -90,6 +90,10 @@ type Journal struct {
 	// AbortReason is why the cutover was aborted. An abort saves it before it changes anything,
 	// so with the state still running it marks an abort under way (aborting).
 	AbortReason string `json:"abortReason,omitempty"`
+	// GreenRolesTaken are the roles green's apiserver user held in blue's snapshot (auth on in
+	// blue) that the green-auth step took from it: it reads only until the switch, then has
+	// read-write on every key. The report names them.
+	GreenRolesTaken []string `json:"greenRolesTaken,omitempty"`
 	// ReplicationAtFence and ReplicationAtStop (mode replicate) are where replication stood just
 	// before the fence (the lag the window had to drain) and when it was stopped after the switch.
 	ReplicationAtFence *replicate.Progress `json:"replicationAtFence,omitempty"`

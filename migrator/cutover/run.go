@@ -323,6 +323,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		}
 		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (" + why + "). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it)."
 	}
+	rep.Next += r.rolesTakenAdvice()
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
 }

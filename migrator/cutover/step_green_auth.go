@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -36,7 +37,7 @@ func (greenAuthStep) timeout(p *Plan) time.Duration { return p.Timeouts.GreenEtc
 func (greenAuthStep) pastNoReturn() bool            { return false }
 
 func (greenAuthStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("green etcd auth: users root and kubefence's client certificate CN with role root, user %s (green apiserver) with role %s (read on every key); auth enable; green's revision unchanged",
+	return fmt.Sprintf("green etcd auth: users root and kubefence's client certificate CN with role root, user %s (green apiserver) with role %s (read on every key) and no other; auth enable; green's revision unchanged",
 		r.p.Green.APIServer.EtcdUser, readOnlyRole)
 }
 
@@ -50,8 +51,14 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	defer cli.Close()
-	if err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole); err != nil {
+	taken, err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole, true)
+	if err != nil {
 		return "", err
+	}
+	for _, role := range taken {
+		if !slices.Contains(r.j.GreenRolesTaken, role) {
+			r.j.GreenRolesTaken = append(r.j.GreenRolesTaken, role)
+		}
 	}
 	rev, err := replicate.Revision(ctx, cli)
 	if err != nil {
@@ -60,15 +67,21 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 	if rev != r.j.SnapshotRevision {
 		return "", fmt.Errorf("green etcd is at revision %d after auth was set up, not the snapshot's %d: something wrote to green", rev, r.j.SnapshotRevision)
 	}
-	return fmt.Sprintf("auth on: %q root, %q read only; green at the snapshot's revision %d", self, r.p.Green.APIServer.EtcdUser, rev), nil
+	detail := fmt.Sprintf("auth on: %q root, %q read only; green at the snapshot's revision %d", self, r.p.Green.APIServer.EtcdUser, rev)
+	if len(r.j.GreenRolesTaken) > 0 {
+		detail += fmt.Sprintf("; roles %q that %q brought from blue's snapshot taken from it on green (the roles stay)", r.j.GreenRolesTaken, r.p.Green.APIServer.EtcdUser)
+	}
+	return detail, nil
 }
 
 // setupAuth creates the read-only and read-write roles and the users (root and kubefence's
 // self as root, apiserver with apiRole and only it) and enables auth; each call tolerates what
-// an earlier run already did.
-func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver, apiRole string) error {
+// an earlier run already did. A role of the apiserver user's not given by kubefence is taken
+// from it if takeOthers (green, restored with blue's users: kubefence's until the switch) and
+// returned, else refused (blue: the operator's).
+func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver, apiRole string, takeOthers bool) ([]string, error) {
 	if self == apiserver {
-		return fmt.Errorf("kubefence's etcd client certificate has CN %q, the same as the apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
+		return nil, fmt.Errorf("kubefence's etcd client certificate has CN %q, the same as the apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
 	}
 	noPassword := &clientv3.UserAddOptions{NoPassword: true}
 	grant := func(role string, perm clientv3.PermissionType) func() error {
@@ -92,7 +105,7 @@ func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver
 	}
 	for _, op := range ops {
 		if err := op(); err != nil && !alreadyDone(err) {
-			return fmt.Errorf("etcd auth: %w", err)
+			return nil, fmt.Errorf("etcd auth: %w", err)
 		}
 	}
 	// A snapshot of an etcd with auth on carries its users: green restored from a blue that
@@ -102,9 +115,36 @@ func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver
 		other = readOnlyRole
 	}
 	if _, err := cli.UserRevokeRole(ctx, apiserver, other); err != nil && !alreadyDone(err) {
-		return fmt.Errorf("etcd auth: %w", err)
+		return nil, fmt.Errorf("etcd auth: %w", err)
 	}
-	return checkRoles(ctx, cli, side{name: where, api: APIServerRef{EtcdUser: apiserver}}, apiRole)
+	var taken []string
+	if takeOthers {
+		var err error
+		if taken, err = revokeOthers(ctx, cli, apiserver, apiRole); err != nil {
+			return nil, fmt.Errorf("%s etcd auth: %w", where, err)
+		}
+	}
+	return taken, checkRoles(ctx, cli, side{name: where, api: APIServerRef{EtcdUser: apiserver}}, apiRole)
+}
+
+// revokeOthers takes from user every role but keep and kubefence's read-only one, and returns
+// them; the roles themselves stay.
+func revokeOthers(ctx context.Context, cli clientv3.Auth, user, keep string) ([]string, error) {
+	u, err := cli.UserGet(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	var taken []string
+	for _, role := range u.Roles {
+		if role == keep || role == readOnlyRole {
+			continue
+		}
+		if _, err := cli.UserRevokeRole(ctx, user, role); err != nil && !alreadyDone(err) {
+			return taken, err
+		}
+		taken = append(taken, role)
+	}
+	return taken, nil
 }
 
 // alreadyDone is an auth error a repeated call gets.
@@ -303,4 +343,13 @@ func (r *runner) closeAuthClients() {
 		cli.Close()
 	}
 	r.authClients = nil
+}
+
+// rolesTakenAdvice is what the report says of the roles the green-auth step took from green's
+// apiserver user ("" when none).
+func (r *runner) rolesTakenAdvice() string {
+	if len(r.j.GreenRolesTaken) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" Green's etcd user %s has kubefence's role %s (read-write on every key); the roles it had in blue, %q, were taken from it on green: grant them again (etcdctl user grant-role) if anything else relies on them.", r.p.Green.APIServer.EtcdUser, readWriteRole, r.j.GreenRolesTaken)
 }
