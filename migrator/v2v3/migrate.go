@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go.etcd.io/raft/v3/raftpb"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,9 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
 )
@@ -390,20 +392,35 @@ func moveLeases(kvs []KV, leases map[int64]*Lease, taken map[int64]bool) map[int
 
 var errFound = errors.New("found")
 
+// findUser finds a node etcd 3.6 refuses to start on (its membership.IsMetaStoreOnly): one
+// inside a top-level directory other than the membership's (/0), except that v2 auth's (/2)
+// may hold its flag and its users and roles directories while those are empty.
 type findUser struct{}
 
 func (findUser) node(n *v2Node, _ bool) (bool, bool, error) {
-	if strings.HasPrefix(n.path, "/1/") {
+	parts := strings.Split(strings.TrimPrefix(n.path, "/"), "/")
+	switch {
+	case len(parts) < 2 || parts[0] == "0":
+	case parts[0] == "2" && len(parts) == 2:
+	default:
 		return false, false, errFound
 	}
 	return false, false, nil
 }
 
+// refusedBy36 says whether etcd 3.6 refuses to replay a v2 request from the WAL: it replays a
+// PUT of a member's attributes or of the cluster version (/0/version) and panics on any other.
+func refusedBy36(req *etcdserverpb.Request) bool {
+	return req.Method != "PUT" || !memberAttributesPath.MatchString(req.Path) && req.Path != "/0/version"
+}
+
 func (findUser) leave(*v2Node, bool) {}
 
-// DetectV2 says whether a member data dir holds v2 user content — a node under the user tree
-// in its newest v2 snapshot, or a v2 write to it in the committed WAL tail — reading the dir as
-// a migration would (so an unreadable copy is an error), and says what it found.
+// DetectV2 says whether a member data dir holds v2 content etcd 3.6 refuses — a node outside
+// the membership in its newest v2 snapshot (user keys, v2 auth's users and roles), or a v2
+// request in the committed WAL tail other than a member's attributes or the cluster version —
+// reading the dir as a migration would (so an unreadable copy is an error), and says what it
+// found.
 func DetectV2(dataDir, walDir string) (bool, string, error) {
 	src, err := ReadSource(dataDir, walDir)
 	if err != nil {
@@ -414,8 +431,8 @@ func DetectV2(dataDir, walDir string) (bool, string, error) {
 		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
 			continue
 		}
-		if req, err := v2Request(e.Data); err == nil && req != nil && strings.HasPrefix(req.Path, "/1/") && req.Method != "QGET" && req.Method != "GET" {
-			return true, fmt.Sprintf("v2 writes in the WAL after index %d", src.Meta.Index), nil
+		if req, err := v2Request(e.Data); err == nil && req != nil && refusedBy36(req) {
+			return true, fmt.Sprintf("v2 requests in the WAL after index %d that etcd 3.6 refuses to replay (%s %s)", src.Meta.Index, req.Method, req.Path), nil
 		}
 	}
 	if src.snap != nil {
