@@ -13,13 +13,13 @@ import (
 	"github.com/kubefence/kubefence/policy"
 )
 
-// withFence refuses what pol refuses while the gate is fenced, and registers with the gate the
-// writes it admits while open so that 'fence on' can wait for them (invariant barrier). It
-// decides before forwarding: a refused request is never sent anywhere (invariant
-// refused-never-forwarded). A write's body is read whole first, within limits (see writebody.go),
-// unless the fence is on in refuse mode and the body cannot change the decision: then the write
-// is refused from its headers. In hold mode a write the policy would refuse is held instead (see
-// hold.go).
+// withFence lets no write pol refuses reach a backend while the gate is fenced (invariant
+// fenced-no-writes), and registers with the gate the writes it admits while open so that 'fence
+// on' can wait for them (invariant barrier). It decides before forwarding: a refused request is
+// never sent anywhere (invariant refused-never-forwarded). A write's body is read whole first,
+// within limits (see writebody.go), unless the fence is on in refuse mode and the body cannot
+// change the decision: then the write is refused from its headers. In hold mode a write the
+// policy would refuse is held instead (see hold.go).
 func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, hd *holder, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())

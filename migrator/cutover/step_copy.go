@@ -9,8 +9,8 @@ import (
 	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
-// copyStep snapshots blue (every acknowledged write in it) and, for a v2 source, copies a blue
-// member's files next to it and decides the migration (v2.go).
+// copyStep snapshots blue (every acknowledged write in it: invariant acked-on-green) and, for a
+// v2 source, copies a blue member's files next to it and decides the migration (v2.go).
 type copyStep struct{}
 
 func (copyStep) name() string                  { return StepCopy }

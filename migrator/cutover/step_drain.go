@@ -9,7 +9,8 @@ import (
 )
 
 // windowContext bounds ctx by the fence budget: timeouts.window from the fence on. A drain or
-// check not done by then fails its step, and the cutover aborts to blue, unfenced.
+// check not done by then fails its step, and the cutover aborts to blue, unfenced (invariant
+// window-budget).
 func (r *runner) windowContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, r.j.FencedAt.Add(r.p.Timeouts.Window.D()))
 }

@@ -38,9 +38,9 @@ func (switchStep) run(ctx context.Context, r *runner) (string, error) {
 
 // checkFenceHeld refuses the switch unless the proxy is still in the state the cutover's fence
 // on left it in: fenced, on blue, at the generation journaled then. Any change in between (fence
-// off and on by hand, a backend set) means writes may have reached blue after the copy. It says
-// switched when the proxy is on r.to already, one generation on per proxy: the switch happened
-// before a crash and was not journaled.
+// off and on by hand, a backend set) means writes may have reached blue after the copy
+// (invariant acked-on-green). It says switched when the proxy is on r.to already, one
+// generation on per proxy: the switch happened before a crash and was not journaled.
 func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) {
 	st, err := r.adm.Status(ctx)
 	if err != nil {

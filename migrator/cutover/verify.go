@@ -258,7 +258,7 @@ func decodeExact(raw []byte) (any, error) {
 //
 // A blue object created, changed or deleted after the copy outside that list is a write that
 // did not go through the fenced proxy (straight to blue's apiserver or etcd): it is not on green,
-// so the cutover must not go on.
+// so the cutover must not go on (invariant acked-on-green).
 func compare(rep *VerifyReport, gvr schema.GroupVersionResource, blue, green map[string]rawObject, snapRev int64, changed, mismatched *int) {
 	kind := gvr.Resource
 	if gvr.Group != "" {

@@ -1,8 +1,8 @@
 // Package replicate keeps a green etcd at exactly the revision of a blue one while blue takes
 // writes: it watches blue from the revision green was restored at and applies each blue revision
 // to green as exactly one txn, then checks that green's revision is the blue revision it just
-// applied (design invariant 9). This is the exact-revision apply of Gardener's etcd-backup-restore
-// restorer, done live.
+// applied (design invariant 9; invariant exact-revisions in docs/invariants.md). This is the
+// exact-revision apply of Gardener's etcd-backup-restore restorer, done live.
 //
 // Leases are mirrored with blue's IDs and granted TTLs and kept alive from the replicator, so
 // green never expires a lease by itself: key deletions reach green only from blue's stream.
