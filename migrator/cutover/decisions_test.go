@@ -656,3 +656,28 @@ func TestAnInterruptedAbortIsFinishedByAbort(t *testing.T) {
 		t.Errorf("journal %s, reason %q: want aborted with the first reason", j.State, j.AbortReason)
 	}
 }
+
+// TestRebuildNamesExternalLearners: rebuilding green from a new snapshot makes a new green
+// cluster; an external learner's host still runs the member that joined the old one, which
+// kubefence neither stops nor empties. The rebuild's note says so, naming it.
+func TestRebuildNamesExternalLearners(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	m := w.r.p.Green.Etcd.Members[0]
+	m.Name, m.Learner, m.External = "far", true, true
+	w.r.p.Green.Etcd.Members = append(w.r.p.Green.Etcd.Members, m)
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.r.rebuildGreen(errors.New("compacted")); err != nil {
+		t.Fatal(err)
+	}
+	var note string
+	for _, e := range w.events {
+		if e.Type == EventNote && strings.Contains(e.Detail, "rebuilding green") {
+			note = e.Detail
+		}
+	}
+	if !strings.Contains(note, "far") || !strings.Contains(note, "empty its data dir") {
+		t.Fatalf("rebuild note %q: want it to name the external learner far and say to empty its data dir", note)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/kubefence/kubefence/migrator/replicate"
 )
@@ -50,8 +51,24 @@ func (r *runner) rebuildGreen(cause error) error {
 	if err := j.save(r.p.StateDir); err != nil {
 		return err
 	}
-	r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("rebuilding green from a new snapshot (%d of at most %d): %v", j.Rebuilds, maxRebuilds, cause)})
+	r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("rebuilding green from a new snapshot (%d of at most %d): %v%s", j.Rebuilds, maxRebuilds, cause, r.p.externalLearnersAdvice())})
 	return nil
+}
+
+// externalLearnersAdvice tells, after green was rebuilt, what the hosts of external learners
+// must do: their member joined the green that is gone, and kubefence neither stops it nor
+// empties its data dir; the new green adds it again with a start command of its own.
+func (p *Plan) externalLearnersAdvice() string {
+	var names []string
+	for _, m := range p.Green.Etcd.Members {
+		if m.External {
+			names = append(names, m.Name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; on the host of each external learner (%s): stop its etcd and empty its data dir now, then start it again with the command this cutover prints when it adds it to the new green", strings.Join(names, ", "))
 }
 
 // removeRestoredDirs removes green's data dirs that this cutover restored (they hold its run's
