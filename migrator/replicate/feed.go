@@ -30,7 +30,8 @@ import (
 // response that catches a watch up (one opened behind blue's head, as after a pause) carries up
 // to 1,000 revisions (etcd's watchBatchMaxRevs), whatever their size.
 
-// defaultMaxBacklog is Config.MaxBacklog's default: 64 MiB, at 1,000 revisions/s of 5 KB about 13 s of blue's writes, so that a
+// defaultMaxBacklog is Config.MaxBacklog's default, and the delta check's bound per side
+// (maxCheckPending): 64 MiB, at 1,000 revisions/s of 5 KB about 13 s of blue's writes, so that a
 // green that stalls for a few seconds (a leader election, a restart) makes no pause; each pause
 // costs blue a watch read from its history rather than from its latest writes.
 const defaultMaxBacklog = 64 << 20
@@ -71,8 +72,8 @@ func newFeed(r *Replicator) *feed {
 		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1)}
 }
 
-// heldBytes is what watch events hold in memory as the backlog counts it: keys, values, and
-// previous keys and values when the events carry them.
+// heldBytes is what watch events hold in memory as the bounds count it (the backlog here, the
+// delta check's per side): keys, values, and previous keys and values when the events carry them.
 func heldBytes(evs []*clientv3.Event) int {
 	n := 0
 	for _, ev := range evs {
