@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -13,42 +12,47 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// errRewatch: the watch ended for a reason worth watching again from the next revision.
-var errRewatch = errors.New("watch ended")
-
-// Watching blue again waits rewatchBackoff, doubled after each watch that ended without
-// delivering anything, up to maxRewatchBackoff; a watch that delivered starts it over, so that
-// early blips do not make every later drop wait the longest (the cutover's window is 5 s).
-const (
-	rewatchBackoff    = 100 * time.Millisecond
-	maxRewatchBackoff = 5 * time.Second
-)
-
-// replicate watches blue from the revision after green's and applies what arrives, watching
-// again (from green's revision + 1) when the watch ends for a transient reason.
+// replicate applies blue's revisions as the feed receives them, one txn each, through the
+// pipeline; the oldest txn in flight is settled as soon as it ends, so progress is current when
+// blue is quiet. It returns when the feed stops (ctx ended, blue compacted what is needed, its
+// client closed) or the pipeline fails.
 func (r *Replicator) replicate(ctx context.Context) (err error) {
 	p := &pipeline{r: r}
 	defer func() { err = stopped(ctx, err, p.stop()) }() // no txn may reach green after Run returns, and each that did is counted
-	backoff := rewatchBackoff
 	for {
-		delivered, err := r.watch(ctx, p, r.appliedRev()+1)
-		if !errors.Is(err, errRewatch) {
+		var head <-chan struct{}
+		if len(p.flight) > 0 {
+			head = p.flight[0].done
+		}
+		select {
+		case <-head:
+			if err := p.settle(ctx); err != nil {
+				return err
+			}
+		case <-r.feed.wake:
+			if err := r.submitReceived(ctx, p); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// submitReceived submits the revisions the feed has received, in order, or returns why the
+// feed stopped. It sends nothing more once ctx has ended.
+func (r *Replicator) submitReceived(ctx context.Context, p *pipeline) error {
+	revs, err := r.feed.received()
+	if err != nil {
+		return err
+	}
+	for _, rc := range revs {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if delivered {
-			backoff = rewatchBackoff
+		if err := p.submit(ctx, rc.rev, rc.evs); err != nil {
+			return err
 		}
-		if cerr := r.cfg.Source.Ctx().Err(); cerr != nil {
-			return fmt.Errorf("replicate: blue's client is closed (%w) with green at %d", cerr, r.appliedRev())
-		}
-		r.cfg.Log.Warn("blue's watch ended; watching again", "from", r.appliedRev()+1, "err", err, "after", backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxRewatchBackoff)
 	}
+	return nil
 }
 
 // stopped is why replication stopped: err, and serr if stopping the pipeline failed (green's
@@ -68,67 +72,6 @@ func (r *Replicator) appliedRev() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.progress.applied
-}
-
-// watch applies blue's revisions from rev on, one txn each, through the pipeline; the oldest
-// txn in flight is settled as soon as it ends, so progress is current when blue is quiet. It
-// says whether the watch delivered a response (other than an error) before it ended.
-func (r *Replicator) watch(ctx context.Context, p *pipeline, from int64) (delivered bool, err error) {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	r.cfg.Log.Info("watching blue", "from", from)
-	wch := r.cfg.Source.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
-	for {
-		var head <-chan struct{}
-		if len(p.flight) > 0 {
-			head = p.flight[0].done
-		}
-		select {
-		case <-head:
-			if err := p.settle(ctx); err != nil {
-				return delivered, err
-			}
-			continue
-		case resp, ok := <-wch:
-			if !ok {
-				return delivered, r.watchEnded(ctx, p)
-			}
-			if err := r.take(ctx, p, resp); err != nil {
-				return delivered, err
-			}
-			delivered = true
-		}
-	}
-}
-
-// watchEnded settles everything in flight (the next watch starts from green's revision + 1) and
-// says why the watch ended.
-func (r *Replicator) watchEnded(ctx context.Context, p *pipeline) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if err := p.flush(ctx); err != nil {
-		return err
-	}
-	return fmt.Errorf("%w: the watch channel closed", errRewatch)
-}
-
-// take submits a watch response's revisions, one txn each. etcd's watch guarantees that the
-// events of one revision are never split across responses (API guarantee "atomic"), and a
-// response may carry several revisions, their events consecutive.
-func (r *Replicator) take(ctx context.Context, p *pipeline, resp clientv3.WatchResponse) error {
-	if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-		green := r.appliedRev()
-		return fmt.Errorf("%w: blue is compacted at revision %d, green is at %d and needs %d onwards: take a new snapshot of blue and restore green from it", ErrCompacted, resp.CompactRevision, green, green+1)
-	}
-	if err := resp.Err(); err != nil {
-		if ferr := p.flush(ctx); ferr != nil {
-			return ferr
-		}
-		return fmt.Errorf("%w: %w", errRewatch, err)
-	}
-	r.sawSource(resp.Header.Revision)
-	return eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error { return p.submit(ctx, rev, evs) })
 }
 
 // eachRevision calls do with each revision's events of a watch response, oldest first (a

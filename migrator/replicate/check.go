@@ -40,7 +40,7 @@ type Checker struct {
 
 // maxCheckPending bounds the changes a Checker keeps per side while the other side has not
 // shown the same revisions yet.
-var maxCheckPending = 64 << 20 // a variable for tests; a Checker reads it when it starts
+var maxCheckPending = defaultMaxBacklog // a variable for tests; a Checker reads it when it starts
 
 // StartCheck starts comparing blue's and green's changes after revision from, which both must
 // hold with the same content, until Stop. log may be nil.
@@ -237,10 +237,7 @@ func (p *pendingRevs) take(ctx context.Context, resp clientv3.WatchResponse, ok 
 		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
 	}
 	return eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error {
-		rc := revChanges{rev: rev, evs: evs}
-		for _, e := range evs {
-			rc.bytes += len(e.Kv.Key) + len(e.Kv.Value)
-		}
+		rc := revChanges{rev: rev, evs: evs, bytes: heldBytes(evs)}
 		p.revs = append(p.revs, rc)
 		p.bytes += rc.bytes
 		return nil

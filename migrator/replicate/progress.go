@@ -36,6 +36,14 @@ type Progress struct {
 	// Compactions is how many times this run compacted green, each to the revision blue's
 	// apiserver compacted blue to (its compact_rev_key put, applied to green).
 	Compactions int64 `json:"compactions"`
+	// BacklogBytes is the backlog: the bytes of blue's changes received and not yet applied to
+	// green (keys, values and previous values), what replication holds of them in memory. It
+	// stays within Config.MaxBacklog and one watch response.
+	BacklogBytes int64 `json:"backlogBytes"`
+	// BacklogPauses is how many times this run cancelled blue's watch because the backlog passed
+	// Config.MaxBacklog, and watched blue again, from the first revision not received, once green
+	// had applied half of it.
+	BacklogPauses int64 `json:"backlogPauses"`
 }
 
 const rateWindow = 10 * time.Second
@@ -123,6 +131,7 @@ func (r *Replicator) Progress() Progress {
 	r.mu.Unlock()
 	p.Leases = r.leases.count()
 	p.Compactions = r.compact.count()
+	p.BacklogBytes, p.BacklogPauses = r.feed.stats()
 	return p
 }
 
@@ -132,14 +141,15 @@ func (r *Replicator) sawSource(rev int64) {
 	r.mu.Unlock()
 }
 
-// applied records blue's revision rev (its events evs) as applied, wakes WaitFor, tells the
-// compactor and calls OnApplied.
+// applied records blue's revision rev (its events evs) as applied, wakes WaitFor, takes it off
+// the backlog, tells the compactor and calls OnApplied.
 func (r *Replicator) applied(rev int64, evs []*clientv3.Event) {
 	r.mu.Lock()
 	r.progress.didApply(rev, time.Now())
 	close(r.cond)
 	r.cond = make(chan struct{})
 	r.mu.Unlock()
+	r.feed.applied(evs)
 	r.compact.applied(rev, evs)
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(r.Progress())

@@ -64,6 +64,12 @@ type Config struct {
 	// SourceName and DestName are what errors and logs call the source and the destination
 	// (default "blue" and "green"; names.go).
 	SourceName, DestName string
+	// MaxBacklog bounds the backlog: blue's changes received and not yet applied to green, in
+	// bytes of keys, values and previous values as the watch events carry them. Past it blue's
+	// watch is cancelled, what was received is kept, and blue is watched again from the first
+	// revision not received once green has applied the backlog down to half the bound: the rest
+	// waits in blue's history, not in this process (feed.go). Default 64 MiB.
+	MaxBacklog int
 }
 
 func (c *Config) validate() error {
@@ -99,6 +105,9 @@ func (c *Config) defaults() {
 	if c.MissingLeaseTTL <= 0 {
 		c.MissingLeaseTTL = 60
 	}
+	if c.MaxBacklog <= 0 {
+		c.MaxBacklog = defaultMaxBacklog
+	}
 }
 
 // Replicator replicates blue into green; Progress and WaitFor may be called from any goroutine
@@ -108,6 +117,7 @@ type Replicator struct {
 	rename  *sideNames // nil: the default names
 	leases  *leaseMirror
 	compact *compactor
+	feed    *feed
 	started atomic.Bool
 
 	mu       sync.Mutex
@@ -131,6 +141,7 @@ func New(cfg Config) (*Replicator, error) {
 	r.progress.source = cfg.FromRevision
 	r.leases = newLeaseMirror(r.cfg)
 	r.compact = newCompactor(&r.cfg)
+	r.feed = newFeed(r)
 	return r, nil
 }
 
@@ -146,7 +157,8 @@ func Run(ctx context.Context, cfg Config) error {
 // Run checks that green is at FromRevision, keeps green's existing leases alive, then watches
 // blue from FromRevision+1 and applies each revision as one txn until ctx is cancelled (it then
 // returns ctx's error) or something breaks exact revisions (ErrRevisionMismatch,
-// ErrTooManyOps), or blue compacted what is needed (ErrCompacted). When Run returns, green's
+// ErrTooManyOps), or blue compacted what is needed (ErrCompacted). What it has received from
+// blue and not yet applied is bounded by MaxBacklog (feed.go). When Run returns, green's
 // leases are no longer kept alive by it. Green is compacted as blue's apiserver compacts blue
 // (compact.go). Run may be called once.
 func (r *Replicator) Run(ctx context.Context) (err error) {
@@ -171,7 +183,8 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); r.feed.run(ctx) }()
 	go func() { defer wg.Done(); r.pollSource(ctx) }()
 	go func() { defer wg.Done(); r.leases.checkLoop(ctx, r.appliedRev) }()
 	go func() { defer wg.Done(); r.compact.run(ctx) }()
