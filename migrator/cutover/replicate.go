@@ -429,6 +429,9 @@ func progressLine(p replicate.Progress, src, dst string) string {
 	if p.Resent > 0 || p.Resyncs > 0 || p.LeaseWaits > 0 {
 		line += fmt.Sprintf("; %d txns sent again (proposed before their predecessor), pipeline drained %d times (%d resyncs, %d lease grants)", p.Resent, p.Resyncs+p.LeaseWaits, p.Resyncs, p.LeaseWaits)
 	}
+	if p.BacklogPauses > 0 {
+		line += fmt.Sprintf("; %s's watch paused %d times: %s fell behind by more than the backlog bound (%d bytes waiting now)", src, p.BacklogPauses, dst, p.BacklogBytes)
+	}
 	return line
 }
 

@@ -497,3 +497,21 @@ func TestResumeBeforeTheFenceVerifiesAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressLineSaysBacklogPauses: the progress note says when blue's watch paused at the
+// backlog bound (green fell behind by more than it), and says nothing of it otherwise.
+func TestProgressLineSaysBacklogPauses(t *testing.T) {
+	cases := []struct {
+		p    replicate.Progress
+		want string
+	}{
+		{replicate.Progress{Applied: 10, Source: 12}, ""},
+		{replicate.Progress{Applied: 10, Source: 5000, BacklogPauses: 2, BacklogBytes: 1 << 20}, "blue's watch paused 2 times: green fell behind by more than the backlog bound (1048576 bytes waiting now)"},
+	}
+	for _, tc := range cases {
+		line := progressLine(tc.p, "blue", "green")
+		if tc.want == "" && strings.Contains(line, "paused") || tc.want != "" && !strings.Contains(line, tc.want) {
+			t.Errorf("progressLine(%+v) = %q, want %q", tc.p, line, tc.want)
+		}
+	}
+}
