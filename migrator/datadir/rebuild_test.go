@@ -196,66 +196,168 @@ func TestRebuildResumesFromJournaledSource(t *testing.T) {
 	}
 }
 
-// TestRebuildRefusesChangedSource: on resume, a journaled source that is gone or no longer at
-// the journaled index is refused, and nothing is swapped.
-func TestRebuildRefusesChangedSource(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		change func(t *testing.T, src string)
-		want   []string
-	}{
-		{"source gone", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
+// interruptedRebuilds stop a rebuild with nothing swapped: killed while building, or with every
+// new dir ready and its swaps failed.
+var interruptedRebuilds = []struct {
+	name string
+	run  func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error
+}{
+	{"killed while building the second new dir", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
+		built := 0
+		return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+			if built++; built == 2 {
+				return "", errors.New("killed")
 			}
-		}, []string{"m2", "is gone", "restore-backup"}},
-		{"source less advanced", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[1], 25)
-		}, []string{"m2", "commit index 25", "30", "less advanced", "restore-backup"}},
-		{"source more advanced", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[1], 35)
-		}, []string{"m2", "commit index 35", "30", "changed", "restore-backup"}},
-		{"another member in the source's place", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[2], 30)
-		}, []string{"m3", "not m2"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			f := newRebuildFixture(t)
-			e, s := f.start()
-			// Killed while building the second new dir: nothing swapped yet.
-			built := 0
-			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
-				if built++; built == 2 {
-					return "", errors.New("killed")
-				}
-				return f.build(src, tmp, ms)
-			}); err == nil {
-				t.Fatal("the injected crash did not stop the step")
-			}
-			c.change(t, f.dirs[1])
-			before := map[string]string{}
-			for _, d := range []string{f.dirs[0], f.dirs[2]} {
-				before[d] = strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",")
-			}
-			e, s = f.start()
-			err := e.rebuild(s, f.build)
-			assertErrContains(t, err, c.want...)
-			for d, names := range before {
-				if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
-					t.Errorf("%s was swapped although the source was refused", d)
-				}
-			}
+			return f.build(src, tmp, ms)
 		})
+	}},
+	{"every new dir ready, the first swap failed", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
+		// A non-empty dir where the first member's old dir goes: its rename fails.
+		writeTree(t, oldPath(f.dirs[0]), map[string]string{"x": "in the way"})
+		return e.rebuild(s, f.build)
+	}},
+}
+
+// TestRebuildRefusesChangedSource: on resume, a journaled source that is gone or no longer at
+// the journaled index, or a member not yet swapped that changed since the source was chosen
+// (an etcd ran on the old data dirs after the interrupted run), is refused, and nothing is
+// swapped: the dirs that run rebuilt hold older data. This holds whether the run was killed
+// while building or after every new dir was ready (its swaps failed), when nothing is left to
+// build. Following the advice (remove the stale new dirs) rebuilds from the dirs as they are.
+func TestRebuildRefusesChangedSource(t *testing.T) {
+	for _, interrupt := range interruptedRebuilds {
+		for _, c := range []struct {
+			name     string
+			change   func(t *testing.T, f *rebuildFixture)
+			want     []string
+			thenFrom string // after the stale new dirs are removed, every member is rebuilt from this ("": refused still)
+		}{
+			{"source gone", func(t *testing.T, f *rebuildFixture) {
+				if err := os.RemoveAll(f.dirs[1]); err != nil {
+					t.Fatal(err)
+				}
+			}, []string{"m2", "is gone"}, ""},
+			{"source less advanced", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[1], 25)
+			}, []string{"m2", "commit index 25", "30", "less advanced", "nothing was swapped", "m1.kubefence-new"}, "m2@25"},
+			{"source more advanced", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[1], 35)
+			}, []string{"m2", "commit index 35", "30", "changed", "nothing was swapped", "m1.kubefence-new"}, "m2@35"},
+			{"another member in the source's place", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[2], 30)
+			}, []string{"m3", "not m2", "nothing was swapped"}, ""},
+			{"a member not yet swapped changed", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[0], testPeers[0], 15)
+			}, []string{"m1", "commit index 15", "10", "nothing was swapped", "m1.kubefence-new"}, "m2@30"},
+		} {
+			t.Run(interrupt.name+"/"+c.name, func(t *testing.T) {
+				f := newRebuildFixture(t)
+				e, s := f.start()
+				if err := interrupt.run(t, f, e, s); err == nil {
+					t.Fatal("the injected failure did not stop the step")
+				}
+				c.change(t, f)
+				before := map[string]string{}
+				for _, d := range f.dirs {
+					if exists(d) {
+						before[d] = strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",")
+					}
+				}
+				e, s = f.start()
+				err := e.rebuild(s, f.build)
+				assertErrContains(t, err, c.want...)
+				for d, names := range before {
+					if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
+						t.Errorf("%s was swapped although the step was refused", d)
+					}
+				}
+				if c.thenFrom == "" {
+					return
+				}
+				for _, d := range f.dirs {
+					if err := os.RemoveAll(newPath(d)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				e, s = f.start()
+				if err := e.rebuild(s, f.build); err != nil {
+					t.Fatalf("after the stale new dirs were removed: %v", err)
+				}
+				for i, got := range f.builtFrom() {
+					if got != c.thenFrom {
+						t.Errorf("%s was rebuilt from %q, want %s (the most advanced member now)", f.dirs[i], got, c.thenFrom)
+					}
+				}
+			})
+		}
 	}
+}
+
+// TestRebuildRefusesChangedMemberAfterASwap: killed after the first swap, then a member not yet
+// swapped changed: swapping the rest in would delete its newer data, and the member swapped in
+// cannot be taken back, so the step is refused with the backups as the way out.
+func TestRebuildRefusesChangedMemberAfterASwap(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	e.afterSwap = crashAfter(1)
+	if err := e.rebuild(s, f.build); err == nil {
+		t.Fatal("the injected crash did not stop the step")
+	}
+	rewriteMember(t, f.dirs[2], testPeers[2], 21)
+	e, s = f.start()
+	err := e.rebuild(s, f.build)
+	assertErrContains(t, err, "m3", "commit index 21", "nothing more was swapped", f.dirs[0], "restore-backup")
+	for _, d := range f.dirs[1:] {
+		if exists(filepath.Join(d, builtFrom)) {
+			t.Errorf("%s was swapped although the step was refused", d)
+		}
+	}
+}
+
+// TestRebuildOlderJournalWithoutStates: a rebuild an older kubefence journaled has no member
+// states to check its ready new dirs against: they are refused (not swapped), and once removed
+// the step builds them again and finishes.
+func TestRebuildOlderJournalWithoutStates(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	e.afterSwap = crashAfter(1)
+	if err := e.rebuild(s, f.build); err == nil {
+		t.Fatal("the injected crash did not stop the step")
+	}
+	e, s = f.start()
+	s.Source.Members = nil // as an older kubefence journaled it
+	if err := e.save(); err != nil {
+		t.Fatal(err)
+	}
+	err := e.rebuild(s, f.build)
+	assertErrContains(t, err, "older kubefence", "m3.kubefence-new", "m2.kubefence-new", "remove them")
+	for _, d := range f.dirs[1:] {
+		if exists(filepath.Join(d, builtFrom)) {
+			t.Errorf("%s was swapped although the step was refused", d)
+		}
+		if err := os.RemoveAll(newPath(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, s = f.start()
+	if err := e.rebuild(s, f.build); err != nil {
+		t.Fatalf("after the unchecked new dirs were removed: %v", err)
+	}
+	for i, got := range f.builtFrom() {
+		if got != "m2@30" {
+			t.Errorf("%s was rebuilt from %q, want m2@30", f.dirs[i], got)
+		}
+	}
+}
+
+// rewriteMember replaces dir with a member self at commit index commit, as an etcd that ran on
+// it (or a restore into it) would leave it.
+func rewriteMember(t *testing.T, dir string, self Peer, commit uint64) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	writeMember(t, dir, self, commit)
 }
 
 // TestBackupResumedAfterCrash: a run killed after a backup was renamed into place, before the
