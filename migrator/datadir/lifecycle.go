@@ -104,13 +104,44 @@ type Report struct {
 	// PlannedBackups is where each data dir's backup goes, journaled before it is taken: a
 	// run killed after the backup was in place, before Backups recorded it, keeps it.
 	PlannedBackups map[string]string `json:"plannedBackups,omitempty"`
-	Steps          []*StepReport     `json:"steps"`
-	DryRun         bool              `json:"dryRun,omitempty"`
-	Resumed        bool              `json:"resumed,omitempty"`
-	Journal        string            `json:"journal"`
-	BackupDir      string            `json:"backupDir"`
-	Done           bool              `json:"done"`
-	Duration       time.Duration     `json:"durationNanos"`
+	// Options are what the run's rebuild steps build each member with; nil in a journal of an
+	// older kubefence.
+	Options   *RebuildOptions `json:"rebuildOptions,omitempty"`
+	Steps     []*StepReport   `json:"steps"`
+	DryRun    bool            `json:"dryRun,omitempty"`
+	Resumed   bool            `json:"resumed,omitempty"`
+	Journal   string          `json:"journal"`
+	BackupDir string          `json:"backupDir"`
+	Done      bool            `json:"done"`
+	Duration  time.Duration   `json:"durationNanos"`
+}
+
+// RebuildOptions are the options that decide what a rebuilt member holds (v2 migration,
+// downgrade). They are journaled with the plan, and a resume must give the same: it keeps the
+// members the killed run built, so it must build the others the same way.
+type RebuildOptions struct {
+	ClusterToken  string `json:"initialClusterToken"`
+	OnConflict    string `json:"onConflict"`
+	IncludeHidden bool   `json:"includeHidden"`
+}
+
+func (o *Options) rebuildOptions() *RebuildOptions {
+	return &RebuildOptions{ClusterToken: o.ClusterToken, OnConflict: o.OnConflict, IncludeHidden: o.IncludeHidden}
+}
+
+// diff names each option that differs between journaled r and now, with both values.
+func (r RebuildOptions) diff(now RebuildOptions) []string {
+	var out []string
+	if r.ClusterToken != now.ClusterToken {
+		out = append(out, fmt.Sprintf("--initial-cluster-token: journaled %q, now %q", r.ClusterToken, now.ClusterToken))
+	}
+	if r.OnConflict != now.OnConflict {
+		out = append(out, fmt.Sprintf("--on-conflict: journaled %q, now %q", r.OnConflict, now.OnConflict))
+	}
+	if r.IncludeHidden != now.IncludeHidden {
+		out = append(out, fmt.Sprintf("--include-hidden: journaled %t, now %t", r.IncludeHidden, now.IncludeHidden))
+	}
+	return out
 }
 
 func (o *Options) defaults() error {
@@ -323,13 +354,55 @@ func loadJournal(path string, op Operation, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
 			rep.Operation, rep.DataDirs, rep.Target, path)
 	}
+	if err := checkOptions(path, &rep, opts); err != nil {
+		return nil, err
+	}
 	rep.Resumed = true
 	return &rep, nil
 }
 
+// checkOptions refuses a resume whose options would build members other than the journaled
+// run built. A journal of an older kubefence has none: it takes the options given now, unless
+// one of its rebuild steps built members already, whose options nothing records.
+func checkOptions(path string, rep *Report, opts Options) error {
+	now := opts.rebuildOptions()
+	if rep.Options == nil {
+		if err := olderRebuildUnderway(path, rep, opts.DataDirs); err != nil {
+			return err
+		}
+		rep.Options = now
+		return nil
+	}
+	if diff := rep.Options.diff(*now); len(diff) > 0 {
+		return fmt.Errorf("the unfinished %s journaled in %s was started with other options (%s). They decide what each rebuilt member holds (v2 migration, downgrade), and a resumed run keeps the members the first one built, so it must build the others the same way: run the same command with the journaled values, or restore the backups it names and delete the journal",
+			rep.Operation, path, strings.Join(diff, "; "))
+	}
+	return nil
+}
+
+// olderRebuildUnderway refuses to resume an older kubefence's journal whose unfinished rebuild
+// step built members: with what --initial-cluster-token, --on-conflict and --include-hidden,
+// nothing says.
+func olderRebuildUnderway(path string, rep *Report, dirs []string) error {
+	for _, s := range rep.Steps {
+		if s.Done || s.Swapped || s.Source == nil {
+			continue
+		}
+		swapped, ready := readyFrom(dirs, *s.Source)
+		const why = "the journal %s was written by an older kubefence, which did not record --initial-cluster-token, --on-conflict and --include-hidden, and its step %q rebuilt members with options this run cannot check"
+		switch {
+		case len(swapped) > 0:
+			return fmt.Errorf(why+" (%s swapped in): finish the run with the kubefence version that started it (the same command), or restore the backups it names and delete the journal", path, s.Name, strings.Join(swapped, ", "))
+		case len(ready) > 0:
+			return fmt.Errorf(why+"; nothing was swapped: remove %s and run the same command again, which builds them again", path, s.Name, strings.Join(ready, ", "))
+		}
+	}
+	return nil
+}
+
 // plan detects where the data dirs are and lists the steps to the target.
 func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
-	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir}
+	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir, Options: opts.rebuildOptions()}
 	var cur Detection
 	v2 := false
 	for i, d := range opts.DataDirs {

@@ -136,7 +136,7 @@ func (f *rebuildFixture) start() (*executor, *StepReport) {
 		f.t.Fatal(err)
 	}
 	if rep == nil {
-		rep = &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(),
+		rep = &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(), Options: f.opts.rebuildOptions(),
 			Steps: []*StepReport{{Name: "migrate", Kind: StepMigrateV2, Version: "3.5.21"}}}
 	}
 	s := rep.Steps[0]
@@ -457,5 +457,109 @@ func TestOneRunAtATime(t *testing.T) {
 	_, err = Run(t.Context(), OpUpgrade, f.opts)
 	if err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
 		t.Fatalf("Run while another holds the lock: %v, want a refusal naming its pid", err)
+	}
+}
+
+// TestResumeRefusesChangedOptions: a run killed after one member's new dir was marked ready,
+// resumed with another option that decides what a rebuilt member holds, would keep that member
+// and build the others differently: members of one raft group with different data. Refused,
+// naming the option and both values; the same options resume.
+func TestResumeRefusesChangedOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(o *Options)
+		want   []string
+	}{
+		{"--include-hidden", func(o *Options) { o.IncludeHidden = true }, []string{"--include-hidden", "false", "true"}},
+		{"--on-conflict", func(o *Options) { o.OnConflict = "v2" }, []string{"--on-conflict", `""`, `"v2"`}},
+		{"--initial-cluster-token", func(o *Options) { o.ClusterToken = "other" }, []string{"--initial-cluster-token", `"etcd-cluster"`, `"other"`}},
+		{"the same options", func(*Options) {}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			built := 0
+			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+				if built++; built == 2 {
+					return "", errors.New("killed")
+				}
+				return f.build(src, tmp, ms)
+			}); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			opts := f.opts
+			opts.DataDirs = slices.Clone(f.opts.DataDirs)
+			tc.change(&opts)
+			rep, err := loadJournal(opts.journalPath(), OpUpgrade, opts)
+			if tc.want == nil {
+				if err != nil || rep == nil {
+					t.Fatalf("resume with the same options: %v, %v", rep, err)
+				}
+				return
+			}
+			assertErrContains(t, err, tc.want...)
+		})
+	}
+}
+
+// TestResumeOlderJournalWithoutOptions: an older kubefence journaled no options. Its run is
+// resumed with the options given now when no rebuild step built a member yet; when one did,
+// with options nothing records, it is refused: the ready new dirs can be removed and built
+// again, members swapped in cannot.
+func TestResumeOlderJournalWithoutOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		crash func(f *rebuildFixture, e *executor) buildFunc
+		want  []string // nil: resumed
+	}{
+		{"nothing built", func(_ *rebuildFixture, _ *executor) buildFunc {
+			return func(string, string, Membership) (string, error) { return "", errors.New("killed") }
+		}, nil},
+		{"a new dir ready", func(f *rebuildFixture, _ *executor) buildFunc {
+			built := 0
+			return func(src, tmp string, ms Membership) (string, error) {
+				if built++; built == 2 {
+					return "", errors.New("killed")
+				}
+				return f.build(src, tmp, ms)
+			}
+		}, []string{"older kubefence", "--include-hidden", "nothing was swapped", "m1.kubefence-new", "remove"}},
+		{"a member swapped in", func(f *rebuildFixture, e *executor) buildFunc {
+			e.afterSwap = crashAfter(1)
+			return f.build
+		}, []string{"older kubefence", "m1 swapped in", "kubefence version that started it", "restore the backups"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			if err := e.rebuild(s, tc.crash(f, e)); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			var journal map[string]any
+			b, err := os.ReadFile(f.opts.journalPath())
+			if err == nil {
+				err = json.Unmarshal(b, &journal)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			delete(journal, "rebuildOptions")
+			if b, err = json.Marshal(journal); err == nil {
+				err = os.WriteFile(f.opts.journalPath(), b, 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := f.opts
+			opts.IncludeHidden = true
+			rep, err := loadJournal(opts.journalPath(), OpUpgrade, opts)
+			if tc.want != nil {
+				assertErrContains(t, err, tc.want...)
+				return
+			}
+			if err != nil || rep == nil || rep.Options == nil || !rep.Options.IncludeHidden {
+				t.Fatalf("resume: %v, %v; want the options given now taken", rep, err)
+			}
+		})
 	}
 }

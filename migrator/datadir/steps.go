@@ -466,12 +466,22 @@ func (e *executor) chooseSource(s *StepReport) error {
 
 // builtFrom reports whether a data dir, or a new dir beside one, holds a ready marker naming src.
 func (e *executor) builtFrom(src RebuildSource) bool {
-	for _, d := range e.opts.DataDirs {
-		if markedFrom(d, src) || markedFrom(newPath(d), src) {
-			return true
+	swapped, ready := readyFrom(e.opts.DataDirs, src)
+	return len(swapped) > 0 || len(ready) > 0
+}
+
+// readyFrom lists the data dirs that hold a member rebuilt from src (swapped in), and the new
+// dirs beside the others that are marked ready from it.
+func readyFrom(dirs []string, src RebuildSource) (swapped, ready []string) {
+	for _, d := range dirs {
+		switch {
+		case markedFrom(d, src):
+			swapped = append(swapped, d)
+		case markedFrom(newPath(d), src):
+			ready = append(ready, newPath(d))
 		}
 	}
-	return false
+	return swapped, ready
 }
 
 // journalStates gives a source an older kubefence journaled the members' states it lacks. New
@@ -479,13 +489,7 @@ func (e *executor) builtFrom(src RebuildSource) bool {
 // nothing tells: they are refused, and are only a build to make again. Without them, the
 // states are taken now: the source's commit index, journaled, is still checked.
 func (e *executor) journalStates(src *RebuildSource) error {
-	var stale []string
-	for _, d := range e.opts.DataDirs {
-		if !markedFrom(d, *src) && markedFrom(newPath(d), *src) {
-			stale = append(stale, newPath(d))
-		}
-	}
-	if len(stale) > 0 {
+	if _, stale := readyFrom(e.opts.DataDirs, *src); len(stale) > 0 {
 		return fmt.Errorf("the interrupted run (an older kubefence) did not journal the members' states, so whether the dirs it rebuilt from %s (%s) still match the data dirs cannot be checked (an etcd may have run on them since); they were not swapped in: remove them and run the same command again to build them again",
 			src, strings.Join(stale, ", "))
 	}
@@ -526,12 +530,7 @@ func (e *executor) staleAdvice(src RebuildSource, swapped, todo []string) string
 		return fmt.Sprintf("nothing more was swapped: %s already hold(s) members rebuilt from %s, and their old data dirs are gone, so the step cannot go on: restore every member's backup (kubefence migrate restore-backup; the journal %s names them; copy a changed data dir first if you need its newer writes), then delete the journal and run again",
 			strings.Join(swapped, ", "), src, e.rep.Journal)
 	}
-	var stale []string
-	for _, d := range todo {
-		if markedFrom(newPath(d), src) {
-			stale = append(stale, newPath(d))
-		}
-	}
+	_, stale := readyFrom(todo, src)
 	return fmt.Sprintf("nothing was swapped, so every data dir still holds its own data: the dirs rebuilt from %s are stale: remove them (%s) and run the same command again, which rebuilds every member from the data dirs as they are now",
 		src, strings.Join(stale, ", "))
 }
