@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -199,7 +200,37 @@ func checkLayout(dataDirs []string, backupDir string) error {
 	return nil
 }
 
+// dirLabels names each data dir in the files a run makes for it in the backup dir (backups,
+// etcd's logs): its base name, followed by its position in --data-dir for every data dir when
+// two have the same name (/a/etcd, /b/etcd: etcd-1, etcd-2; the last "-" part tells any two
+// apart).
+func dirLabels(dirs []string) map[string]string {
+	labels, seen, dup := map[string]string{}, map[string]bool{}, false
+	for _, d := range dirs {
+		base := filepath.Base(filepath.Clean(d))
+		dup = dup || seen[base]
+		seen[base] = true
+		labels[d] = base
+	}
+	if dup {
+		for i, d := range dirs {
+			labels[d] = fmt.Sprintf("%s-%d", labels[d], i+1)
+		}
+	}
+	return labels
+}
+
+// journalPath is the journal of these data dirs: named after the first, with a hash of them
+// all, so that two clusters sharing a backup dir, whose first data dirs have the same name, keep
+// a journal each.
 func (o *Options) journalPath() string {
+	h := sha256.Sum256([]byte(strings.Join(o.DataDirs, "\x00")))
+	return filepath.Join(o.BackupDir, fmt.Sprintf("journal-%s-%x.json", filepath.Base(o.DataDirs[0]), h[:4]))
+}
+
+// olderJournalPath is where an older kubefence kept the journal: named after the first data dir
+// only.
+func (o *Options) olderJournalPath() string {
 	return filepath.Join(o.BackupDir, "journal-"+filepath.Base(o.DataDirs[0])+".json")
 }
 
@@ -334,8 +365,34 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	return rep, e.save()
 }
 
-// loadJournal returns the unfinished run journaled for these data dirs, or nil.
+// loadJournal returns the unfinished run journaled for these data dirs, or nil. Without a
+// journal at path, an older kubefence's unfinished one of these data dirs is resumed (and kept
+// where it is); one of other data dirs there is another cluster's, not a refusal.
 func loadJournal(path string, op Operation, opts Options) (*Report, error) {
+	if !exists(path) && exists(opts.olderJournalPath()) {
+		rep, err := readJournal(opts.olderJournalPath(), op, opts)
+		var other *otherRunError
+		if errors.As(err, &other) {
+			return nil, nil
+		}
+		return rep, err
+	}
+	return readJournal(path, op, opts)
+}
+
+// otherRunError is a journal's unfinished run of other data dirs, or another operation or target.
+type otherRunError struct {
+	rep  Report
+	path string
+}
+
+func (e *otherRunError) Error() string {
+	return fmt.Sprintf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
+		e.rep.Operation, e.rep.DataDirs, e.rep.Target, e.path)
+}
+
+// readJournal is loadJournal from path.
+func readJournal(path string, op Operation, opts Options) (*Report, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -351,8 +408,7 @@ func loadJournal(path string, op Operation, opts Options) (*Report, error) {
 		return nil, nil
 	}
 	if rep.Operation != op || rep.Target != opts.Target.String() || !slices.Equal(rep.DataDirs, opts.DataDirs) {
-		return nil, fmt.Errorf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
-			rep.Operation, rep.DataDirs, rep.Target, path)
+		return nil, &otherRunError{rep: rep, path: path}
 	}
 	if err := checkOptions(path, &rep, opts); err != nil {
 		return nil, err
@@ -607,17 +663,26 @@ func (e *executor) backup(s *StepReport, d string) error {
 		return nil
 	}
 	dst, planned := e.rep.PlannedBackups[d]
+	note := ""
+	if planned {
+		_, err := VerifyManifest(dst)
+		switch origin := backupOrigin(dst); {
+		case err == nil && origin == d:
+			e.rep.Backups[d] = dst
+			s.Members[d] = "backed up to " + dst + " (earlier)"
+			return e.save()
+		case err == nil:
+			// Another data dir's backup took the name (another cluster's sharing the backup dir,
+			// or one an older kubefence took, which does not say where from): not this one's.
+			planned, note = false, fmt.Sprintf("; %s, where it was planned, holds a backup not taken from this data dir (%q)", dst, origin)
+		}
+	}
 	if !planned {
-		dst = backupPath(d, e.opts.BackupDir, s.Version, time.Now())
+		dst = backupPath(dirLabels(e.opts.DataDirs)[d], e.opts.BackupDir, s.Version, e.clock())
 		e.rep.PlannedBackups[d] = dst
 		if err := e.save(); err != nil {
 			return err
 		}
-	}
-	if _, err := VerifyManifest(dst); planned && err == nil {
-		e.rep.Backups[d] = dst
-		s.Members[d] = "backed up to " + dst + " (earlier)"
-		return e.save()
 	}
 	br, err := backupTo(d, e.opts.BackupDir, dst)
 	if err != nil {
@@ -629,7 +694,7 @@ func (e *executor) backup(s *StepReport, d string) error {
 		}
 	}
 	e.rep.Backups[d] = br.Backup
-	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)", br.Backup, br.Files, br.Bytes)
+	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)%s", br.Backup, br.Files, br.Bytes, note)
 	return e.save()
 }
 

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -390,6 +392,79 @@ func TestBackupResumedAfterCrash(t *testing.T) {
 	if got := s.Members[f.dirs[0]]; !strings.Contains(got, "earlier") {
 		t.Errorf("the first data dir's backup: %q, want it kept from the killed run", got)
 	}
+}
+
+// TestBackupsOfSameNamedDataDirs: members gathered as /p/host1/etcd and /p/host2/etcd each get
+// a backup of their own, taken in the same second; and a backup planned for a data dir is kept
+// on resume only if it was taken from that dir (two clusters sharing a backup dir name their
+// backups alike), else the data dir is backed up again.
+func TestBackupsOfSameNamedDataDirs(t *testing.T) {
+	parent := t.TempDir()
+	dirs := []string{filepath.Join(parent, "host1", "etcd"), filepath.Join(parent, "host2", "etcd")}
+	for i, d := range dirs {
+		writeTree(t, d, map[string]string{"member/snap/db": "backend of " + d, "member/wal/x.wal": fmt.Sprint("wal ", i)})
+	}
+	opts := Options{DataDirs: dirs, BackupDir: filepath.Join(parent, "backups"), Target: Version{3, 6, 16}}
+	if err := opts.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	newRun := func() (*executor, *StepReport) {
+		now = now.Add(time.Hour)
+		s := &StepReport{Name: "backup", Kind: StepBackup, Version: "3.5.21"}
+		rep := &Report{Operation: OpUpgrade, Target: opts.Target.String(), DataDirs: dirs, Journal: opts.journalPath(), Steps: []*StepReport{s}}
+		return &executor{opts: opts, rep: rep, now: func() time.Time { return now }}, s
+	}
+	assertOwnBackups := func(t *testing.T, e *executor) {
+		t.Helper()
+		for _, d := range dirs {
+			b := e.rep.Backups[d]
+			if _, err := VerifyManifest(b); err != nil {
+				t.Fatalf("%s's backup %s: %v", d, b, err)
+			}
+			got := readTree(t, b)
+			delete(got, ManifestName)
+			delete(got, BackupInfoName)
+			if want := readTree(t, d); !maps.Equal(got, want) {
+				t.Errorf("%s's backup %s holds %v, want %v", d, b, got, want)
+			}
+		}
+	}
+
+	t.Run("one run", func(t *testing.T) {
+		e, s := newRun()
+		s.Members = map[string]string{}
+		if err := e.do(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+		assertOwnBackups(t, e)
+	})
+
+	t.Run("a planned backup taken from another data dir", func(t *testing.T) {
+		other := filepath.Join(parent, "other", "etcd")
+		writeTree(t, other, memberDir)
+		e, s := newRun()
+		s.Members = map[string]string{}
+		e.rep.PlannedBackups = map[string]string{}
+		for _, d := range dirs {
+			// Another cluster's backup took the name first.
+			dst := filepath.Join(opts.BackupDir, fmt.Sprintf("%s-%s-planned", filepath.Base(filepath.Dir(d)), filepath.Base(d)))
+			if _, err := backupTo(other, opts.BackupDir, dst); err != nil {
+				t.Fatal(err)
+			}
+			e.rep.PlannedBackups[d] = dst
+		}
+		if err := e.do(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+		assertOwnBackups(t, e)
+		if got := s.Members[dirs[0]]; !strings.Contains(got, "not taken from this data dir") {
+			t.Errorf("the report says %q, want why the planned backup was not kept", got)
+		}
+	})
 }
 
 // TestDryRunChangesNothing: a dry run only reports; what an interrupted swap left beside a data

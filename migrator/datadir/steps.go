@@ -134,12 +134,13 @@ func (e *executor) startMembers(bin Binary, members []*runMember) (*clientv3.Cli
 		peers = append(peers, Peer{Name: m.ms.Self.Name, PeerURLs: m.peers})
 	}
 	var urls []string
+	labels := dirLabels(e.opts.DataDirs)
 	for _, m := range members {
 		quota := int64(8 << 30)
 		if st, err := os.Stat(filepath.Join(m.dir, "member", "snap", "db")); err == nil && 2*st.Size() > quota {
 			quota = 2 * st.Size()
 		}
-		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", filepath.Base(m.dir), bin.Version))
+		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", labels[m.dir], bin.Version))
 		var err error
 		if m.p, err = startEtcd(bin, m.dir, m.ms, m.peers, InitialCluster(peers), log, quota); err != nil {
 			return nil, err
