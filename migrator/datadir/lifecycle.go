@@ -594,6 +594,10 @@ type executor struct {
 	afterBackup func(dir string) error
 	// now, when set (by tests), is the wall clock.
 	now func() time.Time
+	// taken are the data dirs this run backed up itself; backupsChecked is set once the
+	// backups are checked before the first step that changes the data dirs.
+	taken          map[string]bool
+	backupsChecked bool
 }
 
 func (e *executor) clock() time.Time {
@@ -694,12 +698,61 @@ func (e *executor) backup(s *StepReport, d string) error {
 		}
 	}
 	e.rep.Backups[d] = br.Backup
+	if e.taken == nil {
+		e.taken = map[string]bool{}
+	}
+	e.taken[d] = true
 	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)%s", br.Backup, br.Files, br.Bytes, note)
 	return e.save()
 }
 
+// checkBackups verifies, before the first step that changes the data dirs (each step after
+// the backup: etcd's runs change them in place, rebuilds swap them and delete the old), every
+// journaled backup this run did not take itself: a resumed run's backups were taken maybe days
+// ago, and without them the steps ahead cannot be undone.
+func (e *executor) checkBackups(s *StepReport) error {
+	if e.backupsChecked {
+		return nil
+	}
+	var errs []error
+	for _, d := range e.opts.DataDirs {
+		b, ok := e.rep.Backups[d]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s has no backup in the journal", d))
+		case !e.taken[d]:
+			errs = append(errs, checkBackup(b, d))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w\nthe backups are the way back to the data before this %s, and step %q changes the data dirs, so nothing was changed: put each backup back where the journal %s says. If one is lost and no step is half done (one the journal marks started, not done), move the journal away and run the same command again: it backs up the data dirs as they are now and goes on from there",
+			err, e.rep.Operation, s.Name, e.rep.Journal)
+	}
+	e.backupsChecked = true
+	return nil
+}
+
+// checkBackup refuses backup b of data dir d unless it is there, whole, and taken from d.
+func checkBackup(b, d string) error {
+	if !exists(b) {
+		return fmt.Errorf("the backup of %s, %s, is missing", d, b)
+	}
+	if _, err := VerifyManifest(b); err != nil {
+		return fmt.Errorf("the backup of %s, %s, is damaged: %w", d, b, err)
+	}
+	if o := backupOrigin(b); o != "" && o != d {
+		return fmt.Errorf("the backup of %s, %s, was taken from %s", d, b, o)
+	}
+	return nil
+}
+
 func (e *executor) do(ctx context.Context, s *StepReport) error {
 	s.Members = map[string]string{}
+	if s.Kind != StepBackup {
+		if err := e.checkBackups(s); err != nil {
+			return err
+		}
+	}
 	switch s.Kind {
 	case StepBackup:
 		for _, d := range e.opts.DataDirs {
