@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -22,15 +23,37 @@ type BackupReport struct {
 }
 
 // Backup copies a stopped member's data dir into a new dir under root named
-// <data dir name>-<version>-<UTC time>, with a sha256 manifest. A backup is never overwritten:
-// the complete copy is renamed into place only if that name is free.
+// <data dir name>-<version>-<UTC time>, with a sha256 manifest and a note of where it was
+// taken from (BackupInfoName). A backup is never overwritten: the complete copy is renamed
+// into place only if that name is free.
 func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
-	return backupTo(dataDir, root, backupPath(dataDir, root, version, now))
+	return backupTo(dataDir, root, backupPath(filepath.Base(filepath.Clean(dataDir)), root, version, now))
 }
 
-// backupPath is where Backup puts dataDir's backup taken at now.
-func backupPath(dataDir, root, version string, now time.Time) string {
-	return filepath.Join(root, fmt.Sprintf("%s-%s-%s", filepath.Base(filepath.Clean(dataDir)), version, now.UTC().Format("20060102T150405Z")))
+// backupPath is where the backup of a data dir labelled label (its name, or more when another
+// data dir of the run has that name: dirLabels) taken at now goes.
+func backupPath(label, root, version string, now time.Time) string {
+	return filepath.Join(root, fmt.Sprintf("%s-%s-%s", label, version, now.UTC().Format("20060102T150405Z")))
+}
+
+// BackupInfoName is the note in a backup of the data dir it was taken from. It is kubefence's
+// own, like the manifest: not listed in it, and not restored.
+const BackupInfoName = "kubefence-backup.json"
+
+// BackupInfo is what a backup's BackupInfoName says.
+type BackupInfo struct {
+	DataDir string `json:"dataDir"`
+}
+
+// backupOrigin is the data dir the backup at dir was taken from ("" when it does not say: not
+// a backup, or one an older kubefence took).
+func backupOrigin(dir string) string {
+	var info BackupInfo
+	b, err := os.ReadFile(filepath.Join(dir, BackupInfoName))
+	if err != nil || json.Unmarshal(b, &info) != nil {
+		return ""
+	}
+	return info.DataDir
 }
 
 // backupTo is Backup into dst, a new dir under root.
@@ -48,7 +71,17 @@ func backupTo(dataDir, root, dst string) (BackupReport, error) {
 		return rep, err
 	}
 	defer lock.Close()
-	m, err := BuildDir(dst, func(tmp string) (Manifest, error) { return copyTree(dataDir, tmp, nil) })
+	m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
+		m, err := copyTree(dataDir, tmp, nil)
+		if err != nil {
+			return nil, err
+		}
+		info, err := json.Marshal(BackupInfo{DataDir: dataDir})
+		if err != nil {
+			return nil, err
+		}
+		return m, atomicfile.Write(filepath.Join(tmp, BackupInfoName), append(info, '\n'), 0o600)
+	})
 	if errors.Is(err, os.ErrExist) {
 		err = fmt.Errorf("%w: a backup is never overwritten", err)
 	}

@@ -36,8 +36,12 @@ func TestBackupRestore(t *testing.T) {
 	if rep.Bytes != bytes {
 		t.Errorf("Bytes = %d, want %d", rep.Bytes, bytes)
 	}
+	if got := backupOrigin(backup); got != dataDir {
+		t.Errorf("the backup says it was taken from %q, want %s", got, dataDir)
+	}
 	backupFiles := readTree(t, backup)
 	delete(backupFiles, ManifestName)
+	delete(backupFiles, BackupInfoName)
 	if !maps.Equal(backupFiles, memberDir) {
 		t.Fatalf("backup holds %v, want %v", backupFiles, memberDir)
 	}
@@ -260,6 +264,7 @@ func TestCopiesFollowSymlinks(t *testing.T) {
 				}
 				got := readTree(t, out)
 				delete(got, ManifestName)
+				delete(got, BackupInfoName)
 				if !maps.Equal(got, c.want) {
 					t.Fatalf("%s holds %v, want %v", kind, got, c.want)
 				}

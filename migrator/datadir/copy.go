@@ -359,14 +359,14 @@ func diskHint(err error, dir string) error {
 }
 
 // copyTree copies the regular files under src (those keep accepts, by path relative to src;
-// all when keep is nil) into dst, syncing each file and directory, and returns their manifest.
+// all when keep is nil; never kubefence's own, ownFile) into dst, syncing each file and directory, and returns their manifest.
 // Symlinks are followed (see walkFollow): the copy holds what they point to.
 func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
 	var m Manifest
 	err := walkFollow(src, func(rel string) error {
 		return os.MkdirAll(filepath.Join(dst, rel), 0o700)
 	}, func(path, rel string) error {
-		if rel == ManifestName || (keep != nil && !keep(rel)) {
+		if ownFile(rel) || (keep != nil && !keep(rel)) {
 			return nil
 		}
 		return gone(copyOne(path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel)))

@@ -35,7 +35,8 @@ func (m MemberCopies) Output(d string) string {
 }
 
 // Check refuses, before anything is copied, a set of copies that cannot be taken as asked: a
-// separate WAL dir with several members, a live copy without one endpoint per member, or a
+// separate WAL dir with several members, a live copy without one endpoint per member, two
+// members whose data dirs have the same name (their copies would go to one place), or a
 // member's copy that overlaps any member's data dir or the WAL dir (not only its own: with
 // several members, one member's copy must not land in another). The overlap is a
 // pathguard error, so callers can add how to choose instead.
@@ -45,6 +46,16 @@ func (m MemberCopies) Check() error {
 	}
 	if m.Live && len(m.Endpoints) != len(m.DataDirs) {
 		return fmt.Errorf("a live copy needs one endpoint per data dir: %d endpoint(s) for %d data dir(s)", len(m.Endpoints), len(m.DataDirs))
+	}
+	if len(m.DataDirs) > 1 {
+		seen := map[string]string{}
+		for _, d := range m.DataDirs {
+			out := m.Output(d)
+			if other, ok := seen[out]; ok {
+				return fmt.Errorf("%s and %s have the same name, and each member's copy goes to --output-dir/<its data dir's name>, %s: copy them one at a time, each with an --output-dir of its own", other, d, out)
+			}
+			seen[out] = d
+		}
 	}
 	for _, d := range m.DataDirs {
 		for _, src := range append([]string{m.WALDir}, m.DataDirs...) {

@@ -44,6 +44,9 @@ func TestCopyMembersRefusals(t *testing.T) {
 	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
 	writeTree(t, a, memberDir)
 	writeTree(t, b, memberDir)
+	h1, h2 := filepath.Join(root, "host1", "etcd"), filepath.Join(root, "host2", "etcd")
+	writeTree(t, h1, memberDir)
+	writeTree(t, h2, memberDir)
 	for _, tc := range []struct {
 		name string
 		m    MemberCopies
@@ -53,6 +56,8 @@ func TestCopyMembersRefusals(t *testing.T) {
 		{"live without an endpoint per member", MemberCopies{DataDirs: []string{a, b}, OutputDir: filepath.Join(root, "out"), Live: true, Endpoints: []string{"http://127.0.0.1:1"}}, "one endpoint per data dir"},
 		{"one member's copy inside another member", MemberCopies{DataDirs: []string{a, b}, OutputDir: filepath.Join(b, "copies")}, "must not be inside"},
 		{"the copy is the source", MemberCopies{DataDirs: []string{a}, OutputDir: a}, "must not be inside"},
+		// Both would be copied to OUT/etcd.
+		{"two members' data dirs with the same name", MemberCopies{DataDirs: []string{h1, h2}, OutputDir: filepath.Join(root, "out")}, "same name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := readTree(t, root)

@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -104,13 +105,44 @@ type Report struct {
 	// PlannedBackups is where each data dir's backup goes, journaled before it is taken: a
 	// run killed after the backup was in place, before Backups recorded it, keeps it.
 	PlannedBackups map[string]string `json:"plannedBackups,omitempty"`
-	Steps          []*StepReport     `json:"steps"`
-	DryRun         bool              `json:"dryRun,omitempty"`
-	Resumed        bool              `json:"resumed,omitempty"`
-	Journal        string            `json:"journal"`
-	BackupDir      string            `json:"backupDir"`
-	Done           bool              `json:"done"`
-	Duration       time.Duration     `json:"durationNanos"`
+	// Options are what the run's rebuild steps build each member with; nil in a journal of an
+	// older kubefence.
+	Options   *RebuildOptions `json:"rebuildOptions,omitempty"`
+	Steps     []*StepReport   `json:"steps"`
+	DryRun    bool            `json:"dryRun,omitempty"`
+	Resumed   bool            `json:"resumed,omitempty"`
+	Journal   string          `json:"journal"`
+	BackupDir string          `json:"backupDir"`
+	Done      bool            `json:"done"`
+	Duration  time.Duration   `json:"durationNanos"`
+}
+
+// RebuildOptions are the options that decide what a rebuilt member holds (v2 migration,
+// downgrade). They are journaled with the plan, and a resume must give the same: it keeps the
+// members the killed run built, so it must build the others the same way.
+type RebuildOptions struct {
+	ClusterToken  string `json:"initialClusterToken"`
+	OnConflict    string `json:"onConflict"`
+	IncludeHidden bool   `json:"includeHidden"`
+}
+
+func (o *Options) rebuildOptions() *RebuildOptions {
+	return &RebuildOptions{ClusterToken: o.ClusterToken, OnConflict: o.OnConflict, IncludeHidden: o.IncludeHidden}
+}
+
+// diff names each option that differs between journaled r and now, with both values.
+func (r RebuildOptions) diff(now RebuildOptions) []string {
+	var out []string
+	if r.ClusterToken != now.ClusterToken {
+		out = append(out, fmt.Sprintf("--initial-cluster-token: journaled %q, now %q", r.ClusterToken, now.ClusterToken))
+	}
+	if r.OnConflict != now.OnConflict {
+		out = append(out, fmt.Sprintf("--on-conflict: journaled %q, now %q", r.OnConflict, now.OnConflict))
+	}
+	if r.IncludeHidden != now.IncludeHidden {
+		out = append(out, fmt.Sprintf("--include-hidden: journaled %t, now %t", r.IncludeHidden, now.IncludeHidden))
+	}
+	return out
 }
 
 func (o *Options) defaults() error {
@@ -168,7 +200,37 @@ func checkLayout(dataDirs []string, backupDir string) error {
 	return nil
 }
 
+// dirLabels names each data dir in the files a run makes for it in the backup dir (backups,
+// etcd's logs): its base name, followed by its position in --data-dir for every data dir when
+// two have the same name (/a/etcd, /b/etcd: etcd-1, etcd-2; the last "-" part tells any two
+// apart).
+func dirLabels(dirs []string) map[string]string {
+	labels, seen, dup := map[string]string{}, map[string]bool{}, false
+	for _, d := range dirs {
+		base := filepath.Base(filepath.Clean(d))
+		dup = dup || seen[base]
+		seen[base] = true
+		labels[d] = base
+	}
+	if dup {
+		for i, d := range dirs {
+			labels[d] = fmt.Sprintf("%s-%d", labels[d], i+1)
+		}
+	}
+	return labels
+}
+
+// journalPath is the journal of these data dirs: named after the first, with a hash of them
+// all, so that two clusters sharing a backup dir, whose first data dirs have the same name, keep
+// a journal each.
 func (o *Options) journalPath() string {
+	h := sha256.Sum256([]byte(strings.Join(o.DataDirs, "\x00")))
+	return filepath.Join(o.BackupDir, fmt.Sprintf("journal-%s-%x.json", filepath.Base(o.DataDirs[0]), h[:4]))
+}
+
+// olderJournalPath is where an older kubefence kept the journal: named after the first data dir
+// only.
+func (o *Options) olderJournalPath() string {
 	return filepath.Join(o.BackupDir, "journal-"+filepath.Base(o.DataDirs[0])+".json")
 }
 
@@ -303,8 +365,34 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	return rep, e.save()
 }
 
-// loadJournal returns the unfinished run journaled for these data dirs, or nil.
+// loadJournal returns the unfinished run journaled for these data dirs, or nil. Without a
+// journal at path, an older kubefence's unfinished one of these data dirs is resumed (and kept
+// where it is); one of other data dirs there is another cluster's, not a refusal.
 func loadJournal(path string, op Operation, opts Options) (*Report, error) {
+	if !exists(path) && exists(opts.olderJournalPath()) {
+		rep, err := readJournal(opts.olderJournalPath(), op, opts)
+		var other *otherRunError
+		if errors.As(err, &other) {
+			return nil, nil
+		}
+		return rep, err
+	}
+	return readJournal(path, op, opts)
+}
+
+// otherRunError is a journal's unfinished run of other data dirs, or another operation or target.
+type otherRunError struct {
+	rep  Report
+	path string
+}
+
+func (e *otherRunError) Error() string {
+	return fmt.Sprintf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
+		e.rep.Operation, e.rep.DataDirs, e.rep.Target, e.path)
+}
+
+// readJournal is loadJournal from path.
+func readJournal(path string, op Operation, opts Options) (*Report, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -320,16 +408,57 @@ func loadJournal(path string, op Operation, opts Options) (*Report, error) {
 		return nil, nil
 	}
 	if rep.Operation != op || rep.Target != opts.Target.String() || !slices.Equal(rep.DataDirs, opts.DataDirs) {
-		return nil, fmt.Errorf("an unfinished %s of %v to %s is journaled in %s: finish it (run that command again), or restore the backups it names and delete the journal",
-			rep.Operation, rep.DataDirs, rep.Target, path)
+		return nil, &otherRunError{rep: rep, path: path}
+	}
+	if err := checkOptions(path, &rep, opts); err != nil {
+		return nil, err
 	}
 	rep.Resumed = true
 	return &rep, nil
 }
 
+// checkOptions refuses a resume whose options would build members other than the journaled
+// run built. A journal of an older kubefence has none: it takes the options given now, unless
+// one of its rebuild steps built members already, whose options nothing records.
+func checkOptions(path string, rep *Report, opts Options) error {
+	now := opts.rebuildOptions()
+	if rep.Options == nil {
+		if err := olderRebuildUnderway(path, rep, opts.DataDirs); err != nil {
+			return err
+		}
+		rep.Options = now
+		return nil
+	}
+	if diff := rep.Options.diff(*now); len(diff) > 0 {
+		return fmt.Errorf("the unfinished %s journaled in %s was started with other options (%s). They decide what each rebuilt member holds (v2 migration, downgrade), and a resumed run keeps the members the first one built, so it must build the others the same way: run the same command with the journaled values, or restore the backups it names and delete the journal",
+			rep.Operation, path, strings.Join(diff, "; "))
+	}
+	return nil
+}
+
+// olderRebuildUnderway refuses to resume an older kubefence's journal whose unfinished rebuild
+// step built members: with what --initial-cluster-token, --on-conflict and --include-hidden,
+// nothing says.
+func olderRebuildUnderway(path string, rep *Report, dirs []string) error {
+	for _, s := range rep.Steps {
+		if s.Done || s.Swapped || s.Source == nil {
+			continue
+		}
+		swapped, ready := readyFrom(dirs, *s.Source)
+		const why = "the journal %s was written by an older kubefence, which did not record --initial-cluster-token, --on-conflict and --include-hidden, and its step %q rebuilt members with options this run cannot check"
+		switch {
+		case len(swapped) > 0:
+			return fmt.Errorf(why+" (%s swapped in): finish the run with the kubefence version that started it (the same command), or restore the backups it names and delete the journal", path, s.Name, strings.Join(swapped, ", "))
+		case len(ready) > 0:
+			return fmt.Errorf(why+"; nothing was swapped: remove %s and run the same command again, which builds them again", path, s.Name, strings.Join(ready, ", "))
+		}
+	}
+	return nil
+}
+
 // plan detects where the data dirs are and lists the steps to the target.
 func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
-	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir}
+	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir, Options: opts.rebuildOptions()}
 	var cur Detection
 	v2 := false
 	for i, d := range opts.DataDirs {
@@ -465,6 +594,10 @@ type executor struct {
 	afterBackup func(dir string) error
 	// now, when set (by tests), is the wall clock.
 	now func() time.Time
+	// taken are the data dirs this run backed up itself; backupsChecked is set once the
+	// backups are checked before the first step that changes the data dirs.
+	taken          map[string]bool
+	backupsChecked bool
 }
 
 func (e *executor) clock() time.Time {
@@ -534,17 +667,26 @@ func (e *executor) backup(s *StepReport, d string) error {
 		return nil
 	}
 	dst, planned := e.rep.PlannedBackups[d]
+	note := ""
+	if planned {
+		_, err := VerifyManifest(dst)
+		switch origin := backupOrigin(dst); {
+		case err == nil && origin == d:
+			e.rep.Backups[d] = dst
+			s.Members[d] = "backed up to " + dst + " (earlier)"
+			return e.save()
+		case err == nil:
+			// Another data dir's backup took the name (another cluster's sharing the backup dir,
+			// or one an older kubefence took, which does not say where from): not this one's.
+			planned, note = false, fmt.Sprintf("; %s, where it was planned, holds a backup not taken from this data dir (%q)", dst, origin)
+		}
+	}
 	if !planned {
-		dst = backupPath(d, e.opts.BackupDir, s.Version, time.Now())
+		dst = backupPath(dirLabels(e.opts.DataDirs)[d], e.opts.BackupDir, s.Version, e.clock())
 		e.rep.PlannedBackups[d] = dst
 		if err := e.save(); err != nil {
 			return err
 		}
-	}
-	if _, err := VerifyManifest(dst); planned && err == nil {
-		e.rep.Backups[d] = dst
-		s.Members[d] = "backed up to " + dst + " (earlier)"
-		return e.save()
 	}
 	br, err := backupTo(d, e.opts.BackupDir, dst)
 	if err != nil {
@@ -556,12 +698,61 @@ func (e *executor) backup(s *StepReport, d string) error {
 		}
 	}
 	e.rep.Backups[d] = br.Backup
-	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)", br.Backup, br.Files, br.Bytes)
+	if e.taken == nil {
+		e.taken = map[string]bool{}
+	}
+	e.taken[d] = true
+	s.Members[d] = fmt.Sprintf("backed up to %s (%d files, %d bytes, sha256 manifest)%s", br.Backup, br.Files, br.Bytes, note)
 	return e.save()
+}
+
+// checkBackups verifies, before the first step that changes the data dirs (each step after
+// the backup: etcd's runs change them in place, rebuilds swap them and delete the old), every
+// journaled backup this run did not take itself: a resumed run's backups were taken maybe days
+// ago, and without them the steps ahead cannot be undone.
+func (e *executor) checkBackups(s *StepReport) error {
+	if e.backupsChecked {
+		return nil
+	}
+	var errs []error
+	for _, d := range e.opts.DataDirs {
+		b, ok := e.rep.Backups[d]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s has no backup in the journal", d))
+		case !e.taken[d]:
+			errs = append(errs, checkBackup(b, d))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w\nthe backups are the way back to the data before this %s, and step %q changes the data dirs, so nothing was changed: put each backup back where the journal %s says. If one is lost and no step is half done (one the journal marks started, not done), move the journal away and run the same command again: it backs up the data dirs as they are now and goes on from there",
+			err, e.rep.Operation, s.Name, e.rep.Journal)
+	}
+	e.backupsChecked = true
+	return nil
+}
+
+// checkBackup refuses backup b of data dir d unless it is there, whole, and taken from d.
+func checkBackup(b, d string) error {
+	if !exists(b) {
+		return fmt.Errorf("the backup of %s, %s, is missing", d, b)
+	}
+	if _, err := VerifyManifest(b); err != nil {
+		return fmt.Errorf("the backup of %s, %s, is damaged: %w", d, b, err)
+	}
+	if o := backupOrigin(b); o != "" && o != d {
+		return fmt.Errorf("the backup of %s, %s, was taken from %s", d, b, o)
+	}
+	return nil
 }
 
 func (e *executor) do(ctx context.Context, s *StepReport) error {
 	s.Members = map[string]string{}
+	if s.Kind != StepBackup {
+		if err := e.checkBackups(s); err != nil {
+			return err
+		}
+	}
 	switch s.Kind {
 	case StepBackup:
 		for _, d := range e.opts.DataDirs {

@@ -118,3 +118,25 @@ func TestOneRunPerDataDir(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalPerSetOfDataDirs: two clusters sharing a backup dir, whose first data dirs have the
+// same name, keep a journal each; an older kubefence's journal (named after the first data dir
+// only) is resumed by its own data dirs and does not stand in another cluster's way.
+func TestJournalPerSetOfDataDirs(t *testing.T) {
+	root := t.TempDir()
+	backups := filepath.Join(root, "backups")
+	a := Options{DataDirs: []string{filepath.Join(root, "a", "etcd")}, BackupDir: backups, Target: Version{3, 6, 16}}
+	b := Options{DataDirs: []string{filepath.Join(root, "b", "etcd")}, BackupDir: backups, Target: Version{3, 6, 16}}
+	if a.journalPath() == b.journalPath() {
+		t.Fatalf("both clusters journal in %s", a.journalPath())
+	}
+	older := filepath.Join(backups, "journal-etcd.json")
+	writeTree(t, backups, map[string]string{"journal-etcd.json": `{"operation":"upgrade","target":"3.6.16","dataDirs":["` + a.DataDirs[0] + `"],"journal":"` + older + `","steps":[]}`})
+	rep, err := loadJournal(a.journalPath(), OpUpgrade, a)
+	if err != nil || rep == nil || rep.Journal != older {
+		t.Fatalf("a's older journal: %+v, %v; want it resumed where it is", rep, err)
+	}
+	if rep, err := loadJournal(b.journalPath(), OpUpgrade, b); err != nil || rep != nil {
+		t.Fatalf("b with a's older journal beside: %+v, %v; want a fresh plan", rep, err)
+	}
+}

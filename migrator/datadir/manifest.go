@@ -48,7 +48,11 @@ func (m Manifest) Write(dir string) error {
 	return atomicfile.Write(filepath.Join(dir, ManifestName), []byte(b.String()), 0o600)
 }
 
-// HashDir computes the manifest of every regular file under dir (the manifest file excepted).
+// ownFile reports whether rel (relative to a copy or backup) is one of kubefence's own files,
+// which a manifest does not list and a copy or restore leaves out.
+func ownFile(rel string) bool { return rel == ManifestName || rel == BackupInfoName }
+
+// HashDir computes the manifest of every regular file under dir (kubefence's own files excepted).
 func HashDir(dir string) (Manifest, error) {
 	var m Manifest
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
@@ -56,7 +60,7 @@ func HashDir(dir string) (Manifest, error) {
 			return err
 		}
 		rel, err := filepath.Rel(dir, path)
-		if err != nil || rel == ManifestName {
+		if err != nil || ownFile(rel) {
 			return err
 		}
 		f, err := os.Open(path)

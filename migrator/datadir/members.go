@@ -28,6 +28,8 @@ type Membership struct {
 	ClusterID uint64 `json:"clusterId"`
 	// CommitIndex is the committed raft index the WAL records.
 	CommitIndex uint64 `json:"commitIndex"`
+	// Term is the raft term the WAL records.
+	Term uint64 `json:"term"`
 }
 
 // InitialCluster is the data dir's cluster as etcd's --initial-cluster (for a restore).
@@ -53,7 +55,7 @@ func ReadMembership(dataDir, walDir string) (Membership, error) {
 	if err != nil {
 		return m, err
 	}
-	m.Self.ID, m.ClusterID, m.CommitIndex = src.NodeID, src.ClusterID, src.HardState.Commit
+	m.Self.ID, m.ClusterID, m.CommitIndex, m.Term = src.NodeID, src.ClusterID, src.HardState.Commit, src.HardState.Term
 	src.Close()
 	path := filepath.Join(dataDir, "member", "snap", "db")
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})

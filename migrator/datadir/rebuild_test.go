@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -136,7 +138,7 @@ func (f *rebuildFixture) start() (*executor, *StepReport) {
 		f.t.Fatal(err)
 	}
 	if rep == nil {
-		rep = &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(),
+		rep = &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.opts.DataDirs, Journal: f.opts.journalPath(), Options: f.opts.rebuildOptions(),
 			Steps: []*StepReport{{Name: "migrate", Kind: StepMigrateV2, Version: "3.5.21"}}}
 	}
 	s := rep.Steps[0]
@@ -196,66 +198,168 @@ func TestRebuildResumesFromJournaledSource(t *testing.T) {
 	}
 }
 
-// TestRebuildRefusesChangedSource: on resume, a journaled source that is gone or no longer at
-// the journaled index is refused, and nothing is swapped.
-func TestRebuildRefusesChangedSource(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		change func(t *testing.T, src string)
-		want   []string
-	}{
-		{"source gone", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
+// interruptedRebuilds stop a rebuild with nothing swapped: killed while building, or with every
+// new dir ready and its swaps failed.
+var interruptedRebuilds = []struct {
+	name string
+	run  func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error
+}{
+	{"killed while building the second new dir", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
+		built := 0
+		return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+			if built++; built == 2 {
+				return "", errors.New("killed")
 			}
-		}, []string{"m2", "is gone", "restore-backup"}},
-		{"source less advanced", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[1], 25)
-		}, []string{"m2", "commit index 25", "30", "less advanced", "restore-backup"}},
-		{"source more advanced", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[1], 35)
-		}, []string{"m2", "commit index 35", "30", "changed", "restore-backup"}},
-		{"another member in the source's place", func(t *testing.T, src string) {
-			if err := os.RemoveAll(src); err != nil {
-				t.Fatal(err)
-			}
-			writeMember(t, src, testPeers[2], 30)
-		}, []string{"m3", "not m2"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			f := newRebuildFixture(t)
-			e, s := f.start()
-			// Killed while building the second new dir: nothing swapped yet.
-			built := 0
-			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
-				if built++; built == 2 {
-					return "", errors.New("killed")
-				}
-				return f.build(src, tmp, ms)
-			}); err == nil {
-				t.Fatal("the injected crash did not stop the step")
-			}
-			c.change(t, f.dirs[1])
-			before := map[string]string{}
-			for _, d := range []string{f.dirs[0], f.dirs[2]} {
-				before[d] = strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",")
-			}
-			e, s = f.start()
-			err := e.rebuild(s, f.build)
-			assertErrContains(t, err, c.want...)
-			for d, names := range before {
-				if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
-					t.Errorf("%s was swapped although the source was refused", d)
-				}
-			}
+			return f.build(src, tmp, ms)
 		})
+	}},
+	{"every new dir ready, the first swap failed", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
+		// A non-empty dir where the first member's old dir goes: its rename fails.
+		writeTree(t, oldPath(f.dirs[0]), map[string]string{"x": "in the way"})
+		return e.rebuild(s, f.build)
+	}},
+}
+
+// TestRebuildRefusesChangedSource: on resume, a journaled source that is gone or no longer at
+// the journaled index, or a member not yet swapped that changed since the source was chosen
+// (an etcd ran on the old data dirs after the interrupted run), is refused, and nothing is
+// swapped: the dirs that run rebuilt hold older data. This holds whether the run was killed
+// while building or after every new dir was ready (its swaps failed), when nothing is left to
+// build. Following the advice (remove the stale new dirs) rebuilds from the dirs as they are.
+func TestRebuildRefusesChangedSource(t *testing.T) {
+	for _, interrupt := range interruptedRebuilds {
+		for _, c := range []struct {
+			name     string
+			change   func(t *testing.T, f *rebuildFixture)
+			want     []string
+			thenFrom string // after the stale new dirs are removed, every member is rebuilt from this ("": refused still)
+		}{
+			{"source gone", func(t *testing.T, f *rebuildFixture) {
+				if err := os.RemoveAll(f.dirs[1]); err != nil {
+					t.Fatal(err)
+				}
+			}, []string{"m2", "is gone"}, ""},
+			{"source less advanced", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[1], 25)
+			}, []string{"m2", "commit index 25", "30", "less advanced", "nothing was swapped", "m1.kubefence-new"}, "m2@25"},
+			{"source more advanced", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[1], 35)
+			}, []string{"m2", "commit index 35", "30", "changed", "nothing was swapped", "m1.kubefence-new"}, "m2@35"},
+			{"another member in the source's place", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[1], testPeers[2], 30)
+			}, []string{"m3", "not m2", "nothing was swapped"}, ""},
+			{"a member not yet swapped changed", func(t *testing.T, f *rebuildFixture) {
+				rewriteMember(t, f.dirs[0], testPeers[0], 15)
+			}, []string{"m1", "commit index 15", "10", "nothing was swapped", "m1.kubefence-new"}, "m2@30"},
+		} {
+			t.Run(interrupt.name+"/"+c.name, func(t *testing.T) {
+				f := newRebuildFixture(t)
+				e, s := f.start()
+				if err := interrupt.run(t, f, e, s); err == nil {
+					t.Fatal("the injected failure did not stop the step")
+				}
+				c.change(t, f)
+				before := map[string]string{}
+				for _, d := range f.dirs {
+					if exists(d) {
+						before[d] = strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",")
+					}
+				}
+				e, s = f.start()
+				err := e.rebuild(s, f.build)
+				assertErrContains(t, err, c.want...)
+				for d, names := range before {
+					if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
+						t.Errorf("%s was swapped although the step was refused", d)
+					}
+				}
+				if c.thenFrom == "" {
+					return
+				}
+				for _, d := range f.dirs {
+					if err := os.RemoveAll(newPath(d)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				e, s = f.start()
+				if err := e.rebuild(s, f.build); err != nil {
+					t.Fatalf("after the stale new dirs were removed: %v", err)
+				}
+				for i, got := range f.builtFrom() {
+					if got != c.thenFrom {
+						t.Errorf("%s was rebuilt from %q, want %s (the most advanced member now)", f.dirs[i], got, c.thenFrom)
+					}
+				}
+			})
+		}
 	}
+}
+
+// TestRebuildRefusesChangedMemberAfterASwap: killed after the first swap, then a member not yet
+// swapped changed: swapping the rest in would delete its newer data, and the member swapped in
+// cannot be taken back, so the step is refused with the backups as the way out.
+func TestRebuildRefusesChangedMemberAfterASwap(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	e.afterSwap = crashAfter(1)
+	if err := e.rebuild(s, f.build); err == nil {
+		t.Fatal("the injected crash did not stop the step")
+	}
+	rewriteMember(t, f.dirs[2], testPeers[2], 21)
+	e, s = f.start()
+	err := e.rebuild(s, f.build)
+	assertErrContains(t, err, "m3", "commit index 21", "nothing more was swapped", f.dirs[0], "restore-backup")
+	for _, d := range f.dirs[1:] {
+		if exists(filepath.Join(d, builtFrom)) {
+			t.Errorf("%s was swapped although the step was refused", d)
+		}
+	}
+}
+
+// TestRebuildOlderJournalWithoutStates: a rebuild an older kubefence journaled has no member
+// states to check its ready new dirs against: they are refused (not swapped), and once removed
+// the step builds them again and finishes.
+func TestRebuildOlderJournalWithoutStates(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	e.afterSwap = crashAfter(1)
+	if err := e.rebuild(s, f.build); err == nil {
+		t.Fatal("the injected crash did not stop the step")
+	}
+	e, s = f.start()
+	s.Source.Members = nil // as an older kubefence journaled it
+	if err := e.save(); err != nil {
+		t.Fatal(err)
+	}
+	err := e.rebuild(s, f.build)
+	assertErrContains(t, err, "older kubefence", "m3.kubefence-new", "m2.kubefence-new", "remove them")
+	for _, d := range f.dirs[1:] {
+		if exists(filepath.Join(d, builtFrom)) {
+			t.Errorf("%s was swapped although the step was refused", d)
+		}
+		if err := os.RemoveAll(newPath(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, s = f.start()
+	if err := e.rebuild(s, f.build); err != nil {
+		t.Fatalf("after the unchecked new dirs were removed: %v", err)
+	}
+	for i, got := range f.builtFrom() {
+		if got != "m2@30" {
+			t.Errorf("%s was rebuilt from %q, want m2@30", f.dirs[i], got)
+		}
+	}
+}
+
+// rewriteMember replaces dir with a member self at commit index commit, as an etcd that ran on
+// it (or a restore into it) would leave it.
+func rewriteMember(t *testing.T, dir string, self Peer, commit uint64) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	writeMember(t, dir, self, commit)
 }
 
 // TestBackupResumedAfterCrash: a run killed after a backup was renamed into place, before the
@@ -288,6 +392,79 @@ func TestBackupResumedAfterCrash(t *testing.T) {
 	if got := s.Members[f.dirs[0]]; !strings.Contains(got, "earlier") {
 		t.Errorf("the first data dir's backup: %q, want it kept from the killed run", got)
 	}
+}
+
+// TestBackupsOfSameNamedDataDirs: members gathered as /p/host1/etcd and /p/host2/etcd each get
+// a backup of their own, taken in the same second; and a backup planned for a data dir is kept
+// on resume only if it was taken from that dir (two clusters sharing a backup dir name their
+// backups alike), else the data dir is backed up again.
+func TestBackupsOfSameNamedDataDirs(t *testing.T) {
+	parent := t.TempDir()
+	dirs := []string{filepath.Join(parent, "host1", "etcd"), filepath.Join(parent, "host2", "etcd")}
+	for i, d := range dirs {
+		writeTree(t, d, map[string]string{"member/snap/db": "backend of " + d, "member/wal/x.wal": fmt.Sprint("wal ", i)})
+	}
+	opts := Options{DataDirs: dirs, BackupDir: filepath.Join(parent, "backups"), Target: Version{3, 6, 16}}
+	if err := opts.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	newRun := func() (*executor, *StepReport) {
+		now = now.Add(time.Hour)
+		s := &StepReport{Name: "backup", Kind: StepBackup, Version: "3.5.21"}
+		rep := &Report{Operation: OpUpgrade, Target: opts.Target.String(), DataDirs: dirs, Journal: opts.journalPath(), Steps: []*StepReport{s}}
+		return &executor{opts: opts, rep: rep, now: func() time.Time { return now }}, s
+	}
+	assertOwnBackups := func(t *testing.T, e *executor) {
+		t.Helper()
+		for _, d := range dirs {
+			b := e.rep.Backups[d]
+			if _, err := VerifyManifest(b); err != nil {
+				t.Fatalf("%s's backup %s: %v", d, b, err)
+			}
+			got := readTree(t, b)
+			delete(got, ManifestName)
+			delete(got, BackupInfoName)
+			if want := readTree(t, d); !maps.Equal(got, want) {
+				t.Errorf("%s's backup %s holds %v, want %v", d, b, got, want)
+			}
+		}
+	}
+
+	t.Run("one run", func(t *testing.T) {
+		e, s := newRun()
+		s.Members = map[string]string{}
+		if err := e.do(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+		assertOwnBackups(t, e)
+	})
+
+	t.Run("a planned backup taken from another data dir", func(t *testing.T) {
+		other := filepath.Join(parent, "other", "etcd")
+		writeTree(t, other, memberDir)
+		e, s := newRun()
+		s.Members = map[string]string{}
+		e.rep.PlannedBackups = map[string]string{}
+		for _, d := range dirs {
+			// Another cluster's backup took the name first.
+			dst := filepath.Join(opts.BackupDir, fmt.Sprintf("%s-%s-planned", filepath.Base(filepath.Dir(d)), filepath.Base(d)))
+			if _, err := backupTo(other, opts.BackupDir, dst); err != nil {
+				t.Fatal(err)
+			}
+			e.rep.PlannedBackups[d] = dst
+		}
+		if err := e.do(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+		assertOwnBackups(t, e)
+		if got := s.Members[dirs[0]]; !strings.Contains(got, "not taken from this data dir") {
+			t.Errorf("the report says %q, want why the planned backup was not kept", got)
+		}
+	})
 }
 
 // TestDryRunChangesNothing: a dry run only reports; what an interrupted swap left beside a data
@@ -355,5 +532,109 @@ func TestOneRunAtATime(t *testing.T) {
 	_, err = Run(t.Context(), OpUpgrade, f.opts)
 	if err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
 		t.Fatalf("Run while another holds the lock: %v, want a refusal naming its pid", err)
+	}
+}
+
+// TestResumeRefusesChangedOptions: a run killed after one member's new dir was marked ready,
+// resumed with another option that decides what a rebuilt member holds, would keep that member
+// and build the others differently: members of one raft group with different data. Refused,
+// naming the option and both values; the same options resume.
+func TestResumeRefusesChangedOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(o *Options)
+		want   []string
+	}{
+		{"--include-hidden", func(o *Options) { o.IncludeHidden = true }, []string{"--include-hidden", "false", "true"}},
+		{"--on-conflict", func(o *Options) { o.OnConflict = "v2" }, []string{"--on-conflict", `""`, `"v2"`}},
+		{"--initial-cluster-token", func(o *Options) { o.ClusterToken = "other" }, []string{"--initial-cluster-token", `"etcd-cluster"`, `"other"`}},
+		{"the same options", func(*Options) {}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			built := 0
+			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+				if built++; built == 2 {
+					return "", errors.New("killed")
+				}
+				return f.build(src, tmp, ms)
+			}); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			opts := f.opts
+			opts.DataDirs = slices.Clone(f.opts.DataDirs)
+			tc.change(&opts)
+			rep, err := loadJournal(opts.journalPath(), OpUpgrade, opts)
+			if tc.want == nil {
+				if err != nil || rep == nil {
+					t.Fatalf("resume with the same options: %v, %v", rep, err)
+				}
+				return
+			}
+			assertErrContains(t, err, tc.want...)
+		})
+	}
+}
+
+// TestResumeOlderJournalWithoutOptions: an older kubefence journaled no options. Its run is
+// resumed with the options given now when no rebuild step built a member yet; when one did,
+// with options nothing records, it is refused: the ready new dirs can be removed and built
+// again, members swapped in cannot.
+func TestResumeOlderJournalWithoutOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		crash func(f *rebuildFixture, e *executor) buildFunc
+		want  []string // nil: resumed
+	}{
+		{"nothing built", func(_ *rebuildFixture, _ *executor) buildFunc {
+			return func(string, string, Membership) (string, error) { return "", errors.New("killed") }
+		}, nil},
+		{"a new dir ready", func(f *rebuildFixture, _ *executor) buildFunc {
+			built := 0
+			return func(src, tmp string, ms Membership) (string, error) {
+				if built++; built == 2 {
+					return "", errors.New("killed")
+				}
+				return f.build(src, tmp, ms)
+			}
+		}, []string{"older kubefence", "--include-hidden", "nothing was swapped", "m1.kubefence-new", "remove"}},
+		{"a member swapped in", func(f *rebuildFixture, e *executor) buildFunc {
+			e.afterSwap = crashAfter(1)
+			return f.build
+		}, []string{"older kubefence", "m1 swapped in", "kubefence version that started it", "restore the backups"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			e, s := f.start()
+			if err := e.rebuild(s, tc.crash(f, e)); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			var journal map[string]any
+			b, err := os.ReadFile(f.opts.journalPath())
+			if err == nil {
+				err = json.Unmarshal(b, &journal)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			delete(journal, "rebuildOptions")
+			if b, err = json.Marshal(journal); err == nil {
+				err = os.WriteFile(f.opts.journalPath(), b, 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := f.opts
+			opts.IncludeHidden = true
+			rep, err := loadJournal(opts.journalPath(), OpUpgrade, opts)
+			if tc.want != nil {
+				assertErrContains(t, err, tc.want...)
+				return
+			}
+			if err != nil || rep == nil || rep.Options == nil || !rep.Options.IncludeHidden {
+				t.Fatalf("resume: %v, %v; want the options given now taken", rep, err)
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/coreos/go-semver/semver"
@@ -133,12 +134,13 @@ func (e *executor) startMembers(bin Binary, members []*runMember) (*clientv3.Cli
 		peers = append(peers, Peer{Name: m.ms.Self.Name, PeerURLs: m.peers})
 	}
 	var urls []string
+	labels := dirLabels(e.opts.DataDirs)
 	for _, m := range members {
 		quota := int64(8 << 30)
 		if st, err := os.Stat(filepath.Join(m.dir, "member", "snap", "db")); err == nil && 2*st.Size() > quota {
 			quota = 2 * st.Size()
 		}
-		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", filepath.Base(m.dir), bin.Version))
+		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", labels[m.dir], bin.Version))
 		var err error
 		if m.p, err = startEtcd(bin, m.dir, m.ms, m.peers, InitialCluster(peers), log, quota); err != nil {
 			return nil, err
@@ -320,9 +322,31 @@ type RebuildSource struct {
 	// TTLClock (v2 migration) is the time every member's TTLs are measured against: which TTL
 	// keys are expired, and the leases' remaining TTLs.
 	TTLClock time.Time `json:"ttlClock,omitzero"`
+	// Members is every data dir's state (the source's too) when the source was chosen. A data
+	// dir is swapped only while it is still so: one an etcd ran on since holds writes the dirs
+	// rebuilt from the source lack, and the swap would delete them. An older kubefence
+	// journaled none.
+	Members map[string]MemberState `json:"members,omitempty"`
 }
 
-// same says whether r and o name the same source (a member built from one is built from the other).
+// MemberState is what a data dir's WAL says of it: the member it holds and how far its raft log
+// is. An etcd that runs on the dir moves it on (a new term, entries committed).
+type MemberState struct {
+	Name        string `json:"name"`
+	CommitIndex uint64 `json:"commitIndex"`
+	Term        uint64 `json:"term"`
+}
+
+func stateOf(ms Membership) MemberState {
+	return MemberState{Name: ms.Self.Name, CommitIndex: ms.CommitIndex, Term: ms.Term}
+}
+
+func (m MemberState) String() string {
+	return fmt.Sprintf("member %s at commit index %d (term %d)", m.Name, m.CommitIndex, m.Term)
+}
+
+// same says whether r and o name the same source (a member built from one is built from the
+// other). The members' states are not compared: they say whether a member may still be swapped.
 func (r RebuildSource) same(o RebuildSource) bool {
 	return r.DataDir == o.DataDir && r.Name == o.Name && r.CommitIndex == o.CommitIndex && r.TTLClock.Equal(o.TTLClock)
 }
@@ -331,12 +355,16 @@ func (r RebuildSource) String() string {
 	return fmt.Sprintf("member %s (%s) at commit index %d", r.Name, r.DataDir, r.CommitIndex)
 }
 
-// rebuild builds a new data dir for every member with build (which fills tmp from src and says
-// what it did), marks each ready, and swaps them in, the source's last: until every other
-// member is swapped, the source's data is still there to build from. A repeated step keeps
-// what the interrupted one finished: members swapped in and new dirs marked ready from the
-// same source.
-func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Membership) (string, error)) error {
+// buildFunc fills tmp with a new data dir for member ms from src and says what it did.
+type buildFunc func(src, tmp string, ms Membership) (string, error)
+
+// rebuild builds a new data dir for every member with build, marks each ready, and swaps them
+// in, the source's last: until every other member is swapped, the source's data is still there
+// to build from. A repeated step keeps what the interrupted one finished: members swapped in
+// and new dirs marked ready from the same source. Every data dir still to be swapped must be
+// as it was when the source was chosen, checked before the builds and again right before the
+// first swap, whether or not anything is left to build.
+func (e *executor) rebuild(s *StepReport, build buildFunc) error {
 	if s.Swapped {
 		return e.clearMarkers() // killed after the last swap: only the markers are left
 	}
@@ -344,39 +372,25 @@ func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Members
 		return err
 	}
 	src := *s.Source
-	var todo []string
+	var swapped, todo []string
 	for _, d := range swapOrder(e.opts.DataDirs, src.DataDir) {
 		if markedFrom(d, src) {
 			s.Members[d] = "rebuilt from " + src.String() + ", swapped in by the interrupted run"
+			swapped = append(swapped, d)
 			continue
 		}
 		todo = append(todo, d)
 	}
+	if err := e.checkUnchanged(src, swapped, todo); err != nil {
+		return err
+	}
 	for _, d := range todo {
-		tmp := newPath(d)
-		if markedFrom(tmp, src) {
-			s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
-			continue
-		}
-		if err := e.checkSource(src); err != nil {
+		if err := e.buildMember(s, src, d, build); err != nil {
 			return err
 		}
-		ms, err := ReadMembership(d, "")
-		if err != nil {
-			return err
-		}
-		if err := os.RemoveAll(tmp); err != nil {
-			return err
-		}
-		what, err := build(src.DataDir, tmp, ms)
-		if err != nil {
-			os.RemoveAll(tmp)
-			return diskHint(err, filepath.Dir(d))
-		}
-		s.Members[d] = what
-		if err := markReady(tmp, src); err != nil {
-			return err
-		}
+	}
+	if err := e.checkUnchanged(src, swapped, todo); err != nil { // the builds took a while
+		return err
 	}
 	if err := e.swap(todo); err != nil {
 		return err
@@ -388,48 +402,171 @@ func (e *executor) rebuild(s *StepReport, build func(src, tmp string, ms Members
 	return e.clearMarkers()
 }
 
-// chooseSource journals the most advanced member as the step's source, the first time, with
-// the TTL clock of a v2 migration. A v2 migration's source journaled without one (by an older
-// kubefence) gets one now: the members that run built, with clocks of their own, no longer
-// match it and are built again. Unless that run swapped in the source itself (the last swap,
-// so every member is in): the source's v2 data is gone and nothing can be built again, so the
-// source keeps its zero clock, which the ready markers that run wrote name too, and the step
-// finishes as that version would have.
-func (e *executor) chooseSource(s *StepReport) error {
-	if s.Source != nil {
-		if s.Kind != StepMigrateV2 || !s.Source.TTLClock.IsZero() || markedFrom(s.Source.DataDir, *s.Source) {
-			return nil
-		}
-		s.Source.TTLClock = e.clock().UTC()
-		return e.save()
+// buildMember builds data dir d's new dir from src and marks it ready, unless the interrupted
+// run did.
+func (e *executor) buildMember(s *StepReport, src RebuildSource, d string, build buildFunc) error {
+	tmp := newPath(d)
+	if markedFrom(tmp, src) {
+		s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
+		return nil
 	}
-	src, all, err := mostAdvanced(e.opts.DataDirs)
+	ms, err := ReadMembership(d, "")
 	if err != nil {
 		return err
 	}
-	s.Source = &RebuildSource{DataDir: src, Name: all[src].Self.Name, CommitIndex: all[src].CommitIndex}
-	if s.Kind == StepMigrateV2 {
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	what, err := build(src.DataDir, tmp, ms)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return diskHint(err, filepath.Dir(d))
+	}
+	s.Members[d] = what
+	return markReady(tmp, src)
+}
+
+// chooseSource journals the most advanced member as the step's source, with every member's
+// state and the TTL clock of a v2 migration: the first time, and again when nothing was built
+// from the journaled one (it binds nothing, and the data dirs may have moved on since).
+//
+// A v2 migration's source journaled without a clock (by an older kubefence) gets one now: the
+// members that run built, with clocks of their own, no longer match it and are built again.
+// Unless that run swapped in the source itself (the last swap, so every member is in): the
+// source's v2 data is gone and nothing can be built again, so the source keeps its zero clock,
+// which the ready markers that run wrote name too, and the step finishes as that version would
+// have. A source journaled without the members' states gets them now (journalStates).
+func (e *executor) chooseSource(s *StepReport) error {
+	if s.Source != nil && !e.builtFrom(*s.Source) {
+		s.Source = nil
+	}
+	if s.Source == nil {
+		src, all, err := mostAdvanced(e.opts.DataDirs)
+		if err != nil {
+			return err
+		}
+		s.Source = &RebuildSource{DataDir: src, Name: all[src].Self.Name, CommitIndex: all[src].CommitIndex, Members: map[string]MemberState{}}
+		for d, ms := range all {
+			s.Source.Members[d] = stateOf(ms)
+		}
+		if s.Kind == StepMigrateV2 {
+			s.Source.TTLClock = e.clock().UTC()
+		}
+		return e.save()
+	}
+	if s.Kind == StepMigrateV2 && s.Source.TTLClock.IsZero() && !markedFrom(s.Source.DataDir, *s.Source) {
 		s.Source.TTLClock = e.clock().UTC()
+	}
+	if s.Source.Members == nil {
+		if err := e.journalStates(s.Source); err != nil {
+			return err
+		}
 	}
 	return e.save()
 }
 
+// builtFrom reports whether a data dir, or a new dir beside one, holds a ready marker naming src.
+func (e *executor) builtFrom(src RebuildSource) bool {
+	swapped, ready := readyFrom(e.opts.DataDirs, src)
+	return len(swapped) > 0 || len(ready) > 0
+}
+
+// readyFrom lists the data dirs that hold a member rebuilt from src (swapped in), and the new
+// dirs beside the others that are marked ready from it.
+func readyFrom(dirs []string, src RebuildSource) (swapped, ready []string) {
+	for _, d := range dirs {
+		switch {
+		case markedFrom(d, src):
+			swapped = append(swapped, d)
+		case markedFrom(newPath(d), src):
+			ready = append(ready, newPath(d))
+		}
+	}
+	return swapped, ready
+}
+
+// journalStates gives a source an older kubefence journaled the members' states it lacks. New
+// dirs that run made ready might be stale (an etcd may have run on the data dirs since), and
+// nothing tells: they are refused, and are only a build to make again. Without them, the
+// states are taken now: the source's commit index, journaled, is still checked.
+func (e *executor) journalStates(src *RebuildSource) error {
+	if _, stale := readyFrom(e.opts.DataDirs, *src); len(stale) > 0 {
+		return fmt.Errorf("the interrupted run (an older kubefence) did not journal the members' states, so whether the dirs it rebuilt from %s (%s) still match the data dirs cannot be checked (an etcd may have run on them since); they were not swapped in: remove them and run the same command again to build them again",
+			src, strings.Join(stale, ", "))
+	}
+	src.Members = map[string]MemberState{}
+	for _, d := range e.opts.DataDirs {
+		ms, err := ReadMembership(d, "")
+		if err != nil {
+			return err
+		}
+		src.Members[d] = stateOf(ms)
+	}
+	return nil
+}
+
+// checkUnchanged refuses to go on when a data dir still to be swapped (the source among them)
+// is no longer as it was when the source was chosen: the dirs rebuilt from the source would be
+// swapped in over newer data, and the old dirs deleted. A dir holding a ready marker was
+// swapped in by an earlier run of the step (its old data is gone) and is built again.
+func (e *executor) checkUnchanged(src RebuildSource, swapped, todo []string) error {
+	if len(todo) == 0 {
+		return nil
+	}
+	errs := []error{checkSource(src)}
+	for _, d := range todo {
+		if d != src.DataDir && !exists(filepath.Join(d, readyMarker)) {
+			errs = append(errs, checkMember(d, src.Members[d]))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.staleAdvice(src, swapped, todo))
+	}
+	return nil
+}
+
+// staleAdvice says what to do when a data dir changed under a rebuild.
+func (e *executor) staleAdvice(src RebuildSource, swapped, todo []string) string {
+	if len(swapped) > 0 {
+		return fmt.Sprintf("nothing more was swapped: %s already hold(s) members rebuilt from %s, and their old data dirs are gone, so the step cannot go on: restore every member's backup (kubefence migrate restore-backup; the journal %s names them; copy a changed data dir first if you need its newer writes), then delete the journal and run again",
+			strings.Join(swapped, ", "), src, e.rep.Journal)
+	}
+	_, stale := readyFrom(todo, src)
+	return fmt.Sprintf("nothing was swapped, so every data dir still holds its own data: the dirs rebuilt from %s are stale: remove them (%s) and run the same command again, which rebuilds every member from the data dirs as they are now",
+		src, strings.Join(stale, ", "))
+}
+
 // checkSource refuses to build from a journaled source that is gone or not as it was chosen.
-func (e *executor) checkSource(src RebuildSource) error {
-	restore := fmt.Sprintf("restore every member's backup (kubefence migrate restore-backup; the journal %s names them), then delete the journal and run again", e.rep.Journal)
+func checkSource(src RebuildSource) error {
 	if !exists(src.DataDir) || markedFrom(src.DataDir, src) {
-		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, is gone, and the members not yet rebuilt need it: put it back, or %s", src, restore)
+		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, is gone, and the members not yet rebuilt need it: put it back", src)
 	}
 	ms, err := ReadMembership(src.DataDir, "")
 	switch {
 	case err != nil:
-		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, cannot be read (%w): %s", src, err, restore)
+		return fmt.Errorf("the rebuild's source, %s, chosen by the interrupted run, cannot be read: %w", src, err)
 	case ms.Self.Name != src.Name:
-		return fmt.Errorf("%s now holds member %s, not %s, the rebuild's source chosen by the interrupted run (%s): %s", src.DataDir, ms.Self.Name, src.Name, src, restore)
+		return fmt.Errorf("%s now holds member %s, not %s, the rebuild's source chosen by the interrupted run (%s)", src.DataDir, ms.Self.Name, src.Name, src)
 	case ms.CommitIndex < src.CommitIndex:
-		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: less advanced than when the interrupted run chose it (%d), so rebuilding from it would lose writes; %s", src, ms.CommitIndex, src.CommitIndex, restore)
+		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: less advanced than when the interrupted run chose it (%d), so rebuilding from it would lose writes", src, ms.CommitIndex, src.CommitIndex)
 	case ms.CommitIndex > src.CommitIndex:
-		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: it changed since the interrupted run chose it at %d (did an etcd run on it?), and members already rebuilt hold the older data; %s", src, ms.CommitIndex, src.CommitIndex, restore)
+		return fmt.Errorf("the rebuild's source, %s, is now at commit index %d: it changed since the interrupted run chose it at %d (did an etcd run on it?), and the members rebuilt from it hold the older data", src, ms.CommitIndex, src.CommitIndex)
+	}
+	return compareState(src.DataDir, src.Members[src.DataDir], ms)
+}
+
+// checkMember refuses data dir d unless it is still in state want.
+func checkMember(d string, want MemberState) error {
+	ms, err := ReadMembership(d, "")
+	if err != nil {
+		return fmt.Errorf("%s cannot be read: %w", d, err)
+	}
+	return compareState(d, want, ms)
+}
+
+func compareState(d string, want MemberState, ms Membership) error {
+	if got := stateOf(ms); got != want {
+		return fmt.Errorf("%s changed since the rebuild's source was chosen: it held %s, now %s (did an etcd run on it?), and the dir rebuilt for it holds the older data", d, want, got)
 	}
 	return nil
 }

@@ -208,3 +208,65 @@ func forgetClock(t *testing.T, e *executor, s *StepReport, dirs []string) {
 		}
 	}
 }
+
+// TestResumeChecksBackups: a v2 migration killed after its first swap, resumed once a member's
+// backup is gone or damaged (days later, a backup dir cleaned up), is refused before the step
+// changes anything, naming the backup: the backups are the only way back. With the backups
+// whole, the resume finishes.
+func TestResumeChecksBackups(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, backup string)
+		want   []string // nil: resumed
+	}{
+		{"backups whole", func(*testing.T, string) {}, nil},
+		{"a backup removed", func(t *testing.T, b string) {
+			if err := os.RemoveAll(b); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"is missing", "nothing was changed", "put"}},
+		{"a backup damaged", func(t *testing.T, b string) {
+			writeTree(t, b, map[string]string{"member/snap/db": "bit rot"})
+		}, []string{"is damaged", "member/snap/db", "nothing was changed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newV2Fixture(t, time.Unix(1_800_000_000, 0))
+			rep := &Report{Operation: OpUpgrade, Target: f.opts.Target.String(), DataDirs: f.dirs, Journal: f.opts.journalPath(),
+				BackupDir: f.opts.BackupDir, Options: f.opts.rebuildOptions(), Steps: []*StepReport{
+					{Name: "back up", Kind: StepBackup, Version: "3.5.21"},
+					{Name: "migrate", Kind: StepMigrateV2, Version: "3.5.21"},
+				}}
+			e := &executor{opts: f.opts, rep: rep, afterSwap: crashAfter(1)}
+			if err := e.walk(t.Context()); err == nil {
+				t.Fatal("the injected crash did not stop the step")
+			}
+			resumed, err := loadJournal(f.opts.journalPath(), OpUpgrade, f.opts)
+			if err != nil || resumed == nil {
+				t.Fatalf("journal after the crash: %v, %v", resumed, err)
+			}
+			backup := resumed.Backups[f.dirs[2]]
+			tc.change(t, backup)
+			before := map[string]map[string]string{}
+			for _, d := range f.dirs {
+				for _, p := range []string{d, newPath(d)} {
+					if exists(p) {
+						before[p] = readTree(t, p)
+					}
+				}
+			}
+			err = (&executor{opts: f.opts, rep: resumed}).walk(t.Context())
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("resume with the backups whole: %v", err)
+				}
+				return
+			}
+			assertErrContains(t, err, append(tc.want, backup, f.dirs[2])...)
+			for p, files := range before {
+				if !exists(p) || !maps.Equal(readTree(t, p), files) {
+					t.Errorf("%s changed although the resume was refused", p)
+				}
+			}
+		})
+	}
+}
