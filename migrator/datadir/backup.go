@@ -94,11 +94,14 @@ func backupTo(dataDir, root, dst string) (BackupReport, error) {
 
 // RestoreReport says what a restore did.
 type RestoreReport struct {
-	Backup   string        `json:"backup"`
-	DataDir  string        `json:"dataDir"`
-	Replaced string        `json:"replaced,omitempty"`
-	Files    int           `json:"files"`
-	Duration time.Duration `json:"durationNanos"`
+	Backup   string `json:"backup"`
+	DataDir  string `json:"dataDir"`
+	Replaced string `json:"replaced,omitempty"`
+	// Abandoned are the journals of unfinished upgrades and downgrades of the data dir, renamed
+	// aside: their next run plans afresh from the restored data.
+	Abandoned []string      `json:"abandonedJournals,omitempty"`
+	Files     int           `json:"files"`
+	Duration  time.Duration `json:"durationNanos"`
 }
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
@@ -153,6 +156,9 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 		return rep, notPlaced(err, dataDir, tmp, rep.Replaced)
 	}
 	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
+		return rep, err
+	}
+	if rep.Abandoned, err = abandonRuns(backup, dataDir, now); err != nil {
 		return rep, err
 	}
 	rep.Files, rep.Duration = files, time.Since(start)
@@ -217,4 +223,20 @@ func notPlaced(err error, dataDir, copy, replaced string) error {
 		return fmt.Errorf("put the verified copy of the backup, %s, in place: %w. There is no data dir at %s: rename the copy to %s to finish the restore", copy, err, dataDir, dataDir)
 	}
 	return fmt.Errorf("put the verified copy of the backup, %s, in place: %w. There is no data dir at %s now: the data dir it had is %s and the verified copy is %s; rename one of them to %s (the copy to finish the restore, the old dir to undo it)", copy, err, dataDir, replaced, copy, dataDir)
+}
+
+// abandonRuns abandons the unfinished runs of dataDir journaled in the backup's dir or in the
+// default backup dir beside dataDir (abandonJournals).
+func abandonRuns(backup, dataDir string, now time.Time) ([]string, error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	backupDirs := []string{filepath.Dir(filepath.Clean(backup)), filepath.Join(filepath.Dir(abs), "kubefence-backups")}
+	why := fmt.Sprintf("restore-backup put %s back in %s at %s", backup, abs, now.UTC().Format(time.RFC3339))
+	kept, err := abandonJournals(abs, backupDirs, why, now)
+	if err != nil {
+		return kept, fmt.Errorf("the backup is restored in %s, but: %w", dataDir, err)
+	}
+	return kept, nil
 }

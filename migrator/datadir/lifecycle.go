@@ -115,6 +115,9 @@ type Report struct {
 	BackupDir string          `json:"backupDir"`
 	Done      bool            `json:"done"`
 	Duration  time.Duration   `json:"durationNanos"`
+	// Abandoned says why the run will not be resumed (restore-backup put a backup back in one
+	// of its data dirs); such a journal is renamed aside and kept for the record only.
+	Abandoned string `json:"abandoned,omitempty"`
 }
 
 // RebuildOptions are the options that decide what a rebuilt member holds (v2 migration,
@@ -325,6 +328,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			return rep, err
 		}
 	} else {
+		if err := checkResumedVersions(rep); err != nil {
+			return rep, err
+		}
 		// The binaries may have moved since the journal was written: check them again.
 		for _, s := range rep.Steps {
 			if s.Binary != "" && !s.Done {

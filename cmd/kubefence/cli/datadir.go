@@ -448,5 +448,8 @@ func (o *restoreBackupOptions) Run(context.Context) error {
 		if rep.Replaced != "" {
 			fmt.Fprintf(w, "the data dir that was there is kept at %s\n", rep.Replaced)
 		}
+		for _, j := range rep.Abandoned {
+			fmt.Fprintf(w, "the unfinished upgrade or downgrade of this data dir is abandoned (its journal kept at %s): the next one plans afresh from the restored data\n", j)
+		}
 	})
 }

@@ -1,0 +1,93 @@
+package datadir
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// failedUpgrade journals what an upgrade 3.4 → 3.6 leaves when it fails in its "run etcd 3.6"
+// step: backed up, 3.5 run done (version.txt says so), 3.6 started. It returns the options of
+// that run and the backup (of the 3.4 data).
+func failedUpgrade(t *testing.T) (Options, string) {
+	t.Helper()
+	parent := t.TempDir()
+	d, bin := filepath.Join(parent, "etcd"), filepath.Join(parent, "bin")
+	writeTree(t, d, memberDir)
+	writeTree(t, d, map[string]string{VersionFileName: "3.4.23/etcd3\n"})
+	writeTree(t, bin, nil)
+	fakeEtcd(t, bin, "3.5.35", "3.5.35")
+	fakeEtcd(t, bin, "3.6.16", "3.6.16")
+	opts := Options{DataDirs: []string{d}, Target: Version{3, 6, 16}, BinDir: bin}
+	if err := opts.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	br, err := Backup(d, opts.BackupDir, "3.4.23", time.Unix(1800000000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{Operation: OpUpgrade, Target: "3.6.16", DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir, Options: opts.rebuildOptions(),
+		Before:  []Detection{{DataDir: d, Version: Version{3, 4, 23}, Storage: StorageV3, Source: VersionFileName}},
+		Backups: map[string]string{d: br.Backup},
+		Steps: []*StepReport{
+			{Name: "back up every data dir", Kind: StepBackup, Version: "3.4.23", Started: true, Done: true},
+			{Name: "run etcd 3.5.35", Kind: StepRun, Version: "3.5.35", Binary: filepath.Join(bin, "etcd-3.5.35"), Started: true, Done: true},
+			{Name: "run etcd 3.6.16", Kind: StepRun, Version: "3.6.16", Binary: filepath.Join(bin, "etcd-3.6.16"), Started: true},
+		}}
+	if err := (&executor{opts: opts, rep: rep}).save(); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, d, map[string]string{VersionFileName: "3.5.35/etcd3\n"})
+	return opts, br.Backup
+}
+
+// TestRestoreAbandonsTheJournal: an upgrade failed in its 3.6 step and the operator restored
+// the backup (3.4 data). The journal still says the backup and the 3.5 step are done, so the
+// same upgrade a week later would start etcd 3.6 on 3.4 data. restore-backup marks the
+// unfinished journal of that data dir abandoned (kept for the record), so the next run plans
+// afresh: from 3.4, through 3.5.
+func TestRestoreAbandonsTheJournal(t *testing.T) {
+	opts, backup := failedUpgrade(t)
+	journal := opts.journalPath()
+	if _, err := RestoreBackup(backup, opts.DataDirs[0], time.Unix(1800000100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := loadJournal(journal, OpUpgrade, opts)
+	if err != nil || rep != nil {
+		t.Fatalf("after restore-backup the journal %s is resumed (%v, %v): the next upgrade would run etcd 3.6 on the restored 3.4 data", journal, rep, err)
+	}
+	kept, _ := filepath.Glob(journal + ".abandoned-*")
+	if len(kept) != 1 {
+		t.Fatalf("abandoned journals beside %s: %v, want the old one kept for the record", journal, kept)
+	}
+	b, err := os.ReadFile(kept[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old Report
+	if err := json.Unmarshal(b, &old); err != nil || !strings.Contains(old.Abandoned, backup) {
+		t.Fatalf("abandoned journal says %q (%v), want the restore of %s named", old.Abandoned, err, backup)
+	}
+}
+
+// TestResumeChecksTheDataVersion: a journal whose data dir was put back by hand (no
+// restore-backup) holds 3.4 data where its last done step left 3.5: a resume would start etcd
+// 3.6 on it. Refused, naming both versions.
+func TestResumeChecksTheDataVersion(t *testing.T) {
+	opts, backup := failedUpgrade(t)
+	d := opts.DataDirs[0]
+	if err := os.RemoveAll(d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := copyTree(backup, d, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(t.Context(), OpUpgrade, opts)
+	assertErrContains(t, err, d, "3.4.23", "3.5", opts.journalPath(), "abandon")
+	if got := readTree(t, d)[VersionFileName]; got != "3.4.23/etcd3\n" {
+		t.Fatalf("version.txt %q after the refused resume", got)
+	}
+}
