@@ -516,9 +516,16 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	return rep, err
 }
 
+// Min35For36 is the oldest etcd 3.5 etcd's upgrade guide allows before 3.6
+// (https://etcd.io/docs/latest/upgrades/upgrade_3_6): 3.5.1–3.5.19 did not persist a learner's
+// promotion, and 3.5.26 is the first to clean up the zombie members older releases left. etcd
+// 3.6 repairs the learner flag only (SyncLearnerPromotionIfNeeded).
+var Min35For36 = Version{3, 5, 26}
+
 // planUpgrade lists the steps from cur to opts.Target: one run step per minor after the
 // data's; the data's own minor too when the target is a newer patch of it (or the patch is
-// unknown), or when its v2 content must go first. None when the data is there already.
+// unknown), or when its v2 content must go first, or when it is 3.5 data on its way to 3.6 not
+// known to have run on Min35For36 or later. None when the data is there already.
 func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*StepReport, error) {
 	if opts.Target.Minor < cur.Version.Minor {
 		return nil, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
@@ -529,6 +536,9 @@ func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*
 			return nil, nil
 		}
 		first = cur.Version.Minor
+	}
+	if cur.Version.SameMinor(Min35For36) && opts.Target.Minor >= 6 && (cur.Source != VersionFileName || cur.Version.Less(Min35For36)) {
+		first = cur.Version.Minor // an inferred 3.5 has no known patch: assume an older one
 	}
 	var steps []*StepReport
 	at, migrated := cur.VersionText(), false
@@ -544,6 +554,10 @@ func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*
 		b, err := findBinary(ctx, opts.BinDir, want, exact)
 		if err != nil {
 			return steps, err
+		}
+		if b.Version.SameMinor(Min35For36) && b.Version.Less(Min35For36) && opts.Target.Minor >= 6 {
+			return steps, fmt.Errorf("%s is etcd %s, and before 3.6 every member must run etcd %s or later (https://etcd.io/docs/latest/upgrades/upgrade_3_6: older 3.5 releases lose learner promotions and leave zombie members, which 3.6 does not repair): put etcd-%[3]s or a newer 3.5 in %s",
+				b.Path, b.Version, Min35For36, opts.BinDir)
 		}
 		steps = append(steps, &StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
 		at = b.Version.String()

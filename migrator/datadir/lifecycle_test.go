@@ -140,3 +140,48 @@ func TestJournalPerSetOfDataDirs(t *testing.T) {
 		t.Fatalf("b with a's older journal beside: %+v, %v; want a fresh plan", rep, err)
 	}
 }
+
+// TestUpgradeTo36NeedsEtcd3526: etcd's 3.6 upgrade guide asks for every member on 3.5.26 or
+// later first (3.5.1–3.5.19 did not persist a learner's promotion, and only 3.5.26 cleans up
+// zombie members; 3.6 repairs the learner flag only). So an upgrade that reaches 3.6 refuses an
+// older 3.5 binary, naming it and the floor, and runs the 3.5 binary on 3.5 data that is not
+// known to have run on 3.5.26 or later (an older version.txt, or an inferred 3.5).
+func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
+	bin := t.TempDir()
+	for _, v := range []string{"3.5.9", "3.5.35", "3.6.16"} {
+		fakeEtcd(t, bin, v, v)
+	}
+	opts := Options{Target: Version{3, 6, 16}, BinDir: bin}
+	for _, tc := range []struct {
+		name string
+		cur  Detection
+		want []string
+	}{
+		{"3.5.9 in version.txt", Detection{Version: Version{3, 5, 9}, Storage: StorageV2, Source: VersionFileName},
+			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		{"3.5 inferred", Detection{Version: Version{3, 5, 0}, Storage: StorageV2, Source: "inferred"},
+			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		{"3.5.26 in version.txt", Detection{Version: Version{3, 5, 26}, Storage: StorageV2, Source: VersionFileName},
+			[]string{"migrate-v2@3.5.26", "run@3.6.16"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			steps, err := planUpgrade(t.Context(), opts, tc.cur, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range steps {
+				got = append(got, s.Kind+"@"+s.Version)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("steps %v, want %v", got, tc.want)
+			}
+		})
+	}
+	old := t.TempDir()
+	fakeEtcd(t, old, "3.5.9", "3.5.9")
+	fakeEtcd(t, old, "3.6.16", "3.6.16")
+	opts.BinDir = old
+	_, err := planUpgrade(t.Context(), opts, Detection{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName}, true)
+	assertErrContains(t, err, "etcd-3.5.9", "3.5.26", "upgrade_3_6")
+}
