@@ -86,6 +86,10 @@ func checkResumedVersions(rep *Report) error {
 			continue
 		}
 		det, err := Detect(d, "")
+		var stale *StaleVersionFileError
+		if errors.As(err, &stale) && startedReaches(rep, next, stale.Backend) {
+			continue // the started step ran etcd that far, and was killed before it wrote the file
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -93,10 +97,8 @@ func checkResumedVersions(rep *Report) error {
 		if det.Version.SameMinor(want) {
 			continue
 		}
-		if next >= 0 && rep.Steps[next].Started && rep.Steps[next].Kind != StepBackup {
-			if v, err := ParseVersion(rep.Steps[next].Version); err == nil && det.Version.SameMinor(v) {
-				continue // the started step got that far
-			}
+		if startedReaches(rep, next, det.Version) {
+			continue // the started step got that far
 		}
 		errs = append(errs, fmt.Errorf("%s holds %s data (%s), but its last done step %q left it at %s", d, det.VersionText(), det.Source, rep.Steps[done].Name, want.MinorString()))
 	}
@@ -120,4 +122,13 @@ func leftBy(rep *Report, i int, d string) (Version, bool) {
 		}
 	}
 	return Version{}, false
+}
+
+// startedReaches reports whether step next of rep was started and brings the data to v's minor.
+func startedReaches(rep *Report, next int, v Version) bool {
+	if next < 0 || !rep.Steps[next].Started || rep.Steps[next].Kind == StepBackup {
+		return false
+	}
+	sv, err := ParseVersion(rep.Steps[next].Version)
+	return err == nil && sv.SameMinor(v)
 }

@@ -164,11 +164,53 @@ func Detect(dir, walDir string) (Detection, error) {
 				filepath.Join(dir, VersionFileName), perr)
 		}
 		d.Version, d.Storage, d.Source = f.Version, f.Storage, VersionFileName
-		return d, nil
+		d.Why, err = crossCheck(dir, f)
+		return d, err
 	case !errors.Is(err, os.ErrNotExist):
 		return d, err
 	}
 	return infer(dir, walDir)
+}
+
+// StaleVersionFileError is a version file its backend contradicts: a newer etcd ran on the data
+// dir since the file was written (outside kubefence, or a run killed before it wrote the file).
+type StaleVersionFileError struct {
+	File    string
+	Says    VersionFile
+	Backend Version // the minor the backend's markers show
+	Marker  string
+}
+
+func (e *StaleVersionFileError) Error() string {
+	return fmt.Sprintf("%s says %s, but member/snap/db has %s, which etcd %s writes: an etcd of that minor ran on this data dir after the file was written, so steps planned from the file would be wrong. Write the version that ran last into it (e.g. echo %s.<patch>/%s > %[1]s), or delete it to have kubefence infer the version from the data and print what it found",
+		e.File, e.Says, e.Marker, e.Backend.MinorString(), e.Backend.MinorString(), e.Says.Storage)
+}
+
+// crossCheck refuses version file f of dir when the backend's schema markers show a later
+// minor ran on it (storageVersion of another minor; the raft term, which etcd 3.5+ writes, on a
+// file of 3.4 or older). A backend that cannot be read (absent, locked by a running etcd, not a
+// bbolt file) leaves the file's word, with a note.
+func crossCheck(dir string, f VersionFile) ([]string, error) {
+	db := filepath.Join(dir, "member", "snap", "db")
+	if !exists(db) {
+		return nil, nil
+	}
+	meta, err := readMeta(db)
+	if err != nil {
+		return []string{fmt.Sprintf("%s not checked against the backend (%v)", VersionFileName, err)}, nil
+	}
+	stale := &StaleVersionFileError{File: filepath.Join(dir, VersionFileName), Says: f}
+	switch sv, perr := ParseVersion(meta.storageVersion); {
+	case meta.storageVersion != "" && perr != nil:
+		return nil, fmt.Errorf("member/snap/db: storageVersion %q: %w", meta.storageVersion, perr)
+	case meta.storageVersion != "" && !sv.SameMinor(f.Version):
+		stale.Backend, stale.Marker = sv, "storageVersion "+meta.storageVersion
+		return nil, stale
+	case meta.storageVersion == "" && meta.hasTerm && f.Version.Major == 3 && f.Version.Minor < 5:
+		stale.Backend, stale.Marker = Version{3, 5, 0}, "the raft term"
+		return nil, stale
+	}
+	return nil, nil
 }
 
 // infer derives the storage version from the backend's meta bucket (etcd 3.6 writes
