@@ -141,9 +141,19 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 	if err := recoverSwap(dataDir); err != nil {
 		return rep, fmt.Errorf("finish the swap an interrupted upgrade or downgrade left in %s: %w", dataDir, err)
 	}
+	owners, err := checkOwners(dataDir)
+	if err != nil {
+		return rep, err
+	}
 	files, err := copyVerified(backup, tmp, want)
 	if err != nil {
 		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
+	}
+	if o, ok := owners[dataDir]; ok {
+		if err := o.apply(tmp); err != nil {
+			os.RemoveAll(tmp)
+			return rep, err
+		}
 	}
 	if _, err := os.Stat(dataDir); err == nil {
 		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))

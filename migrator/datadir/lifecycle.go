@@ -355,6 +355,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			return rep, fmt.Errorf("%s is in use by a running etcd: stop the member first (kubefence %s works on stopped members)", d, op)
 		}
 	}
+	if _, err := checkOwners(opts.DataDirs...); err != nil {
+		return rep, err
+	}
 	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {
 		return rep, err
 	}

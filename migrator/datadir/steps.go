@@ -90,12 +90,23 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 	if storage == StorageV2 {
 		health = "read checked (v2 data: nothing written)"
 	}
-	return recordStopped(s, members, VersionFile{Version: v, Storage: storage}, health)
+	if err := recordStopped(s, members, VersionFile{Version: v, Storage: storage}, health); err != nil {
+		return err
+	}
+	for _, m := range members {
+		// etcd ran as kubefence's user: its new WAL segments and snapshots, and the version
+		// file, go to the data dir's owner.
+		if err := m.owner.apply(m.dir); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // runMember is one data dir a run step starts etcd on.
 type runMember struct {
 	dir   string
+	owner Owner
 	ms    Membership
 	peers []string
 	p     *etcdProc
@@ -108,7 +119,11 @@ func (e *executor) readMembers() ([]*runMember, error) {
 		if err != nil {
 			return nil, err
 		}
-		members = append(members, &runMember{dir: d, ms: ms})
+		owner, err := ownerOf(d)
+		if err != nil {
+			return nil, err
+		}
+		members = append(members, &runMember{dir: d, ms: ms, owner: owner})
 	}
 	return members, nil
 }
@@ -414,10 +429,17 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, d string, build
 	if err != nil {
 		return err
 	}
+	owner, err := ownerOf(d)
+	if err != nil {
+		return err
+	}
 	if err := os.RemoveAll(tmp); err != nil {
 		return err
 	}
 	what, err := build(src.DataDir, tmp, ms)
+	if err == nil {
+		err = owner.apply(tmp)
+	}
 	if err != nil {
 		os.RemoveAll(tmp)
 		return diskHint(err, filepath.Dir(d))

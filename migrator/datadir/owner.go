@@ -1,0 +1,77 @@
+package datadir
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Owner is the user and group a data dir belongs to. etcd of distro packages (and kubespray)
+// runs as user etcd, kubefence often as root: what kubefence builds for such a member (a
+// restored or rebuilt data dir, the files etcd writes in a step's run) is given to the owner of
+// the data dir it replaces, or etcd fails with "permission denied" after a successful run.
+type Owner struct {
+	Dir      string
+	UID, GID int
+}
+
+// ownerOf is the owner of dir (of what it links to, when it is a symlink).
+func ownerOf(dir string) (Owner, error) {
+	info, err := os.Stat(dir)
+	if err != nil {
+		return Owner{}, err
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return Owner{}, fmt.Errorf("%s: no owner information", dir)
+	}
+	return Owner{Dir: dir, UID: int(st.Uid), GID: int(st.Gid)}, nil
+}
+
+// checkAs refuses a run as user euid that cannot give what it builds to o: only root gives
+// files to another user.
+func (o Owner) checkAs(euid int) error {
+	if euid == 0 || euid == o.UID {
+		return nil
+	}
+	return fmt.Errorf("%s belongs to uid %d, and kubefence runs as uid %d: the data dir it builds (a restore, a rebuild) and the files etcd writes in a step would belong to uid %[3]d, which etcd running as uid %[2]d cannot open. Run kubefence as root (it gives them to uid %[2]d) or as uid %[2]d; nothing was changed",
+		o.Dir, o.UID, euid)
+}
+
+// checkOwners is checkAs for each of dirs (those that exist) and this process's user.
+func checkOwners(dirs ...string) (map[string]Owner, error) {
+	owners := map[string]Owner{}
+	for _, d := range dirs {
+		o, err := ownerOf(d)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := o.checkAs(os.Geteuid()); err != nil {
+			return nil, err
+		}
+		owners[d] = o
+	}
+	return owners, nil
+}
+
+// apply gives every file and dir under root to o, following symlinks as a backup does (a
+// member/wal linked to a WAL disk holds the segments etcd wrote in a step). Only root can, and
+// only root needs to (checkAs refused any other user whose files would be another's).
+func (o Owner) apply(root string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	err := walkFollow(root, func(rel string) error {
+		return os.Chown(filepath.Join(root, rel), o.UID, o.GID)
+	}, func(path, _ string) error {
+		return os.Chown(path, o.UID, o.GID)
+	})
+	if err != nil {
+		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", root, o.UID, o.GID, o.Dir, err)
+	}
+	return nil
+}

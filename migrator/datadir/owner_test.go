@@ -1,0 +1,126 @@
+package datadir
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// nobody is the owner the tests give data dirs: another user than the one kubefence runs as,
+// as the etcd user of distro packages is.
+const nobody = 65534
+
+// chownTree gives every file and dir under root to uid:gid.
+func chownTree(t *testing.T, root string, uid, gid int) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// assertOwned fails unless every file and dir under root (and what a link in it leads to)
+// belongs to uid:gid.
+func assertOwned(t *testing.T, root string, uid, gid int) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := os.Stat(p) // what a symlink leads to: etcd opens that
+		if err != nil {
+			return err
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		if int(st.Uid) != uid || int(st.Gid) != gid {
+			t.Errorf("%s is owned by %d:%d, want %d:%d (etcd, running as that user, gets \"permission denied\")", p, st.Uid, st.Gid, uid, gid)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another user needs root")
+	}
+}
+
+// TestRestoreKeepsTheOwner: kubefence as root restores the backup of a data dir etcd runs on as
+// another user. The restored tree belongs to the owner of the data dir it replaces, not to root.
+func TestRestoreKeepsTheOwner(t *testing.T) {
+	needRoot(t)
+	parent := t.TempDir()
+	d := filepath.Join(parent, "etcd")
+	writeTree(t, d, memberDir)
+	br, err := Backup(d, filepath.Join(parent, "backups"), "3.5.35", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chownTree(t, d, nobody, nobody+1)
+	if _, err := RestoreBackup(br.Backup, d, time.Unix(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	assertOwned(t, d, nobody, nobody+1)
+}
+
+// TestRebuildKeepsTheOwner: a rebuild (v2 migration, downgrade) swaps in new trees; each belongs
+// to the owner of the data dir it replaces.
+func TestRebuildKeepsTheOwner(t *testing.T) {
+	needRoot(t)
+	f := newRebuildFixture(t)
+	for i, d := range f.dirs {
+		chownTree(t, d, nobody-i, nobody)
+	}
+	e, s := f.start()
+	if err := e.rebuild(s, f.build); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range f.dirs {
+		assertOwned(t, d, nobody-i, nobody)
+	}
+}
+
+// TestOwnerCheckWithoutRoot: kubefence not run as root cannot give what it builds to the data
+// dir's owner: refused up front, naming both users, before anything is changed.
+func TestOwnerCheckWithoutRoot(t *testing.T) {
+	d := t.TempDir()
+	owner, err := ownerOf(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.checkAs(owner.UID); err != nil {
+		t.Fatalf("as the owner: %v", err)
+	}
+	assertErrContains(t, owner.checkAs(owner.UID+1), d, "uid", "root")
+	if err := owner.checkAs(0); err != nil {
+		t.Fatalf("as root: %v", err)
+	}
+}
+
+// TestOwnerFollowsTheWALLink: a member whose member/wal links to a WAL disk gets the segments
+// etcd wrote there in a step given to its owner too.
+func TestOwnerFollowsTheWALLink(t *testing.T) {
+	needRoot(t)
+	parent := t.TempDir()
+	d, wal := filepath.Join(parent, "etcd"), filepath.Join(parent, "wal-disk", "wal")
+	writeTree(t, d, map[string]string{"member/snap/db": "x"})
+	writeTree(t, wal, map[string]string{"0.wal": "segment"})
+	symlink(t, wal, filepath.Join(d, "member", "wal"))
+	if err := (Owner{Dir: d, UID: nobody, GID: nobody}).apply(d); err != nil {
+		t.Fatal(err)
+	}
+	assertOwned(t, wal, nobody, nobody)
+	assertOwned(t, d, nobody, nobody)
+}
