@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -138,6 +139,8 @@ type SnapshotInfo struct {
 	// before the snapshot (Revision is at least that).
 	ClusterID    uint64 `json:"clusterID,omitempty"`
 	ReadRevision int64  `json:"readRevision,omitempty"`
+	// Warnings are what the snapshot may lack (v2 content).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TakeSnapshot streams a snapshot of the cluster into dst that holds every write acknowledged
@@ -176,10 +179,30 @@ func TakeSnapshot(ctx context.Context, spec ConnSpec, dst string) (SnapshotInfo,
 	}
 	info, err := SnapshotFrom(ctx, spec, best.Endpoint, dst)
 	info.Members, info.ClusterID, info.ReadRevision = all, clusterID, read.Header.Revision
+	info.Warnings = v2Warnings(all)
 	if err == nil && info.Revision < info.ReadRevision {
 		err = fmt.Errorf("the snapshot from %s is at revision %d, below the revision %d a linearizable read saw before it: it would miss acknowledged writes; run again", best.Endpoint, info.Revision, info.ReadRevision)
 	}
 	return info, err
+}
+
+// v2Warnings says what a snapshot of members lacks: the maintenance snapshot is the v3 backend
+// only, and a member on etcd 3.5 or older may hold v2 keys (in its v2 snapshot files and WAL),
+// which no v3 API shows. It warns rather than refuses: whether v2 keys exist cannot be asked
+// over the v3 API, most such clusters (Kubernetes') hold none, and `etcdctl snapshot save` has
+// the same v3-only content.
+func v2Warnings(members []MemberStatus) []string {
+	var old []string
+	for _, m := range members {
+		if v, err := ParseVersion(m.Version); err != nil || v.Major < 3 || (v.Major == 3 && v.Minor <= 5) {
+			old = append(old, fmt.Sprintf("%s (etcd %s)", m.Endpoint, m.Version))
+		}
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("the snapshot holds the v3 keyspace only: any v2 keys of %s are NOT in it (etcd 3.5 and older keep them outside the v3 backend, and the v3 API cannot tell whether there are any). For v2 content, copy each member's data dir instead: kubefence migrate copy --data-dir DIR --output-dir OUT --live --endpoint URL",
+		strings.Join(old, ", "))}
 }
 
 // CheckMembers checks that spec's endpoints reach exactly the voting members of one cluster

@@ -48,7 +48,10 @@ func newMigrateCopyCommand(g *globals) *cobra.Command {
 From a live cluster (--endpoints): wait until every member answers and their raft indexes are
 within one of each other, then stream a snapshot through the maintenance API from the most
 advanced member, check the sha256 etcd appends, and rename it into --snapshot. --timeout bounds
-all of it, the snapshot stream included: raise it for a large database or a slow link.
+all of it, the snapshot stream included: raise it for a large database or a slow link. The
+snapshot holds the v3 keyspace only: when a member runs etcd 3.5 or older, whose v2 keys live
+outside the v3 backend, the copy warns (in the report and on stderr) that any v2 keys are not
+in it; copy those members' data dirs with --live for v2 content.
 
 Of member data dirs (--data-dir, repeatable, for a stopped member): copy every file, fsync it,
 and record a sha256 manifest (kubefence-manifest.sha256, sha256sum's format) in the copy. A
@@ -169,6 +172,9 @@ func (o *copyOptions) runSnapshot(ctx context.Context) error {
 	info, err := datadir.TakeSnapshot(ctx, conn, o.snapshot)
 	if err != nil {
 		return err
+	}
+	for _, w := range info.Warnings {
+		fmt.Fprintf(o.ErrOut, "WARNING: %s\n", w) // on stderr too: -o json users see it
 	}
 	return o.printer.print(o.Out, copyResult{Snapshot: &info}, func(w io.Writer) {
 		fmt.Fprintf(w, "members converged:\n")
