@@ -98,14 +98,16 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete.
 	st, statusErr := r.adm.Status(ctx)
 	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
-		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
+		if err := r.backFromGreenFenced(ctx, st); err != nil {
+			return err
+		}
 	}
 	// Write-ahead: a run killed from here on is no cutover to resume (green may be stopped and
 	// its steps would wait for it), but an abort to finish. An abort finishing one keeps the
 	// first reason.
 	if r.j.AbortReason == "" {
 		r.j.AbortReason = reason
-		if err := r.saveJournal(); err != nil {
+		if err := r.saveJournal(); err != nil && r.o.Log != nil {
 			r.o.Log.Warn("journaling the abort before it starts failed; aborting anyway", "err", err)
 		}
 	}
@@ -145,6 +147,28 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	}
 	r.j.State = StateAborted
 	return r.saveJournal()
+}
+
+// backFromGreenFenced answers an abort that finds the proxy on green (st), with no switch
+// journaled. Without an abort under way that is a switch made before a crash: --resume finishes
+// it. With one (its answer lost, the proxy unreachable, green stopped since), --resume is
+// refused, so the abort goes on: a proxy still fenced is put back on blue (nothing was written
+// to green: writes fenced, green's apiserver gated), one group's proxies by proxiesBack before
+// the unfence. One unfenced on green has served writes from green: no abort goes back from that.
+func (r *runner) backFromGreenFenced(ctx context.Context, st admin.Status) error {
+	switch {
+	case !r.j.aborting():
+		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
+	case !st.Fenced:
+		return errors.New("the proxy sends requests to green, unfenced (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green")
+	}
+	if _, group := r.adm.(*proxyGroup); group {
+		return nil
+	}
+	if _, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.from.api.URL, CAFile: r.from.api.CAFile, ExpectGeneration: st.Generation}); err != nil {
+		return fmt.Errorf("the proxy is fenced on green and could not be put back on blue: %w; run 'kubefence cutover abort' again", err)
+	}
+	return nil
 }
 
 // proxiesBack puts every proxy back on the side the run came from before an abort unfences

@@ -681,3 +681,38 @@ func TestRebuildNamesExternalLearners(t *testing.T) {
 		t.Fatalf("rebuild note %q: want it to name the external learner far and say to empty its data dir", note)
 	}
 }
+
+// TestAbortFinishesWithTheProxyFencedOnGreen: a switch whose answer was lost while the proxy
+// then went away leaves it fenced on green with no switch journaled; the run's abort found no
+// proxy, stopped green and could not unfence. With the abort journaled as under way, --resume
+// is refused, so 'cutover abort' must finish it: the proxy goes back to blue (nothing was
+// written to green: it was fenced, and green's apiserver gated) and writes open there, instead
+// of a refusal pointing at --resume, which would leave writes fenced with no command that works.
+func TestAbortFinishesWithTheProxyFencedOnGreen(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	w.st.Backend, w.st.Fenced = w.r.p.Green.APIServer.URL, true
+	w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true,
+		FencedAt: time.Now().UTC(), AbortReason: "step switch failed: the answer to backend set was lost",
+		Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
+	if err := w.r.saveJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.r.abortByOperator(t.Context()); err != nil {
+		t.Fatalf("abort: %v", err)
+	}
+	if w.st.Fenced || sameURL(w.st.Backend) != sameURL(w.r.p.Blue.APIServer.URL) {
+		t.Errorf("proxy %+v, want open on blue", *w.st)
+	}
+	if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateAborted {
+		t.Errorf("journal %s, want aborted", j.State)
+	}
+	// Without an abort under way, the same proxy means a switch before a crash: --resume
+	// finishes it, and abort refuses as before.
+	w2 := newDecisionWorld(t, false, "", false)
+	w2.st.Backend, w2.st.Fenced = w2.r.p.Green.APIServer.URL, true
+	w2.r.j = &Journal{Version: 1, ID: "y", PlanHash: "plan-hash", State: StateRunning, FencedAt: time.Now().UTC(),
+		Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
+	if _, err := w2.r.abortByOperator(t.Context()); err == nil || !strings.Contains(err.Error(), "--resume") {
+		t.Errorf("abort without an abort under way: %v, want the refusal naming --resume", err)
+	}
+}
