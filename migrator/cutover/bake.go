@@ -98,7 +98,7 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
-	if _, err := setupAuth(ctx, cli, "blue", self, user, readWriteRole, false); err != nil {
+	if err := setupAuth(ctx, cli, "blue", self, user, readWriteRole, nil); err != nil {
 		return "", err
 	}
 	if err := blueReadyWithAuth(ctx, cli, r.p.Blue.APIServer.Kubeconfig, user, r.j.BlueAuthEnabled); err != nil {

@@ -78,6 +78,8 @@ func TestBakePlan(t *testing.T) {
 		{"no blue etcd user", func(p *Plan) { p.Blue.APIServer.EtcdUser = "" }, "bake.enabled needs blue.apiserver.etcdUser"},
 		{"no client certificate for blue", func(p *Plan) { p.Blue.Etcd.CertFile, p.Blue.Etcd.KeyFile = "", "" }, "bake.enabled needs blue.etcd.caFile, certFile and keyFile"},
 		{"plain blue etcd", func(p *Plan) { p.Blue.Etcd.Endpoints = []string{"http://10.0.0.1:2379"} }, "bake.enabled needs blue etcd with TLS"},
+		{"blue's apiserver is etcd's root", func(p *Plan) { p.Blue.APIServer.EtcdUser = "root" }, "blue.apiserver.etcdUser is etcd's root user"},
+		{"green's apiserver is etcd's root", func(p *Plan) { p.Green.APIServer.EtcdUser = "root" }, "green.apiserver.etcdUser is etcd's root user"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

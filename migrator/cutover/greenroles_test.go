@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,15 +41,25 @@ func TestGreenAuthTakesBlueRolesAway(t *testing.T) {
 	}
 	defer root.Close()
 
-	if _, err := setupAuth(ctx, root, "blue", "kubefence", apiserver, readWriteRole, false); err == nil {
+	if err := setupAuth(ctx, root, "blue", "kubefence", apiserver, readWriteRole, nil); err == nil {
 		t.Fatal("blue's auth step took the operator's role away from blue's apiserver user; want a refusal")
 	}
-	revoked, err := setupAuth(ctx, root, "green", "kubefence", apiserver, readOnlyRole, true)
-	if err != nil {
+	// What the green-auth step is told, it journals before the roles go (write-ahead): the
+	// user still holds them when take runs.
+	var revoked []string
+	take := func(roles []string) error {
+		u, err := root.UserGet(ctx, apiserver)
+		if err != nil || !slices.Contains(u.Roles, "apiserver-rw") {
+			t.Errorf("roles %q, %v when told: want them still held", u.Roles, err)
+		}
+		revoked = append(revoked, roles...)
+		return nil
+	}
+	if err := setupAuth(ctx, root, "green", "kubefence", apiserver, readOnlyRole, take); err != nil {
 		t.Fatalf("green's auth step: %v", err)
 	}
 	if !slices.Equal(revoked, []string{"apiserver-rw"}) {
-		t.Errorf("revoked %q, want the role blue's user brought", revoked)
+		t.Errorf("told %q, want the role blue's user brought", revoked)
 	}
 	u, err := root.UserGet(ctx, apiserver)
 	if err != nil {
@@ -57,7 +68,26 @@ func TestGreenAuthTakesBlueRolesAway(t *testing.T) {
 	if !slices.Equal(u.Roles, []string{readOnlyRole}) {
 		t.Errorf("green apiserver user's roles %q, want only %s", u.Roles, readOnlyRole)
 	}
-	if again, err := setupAuth(ctx, root, "green", "kubefence", apiserver, readOnlyRole, true); err != nil || len(again) > 0 {
-		t.Errorf("green's auth step again (a resume): revoked %q, %v; want nothing more", again, err)
+	revoked = nil
+	if err := setupAuth(ctx, root, "green", "kubefence", apiserver, readOnlyRole, take); err != nil || len(revoked) > 0 {
+		t.Errorf("green's auth step again (a resume): told %q, %v; want nothing more", revoked, err)
+	}
+}
+
+// TestRolesTakenAdvice: the report names the roles taken from green's apiserver user, and during
+// a bake says to grant them back only after the finish (a rollback's gate refuses them).
+func TestRolesTakenAdvice(t *testing.T) {
+	p, _ := validPlan(t)
+	r := &runner{p: p, j: &Journal{State: StateDone}}
+	if got := r.rolesTakenAdvice(); got != "" {
+		t.Errorf("no roles taken: %q, want nothing", got)
+	}
+	r.j.GreenRolesTaken = []string{"apiserver-rw"}
+	if got := r.rolesTakenAdvice(); !strings.Contains(got, `["apiserver-rw"]`) || strings.Contains(got, "cutover finish") {
+		t.Errorf("done: %q", got)
+	}
+	r.j.State = StateBaking
+	if got := r.rolesTakenAdvice(); !strings.Contains(got, "after 'kubefence cutover finish'") {
+		t.Errorf("baking: %q, want it to wait for the finish", got)
 	}
 }

@@ -283,6 +283,9 @@ func (p *Plan) setDefaults() {
 	}
 }
 
+// etcdRootUser is etcd's user "root": auth checks no permission of its.
+const etcdRootUser = "root"
+
 // DefaultGreenEtcdUser is the CN of kubeadm's apiserver-etcd-client certificate.
 const DefaultGreenEtcdUser = "kube-apiserver-etcd-client"
 
@@ -514,6 +517,9 @@ func (p *Plan) validateGreenAPIServer(ps *problems) {
 	if a.URL != "" && sameURL(a.URL) == sameURL(p.Blue.APIServer.URL) {
 		ps.add("green.apiserver.url is blue's URL")
 	}
+	if p.Replicating() && a.EtcdUser == etcdRootUser {
+		ps.add("green.apiserver.etcdUser is etcd's root user, whom no role binds: the write gate could not keep green's apiserver from writing before the switch; give its etcd client certificate a CN of its own (kubeadm: kube-apiserver-etcd-client)")
+	}
 	seen := map[string]bool{sameURL(a.URL): true, sameURL(p.Blue.APIServer.URL): true}
 	for i, x := range p.Green.APIServers {
 		f := fmt.Sprintf("green.apiservers[%d]", i)
@@ -574,8 +580,11 @@ func (p *Plan) validateBake(ps *problems) {
 	if !p.Replicating() {
 		ps.add("bake.enabled needs a replicating cutover (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): blue can only follow green revision for revision")
 	}
-	if p.Blue.APIServer.EtcdUser == "" {
+	switch p.Blue.APIServer.EtcdUser {
+	case "":
 		ps.add("bake.enabled needs blue.apiserver.etcdUser, the CN of blue apiserver's etcd client certificate (kubeadm: kube-apiserver-etcd-client): it may only read blue etcd while blue follows green")
+	case etcdRootUser:
+		ps.add("blue.apiserver.etcdUser is etcd's root user, whom no role binds: the gate could not keep blue's apiserver from writing while blue follows green; give its etcd client certificate a CN of its own (kubeadm: kube-apiserver-etcd-client)")
 	}
 	if p.Blue.Etcd.CertFile == "" || p.Blue.Etcd.CAFile == "" {
 		ps.add("bake.enabled needs blue.etcd.caFile, certFile and keyFile: kubefence's own client certificate for blue etcd (kubeadm: healthcheck-client), which becomes blue etcd's root user")

@@ -51,14 +51,8 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	defer cli.Close()
-	taken, err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole, true)
-	if err != nil {
+	if err := setupAuth(ctx, cli, "green", self, r.p.Green.APIServer.EtcdUser, readOnlyRole, r.journalRolesTaken); err != nil {
 		return "", err
-	}
-	for _, role := range taken {
-		if !slices.Contains(r.j.GreenRolesTaken, role) {
-			r.j.GreenRolesTaken = append(r.j.GreenRolesTaken, role)
-		}
 	}
 	rev, err := replicate.Revision(ctx, cli)
 	if err != nil {
@@ -76,12 +70,12 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 
 // setupAuth creates the read-only and read-write roles and the users (root and kubefence's
 // self as root, apiserver with apiRole and only it) and enables auth; each call tolerates what
-// an earlier run already did. A role of the apiserver user's not given by kubefence is taken
-// from it if takeOthers (green, restored with blue's users: kubefence's until the switch) and
-// returned, else refused (blue: the operator's).
-func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver, apiRole string, takeOthers bool) ([]string, error) {
+// an earlier run already did. A role of the apiserver user's not given by kubefence is refused
+// (blue: the operator's) unless take is given (green, restored with blue's users: kubefence's
+// until the switch): then take is told the roles first, and they are taken from the user.
+func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver, apiRole string, take func(roles []string) error) error {
 	if self == apiserver {
-		return nil, fmt.Errorf("kubefence's etcd client certificate has CN %q, the same as the apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
+		return fmt.Errorf("kubefence's etcd client certificate has CN %q, the same as the apiserver's etcd user: give kubefence a certificate of its own (kubeadm's healthcheck-client)", self)
 	}
 	noPassword := &clientv3.UserAddOptions{NoPassword: true}
 	grant := func(role string, perm clientv3.PermissionType) func() error {
@@ -105,7 +99,7 @@ func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver
 	}
 	for _, op := range ops {
 		if err := op(); err != nil && !alreadyDone(err) {
-			return nil, fmt.Errorf("etcd auth: %w", err)
+			return fmt.Errorf("etcd auth: %w", err)
 		}
 	}
 	// A snapshot of an etcd with auth on carries its users: green restored from a blue that
@@ -115,36 +109,51 @@ func setupAuth(ctx context.Context, cli *clientv3.Client, where, self, apiserver
 		other = readOnlyRole
 	}
 	if _, err := cli.UserRevokeRole(ctx, apiserver, other); err != nil && !alreadyDone(err) {
-		return nil, fmt.Errorf("etcd auth: %w", err)
+		return fmt.Errorf("etcd auth: %w", err)
 	}
-	var taken []string
-	if takeOthers {
-		var err error
-		if taken, err = revokeOthers(ctx, cli, apiserver, apiRole); err != nil {
-			return nil, fmt.Errorf("%s etcd auth: %w", where, err)
+	if take != nil {
+		if err := revokeOthers(ctx, cli, apiserver, apiRole, take); err != nil {
+			return fmt.Errorf("%s etcd auth: %w", where, err)
 		}
 	}
-	return taken, checkRoles(ctx, cli, side{name: where, api: APIServerRef{EtcdUser: apiserver}}, apiRole)
+	return checkRoles(ctx, cli, side{name: where, api: APIServerRef{EtcdUser: apiserver}}, apiRole)
 }
 
-// revokeOthers takes from user every role but keep and kubefence's read-only one, and returns
-// them; the roles themselves stay.
-func revokeOthers(ctx context.Context, cli clientv3.Auth, user, keep string) ([]string, error) {
+// revokeOthers takes from user every role but keep and kubefence's read-only one, after
+// telling take which (write-ahead: a run killed between the two still knows them); the roles
+// themselves stay.
+func revokeOthers(ctx context.Context, cli clientv3.Auth, user, keep string, take func([]string) error) error {
 	u, err := cli.UserGet(ctx, user)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var taken []string
-	for _, role := range u.Roles {
-		if role == keep || role == readOnlyRole {
-			continue
-		}
+	others := slices.DeleteFunc(slices.Clone(u.Roles), func(role string) bool { return role == keep || role == readOnlyRole })
+	if len(others) == 0 {
+		return nil
+	}
+	if err := take(others); err != nil {
+		return err
+	}
+	for _, role := range others {
 		if _, err := cli.UserRevokeRole(ctx, user, role); err != nil && !alreadyDone(err) {
-			return taken, err
+			return err
 		}
-		taken = append(taken, role)
 	}
-	return taken, nil
+	return nil
+}
+
+// journalRolesTaken journals roles the green-auth step is about to take from green's apiserver
+// user, before it does.
+func (r *runner) journalRolesTaken(roles []string) error {
+	for _, role := range roles {
+		if !slices.Contains(r.j.GreenRolesTaken, role) {
+			r.j.GreenRolesTaken = append(r.j.GreenRolesTaken, role)
+		}
+	}
+	if err := r.saveJournal(); err != nil {
+		return fmt.Errorf("journal the roles to take from %s: %w", r.p.Green.APIServer.EtcdUser, err)
+	}
+	return nil
 }
 
 // alreadyDone is an auth error a repeated call gets.
@@ -351,5 +360,10 @@ func (r *runner) rolesTakenAdvice() string {
 	if len(r.j.GreenRolesTaken) == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" Green's etcd user %s has kubefence's role %s (read-write on every key); the roles it had in blue, %q, were taken from it on green: grant them again (etcdctl user grant-role) if anything else relies on them.", r.p.Green.APIServer.EtcdUser, readWriteRole, r.j.GreenRolesTaken)
+	when := "grant them again (etcdctl user grant-role) if anything else relies on them"
+	if r.j.State == StateBaking {
+		// A rollback gates green's apiserver again, and refuses a role it did not give.
+		when = "grant them again (etcdctl user grant-role) after 'kubefence cutover finish' if anything else relies on them, not during the bake: a rollback's gate refuses a role it did not give"
+	}
+	return fmt.Sprintf(" Green's etcd user %s has kubefence's role %s (read-write on every key); the roles it had in blue, %q, were taken from it on green: %s.", r.p.Green.APIServer.EtcdUser, readWriteRole, r.j.GreenRolesTaken, when)
 }
