@@ -38,9 +38,15 @@ func (r *Replicator) replicate(ctx context.Context) (err error) {
 }
 
 // submitReceived submits the revisions the feed has received, in order, or returns why the
-// feed stopped. It sends nothing more once ctx has ended.
+// feed stopped once it has submitted all it received. It sends nothing more once ctx has ended.
 func (r *Replicator) submitReceived(ctx context.Context, p *pipeline) error {
 	revs, err := r.feed.received()
+	if err != nil && ctx.Err() == nil {
+		// Blue's watch is over but green is not: settle every txn in flight, those that
+		// failed their guards sent again, so that each revision received reaches green
+		// (stopping only waits for the txns in flight).
+		return errors.Join(err, p.flush(ctx))
+	}
 	if err != nil {
 		return err
 	}

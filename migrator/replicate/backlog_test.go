@@ -339,3 +339,62 @@ func TestBacklogCompactedWhilePaused(t *testing.T) {
 		t.Fatalf("green at revision %d, Progress().Applied %d; want them equal and below blue's compaction at %d", g, applied, compacted)
 	}
 }
+
+// TestBacklogAppliedBeforeFeedError: the feed stops for good (blue's client closed) while
+// revisions it received wait in its queue, the apply busy with green (held). Everything received
+// before the error must still reach green, as it did before the feed had a goroutine of its
+// own: Run ends with the error, green at the last revision received, and no backlog counted.
+func TestBacklogAppliedBeforeFeedError(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/seed", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	src := newClient(t, blue)
+	dst, release := heldClient(t, green)
+	run := start(t, blue, green, s, func(c *Config) { c.Source, c.Dest, c.ApplyTimeout = src, dst, time.Minute })
+	t.Cleanup(release)
+	f := run.r.feed
+	taken := func(rev int64) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.next > rev && len(f.queue) == 0, nil
+		})
+		if err != nil {
+			t.Fatalf("the apply did not take revision %d: %v", rev, err)
+		}
+	}
+	// The first revision goes to green and is held there; the apply takes the second and waits
+	// for the first (one txn in flight at the start), so the rest stays in the feed's queue.
+	taken(put(t, blue, "/k00", "v"))
+	taken(put(t, blue, "/k01", "v"))
+	var last int64
+	for i := 2; i < 20; i++ {
+		last = put(t, blue, fmt.Sprintf("/k%02d", i), "v")
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return f.nextRev() > last, nil
+	})
+	if err != nil {
+		t.Fatalf("the feed did not receive blue's revisions up to %d: %v", last, err)
+	}
+	src.Close()
+	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.err != nil && len(f.queue) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the feed did not stop with revisions queued: %v", err)
+	}
+	release()
+	err = run.wait(t, 30*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "blue's client is closed") {
+		t.Fatalf("Run = %v, want blue's client closed", err)
+	}
+	p := run.r.Progress()
+	if g := revision(t, green); g != last || p.Applied != last || p.BacklogBytes != 0 {
+		t.Fatalf("green at revision %d, Progress().Applied %d, BacklogBytes %d; want every revision received before the error applied (%d) and no backlog", g, p.Applied, p.BacklogBytes, last)
+	}
+	sameHistory(t, blue, green, s, last)
+}

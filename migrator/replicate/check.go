@@ -21,8 +21,12 @@ import (
 // than from what the replicator believes it sent, and without listing everything again.
 //
 // It reads a watch on each side; the revisions one side has and the other has not shown yet
-// wait in memory; past maxCheckPending bytes a side is not read until the other has caught up
-// (green trails blue by the replication's lag; etcd's client keeps what arrives meanwhile).
+// wait in memory (green trails blue by the replication's lag). etcd's client reads a watch
+// ahead into a buffer without a bound, read or not, so past maxCheckPending bytes ahead the
+// check cancels that side's watch, as the replicator's feed does at its backlog bound (feed.go),
+// keeps what it received, and watches that side again from its first revision not received once
+// the other has caught up to within half the bound: the rest waits in that side's history, and
+// if it is compacted meanwhile the check ends with ErrCompacted.
 type Checker struct {
 	blue, green *clientv3.Client
 	from        int64
@@ -154,25 +158,22 @@ func (c *Checker) round(ctx context.Context) (delivered bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	from := c.checkedRev() + 1
-	sides := [2]*pendingRevs{{side: "blue"}, {side: "green"}}
-	bch := c.blue.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
-	gch := c.green.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
+	sides := [2]*checkSide{{side: "blue", cli: c.blue, next: from}, {side: "green", cli: c.green, next: from}}
+	for _, s := range sides {
+		s.watch(wctx)
+	}
 	for {
-		// A side further ahead than the check keeps waits, unread, for the other (compare
-		// leaves at most one side with revisions pending, so one is always read).
-		bc, gc := bch, gch
-		if sides[0].bytes > c.maxPending {
-			bc = nil
-		}
-		if sides[1].bytes > c.maxPending {
-			gc = nil
+		// compare leaves at most one side with revisions pending, so at most one is paused
+		// and one is always read.
+		for _, s := range sides {
+			c.bound(wctx, s)
 		}
 		var resp clientv3.WatchResponse
 		var ok bool
 		side := sides[0]
 		select {
-		case resp, ok = <-bc:
-		case resp, ok = <-gc:
+		case resp, ok = <-sides[0].ch:
+		case resp, ok = <-sides[1].ch:
 			side = sides[1]
 		}
 		if err := side.take(ctx, resp, ok); err != nil {
@@ -185,8 +186,24 @@ func (c *Checker) round(ctx context.Context) (delivered bool, err error) {
 	}
 }
 
+// bound cancels the watch of a side more than the bound ahead of the other (etcd's client
+// drops what it buffered for it; what the check received is kept), and watches it again from
+// its first revision not received once the other has caught up to within half the bound. A
+// revision compacted meanwhile fails the new watch: ErrCompacted, as any compaction.
+func (c *Checker) bound(ctx context.Context, s *checkSide) {
+	switch {
+	case s.ch != nil && s.bytes > c.maxPending:
+		s.stop()
+		c.log.Info("one side is ahead of the other by more than the check's bound: stopped watching it until the other has caught up to half of it; the rest waits in its history",
+			"side", s.side, "pending", byteSize(s.bytes), "bound", byteSize(c.maxPending), "received", s.next-1, "checked", c.checkedRev())
+	case s.ch == nil && s.bytes <= c.maxPending/2:
+		c.log.Info("the other side has caught up to half the check's bound: watching again", "side", s.side, "from", s.next, "pending", byteSize(s.bytes))
+		s.watch(ctx)
+	}
+}
+
 // compare takes the revisions both sides have shown, oldest first.
-func (c *Checker) compare(blue, green *pendingRevs) error {
+func (c *Checker) compare(blue, green *checkSide) error {
 	for len(blue.revs) > 0 && len(green.revs) > 0 {
 		b, g := blue.pop(), green.pop()
 		switch {
@@ -203,11 +220,28 @@ func (c *Checker) compare(blue, green *pendingRevs) error {
 	return nil
 }
 
-// pendingRevs are one side's revisions not compared yet, oldest first.
-type pendingRevs struct {
+// checkSide is one side's watch of the check and its revisions not compared yet, oldest first.
+type checkSide struct {
 	side  string
+	cli   *clientv3.Client
 	revs  []revChanges
 	bytes int
+	next  int64 // the first revision not received
+
+	ch     clientv3.WatchChan // nil while paused at the bound
+	cancel context.CancelFunc
+}
+
+// watch watches the side from its first revision not received.
+func (p *checkSide) watch(ctx context.Context) {
+	wctx, cancel := context.WithCancel(ctx)
+	p.ch, p.cancel = p.cli.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(p.next)), cancel
+}
+
+// stop cancels the side's watch: etcd's client drops what it buffered for it.
+func (p *checkSide) stop() {
+	p.cancel()
+	p.ch, p.cancel = nil, nil
 }
 
 type revChanges struct {
@@ -216,7 +250,7 @@ type revChanges struct {
 	bytes int
 }
 
-func (p *pendingRevs) pop() revChanges {
+func (p *checkSide) pop() revChanges {
 	r := p.revs[0]
 	p.revs = p.revs[1:]
 	p.bytes -= r.bytes
@@ -225,14 +259,14 @@ func (p *pendingRevs) pop() revChanges {
 
 // take adds a watch response's revisions (etcd never splits one revision's events across
 // responses), or says why the watch cannot go on.
-func (p *pendingRevs) take(ctx context.Context, resp clientv3.WatchResponse, ok bool) error {
+func (p *checkSide) take(ctx context.Context, resp clientv3.WatchResponse, ok bool) error {
 	switch {
 	case !ok && ctx.Err() != nil:
 		return ctx.Err()
 	case !ok:
 		return fmt.Errorf("%w: %s's watch channel closed", errRewatch, p.side)
 	case resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted):
-		return fmt.Errorf("%w: %s is compacted at revision %d: its changes since the full verify can no longer be compared", ErrCompacted, p.side, resp.CompactRevision)
+		return fmt.Errorf("%w: %s is compacted at revision %d, and the check needs its revisions from %d on: its changes since the full verify can no longer be compared", ErrCompacted, p.side, resp.CompactRevision, p.next)
 	case resp.Err() != nil:
 		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
 	}
@@ -240,6 +274,7 @@ func (p *pendingRevs) take(ctx context.Context, resp clientv3.WatchResponse, ok 
 		rc := revChanges{rev: rev, evs: evs, bytes: heldBytes(evs)}
 		p.revs = append(p.revs, rc)
 		p.bytes += rc.bytes
+		p.next = rev + 1
 		return nil
 	})
 }

@@ -211,3 +211,65 @@ func TestCheckerBackoffReset(t *testing.T) {
 		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
 	}
 }
+
+// TestCheckerBoundsALeadingSide: blue takes a burst 25 times the check's bound while green
+// stays behind. etcd's client reads a watch ahead without a bound whether the check reads it or
+// not, so unless the check cancels the leading side's watch the whole burst ends up in this
+// process; the check must hold no more than the bound and one response of it, and watch blue
+// again from the first revision it did not receive once green has caught up: every revision
+// compared, no difference. If blue compacts what the check has not received meanwhile, the
+// check ends with ErrCompacted, never a pass, a hang or a mismatch.
+func TestCheckerBoundsALeadingSide(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		compact bool
+	}{{"caught up", false}, {"compacted while paused", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func(n int) { maxCheckPending = n }(maxCheckPending)
+			const bound = 64 << 10
+			maxCheckPending = bound
+			blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+			put(t, blue, "/seed", "0")
+			green, s := greenFrom(t, blue, etcdOpts{})
+			src, w := bufferingClient(t, blue)
+			c := StartCheck(src, green.cli, s, testLog(t))
+			t.Cleanup(c.Stop)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			put(t, blue, "/first", "0")
+			put(t, green, "/first", "0")
+			if err := c.WaitFor(ctx, s+1); err != nil { // both watches open and current
+				t.Fatal(err)
+			}
+			value := strings.Repeat("x", 4<<10)
+			for i := range 400 { // 1.6 MiB ahead on blue
+				put(t, blue, fmt.Sprintf("/burst/%03d", i), value)
+			}
+			w.quiet(t, 300*time.Millisecond)
+			total, read, largest := w.peaks()
+			if total > 2*bound {
+				t.Fatalf("this process held up to %s of blue's changes ahead of green (the check read %s, largest response %s), past twice the bound of %s: the leading side grows in memory", byteSize(total), byteSize(read), byteSize(largest), byteSize(bound))
+			}
+			if read > bound+largest {
+				t.Fatalf("the check read up to %s of blue's changes ahead of green, past the bound %s and one response (%s)", byteSize(read), byteSize(bound), byteSize(largest))
+			}
+			last := revision(t, blue)
+			if tc.compact {
+				if _, err := blue.cli.Compact(t.Context(), last); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 400 {
+				put(t, green, fmt.Sprintf("/burst/%03d", i), value)
+			}
+			err := c.WaitFor(ctx, last)
+			switch {
+			case tc.compact && (!errors.Is(err, ErrCompacted) || errors.Is(err, ErrRevisionMismatch)):
+				t.Fatalf("WaitFor with blue compacted past what the check received = %v, want ErrCompacted", err)
+			case !tc.compact && err != nil:
+				t.Fatalf("WaitFor = %v; want every revision compared once green caught up", err)
+			}
+			t.Logf("held at most %s (the check %s, largest response %s); WaitFor: %v", byteSize(total), byteSize(read), byteSize(largest), err)
+		})
+	}
+}

@@ -216,16 +216,21 @@ func (f *feed) nextRev() int64 {
 	return f.next
 }
 
-// received hands the apply the revisions queued, oldest first, or says why the feed stopped.
-// They count in the backlog until applied.
+// received hands the apply the revisions queued, oldest first, or, once none is left, says why
+// the feed stopped: revisions received before the feed stopped are applied before its error
+// ends the apply (and leave the backlog), as when the apply read blue's watch itself. They
+// count in the backlog until applied.
 func (f *feed) received() ([]revChanges, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.err != nil {
+	if len(f.queue) == 0 {
 		return nil, f.err
 	}
 	q := f.queue
 	f.queue = nil
+	if f.err != nil {
+		signal(f.wake) // the apply comes back for the error once it has submitted q
+	}
 	return q, nil
 }
 
