@@ -28,7 +28,7 @@ import (
 func (r *runner) memberCopyPath() string { return filepath.Join(r.p.StateDir, "blue-member") }
 
 // copyV2Member copies blue's member files next to the v3 snapshot (which becomes the copy's
-// member/snap/db) and decides, for mode auto, whether the member holds v2 user content.
+// member/snap/db) and decides, for mode auto, whether the member holds v2 content.
 func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, error) {
 	e := r.p.Blue.Etcd
 	dst := r.memberCopyPath()
@@ -40,16 +40,13 @@ func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, er
 		} else if err != nil {
 			return "", err
 		}
-		has, why, err := v2v3.DetectV2(dst, "")
+		found, err := v2v3.DetectV2(dst, "")
 		if err == nil {
 			if err := sameCluster(e.DataDir, dst, blueCluster); err != nil {
 				return "", err
 			}
-			r.j.Mode = "snapshot"
-			if r.p.Migration.Mode == "v2-to-v3" || has {
-				r.j.Mode = "v2-to-v3"
-			}
-			return fmt.Sprintf("member files of %s copied (%s): %s", e.DataDir, why, r.j.Mode), nil
+			r.j.Mode = copyMode(r.p.Migration.Mode, found)
+			return fmt.Sprintf("member files of %s copied (%s): %s", e.DataDir, found.Why, r.j.Mode), nil
 		}
 		last = err
 		if r.o.Log != nil {
@@ -57,6 +54,17 @@ func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, er
 		}
 	}
 	return "", fmt.Errorf("copy of the running member %s: %w", e.DataDir, last)
+}
+
+// copyMode is the mode of a fenced copy of a member whose files hold what found says: v2-to-v3
+// when the plan asks for it or the member holds v2 content, snapshot otherwise. v2 requests
+// without content that etcd 3.6 refuses to replay (found.Replay) do not count: green is restored
+// from a v3 snapshot and never replays blue's WAL.
+func copyMode(planned string, found v2v3.V2Findings) string {
+	if planned == "v2-to-v3" || found.Content {
+		return "v2-to-v3"
+	}
+	return "snapshot"
 }
 
 // copyLiveMember copies the running member's files with the v3 snapshot (without the sha256

@@ -89,9 +89,19 @@ type StepReport struct {
 	// Source is what a rebuild step builds every member from, journaled when first chosen.
 	Source *RebuildSource `json:"source,omitempty"`
 	// Swapped is set once a rebuild step has swapped every member in.
-	Swapped  bool          `json:"swapped,omitempty"`
-	Duration time.Duration `json:"durationNanos"`
+	Swapped bool `json:"swapped,omitempty"`
+	// SnapshotCount, when set, is a run step's --snapshot-count (snapshotPastWhy).
+	SnapshotCount uint64        `json:"snapshotCount,omitempty"`
+	Duration      time.Duration `json:"durationNanos"`
 }
+
+// snapshotPastWhy is why the etcd 3.5 run before 3.6 may take --snapshot-count=1: 3.6 panics
+// ("detected disallowed v2 WAL") replaying a v2 request other than a member's attributes or the
+// cluster version, and etcd 3.4 proposes one (a quorum read) for every /health. Replaying the
+// WAL tail and publishing its attributes on start, 3.5 applies more than one entry past its
+// last snapshot, so it takes one (triggerSnapshot) and 3.6 replays only what follows. This is
+// the remedy of etcd's upgrade guide (https://etcd.io/docs/latest/upgrades/upgrade_3_6).
+const snapshotPastWhy = "(a snapshot past the v2 requests in the WAL tail that etcd 3.6 refuses to replay)"
 
 // Report is a whole run.
 type Report struct {
@@ -469,6 +479,7 @@ func olderRebuildUnderway(path string, rep *Report, dirs []string) error {
 func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir, Options: opts.rebuildOptions()}
 	var cur Detection
+	var err error
 	v2 := false
 	for i, d := range opts.DataDirs {
 		det, err := Detect(d, "")
@@ -486,28 +497,17 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	if cur.Version.Major != 3 || opts.Target.Major != 3 {
 		return rep, fmt.Errorf("from %s to %s: kubefence steps etcd 3 minors only", cur.VersionText(), opts.Target)
 	}
+	replay := false
 	if op == OpUpgrade && opts.Target.Minor >= 6 {
-		// etcd 3.6 refuses v2 content: do not take a version file's word that there is none.
-		for _, det := range rep.Before {
-			if det.Source != VersionFileName || det.Storage == StorageV2 {
-				continue
-			}
-			has, why, err := v2v3.DetectV2(det.DataDir, "")
-			if err != nil {
-				return rep, err
-			}
-			if has {
-				return rep, fmt.Errorf("%s says %s/etcd3, but the data holds v2 content (%s): write %s/etcd2 into it, and the upgrade migrates that content before etcd 3.6",
-					filepath.Join(det.DataDir, VersionFileName), det.VersionText(), why, det.VersionText())
-			}
+		if replay, err = lookForV2(rep.Before); err != nil {
+			return rep, err
 		}
 	}
 	rep.Steps = append(rep.Steps, &StepReport{Name: "back up every data dir", Kind: StepBackup, Version: cur.VersionText()})
 	var steps []*StepReport
-	var err error
 	switch op {
 	case OpUpgrade:
-		steps, err = planUpgrade(ctx, opts, cur, v2)
+		steps, err = planUpgrade(ctx, opts, cur, v2, replay)
 		if err == nil && steps == nil {
 			rep.Steps = nil // already there: nothing to do, and no backup either
 			return rep, nil
@@ -519,6 +519,32 @@ func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	return rep, err
 }
 
+// lookForV2 checks, before an upgrade to 3.6, what etcd 3.6 refuses. A version file's word
+// that its data holds no v2 content is not taken: it is looked for. Every detection of etcd3
+// data notes the v2 requests without content that its WAL tail holds and 3.6 refuses to replay
+// (etcd 3.4's /health reads); replay says whether any does.
+func lookForV2(before []Detection) (replay bool, err error) {
+	for i := range before {
+		det := &before[i]
+		if det.Storage == StorageV2 {
+			continue
+		}
+		if det.Source == VersionFileName {
+			found, err := v2v3.DetectV2(det.DataDir, "")
+			if err != nil {
+				return false, err
+			}
+			if found.Content {
+				return false, fmt.Errorf("%s says %s/etcd3, but the data holds v2 content (%s): write %s/etcd2 into it, and the upgrade migrates that content before etcd 3.6",
+					filepath.Join(det.DataDir, VersionFileName), det.VersionText(), found.Why, det.VersionText())
+			}
+			det.V2Replay = found.Replay
+		}
+		replay = replay || det.V2Replay != ""
+	}
+	return replay, nil
+}
+
 // Min35For36 is the oldest etcd 3.5 etcd's upgrade guide allows before 3.6
 // (https://etcd.io/docs/latest/upgrades/upgrade_3_6): 3.5.1–3.5.19 did not persist a learner's
 // promotion, and 3.5.26 is the first to clean up the zombie members older releases left. etcd
@@ -528,8 +554,10 @@ var Min35For36 = Version{3, 5, 26}
 // planUpgrade lists the steps from cur to opts.Target: one run step per minor after the
 // data's; the data's own minor too when the target is a newer patch of it (or the patch is
 // unknown), or when its v2 content must go first, or when it is 3.5 data on its way to 3.6 not
-// known to have run on Min35For36 or later. None when the data is there already.
-func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*StepReport, error) {
+// known to have run on Min35For36 or later or whose WAL tail holds v2 requests 3.6 refuses to
+// replay (replay, without v2 content: its 3.5 run snapshots past them). None when the data is
+// there already.
+func planUpgrade(ctx context.Context, opts Options, cur Detection, v2, replay bool) ([]*StepReport, error) {
 	if opts.Target.Minor < cur.Version.Minor {
 		return nil, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
 	}
@@ -542,6 +570,10 @@ func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*
 	}
 	if cur.Version.SameMinor(Min35For36) && opts.Target.Minor >= 6 && (cur.Source != VersionFileName || cur.Version.Less(Min35For36)) {
 		first = cur.Version.Minor // an inferred 3.5 has no known patch: assume an older one
+	}
+	snapshotPast := replay && !v2 && opts.Target.Minor >= 6 // a v2 migration rebuilds the WAL
+	if snapshotPast && cur.Version.SameMinor(Min35For36) {
+		first = cur.Version.Minor
 	}
 	var steps []*StepReport
 	at, migrated := cur.VersionText(), false
@@ -562,7 +594,12 @@ func planUpgrade(ctx context.Context, opts Options, cur Detection, v2 bool) ([]*
 			return steps, fmt.Errorf("%s is etcd %s, and before 3.6 every member must run etcd %s or later (https://etcd.io/docs/latest/upgrades/upgrade_3_6: older 3.5 releases lose learner promotions and leave zombie members, which 3.6 does not repair): put etcd-%[3]s or a newer 3.5 in %s",
 				b.Path, b.Version, Min35For36, opts.BinDir)
 		}
-		steps = append(steps, &StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path})
+		s := &StepReport{Name: "run etcd " + b.Version.String(), Kind: StepRun, Version: b.Version.String(), Binary: b.Path}
+		if snapshotPast && minor == 5 {
+			s.SnapshotCount = 1
+			s.Name += " with --snapshot-count=1 " + snapshotPastWhy
+		}
+		steps = append(steps, s)
 		at = b.Version.String()
 	}
 	return steps, nil

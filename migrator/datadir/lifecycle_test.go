@@ -165,7 +165,7 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 			[]string{"migrate-v2@3.5.26", "run@3.6.16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			steps, err := planUpgrade(t.Context(), opts, tc.cur, true)
+			steps, err := planUpgrade(t.Context(), opts, tc.cur, true, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,6 +182,6 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 	fakeEtcd(t, old, "3.5.9", "3.5.9")
 	fakeEtcd(t, old, "3.6.16", "3.6.16")
 	opts.BinDir = old
-	_, err := planUpgrade(t.Context(), opts, Detection{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName}, true)
+	_, err := planUpgrade(t.Context(), opts, Detection{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName}, true, false)
 	assertErrContains(t, err, "etcd-3.5.9", "3.5.26", "upgrade_3_6")
 }

@@ -108,8 +108,9 @@ type etcdProc struct {
 
 // startEtcd starts bin on a member's data dir, clients on a free loopback port, peers on
 // peerURLs (recorded ones for a multi-member set, else a free loopback port). It dies with
-// kubefence (SIGKILL on parent death), so a killed run leaves no etcd holding the dir.
-func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64) (*etcdProc, error) {
+// kubefence (SIGKILL on parent death), so a killed run leaves no etcd holding the dir. extra
+// are more flags (--snapshot-count).
+func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64, extra []string) (*etcdProc, error) {
 	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
@@ -123,6 +124,7 @@ func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, ini
 		"--initial-cluster", initialCluster,
 		"--quota-backend-bytes", strconv.FormatInt(quota, 10),
 	}
+	argv = append(argv, extra...)
 	cmd, err := proc.Start(argv, logPath, "migrate", &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true})
 	if err != nil {
 		return nil, err

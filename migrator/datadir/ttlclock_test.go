@@ -25,6 +25,12 @@ import (
 // it, and a backend with only the members bucket (no v3 keys).
 func writeV2Member(t *testing.T, dir string, self Peer, st v2store.Store, extra int) {
 	t.Helper()
+	writeV2MemberTail(t, dir, self, st, make([][]byte, extra))
+}
+
+// writeV2MemberTail is writeV2Member with a committed WAL tail of entries holding tail's data.
+func writeV2MemberTail(t *testing.T, dir string, self Peer, st v2store.Store, tail [][]byte) {
+	t.Helper()
 	snapDir := filepath.Join(dir, "member", "snap")
 	if err := os.MkdirAll(snapDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -45,12 +51,12 @@ func writeV2Member(t *testing.T, dir string, self Peer, st v2store.Store, extra 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ents := make([]raftpb.Entry, extra)
+	ents := make([]raftpb.Entry, len(tail))
 	for i := range ents {
-		ents[i] = raftpb.Entry{Term: 1, Index: 0x101 + uint64(i), Type: raftpb.EntryNormal}
+		ents[i] = raftpb.Entry{Term: 1, Index: 0x101 + uint64(i), Type: raftpb.EntryNormal, Data: tail[i]}
 	}
 	err = errors.Join(w.SaveSnapshot(walpb.Snapshot{Index: 0x100, Term: 1, ConfState: &cs}),
-		w.Save(raftpb.HardState{Term: 1, Commit: 0x100 + uint64(extra)}, ents), w.Close())
+		w.Save(raftpb.HardState{Term: 1, Commit: 0x100 + uint64(len(tail))}, ents), w.Close())
 	if err != nil {
 		t.Fatal(err)
 	}

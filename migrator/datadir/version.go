@@ -128,6 +128,10 @@ type Detection struct {
 	Source string `json:"source"`
 	// Why lists the evidence for an inference.
 	Why []string `json:"why,omitempty"`
+	// V2Replay names v2 requests without content in the WAL tail that etcd 3.6 refuses to
+	// replay (v2v3.V2Findings.Replay): an upgrade to 3.6 snapshots past them first. Set by an
+	// inference, and by an upgrade's plan to 3.6 for a version file's data dir.
+	V2Replay string `json:"v2Replay,omitempty"`
 }
 
 // VersionText is "3.5.17", or "3.5" when the version was inferred (only the minor is known).
@@ -215,7 +219,7 @@ func crossCheck(dir string, f VersionFile) ([]string, error) {
 
 // infer derives the storage version from the backend's meta bucket (etcd 3.6 writes
 // storageVersion; 3.5 adds the raft term next to the consistent index; 3.4 has neither) and the
-// storage kind from v2 user content in the snapshot and WAL.
+// storage kind from v2 content in the snapshot and WAL (v2v3.DetectV2).
 func infer(dir, walDir string) (Detection, error) {
 	d := Detection{DataDir: dir, Source: "inferred"}
 	meta, err := readMeta(filepath.Join(dir, "member", "snap", "db"))
@@ -240,15 +244,19 @@ func infer(dir, walDir string) (Detection, error) {
 	if meta.clusterVersion != "" {
 		d.Why = append(d.Why, "cluster version "+meta.clusterVersion)
 	}
-	has, why, err := v2v3.DetectV2(dir, walDir)
+	found, err := v2v3.DetectV2(dir, walDir)
 	if err != nil {
 		return d, err
 	}
 	d.Storage = StorageV3
-	if has {
+	if found.Content {
 		d.Storage = StorageV2
 	}
-	d.Why = append(d.Why, why)
+	d.Why = append(d.Why, found.Why)
+	if found.Replay != "" {
+		d.V2Replay = found.Replay
+		d.Why = append(d.Why, found.Replay)
+	}
 	return d, nil
 }
 

@@ -1,6 +1,7 @@
 package v2v3
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -392,58 +393,122 @@ func moveLeases(kvs []KV, leases map[int64]*Lease, taken map[int64]bool) map[int
 
 var errFound = errors.New("found")
 
-// findUser finds a node etcd 3.6 refuses to start on (its membership.IsMetaStoreOnly): one
-// inside a top-level directory other than the membership's (/0), except that v2 auth's (/2)
-// may hold its flag and its users and roles directories while those are empty.
+// findUser finds a node etcd 3.6 refuses to start on (its membership.IsMetaStoreOnly).
 type findUser struct{}
 
 func (findUser) node(n *v2Node, _ bool) (bool, bool, error) {
-	parts := strings.Split(strings.TrimPrefix(n.path, "/"), "/")
-	switch {
-	case len(parts) < 2 || parts[0] == "0":
-	case parts[0] == "2" && len(parts) == 2:
-	default:
+	if isContent(n.path) {
 		return false, false, errFound
 	}
 	return false, false, nil
 }
 
+func (findUser) leave(*v2Node, bool) {}
+
+// isContent says whether v2 path p is content, as etcd 3.6's membership.IsMetaStoreOnly judges
+// a store: a node inside a top-level directory other than the membership's (/0), except that
+// v2 auth's (/2) may hold its flag and its users and roles directories while those are empty.
+func isContent(p string) bool {
+	parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	switch {
+	case len(parts) < 2 || parts[0] == "0":
+		return false
+	case parts[0] == "2" && len(parts) == 2:
+		return false
+	}
+	return true
+}
+
+// writesContent says whether v2 request req changes content (isContent): a write (any method
+// but the reads GET, QGET, HEAD and SYNC) to a content path.
+func writesContent(req *etcdserverpb.Request) bool {
+	switch req.Method {
+	case "GET", "QGET", "HEAD", "SYNC":
+		return false
+	}
+	return isContent(req.Path)
+}
+
 // refusedBy36 says whether etcd 3.6 refuses to replay a v2 request from the WAL: it replays a
-// PUT of a member's attributes or of the cluster version (/0/version) and panics on any other.
+// PUT of a member's attributes or of the cluster version (/0/version) and panics on any other
+// ("detected disallowed v2 WAL"), a read too, whether or not the entry is already in its
+// backend.
 func refusedBy36(req *etcdserverpb.Request) bool {
 	return req.Method != "PUT" || !memberAttributesPath.MatchString(req.Path) && req.Path != "/0/version"
 }
 
-func (findUser) leave(*v2Node, bool) {}
+// V2Findings is what DetectV2 finds in a member data dir.
+type V2Findings struct {
+	// Content is set when the member holds v2 content, which a migration must carry to v3 and
+	// etcd 3.6 refuses: a node outside the membership in the v2 snapshot (isContent) or a v2
+	// write to one in the committed WAL tail.
+	Content bool
+	// Why says what content was found, or that there is none.
+	Why string
+	// Replay, when not empty, names the v2 requests in the committed WAL tail that etcd 3.6
+	// refuses to replay and that carry no content (etcd 3.4 answers /health with a v2 quorum
+	// read that lands in the WAL; 3.5 with --enable-v2 too, and writes v2 auth's flag). Without
+	// content there is nothing to migrate, but 3.6 cannot start on such a WAL tail until a
+	// snapshot past those entries is taken (etcd 3.5 with --snapshot-count=1).
+	Replay string
+}
 
-// DetectV2 says whether a member data dir holds v2 content etcd 3.6 refuses — a node outside
-// the membership in its newest v2 snapshot (user keys, v2 auth's users and roles), or a v2
-// request in the committed WAL tail other than a member's attributes or the cluster version —
-// reading the dir as a migration would (so an unreadable copy is an error), and says what it
-// found.
-func DetectV2(dataDir, walDir string) (bool, string, error) {
+// DetectV2 reads a member data dir as a migration would (so an unreadable copy is an error)
+// and says whether it holds v2 content and whether its WAL tail holds v2 requests etcd 3.6
+// refuses to replay without content (V2Findings).
+func DetectV2(dataDir, walDir string) (V2Findings, error) {
+	var f V2Findings
 	src, err := ReadSource(dataDir, walDir)
 	if err != nil {
-		return false, "", err
+		return f, err
 	}
 	defer src.Close()
+	var writes, refused int
+	var firstWrite, firstRefused *etcdserverpb.Request
 	for _, e := range src.Entries {
 		if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
 			continue
 		}
-		if req, err := v2Request(e.Data); err == nil && req != nil && refusedBy36(req) {
-			return true, fmt.Sprintf("v2 requests in the WAL after index %d that etcd 3.6 refuses to replay (%s %s)", src.Meta.Index, req.Method, req.Path), nil
+		req, err := v2Request(e.Data)
+		switch {
+		case err != nil || req == nil:
+		case writesContent(req):
+			writes++
+			firstWrite = cmp.Or(firstWrite, req)
+		case refusedBy36(req):
+			refused++
+			firstRefused = cmp.Or(firstRefused, req)
 		}
+	}
+	if refused > 0 {
+		f.Replay = fmt.Sprintf("%d v2 requests without v2 content in the WAL after index %d that etcd 3.6 refuses to replay (the first: %s)", refused, src.Meta.Index, describe(firstRefused))
+	}
+	if writes > 0 {
+		f.Content, f.Why = true, fmt.Sprintf("%d v2 writes in the WAL after index %d (the first: %s)", writes, src.Meta.Index, describe(firstWrite))
+		return f, nil
 	}
 	if src.snap != nil {
 		err := (&scanner{b: src.snap.data, v: findUser{}}).store()
 		src.snap.release()
 		switch {
 		case errors.Is(err, errFound):
-			return true, fmt.Sprintf("v2 keys in snapshot %s", filepath.Base(src.SnapshotFile)), nil
+			f.Content, f.Why = true, fmt.Sprintf("v2 keys in snapshot %s", filepath.Base(src.SnapshotFile))
+			return f, nil
 		case err != nil:
-			return false, "", fmt.Errorf("%s: %w", src.SnapshotFile, err)
+			return f, fmt.Errorf("%s: %w", src.SnapshotFile, err)
 		}
 	}
-	return false, fmt.Sprintf("no v2 user content (%d v3 keys)", src.V3Keys), nil
+	f.Why = fmt.Sprintf("no v2 content (%d v3 keys)", src.V3Keys)
+	return f, nil
+}
+
+// describe is a v2 request's method and path.
+func describe(req *etcdserverpb.Request) string {
+	switch {
+	case req.Method == "QGET" && req.Path == "":
+		return "QGET with no path (etcd 3.4's /health)"
+	case req.Path == "":
+		return req.Method
+	}
+	return req.Method + " " + req.Path
 }
