@@ -261,8 +261,15 @@ func logTail(path string, n int) string {
 		return err.Error()
 	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+	if len(lines) <= n {
+		return strings.Join(lines, "\n")
 	}
-	return strings.Join(lines, "\n")
+	tail := lines[len(lines)-n:]
+	// etcd says why it died in a panic or fatal line, then prints its stack: keep that line.
+	for i := len(lines) - n - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], `"level":"panic"`) || strings.Contains(lines[i], `"level":"fatal"`) {
+			return lines[i] + "\n…\n" + strings.Join(tail, "\n")
+		}
+	}
+	return strings.Join(tail, "\n")
 }

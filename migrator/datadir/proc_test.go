@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -100,4 +101,24 @@ func mustParseVersion(t *testing.T, s string) Version {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// TestLogTailKeepsWhyEtcdDied: etcd's panic or fatal line comes before its stack trace, which
+// fills the last lines of its log; the tail an error quotes must still say why it died.
+func TestLogTailKeepsWhyEtcdDied(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "etcd.log")
+	lines := []string{`{"level":"info","msg":"starting"}`, `{"level":"panic","msg":"detected disallowed v2 WAL for stage --v2-deprecation=write-only","method":"QGET"}`, "panic: detected disallowed v2 WAL"}
+	for i := range 30 {
+		lines = append(lines, fmt.Sprintf("\tgo.etcd.io/etcd/server/v3/etcdserver.frame%d()", i))
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tail := logTail(path, 12)
+	if !strings.Contains(tail, "detected disallowed v2 WAL for stage") {
+		t.Errorf("tail %q does not say why etcd died", tail)
+	}
+	if !strings.Contains(tail, "frame29") {
+		t.Errorf("tail %q lost the log's last line", tail)
+	}
 }
