@@ -149,24 +149,34 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	return r.saveJournal()
 }
 
-// backFromGreenFenced answers an abort that finds the proxy on green (st), with no switch
+// backFromGreenFenced answers an abort that finds the proxies on green (st), with no switch
 // journaled. Without an abort under way that is a switch made before a crash: --resume finishes
-// it. With one (its answer lost, the proxy unreachable, green stopped since), --resume is
-// refused, so the abort goes on: a proxy still fenced is put back on blue (nothing was written
-// to green: writes fenced, green's apiserver gated), one group's proxies by proxiesBack before
-// the unfence. One unfenced on green has served writes from green: no abort goes back from that.
+// it. With one (the switch's answer lost, the proxies unreachable, green stopped since),
+// --resume is refused, so the abort goes on, in mode replicate: green is blue revision for
+// revision and its apiserver was gated, so nothing but blue's writes is on green, and
+// proxiesBack puts every proxy still fenced back on blue before the unfence. Not when a proxy
+// is open on green (writes reached green), nor in a mode that restored green with revisions
+// above blue's: clients reading through the proxies may hold those.
 func (r *runner) backFromGreenFenced(ctx context.Context, st admin.Status) error {
 	switch {
 	case !r.j.aborting():
 		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
-	case !st.Fenced:
-		return errors.New("the proxy sends requests to green, unfenced (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green")
+	case !r.p.Replicating():
+		return fmt.Errorf("the proxies are on green (the switch's answer was lost) and an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then 'kubefence fence off --expect-backend %s' on each proxy), or back by hand ('kubefence backend set %s', then 'kubefence fence off --expect-backend %[2]s' on each proxy) and restart the clients that watch", r.p.Green.APIServer.URL, r.from.api.URL)
 	}
-	if _, group := r.adm.(*proxyGroup); group {
+	green := sameURL(r.p.Green.APIServer.URL)
+	g, ok := r.adm.(*proxyGroup)
+	if !ok {
+		if !st.Fenced {
+			return errors.New("the proxy is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green")
+		}
 		return nil
 	}
-	if _, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.from.api.URL, CAFile: r.from.api.CAFile, ExpectGeneration: st.Generation}); err != nil {
-		return fmt.Errorf("the proxy is fenced on green and could not be put back on blue: %w; run 'kubefence cutover abort' again", err)
+	for _, p := range g.proxies {
+		pst, err := p.Client.Status(ctx)
+		if err == nil && !pst.Fenced && sameURL(pst.Backend) == green {
+			return fmt.Errorf("proxy %s is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green", p.Name)
+		}
 	}
 	return nil
 }

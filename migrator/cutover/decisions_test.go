@@ -682,37 +682,67 @@ func TestRebuildNamesExternalLearners(t *testing.T) {
 	}
 }
 
-// TestAbortFinishesWithTheProxyFencedOnGreen: a switch whose answer was lost while the proxy
-// then went away leaves it fenced on green with no switch journaled; the run's abort found no
+// TestAbortFinishesWithTheProxyFencedOnGreen: a switch whose answer was lost while the proxies
+// then went away leaves them fenced on green with no switch journaled; the run's abort found no
 // proxy, stopped green and could not unfence. With the abort journaled as under way, --resume
-// is refused, so 'cutover abort' must finish it: the proxy goes back to blue (nothing was
-// written to green: it was fenced, and green's apiserver gated) and writes open there, instead
-// of a refusal pointing at --resume, which would leave writes fenced with no command that works.
+// is refused, so 'cutover abort' must finish it. In mode replicate green is blue, revision for
+// revision, and its apiserver was gated: the proxies go back to blue and writes open there.
+// Not when a proxy is open on green (writes reached green), nor in a mode that restored green
+// with revisions above blue's, which clients reading through the proxies may have seen; nor
+// without an abort under way (a switch before a crash: --resume finishes it).
 func TestAbortFinishesWithTheProxyFencedOnGreen(t *testing.T) {
-	w := newDecisionWorld(t, false, "", false)
-	w.st.Backend, w.st.Fenced = w.r.p.Green.APIServer.URL, true
-	w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true,
-		FencedAt: time.Now().UTC(), AbortReason: "step switch failed: the answer to backend set was lost",
-		Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
-	if err := w.r.saveJournal(); err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name      string
+		replicate bool
+		aborting  bool
+		bOpen     bool // proxy b unfenced on green
+		want      string
+	}{
+		{"replicating, both fenced on green", true, true, false, ""},
+		{"replicating, one open on green", true, true, true, "proxy b is open on green"},
+		{"a copy with revisions bumped", false, true, false, "revisions above blue's"},
+		{"no abort under way", true, false, false, "--resume"},
 	}
-	if _, err := w.r.abortByOperator(t.Context()); err != nil {
-		t.Fatalf("abort: %v", err)
-	}
-	if w.st.Fenced || sameURL(w.st.Backend) != sameURL(w.r.p.Blue.APIServer.URL) {
-		t.Errorf("proxy %+v, want open on blue", *w.st)
-	}
-	if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateAborted {
-		t.Errorf("journal %s, want aborted", j.State)
-	}
-	// Without an abort under way, the same proxy means a switch before a crash: --resume
-	// finishes it, and abort refuses as before.
-	w2 := newDecisionWorld(t, false, "", false)
-	w2.st.Backend, w2.st.Fenced = w2.r.p.Green.APIServer.URL, true
-	w2.r.j = &Journal{Version: 1, ID: "y", PlanHash: "plan-hash", State: StateRunning, FencedAt: time.Now().UTC(),
-		Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
-	if _, err := w2.r.abortByOperator(t.Context()); err == nil || !strings.Contains(err.Error(), "--resume") {
-		t.Errorf("abort without an abort under way: %v, want the refusal naming --resume", err)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			if tc.replicate {
+				w.r.p.Migration.Mode = ModeReplicate
+			}
+			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
+			w.st.Backend, w.st.Fenced = green, true
+			var callsB []string
+			stB := &admin.Status{Backend: green, Fenced: !tc.bOpen, Generation: 5}
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}}}
+			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true,
+				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
+			if tc.aborting {
+				w.r.j.AbortReason = "step switch failed: the answer to backend set was lost"
+			}
+			if err := w.r.saveJournal(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := w.r.abortByOperator(t.Context())
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("abort: %v, want a refusal naming %q", err, tc.want)
+				}
+				if w.st.Backend != green || !w.st.Fenced {
+					t.Errorf("proxy a %+v after the refusal: want it left fenced on green", *w.st)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("abort: %v", err)
+			}
+			for name, st := range map[string]*admin.Status{"a": w.st, "b": stB} {
+				if st.Fenced || sameURL(st.Backend) != sameURL(blue) {
+					t.Errorf("proxy %s %+v, want open on blue", name, *st)
+				}
+			}
+			if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateAborted {
+				t.Errorf("journal %s, want aborted", j.State)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -265,11 +266,20 @@ func logTail(path string, n int) string {
 		return strings.Join(lines, "\n")
 	}
 	tail := lines[len(lines)-n:]
-	// etcd says why it died in a panic or fatal line, then prints its stack: keep that line.
-	for i := len(lines) - n - 1; i >= 0; i-- {
-		if strings.Contains(lines[i], `"level":"panic"`) || strings.Contains(lines[i], `"level":"fatal"`) {
+	if slices.ContainsFunc(tail, diedSaying) {
+		return strings.Join(tail, "\n")
+	}
+	// etcd says why it died in a panic or fatal line, then prints its stack: keep that line,
+	// if this run wrote it (each run starts with a "### " line in the same log).
+	for i := len(lines) - n - 1; i >= 0 && !strings.HasPrefix(lines[i], "### "); i-- {
+		if diedSaying(lines[i]) {
 			return lines[i] + "\n…\n" + strings.Join(tail, "\n")
 		}
 	}
 	return strings.Join(tail, "\n")
+}
+
+// diedSaying says whether an etcd log line is the one it dies with.
+func diedSaying(line string) bool {
+	return strings.Contains(line, `"level":"panic"`) || strings.Contains(line, `"level":"fatal"`)
 }

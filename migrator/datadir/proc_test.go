@@ -121,4 +121,16 @@ func TestLogTailKeepsWhyEtcdDied(t *testing.T) {
 	if !strings.Contains(tail, "frame29") {
 		t.Errorf("tail %q lost the log's last line", tail)
 	}
+	// A later run in the same log (a resumed step) that failed otherwise is not given the
+	// earlier run's reason.
+	later := append(lines, `### 2026-11-26T23:00:00Z kubefence migrate starts ["etcd"]`)
+	for i := range 20 {
+		later = append(later, fmt.Sprintf(`{"level":"info","msg":"line %d"}`, i))
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(later, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tail := logTail(path, 12); strings.Contains(tail, "disallowed") {
+		t.Errorf("tail %q quotes an earlier run's panic", tail)
+	}
 }
