@@ -198,18 +198,7 @@ func TestBacklogBounded(t *testing.T) {
 	t.Cleanup(release)
 	put(t, blue, "/first", "0")
 	w.quiet(t, 300*time.Millisecond) // the watch is open and current: one response per revision
-	value := strings.Repeat("x", 4<<10)
-	for i := range 400 { // 1.6 MiB
-		put(t, blue, fmt.Sprintf("/burst/%03d", i), value)
-	}
-	w.quiet(t, 300*time.Millisecond)
-	total, read, largest := w.peaks()
-	if total > 2*bound {
-		t.Fatalf("this process held up to %s of blue's changes that green had not applied (the replicator %s, largest response %s), past twice the bound of %s: the backlog grows in memory", byteSize(total), byteSize(read), byteSize(largest), byteSize(bound))
-	}
-	if read > bound+largest {
-		t.Fatalf("the replicator read up to %s of blue's changes ahead of green, past the bound %s and one response (%s)", byteSize(read), byteSize(bound), byteSize(largest))
-	}
+	total, read, largest := burstAgainstBound(t, blue, w, bound, "the replicator")
 	if p := run.r.Progress(); p.BacklogBytes > int64(bound+largest) || p.BacklogPauses < 1 {
 		t.Fatalf("Progress: backlog %s, %d pauses; want at most the bound %s and one response (%s), and a pause", byteSize(int(p.BacklogBytes)), p.BacklogPauses, byteSize(bound), byteSize(largest))
 	}
@@ -397,4 +386,27 @@ func TestBacklogAppliedBeforeFeedError(t *testing.T) {
 		t.Fatalf("green at revision %d, Progress().Applied %d, BacklogBytes %d; want every revision received before the error applied (%d) and no backlog", g, p.Applied, p.BacklogBytes, last)
 	}
 	sameHistory(t, blue, green, s, last)
+}
+
+// burstValue is a value of burstAgainstBound's burst.
+var burstValue = strings.Repeat("x", 4<<10)
+
+// burstAgainstBound writes 1.6 MiB to blue (400 values of 4 KiB) while green is behind, and
+// checks that what this process held of it ahead of green (clientv3's read-ahead included)
+// stayed within twice bound, and what reader (the replicator, the check) read ahead within
+// bound and one response. It returns the peaks (bufferingWatcher.peaks).
+func burstAgainstBound(t *testing.T, blue *member, w *bufferingWatcher, bound int, reader string) (total, read, largest int) {
+	t.Helper()
+	for i := range 400 {
+		put(t, blue, fmt.Sprintf("/burst/%03d", i), burstValue)
+	}
+	w.quiet(t, 300*time.Millisecond)
+	total, read, largest = w.peaks()
+	if total > 2*bound {
+		t.Fatalf("this process held up to %s of blue's changes ahead of green (%s read %s, largest response %s), past twice the bound of %s: they grow in memory", byteSize(total), reader, byteSize(read), byteSize(largest), byteSize(bound))
+	}
+	if read > bound+largest {
+		t.Fatalf("%s read up to %s of blue's changes ahead of green, past the bound %s and one response (%s)", reader, byteSize(read), byteSize(bound), byteSize(largest))
+	}
+	return total, read, largest
 }
