@@ -198,9 +198,10 @@ func newMigrateDetectCommand(g *globals) *cobra.Command {
 		Short: "Say which etcd version and storage (etcd2/etcd3) a data dir holds, and how that is known",
 		Long: `Read DIR/version.txt ("<etcd version>/<etcd2|etcd3>", the format Kubernetes' etcd image
 kept). Without one, infer the version from the backend (storageVersion: 3.6+; the raft term:
-3.5; neither: 3.4 or older) and the storage from v2 user content in the snapshot and WAL, and
-print the evidence. An empty or garbled version file is an error that says how to fix it.
-Nothing is written.`,
+3.5; neither: 3.4 or older) and the storage from v2 content in the snapshot and WAL (what etcd
+3.6 refuses: keys, v2 auth users and roles), and print the evidence, v2 requests in the WAL that
+3.6 only refuses to replay (etcd 3.4's /health reads) included. An empty or garbled version file,
+or one the backend contradicts, is an error that says how to fix it. Nothing is written.`,
 		Args: args(cobra.NoArgs),
 		RunE: runE(o),
 	}
