@@ -173,8 +173,8 @@ func (w *bufferingWatcher) peaks() (total, read, largest int) {
 func heldClient(t *testing.T, m *member) (cli *clientv3.Client, release func()) {
 	t.Helper()
 	cli = newClient(t, m)
-	kv := &heldKV{KV: cli.KV, arrived: make(chan struct{}, 1), release: make(chan struct{})}
-	cli.KV = kv
+	var kv *heldKV
+	cli.KV, kv = holding(cli.KV)
 	var once sync.Once
 	return cli, func() { once.Do(func() { close(kv.release) }) }
 }
@@ -213,31 +213,15 @@ func TestBacklogBounded(t *testing.T) {
 	t.Logf("held at most %s (the replicator %s, largest response %s), %d pauses", byteSize(total), byteSize(read), byteSize(largest), run.r.Progress().BacklogPauses)
 }
 
-// slowKV makes green slower than blue's writers: its txns commit one at a time, each after d.
-type slowKV struct {
-	clientv3.KV
-	d  time.Duration
-	mu sync.Mutex
-}
-
-func (kv *slowKV) Txn(ctx context.Context) clientv3.Txn {
-	return &slowTxn{Txn: kv.KV.Txn(ctx), kv: kv}
-}
-
-type slowTxn struct {
-	clientv3.Txn
-	kv *slowKV
-}
-
-func (t *slowTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *slowTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
-func (t *slowTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
-
-func (t *slowTxn) Commit() (*clientv3.TxnResponse, error) {
-	t.kv.mu.Lock()
-	defer t.kv.mu.Unlock()
-	time.Sleep(t.kv.d)
-	return t.Txn.Commit()
+// slowed makes green slower than blue's writers: kv's txns commit one at a time, each after d.
+func slowed(kv clientv3.KV, d time.Duration) clientv3.KV {
+	var mu sync.Mutex
+	return &commitKV{KV: kv, around: func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		time.Sleep(d)
+		return commit()
+	}}
 }
 
 // TestBacklogRewatchExact: green slower than three writers on blue, and a bound of a few
@@ -251,7 +235,7 @@ func TestBacklogRewatchExact(t *testing.T) {
 	put(t, blue, "/seed", "0")
 	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
 	dst := newClient(t, green)
-	dst.KV = &slowKV{KV: dst.KV, d: 3 * time.Millisecond}
+	dst.KV = slowed(dst.KV, 3*time.Millisecond)
 	run := start(t, blue, green, s, func(c *Config) { c.Dest, c.MaxBacklog = dst, bound })
 	lease := grant(t, blue, 60)
 	value := strings.Repeat("v", 1000)

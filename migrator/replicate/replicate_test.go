@@ -933,33 +933,44 @@ func failedTxn() *sentTxn {
 	return t
 }
 
-// heldKV holds every txn that reaches it until release is closed, and says when one arrives.
-type heldKV struct {
+// commitKV runs every txn's Commit through around, which calls commit, later or not at all,
+// as a test needs green to behave.
+type commitKV struct {
 	clientv3.KV
+	around func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
+}
+
+func (kv *commitKV) Txn(ctx context.Context) clientv3.Txn {
+	return &commitTxn{Txn: kv.KV.Txn(ctx), around: kv.around}
+}
+
+type commitTxn struct {
+	clientv3.Txn
+	around func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
+}
+
+func (t *commitTxn) If(cs ...clientv3.Cmp) clientv3.Txn     { t.Txn = t.Txn.If(cs...); return t }
+func (t *commitTxn) Then(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Then(ops...); return t }
+func (t *commitTxn) Else(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Else(ops...); return t }
+func (t *commitTxn) Commit() (*clientv3.TxnResponse, error) { return t.around(t.Txn.Commit) }
+
+// heldKV holds every txn that reaches kv until release is closed, and says when one arrives.
+type heldKV struct {
 	arrived chan struct{}
 	release chan struct{}
 }
 
-func (kv *heldKV) Txn(ctx context.Context) clientv3.Txn {
-	return &heldTxn{Txn: kv.KV.Txn(ctx), kv: kv}
-}
-
-type heldTxn struct {
-	clientv3.Txn
-	kv *heldKV
-}
-
-func (t *heldTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *heldTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
-func (t *heldTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
-
-func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
-	select {
-	case t.kv.arrived <- struct{}{}:
-	default:
-	}
-	<-t.kv.release
-	return t.Txn.Commit()
+// holding makes kv's txns wait on a new heldKV.
+func holding(kv clientv3.KV) (clientv3.KV, *heldKV) {
+	h := &heldKV{arrived: make(chan struct{}, 1), release: make(chan struct{})}
+	return &commitKV{KV: kv, around: func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+		select {
+		case h.arrived <- struct{}{}:
+		default:
+		}
+		<-h.release
+		return commit()
+	}}, h
 }
 
 // TestStopCountsWhatWasInFlight: a txn in flight when Run is stopped still commits on green,
@@ -975,8 +986,8 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	kv := &heldKV{KV: cli.KV, arrived: make(chan struct{}, 1), release: make(chan struct{})}
-	cli.KV = kv
+	var kv *heldKV
+	cli.KV, kv = holding(cli.KV)
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
 	rev := put(t, blue, "/a", "1")
 	select {
