@@ -38,7 +38,8 @@ func (r *Replicator) replicate(ctx context.Context) (err error) {
 }
 
 // submitReceived submits the revisions the feed has received, in order, or returns why the
-// feed stopped once it has submitted all it received. It sends nothing more once ctx has ended.
+// feed stopped once it has submitted all it received. It submits no new revision once ctx has
+// ended (a flush under way may still send again a txn whose guards failed; stopping waits).
 func (r *Replicator) submitReceived(ctx context.Context, p *pipeline) error {
 	revs, err := r.feed.received()
 	if err != nil && ctx.Err() == nil {
