@@ -35,7 +35,7 @@ func (s *Server) adminHandler() http.Handler {
 			resp, err = s.FenceOff(req.ExpectBackend)
 		}
 		switch {
-		case errors.Is(err, ErrUnconfirmed), errors.Is(err, ErrWrongBackend), errors.Is(err, ErrConcurrentChange):
+		case errors.Is(err, ErrUnconfirmed), errors.Is(err, ErrUnchecked), errors.Is(err, ErrWrongBackend), errors.Is(err, ErrConcurrentChange):
 			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
 		case errors.Is(err, ErrBadRequest):
 			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})

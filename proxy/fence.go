@@ -36,6 +36,10 @@ var ErrWrongBackend = errors.New("the proxy is not on the backend this fence off
 // ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
 var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unreadable at start-up): run 'kubefence backend set URL' first")
 
+// ErrUnchecked refuses a 'fence off' that does not name the backend while the backend is
+// --upstream only because the proxy started fenced with no state file (see Server.initialState).
+var ErrUnchecked = errors.New("the backend is unchecked")
+
 // gate is the fence state machine (open ↔ fenced) and the write barrier.
 //
 // A write is admitted under mu.RLock, after checking the state, and registered in inflight; a

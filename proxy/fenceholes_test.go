@@ -318,6 +318,62 @@ func TestStartFenced(t *testing.T) {
 	}
 }
 
+// TestStartFencedNeedsTheBackendNamed: a proxy that started fenced with no state file is on
+// --upstream only because nothing else was known (after a cutover a lost state file leaves
+// --upstream on blue, while green holds the acknowledged writes). A plain fence off must not open
+// writes there; one that names the backend does, as does a backend set, and what it confirmed
+// survives a restart.
+func TestStartFencedNeedsTheBackendNamed(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) { o.StartFenced = true })
+	if st := p.Status(); !st.Unchecked {
+		t.Fatalf("status = %+v, want the backend shown unchecked", st)
+	}
+	ctx := t.Context()
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err == nil || !strings.Contains(err.Error(), "--expect-backend") {
+		t.Fatalf("plain fence off: %v, want refused naming --expect-backend", err)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: green.URL}); err == nil || !strings.Contains(err.Error(), "not "+green.URL) {
+		t.Fatalf("fence off expecting green: %v, want refused: the proxy is on blue", err)
+	}
+	if st := p.Status(); !st.Fenced || !st.Unchecked {
+		t.Fatalf("status after the refusals = %+v, want still fenced and unchecked", st)
+	}
+	// A fence on meanwhile saves the state: a restart must still know the backend unchecked.
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: "by hand"}); err != nil {
+		t.Fatal(err)
+	}
+	p = restartProxy(t, p)
+	if st := p.Status(); !st.Fenced || !st.Unchecked {
+		t.Fatalf("restarted status = %+v, want fenced and still unchecked", st)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); st.Unchecked {
+		t.Fatalf("status after backend set = %+v, want checked", st)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatalf("fence off after backend set: %v", err)
+	}
+	p = restartProxy(t, p)
+	if st := p.Status(); st.Fenced || st.Unchecked || st.Backend != green.URL {
+		t.Fatalf("restarted status = %+v, want open on green, checked", st)
+	}
+}
+
+// TestStartFencedOpenedByName: fence off naming the proxy's backend opens writes and checks it.
+func TestStartFencedOpenedByName(t *testing.T) {
+	blue := newFakeAPI(t, "blue")
+	p := startProxy(t, blue.URL, func(o *Options) { o.StartFenced = true })
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false, ExpectBackend: blue.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); st.Fenced || st.Unchecked {
+		t.Fatalf("status = %+v, want open and checked", st)
+	}
+}
+
 func TestStateDirChecked(t *testing.T) {
 	api := newRecordingAPI(t)
 	o := NewOptions()

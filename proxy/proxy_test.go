@@ -147,6 +147,16 @@ func startProxyWith(t testing.TB, o *Options, logs ...io.Writer) *testProxy {
 	return &testProxy{Server: s, url: scheme + s.Addr().String(), admin: admin.NewClient(o.AdminSocket), opts: o}
 }
 
+// restartProxy shuts p down and starts a proxy with its options (new listen ports, the same
+// state file and admin socket).
+func restartProxy(t testing.TB, p *testProxy) *testProxy {
+	t.Helper()
+	_ = p.Shutdown(time.Second)
+	o := *p.opts
+	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	return startProxyWith(t, &o)
+}
+
 func do(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
 	t.Helper()
 	resp, body, err := doErr(method, url, hdr...)
@@ -458,10 +468,7 @@ func TestUnconfirmedSurvivesRestart(t *testing.T) {
 	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Reason: "by hand"}); err != nil {
 		t.Fatal(err)
 	}
-	_ = p.Shutdown(time.Second)
-	o := *p.opts
-	o.Listen, o.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
-	p2 := startProxyWith(t, &o)
+	p2 := restartProxy(t, p)
 	if st := p2.Status(); !st.Fenced || !st.Unconfirmed {
 		t.Fatalf("restarted status = %+v, want fenced and still unconfirmed", st)
 	}
@@ -471,8 +478,7 @@ func TestUnconfirmedSurvivesRestart(t *testing.T) {
 	if _, err := p2.admin.SetBackend(t.Context(), admin.BackendRequest{URL: api.URL}); err != nil {
 		t.Fatal(err)
 	}
-	_ = p2.Shutdown(time.Second)
-	p3 := startProxyWith(t, &o)
+	p3 := restartProxy(t, p2)
 	if st := p3.Status(); st.Unconfirmed {
 		t.Fatalf("status after backend set and a restart = %+v, want confirmed", st)
 	}

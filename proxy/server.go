@@ -129,8 +129,12 @@ func (s *Server) initialState() (State, *backend, error) {
 	case errors.Is(err, errNoState):
 		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
 		if cfg.opts.StartFenced {
-			st.Fenced, st.Reason = true, "started with --start-fenced"
-			log.Info("no state file yet: starting FENCED (--start-fenced); 'kubefence fence off' opens writes", "stateFile", cfg.opts.StateFile)
+			st.Fenced, st.Reason, st.Unchecked = true, "started with --start-fenced", true
+			log.Warn("no state file: starting FENCED on --upstream (--start-fenced), reads flow; if this proxy served a cutover, its state is lost and --upstream may be the old side: check which side writes must go to ('kubefence cutover status'), then 'kubefence fence off --expect-backend URL' (or 'kubefence backend set URL' first)",
+				"stateFile", cfg.opts.StateFile, "upstream", st.Backend)
+		} else if cfg.opts.StateFile != "" {
+			log.Warn("no state file: starting OPEN on --upstream; if this proxy served a cutover, its state is lost and --upstream may be the old side (--start-fenced would start it fenced until an operator names the backend)",
+				"stateFile", cfg.opts.StateFile, "upstream", st.Backend)
 		}
 		b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 		return st, b, err
@@ -160,7 +164,7 @@ func (s *Server) Status() admin.Status {
 	}
 	return admin.Status{
 		APILevel: admin.APILevel, Version: version.Version,
-		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Backend: st.Backend, Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Unchecked: st.Unchecked, Backend: st.Backend, Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 		Mode: st.Mode, Hold: s.holder.status(), Now: time.Now().UTC(),
@@ -214,7 +218,12 @@ func (s *Server) FenceOff(expect string) (admin.FenceResponse, error) {
 		if expect != "" && strings.TrimSuffix(expect, "/") != strings.TrimSuffix(st.Backend, "/") {
 			return fmt.Errorf("%w: it is on %s, not %s; writes stay fenced", ErrWrongBackend, st.Backend, expect)
 		}
+		if st.Unchecked && expect == "" {
+			return fmt.Errorf("%w: the proxy started fenced with no state file, so its backend %s is --upstream, which after a cutover may be the old side; writes stay fenced. Check which side writes must go to ('kubefence cutover status'), then run 'kubefence fence off --expect-backend %s', or 'kubefence backend set URL' first",
+				ErrUnchecked, st.Backend, st.Backend)
+		}
 		st.Fenced = false
+		st.Unchecked = false
 		st.Reason = ""
 		st.Mode = ""
 		return nil
@@ -272,7 +281,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		}
 		st.Backend = nb.url.String()
 		st.BackendCAFile = caFile
-		st.Unconfirmed = false
+		st.Unconfirmed, st.Unchecked = false, false
 		return nil
 	}, func() { // once saved, under the gate's lock: a failed save changes nothing
 		s.active.Store(nb)

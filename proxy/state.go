@@ -31,6 +31,11 @@ type State struct {
 	// at a start-up; the proxy serves nothing and refuses fence off until a backend set names
 	// the backend. Saved with every change, so a fence on meanwhile does not confirm the guess.
 	Unconfirmed bool `json:"unconfirmed,omitempty"`
+	// Unchecked: the backend is --upstream only because there was no state file at a
+	// --start-fenced start (after a cutover, a lost state file leaves --upstream on the old
+	// side). Reads flow; a fence off must name the backend, or a backend set name one. Saved
+	// with every change, like Unconfirmed.
+	Unchecked bool `json:"unchecked,omitempty"`
 	// Generation counts acknowledged changes; it only grows.
 	Generation uint64    `json:"generation"`
 	ChangedAt  time.Time `json:"changedAt"`

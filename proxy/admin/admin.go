@@ -42,10 +42,14 @@ type Status struct {
 	Reason   string `json:"reason,omitempty"`
 	// Unconfirmed is set while the proxy serves nothing (503) because its state file was
 	// unreadable at start-up; 'backend set' confirms a backend.
-	Unconfirmed bool      `json:"unconfirmed,omitempty"`
-	Backend     string    `json:"backend"`
-	Generation  uint64    `json:"generation"`
-	ChangedAt   time.Time `json:"changedAt"`
+	Unconfirmed bool `json:"unconfirmed,omitempty"`
+	// Unchecked is set while the backend is --upstream only because the proxy started fenced
+	// with no state file (--start-fenced): nothing says it is still the side writes must go to.
+	// A fence off must name it (expectBackend) or a 'backend set' confirm one.
+	Unchecked  bool      `json:"unchecked,omitempty"`
+	Backend    string    `json:"backend"`
+	Generation uint64    `json:"generation"`
+	ChangedAt  time.Time `json:"changedAt"`
 	// InflightWrites are writes forwarded and not yet answered.
 	InflightWrites int `json:"inflightWrites"`
 	// OpenWatches are watches open through the proxy; OpenStreams counts watches and upgraded

@@ -319,7 +319,9 @@ reached only some of them), opens none and names each proxy's backend; if they a
 proxy opens only if it is still on that backend when the fence off reaches it. In an HA control
 plane each proxy stands in front of its own node's apiserver: check each is on the side writes
 must go to ('kubefence fence status'), then pass --each-own-backend, which opens each proxy only
-if it is still on the backend read for it.`,
+if it is still on the backend read for it. A proxy that started fenced with no state file
+(--start-fenced) is on --upstream only for want of anything else: it opens only with
+--expect-backend naming its backend, or after a 'kubefence backend set'.`,
 		Args: args(cobra.NoArgs),
 	}, o,
 		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then fails the command")
@@ -365,7 +367,7 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 	res, err := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
 		return c.Status(ctx)
 	})
-	var on []string
+	var on, unchecked []string
 	var backend string
 	backends, own, old := map[string]bool{}, map[*admin.Client]string{}, map[*admin.Client]bool{}
 	for i, r := range res {
@@ -373,6 +375,9 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 			continue // its fence off below expects the others' backend, and most likely fails too
 		}
 		on = append(on, fmt.Sprintf("%s is on %s", r.Proxy, r.Value.Backend))
+		if r.Value.Unchecked {
+			unchecked = append(unchecked, r.Proxy)
+		}
 		backend = strings.TrimSuffix(r.Value.Backend, "/")
 		backends[backend] = true
 		own[o.proxies[i].Client] = backend
@@ -381,6 +386,9 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 	switch {
 	case len(backends) == 0:
 		return nil, fmt.Errorf("fence off: could not read any proxy's backend, so writes stay fenced: %w", err)
+	case len(unchecked) > 0: // expecting what was read would take --upstream's guess for a check
+		return nil, fmt.Errorf("fence off refused, writes stay fenced: %s started fenced with no state file, so its backend is --upstream, which after a cutover may be the old side (%s); check which side writes must go to ('kubefence cutover status'), then name it with --expect-backend URL (or 'kubefence backend set URL' on each first)",
+			strings.Join(unchecked, ", "), strings.Join(on, ", "))
 	case len(backends) > 1 && !o.eachOwn:
 		return nil, fmt.Errorf("fence off refused, writes stay fenced: the proxies are on different backends (%s); switch them to one with 'kubefence backend set URL', or open only those on the backend writes must go to with --expect-backend URL. If each proxy stands in front of its own apiserver (an HA control plane) and each is on the side writes must go to, pass --each-own-backend", strings.Join(on, ", "))
 	}
@@ -431,8 +439,11 @@ func printStatuses(w io.Writer, res []admin.Result[admin.Status]) {
 		if st.Fenced {
 			fence, mode = "FENCED", st.Mode
 		}
-		if st.Unconfirmed {
+		switch {
+		case st.Unconfirmed:
 			fence += " (unconfirmed)"
+		case st.Unchecked:
+			fence += " (unchecked)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s (%d)\n", r.Proxy, fence, mode, st.Backend, st.Generation, st.InflightWrites, st.Hold.Held, st.RefusedWrites, st.BuildVersion(), st.APILevel)
 	}
@@ -448,8 +459,11 @@ func printStatus(w io.Writer, st admin.Status) {
 	case st.Fenced:
 		state = "FENCED (writes refused with 429, Retry-After: " + fmt.Sprint(st.RetryAfterSeconds) + "s)"
 	}
-	if st.Unconfirmed {
+	switch {
+	case st.Unconfirmed:
 		state += "; backend UNCONFIRMED, serving nothing (503) until 'kubefence backend set URL'"
+	case st.Unchecked:
+		state += "; backend UNCHECKED (--upstream, no state file at start): open with 'kubefence fence off --expect-backend URL' once URL is the side writes must go to"
 	}
 	fmt.Fprintf(tw, "fence:\t%s\n", state)
 	fmt.Fprintf(tw, "proxy:\tkubefence %s (admin API level %d)\n", st.BuildVersion(), st.APILevel)
