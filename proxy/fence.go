@@ -47,12 +47,13 @@ var ErrUnchecked = errors.New("the backend is unchecked")
 // admitted, and the writes admitted before it are exactly those in inflight: the barrier waits
 // for them to drain. The state is persisted before it is published (invariant persist-then-ack).
 type gate struct {
-	mu     sync.RWMutex
-	fenced atomic.Bool // read without mu on the refusal fast path
-	hold   atomic.Bool // fenced in hold mode
-	state  State       // guarded by mu
-	store  *stateStore
-	now    func() time.Time
+	mu sync.RWMutex
+	// word is the fence and its mode in one value (a fenceWord), read without mu on the request
+	// path: one load says both, so no write sees the fence of one state and the mode of another.
+	word  atomic.Uint32
+	state State // guarded by mu
+	store *stateStore
+	now   func() time.Time
 	// opened is closed while the fence is open and replaced by a new channel when it comes on
 	// (guarded by mu): held writes wait on it.
 	opened chan struct{}
@@ -75,9 +76,33 @@ func (g *gate) publish(st State) {
 		}
 	}
 	g.state = st
-	g.fenced.Store(st.Fenced)
-	g.hold.Store(st.Fenced && st.Mode == admin.ModeHold)
+	g.word.Store(uint32(wordOf(st)))
 }
+
+// fenceWord is the fence as the request path sees it.
+type fenceWord uint32
+
+const (
+	fenceIsOpen fenceWord = iota
+	fenceRefusing
+	fenceHolding
+)
+
+func wordOf(st State) fenceWord {
+	switch {
+	case !st.Fenced:
+		return fenceIsOpen
+	case st.Mode == admin.ModeHold:
+		return fenceHolding
+	}
+	return fenceRefusing
+}
+
+// fence returns the published fence and mode.
+func (g *gate) fence() fenceWord { return fenceWord(g.word.Load()) }
+
+// fenced reports whether the fence is on.
+func (g *gate) fenced() bool { return g.fence() != fenceIsOpen }
 
 // openCh returns a channel that is closed while the fence is open.
 func (g *gate) openCh() <-chan struct{} {
@@ -87,25 +112,24 @@ func (g *gate) openCh() <-chan struct{} {
 }
 
 // admitWrite registers a write that arrives while the fence is open and returns its id (end it
-// with inflight.remove). It returns false, and registers nothing, when the fence is on.
-func (g *gate) admitWrite(w inflightWrite) (id uint64, ok bool) {
-	if g.fenced.Load() {
-		return 0, false
+// with inflight.remove) and fenceIsOpen. While the fence is on it registers nothing and returns the
+// fence that refused admission, whose mode decides between holding and refusing the write.
+func (g *gate) admitWrite(w inflightWrite) (uint64, fenceWord) {
+	if f := g.fence(); f != fenceIsOpen {
+		return 0, f
 	}
 	g.mu.RLock()
-	if g.fenced.Load() {
-		g.mu.RUnlock()
-		return 0, false
+	defer g.mu.RUnlock()
+	if f := g.fence(); f != fenceIsOpen {
+		return 0, f
 	}
-	id = g.inflight.add(w)
-	g.mu.RUnlock()
-	return id, true
+	return g.inflight.add(w), fenceIsOpen
 }
 
 // admitSession reports whether a session write (see sessionWrite) may pass: the fence is open.
 // It registers nothing: the barrier does not wait for sessions.
 func (g *gate) admitSession() bool {
-	return !g.fenced.Load()
+	return !g.fenced()
 }
 
 // current returns the acknowledged state.

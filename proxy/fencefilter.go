@@ -25,7 +25,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
 		if a.Class() != policy.Write {
-			if !g.fenced.Load() {
+			if !g.fenced() {
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -40,7 +40,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			decide(w, r, st, next, pol, rf)
 			return
 		}
-		if g.fenced.Load() && !g.hold.Load() && !a.BodyDecidesDryRun() {
+		if g.fence() == fenceRefusing && !a.BodyDecidesDryRun() {
 			// Fenced in refuse mode, and the body cannot change the decision: decide now,
 			// without buffering a body that would only be refused.
 			if d := pol.Decide(a); !d.Allow {
@@ -57,12 +57,12 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		if a.BodyDecidesDryRun() {
 			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
 		}
-		id, ok := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
-		if !ok {
+		id, fence := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
+		if fence != fenceIsOpen {
 			switch d := pol.Decide(a); {
 			case d.Allow:
 				next.ServeHTTP(w, r)
-			case g.hold.Load():
+			case fence == fenceHolding:
 				hd.hold(w, r, st, next, g, rf, int64(len(body)))
 			default:
 				rf.refuse(w, r, st, d)

@@ -135,21 +135,37 @@ func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan t
 				return 0, holdAbandoned
 			}
 		}
-		id, ok := g.admitWrite(w)
-		if ok && ctx.Err() == nil {
-			return id, holdReleased
-		}
-		if ok { // the client left just as the fence opened: never forward
-			g.inflight.remove(id)
+		id, out, fencedAgain := g.admitHeld(ctx, deadline, w)
+		if out == holdReleased {
+			return id, out
 		}
 		if slots != nil {
 			<-slots
 		}
-		if ok {
-			return 0, holdAbandoned
+		if !fencedAgain {
+			return 0, out
 		}
-		// fenced again before our turn: wait for the next opening
 	}
+}
+
+// admitHeld admits a held write whose turn has come, the fence open, unless its hold timeout has
+// fired (the waits before may have taken another ready case over the deadline: a select picks
+// among them at random) or its client has left. fencedAgain: the fence came back on first.
+func (g *gate) admitHeld(ctx context.Context, deadline <-chan time.Time, w inflightWrite) (id uint64, out holdOutcome, fencedAgain bool) {
+	select {
+	case <-deadline:
+		return 0, holdTimedOut, false
+	default:
+	}
+	id, fence := g.admitWrite(w)
+	switch {
+	case fence != fenceIsOpen:
+		return 0, holdTimedOut, true
+	case ctx.Err() != nil: // the client left just as the fence opened: never forward
+		g.inflight.remove(id)
+		return 0, holdAbandoned, false
+	}
+	return id, holdReleased, false
 }
 
 // waitHeld waits for ready (nil: ready now), the deadline or the end of ctx.

@@ -3,11 +3,19 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kubefence/kubefence/policy"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 func newTestGate(t *testing.T, fenced bool) *gate {
@@ -230,4 +238,91 @@ func TestAbandonedWritesStayCounted(t *testing.T) {
 	}
 	head.leave()
 	waitFor(t, func() bool { c, b := q.stats(); return c == 0 && b == 0 })
+}
+
+// TestHeldPastItsTimeoutNeverForwarded: a held write whose hold timeout fired before it ran
+// again (thousands released on two busy cores) is refused, even when its turn, the open fence and
+// a release slot are all ready at once: a select picks among ready cases at random.
+func TestHeldPastItsTimeoutNeverForwarded(t *testing.T) {
+	g := newTestGate(t, false)
+	q := &holdQueue{maxCount: 1000, maxBytes: 1 << 30}
+	const n = 200
+	released := 0
+	for range n {
+		h, err := q.enter(1, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		timer := time.NewTimer(time.Nanosecond)
+		time.Sleep(time.Millisecond) // fired before the write's goroutine runs again
+		slots := make(chan struct{}, 4)
+		id, out := g.awaitRelease(t.Context(), h, timer.C, slots, testWrite())
+		if out == holdReleased {
+			released++
+			g.inflight.remove(id)
+			<-slots
+		}
+		if len(slots) != 0 {
+			t.Fatalf("outcome %v left %d release slot(s) taken", out, len(slots))
+		}
+		h.leave()
+	}
+	if released > 0 {
+		t.Fatalf("%d of %d writes admitted after their hold timeout had fired", released, n)
+	}
+}
+
+// TestHoldModeReadWithTheFence: a write decides between hold and refuse from the fence it was
+// refused admission by, not from a second read: with the fence only ever on in hold mode,
+// flipping on and off under 16 writers must refuse none of them (the fence and its mode were
+// two reads: a fence off between them refused a write that arrived in hold mode, a fence on
+// between them refused one unread).
+func TestHoldModeReadWithTheFence(t *testing.T) {
+	g := newTestGate(t, false)
+	o := NewOptions()
+	o.HoldTimeout = time.Minute
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rf := newRefusals(1, prometheus.NewCounter(prometheus.CounterOpts{Name: "refused"}), log)
+	rf.setReason("test")
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if done := reqStateFrom(r.Context()).answeredBy; done != nil {
+			done()
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	limits := bodyLimits{max: 1 << 20, timeout: time.Second, budget: newBodyBudget(1<<30, 1<<20), retryAfter: 1}
+	h := withAttributes(withFence(ok, g, &policy.Policy{}, limits, rf, newHolder(o, log), log), policy.NewClassifier())
+	stop := make(chan struct{})
+	var refused, answered atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest("DELETE", "/api/v1/namespaces/default/configmaps/x", nil))
+				answered.Add(1)
+				if rec.Code == http.StatusTooManyRequests {
+					refused.Add(1)
+				}
+			}
+		})
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		for _, on := range []bool{true, false} {
+			if _, err := g.update(func(st *State) error { st.Fenced, st.Mode = on, map[bool]string{true: admin.ModeHold}[on]; return nil }); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if refused.Load() > 0 || answered.Load() == 0 {
+		t.Fatalf("%d of %d writes refused with 429, the fence only ever on in hold mode", refused.Load(), answered.Load())
+	}
 }

@@ -60,7 +60,7 @@ func newMetrics(s *Server) *metrics {
 			Name: "kubefence_fenced",
 			Help: "1 while the fence is on (writes refused), 0 while open.",
 		}, func() float64 {
-			if s.gate.fenced.Load() {
+			if s.gate.fenced() {
 				return 1
 			}
 			return 0

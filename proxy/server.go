@@ -244,7 +244,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	rawURL, caFile := req.URL, req.CAFile
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
-	if !s.gate.fenced.Load() { // checked again, under the gate's lock, when the switch is made
+	if !s.gate.fenced() { // checked again, under the gate's lock, when the switch is made
 		return admin.BackendResponse{Status: s.Status()}, ErrNotFenced
 	}
 	old := s.active.Load()
