@@ -133,8 +133,11 @@ func (w *watchBody) Close() error {
 }
 
 // advance updates boundary after the bytes b passed through, and the resourceVersion tracker
-// with the events they complete. It returns how many of them to pass on: all, except after
-// the switch interrupted the stream in the middle of an event, whose bytes are dropped.
+// with the events they complete. It returns how many of them to pass on: all, except while
+// draining (cut back to the last whole event, so that a busy watch, whose reads need never end
+// at an event boundary, can still end or move there: what follows comes again from the new
+// backend or the client's re-watch) and after the switch interrupted the stream in the middle of
+// an event (its bytes are dropped).
 func (w *watchBody) advance(b []byte) int {
 	if len(b) == 0 {
 		return 0
@@ -142,7 +145,7 @@ func (w *watchBody) advance(b []byte) int {
 	ends := w.ends[:0]
 	switch w.fr {
 	case framingJSON:
-		for off := 0; w.rv != nil; { // untracked, the last byte says all
+		for off := 0; w.rv != nil || w.draining; { // untracked, the last byte says all
 			i := bytes.IndexByte(b[off:], '\n')
 			if i < 0 {
 				break
@@ -180,8 +183,10 @@ func (w *watchBody) advance(b []byte) int {
 	}
 	w.ends = ends
 	n := len(b)
-	if w.interrupted && !w.boundary {
-		// The read raced the switch's close: cut back to the last whole event.
+	if !w.boundary && (w.interrupted || w.draining && len(ends) > 0) {
+		// The read raced the switch's close, or a drain waits for a boundary: cut back to the
+		// last whole event. (Draining in the middle of the first event, its head already passed
+		// on, the read goes through whole.)
 		n = 0
 		if len(ends) > 0 {
 			n = ends[len(ends)-1]

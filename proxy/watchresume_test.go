@@ -604,3 +604,74 @@ func TestRVTrackerKeepsLittle(t *testing.T) {
 		t.Fatalf("from() = %q, %v", rv, ok)
 	}
 }
+
+// TestBusyWatchMovesAtAnEventEnd: a busy watch whose backend reads never end exactly at an event
+// boundary (kube-apiserver flushes only when its queue is empty, and a client slower than the
+// stream gets reads out of a backlog) is still moved at a switch, not cut mid-event at the drain
+// timeout: the read is cut back to its last whole event, and what followed comes again from the
+// new backend (resumed from the last resourceVersion delivered) or the client's own re-watch.
+func TestBusyWatchMovesAtAnEventEnd(t *testing.T) {
+	for _, fr := range framings {
+		for _, resume := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/resume=%v", fr, resume), func(t *testing.T) {
+				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+				p := startProxy(t, blue.URL)
+				c := openWatch(t, p, fr, "resourceVersion=5")
+				stop := busyFeed(t, fr, blue.watch(t, 1))
+				c.expect(t, testEvent{"MODIFIED", "a", "10"})
+				sw := switchTo(t, p, green.URL, resume)
+				close(stop)
+				if sw.Drain.Forced != 0 || sw.Drain.Streams != 1 {
+					t.Fatalf("drain = %+v, want the busy watch moved without being cut", sw.Drain)
+				}
+				if resume {
+					green.watch(t, 1).feed <- frame(t, fr, testEvent{"ADDED", "b", "1000"}, nil)
+				}
+				last := "10"
+				for {
+					got, err := c.next()
+					if err == io.EOF && !resume {
+						break
+					}
+					if err != nil {
+						t.Fatalf("after resourceVersion %s: %v (drain %+v)", last, err, sw.Drain)
+					}
+					if got.name == "b" {
+						break
+					}
+					last = got.rv
+				}
+				switch {
+				case !resume && green.count() != 0:
+					t.Fatal("a switch without resume re-issued the watch")
+				case resume && green.watch(t, 1).query.Get("resourceVersion") != last:
+					t.Fatalf("green asked from resourceVersion %s, the client's last event from blue is %s", green.watch(t, 1).query.Get("resourceVersion"), last)
+				}
+			})
+		}
+	}
+}
+
+// busyFeed sends events 10, 11, … to a backend watch, every 10 ms, each write the tail of one
+// event and the head of the next: no read ends at an event boundary. Close the channel it returns
+// to stop it.
+func busyFeed(t *testing.T, fr framing, w *apiWatch) chan struct{} {
+	stop := make(chan struct{})
+	var tail []byte
+	send := func(i int) bool {
+		ev := frame(t, fr, testEvent{"MODIFIED", "a", fmt.Sprint(10 + i)}, nil)
+		select {
+		case w.feed <- append(tail, ev[:len(ev)/2]...):
+		case <-stop:
+			return false
+		}
+		tail = ev[len(ev)/2:]
+		return true
+	}
+	go func() {
+		for i := 0; send(i); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return stop
+}
