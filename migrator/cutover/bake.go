@@ -239,8 +239,9 @@ func (handOverStep) describe(*runner, bool) string {
 
 func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.j.NoBake != "" {
+		last := r.applyBlueLast(ctx)
 		_, _ = r.stopReplication()
-		return "skipped, NO WAY BACK: " + r.j.NoBake, nil
+		return "skipped, NO WAY BACK: " + r.j.NoBake + "; replication stopped" + last, nil
 	}
 	wctx, cancel := r.bakeContext(ctx)
 	defer cancel()

@@ -166,3 +166,51 @@ func revisionOf(t *testing.T, c *clientv3.Client) int64 {
 	}
 	return rev
 }
+
+// TestStopReplicationTakesBlueLastRevisions: after the switch, blue's apiserver may still have
+// written to blue (its own leases) and delivered that revision on a watch the switch moved to
+// green from there. Stopping the replicator before green has it would let green's own first
+// write take that revision number, and the moved watch would never see it. The stop waits for
+// blue's revision as read after the switch.
+func TestStopReplicationTakesBlueLastRevisions(t *testing.T) {
+	blue, green := startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	held := make(chan struct{})
+	var once sync.Once
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1,
+		OnApplied: func(p replicate.Progress) {
+			if p.Applied == 2 { // lagging behind blue's next revision for a moment
+				once.Do(func() { close(held) })
+				time.Sleep(300 * time.Millisecond)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(c *clientv3.Client) *clientv3.Client {
+		cc, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cc
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rp := &replication{rep: rep, src: client(blue), dst: client(green), cancel: cancel, done: make(chan struct{})}
+	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
+	t.Cleanup(func() { cancel(); <-rp.done })
+	if _, err := blue.Put(ctx, "k", "1"); err != nil { // revision 2
+		t.Fatal(err)
+	}
+	<-held
+	if _, err := blue.Put(ctx, "lease-of-blues-apiserver", "renewed"); err != nil { // revision 3, after the switch
+		t.Fatal(err)
+	}
+	r := &runner{from: side{name: "blue"}, to: side{name: "green"}, repl: rp, j: &Journal{}}
+	detail, err := stopReplicationStep{}.run(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, g := revisionOf(t, blue), revisionOf(t, green); g != b {
+		t.Fatalf("after the stop green is at revision %d, blue at %d (%s)", g, b, detail)
+	}
+}

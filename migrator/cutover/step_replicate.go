@@ -65,8 +65,15 @@ func (s needsReplication) run(ctx context.Context, r *runner) (string, error) {
 }
 
 // stopReplicationStep stops the replicator after the switch, before green's apiserver may
-// write: from here green's revisions are green's own.
+// write: from here green's revisions are green's own. It first lets the replicator apply what
+// blue holds once the switch has moved every watch off it: blue's apiserver may have written
+// (its own leases) after the drain and sent that revision on a watch the switch moved to green
+// from there; green's own first write must not take its number.
 type stopReplicationStep struct{}
+
+// lastRevisionPatience bounds the wait for blue's last revisions at the stop: the replicator
+// is caught up to within milliseconds here, so a longer wait means it is failing.
+const lastRevisionPatience = time.Second
 
 func (stopReplicationStep) name() string                  { return StepStopReplication }
 func (stopReplicationStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() }
@@ -79,12 +86,32 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.repl == nil {
 		return "replication was not running in this process (it stopped with the cutover process before)", nil
 	}
+	last := r.applyBlueLast(ctx)
 	prog, err := r.stopReplication()
 	r.j.ReplicationAtStop = &prog
 	if err != nil {
 		// The switch happened with green at blue's revision; what the replicator did after is
 		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.
-		return fmt.Sprintf("stopped (it had failed after the switch: %v): %s", err, r.progressLine(prog)), nil
+		return fmt.Sprintf("stopped (it had failed after the switch: %v)%s: %s", err, last, r.progressLine(prog)), nil
 	}
-	return "stopped: " + r.progressLine(prog), nil
+	return "stopped" + last + ": " + r.progressLine(prog), nil
+}
+
+// applyBlueLast waits, up to lastRevisionPatience, for the replicator to apply blue's revision
+// as read now, and says how that went. Past the switch nothing can be undone: a failure is
+// reported, not returned (a watch moved from a later revision may miss green's events there).
+func (r *runner) applyBlueLast(ctx context.Context) string {
+	if r.repl == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, lastRevisionPatience)
+	defer cancel()
+	rev, err := replicate.Revision(ctx, r.repl.src)
+	if err == nil {
+		err = r.repl.rep.WaitFor(ctx, rev)
+	}
+	if err != nil {
+		return fmt.Sprintf(" without %s's last revisions (%v: a watch the switch moved from one of them may miss %s's events there)", r.from.name, err, r.to.name)
+	}
+	return fmt.Sprintf(" at %s's revision %d, read after the switch", r.from.name, rev)
 }
