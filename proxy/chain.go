@@ -51,6 +51,7 @@ const (
 	decisionRejected        = "rejected"        // a write whose body was not read (413, 408, 400, 429 when --max-buffered-write-bytes is full)
 	decisionUnavailable     = "unavailable"     // the backend is unconfirmed (503)
 	decisionUnauthenticated = "unauthenticated" // a client certificate refused (401)
+	decisionBackendFailed   = "backend-failed"  // the proxy's own answer for a backend that failed it (502, 504, 503 at a switch)
 )
 
 type reqStateKey struct{}

@@ -58,7 +58,7 @@ func newMetrics(s *Server) *metrics {
 		}, func() float64 { return float64(s.openWatches.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kubefence_fenced",
-			Help: "1 while the fence is on (writes refused), 0 while open.",
+			Help: "1 while the fence is on (writes refused, or held in hold mode), 0 while open.",
 		}, func() float64 {
 			if s.gate.fenced() {
 				return 1

@@ -722,6 +722,14 @@ func TestMetricsNameWhoAnswered(t *testing.T) {
 	if want := `kubefence_requests_total{class="read",code="503",decision="unavailable"} 1`; !strings.Contains(body, want) {
 		t.Errorf("metrics lack %q", want)
 	}
+
+	// The proxy's own 502 for a backend it cannot reach was not forwarded anywhere.
+	down := startProxy(t, "http://"+freeAddr(t))
+	do(t, "GET", down.url+"/api/v1/namespaces")
+	_, body = do(t, "GET", "http://"+down.MetricsAddr().String()+"/metrics")
+	if want := `kubefence_requests_total{class="read",code="502",decision="backend-failed"} 1`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q", want)
+	}
 }
 
 func TestMetricsAndHealth(t *testing.T) {

@@ -88,6 +88,7 @@ func modifyResponse(log *slog.Logger) func(*http.Response) error {
 func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, error) {
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		st := reqStateFrom(r.Context())
+		st.answered = decisionBackendFailed
 		backendURL := st.backend.url.String()
 		if errors.Is(context.Cause(r.Context()), errSwitchedAway) {
 			// A watch or upgrade the switch cut before its backend answered: nothing to resume
@@ -97,6 +98,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 		}
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			log.Debug("client went away before the backend answered", "path", r.URL.Path, "backend", backendURL)
+			st.answered = decisionForwarded // it reached the backend, which may have acted on it
 			w.WriteHeader(499)
 			return
 		}
