@@ -7,46 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strings"
 	"time"
+
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
-
-// backendPattern is one --allowed-backends entry: a scheme and host, with a port or "*".
-type backendPattern struct {
-	scheme, host, port string
-}
-
-func parseBackendPattern(raw string) (backendPattern, error) {
-	// url.Parse refuses a "*" port: parse with a placeholder and put the star back.
-	star := strings.HasSuffix(raw, ":*")
-	probe := raw
-	if star {
-		probe = strings.TrimSuffix(raw, "*") + "1"
-	}
-	u, err := parseBackendURL(probe)
-	if err != nil {
-		return backendPattern{}, fmt.Errorf("%q: %w", redactURL(raw), err)
-	}
-	bp := backendPattern{scheme: u.Scheme, host: u.Hostname(), port: u.Port()}
-	if star {
-		bp.port = "*"
-	}
-	return bp, nil
-}
-
-func (bp backendPattern) matches(u *url.URL) bool {
-	return u.Scheme == bp.scheme && strings.EqualFold(u.Hostname(), bp.host) && (bp.port == "*" || bp.port == effectivePort(u))
-}
-
-func effectivePort(u *url.URL) string {
-	if p := u.Port(); p != "" {
-		return p
-	}
-	if u.Scheme == "https" {
-		return "443"
-	}
-	return "80"
-}
 
 // ErrBackendNotAllowed is returned by a switch to a URL the operator did not allow.
 var ErrBackendNotAllowed = errors.New("backend not allowed")
@@ -54,15 +18,8 @@ var ErrBackendNotAllowed = errors.New("backend not allowed")
 // checkAllowed refuses a backend that is neither --upstream nor matched by --allowed-backends:
 // the proxy forwards clients' bearer tokens, so it must never be pointed at an arbitrary server.
 func (s *Server) checkAllowed(u *url.URL) error {
-	if up := s.cfg.opts.Upstream; up != "" {
-		if pu, err := parseBackendURL(up); err == nil && pu.String() == u.String() {
-			return nil
-		}
-	}
-	for _, raw := range s.cfg.opts.AllowedBackends {
-		if bp, err := parseBackendPattern(raw); err == nil && bp.matches(u) {
-			return nil
-		}
+	if backendurl.Allowed(s.cfg.opts.Upstream, s.cfg.opts.AllowedBackends, u) {
+		return nil
 	}
 	return fmt.Errorf("%w: %s is not --upstream and matches no --allowed-backends %v; restart the proxy with --allowed-backends=%s to allow it",
 		ErrBackendNotAllowed, u, s.cfg.opts.AllowedBackends, u)
@@ -74,7 +31,7 @@ func (s *Server) checkAllowed(u *url.URL) error {
 func probeTLS(ctx context.Context, b *backend) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	hostPort := net.JoinHostPort(b.url.Hostname(), effectivePort(b.url))
+	hostPort := net.JoinHostPort(b.url.Hostname(), backendurl.EffectivePort(b.url))
 	if b.url.Scheme != "https" {
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", hostPort)
 		if err != nil {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 
 	"github.com/kubefence/kubefence/internal/tlsutil"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // backend is one upstream apiserver: its URL, its connection pools, and the long-running
@@ -78,7 +78,7 @@ func (p *pool) closeIdle() {
 }
 
 func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error) {
-	u, err := parseBackendURL(rawURL)
+	u, err := backendurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}
@@ -202,48 +202,6 @@ func (b *backend) closeIdle() {
 	if b.identity != nil {
 		b.identity.closeIdle()
 	}
-}
-
-// parseBackendURL parses a backend's URL: a scheme and a host (with a port) only. A user name or
-// password is refused (the proxy forwards clients' own credentials, and the URL is saved in the
-// state file, shown by status and logged), and so are a path, a query and a fragment.
-func parseBackendURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its message repeats the URL, password included
-		}
-		return nil, fmt.Errorf("backend URL %q does not parse: %w", redactURL(raw), err)
-	}
-	shown := u.Redacted()
-	switch {
-	case u.Scheme != "https" && u.Scheme != "http":
-		return nil, fmt.Errorf("backend URL %q: scheme must be https (or http for tests)", shown)
-	case u.Host == "":
-		return nil, fmt.Errorf("backend URL %q has no host", shown)
-	case u.User != nil:
-		return nil, fmt.Errorf("backend URL %q carries a user name or password: give scheme and host only (the proxy forwards each client's own credentials, and the URL is saved and shown)", shown)
-	case u.Path != "" && u.Path != "/", u.RawQuery != "", u.ForceQuery:
-		return nil, fmt.Errorf("backend URL %q: give scheme and host only, no path or query", shown)
-	case strings.Contains(raw, "#"):
-		return nil, fmt.Errorf("backend URL %q: give scheme and host only, no fragment", shown)
-	}
-	u.Path = ""
-	return u, nil
-}
-
-// redactURL hides what may be a password in a URL that does not parse.
-func redactURL(raw string) string {
-	at := strings.LastIndex(raw, "@")
-	if at < 0 {
-		return raw
-	}
-	scheme := ""
-	if i := strings.Index(raw, "://"); i >= 0 && i < at {
-		scheme = raw[:i+3]
-	}
-	return scheme + "xxxxx" + raw[at:]
 }
 
 // errSwitchedAway is why a stream's context ends when a switch cuts it (drain): its client did

@@ -17,6 +17,7 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 
 	"github.com/kubefence/kubefence/internal/tlsutil"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // Options are the proxy's flags.
@@ -169,7 +170,7 @@ func (o *Options) validateListeners() []error {
 		errs = append(errs, errors.New("--upstream is required (the kube-apiserver URL to proxy to)"))
 	}
 	if o.Upstream != "" {
-		if _, err := parseBackendURL(o.Upstream); err != nil {
+		if _, err := backendurl.Parse(o.Upstream); err != nil {
 			errs = append(errs, fmt.Errorf("--upstream: %v", err))
 		}
 	}
@@ -252,7 +253,7 @@ func (o *Options) validateLimits() []error {
 		errs = append(errs, errors.New("--start-fenced needs --state-file: without it a restart would forget the fence"))
 	}
 	for _, u := range o.AllowedBackends {
-		if _, err := parseBackendPattern(u); err != nil {
+		if _, err := backendurl.ParsePattern(u); err != nil {
 			errs = append(errs, fmt.Errorf("--allowed-backends: %v", err))
 		}
 	}

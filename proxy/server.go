@@ -29,6 +29,7 @@ import (
 	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // Server is a running proxy. Build it with New, then Start (or Run).
@@ -164,7 +165,8 @@ func (s *Server) Status() admin.Status {
 	}
 	return admin.Status{
 		APILevel: admin.APILevel, Version: version.Version,
-		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Unchecked: st.Unchecked, Backend: st.Backend, Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Unchecked: st.Unchecked, Backend: st.Backend,
+		Switchable: &admin.Switchable{Upstream: s.cfg.opts.Upstream, AllowedBackends: s.cfg.opts.AllowedBackends}, Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 		Mode: st.Mode, Hold: s.holder.status(), Now: time.Now().UTC(),
@@ -253,7 +255,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	}
 	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
 	// backend that is not allowed.
-	u, err := parseBackendURL(rawURL)
+	u, err := backendurl.Parse(rawURL)
 	if err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}

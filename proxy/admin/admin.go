@@ -46,10 +46,12 @@ type Status struct {
 	// Unchecked is set while the backend is --upstream only because the proxy started fenced
 	// with no state file (--start-fenced): nothing says it is still the side writes must go to.
 	// A fence off must name it (expectBackend) or a 'backend set' confirm one.
-	Unchecked  bool      `json:"unchecked,omitempty"`
-	Backend    string    `json:"backend"`
-	Generation uint64    `json:"generation"`
-	ChangedAt  time.Time `json:"changedAt"`
+	Unchecked bool   `json:"unchecked,omitempty"`
+	Backend   string `json:"backend"`
+	// Switchable is what 'backend set' may switch to (nil from a proxy too old to say).
+	Switchable *Switchable `json:"switchable,omitempty"`
+	Generation uint64      `json:"generation"`
+	ChangedAt  time.Time   `json:"changedAt"`
 	// InflightWrites are writes forwarded and not yet answered.
 	InflightWrites int `json:"inflightWrites"`
 	// OpenWatches are watches open through the proxy; OpenStreams counts watches and upgraded
@@ -175,6 +177,13 @@ type BackendRequest struct {
 	// generation (409 otherwise): a caller that checked the fence first learns that someone
 	// turned it off and on again since, and writes may have reached the old backend.
 	ExpectGeneration uint64 `json:"expectGeneration,omitempty"`
+}
+
+// Switchable is what a proxy allows 'backend set' to switch to: its --upstream and its
+// --allowed-backends patterns (backendurl.Allowed decides).
+type Switchable struct {
+	Upstream        string   `json:"upstream,omitempty"`
+	AllowedBackends []string `json:"allowedBackends,omitempty"`
 }
 
 // Drain says how the long-running requests on the previous backend ended.
