@@ -31,7 +31,7 @@ func (preflightStep) pastNoReturn() bool            { return false }
 
 func (preflightStep) describe(r *runner, _ bool) string {
 	p := r.p
-	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue, green binaries and ports, disk space in %s; watch blue etcd's writes for %s and compare them with the writes the proxies forwarded, check the kubernetes Service's endpoints are proxies (else refuse, unless allowBypass)",
+	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue and allowing the switch, green binaries and ports, disk space in %s; watch blue etcd's writes for %s and compare them with the writes the proxies forwarded, check the kubernetes Service's endpoints are proxies (else refuse, unless allowBypass)",
 		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir, p.Preflight.BypassWatch.D())
 }
 
@@ -42,7 +42,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p), checkGreenTLS(p), checkGreenQuota(p, blueDB))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p), checkGreenTLS(p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
