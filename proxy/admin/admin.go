@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -313,6 +314,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.hc.Do(req)
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("%w: permission denied: the admin socket is 0600, owned by the user the proxy runs as (root with the shipped manifests): run this command as that user: %v", ErrUnreachable, err)
+	}
 	if err != nil {
 		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same?): %v", ErrUnreachable, err)
 	}

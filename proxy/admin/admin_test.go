@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -49,3 +50,20 @@ func TestLargeWritesAnswer(t *testing.T) {
 		t.Fatalf("writes answer of %d bytes: %d entries, complete %v, %v", len(body), len(got.Writes), got.Complete, err)
 	}
 }
+
+// TestPermissionDeniedSaysWho: a socket the caller may not open (0600, another user's) is
+// answered with what to do, not with "is the proxy running?".
+func TestPermissionDeniedSaysWho(t *testing.T) {
+	c := NewClient("/nonexistent.sock")
+	c.hc.Transport = roundTrip(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.EACCES)}
+	})
+	_, err := c.Status(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "run this command as that user") || strings.Contains(err.Error(), "is 'kubefence proxy' running") {
+		t.Fatalf("error %v, want one saying whose socket it is", err)
+	}
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

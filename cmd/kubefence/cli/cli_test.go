@@ -79,6 +79,7 @@ func TestExitCodes(t *testing.T) {
 		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
 		{"cutover without a plan", []string{"cutover"}, ExitUsage, "", "--plan is required"},
 		{"cutover with a bad plan", []string{"cutover", "--plan", badPlan, "--dry-run"}, ExitUsage, "", "stateDir is required"},
+		{"usage hint names the command", []string{"cutover", "--plan", badPlan, "--dry-run"}, ExitUsage, "", "Run 'kubefence cutover --help' for usage."},
 		{"cutover abort with a bad plan", []string{"cutover", "abort", "--plan", badPlan}, ExitUsage, "", "green.etcd.binary is required"},
 		// The way out needs the journal and the proxies, not the files the plan names (a green
 		// binary or certificate gone must not keep writes fenced): here, no journal at all.

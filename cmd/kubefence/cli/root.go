@@ -153,7 +153,7 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	// etcd it started is killed with it, as after a crash) and the same command resumes it.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	closeLogs()
 	if err == nil {
 		return ExitOK
@@ -161,7 +161,10 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	fmt.Fprintf(errOut, "error: %v\n", err)
 	var ue usageError
 	if errors.As(err, &ue) || isCobraUsageError(err) {
-		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", root.CommandPath())
+		if cmd == nil {
+			cmd = root
+		}
+		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return ExitUsage
 	}
 	return ExitFailure
