@@ -25,3 +25,18 @@ func TestNoAbortOfferedPastTheSwitch(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFilesAfterSwitch: past the switch the programs that start green are not asked for,
+// what the unfence, the bake and a rollback read still is.
+func TestCheckFilesAfterSwitch(t *testing.T) {
+	p, _ := validPlan(t)
+	for _, f := range []string{p.Green.Etcd.Binary, p.Green.APIServer.Command[0], p.Blue.APIServer.Kubeconfig} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := p.CheckFilesAfterSwitch()
+	if err == nil || !strings.Contains(err.Error(), "blue.apiserver.kubeconfig") || strings.Contains(err.Error(), "green.etcd.binary") || strings.Contains(err.Error(), "command[0]") {
+		t.Errorf("CheckFilesAfterSwitch: %v; want the kubeconfig named, not the programs", err)
+	}
+}

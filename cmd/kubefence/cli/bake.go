@@ -22,6 +22,7 @@ type cutoverRollbackOptions struct {
 
 func newCutoverRollbackCommand(g *globals) *cobra.Command {
 	o := &cutoverRollbackOptions{cutoverOptions: newCutoverOptions(g)}
+	o.goOn = true
 	cmd := o.planSubcommand(o, "rollback --plan PLAN", "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence")
 	cmd.Long = `Go back to blue while the cutover bakes (plan bake.enabled): the window of the cutover run
 backwards. The process keeping blue in step with green is asked to stop (SIGTERM) and this one
@@ -44,6 +45,7 @@ type cutoverFinishOptions struct {
 
 func newCutoverFinishCommand(g *globals) *cobra.Command {
 	o := &cutoverFinishOptions{newCutoverOptions(g)}
+	o.goOn = true
 	return o.planSubcommand(o, "finish --plan PLAN", "End a bake: blue stops following green (its data dir is kept), the cutover is done")
 }
 
