@@ -92,7 +92,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return r.abortRollback(ctx, reason)
 	}
 	if rec, ok := r.j.record(StepSwitch); ok {
-		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort; reverse with a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339))
+		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); if it cannot run, 'kubefence fence off --expect-backend %s' on each proxy (or the proxy's greenURL) reopens writes where the proxy is on green. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), r.p.Green.APIServer.URL)
 	}
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete.

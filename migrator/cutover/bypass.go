@@ -362,19 +362,6 @@ func listWrites(ctx context.Context, c proxyAdmin, since time.Time) (admin.Write
 	return wl.Writes(ctx, since)
 }
 
-// listens are the proxies' API listen addresses.
-func (g *proxyGroup) listens(ctx context.Context) ([]string, error) {
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, r := range res {
-		out = append(out, r.Value.Listen)
-	}
-	return out, nil
-}
-
 // forwardedCounts counts forwarded writes by resource and namespace; a deletecollection counts
 // as any number (-1). Writes answered after end (the watch's end) and its slack are left out:
 // they cannot be in what the watch saw, and counted they would hide as many writes around the
@@ -443,8 +430,12 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 	if !fw.Complete {
 		problems = append(problems, "a proxy's log of forwarded writes did not reach back to the watch's start (over 65,536 writes in it): the comparison may be wrong")
 	}
-	problems = append(problems, r.checkServiceEndpoints(ctx)...)
+	epProblems, epNotes := r.checkServiceEndpoints(ctx)
+	problems = append(problems, epProblems...)
 	summary := fmt.Sprintf("watched blue etcd %s: %d client write(s) (%d events), %d forwarded by the proxies", d, len(blue), seen, len(fw.Writes))
+	for _, n := range epNotes {
+		summary += "; WARNING: " + n
+	}
 	if pg, ok := r.adm.(*proxyGroup); ok {
 		note, clockProblems := pg.clockNotes()
 		summary += note
@@ -457,38 +448,6 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 		return summary + "; ALLOWED (allowBypass) although writers go around the proxies: " + strings.Join(problems, "; "), nil
 	}
 	return "", fmt.Errorf("writers go around the proxies (%s): %s. Their writes are not fenced and would be lost at the switch: put them behind a proxy (docs/runbook.md), or run with --allow-bypass (plan preflight.allowBypass) if you know they are harmless", summary, strings.Join(problems, "; "))
-}
-
-// checkServiceEndpoints checks that the default/kubernetes Service's endpoints (what in-cluster
-// clients reach) are the proxies' listen addresses.
-func (r *runner) checkServiceEndpoints(ctx context.Context) []string {
-	g, ok := r.adm.(*proxyGroup)
-	if !ok {
-		return nil
-	}
-	listens, err := g.listens(ctx)
-	if err != nil {
-		return []string{"the proxies' listen addresses: " + err.Error()}
-	}
-	cfg, err := restConfig(r.p.Blue.APIServer.Kubeconfig)
-	if err != nil {
-		return []string{"blue apiserver: " + err.Error()}
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return []string{"blue apiserver: " + err.Error()}
-	}
-	addrs, err := serviceEndpoints(ctx, cs)
-	if err != nil {
-		return []string{"the kubernetes Service's endpoints: " + err.Error()}
-	}
-	var out []string
-	for _, addr := range addrs {
-		if !isProxyAddress(addr, listens) {
-			out = append(out, fmt.Sprintf("the kubernetes Service's endpoint %s is not a proxy (%s): in-cluster clients reach blue's apiserver directly", addr, strings.Join(listens, ", ")))
-		}
-	}
-	return out
 }
 
 // serviceEndpoints are the default/kubernetes Service's endpoints (ip:port), from its
@@ -512,23 +471,4 @@ func serviceEndpoints(ctx context.Context, cs kubernetes.Interface) ([]string, e
 		}
 	}
 	return out, nil
-}
-
-// isProxyAddress says whether addr (ip:port) is one of the listen addresses, a wildcard listen
-// address (0.0.0.0, ::) matching any IP on its port.
-func isProxyAddress(addr string, listens []string) bool {
-	ip, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	for _, l := range listens {
-		lh, lp, err := net.SplitHostPort(l)
-		if err != nil || lp != port {
-			continue
-		}
-		if lip := net.ParseIP(lh); lh == "" || (lip != nil && lip.IsUnspecified()) || (lip != nil && lip.Equal(net.ParseIP(ip))) {
-			return true
-		}
-	}
-	return false
 }

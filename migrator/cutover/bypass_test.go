@@ -150,28 +150,6 @@ func TestApiserverOwnKeys(t *testing.T) {
 	}
 }
 
-// TestIsProxyAddress: an endpoint is a proxy if a proxy listens on its address, or on every
-// address (a wildcard) at its port.
-func TestIsProxyAddress(t *testing.T) {
-	cases := []struct {
-		addr    string
-		listens []string
-		want    bool
-	}{
-		{"10.0.0.10:6443", []string{"10.0.0.10:6443"}, true},
-		{"10.0.0.10:6443", []string{"[::]:6443"}, true},
-		{"10.0.0.10:6443", []string{"0.0.0.0:6443"}, true},
-		{"10.0.0.10:6443", []string{"127.0.0.1:6443"}, false},
-		{"10.0.0.10:6444", []string{"[::]:6443"}, false},
-		{"127.0.0.1:40000", []string{"127.0.0.1:41000", "127.0.0.1:40000"}, true},
-	}
-	for _, tc := range cases {
-		if got := isProxyAddress(tc.addr, tc.listens); got != tc.want {
-			t.Errorf("%s against %v: %v, want %v", tc.addr, tc.listens, got, tc.want)
-		}
-	}
-}
-
 // TestForwardedCountsUntil: writes the proxies answered after the watch ended (and its slack)
 // are not counted: they cannot be in what the watch saw, and counted they would hide as many
 // writes around the proxies.

@@ -334,7 +334,7 @@ func TestStaticPodOnlyOurs(t *testing.T) {
 	if err := os.Mkdir(kubeletDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	manifest := writeFile(t, dir, "kube-apiserver.yaml", "green\n")
+	manifest := writeFile(t, dir, "kube-apiserver.yaml", "metadata: {name: kube-apiserver-green, namespace: kube-system}\n")
 	existing := writeFile(t, kubeletDir, "kube-apiserver.yaml", "blue\n")
 	p.Green.APIServer.Command = nil
 	p.Green.APIServer.StaticPod = &StaticPod{Manifest: manifest, ManifestDir: kubeletDir}
@@ -406,7 +406,7 @@ func TestStaticPodWaitsForReadyz(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Green.APIServer.Command = nil
-			p.Green.APIServer.StaticPod = &StaticPod{Manifest: writeFile(t, dir, "green.yaml", "kind: Pod\n"), ManifestDir: kubeletDir}
+			p.Green.APIServer.StaticPod = &StaticPod{Manifest: writeFile(t, dir, "green.yaml", "kind: Pod\nmetadata: {name: green}\n"), ManifestDir: kubeletDir}
 			p.Green.APIServer.URL = green.URL
 			p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", green.URL)
 			r := testRunner(t, p, "/nonexistent")

@@ -38,7 +38,7 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		if j.aborting() {
 			return nil, fmt.Errorf("cutover %s's abort did not finish: 'kubefence cutover abort' first", j.ID)
 		}
-		return nil, fmt.Errorf("cutover %s is in progress: run it again with --resume, or 'kubefence cutover abort' first", j.ID)
+		return nil, fmt.Errorf("cutover %s is in progress: %s; clean up after that", j.ID, j.wayOn())
 	case StateDone:
 		return nil, fmt.Errorf("cutover %s is done: green serves the cluster, there is nothing to clean up", j.ID)
 	case StateBaking:

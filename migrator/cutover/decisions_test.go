@@ -326,6 +326,8 @@ func TestAbortDecisions(t *testing.T) {
 		{"before the switch", false, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "", []int{102, 101}},
 		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "already sends requests to green", nil},
 		{"after the switch is journaled", true, []StepRecord{{Step: StepSwitch, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}, StateRunning, "switched to green at 2026-01-02T03:04:05Z", nil},
+		// The refusal names the way that works from there: finish with --resume.
+		{"after the switch, the way on", true, []StepRecord{{Step: StepSwitch}}, StateRunning, "'kubefence cutover --resume --plan PLAN'", nil},
 		{"an aborted cutover", false, nil, StateAborted, "nothing to abort", nil},
 		// A fence this run never placed (an operator's, around a rehearsal) stays on.
 		{"a fence not this run's", false, []StepRecord{{Step: StepPreflight}, {Step: StepCopy}}, StateRunning, "", []int{102, 101}},

@@ -134,3 +134,59 @@ func checkExamplePlan(t *testing.T, name string, data []byte) {
 		}
 	}
 }
+
+// staticPodAllowedBackends are the --allowed-backends of the shipped static pod proxy.
+func staticPodAllowedBackends(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "static-pod", "kubefence-proxy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if _, v, ok := strings.Cut(line, "--allowed-backends="); ok {
+			return strings.Split(strings.TrimSpace(v), ",")
+		}
+	}
+	t.Fatal("the static pod sets no --allowed-backends")
+	return nil
+}
+
+// allowedBy says whether an allow-list entry (exact, or https://host:* for any port) admits u.
+func allowedBy(u string, list []string) bool {
+	for _, a := range list {
+		if prefix, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(u, prefix) || a == sameURL(u) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestExamplesFollowTheRecipe: the single-node examples follow deploy/README.md's stacked recipe
+// (blue on 127.0.0.1:6443 behind the proxy on the node's IP; the old :6444 recipe leaves clients
+// around the proxy), their green URLs are ones the shipped static pod proxy may switch to, and
+// the main example replicates (README's default: a sub-second window). An example whose green
+// URLs the static pod does not allow says to edit its --allowed-backends.
+func TestExamplesFollowTheRecipe(t *testing.T) {
+	allowed := staticPodAllowedBackends(t)
+	for _, name := range []string{"cutover-plan-kubeadm.yaml", "cutover-plan-v2-source.yaml", "cutover-plan-kubeadm-ha.yaml"} {
+		data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ParsePlan(data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.Blue.APIServer.URL != "https://127.0.0.1:6443" {
+			t.Errorf("%s: blue.apiserver.url %s, want the stacked recipe's https://127.0.0.1:6443", name, p.Blue.APIServer.URL)
+		}
+		for _, a := range p.greenAPIServers() {
+			if !allowedBy(a.URL, allowed) && !strings.Contains(string(data), "--allowed-backends") {
+				t.Errorf("%s: green %s is not in the static pod's --allowed-backends %v, and the example does not say to add it", name, a.URL, allowed)
+			}
+		}
+		if name == "cutover-plan-kubeadm.yaml" && !p.Replicating() {
+			t.Errorf("%s: migration.mode %s does not replicate: the main example should show the default, sub-second cutover", name, p.Migration.Mode)
+		}
+	}
+}

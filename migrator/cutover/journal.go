@@ -34,6 +34,15 @@ var knownStates = map[string]bool{StateRunning: true, StateDone: true, StateAbor
 // it, green maybe stopped. Only 'cutover abort' goes on from there.
 func (j *Journal) aborting() bool { return j.State == StateRunning && j.AbortReason != "" }
 
+// wayOn is the advice for a running cutover no process runs: past the switch abort refuses
+// it, so only --resume finishes it.
+func (j *Journal) wayOn() string {
+	if j.done(StepSwitch) {
+		return "it has switched to green, and there is no abort from there: run 'kubefence cutover --resume --plan PLAN' to finish it"
+	}
+	return "run again with --resume to continue, or 'kubefence cutover abort' to go back to blue"
+}
+
 // Journal records a cutover's progress in the state dir. It is written atomically after every
 // finished step, before the next one starts.
 type Journal struct {

@@ -655,8 +655,55 @@ func (p *Plan) paths() []planPath {
 // problem is reported at once. LoadPlan (the CLI) calls it, and the preflight again before
 // anything changes.
 func (p *Plan) CheckFiles() error {
+	ps := checkPaths(p.paths())
+	for i, m := range p.Green.Etcd.Members {
+		if !m.External { // an external member's data dir is on its own host
+			ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
+		}
+	}
+	return errors.Join(ps...)
+}
+
+// CheckFilesAfterSwitch is CheckFiles for what is left from the switch on (the unfence, the
+// bake, a rollback, a finish): the files that only build and start green (the programs, the
+// static pod, blue's member data dir, green etcd's serving and peer certificates) are read no
+// more, so one gone since keeps nobody fenced, and the plan need not be edited (which a resume
+// refuses).
+func (p *Plan) CheckFilesAfterSwitch() error {
+	return errors.Join(checkPaths(slices.DeleteFunc(p.paths(), startsGreen))...)
+}
+
+// CheckFilesToGoOn checks the files that what is left of the cutover journaled in the plan's
+// state dir needs: CheckFilesAfterSwitch once its switch is journaled (or it bakes, or rolls
+// back), CheckFiles before, or without a journal to read.
+func (p *Plan) CheckFilesToGoOn() error {
+	j, err := LoadJournal(p.StateDir)
+	if err == nil && (j.done(StepSwitch) || j.State == StateBaking || j.State == StateRollingBack) {
+		return p.CheckFilesAfterSwitch()
+	}
+	return p.CheckFiles()
+}
+
+// startsGreen says whether only building and starting green reads f.
+func startsGreen(f planPath) bool {
+	switch {
+	case f.want == aProgram, f.want == aMemberDir, f.field == "blue.etcd.walDir":
+		return true
+	case strings.HasPrefix(f.field, "green.apiserver.staticPod."):
+		return true
+	}
+	for _, tls := range []string{"green.etcd.tls.server", "green.etcd.tls.peer"} {
+		if strings.HasPrefix(f.field, tls) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPaths checks that each path is there as it should be.
+func checkPaths(paths []planPath) problems {
 	var ps problems
-	for _, f := range p.paths() {
+	for _, f := range paths {
 		if f.path == "" {
 			continue
 		}
@@ -676,12 +723,7 @@ func (p *Plan) CheckFiles() error {
 			}
 		}
 	}
-	for i, m := range p.Green.Etcd.Members {
-		if !m.External { // an external member's data dir is on its own host
-			ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
-		}
-	}
-	return errors.Join(ps...)
+	return ps
 }
 
 // apartFromBlue refuses a green data dir that is, lies inside or holds blue's member data dir

@@ -233,7 +233,7 @@ func (r *runner) openJournal() error {
 	case j.State == StateRunning && j.Rehearse:
 		return fmt.Errorf("rehearsal %s stopped partway (last finished step %q): a rehearsal is not resumed, nor run over; 'kubefence cutover abort --plan PLAN' stops what it started, then rehearse again", j.ID, lastStep(j))
 	case j.State == StateRunning && !o.Resume:
-		return fmt.Errorf("%w (id %s, last finished step %q): run again with --resume to continue, or 'kubefence cutover abort' to go back to blue", ErrInProgress, j.ID, lastStep(j))
+		return fmt.Errorf("%w (id %s, last finished step %q): %s", ErrInProgress, j.ID, lastStep(j), j.wayOn())
 	case (j.State == StateRunning || j.State == StateBaking && o.Resume) && j.PlanHash != p.hash:
 		return fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): resume with the same plan", j.ID, p.hash, j.PlanHash)
 	case j.State == StateRunning:

@@ -90,13 +90,17 @@ func (p *Plan) greenAPIServerProcesses() []greenAPIServerProc {
 }
 
 // placeGreenManifest writes the green apiserver's manifest into the kubelet's directory. A file
-// of that name the cutover did not place is refused (it is a pod the kubelet runs), and the
+// of that name the cutover did not place, or a manifest there with the same pod namespace/name,
+// is refused again (the preflight checked both: it is a pod the kubelet runs), and the
 // placement is journaled first, so that abort removes only what the cutover placed.
 func (r *runner) placeGreenManifest() error {
 	sp := r.p.Green.APIServer.StaticPod
 	path := staticPodPath(sp)
 	if r.j.StaticPodPlaced != path {
 		if err := manifestAbsent(sp); err != nil {
+			return err
+		}
+		if err := manifestNameFree(sp); err != nil {
 			return err
 		}
 		r.j.StaticPodPlaced = path

@@ -70,7 +70,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 	}
 	if sp := p.Green.APIServer.StaticPod; sp != nil {
-		errs = append(errs, manifestAbsent(sp))
+		errs = append(errs, manifestAbsent(sp), checkGreenManifest(ctx, p))
 	}
 	errs = append(errs, enoughSpace(p.StateDir, 2*blueDB))
 	if err := errors.Join(errs...); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,7 @@ type cutoverRollbackOptions struct {
 
 func newCutoverRollbackCommand(g *globals) *cobra.Command {
 	o := &cutoverRollbackOptions{cutoverOptions: newCutoverOptions(g)}
+	o.goOn = true
 	cmd := o.planSubcommand(o, "rollback --plan PLAN", "During a bake, go back to blue: fence, drain green into blue, switch every proxy to blue, unfence")
 	cmd.Long = `Go back to blue while the cutover bakes (plan bake.enabled): the window of the cutover run
 backwards. The process keeping blue in step with green is asked to stop (SIGTERM) and this one
@@ -43,6 +45,7 @@ type cutoverFinishOptions struct {
 
 func newCutoverFinishCommand(g *globals) *cobra.Command {
 	o := &cutoverFinishOptions{newCutoverOptions(g)}
+	o.goOn = true
 	return o.planSubcommand(o, "finish --plan PLAN", "End a bake: blue stops following green (its data dir is kept), the cutover is done")
 }
 
@@ -102,6 +105,9 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 		fmt.Fprintf(w, "  run by pid %d\n", st.Runner)
 	case st.Aborting != "":
 		fmt.Fprintln(w, "  WARNING: the abort did not finish: run 'kubefence cutover abort --plan PLAN'")
+	case st.State == cutover.StateRunning && switched(st):
+		// Abort refuses from here: the proxies send requests to green.
+		fmt.Fprintln(w, "  WARNING: no process runs this cutover, and it has switched to green: run 'kubefence cutover --resume --plan PLAN' now to finish it (writes reopen on green); if it cannot run, 'kubefence fence off --expect-backend GREEN_URL' on each proxy (green.apiserver.url, or the proxy's greenURL) reopens writes where the proxy is on green. There is no abort past the switch")
 	case st.State == cutover.StateRunning && (!st.WindowOpenSince.IsZero() || !st.FenceStartedAt.IsZero()):
 		fmt.Fprintln(w, "  WARNING: no process runs this cutover: run 'kubefence cutover --resume --plan PLAN' to finish the window, or 'kubefence cutover abort --plan PLAN' to go back to blue, now")
 	case st.State == cutover.StateRunning && st.Rehearsal:
@@ -111,6 +117,11 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 	case st.State == cutover.StateRollingBack:
 		fmt.Fprintln(w, "  WARNING: no process runs the rollback: run 'kubefence cutover rollback --resume --plan PLAN'")
 	}
+}
+
+// switched says whether the cutover's switch to green is journaled.
+func switched(st *cutover.StatusReport) bool {
+	return slices.ContainsFunc(st.Steps, func(s cutover.StepRecord) bool { return s.Step == cutover.StepSwitch })
 }
 
 // printBake says where blue stands against green in a bake, and whether anything keeps it so.

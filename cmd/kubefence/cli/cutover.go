@@ -27,6 +27,9 @@ type cutoverOptions struct {
 	// shapeOnly: the plan's files are not checked when it is read (abort, cleanup, status
 	// must work when some are gone).
 	shapeOnly bool
+	// goOn: only the files that what is left of the journaled cutover needs are checked
+	// (--resume, rollback, finish: past the switch nothing starts green any more).
+	goOn bool
 }
 
 func (o *cutoverOptions) addFlags(cmd *cobra.Command, planUsage string) {
@@ -49,6 +52,12 @@ func (o *cutoverOptions) Complete([]string) (err error) {
 	case o.planFile == "":
 	case o.shapeOnly:
 		o.plan, err = cutover.ReadPlan(o.planFile)
+	case o.goOn:
+		if o.plan, err = cutover.ReadPlan(o.planFile); err == nil {
+			if err = o.plan.CheckFilesToGoOn(); err != nil {
+				err = fmt.Errorf("plan %s: %w", o.planFile, err)
+			}
+		}
 	default:
 		o.plan, err = cutover.LoadPlan(o.planFile)
 	}
@@ -115,6 +124,12 @@ blue unfenced, as before. After the switch there is no abort; the report says ho
 	cmd.Flags().BoolVar(&o.rehearse, "rehearse", false, "replicating plans: do everything before the fence (snapshot, green, replication, full verify), measure a drain without fencing, print the window it predicts, then tear green down")
 	cmd.AddCommand(newCutoverAbortCommand(g), newCutoverCleanupCommand(g), newCutoverRollbackCommand(g), newCutoverFinishCommand(g), newCutoverStatusCommand(g))
 	return cmd
+}
+
+// Complete loads the plan; a resume checks only the files what is left of the cutover needs.
+func (o *cutoverRunOptions) Complete(args []string) error {
+	o.goOn = o.resume
+	return o.cutoverOptions.Complete(args)
 }
 
 // Validate refuses --rehearse with --resume, or with a plan that does not replicate, here,

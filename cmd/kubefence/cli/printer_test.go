@@ -118,6 +118,12 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 	}{
 		{"an open window, no process", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced},
 			[]string{"WRITES FENCED since 2026-11-26T03:00:00Z", "no process runs this cutover", "--resume", "cutover abort"}, nil},
+		// Past the switch abort is refused: only --resume (or opening the fence by hand on
+		// green) is offered.
+		{"an open window past the switch, no process", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Steps: []cutover.StepRecord{{Step: cutover.StepSwitch}}},
+			[]string{"WRITES FENCED", "switched to green", "'kubefence cutover --resume --plan PLAN'", "fence off --expect-backend GREEN_URL"}, []string{"cutover abort"}},
+		{"past the switch, the fence lifted by hand, no process", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Steps: []cutover.StepRecord{{Step: cutover.StepSwitch}}},
+			[]string{"switched to green", "--resume"}, []string{"cutover abort"}},
 		{"an abort that stopped partway", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Aborting: "step drain failed"},
 			[]string{"going back to blue: step drain failed", "the abort did not finish", "cutover abort"}, []string{"--resume"}},
 		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
