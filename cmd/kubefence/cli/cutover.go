@@ -107,9 +107,15 @@ func newCutoverCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cutover --plan PLAN",
 		Short: "Move the cluster behind the proxy from blue etcd + apiserver to green, journaled",
-		Long: `Carry out a cutover plan (docs/plan.md): preflight, fence on, copy blue's etcd (a consistent
-snapshot), build green's data dir (restore with a revision bump), start green etcd and green
-kube-apiserver, verify every object, switch the proxy to green, fence off.
+		Long: `Carry out a cutover plan (docs/plan.md). By default (migration.mode auto, v3 data:
+replicate), everything that grows with the data happens with writes open: preflight, a
+consistent snapshot of blue's etcd restored as green's at the same revision, green etcd started
+and kept in step by replicating every blue revision as one txn, green kube-apiserver started
+(read-only in etcd until the switch), every object verified. Then the window, writes fenced
+(held in hold mode): drain replication, check the changes since the verify, switch every proxy
+to green (watches resumed), let green's apiserver write, fence off. With v2 data (or mode
+snapshot) the copy, restore (with a revision bump), green's start and the verify happen with
+writes fenced instead.
 
 Each finished step is journaled in the plan's stateDir before the next starts: after a crash,
 run the same command with --resume. A failure before the switch aborts: green is stopped and
