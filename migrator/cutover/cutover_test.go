@@ -403,3 +403,29 @@ func TestV2TTLClock(t *testing.T) {
 		t.Fatalf("ttlClock without a copy = %v", err)
 	}
 }
+
+// TestDryRunPerProxyCommands: with several proxies, each in front of its own apiservers, the
+// dry run's switch and unfence name each proxy's own command (the runbook calls them the exact
+// commands, for a hand recovery), not the plan's green URL for all and a bare fence off.
+func TestDryRunPerProxyCommands(t *testing.T) {
+	p, _ := validPlan(t)
+	green := p.Green.APIServer.URL
+	p.Proxies = []ProxyRef{
+		{AdminSocket: "/run/a.sock"},
+		{AdminAddress: "https://n2:9443", CertFile: "c", KeyFile: "k", CAFile: "ca", BlueURL: "https://n2:6443", GreenURL: "https://n2:7443"},
+	}
+	all := ""
+	for _, s := range DryRun(p) {
+		all += s.Step + ": " + s.Action + "\n"
+	}
+	for _, want := range []string{
+		"kubefence backend set " + green + " --admin-socket /run/a.sock",
+		"kubefence backend set https://n2:7443 --admin-address https://n2:9443",
+		"kubefence fence off --expect-backend " + green + " --admin-socket /run/a.sock",
+		"kubefence fence off --expect-backend https://n2:7443 --admin-address https://n2:9443",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, all)
+		}
+	}
+}

@@ -436,3 +436,27 @@ func proxyNames(p *Plan) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// proxyCommands is the command line each proxy of the plan gets for verb on url (one of the
+// plan's apiservers), with the proxy's own apiserver in url's place and the flag that names the
+// proxy: what an operator would type for each proxy, "; "-separated.
+func (p *Plan) proxyCommands(verb, url string) string {
+	var cmds []string
+	for _, pr := range p.proxyRefs() {
+		own := url
+		for _, rt := range []route{{p.Blue.APIServer.URL, pr.BlueURL}, {p.Green.APIServer.URL, pr.GreenURL}} {
+			if rt.own != "" && sameURL(url) == sameURL(rt.plan) {
+				own = rt.own
+			}
+		}
+		cmd := "kubefence " + verb + " " + own
+		switch {
+		case pr.AdminAddress != "":
+			cmd += " --admin-address " + pr.AdminAddress
+		case pr.AdminSocket != "":
+			cmd += " --admin-socket " + pr.AdminSocket
+		}
+		cmds = append(cmds, cmd)
+	}
+	return strings.Join(cmds, "; ")
+}

@@ -22,7 +22,11 @@ func (fenceStep) timeout(p *Plan) time.Duration {
 }
 
 func (fenceStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("when replicating, first connect to the etcd the window's auth steps change and let green catch up with blue while it gains on it (up to %s); then kubefence fence on --mode %s (wait up to %s for in-flight writes)", preFenceCatchUp, r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
+	fence := fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
+	if !r.p.Replicating() {
+		return fence
+	}
+	return fmt.Sprintf("first connect to the etcd the window's auth steps change and let green catch up with blue while it gains on it (up to %s); then %s", preFenceCatchUp, fence)
 }
 
 func (fenceStep) run(ctx context.Context, r *runner) (string, error) {

@@ -14,7 +14,9 @@ type unfenceStep struct{}
 func (unfenceStep) name() string                  { return StepUnfence }
 func (unfenceStep) timeout(p *Plan) time.Duration { return p.Timeouts.Unfence.D() }
 func (unfenceStep) pastNoReturn() bool            { return true }
-func (unfenceStep) describe(*runner, bool) string { return "kubefence fence off" }
+func (unfenceStep) describe(r *runner, _ bool) string {
+	return r.p.proxyCommands("fence off --expect-backend", r.to.api.URL)
+}
 
 func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.to.api.URL})
