@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -118,14 +119,34 @@ func greenPodServes(ctx context.Context, url, manifest string, pod *corev1.Pod) 
 		errs = append(errs, fmt.Errorf("green's manifest %s gives --bind-address=%s, so green's apiserver cannot serve green.apiserver.url %s: the cutover would wait for it in vain and abort; set --bind-address to %s's address (or 0.0.0.0), or green.apiserver.url's host to %s", manifest, bind, url, uhost, bind))
 	}
 	errs = append(errs, probesServe(c, manifest, port, bind)...)
+	errs = append(errs, declaredPorts(pod, c, manifest, port)...)
 	return errors.Join(errs...)
+}
+
+// declaredPorts refuses a port green's container declares other than its --secure-port: under
+// hostNetwork (kubeadm's) a declared port is a host port, and kubeadm's manifest declares 6443
+// (probe-port), which blue's kube-apiserver pod declares too: the kubelet refuses a pod whose host
+// port another pod holds (NodePorts), and green would never start.
+func declaredPorts(pod *corev1.Pod, c *corev1.Container, manifest, port string) []error {
+	var errs []error
+	for _, cp := range c.Ports {
+		hp := cp.HostPort
+		if hp == 0 && pod.Spec.HostNetwork {
+			hp = cp.ContainerPort
+		}
+		if hp == 0 || fmt.Sprint(hp) == port {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("green's manifest %s declares port %d (%s), a host port under hostNetwork, other than its --secure-port %s: blue's kube-apiserver pod declares 6443 and the kubelet refuses a second pod on a host port; set its containerPort to %s", manifest, hp, cmp.Or(cp.Name, "unnamed"), port, port))
+	}
+	return errs
 }
 
 // probesServe refuses probes that do not ask green's apiserver: another port than its
 // --secure-port (blue's 6443), or a host its --bind-address (bind, nil for every address) does
 // not serve; no host is the pod's IP, the node's, which a loopback bind does not serve.
 func probesServe(c *corev1.Container, manifest, port string, bind net.IP) []error {
-	var wrongPort, wrongHost []string
+	var wrongPort, wrongHost, named []string
 	for _, pr := range []struct {
 		name  string
 		probe *corev1.Probe
@@ -136,6 +157,9 @@ func probesServe(c *corev1.Container, manifest, port string, bind net.IP) []erro
 		}
 		if p := probePort(c, ppt); p != port {
 			wrongPort = append(wrongPort, fmt.Sprintf("%s (port %s)", pr.name, p))
+			if ppt.Type == intstr.String && !slices.Contains(named, ppt.StrVal) {
+				named = append(named, ppt.StrVal)
+			}
 		}
 		switch h := net.ParseIP(host); {
 		case bind == nil:
@@ -147,7 +171,11 @@ func probesServe(c *corev1.Container, manifest, port string, bind net.IP) []erro
 	}
 	var errs []error
 	if len(wrongPort) > 0 {
-		errs = append(errs, fmt.Errorf("green's manifest %s: %s ask another port than its --secure-port %s: they would check blue's apiserver, and once blue stops the kubelet would restart green over and over; set their port to %s", manifest, strings.Join(wrongPort, ", "), port, port))
+		fix := "set their port to " + port
+		if len(named) > 0 { // kubeadm's probe-port: the number is the container's declared port
+			fix = fmt.Sprintf("set the containerPort of port %s to %s (or their port to %s)", strings.Join(named, ", "), port, port)
+		}
+		errs = append(errs, fmt.Errorf("green's manifest %s: %s ask another port than its --secure-port %s: they would check blue's apiserver, and once blue stops the kubelet would restart green over and over; %s", manifest, strings.Join(wrongPort, ", "), port, fix))
 	}
 	if len(wrongHost) > 0 {
 		errs = append(errs, fmt.Errorf("green's manifest %s: %s ask where its --bind-address=%s does not listen: the kubelet would restart green over and over; set their host to %s", manifest, strings.Join(wrongHost, ", "), bind, bind))

@@ -8,7 +8,8 @@ import (
 )
 
 // kubeadmAPIServer is blue's manifest as kubeadm writes it with deploy/kubeadm's recipe
-// (loopback bind, probes on 127.0.0.1:6443).
+// (loopback bind, probes on 127.0.0.1 at the named port probe-port, which the container declares
+// as 6443: under hostNetwork, a host port).
 const kubeadmAPIServer = `apiVersion: v1
 kind: Pod
 metadata:
@@ -25,12 +26,14 @@ spec:
     - --bind-address=127.0.0.1
     - --secure-port=6443
     - --etcd-servers=https://127.0.0.1:2379
+    ports:
+    - {containerPort: 6443, name: probe-port, protocol: TCP}
     livenessProbe:
-      httpGet: {host: 127.0.0.1, path: /livez, port: 6443, scheme: HTTPS}
+      httpGet: {host: 127.0.0.1, path: /livez, port: probe-port, scheme: HTTPS}
     readinessProbe:
-      httpGet: {host: 127.0.0.1, path: /readyz, port: 6443, scheme: HTTPS}
+      httpGet: {host: 127.0.0.1, path: /readyz, port: probe-port, scheme: HTTPS}
     startupProbe:
-      httpGet: {host: 127.0.0.1, path: /livez, port: 6443, scheme: HTTPS}
+      httpGet: {host: 127.0.0.1, path: /livez, port: probe-port, scheme: HTTPS}
 `
 
 // greenFromKubeadm is kubeadm's manifest with the edits the examples' comments listed before:
@@ -53,7 +56,9 @@ func greenFromKubeadm(edit ...[2]string) string {
 // plan (green never ready, the cutover aborts); each refusal names what to edit.
 func TestGreenManifestFitsBlueNode(t *testing.T) {
 	renamed := [2]string{"name: kube-apiserver\n  namespace", "name: kube-apiserver-green\n  namespace"}
-	probes := [2]string{"port: 6443", "port: 7443"}
+	probes := [2]string{"containerPort: 6443", "containerPort: 7443"}
+	numbered := [2]string{"port: probe-port", "port: 6443"} // probes with a number, no ports declared
+	undeclared := [2]string{"    ports:\n    - {containerPort: 6443, name: probe-port, protocol: TCP}\n", ""}
 	for _, tc := range []struct {
 		name, manifest, greenURL string
 		want                     []string // in the error; none for no error
@@ -62,7 +67,12 @@ func TestGreenManifestFitsBlueNode(t *testing.T) {
 		{"blue's pod name", greenFromKubeadm(probes), "https://127.0.0.1:7443",
 			[]string{"kube-system/kube-apiserver", "kube-apiserver.yaml", "metadata.name"}},
 		{"blue's probe port", greenFromKubeadm(renamed), "https://127.0.0.1:7443",
-			[]string{"livenessProbe", "readinessProbe", "startupProbe", "port 6443", "--secure-port 7443"}},
+			[]string{"livenessProbe", "readinessProbe", "startupProbe", "port 6443", "--secure-port 7443", "containerPort of port probe-port"}},
+		{"probes moved, blue's port still declared", greenFromKubeadm(renamed, [2]string{"port: probe-port", "port: 7443"}), "https://127.0.0.1:7443",
+			[]string{"declares port 6443 (probe-port)", "host port", "blue's"}},
+		{"numbered probes on blue's port", greenFromKubeadm(renamed, undeclared, numbered), "https://127.0.0.1:7443",
+			[]string{"port 6443", "set their port to 7443"}},
+		{"numbered probes moved", greenFromKubeadm(renamed, undeclared, numbered, [2]string{"port: 6443", "port: 7443"}), "https://127.0.0.1:7443", nil},
 		{"loopback bind, node IP URL", greenFromKubeadm(renamed, probes), "https://10.0.0.10:7443",
 			[]string{"--bind-address=127.0.0.1", "https://10.0.0.10:7443"}},
 		{"every address, node IP URL", greenFromKubeadm(renamed, probes, [2]string{"--bind-address=127.0.0.1", "--bind-address=0.0.0.0"}), "https://10.0.0.10:7443", nil},
