@@ -86,13 +86,32 @@ func (r *runner) proxyOnTarget(ctx context.Context) bool {
 	return err == nil && st.Backend == strings.TrimSuffix(r.to.api.URL, "/")
 }
 
+// finishByHand is what an operator does past the switch when --resume cannot run: what the
+// steps still to run would do, by hand. In mode replicate green's apiserver may only read until
+// ungate-green: a bare fence off would reopen writes onto a green that answers each one 500.
+func finishByHand(p *Plan, j *Journal) string {
+	green := p.Green.APIServer.URL
+	fenceOff := fmt.Sprintf("'kubefence fence off --expect-backend %s' on each proxy (or the proxy's greenURL)", green)
+	if !p.Replicating() || j.done(StepUngateGreen) {
+		return "if it cannot run, " + fenceOff + " reopens writes where the proxy is on green"
+	}
+	c, user := p.greenConn(), p.Green.APIServer.EtcdUser
+	grant := fmt.Sprintf("'etcdctl --endpoints %s --cacert %s --cert %s --key %s user grant-role %s %s' (green's apiserver may only read until then: every write would fail)",
+		strings.Join(c.Endpoints, ","), c.CAFile, c.CertFile, c.KeyFile, user, readWriteRole)
+	advice := "if it cannot run, first " + grant + ", then " + fenceOff
+	if p.Bake.Enabled && !j.done(StepHandOver) {
+		advice += "; blue then no longer follows green: the bake's way back is lost"
+	}
+	return advice
+}
+
 // abort stops green and unfences blue, unless the proxy already points at green.
 func (r *runner) abort(ctx context.Context, reason string) error {
 	if r.main != nil {
 		return r.abortRollback(ctx, reason)
 	}
 	if rec, ok := r.j.record(StepSwitch); ok {
-		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); if it cannot run, 'kubefence fence off --expect-backend %s' on each proxy (or the proxy's greenURL) reopens writes where the proxy is on green. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), r.p.Green.APIServer.URL)
+		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); %s. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), finishByHand(r.p, r.j))
 	}
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete.

@@ -40,3 +40,40 @@ func TestCheckFilesAfterSwitch(t *testing.T) {
 		t.Errorf("CheckFilesAfterSwitch: %v; want the kubeconfig named, not the programs", err)
 	}
 }
+
+// TestFinishByHand: past the switch, when --resume cannot run, the advice lists what the
+// remaining steps would have done: in mode replicate green's apiserver may only read until
+// ungate-green, so a bare fence off would reopen writes onto a green that answers each one 500.
+func TestFinishByHand(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		replicate bool
+		done      []string
+		want, not []string
+	}{
+		{"snapshot", false, nil, []string{"fence off --expect-backend"}, []string{"grant-role"}},
+		{"replicate, green gated", true, nil, []string{"user grant-role kube-apiserver-etcd-client " + readWriteRole, "then 'kubefence fence off --expect-backend"}, nil},
+		{"replicate, green ungated", true, []string{StepUngateGreen}, []string{"fence off --expect-backend"}, []string{"grant-role"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.Migration.Mode = map[bool]string{true: ModeReplicate, false: "snapshot"}[tc.replicate]
+			p.Green.APIServer.EtcdUser = "kube-apiserver-etcd-client"
+			j := &Journal{Done: []StepRecord{{Step: StepSwitch}}}
+			for _, s := range tc.done {
+				j.Done = append(j.Done, StepRecord{Step: s})
+			}
+			got := finishByHand(p, j)
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("advice %q lacks %q", got, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(got, n) {
+					t.Errorf("advice %q has %q", got, n)
+				}
+			}
+		})
+	}
+}

@@ -33,6 +33,9 @@ type StatusReport struct {
 	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
 	// none does.
 	Runner int `json:"runner"`
+	// FinishByHand, once the switch is journaled and writes not reopened, is what to do if
+	// 'kubefence cutover --resume' cannot run.
+	FinishByHand string `json:"finishByHand,omitempty"`
 }
 
 // BakeStatus is blue against green during a bake.
@@ -63,6 +66,9 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done, Rehearsal: j.Rehearse, Runner: follower(p.StateDir)}
 	if j.aborting() {
 		st.Aborting = j.AbortReason
+	}
+	if j.State == StateRunning && j.done(StepSwitch) && !j.done(StepUnfence) {
+		st.FinishByHand = finishByHand(p, j)
 	}
 	if j.State == StateRunning && !j.FencedAt.IsZero() && j.UnfencedAt.IsZero() {
 		if j.done(StepFence) {
