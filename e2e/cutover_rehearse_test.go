@@ -20,7 +20,7 @@ func TestCutoverRehearse(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
 	cs := f.replicatePlan(t)
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	before, err := f.px.Admin.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func TestCutoverReplicate(t *testing.T) {
 		t.Fatal("informer did not sync")
 	}
 	kw := startKubectlWatch(t, f.px.Kubeconfig, "repl")
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	time.Sleep(time.Second)
 
 	type result struct {

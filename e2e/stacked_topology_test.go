@@ -71,7 +71,7 @@ func TestStackedTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWriter(cs, "default")
+	w := startWriter(t, cs, "default")
 	outb, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "--plan", green.PlanPath).CombinedOutput()
 	out := string(outb)
 	acked, errs := w.finish()
