@@ -508,9 +508,9 @@ func TestCutoverAbortCommand(t *testing.T) {
 	if st, err := f.px.Admin.Status(ctx); err != nil || !st.Fenced {
 		t.Fatalf("after the kill the proxy should still be fenced: %+v %v", st, err)
 	}
-	out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput()
+	out, err := runKubefence(ctx, "cutover", "abort", "--plan", f.green.PlanPath)
 	t.Logf("kubefence cutover abort:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "aborted") {
+	if err != nil || !strings.Contains(out, "aborted") {
 		t.Fatalf("abort: %v", err)
 	}
 	f.checkAborted(t)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -72,8 +71,7 @@ func TestStackedTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := startWriter(t, cs, "default")
-	outb, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "--plan", green.PlanPath).CombinedOutput()
-	out := string(outb)
+	out, err := runKubefence(ctx, "cutover", "--plan", green.PlanPath)
 	acked, errs := w.finish()
 	t.Logf("kubefence cutover:\n%s", out)
 	if err != nil {
