@@ -251,14 +251,30 @@ func checkHoldWrites(t *testing.T, f *cutoverFixture, j *cutover.Journal, hw *ho
 		if inWindow == 0 {
 			t.Errorf("%s had no write outstanding when writes reopened: the test proves nothing for it", writer)
 		}
-		if longest > window+2*time.Second {
-			t.Errorf("%s: longest write %s, want about the window %s", writer, longest, window)
+		if bound := window + holdSlack(ws, j) + 2*time.Second; longest > bound {
+			t.Errorf("%s: longest write %s, want about the window %s (at most %s)", writer, longest, window, bound)
 		}
 	}
 	st, err := f.px.Admin.Status(t.Context())
 	if err != nil || st.Hold.TimedOut != 0 || st.Hold.Released == 0 {
 		t.Errorf("proxy hold status after the cutover: %+v %v", st.Hold, err)
 	}
+}
+
+// holdSlack is how much longer than the window a held write may take besides the 2 s every
+// writer gets: the longest of the writer's writes that did not overlap the window, what one write
+// takes on this machine now. A client-go or plain HTTP write takes milliseconds; a
+// `kubectl apply` includes starting a 100 MB process, discovery and a read before its write,
+// seconds on a loaded 2-core CI machine, and a fixed 2 s failed there though the hold worked. A
+// write released late, by more than a normal write of its kind takes plus 2 s, still fails.
+func holdSlack(ws []holdWrite, j *cutover.Journal) time.Duration {
+	var slack time.Duration
+	for _, w := range ws {
+		if w.err == nil && (w.done.Before(j.FencedAt) || w.sent.After(j.UnfencedAt)) {
+			slack = max(slack, w.done.Sub(w.sent))
+		}
+	}
+	return slack
 }
 
 // rawWriter returns a writer that POSTs configmaps with a plain HTTP client that never retries,
