@@ -255,7 +255,7 @@ func TestNames(t *testing.T) {
 	if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "blue's revision does not match green's") {
 		t.Errorf("Run = %v, want ErrRevisionMismatch saying %q", err, want)
 	}
-	if werr := r.WaitFor(t.Context(), s+5); !strings.Contains(werr.Error(), fmt.Sprintf("(blue at %d): blue's revision", s)) {
+	if werr := r.WaitFor(t.Context(), s+5); werr == nil || !strings.Contains(werr.Error(), fmt.Sprintf("(blue at %d): blue's revision", s)) {
 		t.Errorf("WaitFor = %v", werr)
 	}
 	if got := Rename(errors.New("green is past blue"), "green", "blue").Error(); got != "blue is past green" {
