@@ -18,6 +18,7 @@ build:
 # A static binary (no cgo), as shipped in images.
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN_DIR)/kubefence-static ./cmd/kubefence
+	@command -v ldd >/dev/null || { echo "static: ldd not found; it is what checks $(BIN_DIR)/kubefence-static is static (install libc-bin)"; exit 1; }
 	@if ldd $(BIN_DIR)/kubefence-static >/dev/null 2>&1; then echo "$(BIN_DIR)/kubefence-static is dynamically linked"; exit 1; fi
 	@$(BIN_DIR)/kubefence-static version
 
@@ -38,7 +39,9 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-unit:
+# Depends on e2e-deps: some unit tests run the Debian etcd 3.4 it installs (and fail without it
+# under CI), so that it is there under make -j too; `make test` still runs e2e-deps first.
+unit: e2e-deps
 	$(GO) test -race ./...
 
 fuzz:

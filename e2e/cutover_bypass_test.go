@@ -34,7 +34,7 @@ func TestCutoverBypass(t *testing.T) {
 	cs := f.proxyClient(t, 100)
 	f.createNamespace(t, "repl")
 	f.createNamespace(t, "sneaky")
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	sctx, stopSneaky := context.WithCancel(ctx)
 	var sneaky atomic.Int64
 	go func() { // around the proxy: blue's apiserver directly, every 100 ms

@@ -113,7 +113,7 @@ func (f *haFixture) writers(t *testing.T, prefix string) []*writer {
 		// 10 writes/s each: three TLS members on two shared cores replicate far fewer revisions
 		// per second than one (70-100/s here, with the race detector), and faster writers
 		// would outrun them.
-		ws = append(ws, startWriter(qpsClient(t, px.Kubeconfig, 10), ns))
+		ws = append(ws, startWriter(t, qpsClient(t, px.Kubeconfig, 10), ns))
 	}
 	return ws
 }
@@ -148,7 +148,7 @@ func TestCutoverHA(t *testing.T) {
 	// (1) A writer around the proxies.
 	phase1 := f.writers(t, "one")
 	f.createNamespace(t, "sneaky")
-	sneaky := startWriter(qpsClient(t, f.apis[2].Kubeconfig, 10), "sneaky")
+	sneaky := startWriter(t, qpsClient(t, f.apis[2].Kubeconfig, 10), "sneaky")
 	out, err := f.cutoverCmd(ctx)
 	sneakyAcked, _ := sneaky.finish()
 	t.Logf("kubefence cutover with a writer around the proxies (%d writes):\n%s", len(sneakyAcked), out)

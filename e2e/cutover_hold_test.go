@@ -42,6 +42,22 @@ type holdWriters struct {
 	writes map[string][]holdWrite // by writer
 	stop   atomic.Bool
 	wg     sync.WaitGroup
+	ended  <-chan struct{} // the test's context: the test is over
+}
+
+// newHoldWriters returns writers for the rest of t. They stop at finish or, when the test ended
+// without (a failed test), at t's cleanup, registered after the cluster's so that it runs
+// before the cluster stops under them: writes against a stopped proxy fail at once, and writers
+// left running would spin hot for the rest of the package.
+func newHoldWriters(t *testing.T) *holdWriters {
+	t.Helper()
+	h := &holdWriters{writes: map[string][]holdWrite{}, ended: t.Context().Done()}
+	t.Cleanup(func() {
+		if err := h.stopAndWait(); err != nil {
+			t.Error(err)
+		}
+	})
+	return h
 }
 
 func (h *holdWriters) record(writer string, w holdWrite) {
@@ -60,7 +76,7 @@ func (h *holdWriters) run(writer string, write func(i int) (name, rv string, err
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		for i := 0; !h.stop.Load(); i++ {
+		for i := 0; h.running(); i++ {
 			sent := time.Now()
 			name, rv, err := write(i)
 			h.record(writer, holdWrite{name: name, sent: sent, done: time.Now(), rv: rv, err: err})
@@ -68,17 +84,34 @@ func (h *holdWriters) run(writer string, write func(i int) (name, rv string, err
 	}()
 }
 
+func (h *holdWriters) running() bool {
+	select {
+	case <-h.ended:
+		return false
+	default:
+		return !h.stop.Load()
+	}
+}
+
 // finish stops the writers and waits for their last writes (each bounded by writeBound); writers
 // still running after that fail the test.
 func (h *holdWriters) finish(t *testing.T) {
 	t.Helper()
+	if err := h.stopAndWait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stopAndWait stops the writers and waits for their last writes, at most 2*writeBound.
+func (h *holdWriters) stopAndWait() error {
 	h.stop.Store(true)
 	done := make(chan struct{})
 	go func() { h.wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		return nil
 	case <-time.After(2 * writeBound):
-		t.Fatalf("the hold-mode writers did not stop within %s: a write hangs", 2*writeBound)
+		return fmt.Errorf("the hold-mode writers did not stop within %s: a write hangs", 2*writeBound)
 	}
 }
 
@@ -112,7 +145,7 @@ func TestCutoverHoldMode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	hw := &holdWriters{writes: map[string][]holdWrite{}}
+	hw := newHoldWriters(t)
 	hw.run("client-go", func(i int) (string, string, error) {
 		name := fmt.Sprintf("cg-%05d", i)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeBound)
@@ -218,14 +251,30 @@ func checkHoldWrites(t *testing.T, f *cutoverFixture, j *cutover.Journal, hw *ho
 		if inWindow == 0 {
 			t.Errorf("%s had no write outstanding when writes reopened: the test proves nothing for it", writer)
 		}
-		if longest > window+2*time.Second {
-			t.Errorf("%s: longest write %s, want about the window %s", writer, longest, window)
+		if bound := window + holdSlack(ws, j) + 2*time.Second; longest > bound {
+			t.Errorf("%s: longest write %s, want about the window %s (at most %s)", writer, longest, window, bound)
 		}
 	}
 	st, err := f.px.Admin.Status(t.Context())
 	if err != nil || st.Hold.TimedOut != 0 || st.Hold.Released == 0 {
 		t.Errorf("proxy hold status after the cutover: %+v %v", st.Hold, err)
 	}
+}
+
+// holdSlack is how much longer than the window a held write may take besides the 2 s every
+// writer gets: the longest of the writer's writes that did not overlap the window, what one write
+// takes on this machine now. A client-go or plain HTTP write takes milliseconds; a
+// `kubectl apply` includes starting a 100 MB process, discovery and a read before its write,
+// seconds on a loaded 2-core CI machine, and a fixed 2 s failed there though the hold worked. A
+// write released late, by more than a normal write of its kind takes plus 2 s, still fails.
+func holdSlack(ws []holdWrite, j *cutover.Journal) time.Duration {
+	var slack time.Duration
+	for _, w := range ws {
+		if w.err == nil && (w.done.Before(j.FencedAt) || w.sent.After(j.UnfencedAt)) {
+			slack = max(slack, w.done.Sub(w.sent))
+		}
+	}
+	return slack
 }
 
 // rawWriter returns a writer that POSTs configmaps with a plain HTTP client that never retries,

@@ -38,7 +38,7 @@ func TestCutoverLearners(t *testing.T) {
 	// A writer at 50 writes/s: three TLS members on two shared cores replicate far fewer
 	// revisions per second than one, and an unbounded writer would outrun them.
 	_ = cs
-	w := startWriter(f.proxyClient(t, 50), "repl")
+	w := startWriter(t, f.proxyClient(t, 50), "repl")
 	const startIt = "start it on its host (empty data dir) with: "
 	out, err := runScanning(t.Context(), t, []string{"cutover", "--plan", f.green.PlanPath}, func(line string, _ *os.Process) bool {
 		if _, argv, ok := strings.Cut(line, startIt); ok { // the external member's host

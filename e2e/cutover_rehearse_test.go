@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -20,7 +19,7 @@ func TestCutoverRehearse(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
 	cs := f.replicatePlan(t)
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	before, err := f.px.Admin.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -67,13 +66,12 @@ func TestCutoverCleanup(t *testing.T) {
 	f.replicatePlan(t)
 	killAtStep(t, f, cutover.StepVerify, "--rehearse")
 	cleanup := func() (string, error) {
-		out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "cleanup", "--plan", f.green.PlanPath, "--remove-data-dirs").CombinedOutput()
-		return string(out), err
+		return runKubefence(ctx, "cutover", "cleanup", "--plan", f.green.PlanPath, "--remove-data-dirs")
 	}
 	if out, err := cleanup(); err == nil || !strings.Contains(out, "in progress") {
 		t.Fatalf("cleanup of a cutover in progress: %v\n%s", err, out)
 	}
-	if out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput(); err != nil {
+	if out, err := runKubefence(ctx, "cutover", "abort", "--plan", f.green.PlanPath); err != nil {
 		t.Fatalf("abort: %v\n%s", err, out)
 	}
 	out, err := cleanup()

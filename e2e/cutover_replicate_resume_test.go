@@ -24,7 +24,7 @@ func TestCutoverReplicateResume(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
 	cs := f.replicatePlan(t)
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	killAtStep(t, f, cutover.StepGreenAPIServer)
 	blueCli, err := f.blue.etcd.Client()
 	if err != nil {
@@ -124,7 +124,7 @@ func TestCutoverReplicateCompaction(t *testing.T) {
 func TestCutoverReplicateAbort(t *testing.T) {
 	f := newCutoverFixture(t)
 	cs := f.replicatePlan(t)
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	out, err := f.signalAtStep(t, cutover.StepGreenAPIServer, os.Interrupt)
 	t.Logf("kubefence cutover:\n%s", out)
 	if err == nil || !strings.Contains(out, "ABORT at "+cutover.StepGreenAPIServer) || !strings.Contains(out, ": aborted") {

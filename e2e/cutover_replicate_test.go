@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -41,28 +43,23 @@ func TestCutoverReplicate(t *testing.T) {
 		t.Fatal("informer did not sync")
 	}
 	kw := startKubectlWatch(t, f.px.Kubeconfig, "repl")
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	time.Sleep(time.Second)
 
-	type result struct {
-		out string
-		err error
-	}
-	done := make(chan result, 1)
-	go func() { // cutoverCmd ends within cmdBound: a hung cutover is killed, and says so
-		out, err := f.cutoverCmd(context.WithoutCancel(ctx))
-		done <- result{out, err}
-	}()
+	cut := startCutover(t, f)
 	blueCli, err := f.blue.etcd.Client()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer blueCli.Close()
-	directRev := putWhenReplicating(t, f, blueCli)
-	res := <-done
-	t.Logf("kubefence cutover:\n%s", res.out)
-	if res.err != nil {
-		t.Fatalf("cutover failed: %v", res.err)
+	directRev, putErr := putWhenReplicating(t, f, blueCli, cut.ended)
+	<-cut.ended
+	t.Logf("kubefence cutover:\n%s", cut.out)
+	if cut.err != nil {
+		t.Fatalf("cutover failed: %v", cut.err)
+	}
+	if putErr != nil {
+		t.Fatal(putErr)
 	}
 	time.Sleep(2 * time.Second) // writes go on, on green
 	acked, errs := w.finish()
@@ -211,28 +208,66 @@ func (f *cutoverFixture) replicateSettings(t *testing.T) {
 	}
 }
 
-// putWhenReplicating waits until the cutover's journal shows the replicate step done, then
-// writes straight to blue etcd (around the proxy) and returns that write's revision.
-func putWhenReplicating(t *testing.T, f *cutoverFixture, blue *clientv3.Client) int64 {
+// backgroundCutover is `kubefence cutover` run in the background; out and err are set once
+// ended is closed.
+type backgroundCutover struct {
+	ended chan struct{}
+	out   string
+	err   error
+}
+
+// startCutover starts `kubefence cutover` for the rest of t. It ends within cmdBound (a hung
+// cutover is killed, and says so) and not at the end of t's context, so that the test's own
+// failures do not cut it mid-step; at t's cleanup, registered after the fixture's so that it
+// runs first, a cutover still running is killed and waited for before green's processes are
+// stopped, instead of outliving the test.
+func startCutover(t *testing.T, f *cutoverFixture) *backgroundCutover {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	for time.Now().Before(deadline) {
-		if j, err := cutover.LoadJournal(f.green.Plan.StateDir); err == nil {
+	ctx, kill := context.WithCancel(context.WithoutCancel(t.Context()))
+	c := &backgroundCutover{ended: make(chan struct{})}
+	go func() {
+		defer close(c.ended)
+		c.out, c.err = f.cutoverCmd(ctx)
+	}()
+	t.Cleanup(func() {
+		kill()
+		<-c.ended // bounded: the command's WaitDelay
+	})
+	return c
+}
+
+// putWhenReplicating waits until the cutover's journal shows the replicate step done, then
+// writes straight to blue etcd (around the proxy) and returns that write's revision. It gives up
+// when the cutover ends (cutoverEnded closed) first, or after 5 minutes.
+func putWhenReplicating(t *testing.T, f *cutoverFixture, blue *clientv3.Client, cutoverEnded <-chan struct{}) (int64, error) {
+	t.Helper()
+	var rev int64
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-cutoverEnded:
+			return false, errors.New("the cutover ended before the journal showed its replicate step done")
+		default:
+		}
+		j, err := cutover.LoadJournal(f.green.Plan.StateDir)
+		if err == nil {
 			if _, ok := journalStep(j, cutover.StepReplicate); ok {
-				resp, err := blue.Put(t.Context(), "/kubefence-test/direct", "straight to blue")
+				resp, err := blue.Put(ctx, "/kubefence-test/direct", "straight to blue")
 				if err != nil {
-					t.Fatal(err)
+					return false, fmt.Errorf("the write straight to blue etcd: %w", err)
 				}
-				return resp.Header.Revision
+				rev = resp.Header.Revision
+				return true, nil
 			}
 			if j.State != cutover.StateRunning {
-				t.Fatalf("cutover %s before the replicate step: %s", j.State, j.AbortReason)
+				return false, fmt.Errorf("cutover %s before the replicate step: %s", j.State, j.AbortReason)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		return false, nil
+	})
+	if wait.Interrupted(err) {
+		return 0, fmt.Errorf("the replicate step did not finish in 5 minutes: %w", err)
 	}
-	t.Fatal("the replicate step did not finish in 5 minutes")
-	return 0
+	return rev, err
 }
 
 func journalStep(j *cutover.Journal, name string) (cutover.StepRecord, bool) {

@@ -36,7 +36,7 @@ func TestCutoverRollback(t *testing.T) {
 	f, cs := bakeFixture(t)
 	ctx := t.Context()
 	leaders := startLeaders(t, f, cs)
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 
 	baker := f.startBaker(t)
 	j := loadJournal(t, f)
@@ -285,7 +285,7 @@ func loadJournal(t *testing.T, f *cutoverFixture) *cutover.Journal {
 func TestCutoverBakeLost(t *testing.T) {
 	f, cs := bakeFixture(t)
 	ctx := t.Context()
-	w := startWriter(cs, "repl")
+	w := startWriter(t, cs, "repl")
 	killAtStep(t, f, cutover.StepHandOver)
 	green, err := datadir.NewClient(f.green.EtcdConn())
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -141,74 +142,8 @@ func TestCutover(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
 	cs := f.proxyClient(t, 1000)
-	for _, ns := range []string{"app", "load"} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range 100 {
-		if _, err := cs.CoreV1().ConfigMaps("app").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("app-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// The writer creates configmap i and updates configmap i-1, as fast as it can, and records
-	// the last acknowledged content of each, and when each write was sent and acknowledged.
-	var wmu sync.Mutex
-	want := map[string]string{}
-	times := map[string]*writeTimes{}
-	var writeErrs []error
-	// Requests are never cancelled: an answer the writer did not wait for would leave its
-	// outcome unknown. The loops stop between requests.
-	var stopping atomic.Bool
-	wctx, stopWriter := context.WithCancel(ctx)
-	stopAll := func() { stopping.Store(true); stopWriter() }
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; !stopping.Load(); i++ {
-			name := fmt.Sprintf("w-%05d", i)
-			sent := time.Now()
-			_, err := cs.CoreV1().ConfigMaps("load").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
-			wmu.Lock()
-			if err != nil {
-				writeErrs = append(writeErrs, err)
-			} else {
-				want[name] = "created"
-				times[name] = &writeTimes{createSent: sent, createAcked: time.Now()}
-			}
-			wmu.Unlock()
-			if i == 0 {
-				continue
-			}
-			prev := fmt.Sprintf("w-%05d", i-1)
-			sent = time.Now()
-			_, err = cs.CoreV1().ConfigMaps("load").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
-			wmu.Lock()
-			if err != nil {
-				writeErrs = append(writeErrs, err)
-			} else if wt := times[prev]; wt != nil {
-				want[prev] = "updated"
-				wt.updateSent, wt.updateAcked = sent, time.Now()
-			}
-			wmu.Unlock()
-		}
-	}()
-	// A reader lists pods, counting failures.
-	var reads, readFails atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for !stopping.Load() {
-			if _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
-				readFails.Add(1)
-				t.Logf("list pods: %v", err)
-			}
-			reads.Add(1)
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	seedCutover(t, cs)
+	ld := startCutoverLoad(t, cs)
 	// Informers on configmaps and namespaces.
 	infCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
@@ -221,12 +156,13 @@ func TestCutover(t *testing.T) {
 	}
 	// kubectl get -w.
 	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
-	kw := exec.CommandContext(wctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name")
+	kw := exec.CommandContext(ld.ctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name")
 	kwOut := &syncBuffer{}
 	kw.Stdout, kw.Stderr = kwOut, kwOut
 	if err := kw.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { ld.stop(); _ = kw.Wait() }) // a second Wait after the one below is harmless
 	time.Sleep(2 * time.Second)
 
 	out, err := f.cutoverCmd(ctx)
@@ -235,8 +171,7 @@ func TestCutover(t *testing.T) {
 		t.Fatalf("cutover failed: %v", err)
 	}
 	time.Sleep(2 * time.Second) // writes continue on green
-	stopAll()
-	wg.Wait()
+	want, times, writeErrs := ld.stop()
 	_ = kw.Wait()
 
 	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
@@ -246,22 +181,63 @@ func TestCutover(t *testing.T) {
 	if j.State != cutover.StateDone || j.UnfencedAt.Sub(j.FencedAt) <= 0 {
 		t.Fatalf("journal: %+v", j)
 	}
-	t.Logf("write-unavailability window %s; writer: %d configmaps; reader: %d lists, %d failed", j.UnfencedAt.Sub(j.FencedAt), len(want), reads.Load(), readFails.Load())
+	t.Logf("write-unavailability window %s; writer: %d configmaps; reader: %d lists, %d failed", j.UnfencedAt.Sub(j.FencedAt), len(want), ld.reads.Load(), ld.readFails.Load())
 	if len(writeErrs) > 0 {
 		t.Errorf("the writer saw %d errors; first: %v", len(writeErrs), writeErrs[0])
 	}
-	if fails := readFails.Load(); float64(fails) > 0.001*float64(reads.Load()) {
-		t.Errorf("%d of %d lists failed (more than 0.1%%)", fails, reads.Load())
+	if fails := ld.readFails.Load(); float64(fails) > 0.001*float64(ld.reads.Load()) {
+		t.Errorf("%d of %d lists failed (more than 0.1%%)", fails, ld.reads.Load())
 	}
 	st, err := f.px.Admin.Status(ctx)
 	if err != nil || st.Backend != f.green.GreenURL || st.Fenced {
 		t.Fatalf("proxy after cutover: %+v %v", st, err)
 	}
+	gcs, greenKeys := checkGreenHasWrites(t, f, want)
+	// Blue was left as it was at the fence, checked write by write.
+	blueCMs, err := f.blue.cs.CoreV1().ConfigMaps("load").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBlueAtFence(t, j, blueCMs.Items, times)
+	checkInformerKeys(t, cmInf.GetStore(), greenKeys)
+	gns, err := gcs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gns.Items) != len(nsInf.GetStore().ListKeys()) {
+		t.Errorf("namespace informer has %d, green %d", len(nsInf.GetStore().ListKeys()), len(gns.Items))
+	}
+	if !strings.Contains(kwOut.String(), "configmap/w-") {
+		t.Errorf("kubectl get -w saw no writes: %q", kwOut.String())
+	}
+}
+
+// seedCutover creates TestCutover's namespaces app and load, and 100 configmaps of 2 kB in app.
+func seedCutover(t *testing.T, cs *kubernetes.Clientset) {
+	t.Helper()
+	ctx := t.Context()
+	for _, ns := range []string{"app", "load"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 100 {
+		if _, err := cs.CoreV1().ConfigMaps("app").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("app-%03d", i)}, Data: map[string]string{"v": strings.Repeat("x", 2000)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkGreenHasWrites checks every configmap in load on green has the writer's last acknowledged
+// content (want), and returns a clientset for green and the namespace/name keys of all green's
+// configmaps.
+func checkGreenHasWrites(t *testing.T, f *cutoverFixture, want map[string]string) (*kubernetes.Clientset, map[string]bool) {
+	t.Helper()
 	gcs, _, err := framework.ClientsetFor(f.green.GreenKubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	greenCMs, err := gcs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
+	greenCMs, err := gcs.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,16 +254,105 @@ func TestCutover(t *testing.T) {
 			t.Errorf("configmap load/%s on green: %q, want the last acknowledged %q", name, got[name], v)
 		}
 	}
-	// Blue was left as it was at the fence, checked write by write.
-	blueCMs, err := f.blue.cs.CoreV1().ConfigMaps("load").List(ctx, metav1.ListOptions{})
+	return gcs, greenKeys
+}
+
+// cutoverLoad is TestCutover's load: a writer that creates configmap i and updates configmap i-1
+// in namespace load, as fast as it can, recording the last acknowledged content of each and when
+// each write was sent and acknowledged; and a reader that lists pods every 20 ms, counting
+// failures.
+type cutoverLoad struct {
+	ctx              context.Context // ends at stop
+	mu               sync.Mutex
+	want             map[string]string
+	times            map[string]*writeTimes
+	writeErrs        []error
+	reads, readFails atomic.Int64
+	stopping         atomic.Bool
+	cancel           context.CancelFunc
+	wg               sync.WaitGroup
+}
+
+// startCutoverLoad starts the load for the rest of t: it ends at stop, or at t's cleanup. Its
+// requests are never cancelled (an answer the writer did not wait for would leave its outcome
+// unknown); the loops stop between requests, at stop or when t's context ends: the test is over
+// and its requests would fail at once, spinning hot for the rest of the package.
+func startCutoverLoad(t *testing.T, cs *kubernetes.Clientset) *cutoverLoad {
+	t.Helper()
+	testCtx := t.Context()
+	ld := &cutoverLoad{want: map[string]string{}, times: map[string]*writeTimes{}}
+	ld.ctx, ld.cancel = context.WithCancel(testCtx)
+	running := func() bool { return !ld.stopping.Load() && testCtx.Err() == nil }
+	// Registered after the fixture's cleanups, so it runs before them: after a failure the
+	// loops end before the cluster under them stops, and no t.Logf comes after the test.
+	t.Cleanup(func() { ld.stop() })
+	ld.wg.Go(func() {
+		for i := 0; running(); i++ {
+			ld.write(testCtx, cs, i)
+		}
+	})
+	ld.wg.Go(func() {
+		for running() {
+			if _, err := cs.CoreV1().Pods("").List(testCtx, metav1.ListOptions{}); err != nil {
+				ld.readFails.Add(1)
+				t.Logf("list pods: %v", err)
+			}
+			ld.reads.Add(1)
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	return ld
+}
+
+// write creates w-<i> and updates w-<i-1>, recording each outcome.
+func (ld *cutoverLoad) write(ctx context.Context, cs *kubernetes.Clientset, i int) {
+	name := fmt.Sprintf("w-%05d", i)
+	sent := time.Now()
+	_, err := cs.CoreV1().ConfigMaps("load").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
+	ld.mu.Lock()
 	if err != nil {
-		t.Fatal(err)
+		ld.writeErrs = append(ld.writeErrs, err)
+	} else {
+		ld.want[name] = "created"
+		ld.times[name] = &writeTimes{createSent: sent, createAcked: time.Now()}
 	}
-	checkBlueAtFence(t, j, blueCMs.Items, times)
-	// Informers end with exactly green's content (once the last events have arrived).
-	sameKeys := func() (missing, extra []string) {
+	ld.mu.Unlock()
+	if i == 0 {
+		return
+	}
+	prev := fmt.Sprintf("w-%05d", i-1)
+	sent = time.Now()
+	_, err = cs.CoreV1().ConfigMaps("load").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if err != nil {
+		ld.writeErrs = append(ld.writeErrs, err)
+	} else if wt := ld.times[prev]; wt != nil {
+		ld.want[prev] = "updated"
+		wt.updateSent, wt.updateAcked = sent, time.Now()
+	}
+}
+
+// stop ends the loops, waits for their last requests and returns what the writer recorded. A
+// second call returns the same.
+func (ld *cutoverLoad) stop() (want map[string]string, times map[string]*writeTimes, writeErrs []error) {
+	ld.stopping.Store(true)
+	ld.cancel()
+	ld.wg.Wait()
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.want, ld.times, ld.writeErrs
+}
+
+// checkInformerKeys checks an informer's store ends with exactly the keys green has, once the
+// last events have arrived (within 10 s).
+func checkInformerKeys(t *testing.T, store cache.Store, greenKeys map[string]bool) {
+	t.Helper()
+	var missing, extra []string
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		missing, extra = nil, nil
 		infKeys := map[string]bool{}
-		for _, k := range cmInf.GetStore().ListKeys() {
+		for _, k := range store.ListKeys() {
 			infKeys[k] = true
 			if !greenKeys[k] {
 				extra = append(extra, k)
@@ -298,29 +363,10 @@ func TestCutover(t *testing.T) {
 				missing = append(missing, k)
 			}
 		}
-		return missing, extra
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		missing, extra := sameKeys()
-		if len(missing) == 0 && len(extra) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("configmap informer differs from green: lacks %v, has extra %v", missing, extra)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	gns, err := gcs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return len(missing) == 0 && len(extra) == 0, nil
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if len(gns.Items) != len(nsInf.GetStore().ListKeys()) {
-		t.Errorf("namespace informer has %d, green %d", len(nsInf.GetStore().ListKeys()), len(gns.Items))
-	}
-	if !strings.Contains(kwOut.String(), "configmap/w-") {
-		t.Errorf("kubectl get -w saw no writes: %q", kwOut.String())
+		t.Errorf("configmap informer differs from green: lacks %v, has extra %v", missing, extra)
 	}
 }
 
@@ -462,9 +508,9 @@ func TestCutoverAbortCommand(t *testing.T) {
 	if st, err := f.px.Admin.Status(ctx); err != nil || !st.Fenced {
 		t.Fatalf("after the kill the proxy should still be fenced: %+v %v", st, err)
 	}
-	out, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "abort", "--plan", f.green.PlanPath).CombinedOutput()
+	out, err := runKubefence(ctx, "cutover", "abort", "--plan", f.green.PlanPath)
 	t.Logf("kubefence cutover abort:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "aborted") {
+	if err != nil || !strings.Contains(out, "aborted") {
 		t.Fatalf("abort: %v", err)
 	}
 	f.checkAborted(t)

@@ -30,7 +30,7 @@ func TestCutoverV2Source(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "load"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w := startWriter(cs, "load")
+	w := startWriter(t, cs, "load")
 	time.Sleep(time.Second)
 	out, err := f.cutoverCmd(ctx)
 	acked, errs := w.finish()

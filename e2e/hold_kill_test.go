@@ -49,7 +49,11 @@ func TestHoldProxyKilled(t *testing.T) {
 			codes[i] = resp.StatusCode
 		})
 	}
-	err := framework.WaitUntil(ctx, 20*time.Millisecond, "every write held", func(ctx context.Context) (bool, error) {
+	// Bounded: the writes are held within a second; a regression that never holds them all fails
+	// here, not at the package's -timeout, which would lose every other e2e result.
+	heldCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := framework.WaitUntil(heldCtx, 20*time.Millisecond, "every write held", func(ctx context.Context) (bool, error) {
 		st, err := px.Admin.Status(ctx)
 		return err == nil && st.Hold.Held == n, err
 	})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kubefence/kubefence/e2e/framework"
@@ -24,6 +25,13 @@ func TestMain(m *testing.M) {
 	}
 	kubefenceBin, err = framework.Kubefence(dir)
 	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Every kubectl the tests run (they inherit the environment) keeps its discovery cache here,
+	// not in the shared $HOME/.kube/cache: no state from another run or another user's kubectl,
+	// and nothing left behind. kubectl's --cache-dir defaults to $KUBECACHEDIR.
+	if err := os.Setenv("KUBECACHEDIR", filepath.Join(dir, "kube-cache")); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -175,11 +175,11 @@ func TestMigrateV2ToV3(t *testing.T) {
 	}
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	out := filepath.Join(env.Dir, "migrated")
-	cmd := exec.CommandContext(ctx, kubefenceBin, "migrate", "v2-to-v3", "--data-dir", ours, "--output-dir", out,
+	cmd, explain := boundedKubefence(ctx, "migrate", "v2-to-v3", "--data-dir", ours, "--output-dir", out,
 		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer, "-o", "json")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := explain(cmd.Run()); err != nil {
 		t.Fatalf("kubefence migrate v2-to-v3: %v\n%s", err, stderr.String())
 	}
 	var rep v2v3.Report
@@ -232,8 +232,8 @@ func TestMigrateV2ToV3(t *testing.T) {
 	}
 	oursX, outX := filepath.Join(env.Dir, "ours-x"), filepath.Join(env.Dir, "migrated-x")
 	copyDir(t, src, oursX)
-	if b, err := exec.CommandContext(ctx, kubefenceBin, "migrate", "v2-to-v3", "--data-dir", oursX, "--output-dir", outX, "--transformer", xform,
-		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer).CombinedOutput(); err != nil {
+	if b, err := runKubefence(ctx, "migrate", "v2-to-v3", "--data-dir", oursX, "--output-dir", outX, "--transformer", xform,
+		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer); err != nil {
 		t.Fatalf("kubefence migrate --transformer: %v\n%s", err, b)
 	}
 	gotX := readBackendKeys(t, outX)
@@ -398,8 +398,7 @@ func TestMigrateMixedV2V3(t *testing.T) {
 		peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 		args := append([]string{"migrate", "v2-to-v3", "--data-dir", src, "--output-dir", out, "--name", "m",
 			"--initial-cluster", "m=" + peer, "--initial-advertise-peer-urls", peer}, extra...)
-		b, err := exec.CommandContext(ctx, kubefenceBin, args...).CombinedOutput()
-		return string(b), err
+		return runKubefence(ctx, args...)
 	}
 	if out, err := migrate(filepath.Join(env.Dir, "refused")); err == nil || !strings.Contains(out, "/registry/both") || !strings.Contains(out, "--on-conflict") {
 		t.Fatalf("a key in both stores must be refused by name: %v\n%s", err, out)
@@ -507,8 +506,8 @@ func TestMigrateKubernetesData(t *testing.T) {
 	ports, _ := framework.FreePorts(1)
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	out := filepath.Join(env.Dir, "k8s-migrated")
-	if b, err := exec.CommandContext(ctx, kubefenceBin, "migrate", "v2-to-v3", "--data-dir", v2etcd.Members[0].DataDir, "--output-dir", out,
-		"--name", "m", "--initial-cluster", "m="+peer, "--initial-advertise-peer-urls", peer).CombinedOutput(); err != nil {
+	if b, err := runKubefence(ctx, "migrate", "v2-to-v3", "--data-dir", v2etcd.Members[0].DataDir, "--output-dir", out,
+		"--name", "m", "--initial-cluster", "m="+peer, "--initial-advertise-peer-urls", peer); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, b)
 	}
 	green, err := env.StartEtcd(ctx, framework.EtcdConfig{Name: "k8s-green", Version: framework.Etcd36, DataDirs: []string{out}})
@@ -615,8 +614,8 @@ func TestMigrateV2ToV3KeepsEtcdIndices(t *testing.T) {
 	}
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	out := filepath.Join(env.Dir, "migrated")
-	if b, err := exec.CommandContext(ctx, kubefenceBin, "migrate", "v2-to-v3", "--data-dir", src, "--output-dir", out,
-		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer).CombinedOutput(); err != nil {
+	if b, err := runKubefence(ctx, "migrate", "v2-to-v3", "--data-dir", src, "--output-dir", out,
+		"--name", "green-0", "--initial-cluster", "green-0="+peer, "--initial-advertise-peer-urls", peer); err != nil {
 		t.Fatalf("kubefence migrate v2-to-v3: %v\n%s", err, b)
 	}
 	got := readBackendKeys(t, out)

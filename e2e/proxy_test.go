@@ -78,28 +78,38 @@ func mustKubectl(t *testing.T, kubeconfig string, args ...string) string {
 // writer creates configmaps through the proxy as fast as it can and records what was
 // acknowledged and every error it saw.
 type writer struct {
-	cs    *kubernetes.Clientset
-	ns    string
-	mu    sync.Mutex
-	acked []string
-	errs  []error
-	stop  chan struct{}
-	done  chan struct{}
+	cs       *kubernetes.Clientset
+	ns       string
+	mu       sync.Mutex
+	acked    []string
+	errs     []error
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 }
 
-func startWriter(cs *kubernetes.Clientset, ns string) *writer {
+// startWriter starts a writer for the rest of t: it stops at w.finish, or at t's cleanup when the
+// test ended without (a failed test), before the cleanups registered earlier stop the cluster
+// under it; without that it would outlive the test, failing each write at once against a stopped
+// apiserver and spinning hot for the rest of the package.
+func startWriter(t *testing.T, cs *kubernetes.Clientset, ns string) *writer {
+	t.Helper()
 	w := &writer{cs: cs, ns: ns, stop: make(chan struct{}), done: make(chan struct{})}
+	ctx := t.Context()
 	go func() {
 		defer close(w.done)
 		for i := 0; ; i++ {
 			select {
 			case <-w.stop:
 				return
+			case <-ctx.Done():
+				return
 			default:
 			}
 			name := fmt.Sprintf("w-%05d", i)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			// Not ctx: a write cancelled by the test's end would leave its outcome unknown.
+			wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			_, err := cs.CoreV1().ConfigMaps(ns).Create(wctx, &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": fmt.Sprint(i)},
 			}, metav1.CreateOptions{})
 			cancel()
@@ -112,11 +122,14 @@ func startWriter(cs *kubernetes.Clientset, ns string) *writer {
 			w.mu.Unlock()
 		}
 	}()
+	t.Cleanup(func() { w.finish() })
 	return w
 }
 
+// finish stops the writer, waits for its last write (bounded at 60 s) and returns what it saw.
+// A second call, such as t's cleanup after the test's own, returns the same.
 func (w *writer) finish() ([]string, []error) {
-	close(w.stop)
+	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -201,7 +214,7 @@ func TestFenceProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWriter(wcs, "e2e")
+	w := startWriter(t, wcs, "e2e")
 	waitForT(t, 10*time.Second, "writer makes progress", func() bool { return w.count() > 200 })
 	ecli, err := blue.etcd.Client()
 	if err != nil {

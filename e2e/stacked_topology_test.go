@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -71,9 +70,8 @@ func TestStackedTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWriter(cs, "default")
-	outb, err := exec.CommandContext(ctx, kubefenceBin, "cutover", "--plan", green.PlanPath).CombinedOutput()
-	out := string(outb)
+	w := startWriter(t, cs, "default")
+	out, err := runKubefence(ctx, "cutover", "--plan", green.PlanPath)
 	acked, errs := w.finish()
 	t.Logf("kubefence cutover:\n%s", out)
 	if err != nil {

@@ -595,11 +595,28 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 	defer free() // before blue.Close, which waits for the held handler
 	green := newFakeAPI(t, "green")
 	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
-	done := make(chan int, 1)
+	// The write runs in a goroutine, so it reports its error over done (t.Fatal there would end
+	// only the goroutine and leave the test waiting); every wait on it is bounded.
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
 	go func() {
-		done <- send(t, "POST", p.url+"/api/v1/namespaces/default/configmaps", "application/json", "{}")
+		resp, _, err := doErr("POST", p.url+"/api/v1/namespaces/default/configmaps", "Content-Type", "application/json")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		done <- result{code: resp.StatusCode}
 	}()
-	<-arrived
+	select {
+	case <-arrived:
+	case r := <-done:
+		t.Fatalf("the write ended (%d, %v) before it reached blue", r.code, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write did not reach blue in 10 s")
+	}
 	if fr := fenceOn(t, p, 100*time.Millisecond); fr.Barrier.Complete {
 		t.Fatalf("barrier complete with a write at blue: %+v", fr.Barrier)
 	}
@@ -611,8 +628,13 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 		t.Fatalf("backend %s after a refused switch", st.Backend)
 	}
 	free()
-	if code := <-done; code != http.StatusCreated {
-		t.Fatalf("the write got %d", code)
+	select {
+	case r := <-done:
+		if r.err != nil || r.code != http.StatusCreated {
+			t.Fatalf("the write got %d, %v; want %d", r.code, r.err, http.StatusCreated)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write was not answered within 10 s of blue's answer")
 	}
 	waitFor(t, func() bool { return p.Status().InflightWrites == 0 })
 	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err != nil {

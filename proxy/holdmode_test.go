@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -170,17 +171,28 @@ func TestHoldPerConnectionShare(t *testing.T) {
 	if a := <-postAsync(t.Context(), c, f.proxyURL+"/api/v1/namespaces/default/configmaps"); a.code != 429 {
 		t.Fatalf("third held write on one connection of 4 streams: %+v, want 429", a)
 	}
-	var wg sync.WaitGroup
+	// The reads run in goroutines, so they report over a channel (t.Fatal there would end only
+	// the goroutine), and a read that hangs fails the test at the bound instead of hanging it.
+	reads := make(chan error, 2)
 	for range 2 { // the streams not held
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
-			if code, reused := getReused(t, c, f.proxyURL); code != 200 || !reused {
-				t.Errorf("read on the holding connection: %d (reused %v)", code, reused)
+			code, reused, err := tryGetReused(c, f.proxyURL)
+			if err == nil && (code != 200 || !reused) {
+				err = fmt.Errorf("read on the holding connection: %d (reused %v)", code, reused)
 			}
+			reads <- err
 		}()
 	}
-	wg.Wait()
+	for range 2 {
+		select {
+		case err := <-reads:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a read on the holding connection did not finish in 10 s")
+		}
+	}
 	if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 // Pinned component versions; hack/e2e-deps.sh builds or installs exactly these.
@@ -64,8 +66,9 @@ type Skipper interface {
 	Fatalf(format string, args ...any)
 }
 
-// RequireBins stops the test when a binary is missing: it fails under CI (CI=true), where a
-// missing dependency is a broken build, and skips with the make target to run elsewhere.
+// RequireBins stops the test when a binary is missing: it fails under CI (testenv.InCI: $CI set
+// to anything but "", "false" or "0"), where a missing dependency is a broken build, and skips
+// with the make target to run elsewhere.
 func RequireBins(t Skipper, pairs ...string) {
 	t.Helper()
 	var missing []string
@@ -77,11 +80,7 @@ func RequireBins(t Skipper, pairs ...string) {
 	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("e2e binaries missing from %s: %s; run 'make e2e-deps'", BinDir(), strings.Join(missing, ", "))
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s (CI=true: a missing dependency fails the run)", msg)
-	}
-	t.Skipf("%s", msg)
+	testenv.SkipOrFail(t, fmt.Sprintf("e2e binaries missing from %s: %s; run 'make e2e-deps'", BinDir(), strings.Join(missing, ", ")))
 }
 
 // Kubefence returns the kubefence binary under test: $KUBEFENCE_BINARY, or one built from this

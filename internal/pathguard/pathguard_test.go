@@ -1,10 +1,13 @@
 package pathguard
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 // tree makes, under a temp dir: src/sub, other, waldisk/wal, link-to-src -> src, link-to-sub ->
@@ -77,7 +80,7 @@ func TestCheckApartBindMount(t *testing.T) {
 	// A bind mount needs root; a second name for the same directory is what matters, and a
 	// hard-linked directory cannot be made, so this runs only where mount works.
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to bind-mount")
+		testenv.SkipOrFail(t, "needs root to bind-mount")
 	}
 	root := tree(t)
 	mnt := filepath.Join(root, "other", "mnt")
@@ -85,7 +88,7 @@ func TestCheckApartBindMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := bindMount(filepath.Join(root, "src"), mnt); err != nil {
-		t.Skipf("bind mount: %v", err)
+		testenv.SkipOrFail(t, fmt.Sprintf("bind mount: %v", err))
 	}
 	t.Cleanup(func() { unmount(mnt) })
 	if err := CheckApart("the output", filepath.Join(mnt, "out"), "the source", "src"); !IsOverlap(err) {
@@ -121,7 +124,7 @@ func TestCheckFresh(t *testing.T) {
 // (rename: EBUSY, after all the work): it is refused at once, saying what to give instead.
 func TestCheckFreshMountPoint(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to bind-mount")
+		testenv.SkipOrFail(t, "needs root to bind-mount")
 	}
 	dir := t.TempDir()
 	vol, dst := filepath.Join(dir, "volume"), filepath.Join(dir, "data")
@@ -131,7 +134,7 @@ func TestCheckFreshMountPoint(t *testing.T) {
 		}
 	}
 	if err := bindMount(vol, dst); err != nil {
-		t.Skipf("bind mount: %v", err)
+		testenv.SkipOrFail(t, fmt.Sprintf("bind mount: %v", err))
 	}
 	t.Cleanup(func() { unmount(dst) })
 	if err := CheckFresh("--output-dir", dst); err == nil || !strings.Contains(err.Error(), "mount point") {

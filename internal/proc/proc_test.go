@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 // TestAliveMatchesWholeCommandLine: a process of the same binary with other arguments (another
@@ -21,7 +23,7 @@ import (
 func TestAliveMatchesWholeCommandLine(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep binary")
+		testenv.SkipOrFail(t, "no sleep binary on PATH")
 	}
 	cmd := exec.Command(sleep, "30")
 	if err := cmd.Start(); err != nil {

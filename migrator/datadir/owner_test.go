@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 // nobody is the owner the tests give data dirs: another user than the one kubefence runs as,
@@ -53,7 +55,7 @@ func assertOwned(t *testing.T, root string, uid, gid int) {
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("giving files to another user needs root")
+		testenv.SkipOrFail(t, "giving files to another user needs root")
 	}
 }
 

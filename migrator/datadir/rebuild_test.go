@@ -474,7 +474,19 @@ func TestDryRunChangesNothing(t *testing.T) {
 	d := filepath.Join(parent, "m1")
 	writeMember(t, d, testPeers[0], 5)
 	writeTree(t, oldPath(d), map[string]string{"x": "the member before a finished swap"})
-	_, _ = Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: true, Target: Version{3, 6, 16}, BinDir: parent})
+	// The binaries the plan names, so that the dry run plans the whole upgrade and does not stop
+	// at the first binary missing (which would leave .old untouched whatever a dry run does).
+	bin := filepath.Join(parent, "bin")
+	writeTree(t, bin, nil)
+	fakeEtcd(t, bin, "3.5.35", "3.5.35")
+	fakeEtcd(t, bin, "3.6.16", "3.6.16")
+	rep, err := Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: true, Target: Version{3, 6, 16}, BinDir: bin})
+	if err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	if !rep.DryRun || len(rep.Steps) == 0 {
+		t.Fatalf("dry run report: DryRun %v, %d steps; want a dry run that planned the upgrade", rep.DryRun, len(rep.Steps))
+	}
 	if !exists(oldPath(d)) {
 		t.Fatalf("a dry run removed %s", oldPath(d))
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 // startSystemEtcd starts the etcd on PATH (Debian's etcd-server is 3.4) as a one-member
@@ -20,7 +21,7 @@ func startSystemEtcd(t *testing.T) (string, Version) {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Skip("no etcd on PATH")
+		testenv.SkipOrFail(t, "no etcd on PATH: run 'make e2e-deps' (Debian etcd-server)")
 	}
 	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {

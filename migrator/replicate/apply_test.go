@@ -8,7 +8,19 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
+
+// backoffDrops is how many watches the backoff-reset tests drop at once before one delivers:
+// blue is watched again after 100+200+400+800 ms of backoff, and the backoff without a reset
+// would then be 1.6 s.
+const backoffDrops = 4
+
+// resetGapBound separates a backoff that started over after a watch that delivered (the next
+// watch 100 ms after) from one that did not (at least 1.6 s after). The 1.1 s above 100 ms is
+// for scheduling on a loaded 2-core machine under -race; with 3 drops (800 ms without a reset)
+// the bound had to be 400 ms, which such a machine overshoots.
+const resetGapBound = 1200 * time.Millisecond
 
 // droppingWatcher ends blue's first drops watches at once, without a response; the next one
 // ends after its first response; the ones after are blue's own. It records when each watch was
@@ -62,18 +74,18 @@ func TestRewatchBackoffReset(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, w := droppingClient(t, blue, 3)
+	cli, w := droppingClient(t, blue, backoffDrops)
 	run := start(t, blue, green, s, func(c *Config) { c.Source = cli })
 	select {
-	case <-w.delivering: // after 100 + 200 + 400 ms of backoff; the next would be 800 ms
+	case <-w.delivering: // after 100 + 200 + 400 + 800 ms of backoff; the next would be 1.6 s
 	case <-time.After(30 * time.Second):
 		t.Fatal("blue not watched again after three drops")
 	}
 	put(t, blue, "a", "1") // the watch delivers it, then ends
 	last := catchUp(t, run, blue)
 	sameHistory(t, blue, green, s, last)
-	if gap := w.reopenedAfter(t); gap > 400*time.Millisecond {
-		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
+	if gap := w.reopenedAfter(t); gap > resetGapBound {
+		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms; at most %s)", gap, resetGapBound)
 	}
 }
 
@@ -94,17 +106,18 @@ func droppingClient(t *testing.T, m *member, drops int) (*clientv3.Client, *drop
 // waits up to 10 s for it).
 func (w *droppingWatcher) reopenedAfter(t *testing.T) time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var gap time.Duration
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		w.mu.Lock()
-		opened, ended := w.opened, w.ended
-		w.mu.Unlock()
-		if len(opened) > w.drops+1 {
-			return opened[w.drops+1].Sub(ended)
+		defer w.mu.Unlock()
+		if len(w.opened) > w.drops+1 {
+			gap = w.opened[w.drops+1].Sub(w.ended)
+			return true, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("blue not watched again after the watch that delivered ended")
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("blue not watched again after the watch that delivered ended: %v", err)
 	}
+	return gap
 }

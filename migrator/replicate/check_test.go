@@ -199,16 +199,16 @@ func TestCheckerBackoffReset(t *testing.T) {
 	green, s := greenFrom(t, blue, etcdOpts{})
 	put(t, blue, "/a", "1")
 	put(t, green, "/a", "1")
-	cli, w := droppingClient(t, blue, 3)
+	cli, w := droppingClient(t, blue, backoffDrops)
 	c := StartCheck(cli, green.cli, s, testLog(t))
 	t.Cleanup(c.Stop)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := c.WaitFor(ctx, s+1); err != nil { // compared by the watch that delivers, after 100+200+400 ms
+	if err := c.WaitFor(ctx, s+1); err != nil { // compared by the watch that delivers, after 100+200+400+800 ms
 		t.Fatal(err)
 	}
-	if gap := w.reopenedAfter(t); gap > 400*time.Millisecond {
-		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms)", gap)
+	if gap := w.reopenedAfter(t); gap > resetGapBound {
+		t.Fatalf("blue watched again %s after a watch that delivered ended, want the first backoff (100 ms; at most %s)", gap, resetGapBound)
 	}
 }
 

@@ -67,26 +67,49 @@ func startEtcd(t *testing.T, name, dir string, o etcdOpts) *member {
 // reconnects by itself.
 func (m *member) restart(t *testing.T, down time.Duration) {
 	t.Helper()
+	if err := m.restartIn(t.TempDir(), down); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restartIn is restart for a goroutine other than the test's (where t.Fatal would end only that
+// goroutine): it returns its error, and etcd logs to logDir.
+func (m *member) restartIn(logDir string, down time.Duration) error {
 	client := "http://" + m.e.Clients[0].Addr().String()
 	peer := "http://" + m.e.Peers[0].Addr().String()
 	m.e.Close()
 	time.Sleep(down)
-	m.e = launch(t, m.name, m.dir, m.o, client, peer)
+	e, err := startEmbedded(m.name, m.dir, logDir, m.o, client, peer)
+	if err != nil {
+		return err
+	}
+	m.e = e
+	return nil
 }
 
 func launch(t *testing.T, name, dir string, o etcdOpts, client, peer string) *embed.Etcd {
 	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = name, dir
-	cfg.Logger, cfg.LogLevel = "zap", "error"
-	cfg.LogOutputs = []string{filepath.Join(t.TempDir(), "etcd.log")}
-	c, err := url.Parse(client)
+	e, err := startEmbedded(name, dir, t.TempDir(), o, client, peer)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e
+}
+
+// startEmbedded starts an in-process etcd on dir, logging to logDir, and returns it once it is
+// ready (within 30 s).
+func startEmbedded(name, dir, logDir string, o etcdOpts, client, peer string) (*embed.Etcd, error) {
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir = name, dir
+	cfg.Logger, cfg.LogLevel = "zap", "error"
+	cfg.LogOutputs = []string{filepath.Join(logDir, "etcd.log")}
+	c, err := url.Parse(client)
+	if err != nil {
+		return nil, err
+	}
 	p, err := url.Parse(peer)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*c}, []url.URL{*c}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*p}, []url.URL{*p}
@@ -101,18 +124,18 @@ func launch(t *testing.T, name, dir string, o etcdOpts, client, peer string) *em
 	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		t.Fatalf("starting etcd %s: %v", name, err)
+		return nil, fmt.Errorf("starting etcd %s: %w", name, err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
 		e.Close()
-		t.Fatalf("etcd %s: %v", name, err)
+		return nil, fmt.Errorf("etcd %s: %w", name, err)
 	case <-time.After(30 * time.Second):
 		e.Close()
-		t.Fatalf("etcd %s not ready in 30 s", name)
+		return nil, fmt.Errorf("etcd %s not ready in 30 s", name)
 	}
-	return e
+	return e, nil
 }
 
 // greenFrom snapshots blue, restores the snapshot into a new data dir without a revision bump

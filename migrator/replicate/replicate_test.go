@@ -255,7 +255,7 @@ func TestNames(t *testing.T) {
 	if !errors.Is(err, ErrRevisionMismatch) || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "blue's revision does not match green's") {
 		t.Errorf("Run = %v, want ErrRevisionMismatch saying %q", err, want)
 	}
-	if werr := r.WaitFor(t.Context(), s+5); !strings.Contains(werr.Error(), fmt.Sprintf("(blue at %d): blue's revision", s)) {
+	if werr := r.WaitFor(t.Context(), s+5); werr == nil || !strings.Contains(werr.Error(), fmt.Sprintf("(blue at %d): blue's revision", s)) {
 		t.Errorf("WaitFor = %v", werr)
 	}
 	if got := Rename(errors.New("green is past blue"), "green", "blue").Error(); got != "blue is past green" {
@@ -422,10 +422,15 @@ func TestThroughput(t *testing.T) {
 	var maxRevs int64
 	var maxSecs float64
 	var lagMu sync.Mutex
+	// The writers report errors over errs: t.Fatal in their goroutines would end only those.
+	errs := make(chan error, writers)
 	for w := range writers {
 		wg.Go(func() {
 			for i := range each {
-				put(t, blue, fmt.Sprintf("/registry/configmaps/bench/cm-%d-%d", w, i%50), value)
+				if _, err := blue.cli.Put(t.Context(), fmt.Sprintf("/registry/configmaps/bench/cm-%d-%d", w, i%50), value); err != nil {
+					errs <- fmt.Errorf("writer %d, put %d: %w", w, i, err)
+					return
+				}
 				if i%25 == 0 {
 					p := run.r.Progress()
 					lagMu.Lock()
@@ -436,6 +441,10 @@ func TestThroughput(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
 	wrote := time.Since(begin)
 	last := catchUp(t, run, blue)
 	took := time.Since(begin)
@@ -475,6 +484,8 @@ func TestRestarts(t *testing.T) {
 	catchUp(t, run, blue)
 
 	stop := make(chan struct{})
+	stopWriter := sync.OnceFunc(func() { close(stop) })
+	defer stopWriter() // a restart's t.Fatal below must not leave the writer running
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := 0; ; i++ {
@@ -493,7 +504,7 @@ func TestRestarts(t *testing.T) {
 	time.Sleep(time.Second)
 	blue.restart(t, 500*time.Millisecond)
 	time.Sleep(time.Second)
-	close(stop)
+	stopWriter()
 	wg.Wait()
 
 	put(t, blue, "last", "1")
@@ -1095,11 +1106,21 @@ func TestLeaseGrantRetried(t *testing.T) {
 	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = time.Second })
 	catchUp(t, run, blue)
 	id := grant(t, blue, 60)
-	restarted := make(chan struct{})
-	go func() { defer close(restarted); green.restart(t, 1500*time.Millisecond) }()
+	// The restart runs beside the put, so it reports over a channel: t.Fatal in its goroutine
+	// would end only that goroutine and leave the test waiting for it.
+	restarted := make(chan error, 1)
+	logDir := t.TempDir()
+	go func() { restarted <- green.restartIn(logDir, 1500*time.Millisecond) }()
 	time.Sleep(200 * time.Millisecond) // green is down
 	put(t, blue, "leased", "x", clientv3.WithLease(id))
-	<-restarted
+	select {
+	case err := <-restarted:
+		if err != nil {
+			t.Fatalf("restarting green: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("green did not restart within a minute")
+	}
 	last := catchUp(t, run, blue)
 	sameHistory(t, blue, green, s, last)
 }
