@@ -420,7 +420,7 @@ func TestDryRunPerProxyCommands(t *testing.T) {
 	}
 	for _, want := range []string{
 		"kubefence backend set " + green + " --admin-socket /run/a.sock",
-		"kubefence backend set https://n2:7443 --admin-address https://n2:9443",
+		"kubefence backend set https://n2:7443 --admin-address https://n2:9443 --admin-cert-file c --admin-key-file k --admin-ca-file ca",
 		"kubefence fence off --expect-backend " + green + " --admin-socket /run/a.sock",
 		"kubefence fence off --expect-backend https://n2:7443 --admin-address https://n2:9443",
 	} {

@@ -452,7 +452,7 @@ func (p *Plan) proxyCommands(verb, url string) string {
 		cmd := "kubefence " + verb + " " + own
 		switch {
 		case pr.AdminAddress != "":
-			cmd += " --admin-address " + pr.AdminAddress
+			cmd += fmt.Sprintf(" --admin-address %s --admin-cert-file %s --admin-key-file %s --admin-ca-file %s", pr.AdminAddress, pr.CertFile, pr.KeyFile, pr.CAFile)
 		case pr.AdminSocket != "":
 			cmd += " --admin-socket " + pr.AdminSocket
 		}
