@@ -77,7 +77,7 @@ func TestStackedTopology(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cutover in the stacked topology, bypass not allowed: %v", err)
 	}
-	if !strings.Contains(out, "none went around them") {
+	if !strings.Contains(out, "none of those writes went around the proxies") {
 		t.Error("the preflight's detail does not say it found no writer around the proxy")
 	}
 	if len(errs) > 0 || len(acked) == 0 {

@@ -433,17 +433,19 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 	epProblems, epNotes := r.checkServiceEndpoints(ctx)
 	problems = append(problems, epProblems...)
 	summary := fmt.Sprintf("watched blue etcd %s: %d client write(s) (%d events), %d forwarded by the proxies", d, len(blue), seen, len(fw.Writes))
-	for _, n := range epNotes {
-		summary += "; WARNING: " + n
-	}
 	if pg, ok := r.adm.(*proxyGroup); ok {
 		note, clockProblems := pg.clockNotes()
 		summary += note
 		problems = append(problems, clockProblems...)
 	}
-	if len(problems) == 0 {
-		return summary + "; none went around them", nil
+	var warnings string
+	for _, n := range epNotes {
+		warnings += "; WARNING: " + n
 	}
+	if len(problems) == 0 {
+		return summary + "; none of those writes went around the proxies" + warnings, nil
+	}
+	summary += warnings
 	if r.p.Preflight.AllowBypass || r.o.AllowBypass {
 		return summary + "; ALLOWED (allowBypass) although writers go around the proxies: " + strings.Join(problems, "; "), nil
 	}
