@@ -77,6 +77,9 @@ func (w *watchBody) endAtBoundary() bool {
 	w.mu.Lock()
 	w.draining = true
 	at := w.boundary
+	// A Read blocked in the body may return the head of a new event before it sees the
+	// cancel: what it returns is then cut back to its last whole event, as after a close.
+	w.interrupted = w.interrupted || at
 	w.mu.Unlock()
 	if at {
 		// Interrupt a Read blocked on an idle watch; Read turns the error into a clean EOF.

@@ -71,6 +71,7 @@ func (w *watchBody) moveTo(nb *backend) bool {
 	w.draining = true
 	if w.resume == nil || !w.rv.resumable() {
 		if w.boundary {
+			w.interrupted = true
 			w.cancel() // as endAtBoundary
 		}
 		return true

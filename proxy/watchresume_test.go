@@ -675,3 +675,57 @@ func busyFeed(t *testing.T, fr framing, w *apiWatch) chan struct{} {
 	}()
 	return stop
 }
+
+// TestWatchEndRacingAnEvent: a switch that ends an idle watch (at a boundary) cancels its
+// request; a Read already blocked in the backend's body may still return the head of a new
+// event first. Those bytes are not passed on: the client gets a clean end, not a cut event (its
+// re-watch gets that event again).
+func TestWatchEndRacingAnEvent(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			ev := frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
+			arrived, release := make(chan struct{}), make(chan struct{})
+			rc := &gatedReader{arrived: arrived, release: release, data: ev[:len(ev)/2]}
+			w := newWatchBody(rc, func() {}, fr)
+			got := make(chan []byte, 1)
+			go func() {
+				b, _ := io.ReadAll(w)
+				got <- b
+			}()
+			<-arrived // the Read is in the backend's body, the watch idle at a boundary
+			if !w.endAtBoundary() {
+				t.Fatal("endAtBoundary refused a known framing")
+			}
+			close(release) // the head of an event comes out before the cancel is noticed
+			select {
+			case b := <-got:
+				if len(b) != 0 {
+					t.Fatalf("the client got %q after the end, want nothing", b)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the watch did not end")
+			}
+		})
+	}
+}
+
+// gatedReader says when a Read arrives, returns data once released, then io.EOF (as the
+// cancelled request's body would).
+type gatedReader struct {
+	arrived, release chan struct{}
+	data             []byte
+	once             sync.Once
+	done             bool
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	if g.done {
+		return 0, io.EOF
+	}
+	g.once.Do(func() { close(g.arrived) })
+	<-g.release
+	g.done = true
+	return copy(p, g.data), nil
+}
+
+func (g *gatedReader) Close() error { return nil }
