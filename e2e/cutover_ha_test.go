@@ -54,11 +54,11 @@ func newHAFixture(t *testing.T) *haFixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The shipped manifest allows switching to any port on 127.0.0.1; here each host's green
-		// apiserver listens on the host's own address.
+		// Each host's green apiserver listens on the host's own address: the shipped manifest
+		// allows any port there ($(NODE_IP), the address the proxy listens on).
 		px, err := f.env.StartProxy(ctx, framework.ProxyConfig{
 			Name: fmt.Sprintf("kubefence-proxy-%d", i), Binary: kubefenceBin, Upstream: api.URL, PKI: f.pki,
-			Listen: fmt.Sprintf("%s:%d", h, ports[i]), ExtraArgs: []string{"--allowed-backends=https://" + h + ":*"},
+			Listen: fmt.Sprintf("%s:%d", h, ports[i]),
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -159,7 +160,9 @@ func (p *Proxy) CLI(ctx context.Context, args ...string) (string, string, error)
 const ManifestPath = "deploy/static-pod/kubefence-proxy.yaml"
 
 // ManifestProxyArgs returns the kubefence arguments of the shipped static pod manifest (the
-// container command after the binary) with the value of every flag named in values replaced.
+// container command after the binary) with the value of every flag named in values replaced,
+// and $(NODE_IP) in the others (the kubelet expands it from the pod's env, the node's address)
+// replaced by the host of values["listen"], the address the proxy takes over.
 // Every flag in values must be in the manifest: a manifest that drops one fails here.
 func ManifestProxyArgs(values map[string]string) ([]string, error) {
 	root, err := moduleRoot()
@@ -180,7 +183,12 @@ func ManifestProxyArgs(values map[string]string) ([]string, error) {
 	cmd := pod.Spec.Containers[0].Command
 	args := []string{cmd[1]}
 	seen := map[string]bool{}
+	nodeIP, _, err := net.SplitHostPort(values["listen"])
+	if err != nil {
+		return nil, fmt.Errorf("the proxy's listen address %q: %w", values["listen"], err)
+	}
 	for _, a := range cmd[2:] {
+		a = strings.ReplaceAll(a, "$(NODE_IP)", nodeIP)
 		name, _, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		if !ok || !strings.HasPrefix(a, "--") {
 			return nil, fmt.Errorf("%s: argument %q: write flags as --name=value", ManifestPath, a)
