@@ -13,9 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/version"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -328,13 +326,9 @@ func etcdServers(args []string) []string {
 
 // manifestArgs is the command and arguments of every container of a static pod manifest.
 func manifestArgs(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
+	pod, err := readPod(path)
 	if err != nil {
 		return nil, err
-	}
-	var pod corev1.Pod
-	if err := yaml.Unmarshal(data, &pod); err != nil {
-		return nil, fmt.Errorf("not a pod manifest: %w", err)
 	}
 	var args []string
 	for _, c := range pod.Spec.Containers {
