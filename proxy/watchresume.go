@@ -114,14 +114,16 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		_ = resp.Body.Close()
 		return false
 	}
-	ri.on.handOff(ri.s)
-	ri.on = nb
+	// The new body is this stream's before the old backend lets the switch return: a next
+	// switch's moveTo then finds it, and its draining is not undone here.
 	w.mu.Lock()
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
 	w.mu.Unlock()
+	ri.on.handOff(ri.s)
+	ri.on = nb
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
 }
