@@ -49,6 +49,10 @@ type heldWrite struct {
 
 var errHoldFull = errors.New("hold mode: too many writes held")
 
+// leaderElectionRequestTimeout is the timeout of each request of client-go's leader-election
+// lock client: --hold-timeout should stay under it (a startup warning says so otherwise).
+const leaderElectionRequestTimeout = 5 * time.Second
+
 // enter puts a write of size body bytes in the waiting room, or refuses it (errHoldFull) when the
 // totals would be exceeded.
 func (q *holdQueue) enter(size int64, now time.Time) (*heldWrite, error) {

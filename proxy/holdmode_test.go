@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -336,5 +338,26 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 				t.Fatalf("backend got %d writes, want 1: a write that was no longer held was forwarded", seen)
 			}
 		})
+	}
+}
+
+// TestLongHoldTimeoutWarned: a --hold-timeout of 5 s or more is allowed (a cutover test may
+// want it) but warned about at start: a held leader-election renewal would already have failed
+// at its client.
+func TestLongHoldTimeoutWarned(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	for _, tc := range []struct {
+		timeout time.Duration
+		warned  bool
+	}{{4 * time.Second, false}, {5 * time.Second, true}} {
+		var logs bytes.Buffer
+		o := NewOptions()
+		o.Listen, o.InsecureListen, o.Upstream, o.MetricsListen = "127.0.0.1:0", true, api.URL, ""
+		o.AdminSocket = filepath.Join(t.TempDir(), "admin.sock")
+		o.HoldTimeout = tc.timeout
+		startProxyWith(t, o, &logs)
+		if got := strings.Contains(logs.String(), "--hold-timeout is not under 5s"); got != tc.warned {
+			t.Errorf("--hold-timeout %s: warned %v, want %v\n%s", tc.timeout, got, tc.warned, logs.String())
+		}
 	}
 }
