@@ -681,31 +681,39 @@ func busyFeed(t *testing.T, fr framing, w *apiWatch) chan struct{} {
 // event first. Those bytes are not passed on: the client gets a clean end, not a cut event (its
 // re-watch gets that event again).
 func TestWatchEndRacingAnEvent(t *testing.T) {
+	ends := map[string]func(*watchBody) bool{
+		"end":                        (*watchBody).endAtBoundary,
+		"resuming switch, no resume": func(w *watchBody) bool { return w.moveTo(nil) }, // a watch that cannot be resumed ends
+	}
 	for _, fr := range framings {
-		t.Run(fr.String(), func(t *testing.T) {
-			ev := frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
-			arrived, release := make(chan struct{}), make(chan struct{})
-			rc := &gatedReader{arrived: arrived, release: release, data: ev[:len(ev)/2]}
-			w := newWatchBody(rc, func() {}, fr)
-			got := make(chan []byte, 1)
-			go func() {
-				b, _ := io.ReadAll(w)
-				got <- b
-			}()
-			<-arrived // the Read is in the backend's body, the watch idle at a boundary
-			if !w.endAtBoundary() {
-				t.Fatal("endAtBoundary refused a known framing")
-			}
-			close(release) // the head of an event comes out before the cancel is noticed
-			select {
-			case b := <-got:
-				if len(b) != 0 {
-					t.Fatalf("the client got %q after the end, want nothing", b)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the watch did not end")
-			}
-		})
+		for how, end := range ends {
+			t.Run(fr.String()+"/"+how, func(t *testing.T) { watchEndRacingAnEvent(t, fr, end) })
+		}
+	}
+}
+
+func watchEndRacingAnEvent(t *testing.T, fr framing, end func(*watchBody) bool) {
+	ev := frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	rc := &gatedReader{arrived: arrived, release: release, data: ev[:len(ev)/2]}
+	w := newWatchBody(rc, func() {}, fr)
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(w)
+		got <- b
+	}()
+	<-arrived // the Read is in the backend's body, the watch idle at a boundary
+	if !end(w) {
+		t.Fatal("refused a known framing")
+	}
+	close(release) // the head of an event comes out before the cancel is noticed
+	select {
+	case b := <-got:
+		if len(b) != 0 {
+			t.Fatalf("the client got %q after the end, want nothing", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not end")
 	}
 }
 

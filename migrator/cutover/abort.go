@@ -90,8 +90,7 @@ func (r *runner) proxyOnTarget(ctx context.Context) bool {
 // steps still to run would do, by hand. In mode replicate green's apiserver may only read until
 // ungate-green: a bare fence off would reopen writes onto a green that answers each one 500.
 func finishByHand(p *Plan, j *Journal) string {
-	green := p.Green.APIServer.URL
-	fenceOff := fmt.Sprintf("'kubefence fence off --expect-backend %s' on each proxy (or the proxy's greenURL)", green)
+	fenceOff := "'" + strings.ReplaceAll(p.proxyCommands("fence off --expect-backend", p.Green.APIServer.URL), "; ", "', '") + "'"
 	if !p.Replicating() || j.done(StepUngateGreen) {
 		return "if it cannot run, " + fenceOff + " reopens writes where the proxy is on green"
 	}

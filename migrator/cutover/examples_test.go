@@ -1,7 +1,9 @@
 package cutover
 
 import (
+	"cmp"
 	"maps"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,9 +182,25 @@ func TestExamplesFollowTheRecipe(t *testing.T) {
 		if p.Blue.APIServer.URL != "https://127.0.0.1:6443" {
 			t.Errorf("%s: blue.apiserver.url %s, want the stacked recipe's https://127.0.0.1:6443", name, p.Blue.APIServer.URL)
 		}
-		for _, a := range p.greenAPIServers() {
-			if !allowedBy(a.URL, allowed) && !strings.Contains(string(data), "--allowed-backends") {
-				t.Errorf("%s: green %s is not in the static pod's --allowed-backends %v, and the example does not say to add it", name, a.URL, allowed)
+		for _, pr := range p.proxyRefs() {
+			// The kubelet expands $(NODE_IP) to the proxy's node: the host of its admin address
+			// (another node's proxy), else this node, whose green the plan's own URL names.
+			node := pr.AdminAddress
+			if node == "" {
+				node = p.Green.APIServer.URL
+			}
+			u, err := url.Parse(node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			node = u.Hostname()
+			var own []string
+			for _, a := range allowed {
+				own = append(own, strings.ReplaceAll(a, "$(NODE_IP)", node))
+			}
+			green := cmp.Or(pr.GreenURL, p.Green.APIServer.URL)
+			if !allowedBy(green, own) {
+				t.Errorf("%s: proxy %s's green %s is not in the static pod's --allowed-backends %v (on its node %s)", name, pr.name(), green, allowed, node)
 			}
 		}
 		if name == "cutover-plan-kubeadm.yaml" && !p.Replicating() {

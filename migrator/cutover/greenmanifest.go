@@ -137,7 +137,7 @@ func declaredPorts(pod *corev1.Pod, c *corev1.Container, manifest, port string) 
 		if hp == 0 || fmt.Sprint(hp) == port {
 			continue
 		}
-		errs = append(errs, fmt.Errorf("green's manifest %s declares port %d (%s), a host port under hostNetwork, other than its --secure-port %s: blue's kube-apiserver pod declares 6443 and the kubelet refuses a second pod on a host port; set its containerPort to %s", manifest, hp, cmp.Or(cp.Name, "unnamed"), port, port))
+		errs = append(errs, fmt.Errorf("green's manifest %s declares port %d (%s), a host port under hostNetwork, other than its --secure-port %s, which only green's apiserver listens on (the kubelet refuses a pod whose host port another pod holds, as blue's kube-apiserver pod holds 6443); set its containerPort to %s", manifest, hp, cmp.Or(cp.Name, "unnamed"), port, port))
 	}
 	return errs
 }

@@ -69,7 +69,7 @@ func TestGreenManifestFitsBlueNode(t *testing.T) {
 		{"blue's probe port", greenFromKubeadm(renamed), "https://127.0.0.1:7443",
 			[]string{"livenessProbe", "readinessProbe", "startupProbe", "port 6443", "--secure-port 7443", "containerPort of port probe-port"}},
 		{"probes moved, blue's port still declared", greenFromKubeadm(renamed, [2]string{"port: probe-port", "port: 7443"}), "https://127.0.0.1:7443",
-			[]string{"declares port 6443 (probe-port)", "host port", "blue's"}},
+			[]string{"declares port 6443 (probe-port)", "host port", "blue's kube-apiserver pod holds 6443"}},
 		{"numbered probes on blue's port", greenFromKubeadm(renamed, undeclared, numbered), "https://127.0.0.1:7443",
 			[]string{"port 6443", "set their port to 7443"}},
 		{"numbered probes moved", greenFromKubeadm(renamed, undeclared, numbered, [2]string{"port: 6443", "port: 7443"}), "https://127.0.0.1:7443", nil},

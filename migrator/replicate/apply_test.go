@@ -79,7 +79,7 @@ func TestRewatchBackoffReset(t *testing.T) {
 	select {
 	case <-w.delivering: // after 100 + 200 + 400 + 800 ms of backoff; the next would be 1.6 s
 	case <-time.After(30 * time.Second):
-		t.Fatal("blue not watched again after three drops")
+		t.Fatal("blue not watched again after four drops")
 	}
 	put(t, blue, "a", "1") // the watch delivers it, then ends
 	last := catchUp(t, run, blue)

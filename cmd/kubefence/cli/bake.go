@@ -108,7 +108,7 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 		fmt.Fprintln(w, "  WARNING: the abort did not finish: run 'kubefence cutover abort --plan PLAN'")
 	case st.State == cutover.StateRunning && switched(st):
 		// Abort refuses from here: the proxies send requests to green.
-		fmt.Fprintf(w, "  WARNING: no process runs this cutover, and it has switched to green: run 'kubefence cutover --resume --plan PLAN' now to finish it (writes reopen on green); %s. There is no abort past the switch\n", cmp.Or(st.FinishByHand, "if it cannot run, 'kubefence fence off --expect-backend GREEN_URL' on each proxy"))
+		fmt.Fprintf(w, "  WARNING: no process runs this cutover, and it has switched to green: run 'kubefence cutover --resume --plan PLAN' now to finish it (writes reopen on green); %s. There is no abort past the switch\n", cmp.Or(st.FinishByHand, "if it cannot run, 'kubefence fence off --expect-backend GREEN_URL' on each proxy reopens writes where the proxy is on green"))
 	case st.State == cutover.StateRunning && (!st.WindowOpenSince.IsZero() || !st.FenceStartedAt.IsZero()):
 		fmt.Fprintln(w, "  WARNING: no process runs this cutover: run 'kubefence cutover --resume --plan PLAN' to finish the window, or 'kubefence cutover abort --plan PLAN' to go back to blue, now")
 	case st.State == cutover.StateRunning && st.Rehearsal:
