@@ -239,10 +239,16 @@ func TestBacklogRewatchExact(t *testing.T) {
 	run := start(t, blue, green, s, func(c *Config) { c.Dest, c.MaxBacklog = dst, bound })
 	lease := grant(t, blue, 60)
 	value := strings.Repeat("v", 1000)
+	// A burst of 60 writes each, then, until blue's watch was cancelled at the bound twice, one
+	// write each per 10 ms (faster than the slowed green applies, slow enough for it to catch up
+	// in time): how many pauses the burst alone makes depends on the machine's speed.
 	var wg sync.WaitGroup
 	for w := range 3 {
 		wg.Go(func() {
-			for i := range 60 {
+			for i := 0; i < 60 || run.r.Progress().BacklogPauses < 2 && i < 3000; i++ {
+				if i >= 60 {
+					time.Sleep(10 * time.Millisecond)
+				}
 				if err := mixedWrite(t.Context(), blue.cli, fmt.Sprintf("/w%d/k%02d", w, i%20), i, value, lease); err != nil {
 					t.Error(err)
 					return
@@ -297,6 +303,12 @@ func TestBacklogCompactedWhilePaused(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("blue's watch not paused at the bound with green held: %v", err)
+	}
+	// Revisions written while the watch is cancelled: the watch has not received them, so the
+	// replicator must watch from one of them again (the burst may have been received whole
+	// before the pause, on a fast machine).
+	for i := range 5 {
+		put(t, blue, fmt.Sprintf("/paused/%d", i), "x")
 	}
 	compacted := revision(t, blue)
 	if _, err := blue.cli.Compact(t.Context(), compacted); err != nil {
