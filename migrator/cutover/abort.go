@@ -90,7 +90,7 @@ func (r *runner) proxyOnTarget(ctx context.Context) bool {
 // steps still to run would do, by hand. In mode replicate green's apiserver may only read until
 // ungate-green: a bare fence off would reopen writes onto a green that answers each one 500.
 func finishByHand(p *Plan, j *Journal) string {
-	fenceOff := "'" + strings.ReplaceAll(p.proxyCommands("fence off --expect-backend", p.Green.APIServer.URL), "; ", "', '") + "'"
+	fenceOff := "'" + strings.Join(p.proxyCommands("fence off --expect-backend", p.Green.APIServer.URL), "', '") + "'"
 	if !p.Replicating() || j.done(StepUngateGreen) {
 		return "if it cannot run, " + fenceOff + " reopens writes where the proxy is on green"
 	}

@@ -439,8 +439,8 @@ func proxyNames(p *Plan) string {
 
 // proxyCommands is the command line each proxy of the plan gets for verb on url (one of the
 // plan's apiservers), with the proxy's own apiserver in url's place and the flag that names the
-// proxy: what an operator would type for each proxy, "; "-separated.
-func (p *Plan) proxyCommands(verb, url string) string {
+// proxy: what an operator would type for each proxy, one per proxy.
+func (p *Plan) proxyCommands(verb, url string) []string {
 	var cmds []string
 	for _, pr := range p.proxyRefs() {
 		own := url
@@ -458,5 +458,5 @@ func (p *Plan) proxyCommands(verb, url string) string {
 		}
 		cmds = append(cmds, cmd)
 	}
-	return strings.Join(cmds, "; ")
+	return cmds
 }

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -70,7 +71,7 @@ func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Swit
 func (replicaSwitchStep) pastNoReturn() bool            { return true }
 
 func (replicaSwitchStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("check %s's revision equals %s's and (in a cutover) that every change since the full verify is the same in both etcds' histories (within timeouts.window), then %s", r.to.name, r.from.name, r.p.proxyCommands("backend set --resume-watches", r.to.api.URL))
+	return fmt.Sprintf("check %s's revision equals %s's and (in a cutover) that every change since the full verify is the same in both etcds' histories (within timeouts.window), then %s", r.to.name, r.from.name, strings.Join(r.p.proxyCommands("backend set --resume-watches", r.to.api.URL), "; "))
 }
 
 func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {

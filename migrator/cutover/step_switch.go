@@ -18,7 +18,7 @@ func (switchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Switch.D() 
 func (switchStep) pastNoReturn() bool            { return true }
 
 func (switchStep) describe(r *runner, _ bool) string {
-	return r.p.proxyCommands("backend set", r.p.Green.APIServer.URL)
+	return strings.Join(r.p.proxyCommands("backend set", r.p.Green.APIServer.URL), "; ")
 }
 
 func (switchStep) run(ctx context.Context, r *runner) (string, error) {

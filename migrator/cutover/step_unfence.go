@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -15,7 +16,7 @@ func (unfenceStep) name() string                  { return StepUnfence }
 func (unfenceStep) timeout(p *Plan) time.Duration { return p.Timeouts.Unfence.D() }
 func (unfenceStep) pastNoReturn() bool            { return true }
 func (unfenceStep) describe(r *runner, _ bool) string {
-	return r.p.proxyCommands("fence off --expect-backend", r.to.api.URL)
+	return strings.Join(r.p.proxyCommands("fence off --expect-backend", r.to.api.URL), "; ")
 }
 
 func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
