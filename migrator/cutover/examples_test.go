@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kubefence/kubefence/policy"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // examplePaths are the files and directories each shipped example plan names: kubeadm's
@@ -153,16 +154,6 @@ func staticPodAllowedBackends(t *testing.T) []string {
 	return nil
 }
 
-// allowedBy says whether an allow-list entry (exact, or https://host:* for any port) admits u.
-func allowedBy(u string, list []string) bool {
-	for _, a := range list {
-		if prefix, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(u, prefix) || a == sameURL(u) {
-			return true
-		}
-	}
-	return false
-}
-
 // TestExamplesFollowTheRecipe: the single-node examples follow deploy/README.md's stacked recipe
 // (blue on 127.0.0.1:6443 behind the proxy on the node's IP; the old :6444 recipe leaves clients
 // around the proxy), their green URLs are ones the shipped static pod proxy may switch to, and
@@ -199,7 +190,11 @@ func TestExamplesFollowTheRecipe(t *testing.T) {
 				own = append(own, strings.ReplaceAll(a, "$(NODE_IP)", node))
 			}
 			green := cmp.Or(pr.GreenURL, p.Green.APIServer.URL)
-			if !allowedBy(green, own) {
+			gu, err := backendurl.Parse(green)
+			if err != nil {
+				t.Fatalf("%s: proxy %s's green %s: %v", name, pr.name(), green, err)
+			}
+			if !backendurl.Allowed("", own, gu) {
 				t.Errorf("%s: proxy %s's green %s is not in the static pod's --allowed-backends %v (on its node %s)", name, pr.name(), green, allowed, node)
 			}
 		}

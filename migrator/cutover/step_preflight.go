@@ -266,16 +266,7 @@ func endpointOf(raw string) (scheme, port string, hosts []string) {
 	if err != nil {
 		return "", "", nil
 	}
-	hosts = []string{host}
-	if net.ParseIP(host) == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		addrs, err := net.DefaultResolver.LookupHost(ctx, host)
-		cancel()
-		if err == nil {
-			hosts = append(hosts, addrs...)
-		}
-	}
-	return u.Scheme, port, hosts
+	return u.Scheme, port, append([]string{host}, hostIPs(context.Background(), host)...)
 }
 
 // greenEndpoints says whether an etcd URL names one of green's members (however it is written),
