@@ -107,6 +107,24 @@ func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("auth on: %q root, %q read-write; blue's apiserver ready", self, user), nil
 }
 
+// checkBlueBakeCert (preflight) refuses, with a bake, a blue.etcd.certFile that cannot be
+// blue etcd's root user: one without a CN, or with blue's apiserver etcd user as its CN (the
+// gate would bind root's role to blue's apiserver). The blue-etcd-auth step would refuse it
+// too, but only after the copy and green's start.
+func checkBlueBakeCert(p *Plan) error {
+	if !p.Bake.Enabled {
+		return nil
+	}
+	cn, err := certCN(p.Blue.Etcd.CertFile)
+	if err != nil {
+		return fmt.Errorf("blue.etcd.certFile: %w", err)
+	}
+	if cn == p.Blue.APIServer.EtcdUser {
+		return fmt.Errorf("blue.etcd.certFile %s has CN %q, the same as blue.apiserver.etcdUser: with bake.enabled kubefence's certificate becomes blue etcd's root user; give kubefence a certificate of its own (kubeadm's healthcheck-client)", p.Blue.Etcd.CertFile, cn)
+	}
+	return nil
+}
+
 // blueReadyWithAuth waits for blue's apiserver to be ready with etcd auth on. If it is not, auth
 // is turned off again when ours (this cutover turned it on), even once ctx has ended: an auth
 // the operator (or a rolled-back cutover) turned on stays.

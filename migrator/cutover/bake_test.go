@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -572,5 +573,33 @@ func TestNewerJournalRefusedByEveryCommand(t *testing.T) {
 				t.Errorf("%s over journal version %d, state %q: %v; want it refused as a newer kubefence's", name, j.Version, j.State, err)
 			}
 		}
+	}
+}
+
+// TestBlueBakeCertChecked: with a bake, kubefence's client certificate for blue etcd becomes
+// blue etcd's root user, so its CN must be neither empty nor blue's apiserver etcd user (the
+// sample plan's apiserver-etcd-client would be both): the preflight says so, before the copy
+// and green's start, not the blue-etcd-auth step after them.
+func TestBlueBakeCertChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name, cn string
+		bake     bool
+		want     string // "" for none
+	}{
+		{"kubeadm's healthcheck-client", "kube-etcd-healthcheck-client", true, ""},
+		{"the apiserver's own certificate", DefaultGreenEtcdUser, true, "the same as blue.apiserver.etcdUser"},
+		{"the apiserver's certificate without a bake", DefaultGreenEtcdUser, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := bakePlan(t)
+			p.Bake.Enabled = tc.bake
+			dir := t.TempDir()
+			ca := newTestCA(t, dir, "ca")
+			p.Blue.Etcd.CertFile, p.Blue.Etcd.KeyFile = ca.issue(t, dir, "client", tc.cn, nil, x509.ExtKeyUsageClientAuth)
+			err := checkBlueBakeCert(p)
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("checkBlueBakeCert = %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
