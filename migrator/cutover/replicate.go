@@ -229,10 +229,14 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	inWindow := r.windowOpen(ctx)
+	// Past the switch the callers bound this themselves (bakeContext), and an abort is no
+	// longer the way out: the advice for a run before its switch would be wrong there.
+	pastSwitch := r.j.done(StepSwitch)
+	inWindow := !pastSwitch && r.windowOpen(ctx)
 	if inWindow {
-		// Inside the window (a resume after the process that ran it died): its budget bounds
-		// this too, so that a spent one aborts to blue at once, not after the check's own time.
+		// Inside the window before the switch (a resume after the process that ran it died):
+		// its budget bounds this too, so that a spent one aborts to blue at once, not after the
+		// check's own time.
 		var wcancel context.CancelFunc
 		ctx, wcancel = r.windowContext(ctx)
 		defer wcancel()
@@ -247,7 +251,11 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 	if err != nil {
 		src.Close()
 		dst.Close()
-		return "", fmt.Errorf("picking replication up again (the process that replicated stopped): %w; %s", err, r.pickupAdvice(err))
+		err = fmt.Errorf("picking replication up again (the process that replicated stopped): %w", err)
+		if pastSwitch {
+			return "", err
+		}
+		return "", fmt.Errorf("%w; %s", err, r.pickupAdvice(err))
 	}
 	if err := r.startReplication(src, dst, rev); err != nil {
 		return "", err

@@ -334,12 +334,32 @@ func (r *runner) walk(ctx context.Context) error {
 	for _, s := range r.steps {
 		walk = append(walk, steprun.Step{
 			Name: s.name(), Detail: s.describe(r, false), Timeout: s.timeout(r.p), Done: r.j.done(s.name()),
-			Run: func(ctx context.Context) (string, error) { return s.run(ctx, r) },
+			Run: func(ctx context.Context) (string, error) {
+				ctx, cancel := r.pastSwitchContext(ctx)
+				defer cancel()
+				return s.run(ctx, r)
+			},
 		})
 	}
 	return steprun.Run(ctx, walk, journalSteps{r.j, r.journalDir}, func(e steprun.Event) {
 		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
 	})
+}
+
+// pastSwitchContext is the context a step runs with. Once the switch is journaled there is no
+// way back, and the steps left only finish the window (milliseconds each): a signal (Ctrl-C,
+// SIGTERM) then must not stop them half-way, leaving writes fenced or a bake given up for it.
+// They keep the step's own timeout (ctx's deadline) but not the signal's cancellation; the run
+// stops after them (a bake's loop ends on the signal).
+func (r *runner) pastSwitchContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !r.j.done(StepSwitch) {
+		return ctx, func() {}
+	}
+	detached := context.WithoutCancel(ctx)
+	if deadline, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(detached, deadline)
+	}
+	return context.WithCancel(detached)
 }
 
 // journalSteps is the journal as steprun writes it: a finished step is appended and saved.
