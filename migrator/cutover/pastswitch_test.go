@@ -7,18 +7,22 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // bothSidesPlan is budgetPlan with both etcds answering, at the same revision with the same
 // key (as replication leaves them), each with the apiserver's etcd user and kubefence's two
-// roles; green is closed instead when greenDown.
-func bothSidesPlan(t *testing.T, greenDown bool) *Plan {
+// roles; green is closed instead when greenDown. It returns blue's client too.
+func bothSidesPlan(t *testing.T, greenDown bool) (*Plan, *clientv3.Client) {
 	t.Helper()
 	var urls []string
+	var clis []*clientv3.Client
 	for range 2 {
 		cli := startTestEtcd(t)
+		clis = append(clis, cli)
 		for _, role := range []string{readWriteRole, readOnlyRole} {
 			if _, err := cli.RoleAdd(t.Context(), role); err != nil {
 				t.Fatal(err)
@@ -46,7 +50,7 @@ func bothSidesPlan(t *testing.T, greenDown bool) *Plan {
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return p, clis[0]
 }
 
 // journalThrough is a running journal with steps done up to and including last.
@@ -78,7 +82,7 @@ func TestResumedHandOverKeepsTheBake(t *testing.T) {
 		{"green down", time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := bothSidesPlan(t, tc.greenDown)
+			p, _ := bothSidesPlan(t, tc.greenDown)
 			j := journalThrough(p, bakeSteps, StepGateBlue, time.Now().UTC().Add(-tc.late))
 			var calls []string
 			st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
@@ -105,7 +109,7 @@ func TestResumedHandOverKeepsTheBake(t *testing.T) {
 // switch a minute after its fence, picks replication up to bring over what the gated side's
 // apiserver wrote, instead of giving up because the window's budget is spent.
 func TestResumedRollbackPicksReplicationUp(t *testing.T) {
-	p := bothSidesPlan(t, false)
+	p, _ := bothSidesPlan(t, false)
 	main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 2}}
 	r, err := newRollbackRunner(Options{Plan: p}, main)
 	if err != nil {
@@ -130,7 +134,7 @@ func TestResumedRollbackPicksReplicationUp(t *testing.T) {
 func TestSignalPastTheSwitchFinishesTheWindow(t *testing.T) {
 	for _, bake := range []bool{false, true} {
 		t.Run(map[bool]string{false: "replicate", true: "bake"}[bake], func(t *testing.T) {
-			p := bothSidesPlan(t, false)
+			p, _ := bothSidesPlan(t, false)
 			p.Bake.Enabled = bake
 			steps := replicateSteps
 			if bake {
@@ -157,5 +161,36 @@ func TestSignalPastTheSwitchFinishesTheWindow(t *testing.T) {
 				t.Errorf("journal: bake %+v, noBake %q; a signal cost the way back", j.Bake, j.NoBake)
 			}
 		})
+	}
+}
+
+// TestResumedStopReplicationBringsBlueLast: a --resume after the process died between the
+// switch and stop-replication picks replication up (green is still blue change for change:
+// its apiserver may not write yet) to bring over what blue's apiserver wrote after the drain
+// (its own leases), which a watch the switch moved may have been sent, before green's
+// apiserver takes those revisions' numbers; as the run that did not die does.
+func TestResumedStopReplicationBringsBlueLast(t *testing.T) {
+	p, blue := bothSidesPlan(t, false)
+	p.Bake.Enabled = false
+	put, err := blue.Put(t.Context(), "lease", "blue's apiserver, after the drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := journalThrough(p, replicateSteps, StepSwitch, time.Now().UTC().Add(-time.Minute))
+	var calls []string
+	st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: replicateSteps}).forward()
+	detail, err := stopReplicationStep{}.run(t.Context(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	green, err := newEtcdClient(p.greenConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	got, err := green.Get(t.Context(), "lease")
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != put.Header.Revision {
+		t.Errorf("stop-replication %q; green has %v, %v: want blue's write of revision %d", detail, got, err, put.Header.Revision)
 	}
 }

@@ -83,8 +83,18 @@ func (stopReplicationStep) describe(*runner, bool) string {
 }
 
 func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
+	picked := ""
 	if r.repl == nil {
-		return "replication was not running in this process (it stopped with the cutover process before)", nil
+		// The process that replicated died after the switch: pick it up (green's apiserver may
+		// not write yet, so green is still blue change for change unless it expired a lease by
+		// itself) to bring over blue's last revisions, as the run that did not die does.
+		wctx, cancel := r.bakeContext(ctx)
+		var err error
+		picked, err = r.ensureReplication(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any (its apiserver's own leases), are not on green, and a watch the switch moved from one of them may miss green's events there", err), nil
+		}
 	}
 	last := r.applyBlueLast(ctx)
 	prog, err := r.stopReplication()
@@ -94,7 +104,7 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.
 		return fmt.Sprintf("stopped (it had failed after the switch: %v)%s: %s", err, last, r.progressLine(prog)), nil
 	}
-	return "stopped" + last + ": " + r.progressLine(prog), nil
+	return withNote(picked, "stopped"+last+": "+r.progressLine(prog)), nil
 }
 
 // applyBlueLast waits, up to lastRevisionPatience, for the replicator to apply blue's revision
