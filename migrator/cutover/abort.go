@@ -75,8 +75,27 @@ func (r *runner) failPreflight(err error) (*Report, error) {
 	}
 	rep := r.report(ResultAborted, err)
 	rep.Next = "nothing was changed: fix what the preflight names and run the cutover again"
+	if r.kept != nil {
+		rep.Next = r.restoreKeptJournal()
+	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, fmt.Errorf("cutover stopped at step %s, nothing was changed: %w", StepPreflight, err)
+}
+
+// restoreKeptJournal makes the ended cutover whose journal this run moved aside the state dir's
+// again, this run's journal kept beside it: the failed preflight changed nothing, and what it
+// found (ports in use, data dirs) is often that cutover's green, which 'cutover cleanup' finds
+// only through its journal. It returns the advice.
+func (r *runner) restoreKeptJournal() string {
+	dir, old := r.p.StateDir, r.kept.ID
+	err := keepJournal(dir, r.j.ID)
+	if err == nil {
+		err = os.Rename(keptJournalPath(dir, old), journalPath(dir))
+	}
+	if err != nil {
+		return fmt.Sprintf("nothing was changed; putting back the journal of cutover %s failed (%v): move %s back to %s by hand before 'kubefence cutover cleanup' can find what it left; then fix what the preflight names and run the cutover again", old, err, keptJournalPath(dir, old), journalPath(dir))
+	}
+	return fmt.Sprintf("nothing was changed; the state dir's journal is cutover %s's again (%s): if the preflight found what it left, 'kubefence cutover cleanup --plan PLAN' stops its processes (with --remove-data-dirs its green data dirs too); then fix what the preflight names and run the cutover again", old, r.kept.State)
 }
 
 // proxyOnTarget reports whether the proxy answers with r.to (green in a cutover) as its

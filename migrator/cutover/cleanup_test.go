@@ -2,12 +2,16 @@ package cutover
 
 import (
 	"cmp"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // TestCleanup: cleanup stops what an aborted cutover or a rehearsal left, removes only the data
@@ -153,5 +157,61 @@ func TestAdoptsOnlyWhatItStarted(t *testing.T) {
 				t.Errorf("stopped %v, want %v", stopped, tc.wantStopped)
 			}
 		})
+	}
+}
+
+// TestFailedPreflightKeepsTheOldJournal: a new run in the state dir of a rolled-back (or
+// aborted) cutover, whose green still runs, fails its preflight on what that green holds
+// (ports, data dirs). The preflight changed nothing, so the state dir's journal is the old
+// cutover's again: 'cutover cleanup' then stops the old green's processes and removes its data
+// dirs, instead of finding nothing in the new run's journal. The failed run's journal is kept
+// beside it.
+func TestFailedPreflightKeepsTheOldJournal(t *testing.T) {
+	p, _ := validPlan(t)
+	p.hash = "plan-hash"
+	dir := p.Green.Etcd.Members[0].DataDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, restoreMarker), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := &Journal{Version: 1, ID: "old", State: StateRolledBack, PlanHash: p.hash, PIDsWriteAhead: true, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+	if err := old.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	var stopped []int
+	procs := fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)
+	var calls []string
+	r := (&runner{o: Options{Plan: p}, p: p, procs: procs, adm: memProxy(&admin.Status{Backend: p.Blue.APIServer.URL}, &calls)}).forward()
+	if err := r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	failed := r.j.ID
+	rep, _ := r.failPreflight(errors.New("green etcd g0: port in use; data dir must be absent or empty"))
+	if !strings.Contains(rep.Next, "cutover old") || !strings.Contains(rep.Next, "cleanup") {
+		t.Errorf("next %q: want it to say the state dir is the old cutover's again, and how to clean it up", rep.Next)
+	}
+	j, err := LoadJournal(p.StateDir)
+	if err != nil || j.ID != "old" {
+		t.Fatalf("journal %+v, %v: want the old cutover's back", j, err)
+	}
+	var kept Journal
+	data, err := os.ReadFile(filepath.Join(p.StateDir, "journal-"+failed+".json"))
+	if err == nil {
+		err = json.Unmarshal(data, &kept)
+	}
+	if err != nil || kept.State != StateAborted || !strings.Contains(kept.AbortReason, "preflight failed") {
+		t.Errorf("the failed run's journal %+v, %v: want it kept beside, aborted by its preflight", kept, err)
+	}
+	c := (&runner{p: p, j: j, procs: procs}).forward()
+	if _, err := c.cleanup(true); err != nil || len(stopped) != 2 {
+		t.Errorf("cleanup: %v, stopped %v; want the old green's 101 and 102", err, stopped)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the old green's data dir: %v, want it removed", err)
 	}
 }

@@ -119,9 +119,12 @@ type proxyAdmin interface {
 }
 
 type runner struct {
-	o     Options
-	p     *Plan
-	j     *Journal
+	o Options
+	p *Plan
+	j *Journal
+	// kept is the ended cutover whose journal this run moved aside to start its own: a failed
+	// preflight puts it back (failPreflight).
+	kept  *Journal
 	adm   proxyAdmin
 	procs processes
 	steps []step
@@ -255,6 +258,7 @@ func (r *runner) openJournal() error {
 		if err := keepJournal(p.StateDir, j.ID); err != nil {
 			return err
 		}
+		r.kept = j
 	}
 	if r.j == nil {
 		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}, Rehearse: o.Rehearse, PIDsWriteAhead: true}
@@ -378,12 +382,15 @@ func (js journalSteps) Finish(rec steprun.Record) error {
 // keepJournal moves the journal of an ended cutover (or rollback) with id aside in dir, so that
 // a new one does not overwrite it.
 func keepJournal(dir, id string) error {
-	kept := filepath.Join(dir, "journal-"+id+".json")
+	kept := keptJournalPath(dir, id)
 	if err := os.Rename(journalPath(dir), kept); err != nil {
 		return fmt.Errorf("keeping the journal of %s as %s before a new one: %w (move it away by hand)", id, kept, err)
 	}
 	return nil
 }
+
+// keptJournalPath is where keepJournal keeps the journal of the cutover with id.
+func keptJournalPath(dir, id string) string { return filepath.Join(dir, "journal-"+id+".json") }
 
 func lastStep(j *Journal) string {
 	if len(j.Done) == 0 {
