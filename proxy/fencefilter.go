@@ -48,7 +48,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				return
 			}
 		}
-		body, res, err := readWriteBody(w, r, limits)
+		body, res, err := readWriteBody(w, r, limits, st.identity != nil)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return

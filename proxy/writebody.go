@@ -31,7 +31,11 @@ import (
 // Reserving the announced length instead would let streams that send no byte at all fill the
 // budget, and then every write, a kubelet's lease renewal as well, would get 429. One client
 // connection may hold at most a share of the budget (connBudgetShare), so that one HTTP/2
-// connection's streams, sending bytes or not, cannot take it all from the others.
+// connection's streams, sending bytes or not, cannot take it all from the others. Many
+// connections could, and anyone who reaches the proxy can open them; so writes from clients
+// whose certificate the proxy did not verify may hold only part of the budget, and the rest
+// (verifiedBudgetShare) is always there for the clients it verified: kubelets and the control
+// plane's components keep renewing their leases whatever unauthenticated clients send.
 
 // errBodyTooLarge, errBodyTimeout and errBodyBudget say why a write's body was not read.
 var (
@@ -39,6 +43,8 @@ var (
 	errBodyTimeout  = errors.New("write body not received in time")
 	errBodyBudget   = errors.New("too many write body bytes being received at once")
 	errConnBudget   = fmt.Errorf("%w on this connection", errBodyBudget)
+	// errUnverifiedBudget: beyond what writes from clients the proxy did not verify may hold.
+	errUnverifiedBudget = fmt.Errorf("%w by clients without a verified certificate", errBodyBudget)
 )
 
 // initialWriteBuffer is the buffer a write's body is read into before its first byte arrives,
@@ -58,62 +64,99 @@ type bodyLimits struct {
 // one body of --max-write-body-bytes if that is more.
 const connBudgetShare = 4
 
+// verifiedBudgetShare: writes from clients whose certificate the proxy verified have
+// 1/verifiedBudgetShare of the budget that other clients' writes may not take (unless that would
+// leave them less than one body of --max-write-body-bytes).
+const verifiedBudgetShare = 4
+
 // bodyBudget counts the write-body bytes reserved now, against max, and at most perConn of them
-// for the bodies of one client connection.
+// for the bodies of one client connection, and at most unverifiedMax of them (unverified) for
+// writes from clients whose certificate the proxy did not verify.
 type bodyBudget struct {
-	max     int64
-	perConn int64
-	used    atomic.Int64
-	full    atomic.Uint64 // writes refused because it (or their connection's share) was full
+	max           int64
+	perConn       int64
+	unverifiedMax int64
+	used          atomic.Int64
+	unverified    atomic.Int64
+	full          atomic.Uint64 // writes refused because it (or their connection's share) was full
 }
 
-// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each.
-func newBodyBudget(total, maxBody int64) *bodyBudget {
-	return &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody)}
+// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each. When the
+// proxy verifies client certificates (verifies), the writes of the clients it verified have a
+// share of it that the others cannot take.
+func newBodyBudget(total, maxBody int64, verifies bool) *bodyBudget {
+	b := &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody), unverifiedMax: total}
+	if verifies {
+		b.unverifiedMax = max(total-total/verifiedBudgetShare, min(maxBody, total))
+	}
+	return b
 }
 
 // connBodyBytesKey keys the write-body bytes reserved by one client connection (an
 // *atomic.Int64, set by connContext).
 type connBodyBytesKey struct{}
 
-// reserve takes n bytes of the budget, or none if that would exceed it.
-func (b *bodyBudget) reserve(n int64) bool {
+// reserve takes n bytes of the budget, or none: errUnverifiedBudget beyond what writes from
+// clients the proxy did not verify may hold, errBodyBudget beyond the budget.
+func (b *bodyBudget) reserve(n int64, verified bool) error {
+	if !verified && !addWithin(&b.unverified, n, b.unverifiedMax) {
+		b.full.Add(1)
+		return errUnverifiedBudget
+	}
+	if !addWithin(&b.used, n, b.max) {
+		if !verified {
+			b.unverified.Add(-n)
+		}
+		b.full.Add(1)
+		return errBodyBudget
+	}
+	return nil
+}
+
+// addWithin adds n to v unless that would take it past limit.
+func addWithin(v *atomic.Int64, n, limit int64) bool {
 	for {
-		used := b.used.Load()
-		if used+n > b.max {
-			b.full.Add(1)
+		old := v.Load()
+		if old+n > limit {
 			return false
 		}
-		if b.used.CompareAndSwap(used, used+n) {
+		if v.CompareAndSwap(old, old+n) {
 			return true
 		}
 	}
 }
 
 // release gives back n reserved bytes.
-func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
+func (b *bodyBudget) release(n int64, verified bool) {
+	if !verified {
+		b.unverified.Add(-n)
+	}
+	b.used.Add(-n)
+}
 
 // reservation is what one write's body holds of the budget, and of its connection's share
-// (conn; nil: not counted). The zero value holds nothing.
+// (conn; nil: not counted). verified says the write is from a client whose certificate the
+// proxy verified. The zero value holds nothing.
 type reservation struct {
-	budget *bodyBudget
-	conn   *atomic.Int64
-	n      int64
+	budget   *bodyBudget
+	conn     *atomic.Int64
+	verified bool
+	n        int64
 }
 
 // take reserves n more bytes, or none: errConnBudget beyond the connection's share,
-// errBodyBudget beyond the budget.
+// errUnverifiedBudget or errBodyBudget beyond the budget (bodyBudget.reserve).
 func (res *reservation) take(n int64) error {
 	if res.conn != nil && res.conn.Add(n) > res.budget.perConn {
 		res.conn.Add(-n)
 		res.budget.full.Add(1)
 		return errConnBudget
 	}
-	if !res.budget.reserve(n) {
+	if err := res.budget.reserve(n, res.verified); err != nil {
 		if res.conn != nil {
 			res.conn.Add(-n)
 		}
-		return errBodyBudget
+		return err
 	}
 	res.n += n
 	return nil
@@ -124,7 +167,7 @@ func (res *reservation) release() {
 	if res.n == 0 {
 		return
 	}
-	res.budget.release(res.n)
+	res.budget.release(res.n, res.verified)
 	if res.conn != nil {
 		res.conn.Add(-res.n)
 	}
@@ -193,7 +236,7 @@ func atEnd(src io.Reader) error {
 // readWriteBody reads r's body whole, within limits, and replaces it by the bytes read. It
 // returns what the body holds of limits.budget, which the caller releases when the request
 // ends; on an error it has released it. A request with no body is left alone.
-func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (body []byte, res reservation, err error) {
+func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits, verified bool) (body []byte, res reservation, err error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, reservation{}, nil
 	}
@@ -203,7 +246,7 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (b
 	// The announced length only bounds the buffer: nothing is reserved or allocated for bytes
 	// that have not arrived.
 	conn, _ := r.Context().Value(connBodyBytesKey{}).(*atomic.Int64)
-	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn}}
+	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn, verified: verified}}
 	if r.ContentLength > 0 {
 		b.limit = int(r.ContentLength)
 	}
@@ -260,8 +303,11 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 			w.Header().Set("Connection", "close")
 		}
 		what := fmt.Sprintf("more than --max-buffered-write-bytes, %d bytes", limits.budget.max)
-		if errors.Is(err, errConnBudget) {
+		switch {
+		case errors.Is(err, errConnBudget):
 			what = fmt.Sprintf("on this connection: more than its share of --max-buffered-write-bytes, %d bytes", limits.budget.perConn)
+		case errors.Is(err, errUnverifiedBudget):
+			what = fmt.Sprintf("from clients without a certificate the proxy verified: more than their share of --max-buffered-write-bytes, %d bytes", limits.budget.unverifiedMax)
 		}
 		writeStatus(w, http.StatusTooManyRequests, "TooManyRequests",
 			fmt.Sprintf("kubefence: too many write bodies are being received at once (%s); retry in %ds (client-go retries by itself)",
