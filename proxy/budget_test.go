@@ -1,12 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
+	"time"
 )
 
 // TestWriteBodyBudgetVerifiedFloor: writes from clients whose certificate the proxy verified
@@ -113,3 +118,91 @@ func TestBodyBudgetShares(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteBodyReservedAsReceived: a body holds of the budget what it has received and at most
+// a bounded chunk more (64 KiB), or its announced length, whichever is less: a client that sends
+// 1 MiB of a body announced as 3 MiB must not hold 2 MiB until --write-body-timeout.
+func TestWriteBodyReservedAsReceived(t *testing.T) {
+	const chunk = 64 << 10
+	cases := []struct {
+		name   string
+		length int64 // announced; -1: unknown (chunked)
+		send   int
+	}{
+		{"1 MiB of 3 MiB", 3 << 20, 1 << 20},
+		{"1 MiB and a byte of 3 MiB", 3 << 20, 1<<20 + 1},
+		{"2 MiB of 3 MiB", 3 << 20, 2 << 20},
+		{"100 KiB of 3 MiB", 3 << 20, 100 << 10},
+		{"1 MiB of an unknown length", -1, 1 << 20},
+		{"all but the last byte of 100 KiB", 100 << 10, 100<<10 - 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			budget := newBodyBudget(16<<20, 4<<20, false)
+			var held int64
+			cut := iotest.ErrReader(io.ErrUnexpectedEOF)
+			src := io.MultiReader(bytes.NewReader(make([]byte, tc.send)), readerFunc(func(p []byte) (int, error) {
+				held = budget.used.Load() // when the client has sent all it will
+				return cut.Read(p)
+			}))
+			r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/d/configmaps", src)
+			r.ContentLength = tc.length
+			if _, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second, budget: budget}, false); err == nil {
+				t.Fatal("a body cut short was read without an error")
+			}
+			limit := int64(tc.send + chunk)
+			if tc.length > 0 {
+				limit = min(limit, tc.length)
+			}
+			if held > limit {
+				t.Errorf("after %d bytes received the body held %d bytes of the budget, want at most %d", tc.send, held, limit)
+			}
+			if n := budget.used.Load(); n != 0 {
+				t.Errorf("%d bytes still reserved after the body failed", n)
+			}
+		})
+	}
+}
+
+// TestWriteBodyRead: bodies are read whole, whatever their size against the buffer's steps, with
+// or without an announced length; one byte past --max-write-body-bytes is 413.
+func TestWriteBodyRead(t *testing.T) {
+	const maxBody = 300_000
+	for _, size := range []int{1, 511, 512, 513, 1536, 64 << 10, 64<<10 + 1, 200_000, maxBody, maxBody + 1} {
+		for _, known := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%d/known=%v", size, known), func(t *testing.T) {
+				want := make([]byte, size)
+				for i := range want {
+					want[i] = byte(i * 7)
+				}
+				budget := newBodyBudget(1<<20, maxBody, false)
+				r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/d/configmaps", iotest.HalfReader(bytes.NewReader(want)))
+				r.ContentLength = -1
+				if known {
+					r.ContentLength = int64(size)
+				}
+				got, res, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: maxBody, timeout: time.Second, budget: budget}, false)
+				if size > maxBody {
+					if !errors.Is(err, errBodyTooLarge) {
+						t.Fatalf("a %d-byte body past the %d limit: err %v, want errBodyTooLarge", size, maxBody, err)
+					}
+					return
+				}
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("read %d of %d bytes (equal %v), err %v", len(got), size, bytes.Equal(got, want), err)
+				}
+				if held := budget.used.Load(); held < int64(size) || held > int64(size)+64<<10 {
+					t.Errorf("a %d-byte body read holds %d bytes of the budget", size, held)
+				}
+				res.release()
+				if n := budget.used.Load(); n != 0 {
+					t.Errorf("%d bytes still reserved after release", n)
+				}
+			})
+		}
+	}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }

@@ -22,9 +22,10 @@ import (
 //
 // Bodies are read before any authentication (and before the backend's), so what all of them may
 // hold at once is bounded (bodyBudget, --max-buffered-write-bytes): a body's buffer is reserved
-// as it grows, and it grows only as the body's bytes arrive (from initialWriteBuffer, at most
-// doubling, never past the announced length), so that announcing a Content-Length costs the
-// budget nothing the client has not sent; the reservation is released when the write ends.
+// as it grows, and it grows only once a byte arrives that it has no room for (from
+// initialWriteBuffer, by at most maxWriteChunk, never past the announced length), so that
+// announcing a Content-Length costs the budget nothing the client has not sent, and a body holds
+// at most maxWriteChunk more than it received; the reservation is released when the write ends.
 // Beyond the budget a write gets 429 + Retry-After at once, and is never forwarded: without it,
 // anonymous clients opening many HTTP/2 streams, each sending all but the last byte of a body
 // near --max-write-body-bytes, would make the proxy hold gigabytes for --write-body-timeout.
@@ -162,6 +163,17 @@ func (res *reservation) take(n int64) error {
 	return nil
 }
 
+// shrink gives back what the reservation holds beyond n bytes.
+func (res *reservation) shrink(n int64) {
+	if extra := res.n - n; extra > 0 {
+		res.budget.release(extra, res.verified)
+		if res.conn != nil {
+			res.conn.Add(-extra)
+		}
+		res.n = n
+	}
+}
+
 // release gives back all the reservation holds.
 func (res *reservation) release() {
 	if res.n == 0 {
@@ -173,28 +185,38 @@ func (res *reservation) release() {
 	}
 }
 
-// bodyBuffer reads a body into a buffer that grows only as the body's bytes fill it, each growth
-// reserved before it is allocated.
+// maxWriteChunk is the most a body's buffer grows by at once: what a body may hold of the budget
+// beyond the bytes it has received.
+const maxWriteChunk = 64 << 10
+
+// bodyBuffer reads a body into chunks, each allocated only once a byte arrives for it (but the
+// first, initialWriteBuffer) and reserved before it is allocated: a body holds what it has
+// received, and at most maxWriteChunk more. Chunks double from initialWriteBuffer up to
+// maxWriteChunk, never past limit; bytes joins them once the body is whole.
 type bodyBuffer struct {
-	buf   []byte
-	limit int // the announced length, or the most a body of unknown length may have
-	res   reservation
+	chunks [][]byte // all full but the last
+	n      int      // the bytes read
+	limit  int      // the announced length, or the most a body of unknown length may have
+	res    reservation
 }
 
-// readFrom reads src to its end: errBodyTooLarge past limit, errBodyBudget when a growth cannot
+// readFrom reads src to its end: errBodyTooLarge past limit, errBodyBudget when a chunk cannot
 // be reserved.
 func (b *bodyBuffer) readFrom(src io.Reader) error {
+	if err := b.grow(0); err != nil {
+		return err
+	}
 	for {
-		if len(b.buf) == cap(b.buf) {
-			if cap(b.buf) == b.limit {
-				return atEnd(src)
-			}
-			if err := b.grow(); err != nil {
-				return err
-			}
+		last := &b.chunks[len(b.chunks)-1]
+		var err error
+		if len(*last) == cap(*last) {
+			err = b.next(src)
+		} else {
+			var n int
+			n, err = src.Read((*last)[len(*last):cap(*last)])
+			*last = (*last)[:len(*last)+n]
+			b.n += n
 		}
-		n, err := src.Read(b.buf[len(b.buf):cap(b.buf)])
-		b.buf = b.buf[:len(b.buf)+n]
 		if err == io.EOF {
 			return nil
 		}
@@ -204,33 +226,55 @@ func (b *bodyBuffer) readFrom(src io.Reader) error {
 	}
 }
 
-// grow doubles the buffer (at least initialWriteBuffer, at most limit), once it has reserved the
-// bytes it adds.
-func (b *bodyBuffer) grow() error {
-	n := min(max(2*cap(b.buf), initialWriteBuffer), b.limit)
-	if err := b.res.take(int64(n - cap(b.buf))); err != nil {
+// next waits for the body's next byte before it grows the full buffer for it.
+func (b *bodyBuffer) next(src io.Reader) error {
+	var one [1]byte
+	n, err := src.Read(one[:])
+	if n == 0 {
 		return err
 	}
-	buf := make([]byte, len(b.buf), n)
-	copy(buf, b.buf)
-	b.buf = buf
+	if b.n == b.limit {
+		return errBodyTooLarge
+	}
+	if growErr := b.grow(one[0]); growErr != nil {
+		return growErr
+	}
+	return err // io.EOF with the last byte: the body is whole
+}
+
+// grow adds a chunk holding first, once it has reserved it: twice the last chunk, at least
+// initialWriteBuffer, at most maxWriteChunk and never past limit. The first chunk (none yet)
+// starts empty.
+func (b *bodyBuffer) grow(first byte) error {
+	size := initialWriteBuffer
+	if k := len(b.chunks); k > 0 {
+		size = min(2*cap(b.chunks[k-1]), maxWriteChunk)
+	}
+	size = min(size, b.limit-b.n)
+	if err := b.res.take(int64(size)); err != nil {
+		return err
+	}
+	c := make([]byte, 0, size)
+	if len(b.chunks) > 0 {
+		c = append(c, first)
+		b.n++
+	}
+	b.chunks = append(b.chunks, c)
 	return nil
 }
 
-// atEnd checks that src, whose limit has been read, has nothing more.
-func atEnd(src io.Reader) error {
-	var one [1]byte
-	for {
-		n, err := src.Read(one[:])
-		switch {
-		case n > 0:
-			return errBodyTooLarge
-		case err == io.EOF:
-			return nil
-		case err != nil:
-			return err
-		}
+// bytes joins the chunks into the body, and keeps reserved only what it holds.
+func (b *bodyBuffer) bytes() []byte {
+	if len(b.chunks) == 1 {
+		return b.chunks[0]
 	}
+	body := make([]byte, 0, b.n)
+	for _, c := range b.chunks {
+		body = append(body, c...)
+	}
+	b.chunks = [][]byte{body}
+	b.res.shrink(int64(b.n))
+	return body
 }
 
 // readWriteBody reads r's body whole, within limits, and replaces it by the bytes read. It
@@ -254,8 +298,9 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits, ve
 		b.res.release()
 		return nil, reservation{}, err
 	}
-	replaceBody(r, b.buf)
-	return b.buf, b.res, nil
+	body = b.bytes()
+	replaceBody(r, body)
+	return body, b.res, nil
 }
 
 // readBody reads src whole into b, within timeout.
