@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -48,7 +49,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				return
 			}
 		}
-		body, res, err := readWriteBody(w, r, limits)
+		body, res, err := readWriteBody(w, r, limits, st.identity != nil)
 		if err != nil {
 			answerBodyError(w, r, err, limits, log)
 			return
@@ -125,8 +126,7 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	rf.counter.Inc()
 	rf.total.Add(1)
 	a := &st.attrs
-	rf.log.Info("refused write: fence is on", "verb", a.Verb, "resource", resourceString(a), "namespace", a.Namespace,
-		"name", a.Name, "user", a.User, "userAgent", r.UserAgent(), "why", d.Reason)
+	rf.log.Info("refused write: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
 	body := *rf.body.Load()
 	h := w.Header()
 	h["Content-Type"] = []string{"application/json"}
@@ -134,6 +134,31 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	h["Cache-Control"] = []string{"no-store"}
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(body)
+}
+
+// maxLoggedField is the most of one client-chosen string a log line carries.
+const maxLoggedField = 256
+
+// fencedWriteLogArgs are the attributes logged for a write the fence refuses or holds, then
+// more. The client chooses their strings (a User-Agent of hundreds of KiB, a name as long as the
+// request line), and a fenced proxy may log many writes a second under the logger's lock, so
+// each is cut to maxLoggedField bytes.
+func fencedWriteLogArgs(a *policy.Attributes, userAgent string, more ...any) []any {
+	args := []any{"verb", clipField(a.Verb), "resource", clipField(resourceString(a)), "namespace", clipField(a.Namespace),
+		"name", clipField(a.Name), "user", clipField(a.User), "userAgent", clipField(userAgent)}
+	return append(args, more...)
+}
+
+// clipField cuts s to maxLoggedField bytes, at a character's start, saying how long it was.
+func clipField(s string) string {
+	if len(s) <= maxLoggedField {
+		return s
+	}
+	cut := maxLoggedField
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // resourceString names a request's target for logs and the barrier's report:

@@ -240,8 +240,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		return
 	}
 	a := &st.attrs
-	hd.log.Info("held write: fence is on", "verb", a.Verb, "resource", resourceString(a), "namespace", a.Namespace,
-		"name", a.Name, "user", a.User, "userAgent", r.UserAgent())
+	hd.log.Info("held write: fence is on", fencedWriteLogArgs(a, r.UserAgent())...)
 	timer := time.NewTimer(hd.timeout)
 	defer timer.Stop()
 	id, out := g.awaitRelease(r.Context(), h, timer.C, hd.release, inflightWrite{attrs: a, userAgent: r.UserAgent(), start: start})

@@ -290,7 +290,7 @@ func TestHoldModeReadWithTheFence(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
-	limits := bodyLimits{max: 1 << 20, timeout: time.Second, budget: newBodyBudget(1<<30, 1<<20), retryAfter: 1}
+	limits := bodyLimits{max: 1 << 20, timeout: time.Second, budget: newBodyBudget(1<<30, 1<<20, false), retryAfter: 1}
 	h := withAttributes(withFence(ok, g, &policy.Policy{}, limits, rf, newHolder(o, log), log), policy.NewClassifier())
 	stop := make(chan struct{})
 	var refused, answered atomic.Int64

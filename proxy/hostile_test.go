@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -203,7 +204,7 @@ func TestWriteBodyNotAllocatedAhead(t *testing.T) {
 	r.ContentLength = announced
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second, budget: &bodyBudget{max: 4 << 20}})
+	_, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 4 << 20, timeout: time.Second, budget: newBodyBudget(4<<20, 4<<20, false)}, false)
 	runtime.ReadMemStats(&after)
 	if err == nil {
 		t.Fatal("a body cut short was read without an error")
@@ -333,10 +334,17 @@ func TestWriteBodyBudgetHTTP2Streams(t *testing.T) {
 // it has either refused it or reserved at least the bytes it sent.
 func openStalledStreams(t *testing.T, f *identityFixture, n, length, send int) {
 	t.Helper()
-	c := f.h2Client(nil)
+	openStalledStreamsWith(t, f, f.h2Client(nil), nil, n, length, send)
+}
+
+// openStalledStreamsWith is openStalledStreams on a connection of c's, each request carrying
+// header.
+func openStalledStreamsWith(t *testing.T, f *identityFixture, c *http.Client, header http.Header, n, length, send int) {
+	t.Helper()
 	if code, _ := getReused(t, c, f.proxyURL); code != 200 { // one connection for all the streams
 		t.Fatal("warm-up read failed")
 	}
+	before := f.p.bodyBudget.used.Load() // other streams' still open
 	var refused atomic.Int64
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait) // cleanups run last first: this one after the pipes below are closed
@@ -345,6 +353,7 @@ func openStalledStreams(t *testing.T, f *identityFixture, n, length, send int) {
 		t.Cleanup(func() { pw.CloseWithError(io.ErrUnexpectedEOF) })
 		req, _ := http.NewRequest("POST", f.proxyURL+"/api/v1/namespaces/default/configmaps", pr)
 		req.ContentLength = int64(length)
+		maps.Copy(req.Header, header)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -358,7 +367,7 @@ func openStalledStreams(t *testing.T, f *identityFixture, n, length, send int) {
 	// Once in, a stream holds at least what it sent, or its buffer's first bytes (512).
 	each := int64(max(send, min(length, 512)))
 	waitForT(t, 5*time.Second, "the streams in", func() bool {
-		return f.p.bodyBudget.used.Load() >= (int64(n)-refused.Load())*each
+		return f.p.bodyBudget.used.Load() >= before+(int64(n)-refused.Load())*each
 	})
 }
 

@@ -84,9 +84,13 @@ func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
 			Name: "kubefence_buffered_write_bytes",
 			Help: "Write body bytes being read or kept now (reserved against --max-buffered-write-bytes).",
 		}, func() float64 { return float64(b.used.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubefence_buffered_unverified_write_bytes",
+			Help: "Of kubefence_buffered_write_bytes, those of writes from clients without a certificate the proxy verified (at most three quarters of --max-buffered-write-bytes when it verifies certificates).",
+		}, func() float64 { return float64(b.unverified.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kubefence_buffered_write_full_total",
-			Help: "Writes refused with 429 at once because --max-buffered-write-bytes, or their connection's share of it, was full (never forwarded).",
+			Help: "Writes refused with 429 at once because --max-buffered-write-bytes, or their connection's or unverified clients' share of it, was full (never forwarded).",
 		}, func() float64 { return float64(b.full.Load()) }),
 	}
 }

@@ -84,7 +84,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if cfg.opts.HoldTimeout >= leaderElectionRequestTimeout {
 		log.Warn("--hold-timeout is not under 5s, the request timeout of client-go's leader election: a lease renewal held that long has failed at its client before it is answered (controllers may lose their leases)", "holdTimeout", cfg.opts.HoldTimeout)
 	}
-	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes)
+	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes, cfg.authn != nil)
 	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
 	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)

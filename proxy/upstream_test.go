@@ -82,7 +82,7 @@ func mustRequest(t *testing.T, method, url string) *http.Request {
 func TestWriteBodyResendable(t *testing.T) {
 	const body = `{"kind":"ConfigMap","metadata":{"name":"x"}}`
 	r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/default/configmaps", strings.NewReader(body))
-	if _, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second, budget: &bodyBudget{max: 1 << 20}}); err != nil {
+	if _, _, err := readWriteBody(httptest.NewRecorder(), r, bodyLimits{max: 1 << 20, timeout: time.Second, budget: newBodyBudget(1<<20, 1<<20, false)}, false); err != nil {
 		t.Fatal(err)
 	}
 	if r.GetBody == nil {

@@ -22,16 +22,21 @@ import (
 //
 // Bodies are read before any authentication (and before the backend's), so what all of them may
 // hold at once is bounded (bodyBudget, --max-buffered-write-bytes): a body's buffer is reserved
-// as it grows, and it grows only as the body's bytes arrive (from initialWriteBuffer, at most
-// doubling, never past the announced length), so that announcing a Content-Length costs the
-// budget nothing the client has not sent; the reservation is released when the write ends.
+// as it grows, and it grows only once a byte arrives that it has no room for (from
+// initialWriteBuffer, by at most maxWriteChunk, never past the announced length), so that
+// announcing a Content-Length costs the budget nothing the client has not sent, and a body holds
+// at most maxWriteChunk more than it received; the reservation is released when the write ends.
 // Beyond the budget a write gets 429 + Retry-After at once, and is never forwarded: without it,
 // anonymous clients opening many HTTP/2 streams, each sending all but the last byte of a body
 // near --max-write-body-bytes, would make the proxy hold gigabytes for --write-body-timeout.
 // Reserving the announced length instead would let streams that send no byte at all fill the
 // budget, and then every write, a kubelet's lease renewal as well, would get 429. One client
 // connection may hold at most a share of the budget (connBudgetShare), so that one HTTP/2
-// connection's streams, sending bytes or not, cannot take it all from the others.
+// connection's streams, sending bytes or not, cannot take it all from the others. Many
+// connections could, and anyone who reaches the proxy can open them; so writes from clients
+// whose certificate the proxy did not verify may hold only part of the budget, and the rest
+// (verifiedBudgetShare) is always there for the clients it verified: kubelets and the control
+// plane's components keep renewing their leases whatever unauthenticated clients send.
 
 // errBodyTooLarge, errBodyTimeout and errBodyBudget say why a write's body was not read.
 var (
@@ -39,6 +44,8 @@ var (
 	errBodyTimeout  = errors.New("write body not received in time")
 	errBodyBudget   = errors.New("too many write body bytes being received at once")
 	errConnBudget   = fmt.Errorf("%w on this connection", errBodyBudget)
+	// errUnverifiedBudget: beyond what writes from clients the proxy did not verify may hold.
+	errUnverifiedBudget = fmt.Errorf("%w by clients without a verified certificate", errBodyBudget)
 )
 
 // initialWriteBuffer is the buffer a write's body is read into before its first byte arrives,
@@ -58,65 +65,113 @@ type bodyLimits struct {
 // one body of --max-write-body-bytes if that is more.
 const connBudgetShare = 4
 
+// verifiedBudgetShare: writes from clients whose certificate the proxy verified have
+// 1/verifiedBudgetShare of the budget that other clients' writes may not take (unless that would
+// leave them less than one body of --max-write-body-bytes).
+const verifiedBudgetShare = 4
+
 // bodyBudget counts the write-body bytes reserved now, against max, and at most perConn of them
-// for the bodies of one client connection.
+// for the bodies of one client connection, and at most unverifiedMax of them (unverified) for
+// writes from clients whose certificate the proxy did not verify.
 type bodyBudget struct {
-	max     int64
-	perConn int64
-	used    atomic.Int64
-	full    atomic.Uint64 // writes refused because it (or their connection's share) was full
+	max           int64
+	perConn       int64
+	unverifiedMax int64
+	used          atomic.Int64
+	unverified    atomic.Int64
+	full          atomic.Uint64 // writes refused because it (or their connection's share) was full
 }
 
-// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each.
-func newBodyBudget(total, maxBody int64) *bodyBudget {
-	return &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody)}
+// newBodyBudget is the budget of total bytes for bodies of at most maxBody bytes each. When the
+// proxy verifies client certificates (verifies), the writes of the clients it verified have a
+// share of it that the others cannot take.
+func newBodyBudget(total, maxBody int64, verifies bool) *bodyBudget {
+	b := &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody), unverifiedMax: total}
+	if verifies {
+		b.unverifiedMax = max(total-total/verifiedBudgetShare, min(maxBody, total))
+	}
+	return b
 }
 
 // connBodyBytesKey keys the write-body bytes reserved by one client connection (an
 // *atomic.Int64, set by connContext).
 type connBodyBytesKey struct{}
 
-// reserve takes n bytes of the budget, or none if that would exceed it.
-func (b *bodyBudget) reserve(n int64) bool {
+// reserve takes n bytes of the budget, or none: errUnverifiedBudget beyond what writes from
+// clients the proxy did not verify may hold, errBodyBudget beyond the budget.
+func (b *bodyBudget) reserve(n int64, verified bool) error {
+	if !verified && !addWithin(&b.unverified, n, b.unverifiedMax) {
+		b.full.Add(1)
+		return errUnverifiedBudget
+	}
+	if !addWithin(&b.used, n, b.max) {
+		if !verified {
+			b.unverified.Add(-n)
+		}
+		b.full.Add(1)
+		return errBodyBudget
+	}
+	return nil
+}
+
+// addWithin adds n to v unless that would take it past limit.
+func addWithin(v *atomic.Int64, n, limit int64) bool {
 	for {
-		used := b.used.Load()
-		if used+n > b.max {
-			b.full.Add(1)
+		old := v.Load()
+		if old+n > limit {
 			return false
 		}
-		if b.used.CompareAndSwap(used, used+n) {
+		if v.CompareAndSwap(old, old+n) {
 			return true
 		}
 	}
 }
 
 // release gives back n reserved bytes.
-func (b *bodyBudget) release(n int64) { b.used.Add(-n) }
+func (b *bodyBudget) release(n int64, verified bool) {
+	if !verified {
+		b.unverified.Add(-n)
+	}
+	b.used.Add(-n)
+}
 
 // reservation is what one write's body holds of the budget, and of its connection's share
-// (conn; nil: not counted). The zero value holds nothing.
+// (conn; nil: not counted). verified says the write is from a client whose certificate the
+// proxy verified. The zero value holds nothing.
 type reservation struct {
-	budget *bodyBudget
-	conn   *atomic.Int64
-	n      int64
+	budget   *bodyBudget
+	conn     *atomic.Int64
+	verified bool
+	n        int64
 }
 
 // take reserves n more bytes, or none: errConnBudget beyond the connection's share,
-// errBodyBudget beyond the budget.
+// errUnverifiedBudget or errBodyBudget beyond the budget (bodyBudget.reserve).
 func (res *reservation) take(n int64) error {
 	if res.conn != nil && res.conn.Add(n) > res.budget.perConn {
 		res.conn.Add(-n)
 		res.budget.full.Add(1)
 		return errConnBudget
 	}
-	if !res.budget.reserve(n) {
+	if err := res.budget.reserve(n, res.verified); err != nil {
 		if res.conn != nil {
 			res.conn.Add(-n)
 		}
-		return errBodyBudget
+		return err
 	}
 	res.n += n
 	return nil
+}
+
+// shrink gives back what the reservation holds beyond n bytes.
+func (res *reservation) shrink(n int64) {
+	if extra := res.n - n; extra > 0 {
+		res.budget.release(extra, res.verified)
+		if res.conn != nil {
+			res.conn.Add(-extra)
+		}
+		res.n = n
+	}
 }
 
 // release gives back all the reservation holds.
@@ -124,34 +179,44 @@ func (res *reservation) release() {
 	if res.n == 0 {
 		return
 	}
-	res.budget.release(res.n)
+	res.budget.release(res.n, res.verified)
 	if res.conn != nil {
 		res.conn.Add(-res.n)
 	}
 }
 
-// bodyBuffer reads a body into a buffer that grows only as the body's bytes fill it, each growth
-// reserved before it is allocated.
+// maxWriteChunk is the most a body's buffer grows by at once: what a body may hold of the budget
+// beyond the bytes it has received.
+const maxWriteChunk = 64 << 10
+
+// bodyBuffer reads a body into chunks, each allocated only once a byte arrives for it (but the
+// first, initialWriteBuffer) and reserved before it is allocated: a body holds what it has
+// received, and at most maxWriteChunk more. Chunks double from initialWriteBuffer up to
+// maxWriteChunk, never past limit; bytes joins them once the body is whole.
 type bodyBuffer struct {
-	buf   []byte
-	limit int // the announced length, or the most a body of unknown length may have
-	res   reservation
+	chunks [][]byte // all full but the last
+	n      int      // the bytes read
+	limit  int      // the announced length, or the most a body of unknown length may have
+	res    reservation
 }
 
-// readFrom reads src to its end: errBodyTooLarge past limit, errBodyBudget when a growth cannot
+// readFrom reads src to its end: errBodyTooLarge past limit, errBodyBudget when a chunk cannot
 // be reserved.
 func (b *bodyBuffer) readFrom(src io.Reader) error {
+	if err := b.grow(0); err != nil {
+		return err
+	}
 	for {
-		if len(b.buf) == cap(b.buf) {
-			if cap(b.buf) == b.limit {
-				return atEnd(src)
-			}
-			if err := b.grow(); err != nil {
-				return err
-			}
+		last := &b.chunks[len(b.chunks)-1]
+		var err error
+		if len(*last) == cap(*last) {
+			err = b.next(src)
+		} else {
+			var n int
+			n, err = src.Read((*last)[len(*last):cap(*last)])
+			*last = (*last)[:len(*last)+n]
+			b.n += n
 		}
-		n, err := src.Read(b.buf[len(b.buf):cap(b.buf)])
-		b.buf = b.buf[:len(b.buf)+n]
 		if err == io.EOF {
 			return nil
 		}
@@ -161,39 +226,61 @@ func (b *bodyBuffer) readFrom(src io.Reader) error {
 	}
 }
 
-// grow doubles the buffer (at least initialWriteBuffer, at most limit), once it has reserved the
-// bytes it adds.
-func (b *bodyBuffer) grow() error {
-	n := min(max(2*cap(b.buf), initialWriteBuffer), b.limit)
-	if err := b.res.take(int64(n - cap(b.buf))); err != nil {
+// next waits for the body's next byte before it grows the full buffer for it.
+func (b *bodyBuffer) next(src io.Reader) error {
+	var one [1]byte
+	n, err := src.Read(one[:])
+	if n == 0 {
 		return err
 	}
-	buf := make([]byte, len(b.buf), n)
-	copy(buf, b.buf)
-	b.buf = buf
+	if b.n == b.limit {
+		return errBodyTooLarge
+	}
+	if growErr := b.grow(one[0]); growErr != nil {
+		return growErr
+	}
+	return err // io.EOF with the last byte: the body is whole
+}
+
+// grow adds a chunk holding first, once it has reserved it: twice the last chunk, at least
+// initialWriteBuffer, at most maxWriteChunk and never past limit. The first chunk (none yet)
+// starts empty.
+func (b *bodyBuffer) grow(first byte) error {
+	size := initialWriteBuffer
+	if k := len(b.chunks); k > 0 {
+		size = min(2*cap(b.chunks[k-1]), maxWriteChunk)
+	}
+	size = min(size, b.limit-b.n)
+	if err := b.res.take(int64(size)); err != nil {
+		return err
+	}
+	c := make([]byte, 0, size)
+	if len(b.chunks) > 0 {
+		c = append(c, first)
+		b.n++
+	}
+	b.chunks = append(b.chunks, c)
 	return nil
 }
 
-// atEnd checks that src, whose limit has been read, has nothing more.
-func atEnd(src io.Reader) error {
-	var one [1]byte
-	for {
-		n, err := src.Read(one[:])
-		switch {
-		case n > 0:
-			return errBodyTooLarge
-		case err == io.EOF:
-			return nil
-		case err != nil:
-			return err
-		}
+// bytes joins the chunks into the body, and keeps reserved only what it holds.
+func (b *bodyBuffer) bytes() []byte {
+	if len(b.chunks) == 1 {
+		return b.chunks[0]
 	}
+	body := make([]byte, 0, b.n)
+	for _, c := range b.chunks {
+		body = append(body, c...)
+	}
+	b.chunks = [][]byte{body}
+	b.res.shrink(int64(b.n))
+	return body
 }
 
 // readWriteBody reads r's body whole, within limits, and replaces it by the bytes read. It
 // returns what the body holds of limits.budget, which the caller releases when the request
 // ends; on an error it has released it. A request with no body is left alone.
-func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (body []byte, res reservation, err error) {
+func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits, verified bool) (body []byte, res reservation, err error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, reservation{}, nil
 	}
@@ -203,7 +290,7 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (b
 	// The announced length only bounds the buffer: nothing is reserved or allocated for bytes
 	// that have not arrived.
 	conn, _ := r.Context().Value(connBodyBytesKey{}).(*atomic.Int64)
-	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn}}
+	b := &bodyBuffer{limit: int(limits.max), res: reservation{budget: limits.budget, conn: conn, verified: verified}}
 	if r.ContentLength > 0 {
 		b.limit = int(r.ContentLength)
 	}
@@ -211,8 +298,9 @@ func readWriteBody(w http.ResponseWriter, r *http.Request, limits bodyLimits) (b
 		b.res.release()
 		return nil, reservation{}, err
 	}
-	replaceBody(r, b.buf)
-	return b.buf, b.res, nil
+	body = b.bytes()
+	replaceBody(r, body)
+	return body, b.res, nil
 }
 
 // readBody reads src whole into b, within timeout.
@@ -260,8 +348,11 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 			w.Header().Set("Connection", "close")
 		}
 		what := fmt.Sprintf("more than --max-buffered-write-bytes, %d bytes", limits.budget.max)
-		if errors.Is(err, errConnBudget) {
+		switch {
+		case errors.Is(err, errConnBudget):
 			what = fmt.Sprintf("on this connection: more than its share of --max-buffered-write-bytes, %d bytes", limits.budget.perConn)
+		case errors.Is(err, errUnverifiedBudget):
+			what = fmt.Sprintf("from clients without a certificate the proxy verified: more than their share of --max-buffered-write-bytes, %d bytes", limits.budget.unverifiedMax)
 		}
 		writeStatus(w, http.StatusTooManyRequests, "TooManyRequests",
 			fmt.Sprintf("kubefence: too many write bodies are being received at once (%s); retry in %ds (client-go retries by itself)",
