@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,21 +27,23 @@ const afterFailedRollbackAbort = "the rollback's abort did not complete: once ev
 const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
 
 // fail handles a step's error. Before the point of no return it aborts back to blue; from the
-// switch on, it aborts too unless the proxy already sends requests to green, in which case the
+// switch on, it aborts too unless the switch reached the proxies (pastSwitch), in which case the
 // run stops with advice to --resume. The abort runs on a context of its own: the step may have
 // failed because ctx was cancelled (Ctrl-C, SIGTERM), and that must not stop the way back to
 // blue.
 func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	_, switched := r.j.record(StepSwitch)
-	if s.pastNoReturn() && (switched || r.proxyOnTarget(ctx)) {
-		// Journaled as switched, some proxies are on r.to even if the group's status cannot
-		// say so (a proxy down, or still on r.from): there is no abort from here.
-		rep := r.report(ResultFailed, err)
-		rep.Next = fmt.Sprintf("the proxies were switched to %s; fix the cause (e.g. a proxy that does not answer) and run the same command again with --resume to finish (unfence)", r.to.name)
-		r.emit(Event{Type: EventReport, Report: rep})
-		return rep, fmt.Errorf("step %s: %w", s.name(), err)
+	if s.pastNoReturn() {
+		// Journaled as switched, some proxies are on r.to even if none answers now: there is
+		// no abort from there.
+		_, switched := r.j.record(StepSwitch)
+		if at := r.proxiesAt(ctx); switched || r.pastSwitch(at) {
+			rep := r.report(ResultFailed, err)
+			rep.Next = r.wayOn(at)
+			r.emit(Event{Type: EventReport, Report: rep})
+			return rep, fmt.Errorf("step %s: %w", s.name(), err)
+		}
 	}
 	if s.name() == StepPreflight {
 		return r.failPreflight(err)
@@ -98,11 +101,103 @@ func (r *runner) restoreKeptJournal() string {
 	return fmt.Sprintf("nothing was changed; the state dir's journal is cutover %s's again (%s): if the preflight found what it left, 'kubefence cutover cleanup --plan PLAN' stops its processes (with --remove-data-dirs its green data dirs too); then fix what the preflight names and run the cutover again", old, r.kept.State)
 }
 
-// proxyOnTarget reports whether the proxy answers with r.to (green in a cutover) as its
-// backend.
-func (r *runner) proxyOnTarget(ctx context.Context) bool {
-	st, err := r.adm.Status(ctx)
-	return err == nil && st.Backend == strings.TrimSuffix(r.to.api.URL, "/")
+// proxiesAt is where the proxies stand against the switch to r.to, from what each one that
+// answers reports: one that does not answer hides nothing of the others.
+type proxiesAt struct {
+	on, off, down []string // on r.to; answering, elsewhere; not answering
+	openOn        []string // on r.to, unfenced
+	openFrom      bool     // one answering is unfenced on r.from: writes reopened there
+	fenced        bool     // one answering is fenced
+}
+
+// pastSwitch says the switch reached the proxies (at): every one that answers is on r.to, or
+// some are and going back would hand clients that read through them revisions r.from has not
+// reached (a copy restores green with revisions above blue's; in mode replicate and in a
+// rollback the two sides are revision for revision, the target's apiserver gated, and a switch
+// cut short goes back). Not when a proxy is open on r.from: writes reopened there (an abort
+// did, or a fence off by hand), and the way on is closed.
+func (r *runner) pastSwitch(at proxiesAt) bool {
+	partial := len(at.off) > 0
+	return len(at.on) > 0 && !at.openFrom && (!partial || r.main == nil && !r.p.Replicating())
+}
+
+// proxiesAt asks every proxy where it is (proxiesAt, the type).
+func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
+	targets := []admin.Target[proxyAdmin]{{Client: r.adm}} // the plan's one proxy, unnamed
+	if g, ok := r.adm.(*proxyGroup); ok {
+		targets = g.proxies
+	}
+	ctx, cancel := context.WithTimeout(ctx, reportStatusTimeout) // a host gone must not hold the abort
+	defer cancel()
+	res, _ := admin.Each(ctx, targets, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	var at proxiesAt
+	to, from := sameURL(r.to.api.URL), sameURL(r.from.api.URL)
+	for _, pr := range res {
+		st := pr.Value
+		switch {
+		case pr.Err != nil:
+			at.down = append(at.down, pr.Proxy)
+			continue
+		case sameURL(st.Backend) == to:
+			at.on = append(at.on, pr.Proxy)
+			if !st.Fenced {
+				at.openOn = append(at.openOn, pr.Proxy)
+			}
+		default:
+			at.off = append(at.off, pr.Proxy)
+			at.openFrom = at.openFrom || !st.Fenced && sameURL(st.Backend) == from
+		}
+		at.fenced = at.fenced || st.Fenced
+	}
+	return at
+}
+
+// named names proxies in a message; the plan's one proxy, unnamed, is "the proxy".
+func named(names []string) string {
+	switch {
+	case len(names) == 1 && names[0] == "":
+		return "the proxy"
+	case len(names) == 1:
+		return "proxy " + names[0]
+	}
+	return "proxies " + strings.Join(names, ", ")
+}
+
+// wayOn is the advice when a step fails once the switch reached a proxy (at): finish with
+// --resume, once the proxies that do not answer are back and those the switch missed are on
+// r.to; or by hand.
+func (r *runner) wayOn(at proxiesAt) string {
+	next := "the proxies were switched to " + r.to.name
+	if len(at.on) > 0 && len(at.down)+len(at.off) > 0 {
+		next = fmt.Sprintf("the switch reached %s (on %s)", named(at.on), r.to.name)
+	}
+	switch {
+	case len(at.down) > 0:
+		next += fmt.Sprintf("; %s did not answer: once every proxy answers, run the same command again with --resume to finish (unfence)", named(at.down))
+	case len(at.off) > 0:
+		next += fmt.Sprintf("; it missed %s: finish the switch there (%s), then run the same command again with --resume to finish (unfence)", named(at.off), r.switchRest(at.off))
+	default:
+		next += "; fix the cause and run the same command again with --resume to finish (unfence)"
+	}
+	if r.main == nil {
+		next += "; " + finishByHand(r.p, r.j)
+	}
+	return next
+}
+
+// switchRest is the command that points the proxies named off at r.to, as an operator types it.
+func (r *runner) switchRest(off []string) string {
+	cmds := r.p.proxyCommands("backend set", r.to.api.URL)
+	var rest []string
+	for i, pr := range r.p.proxyRefs() {
+		if slices.Contains(off, pr.name()) || slices.Contains(off, "") {
+			rest = append(rest, cmds[i])
+		}
+	}
+	if len(rest) == 0 {
+		return "'kubefence backend set " + r.to.api.URL + "' on each"
+	}
+	return "'" + strings.Join(rest, "', '") + "'"
 }
 
 // finishByHand is what an operator does past the switch when --resume cannot run: what the
@@ -132,10 +227,11 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); %s. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), finishByHand(r.p, r.j))
 	}
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
-	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete.
-	st, statusErr := r.adm.Status(ctx)
-	if statusErr == nil && st.Backend == strings.TrimSuffix(r.p.Green.APIServer.URL, "/") {
-		if err := r.backFromGreenFenced(ctx, st); err != nil {
+	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete. Not
+	// when those that answer say the switch reached them.
+	at := r.proxiesAt(ctx)
+	if r.pastSwitch(at) {
+		if err := r.backFromGreenFenced(at); err != nil {
 			return err
 		}
 	}
@@ -150,7 +246,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	}
 	// Only a fence this run placed is lifted: its time is journaled before it is sent, so none
 	// journaled means one on now is someone else's (an operator's, around a rehearsal).
-	fenced := (statusErr != nil || st.Fenced) && !r.j.FencedAt.IsZero()
+	fenced := (len(at.down) > 0 || at.fenced) && !r.j.FencedAt.IsZero()
 	unfence := func() error {
 		if fenced {
 			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.
@@ -186,34 +282,26 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	return r.saveJournal()
 }
 
-// backFromGreenFenced answers an abort that finds the proxies on green (st), with no switch
-// journaled. Without an abort under way that is a switch made before a crash: --resume finishes
-// it. With one (the switch's answer lost, the proxies unreachable, green stopped since),
-// --resume is refused, so the abort goes on, in mode replicate: green is blue revision for
-// revision and its apiserver was gated, so nothing but blue's writes is on green, and
+// backFromGreenFenced answers an abort that finds the switch reached a proxy (at), with no
+// switch journaled. Without an abort under way that is a switch made before a crash: --resume
+// finishes it. With one (the switch's answer lost, the proxies unreachable, green stopped
+// since), --resume is refused, so the abort goes on, in mode replicate: green is blue revision
+// for revision and its apiserver was gated, so nothing but blue's writes is on green, and
 // proxiesBack puts every proxy still fenced back on blue before the unfence. Not when a proxy
 // is open on green (writes reached green), nor in a mode that restored green with revisions
 // above blue's: clients reading through the proxies may hold those.
-func (r *runner) backFromGreenFenced(ctx context.Context, st admin.Status) error {
+func (r *runner) backFromGreenFenced(at proxiesAt) error {
+	reached := fmt.Sprintf("the switch reached %s before it was journaled (on green)", named(at.on))
+	if len(at.down) > 0 {
+		reached += fmt.Sprintf(", and %s did not answer", named(at.down))
+	}
 	switch {
 	case !r.j.aborting():
-		return errors.New("the proxy already sends requests to green (the switch happened before it was journaled): run with --resume to finish instead")
+		return fmt.Errorf("%s: run with --resume to finish instead", reached)
 	case !r.p.Replicating():
-		return fmt.Errorf("the proxies are on green (the switch's answer was lost) and an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then 'kubefence fence off --expect-backend %s' on each proxy), or back by hand ('kubefence backend set %s', then 'kubefence fence off --expect-backend %[2]s' on each proxy) and restart the clients that watch", r.p.Green.APIServer.URL, r.from.api.URL)
-	}
-	green := sameURL(r.p.Green.APIServer.URL)
-	g, ok := r.adm.(*proxyGroup)
-	if !ok {
-		if !st.Fenced {
-			return errors.New("the proxy is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green")
-		}
-		return nil
-	}
-	for _, p := range g.proxies {
-		pst, err := p.Client.Status(ctx)
-		if err == nil && !pst.Fenced && sameURL(pst.Backend) == green {
-			return fmt.Errorf("proxy %s is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green", p.Name)
-		}
+		return fmt.Errorf("%s; an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then on each proxy 'kubefence backend set %[2]s' if it is not on green, and 'kubefence fence off --expect-backend %[2]s'), or back by hand ('kubefence backend set %[3]s', then 'kubefence fence off --expect-backend %[3]s' on each proxy) and restart the clients that watch", reached, r.p.Green.APIServer.URL, r.from.api.URL)
+	case len(at.openOn) > 0:
+		return fmt.Errorf("%s is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green", named(at.openOn))
 	}
 	return nil
 }
@@ -223,7 +311,7 @@ func (r *runner) backFromGreenFenced(ctx context.Context, st admin.Status) error
 func (r *runner) proxiesBack(ctx context.Context) error {
 	g, ok := r.adm.(*proxyGroup)
 	if !ok {
-		return nil // one proxy: proxyOnTarget and the journal tell where it is
+		return nil // one proxy: proxiesAt and the journal tell where it is
 	}
 	if err := g.backTo(ctx, r.from.api); err != nil {
 		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)

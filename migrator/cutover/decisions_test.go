@@ -39,6 +39,20 @@ func speaking(st admin.Status) admin.Status {
 	return st
 }
 
+// unreachable is a proxy that does not answer.
+func unreachable() funcProxy {
+	refused := errors.New("connection refused")
+	return funcProxy{
+		status: func(context.Context) (admin.Status, error) { return admin.Status{}, refused },
+		fence: func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, refused
+		},
+		setBackend: func(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+			return admin.BackendResponse{}, refused
+		},
+	}
+}
+
 // memProxy is a funcProxy over st; calls lists the changes asked of it.
 func memProxy(st *admin.Status, calls *[]string) funcProxy {
 	return funcProxy{
@@ -324,7 +338,7 @@ func TestAbortDecisions(t *testing.T) {
 		wantStopped []int
 	}{
 		{"before the switch", false, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "", []int{102, 101}},
-		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "already sends requests to green", nil},
+		{"the proxy already points at green", true, []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, StateRunning, "the switch reached the proxy before it was journaled", nil},
 		{"after the switch is journaled", true, []StepRecord{{Step: StepSwitch, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}, StateRunning, "switched to green at 2026-01-02T03:04:05Z", nil},
 		// The refusal names the way that works from there: finish with --resume.
 		{"after the switch, the way on", true, []StepRecord{{Step: StepSwitch}}, StateRunning, "'kubefence cutover --resume --plan PLAN'", nil},
@@ -744,6 +758,93 @@ func TestAbortFinishesWithTheProxyFencedOnGreen(t *testing.T) {
 			}
 			if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateAborted {
 				t.Errorf("journal %s, want aborted", j.State)
+			}
+		})
+	}
+}
+
+// TestNoWayBackOnceTheSwitchReachedAProxy: the switch reached proxies a (and b) before it was
+// journaled (a kill -9 in the middle of it, or after it), and proxy c does not answer, or
+// answers on blue. What the proxies that answer report decides, as with every proxy
+// answering: a proxy on green means clients may have read green (in a copy, revisions above
+// blue's), so neither 'cutover abort' nor a resume puts a proxy back on blue or opens one; the
+// advice names the way on.
+func TestNoWayBackOnceTheSwitchReachedAProxy(t *testing.T) {
+	cases := []struct {
+		name      string
+		replicate bool
+		aborting  bool
+		cDown     bool // c does not answer; else c is fenced on blue, a and b on green
+		resume    bool // a resume (the real steps from the switch on); else 'cutover abort'
+		want      []string
+		not       string
+	}{
+		{"c down, a copy, an abort under way", false, true, true, false, []string{"revisions above blue's"}, ""},
+		{"c down, a copy, no abort under way", false, false, true, false, []string{"--resume", "proxy c"}, ""},
+		{"c down, replicating, no abort under way", true, false, true, false, []string{"--resume", "proxy c"}, ""},
+		{"c down, a resume", false, false, true, true, []string{"proxy c", "--resume", "fence off --expect-backend"}, ""},
+		{"c on blue, a copy, an abort under way", false, true, false, false, []string{"revisions above blue's"}, "someone ran"},
+		{"c on blue, a copy, no abort under way", false, false, false, false, []string{"--resume"}, "someone ran"},
+		{"c on blue, a resume", false, false, false, true, []string{"proxy c", "backend set", "--resume"}, "someone ran"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, tc.resume, "", false)
+			if tc.replicate {
+				w.r.p.Migration.Mode = ModeReplicate
+			}
+			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
+			// Each proxy was at generation 4 before the fence, 5 after it; the switch makes 6.
+			*w.st = admin.Status{Backend: green, Fenced: true, Generation: 6}
+			stB, stC := &admin.Status{Backend: green, Fenced: true, Generation: 6}, &admin.Status{Backend: blue, Fenced: true, Generation: 5}
+			var callsB, callsC []string
+			c := memProxy(stC, &callsC)
+			if tc.cDown {
+				c = unreachable()
+			}
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}, {Name: "c", Client: c}}}
+			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15,
+				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			if tc.aborting {
+				w.r.j.AbortReason = "step switch failed: the answer to backend set was lost"
+			}
+			if tc.resume { // every step before the switch done
+				w.r.j.Done, w.r.steps = nil, steps
+				for _, s := range Steps[:slices.Index(Steps, StepSwitch)] {
+					w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
+				}
+			}
+			if err := w.r.saveJournal(); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			if tc.resume {
+				rep, err := w.r.run(t.Context())
+				if err == nil || rep == nil || rep.Result != ResultFailed {
+					t.Fatalf("resume: report %+v, %v; want it failed, not aborted", rep, err)
+				}
+				got = err.Error() + "; next: " + rep.Next
+			} else {
+				_, err := w.r.abortByOperator(t.Context())
+				if err == nil {
+					t.Fatal("abort: went back to blue")
+				}
+				got = err.Error()
+			}
+			t.Log(got)
+			for _, s := range tc.want {
+				if !strings.Contains(got, s) {
+					t.Errorf("%q lacks %q", got, s)
+				}
+			}
+			if tc.not != "" && strings.Contains(got, tc.not) {
+				t.Errorf("%q has %q", got, tc.not)
+			}
+			if len(w.calls)+len(callsB)+len(callsC) > 0 || w.st.Backend != green || stB.Backend != green || !w.st.Fenced || !stB.Fenced || !stC.Fenced || len(w.stopped) > 0 {
+				t.Errorf("proxies a %+v (%q), b %+v (%q), c %+v (%q), green stopped %v: want them left as they were, green running", *w.st, w.calls, *stB, callsB, *stC, callsC, w.stopped)
+			}
+			if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning || j.AbortReason != w.r.j.AbortReason {
+				t.Errorf("journal %s, abort reason %q: want it running, with no new abort", j.State, j.AbortReason)
 			}
 		})
 	}

@@ -292,7 +292,7 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 		switch {
 		case r.Err != nil && !errors.As(r.Err, &refused):
 			// No answer: it may have switched all the same. An abort looks at it again.
-			unknown = append(unknown, fmt.Errorf("proxy %s may have switched to %s (no answer); 'kubefence fence status' shows where it is, and an abort puts it back", r.Proxy, g.targetOf(res)))
+			unknown = append(unknown, fmt.Errorf("proxy %s may have switched to %s (no answer); 'kubefence fence status' shows where it is", r.Proxy, g.targetOf(res)))
 		case r.Err != nil:
 		default:
 			back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}

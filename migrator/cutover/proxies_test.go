@@ -322,34 +322,50 @@ func TestPlanHAValidation(t *testing.T) {
 
 // TestAbortPutsAStrayProxyBack: a proxy that switched to green although the switch was not
 // acknowledged (its answer lost) is put back on blue before any proxy is unfenced: unfenced on
-// green, it would reopen writes there while the others write blue.
+// green, it would reopen writes there while the others write blue. In mode replicate, that is:
+// green is blue revision for revision. After a copy, whose green has revisions above blue's
+// that clients may have read through that proxy, the run stops instead, every proxy fenced
+// where it is, and says to finish the switch.
 func TestAbortPutsAStrayProxyBack(t *testing.T) {
-	w := newDecisionWorld(t, false, StepSwitch, true)
-	var callsB []string
-	stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
-	b := memProxy(stB, &callsB)
-	inner := b.setBackend
-	b.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
-		resp, err := inner(ctx, req)
-		if req.URL == w.r.p.Green.APIServer.URL {
-			return admin.BackendResponse{}, errors.New("the answer to backend set was lost")
-		}
-		return resp, err
-	}
-	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: b}}}
-	if err := w.r.openJournal(); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := w.r.run(t.Context())
-	if err == nil || rep.Result == ResultDone {
-		t.Fatalf("report %+v, err %v; want the cutover aborted", rep, err)
-	}
-	blue := w.r.p.Blue.APIServer.URL
-	if w.st.Backend != blue || stB.Backend != blue || w.st.Fenced || stB.Fenced {
-		t.Fatalf("after the abort: a %+v, b %+v; want both open on blue", w.st, stB)
-	}
-	if got := strings.Join(callsB, ","); !strings.HasSuffix(got, "backend "+blue+",fence off") {
-		t.Errorf("proxy b was asked %q; want it back on blue before it is unfenced", got)
+	for _, replicate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replicate %v", replicate), func(t *testing.T) {
+			w := newDecisionWorld(t, false, StepSwitch, true)
+			if replicate {
+				w.r.p.Migration.Mode = ModeReplicate
+			}
+			var callsB []string
+			stB := &admin.Status{Backend: w.st.Backend, Generation: 5}
+			b := memProxy(stB, &callsB)
+			inner := b.setBackend
+			b.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+				resp, err := inner(ctx, req)
+				if req.URL == w.r.p.Green.APIServer.URL {
+					return admin.BackendResponse{}, errors.New("the answer to backend set was lost")
+				}
+				return resp, err
+			}
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: b}}}
+			if err := w.r.openJournal(); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := w.r.run(t.Context())
+			if err == nil || rep.Result == ResultDone {
+				t.Fatalf("report %+v, err %v; want the cutover stopped", rep, err)
+			}
+			blue, green := w.r.p.Blue.APIServer.URL, w.r.p.Green.APIServer.URL
+			if !replicate {
+				if rep.Result != ResultFailed || !strings.Contains(rep.Next, "it missed proxy a") || w.st.Backend != blue || stB.Backend != green || !w.st.Fenced || !stB.Fenced || len(w.stopped) > 0 {
+					t.Fatalf("after a copy: report %s, next %q; a %+v, b %+v, stopped %v; want no abort, both fenced where they are, advice to switch a", rep.Result, rep.Next, w.st, stB, w.stopped)
+				}
+				return
+			}
+			if w.st.Backend != blue || stB.Backend != blue || w.st.Fenced || stB.Fenced {
+				t.Fatalf("after the abort: a %+v, b %+v; want both open on blue", w.st, stB)
+			}
+			if got := strings.Join(callsB, ","); !strings.HasSuffix(got, "backend "+blue+",fence off") {
+				t.Errorf("proxy b was asked %q; want it back on blue before it is unfenced", got)
+			}
+		})
 	}
 }
 

@@ -158,7 +158,7 @@ func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, erro
 // abortRollback unfences green (the proxy still sends everything there) and leaves the bake
 // to be resumed; a rollback that switched to blue is finished with --resume instead.
 func (r *runner) abortRollback(ctx context.Context, reason string) error {
-	if _, ok := r.j.record(StepSwitch); ok || r.proxyOnTarget(ctx) {
+	if _, ok := r.j.record(StepSwitch); ok || r.pastSwitch(r.proxiesAt(ctx)) {
 		return errors.New("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'")
 	}
 	// Unfenced before replication stops, which waits for its txns in flight: writes must not

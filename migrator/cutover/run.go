@@ -429,8 +429,8 @@ func (r *runner) report(result string, err error) *Report {
 	return rep
 }
 
-// reportStatusTimeout bounds the report's look at the proxies: one that does not answer must not
-// keep the report, and the state dir's lock, for ever.
+// reportStatusTimeout bounds the report's look at the proxies, and fail's and the abort's
+// (proxiesAt): one that does not answer must not keep them, and the state dir's lock, for ever.
 const reportStatusTimeout = 10 * time.Second
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

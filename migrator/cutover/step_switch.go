@@ -40,7 +40,9 @@ func (switchStep) run(ctx context.Context, r *runner) (string, error) {
 // on left it in: fenced, on blue, at the generation journaled then. Any change in between (fence
 // off and on by hand, a backend set) means writes may have reached blue after the copy
 // (invariant acked-on-green). It says switched when the proxy is on r.to already, one
-// generation on per proxy: the switch happened before a crash and was not journaled.
+// generation on per proxy: the switch happened before a crash and was not journaled. Some
+// proxies on r.to, not all, is a switch a crash cut short: not switched, and not someone's
+// change by hand.
 func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) {
 	st, err := r.adm.Status(ctx)
 	if err != nil {
@@ -50,6 +52,14 @@ func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) 
 	switch {
 	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
 		return true, nil
+	case st.Backend != to && st.Backend != sameURL(r.from.api.URL):
+		// Some proxies on r.to, others not: the run that switched stopped in the middle of it
+		// (pastSwitch decides whether that leaves a way back).
+		if at := r.proxiesAt(ctx); len(at.on) > 0 {
+			return false, fmt.Errorf("the switch reached %s only (%s): the run that switched stopped in the middle of it; not switching the rest", named(at.on), st.Backend)
+		}
+	}
+	switch {
 	case !st.Fenced:
 		return false, fmt.Errorf("the proxy is not fenced (generation %d, changed %s): writes may have reached %s after the fence; not switching. Abort and run again", st.Generation, st.ChangedAt.Format(time.RFC3339), from)
 	case st.Generation != r.j.FenceGeneration:
