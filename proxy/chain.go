@@ -41,6 +41,9 @@ type reqState struct {
 	answered string
 	// identity is the client-certificate user the proxy forwards, or nil.
 	identity user.Info
+	// stillVerified checks the client's certificate again, as of now, when the request is sent
+	// anew later (a watch a switch resumes on another backend); set with identity.
+	stillVerified func() bool
 }
 
 // What kubefence_requests_total's decision label says of a request the proxy answered itself.

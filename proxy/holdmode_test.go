@@ -356,8 +356,37 @@ func TestLongHoldTimeoutWarned(t *testing.T) {
 		o.AdminSocket = filepath.Join(t.TempDir(), "admin.sock")
 		o.HoldTimeout = tc.timeout
 		startProxyWith(t, o, &logs)
-		if got := strings.Contains(logs.String(), "--hold-timeout is not under 5s"); got != tc.warned {
+		if got := strings.Contains(logs.String(), "is not under 5s, the request timeout of client-go"); got != tc.warned {
 			t.Errorf("--hold-timeout %s: warned %v, want %v\n%s", tc.timeout, got, tc.warned, logs.String())
 		}
+	}
+}
+
+// TestOptionWarnings: what the options allow but should be heard at start. Settings meant for
+// tests (plain HTTP to clients, or to a backend) warn only beyond this host, where the clients'
+// bearer tokens would cross the network in clear; a hold timeout of 5 s or more warns always.
+func TestOptionWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+		want string // "" for no warning
+	}{
+		{"TLS, https backends", func(*Options) {}, ""},
+		{"insecure listen on loopback", func(o *Options) { o.InsecureListen, o.Listen = true, "127.0.0.1:6443" }, ""},
+		{"insecure listen on every address", func(o *Options) { o.InsecureListen, o.Listen = true, "0.0.0.0:6443" }, "--insecure-listen on 0.0.0.0:6443"},
+		{"http upstream on loopback", func(o *Options) { o.Upstream = "http://127.0.0.1:8080" }, ""},
+		{"http upstream elsewhere", func(o *Options) { o.Upstream = "http://10.0.0.10:8080" }, "backend http://10.0.0.10:8080 is plain http"},
+		{"http allowed backend, any port", func(o *Options) { o.AllowedBackends = []string{"http://green.example:*"} }, "backend http://green.example:* is plain http"},
+		{"hold timeout 5s", func(o *Options) { o.HoldTimeout = 5 * time.Second }, "--hold-timeout 5s is not under 5s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			o.Listen, o.Upstream, o.AllowedBackends = "10.0.0.1:6443", "https://10.0.0.10:6443", []string{"https://10.0.0.20:*"}
+			tc.edit(o)
+			got := strings.Join(o.Warnings(), "\n")
+			if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("warnings %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

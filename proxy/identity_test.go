@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,6 +17,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -132,6 +134,37 @@ type identityFixture struct {
 	serverCAs         *x509.CertPool
 	logs              *syncBuf
 	dir               string
+	backendCert       tls.Certificate
+	frontPool         *x509.CertPool
+}
+
+// newBackend starts a TLS backend that asks for the front-proxy certificate, as kube-apiserver
+// does, and records what it sees. It answers {} to everything but a watch (?watch=true), which
+// gets one ADDED event of resourceVersion 5 and stays open.
+func (f *identityFixture) newBackend(t *testing.T) *tlsBackend {
+	b := &tlsBackend{}
+	b.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sr := seenRequest{header: r.Header.Clone(), protoMajor: r.ProtoMajor}
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			sr.frontProxy = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		b.mu.Lock()
+		b.seen = append(b.seen, sr)
+		b.mu.Unlock()
+		if r.URL.Query().Get("watch") != "true" {
+			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","namespace":"default","resourceVersion":"5"}}}` + "\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	b.TLS = &tls.Config{Certificates: []tls.Certificate{f.backendCert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: f.frontPool}
+	b.EnableHTTP2 = true // as kube-apiserver
+	b.StartTLS()
+	t.Cleanup(b.Close)
+	return b
 }
 
 type syncBuf struct {
@@ -158,21 +191,8 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 	frontPool := x509.NewCertPool()
 	frontPool.AddCert(frontCA.cert)
 
-	f.backend = &tlsBackend{}
-	f.backend.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sr := seenRequest{header: r.Header.Clone(), protoMajor: r.ProtoMajor}
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			sr.frontProxy = r.TLS.PeerCertificates[0].Subject.CommonName
-		}
-		f.backend.mu.Lock()
-		f.backend.seen = append(f.backend.seen, sr)
-		f.backend.mu.Unlock()
-		_, _ = w.Write([]byte(`{}`))
-	}))
-	f.backend.TLS = &tls.Config{Certificates: []tls.Certificate{backendCert}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: frontPool}
-	f.backend.EnableHTTP2 = true // as kube-apiserver
-	f.backend.StartTLS()
-	t.Cleanup(f.backend.Close)
+	f.backendCert, f.frontPool = backendCert, frontPool
+	f.backend = f.newBackend(t)
 
 	o := NewOptions()
 	o.Listen, o.MetricsListen = "127.0.0.1:0", ""
@@ -365,5 +385,37 @@ func TestAdminClientCertExpiryPerRequest(t *testing.T) {
 	}
 	if code != http.StatusUnauthorized {
 		t.Fatalf("status on a kept connection after the certificate expired: %d, want 401", code)
+	}
+}
+
+// TestResumedWatchChecksTheCertificateAgain: a resuming switch re-issues a watch on the new
+// backend with the identity the proxy verified when the watch began. A certificate that has
+// expired since (or whose CA is no longer in --client-ca-file) gets no new watch: the watch
+// ends, as a new request from that client would get 401. One still valid is resumed as itself.
+func TestResumedWatchChecksTheCertificateAgain(t *testing.T) {
+	f := newIdentityFixture(t, func(o *Options, _ string) { o.AllowedBackends = []string{"https://127.0.0.1:*"} })
+	green := f.newBackend(t)
+	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(2*time.Second))
+	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
+	for _, cert := range []*tls.Certificate{&alice, &bob} {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.proxyURL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1", nil)
+		resp, err := f.client(cert).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil || !strings.Contains(line, `"resourceVersion":"5"`) {
+			t.Fatalf("first event %q, %v", line, err)
+		}
+	}
+	time.Sleep(time.Until(alice.Leaf.NotAfter) + 100*time.Millisecond)
+	switchTo(t, f.p, green.URL, true)
+	var users []string
+	for _, r := range green.requests() {
+		users = append(users, r.header.Get("X-Remote-User"))
+	}
+	if !slices.Equal(users, []string{"bob"}) {
+		t.Fatalf("the new backend got watches as %q; want bob's only: alice's certificate expired before the switch", users)
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -153,6 +155,31 @@ func (o *Options) Validate() []error {
 	return slices.Concat(o.validateListeners(), o.validateIdentity(), o.validateLimits())
 }
 
+// Warnings are what the options allow but an operator should hear about at start: settings
+// meant for tests that leave clients' credentials in clear beyond this host, and a hold
+// timeout that outlasts the clients it holds for.
+func (o *Options) Warnings() []string {
+	var out []string
+	if host, _, err := net.SplitHostPort(o.Listen); err == nil && o.InsecureListen && !loopback(host) {
+		out = append(out, fmt.Sprintf("--insecure-listen on %s, not a loopback address: clients' bearer tokens cross the network in clear (meant for tests only)", o.Listen))
+	}
+	for _, u := range append([]string{o.Upstream}, o.AllowedBackends...) {
+		if p, err := url.Parse(strings.TrimSuffix(u, ":*")); err == nil && p.Scheme == "http" && !loopback(p.Hostname()) {
+			out = append(out, fmt.Sprintf("backend %s is plain http, not on this host: the clients' bearer tokens the proxy forwards cross the network in clear (meant for tests only)", backendurl.Redact(u)))
+		}
+	}
+	if o.HoldTimeout >= leaderElectionRequestTimeout {
+		out = append(out, fmt.Sprintf("--hold-timeout %s is not under 5s, the request timeout of client-go's leader election: a lease renewal held that long has failed at its client before it is answered (controllers may lose their leases)", o.HoldTimeout))
+	}
+	return out
+}
+
+// loopback says whether host (a name or an address) is this host's loopback.
+func loopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}
+
 // validateListeners checks where the proxy listens and what it forwards to.
 func (o *Options) validateListeners() []error {
 	var errs []error
@@ -192,7 +219,7 @@ func (o *Options) validateListeners() []error {
 		host, _, err := net.SplitHostPort(o.MetricsListen)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-listen %q: %v", o.MetricsListen, err))
-		} else if ip := net.ParseIP(host); o.Profiling && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		} else if o.Profiling && !loopback(host) {
 			errs = append(errs, fmt.Errorf("--profiling serves /debug/pprof/ on --metrics-listen %s, which is not a loopback address: profiles let whoever reaches them load the proxy; listen on 127.0.0.1 (or ::1), or leave --profiling off", o.MetricsListen))
 		}
 	}

@@ -81,8 +81,8 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
-	if cfg.opts.HoldTimeout >= leaderElectionRequestTimeout {
-		log.Warn("--hold-timeout is not under 5s, the request timeout of client-go's leader election: a lease renewal held that long has failed at its client before it is answered (controllers may lose their leases)", "holdTimeout", cfg.opts.HoldTimeout)
+	for _, w := range cfg.opts.Warnings() {
+		log.Warn(w)
 	}
 	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes, cfg.authn != nil)
 	s.writes = newWriteLog(writeLogSize)

@@ -35,6 +35,7 @@ const maxTrackedEvent = 64 << 20
 type resumeInfo struct {
 	req         *http.Request // the outbound request as first sent, after Rewrite
 	identity    bool          // it forwards a client-certificate identity (the front-proxy pool)
+	verified    func() bool   // with identity: the client's certificate still verifies now
 	contentType string        // the first backend's answer; a resumed answer must match
 	s           *stream
 	on          *backend // the backend the stream is tracked on now
@@ -98,6 +99,12 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	log := ri.log.With("path", ri.req.URL.Path, "from", ri.on.url.String(), "to", nb.url.String())
 	if !ok {
 		log.Info("watch not resumable; ended", "reason", w.rv.why())
+		return false
+	}
+	if ri.identity && (ri.verified == nil || !ri.verified()) {
+		// A new request to the new backend in the client's name: its certificate must verify
+		// now, as any request's must.
+		log.Info("watch not resumed: the client's certificate no longer verifies; ended")
 		return false
 	}
 	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(resumeRequest(ri.req, nb, rv))
