@@ -101,8 +101,12 @@ func TestBodyBudgetShares(t *testing.T) {
 			if err := anon.take(tc.wantUnverified); err != nil {
 				t.Fatalf("unverified writes could not take %d bytes: %v", tc.wantUnverified, err)
 			}
-			if err := anon.take(1); !errors.Is(err, errBodyBudget) {
+			err := anon.take(1)
+			if !errors.Is(err, errBodyBudget) {
 				t.Fatalf("unverified writes took %d bytes, want %d at most (err %v)", tc.wantUnverified+1, tc.wantUnverified, err)
+			}
+			if !tc.verifies && errors.Is(err, errUnverifiedBudget) {
+				t.Errorf("a proxy that verifies no certificate refused for the unverified clients' share: %v", err)
 			}
 			if err := node.take(tc.wantVerifiedAfterwards); err != nil {
 				t.Fatalf("a verified write could not take the %d bytes left: %v", tc.wantVerifiedAfterwards, err)

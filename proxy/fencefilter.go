@@ -154,9 +154,13 @@ func clipField(s string) string {
 	if len(s) <= maxLoggedField {
 		return s
 	}
+	// Back to the start of the character the limit cuts, if s is UTF-8 there.
 	cut := maxLoggedField
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
+	for cut > maxLoggedField-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
 		cut--
+	}
+	if !utf8.RuneStart(s[cut]) {
+		cut = maxLoggedField
 	}
 	return s[:cut] + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }

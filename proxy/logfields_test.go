@@ -68,6 +68,7 @@ func TestClipField(t *testing.T) {
 		{"at the limit", strings.Repeat("a", maxLoggedField), strings.Repeat("a", maxLoggedField)},
 		{"past the limit", strings.Repeat("a", maxLoggedField+1), strings.Repeat("a", maxLoggedField) + "...(257 bytes)"},
 		{"a character across the limit", strings.Repeat("a", maxLoggedField-1) + "é", strings.Repeat("a", maxLoggedField-1) + "...(257 bytes)"},
+		{"not UTF-8: cut at the limit, not to nothing", strings.Repeat("\x80", maxLoggedField+1), strings.Repeat("\x80", maxLoggedField) + "...(257 bytes)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -86,7 +86,7 @@ func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
 		}, func() float64 { return float64(b.used.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kubefence_buffered_unverified_write_bytes",
-			Help: "Of kubefence_buffered_write_bytes, those of writes from clients without a certificate the proxy verified (at most three quarters of --max-buffered-write-bytes when it verifies certificates).",
+			Help: "Of kubefence_buffered_write_bytes, those of writes from clients without a certificate the proxy verified (at most three quarters of --max-buffered-write-bytes; 0 when it verifies no certificates: without --client-ca-file nothing is kept aside).",
 		}, func() float64 { return float64(b.unverified.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kubefence_buffered_write_full_total",

@@ -74,8 +74,11 @@ const verifiedBudgetShare = 4
 // for the bodies of one client connection, and at most unverifiedMax of them (unverified) for
 // writes from clients whose certificate the proxy did not verify.
 type bodyBudget struct {
-	max           int64
-	perConn       int64
+	max     int64
+	perConn int64
+	// unverifiedMax bounds the unverified writes' bytes when split (the proxy verifies client
+	// certificates); otherwise every write is unverified and only max counts.
+	split         bool
 	unverifiedMax int64
 	used          atomic.Int64
 	unverified    atomic.Int64
@@ -86,7 +89,7 @@ type bodyBudget struct {
 // proxy verifies client certificates (verifies), the writes of the clients it verified have a
 // share of it that the others cannot take.
 func newBodyBudget(total, maxBody int64, verifies bool) *bodyBudget {
-	b := &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody), unverifiedMax: total}
+	b := &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody), split: verifies}
 	if verifies {
 		b.unverifiedMax = max(total-total/verifiedBudgetShare, min(maxBody, total))
 	}
@@ -100,12 +103,13 @@ type connBodyBytesKey struct{}
 // reserve takes n bytes of the budget, or none: errUnverifiedBudget beyond what writes from
 // clients the proxy did not verify may hold, errBodyBudget beyond the budget.
 func (b *bodyBudget) reserve(n int64, verified bool) error {
-	if !verified && !addWithin(&b.unverified, n, b.unverifiedMax) {
+	counted := !verified && b.split
+	if counted && !addWithin(&b.unverified, n, b.unverifiedMax) {
 		b.full.Add(1)
 		return errUnverifiedBudget
 	}
 	if !addWithin(&b.used, n, b.max) {
-		if !verified {
+		if counted {
 			b.unverified.Add(-n)
 		}
 		b.full.Add(1)
@@ -129,7 +133,7 @@ func addWithin(v *atomic.Int64, n, limit int64) bool {
 
 // release gives back n reserved bytes.
 func (b *bodyBudget) release(n int64, verified bool) {
-	if !verified {
+	if !verified && b.split {
 		b.unverified.Add(-n)
 	}
 	b.used.Add(-n)
