@@ -148,10 +148,7 @@ itself; clients that do not retry see an error). While fenced the proxy can be s
 func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	root, closeLogs := NewRootCommand(Streams{In: in, Out: out, ErrOut: errOut})
 	root.SetArgs(args)
-	// The one signal handler: SIGINT and SIGTERM cancel the context every command runs with.
-	// A running proxy then shuts down gracefully; an offline operation stops where it is (any
-	// etcd it started is killed with it, as after a crash) and the same command resumes it.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext(errOut, os.Exit)
 	defer stop()
 	cmd, err := root.ExecuteContextC(ctx)
 	closeLogs()
@@ -168,6 +165,37 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 		return ExitUsage
 	}
 	return ExitFailure
+}
+
+// signalContext is the one signal handler: SIGINT and SIGTERM cancel the context every command
+// runs with. A running proxy then shuts down gracefully; an offline operation stops where it is
+// (any etcd it started is killed with it, as after a crash) and the same command resumes it; a
+// cutover past its switch finishes the window's last steps first. A second signal exits at
+// once (exit), as kill -9 would, for whoever cannot wait for that. stop releases the signals.
+func signalContext(errOut io.Writer, exit func(int)) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			cancel(fmt.Errorf("%v signal received", sig))
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			fmt.Fprintf(errOut, "error: a second %v signal: exiting at once\n", sig)
+			exit(ExitFailure)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	}
 }
 
 // isCobraUsageError recognises the one usage error cobra makes itself without passing it through

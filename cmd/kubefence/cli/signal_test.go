@@ -54,3 +54,37 @@ func TestSignalCancelsCommand(t *testing.T) {
 		t.Fatal("the command was still running 10s after SIGINT")
 	}
 }
+
+// TestSecondSignalExits: the first SIGINT cancels the command's context (a cutover past its
+// switch still finishes its window's last steps); a second one exits at once, for an operator
+// who cannot wait for them.
+func TestSecondSignalExits(t *testing.T) {
+	var errOut strings.Builder
+	exited := make(chan int, 1)
+	ctx, stop := signalContext(&errOut, func(code int) { exited <- code })
+	defer stop()
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first SIGINT did not cancel the context in 10s")
+	}
+	select {
+	case code := <-exited:
+		t.Fatalf("exited (%d) on the first signal", code)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-exited:
+		if code != ExitFailure || !strings.Contains(errOut.String(), "second interrupt signal") {
+			t.Errorf("exit %d, stderr %q; want %d and the reason", code, errOut.String(), ExitFailure)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second SIGINT did not exit in 10s")
+	}
+}
