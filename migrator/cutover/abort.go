@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -88,17 +89,31 @@ func (r *runner) failPreflight(err error) (*Report, error) {
 // restoreKeptJournal makes the ended cutover whose journal this run moved aside the state dir's
 // again, this run's journal kept beside it: the failed preflight changed nothing, and what it
 // found (ports in use, data dirs) is often that cutover's green, which 'cutover cleanup' finds
-// only through its journal. It returns the advice.
+// only through its journal. This run's journal is written beside first and the old one renamed
+// over it then: a crash in between leaves this run's, never none. It returns the advice.
 func (r *runner) restoreKeptJournal() string {
 	dir, old := r.p.StateDir, r.kept.ID
-	err := keepJournal(dir, r.j.ID)
+	err := r.j.saveTo(keptJournalPath(dir, r.j.ID))
 	if err == nil {
 		err = os.Rename(keptJournalPath(dir, old), journalPath(dir))
+	}
+	if err == nil {
+		err = atomicfile.SyncDir(dir)
 	}
 	if err != nil {
 		return fmt.Sprintf("nothing was changed; putting back the journal of cutover %s failed (%v): move %s back to %s by hand before 'kubefence cutover cleanup' can find what it left; then fix what the preflight names and run the cutover again", old, err, keptJournalPath(dir, old), journalPath(dir))
 	}
-	return fmt.Sprintf("nothing was changed; the state dir's journal is cutover %s's again (%s): if the preflight found what it left, 'kubefence cutover cleanup --plan PLAN' stops its processes (with --remove-data-dirs its green data dirs too); then fix what the preflight names and run the cutover again", old, r.kept.State)
+	return r.keptCleanupAdvice()
+}
+
+// keptCleanupAdvice says how to clean up after the ended cutover restoreKeptJournal put back:
+// cleanup refuses a plan other than the one it ran with.
+func (r *runner) keptCleanupAdvice() string {
+	plan := "--plan PLAN"
+	if r.kept.PlanHash != r.p.hash {
+		plan = "--plan with the plan it ran with (this one changed since; cleanup refuses it)"
+	}
+	return fmt.Sprintf("nothing was changed; the state dir's journal is cutover %s's again (%s): if the preflight found what it left, 'kubefence cutover cleanup %s' stops its processes (with --remove-data-dirs its green data dirs too); then fix what the preflight names and run the cutover again", r.kept.ID, r.kept.State, plan)
 }
 
 // proxiesAt is where the proxies stand against the switch to r.to, from what each one that
@@ -106,19 +121,27 @@ func (r *runner) restoreKeptJournal() string {
 type proxiesAt struct {
 	on, off, down []string // on r.to; answering, elsewhere; not answering
 	openOn        []string // on r.to, unfenced
-	openFrom      bool     // one answering is unfenced on r.from: writes reopened there
 	fenced        bool     // one answering is fenced
 }
 
-// pastSwitch says the switch reached the proxies (at): every one that answers is on r.to, or
-// some are and going back would hand clients that read through them revisions r.from has not
-// reached (a copy restores green with revisions above blue's; in mode replicate and in a
-// rollback the two sides are revision for revision, the target's apiserver gated, and a switch
-// cut short goes back). Not when a proxy is open on r.from: writes reopened there (an abort
-// did, or a fence off by hand), and the way on is closed.
+// pastSwitch says the switch reached the proxies (at): every one that answers is on r.to (one
+// that does not answer hides nothing). Some on r.to and some not is a switch cut short (a
+// crash in the middle of it, an answer lost): it goes back, as the switch itself puts back the
+// proxies that took it when another refuses (proxyGroup.switchBack), in every mode. After a
+// copy, clients that read through a proxy on green meanwhile may hold green's higher
+// resourceVersions: on blue their watches get "too large resource version" and they relist.
 func (r *runner) pastSwitch(at proxiesAt) bool {
-	partial := len(at.off) > 0
-	return len(at.on) > 0 && !at.openFrom && (!partial || r.main == nil && !r.p.Replicating())
+	return len(at.on) > 0 && len(at.off) == 0
+}
+
+// openOnTarget refuses to go back when a proxy is open on r.to (a fence off by hand, or an
+// abort's unfence that reached it): writes reached r.to, and opening r.from too would let both
+// sides take writes.
+func (r *runner) openOnTarget(at proxiesAt) error {
+	if len(at.openOn) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s is open on %s (a fence off by hand?): writes reached %[2]s, and no abort goes back from there; reverse with a new cutover from %[2]s", named(at.openOn), r.to.name)
 }
 
 // proxiesAt asks every proxy where it is (proxiesAt, the type).
@@ -131,7 +154,7 @@ func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
 	defer cancel()
 	res, _ := admin.Each(ctx, targets, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
 	var at proxiesAt
-	to, from := sameURL(r.to.api.URL), sameURL(r.from.api.URL)
+	to := sameURL(r.to.api.URL)
 	for _, pr := range res {
 		st := pr.Value
 		switch {
@@ -145,7 +168,6 @@ func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
 			}
 		default:
 			at.off = append(at.off, pr.Proxy)
-			at.openFrom = at.openFrom || !st.Fenced && sameURL(st.Backend) == from
 		}
 		at.fenced = at.fenced || st.Fenced
 	}
@@ -180,9 +202,9 @@ func (r *runner) wayOn(at proxiesAt) string {
 		next += "; fix the cause and run the same command again with --resume to finish (unfence)"
 	}
 	if r.main == nil {
-		next += "; " + finishByHand(r.p, r.j)
+		return next + "; " + finishByHand(r.p, r.j)
 	}
-	return next
+	return next + "; " + finishRollbackByHand(r.p, r.j)
 }
 
 // switchRest is the command that points the proxies named off at r.to, as an operator types it.
@@ -204,18 +226,31 @@ func (r *runner) switchRest(off []string) string {
 // steps still to run would do, by hand. In mode replicate green's apiserver may only read until
 // ungate-green: a bare fence off would reopen writes onto a green that answers each one 500.
 func finishByHand(p *Plan, j *Journal) string {
-	fenceOff := "'" + strings.Join(p.proxyCommands("fence off --expect-backend", p.Green.APIServer.URL), "', '") + "'"
-	if !p.Replicating() || j.done(StepUngateGreen) {
-		return "if it cannot run, " + fenceOff + " reopens writes where the proxy is on green"
-	}
-	c, user := p.greenConn(), p.Green.APIServer.EtcdUser
-	grant := fmt.Sprintf("'etcdctl --endpoints %s --cacert %s --cert %s --key %s user grant-role %s %s' (green's apiserver may only read until then: every write would fail)",
-		strings.Join(c.Endpoints, ","), c.CAFile, c.CertFile, c.KeyFile, user, readWriteRole)
-	advice := "if it cannot run, first " + grant + ", then " + fenceOff
-	if p.Bake.Enabled && !j.done(StepHandOver) {
+	advice := finishByHandOn(p, p.greenSide(), p.Replicating() && !j.done(StepUngateGreen))
+	if p.Replicating() && !j.done(StepUngateGreen) && p.Bake.Enabled && !j.done(StepHandOver) {
 		advice += "; blue then no longer follows green: the bake's way back is lost"
 	}
 	return advice
+}
+
+// finishRollbackByHand is finishByHand for a rollback past its switch (rj, the rollback's
+// journal): blue's apiserver may only read blue etcd until ungate-blue.
+func finishRollbackByHand(p *Plan, rj *Journal) string {
+	return finishByHandOn(p, p.blueSide(), !rj.done(StepUngateBlue))
+}
+
+// finishByHandOn is the advice that reopens writes on side to by hand: its apiserver's etcd
+// user gets read-write first while it is still gated, then each proxy's fence goes off where
+// it is on to.
+func finishByHandOn(p *Plan, to side, gated bool) string {
+	fenceOff := "'" + strings.Join(p.proxyCommands("fence off --expect-backend", to.api.URL), "', '") + "'"
+	if !gated {
+		return "if it cannot run, " + fenceOff + " reopens writes where the proxy is on " + to.name
+	}
+	c := to.etcd
+	grant := fmt.Sprintf("'etcdctl --endpoints %s --cacert %s --cert %s --key %s user grant-role %s %s' (%s's apiserver may only read until then: every write would fail)",
+		strings.Join(c.Endpoints, ","), c.CAFile, c.CertFile, c.KeyFile, to.api.EtcdUser, readWriteRole, to.name)
+	return "if it cannot run, first " + grant + ", then " + fenceOff
 }
 
 // abort stops green and unfences blue, unless the proxy already points at green.
@@ -230,6 +265,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete. Not
 	// when those that answer say the switch reached them.
 	at := r.proxiesAt(ctx)
+	if err := r.openOnTarget(at); err != nil {
+		return err
+	}
 	if r.pastSwitch(at) {
 		if err := r.backFromGreenFenced(at); err != nil {
 			return err
@@ -287,9 +325,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 // finishes it. With one (the switch's answer lost, the proxies unreachable, green stopped
 // since), --resume is refused, so the abort goes on, in mode replicate: green is blue revision
 // for revision and its apiserver was gated, so nothing but blue's writes is on green, and
-// proxiesBack puts every proxy still fenced back on blue before the unfence. Not when a proxy
-// is open on green (writes reached green), nor in a mode that restored green with revisions
-// above blue's: clients reading through the proxies may hold those.
+// proxiesBack puts every proxy still fenced back on blue before the unfence. Not in a mode that
+// restored green with revisions above blue's: clients reading through the proxies may hold
+// those.
 func (r *runner) backFromGreenFenced(at proxiesAt) error {
 	reached := fmt.Sprintf("the switch reached %s before it was journaled (on green)", named(at.on))
 	if len(at.down) > 0 {
@@ -300,8 +338,6 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 		return fmt.Errorf("%s: run with --resume to finish instead", reached)
 	case !r.p.Replicating():
 		return fmt.Errorf("%s; an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then on each proxy 'kubefence backend set %[2]s' if it is not on green, and 'kubefence fence off --expect-backend %[2]s'), or back by hand ('kubefence backend set %[3]s', then 'kubefence fence off --expect-backend %[3]s' on each proxy) and restart the clients that watch", reached, r.p.Green.APIServer.URL, r.from.api.URL)
-	case len(at.openOn) > 0:
-		return fmt.Errorf("%s is open on green (a fence off by hand?): writes reached green, and no abort goes back from there; reverse with a new cutover from green", named(at.openOn))
 	}
 	return nil
 }

@@ -192,8 +192,12 @@ func TestFailedPreflightKeepsTheOldJournal(t *testing.T) {
 	}
 	failed := r.j.ID
 	rep, _ := r.failPreflight(errors.New("green etcd g0: port in use; data dir must be absent or empty"))
-	if !strings.Contains(rep.Next, "cutover old") || !strings.Contains(rep.Next, "cleanup") {
+	if !strings.Contains(rep.Next, "cutover old") || !strings.Contains(rep.Next, "cleanup") || strings.Contains(rep.Next, "the plan it ran with") {
 		t.Errorf("next %q: want it to say the state dir is the old cutover's again, and how to clean it up", rep.Next)
+	}
+	r.kept.PlanHash = "the plan before an edit"
+	if next := r.keptCleanupAdvice(); !strings.Contains(next, "the plan it ran with") {
+		t.Errorf("next %q, the plan edited since the old cutover: want cleanup with the plan it ran with (cleanup refuses another)", next)
 	}
 	j, err := LoadJournal(p.StateDir)
 	if err != nil || j.ID != "old" {

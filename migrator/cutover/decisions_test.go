@@ -783,9 +783,6 @@ func TestNoWayBackOnceTheSwitchReachedAProxy(t *testing.T) {
 		{"c down, a copy, no abort under way", false, false, true, false, []string{"--resume", "proxy c"}, ""},
 		{"c down, replicating, no abort under way", true, false, true, false, []string{"--resume", "proxy c"}, ""},
 		{"c down, a resume", false, false, true, true, []string{"proxy c", "--resume", "fence off --expect-backend"}, ""},
-		{"c on blue, a copy, an abort under way", false, true, false, false, []string{"revisions above blue's"}, "someone ran"},
-		{"c on blue, a copy, no abort under way", false, false, false, false, []string{"--resume"}, "someone ran"},
-		{"c on blue, a resume", false, false, false, true, []string{"proxy c", "backend set", "--resume"}, "someone ran"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -187,10 +187,13 @@ func LoadJournal(stateDir string) (*Journal, error) {
 }
 
 // save writes the journal atomically (temp, fsync, rename, fsync dir).
-func (j *Journal) save(stateDir string) error {
+func (j *Journal) save(stateDir string) error { return j.saveTo(journalPath(stateDir)) }
+
+// saveTo writes the journal atomically to path.
+func (j *Journal) saveTo(path string) error {
 	data, err := json.MarshalIndent(j, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(journalPath(stateDir), append(data, '\n'), 0o600)
+	return atomicfile.Write(path, append(data, '\n'), 0o600)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -322,10 +323,8 @@ func TestPlanHAValidation(t *testing.T) {
 
 // TestAbortPutsAStrayProxyBack: a proxy that switched to green although the switch was not
 // acknowledged (its answer lost) is put back on blue before any proxy is unfenced: unfenced on
-// green, it would reopen writes there while the others write blue. In mode replicate, that is:
-// green is blue revision for revision. After a copy, whose green has revisions above blue's
-// that clients may have read through that proxy, the run stops instead, every proxy fenced
-// where it is, and says to finish the switch.
+// green, it would reopen writes there while the others write blue. In every mode: the switch
+// put the other proxy back itself (switchBack), and a switch cut short goes back (pastSwitch).
 func TestAbortPutsAStrayProxyBack(t *testing.T) {
 	for _, replicate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("replicate %v", replicate), func(t *testing.T) {
@@ -349,21 +348,49 @@ func TestAbortPutsAStrayProxyBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			rep, err := w.r.run(t.Context())
-			if err == nil || rep.Result == ResultDone {
-				t.Fatalf("report %+v, err %v; want the cutover stopped", rep, err)
+			if err == nil || rep.Result != ResultAborted {
+				t.Fatalf("report %+v, err %v; want the cutover aborted", rep, err)
 			}
-			blue, green := w.r.p.Blue.APIServer.URL, w.r.p.Green.APIServer.URL
-			if !replicate {
-				if rep.Result != ResultFailed || !strings.Contains(rep.Next, "it missed proxy a") || w.st.Backend != blue || stB.Backend != green || !w.st.Fenced || !stB.Fenced || len(w.stopped) > 0 {
-					t.Fatalf("after a copy: report %s, next %q; a %+v, b %+v, stopped %v; want no abort, both fenced where they are, advice to switch a", rep.Result, rep.Next, w.st, stB, w.stopped)
-				}
-				return
-			}
+			blue := w.r.p.Blue.APIServer.URL
 			if w.st.Backend != blue || stB.Backend != blue || w.st.Fenced || stB.Fenced {
 				t.Fatalf("after the abort: a %+v, b %+v; want both open on blue", w.st, stB)
 			}
 			if got := strings.Join(callsB, ","); !strings.HasSuffix(got, "backend "+blue+",fence off") {
 				t.Errorf("proxy b was asked %q; want it back on blue before it is unfenced", got)
+			}
+		})
+	}
+}
+
+// TestAbortRefusesWithAProxyOpenOnGreen: a switch cut short (a and b fenced on blue) with one
+// proxy open on green (a fence off by hand): writes reached green, so the abort refuses before
+// it changes anything; unfencing blue as well would let both sides take writes.
+func TestAbortRefusesWithAProxyOpenOnGreen(t *testing.T) {
+	for _, replicate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replicate %v", replicate), func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			if replicate {
+				w.r.p.Migration.Mode = ModeReplicate
+			}
+			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
+			*w.st = admin.Status{Backend: green, Fenced: false, Generation: 7}
+			stB, stC := &admin.Status{Backend: blue, Fenced: true, Generation: 5}, &admin.Status{Backend: blue, Fenced: true, Generation: 5}
+			var callsB, callsC []string
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}, {Name: "c", Client: memProxy(stC, &callsC)}}}
+			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15,
+				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			if err := w.r.saveJournal(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := w.r.abortByOperator(t.Context())
+			if err == nil || !strings.Contains(err.Error(), "proxy a is open on green") {
+				t.Fatalf("abort: %v; want it refused, naming proxy a", err)
+			}
+			if len(w.calls)+len(callsB)+len(callsC) > 0 || !stB.Fenced || !stC.Fenced || len(w.stopped) > 0 {
+				t.Errorf("calls a %q, b %q, c %q; b %+v, c %+v; green stopped %v: want nothing changed", w.calls, callsB, callsC, *stB, *stC, w.stopped)
+			}
+			if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning || j.AbortReason != "" {
+				t.Errorf("journal %s, abort reason %q: want it running, no abort journaled", j.State, j.AbortReason)
 			}
 		})
 	}

@@ -1,7 +1,9 @@
 package cutover
 
 import (
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -64,6 +66,54 @@ func TestFinishByHand(t *testing.T) {
 				j.Done = append(j.Done, StepRecord{Step: s})
 			}
 			got := finishByHand(p, j)
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("advice %q lacks %q", got, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(got, n) {
+					t.Errorf("advice %q has %q", got, n)
+				}
+			}
+		})
+	}
+}
+
+// TestFinishRollbackByHand: past a rollback's switch, when 'rollback --resume' cannot run,
+// the advice lists what its remaining steps would have done: blue's apiserver may only read
+// blue etcd until ungate-blue (the bake's gate), so a bare fence off would reopen writes onto a
+// blue that answers each one 500. cutover status says it too.
+func TestFinishRollbackByHand(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		done      []string
+		want, not []string
+	}{
+		{"blue gated", nil, []string{"--endpoints https://", "user grant-role " + DefaultGreenEtcdUser + " " + readWriteRole, "then 'kubefence fence off --expect-backend https://"}, nil},
+		{"blue ungated", []string{StepUngateBlue}, []string{"fence off --expect-backend"}, []string{"grant-role"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := bakePlan(t)
+			if err := os.MkdirAll(filepath.Join(p.StateDir, "rollback"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			main := &Journal{Version: 1, ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 2}}
+			rj := &Journal{Version: 1, ID: "r", State: StateRunning, Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}, {Step: StepSwitch}}}
+			for _, s := range tc.done {
+				rj.Done = append(rj.Done, StepRecord{Step: s})
+			}
+			if err := errors.Join(main.save(p.StateDir), rj.save(filepath.Join(p.StateDir, "rollback"))); err != nil {
+				t.Fatal(err)
+			}
+			st, err := Status(t.Context(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := st.FinishByHand
+			if !strings.Contains(got, p.Blue.APIServer.URL) {
+				t.Errorf("advice %q does not reopen writes on blue %s", got, p.Blue.APIServer.URL)
+			}
 			for _, w := range tc.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("advice %q lacks %q", got, w)

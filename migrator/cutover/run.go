@@ -124,10 +124,12 @@ type runner struct {
 	j *Journal
 	// kept is the ended cutover whose journal this run moved aside to start its own: a failed
 	// preflight puts it back (failPreflight).
-	kept  *Journal
-	adm   proxyAdmin
-	procs processes
-	steps []step
+	kept *Journal
+	// signalNoted: the note that a signal past the switch waits for the window's end is out.
+	signalNoted bool
+	adm         proxyAdmin
+	procs       processes
+	steps       []step
 	// repl is the replicator this process runs (mode replicate), from the replicate step to
 	// stop-replication or the abort.
 	repl *replication
@@ -358,6 +360,10 @@ func (r *runner) walk(ctx context.Context) error {
 func (r *runner) pastSwitchContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if !r.j.done(StepSwitch) {
 		return ctx, func() {}
+	}
+	if ctx.Err() != nil && !r.signalNoted {
+		r.signalNoted = true
+		r.emit(Event{Type: EventNote, Detail: "stopping after the window: past the switch its last steps still run, each within its timeout (a second signal exits at once; --resume finishes then)"})
 	}
 	detached := context.WithoutCancel(ctx)
 	if deadline, ok := ctx.Deadline(); ok {

@@ -79,6 +79,9 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	}
 	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil {
 		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))
+		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
+			st.FinishByHand = finishRollbackByHand(p, rj)
+		}
 	}
 	if j.Bake == nil {
 		return st, nil

@@ -115,6 +115,8 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 		fmt.Fprintln(w, "  no process runs this rehearsal: 'kubefence cutover abort --plan PLAN' stops what it started")
 	case st.State == cutover.StateRunning:
 		fmt.Fprintln(w, "  no process runs this cutover: 'kubefence cutover --resume --plan PLAN' continues it, 'kubefence cutover abort --plan PLAN' goes back to blue")
+	case st.State == cutover.StateRollingBack && st.FinishByHand != "":
+		fmt.Fprintf(w, "  WARNING: no process runs the rollback, and it has switched to blue: run 'kubefence cutover rollback --resume --plan PLAN' now to finish it (writes reopen on blue); %s\n", st.FinishByHand)
 	case st.State == cutover.StateRollingBack:
 		fmt.Fprintln(w, "  WARNING: no process runs the rollback: run 'kubefence cutover rollback --resume --plan PLAN'")
 	}

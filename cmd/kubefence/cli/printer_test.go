@@ -130,6 +130,9 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
 		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
 			[]string{"no process runs the rollback", "rollback --resume"}, nil},
+		{"rolling back past its switch, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{},
+			FinishByHand: "if it cannot run, first 'etcdctl ... user grant-role kube-apiserver-etcd-client kubefence-readwrite'"},
+			[]string{"switched to blue", "rollback --resume", "grant-role kube-apiserver-etcd-client"}, []string{"cutover abort"}},
 		{"a finished bake", cutover.StatusReport{ID: "x", State: cutover.StateDone, Bake: &cutover.BakeStatus{BakeRecord: cutover.BakeRecord{Revision: 7}}},
 			[]string{"bake: blue followed green from revision 7"}, []string{"blue follows green"}},
 	}
