@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
 # Fuzz time for the policy classifier in `make test`.
 FUZZTIME ?= 10s
 
-.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check demo bench-proxy bench-cutover bench-migrate clean
+.PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check alerts-check demo bench-proxy bench-cutover bench-migrate clean
 
 all: build
 
@@ -29,8 +29,9 @@ e2e-deps:
 bench-deps:
 	bash hack/e2e-deps.sh --bench
 
-# The whole suite: static checks, unit tests with -race, a short fuzz run, and the e2e tests.
-test: e2e-deps vet fmt-check unit fuzz e2e
+# The whole suite: static checks, the alerting rules' tests, unit tests with -race, a short fuzz
+# run, and the e2e tests.
+test: e2e-deps vet fmt-check alerts-check unit fuzz e2e
 
 vet:
 	$(GO) vet ./...
@@ -38,6 +39,12 @@ vet:
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# The alerting rules shipped in deploy/prometheus/: promtool checks them and runs their tests
+# (the unit test TestAlertRulesNameRealMetrics checks they read metrics the proxy exports).
+alerts-check: e2e-deps
+	promtool check rules deploy/prometheus/kubefence-alerts.yaml
+	promtool test rules deploy/prometheus/kubefence-alerts.test.yaml
 
 # Depends on e2e-deps: some unit tests run the Debian etcd 3.4 it installs (and fail without it
 # under CI), so that it is there under make -j too; `make test` still runs e2e-deps first.

@@ -3,6 +3,7 @@
 #   etcd 3.4.23 (Debian etcd-server/etcd-client: v2 API and `etcdctl migrate`),
 #   etcd/etcdctl/etcdutl 3.5.x and 3.6.x and kube-apiserver/kubectl/kube-controller-manager/
 #   kube-scheduler 1.36.x, built from the Go module proxy by the tools modules under e2e/tools/,
+#   promtool (Debian prometheus: checks and tests the alerting rules in deploy/prometheus/),
 #   and (with --bench) HAProxy.
 # Binaries land in $KUBEFENCE_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin) as
 # <component>-<version>; an existing binary is reused, so a second run only checks.
@@ -118,6 +119,14 @@ build_tools e2e/tools/kube "$kv" "$kldflags" \
 build_tools e2e/tools/kube "$kv" "$kldflags" \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
+
+# promtool, from Debian's prometheus package (no service starts: apt_install), for
+# `make alerts-check`.
+if ! command -v promtool >/dev/null; then
+  apt_install prometheus
+  say "installed Debian prometheus (promtool)"
+fi
+say "promtool $(promtool --version 2>&1 | awk 'NR==1 {print $3}')"
 
 if [ "$bench" = 1 ]; then
   if ! command -v haproxy >/dev/null; then
