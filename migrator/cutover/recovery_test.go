@@ -66,17 +66,23 @@ func TestFinishByHand(t *testing.T) {
 				j.Done = append(j.Done, StepRecord{Step: s})
 			}
 			got := finishByHand(p, j)
-			for _, w := range tc.want {
-				if !strings.Contains(got, w) {
-					t.Errorf("advice %q lacks %q", got, w)
-				}
-			}
-			for _, n := range tc.not {
-				if strings.Contains(got, n) {
-					t.Errorf("advice %q has %q", got, n)
-				}
-			}
+			checkAdvice(t, got, tc.want, tc.not)
 		})
+	}
+}
+
+// checkAdvice fails t unless advice holds every one of want and none of not.
+func checkAdvice(t *testing.T, advice string, want, not []string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(advice, w) {
+			t.Errorf("advice %q lacks %q", advice, w)
+		}
+	}
+	for _, n := range not {
+		if strings.Contains(advice, n) {
+			t.Errorf("advice %q has %q", advice, n)
+		}
 	}
 }
 
@@ -114,16 +120,7 @@ func TestFinishRollbackByHand(t *testing.T) {
 			if !strings.Contains(got, p.Blue.APIServer.URL) {
 				t.Errorf("advice %q does not reopen writes on blue %s", got, p.Blue.APIServer.URL)
 			}
-			for _, w := range tc.want {
-				if !strings.Contains(got, w) {
-					t.Errorf("advice %q lacks %q", got, w)
-				}
-			}
-			for _, n := range tc.not {
-				if strings.Contains(got, n) {
-					t.Errorf("advice %q has %q", got, n)
-				}
-			}
+			checkAdvice(t, got, tc.want, tc.not)
 		})
 	}
 }
