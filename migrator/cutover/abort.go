@@ -52,14 +52,20 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
 	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err))
 	rep := r.report(ResultAborted, err)
-	if abortErr != nil {
+	var refused *refusal
+	switch {
+	case errors.As(abortErr, &refused):
+		rep.Result = ResultFailed
+		rep.Error += "; no way back: " + refused.msg
+		rep.Next = refused.msg
+	case abortErr != nil:
 		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
 		rep.Next = "the abort did not complete: check 'kubefence fence status', then run 'kubefence cutover abort' again"
 		if r.main != nil {
 			rep.Next = afterFailedRollbackAbort
 		}
-	} else {
+	default:
 		rep.Next = nextAfterAbort + r.p.leftOnHosts()
 		if r.main != nil {
 			rep.Next = afterRollbackAbort
@@ -134,25 +140,54 @@ func (r *runner) pastSwitch(at proxiesAt) bool {
 	return len(at.on) > 0 && len(at.off) == 0
 }
 
-// openOnTarget refuses to go back when a proxy is open on r.to (a fence off by hand, or an
-// abort's unfence that reached it): writes reached r.to, and opening r.from too would let both
-// sides take writes.
-func (r *runner) openOnTarget(at proxiesAt) error {
+// refusal is a way back refused before anything was changed; its message says the way on.
+type refusal struct{ msg string }
+
+func (e *refusal) Error() string { return e.msg }
+
+// fenceOpenOnTarget handles proxies open on r.to when going back (a fence off by hand) before
+// anything else is changed: opening r.from as well would let both sides take writes. While
+// r.to's apiserver may not write (mode replicate, and a rollback: it is gated until the ungate
+// past the switch), nothing reached r.to through them: they are fenced again, and the way back
+// goes on with where the proxies stand then. Otherwise (after a copy, green's apiserver writes)
+// writes may have reached r.to: a refusal that says how to go forward by hand.
+func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (proxiesAt, error) {
 	if len(at.openOn) == 0 {
-		return nil
+		return at, nil
 	}
-	return fmt.Errorf("%s is open on %s (a fence off by hand?): writes reached %[2]s, and no abort goes back from there; reverse with a new cutover from %[2]s", named(at.openOn), r.to.name)
+	if r.main == nil && !r.p.Replicating() {
+		return at, &refusal{fmt.Sprintf("%s is open on %s (a fence off by hand?): writes may have reached %[2]s, and going back would lose them. Go forward by hand: %s, then %s",
+			named(at.openOn), r.to.name, r.switchRest(at.off), strings.TrimPrefix(finishByHandOn(r.p, r.to, false), "if it cannot run, "))}
+	}
+	for _, pr := range r.proxyClients() {
+		if !slices.Contains(at.openOn, pr.Name) {
+			continue
+		}
+		req := admin.FenceRequest{Fenced: true, Reason: "fenced again before going back to " + r.from.name, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)}
+		if _, err := pr.Client.Fence(ctx, req); err != nil {
+			return at, fmt.Errorf("%s is open on %s (a fence off by hand?) and fencing it again failed: %w; every other proxy stays as it is: run the abort again", named([]string{pr.Name}), r.to.name, err)
+		}
+	}
+	at = r.proxiesAt(ctx)
+	if len(at.openOn) > 0 {
+		return at, fmt.Errorf("%s is still open on %s after it was fenced again: run the abort again", named(at.openOn), r.to.name)
+	}
+	return at, nil
+}
+
+// proxyClients are the proxies one by one; the plan's one proxy is unnamed.
+func (r *runner) proxyClients() []admin.Target[proxyAdmin] {
+	if g, ok := r.adm.(*proxyGroup); ok {
+		return g.proxies
+	}
+	return []admin.Target[proxyAdmin]{{Client: r.adm}}
 }
 
 // proxiesAt asks every proxy where it is (proxiesAt, the type).
 func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
-	targets := []admin.Target[proxyAdmin]{{Client: r.adm}} // the plan's one proxy, unnamed
-	if g, ok := r.adm.(*proxyGroup); ok {
-		targets = g.proxies
-	}
 	ctx, cancel := context.WithTimeout(ctx, reportStatusTimeout) // a host gone must not hold the abort
 	defer cancel()
-	res, _ := admin.Each(ctx, targets, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	res, _ := admin.Each(ctx, r.proxyClients(), func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
 	var at proxiesAt
 	to := sameURL(r.to.api.URL)
 	for _, pr := range res {
@@ -259,13 +294,13 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		return r.abortRollback(ctx, reason)
 	}
 	if rec, ok := r.j.record(StepSwitch); ok {
-		return fmt.Errorf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); %s. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), finishByHand(r.p, r.j))
+		return &refusal{fmt.Sprintf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); %s. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), finishByHand(r.p, r.j))}
 	}
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete. Not
 	// when those that answer say the switch reached them.
-	at := r.proxiesAt(ctx)
-	if err := r.openOnTarget(at); err != nil {
+	at, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	if err != nil {
 		return err
 	}
 	if r.pastSwitch(at) {
@@ -335,9 +370,9 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 	}
 	switch {
 	case !r.j.aborting():
-		return fmt.Errorf("%s: run with --resume to finish instead", reached)
+		return &refusal{fmt.Sprintf("%s: run with --resume to finish instead", reached)}
 	case !r.p.Replicating():
-		return fmt.Errorf("%s; an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then on each proxy 'kubefence backend set %[2]s' if it is not on green, and 'kubefence fence off --expect-backend %[2]s'), or back by hand ('kubefence backend set %[3]s', then 'kubefence fence off --expect-backend %[3]s' on each proxy) and restart the clients that watch", reached, r.p.Green.APIServer.URL, r.from.api.URL)
+		return &refusal{fmt.Sprintf("%s; an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then on each proxy 'kubefence backend set %[2]s' if it is not on green, and 'kubefence fence off --expect-backend %[2]s'), or back by hand ('kubefence backend set %[3]s', then 'kubefence fence off --expect-backend %[3]s' on each proxy) and restart the clients that watch", reached, r.p.Green.APIServer.URL, r.from.api.URL)}
 	}
 	return nil
 }

@@ -362,14 +362,25 @@ func TestAbortPutsAStrayProxyBack(t *testing.T) {
 	}
 }
 
-// TestAbortRefusesWithAProxyOpenOnGreen: a switch cut short (a and b fenced on blue) with one
-// proxy open on green (a fence off by hand): writes reached green, so the abort refuses before
-// it changes anything; unfencing blue as well would let both sides take writes.
-func TestAbortRefusesWithAProxyOpenOnGreen(t *testing.T) {
-	for _, replicate := range []bool{true, false} {
-		t.Run(fmt.Sprintf("replicate %v", replicate), func(t *testing.T) {
-			w := newDecisionWorld(t, false, "", false)
-			if replicate {
+// TestOpenOnGreenHasAWayOut: a switch cut short (b and c fenced on blue) with proxy a open on
+// green (a fence off by hand). In mode replicate green's apiserver may not write yet, so
+// nothing reached green through a: the abort fences a again and goes back, every proxy open on
+// blue. After a copy writes may have reached green: the abort refuses before it changes
+// anything, and says how to go forward by hand (b and c to green, then the fences off there),
+// never to run the command that just refused. --resume ends the same way.
+func TestOpenOnGreenHasAWayOut(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		replicate, resume bool
+	}{
+		{"replicate, abort", true, false},
+		{"copy, abort", false, false},
+		{"replicate, resume", true, true},
+		{"copy, resume", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, tc.resume, "", false)
+			if tc.replicate {
 				w.r.p.Migration.Mode = ModeReplicate
 			}
 			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
@@ -379,18 +390,48 @@ func TestAbortRefusesWithAProxyOpenOnGreen(t *testing.T) {
 			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}, {Name: "c", Client: memProxy(stC, &callsC)}}}
 			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15,
 				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			if tc.resume { // every step before the switch done; the real switch step
+				w.r.j.Done, w.r.steps = nil, steps
+				for _, s := range Steps[:slices.Index(Steps, StepSwitch)] {
+					w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
+				}
+			}
 			if err := w.r.saveJournal(); err != nil {
 				t.Fatal(err)
 			}
-			_, err := w.r.abortByOperator(t.Context())
-			if err == nil || !strings.Contains(err.Error(), "proxy a is open on green") {
-				t.Fatalf("abort: %v; want it refused, naming proxy a", err)
+			var said string
+			if tc.resume {
+				rep, err := w.r.run(t.Context())
+				if rep == nil {
+					t.Fatalf("resume: %v", err)
+				}
+				said = rep.Next
+			} else if _, err := w.r.abortByOperator(t.Context()); err != nil {
+				said = err.Error()
 			}
-			if len(w.calls)+len(callsB)+len(callsC) > 0 || !stB.Fenced || !stC.Fenced || len(w.stopped) > 0 {
-				t.Errorf("calls a %q, b %q, c %q; b %+v, c %+v; green stopped %v: want nothing changed", w.calls, callsB, callsC, *stB, *stC, w.stopped)
+			if tc.replicate {
+				for name, st := range map[string]*admin.Status{"a": w.st, "b": stB, "c": stC} {
+					if st.Backend != blue || st.Fenced {
+						t.Errorf("proxy %s %+v (said %q); want every proxy open on blue", name, *st, said)
+					}
+				}
+				if !strings.HasPrefix(strings.Join(w.calls, ","), "fence on") {
+					t.Errorf("proxy a was asked %q; want it fenced again first", w.calls)
+				}
+				return
 			}
-			if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning || j.AbortReason != "" {
-				t.Errorf("journal %s, abort reason %q: want it running, no abort journaled", j.State, j.AbortReason)
+			for _, want := range []string{"proxy a is open on green", "backend set " + green, "fence off --expect-backend " + green} {
+				if !strings.Contains(said, want) {
+					t.Errorf("said %q; want %q", said, want)
+				}
+			}
+			for _, not := range []string{"cutover abort' again", "new cutover from"} {
+				if strings.Contains(said, not) {
+					t.Errorf("said %q; it has %q", said, not)
+				}
+			}
+			if len(callsB)+len(callsC) > 0 || !stB.Fenced || !stC.Fenced || len(w.stopped) > 0 {
+				t.Errorf("calls b %q, c %q; green stopped %v: want nothing changed", callsB, callsC, w.stopped)
 			}
 		})
 	}

@@ -158,12 +158,15 @@ func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, erro
 // abortRollback unfences green (the proxy still sends everything there) and leaves the bake
 // to be resumed; a rollback that switched to blue is finished with --resume instead.
 func (r *runner) abortRollback(ctx context.Context, reason string) error {
-	at := r.proxiesAt(ctx)
-	if err := r.openOnTarget(at); err != nil {
+	if _, ok := r.j.record(StepSwitch); ok {
+		return &refusal{fmt.Sprintf("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'; %s", finishRollbackByHand(r.p, r.j))}
+	}
+	at, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	if err != nil {
 		return err
 	}
-	if _, ok := r.j.record(StepSwitch); ok || r.pastSwitch(at) {
-		return fmt.Errorf("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'; %s", finishRollbackByHand(r.p, r.j))
+	if r.pastSwitch(at) {
+		return &refusal{fmt.Sprintf("the rollback's switch reached %s (on blue) before it was journaled: finish it with 'kubefence cutover rollback --resume'; %s", named(at.on), finishRollbackByHand(r.p, r.j))}
 	}
 	// Unfenced before replication stops, which waits for its txns in flight: writes must not
 	// stay fenced past the budget for that.
