@@ -7,6 +7,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/kubefence/kubefence/internal/version.Version=$(VERSION)
 # Fuzz time for the policy classifier in `make test`.
 FUZZTIME ?= 10s
+# Where hack/e2e-deps.sh puts the binaries it gets, found the way it finds it.
+DEPS_BIN := $(or $(KUBEFENCE_BIN_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kubefence/bin)
 
 .PHONY: all build static e2e-deps bench-deps test unit e2e fuzz vet fmt-check alerts-check demo bench-proxy bench-cutover bench-migrate clean
 
@@ -22,7 +24,8 @@ static:
 	@if ldd $(BIN_DIR)/kubefence-static >/dev/null 2>&1; then echo "$(BIN_DIR)/kubefence-static is dynamically linked"; exit 1; fi
 	@$(BIN_DIR)/kubefence-static version
 
-# Installs etcd 3.4 (Debian), builds etcd 3.5/3.6 and kube-apiserver/kubectl 1.36 into the cache.
+# Installs etcd 3.4 (Debian), builds etcd 3.5/3.6 and kube-apiserver/kubectl 1.36 into the cache,
+# and puts promtool there (out of Debian's prometheus package, not installed).
 e2e-deps:
 	bash hack/e2e-deps.sh
 
@@ -42,9 +45,11 @@ fmt-check:
 
 # The alerting rules shipped in deploy/prometheus/: promtool checks them and runs their tests
 # (the unit test TestAlertRulesNameRealMetrics checks they read metrics the proxy exports).
-alerts-check: e2e-deps
-	promtool check rules deploy/prometheus/kubefence-alerts.yaml
-	promtool test rules deploy/prometheus/kubefence-alerts.test.yaml
+# It gets only promtool (hack/e2e-deps.sh --promtool), not the e2e binaries.
+alerts-check:
+	bash hack/e2e-deps.sh --promtool
+	"$(DEPS_BIN)/promtool" check rules deploy/prometheus/kubefence-alerts.yaml
+	"$(DEPS_BIN)/promtool" test rules deploy/prometheus/kubefence-alerts.test.yaml
 
 # Depends on e2e-deps: some unit tests run the Debian etcd 3.4 it installs (and fail without it
 # under CI), so that it is there under make -j too; `make test` still runs e2e-deps first.

@@ -3,8 +3,9 @@
 #   etcd 3.4.23 (Debian etcd-server/etcd-client: v2 API and `etcdctl migrate`),
 #   etcd/etcdctl/etcdutl 3.5.x and 3.6.x and kube-apiserver/kubectl/kube-controller-manager/
 #   kube-scheduler 1.36.x, built from the Go module proxy by the tools modules under e2e/tools/,
-#   promtool (Debian prometheus: checks and tests the alerting rules in deploy/prometheus/),
-#   and (with --bench) HAProxy.
+#   promtool (taken out of Debian's prometheus package, not installed: checks and tests the
+#   alerting rules in deploy/prometheus/), and (with --bench) HAProxy.
+# With --promtool it gets promtool only (make alerts-check).
 # Binaries land in $KUBEFENCE_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin) as
 # <component>-<version>; an existing binary is reused, so a second run only checks.
 # It prints one line per component saying what it did.
@@ -13,8 +14,17 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${KUBEFENCE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubefence/bin}
 mkdir -p "$bin"
-bench=0
-[ "${1:-}" = "--bench" ] && bench=1
+bench=0 only_promtool=0
+for arg in "$@"; do
+  case $arg in
+  --bench) bench=1 ;;
+  --promtool) only_promtool=1 ;;
+  *)
+    printf 'e2e-deps: unknown argument %s (--bench, --promtool)\n' "$arg" >&2
+    exit 2
+    ;;
+  esac
+done
 
 say() { printf 'e2e-deps: %s\n' "$*"; }
 
@@ -51,6 +61,59 @@ apt_install() {
 
 # link_or_copy SRC DST puts SRC in the cache under its versioned name.
 link_or_copy() { ln -sf "$1" "$2"; }
+
+# promtool, for `make alerts-check`, out of Debian's prometheus package: downloaded and unpacked,
+# not installed. Installed, the package is a whole Prometheus server, and under systemd its
+# prometheus.service stays enabled: an unauthenticated :9090 from the next boot. It lands as
+# promtool-<version> with a promtool link to it; a promtool already there is reused.
+get_promtool() {
+  if [ -x "$bin/promtool" ]; then
+    say "cached: $(basename "$(readlink -f "$bin/promtool")")"
+    return
+  fi
+  if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    say "need promtool (Prometheus 2.x) as $bin/promtool, and no apt-get/dpkg-deb to take it from Debian's prometheus package" >&2
+    exit 1
+  fi
+  local tmp ver
+  tmp=$(mktemp -d "$bin/.promtool-XXXXXX")
+  # shellcheck disable=SC2064 # $tmp is expanded now, on purpose
+  trap "rm -rf '$tmp'" EXIT # set -e: also when a step fails
+  chmod 755 "$tmp"          # apt-get downloads as _apt where _apt can reach (else as root)
+  if ! (cd "$tmp" && apt-get download prometheus) >"$tmp/apt.log" 2>&1; then
+    if [ "$(id -u)" != 0 ]; then
+      cat "$tmp/apt.log" >&2
+      say "cannot download Debian's prometheus package (for promtool) and not root to run apt-get update: run 'sudo apt-get update' and try again" >&2
+      exit 1
+    fi
+    if [ "$apt_updated" = 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+      apt_updated=1
+    fi
+    if ! (cd "$tmp" && apt-get download prometheus) >"$tmp/apt.log" 2>&1; then
+      cat "$tmp/apt.log" >&2
+      say "cannot download Debian's prometheus package (for promtool)" >&2
+      exit 1
+    fi
+  fi
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
+  ver=$("$tmp/root/usr/bin/promtool" --version 2>&1 | awk 'NR==1 {print $3}')
+  if [ -z "$ver" ]; then
+    say "the promtool in Debian's prometheus package does not say its version" >&2
+    exit 1
+  fi
+  mv "$tmp/root/usr/bin/promtool" "$bin/promtool-$ver"
+  ln -s "promtool-$ver" "$tmp/promtool"
+  mv -fT "$tmp/promtool" "$bin/promtool" # a rename: a concurrent run never sees no promtool
+  rm -rf "$tmp"
+  trap - EXIT
+  say "promtool $ver (from Debian's prometheus package, not installed) -> $bin/promtool-$ver"
+}
+
+if [ "$only_promtool" = 1 ]; then
+  get_promtool
+  exit 0
+fi
 
 # etcd 3.4 from Debian.
 if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
@@ -120,13 +183,7 @@ build_tools e2e/tools/kube "$kv" "$kldflags" \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
 
-# promtool, from Debian's prometheus package (no service starts: apt_install), for
-# `make alerts-check`.
-if ! command -v promtool >/dev/null; then
-  apt_install prometheus
-  say "installed Debian prometheus (promtool)"
-fi
-say "promtool $(promtool --version 2>&1 | awk 'NR==1 {print $3}')"
+get_promtool
 
 if [ "$bench" = 1 ]; then
   if ! command -v haproxy >/dev/null; then
