@@ -139,6 +139,9 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
 		return fmt.Errorf("replicate: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
 			rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+	case invalidRequest(err):
+		return fmt.Errorf("%w: green refuses blue's revision %d (%d operations) as an invalid request, and it would refuse it again: %v. %s",
+			ErrRefused, rev, len(evs), err, tooBig(rev))
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
 	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty),
@@ -146,6 +149,17 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
 	}
 	return nil
+}
+
+// invalidRequest says whether err is green refusing a request as invalid (gRPC's
+// InvalidArgument, as the server sent it or as etcd's client turned it into an error of its
+// own): a duplicate key in one txn, say. Such a refusal does not depend on green's state.
+func invalidRequest(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.InvalidArgument
+	}
+	return status.Code(err) == codes.InvalidArgument
 }
 
 // tooBig is the way out of a blue revision rev that green cannot take as one txn.

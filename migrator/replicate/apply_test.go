@@ -2,12 +2,19 @@ package replicate
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -120,4 +127,27 @@ func (w *droppingWatcher) reopenedAfter(t *testing.T) time.Duration {
 		t.Fatalf("blue not watched again after the watch that delivered ended: %v", err)
 	}
 	return gap
+}
+
+// TestDefiniteRefusals: green refusing a txn as an invalid request (a key twice in one txn,
+// or any other InvalidArgument) stops Run at once, wrapping ErrRefused, where sending it again
+// would fail the same way; an error whose outcome is unknown is not definite.
+func TestDefiniteRefusals(t *testing.T) {
+	evs := []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("/k"), ModRevision: 7}}}
+	for _, err := range []error{
+		rpctypes.ErrDuplicateKey,
+		rpctypes.ErrGRPCDuplicateKey,
+		fmt.Errorf("sending: %w", rpctypes.ErrEmptyKey),
+		status.Error(codes.InvalidArgument, "etcdserver: something new"),
+	} {
+		got := definite(err, 7, evs)
+		if !errors.Is(got, ErrRefused) || !strings.Contains(got.Error(), "revision 7") || !strings.Contains(got.Error(), "invalid request") {
+			t.Errorf("definite(%v) = %v, want ErrRefused naming revision 7 and an invalid request", err, got)
+		}
+	}
+	for _, err := range []error{context.DeadlineExceeded, rpctypes.ErrTimeout, status.Error(codes.Unavailable, "down")} {
+		if got := definite(err, 7, evs); got != nil {
+			t.Errorf("definite(%v) = %v, want nil (the outcome is unknown)", err, got)
+		}
+	}
 }
