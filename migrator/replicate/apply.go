@@ -117,7 +117,34 @@ func (r *Replicator) ops(ctx context.Context, rev int64, evs []*clientv3.Event) 
 			return nil, fmt.Errorf("replicate: revision %d: unknown event type %v for key %q", rev, ev.Type, ev.Kv.Key)
 		}
 	}
-	return ops, nil
+	return siblings(evs, ops), nil
+}
+
+// siblings makes ops, one per event of evs (one revision), the operations of one txn. etcd
+// refuses a txn that names a key twice at one level ("duplicate key given in txn request"),
+// but blue takes a put of a key and a later delete of it in one txn when they are in sibling
+// sub-txns (etcd's checkIntervals: a sub-txn's puts may not meet a delete of an earlier
+// sibling or of its parent's level, while its deletes may meet earlier siblings' puts; a key
+// put twice, or put after a delete, it refuses at any depth, so no revision holds either).
+// So when a key comes again, the ops are cut there into sibling sub-txns, in order, which etcd
+// applies as one revision with the same changes in the same order. A revision that names each
+// key once, any other, stays flat: a revision's ops are never split to pass --max-txn-ops.
+func siblings(evs []*clientv3.Event, ops []clientv3.Op) []clientv3.Op {
+	var txns []clientv3.Op
+	seen := make(map[string]bool, len(evs))
+	begin := 0
+	for i, ev := range evs {
+		if seen[string(ev.Kv.Key)] {
+			txns = append(txns, clientv3.OpTxn(nil, ops[begin:i:i], nil))
+			clear(seen)
+			begin = i
+		}
+		seen[string(ev.Kv.Key)] = true
+	}
+	if txns == nil {
+		return ops
+	}
+	return append(txns, clientv3.OpTxn(nil, ops[begin:], nil))
 }
 
 // compareRevision says how green's revision rev differs from blue's events of it ("" if not).

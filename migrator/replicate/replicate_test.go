@@ -1139,3 +1139,51 @@ func TestStartBounded(t *testing.T) {
 		t.Fatalf("Run = %v, want an error about green", err)
 	}
 }
+
+// TestPutThenDeleteInOneRevision: a blue revision that puts a key and then deletes it (sibling
+// sub-txns, the only way etcd takes both in one txn), for a new key and for one that existed,
+// reaches green as one revision with the same changes in the same order, and replication goes
+// on past it.
+func TestPutThenDeleteInOneRevision(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/old", "0")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	run := start(t, blue, green, s, nil)
+	txns := [][]clientv3.Op{
+		{clientv3.OpPut("/new", "v")},                            // a new key put, then deleted
+		{clientv3.OpPut("/old", "1"), clientv3.OpPut("/a", "a")}, // an existing key updated, then deleted
+	}
+	for _, first := range txns {
+		key := first[0].KeyBytes()
+		_, err := blue.cli.Txn(ctx).Then(
+			clientv3.OpTxn(nil, first, nil),
+			clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpDelete(string(key)), clientv3.OpPut("/b", string(key))}, nil),
+		).Commit()
+		if err != nil {
+			t.Fatalf("blue refused a put and a delete of %q in one txn: %v", key, err)
+		}
+	}
+	put(t, blue, "/last", "1")
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	for rev := s + 1; rev <= last; rev++ {
+		b, err := eventsAt(ctx, blue.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := eventsAt(ctx, green.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := diffEvents(b, g); diff != "" {
+			t.Fatalf("revision %d: %s", rev, diff)
+		}
+	}
+	select {
+	case err := <-run.done:
+		run.done <- err
+		t.Fatalf("Run stopped: %v", err)
+	default:
+	}
+}
