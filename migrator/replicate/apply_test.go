@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -148,6 +149,36 @@ func TestDefiniteRefusals(t *testing.T) {
 	for _, err := range []error{context.DeadlineExceeded, rpctypes.ErrTimeout, status.Error(codes.Unavailable, "down")} {
 		if got := definite(err, 7, evs); got != nil {
 			t.Errorf("definite(%v) = %v, want nil (the outcome is unknown)", err, got)
+		}
+	}
+}
+
+// TestAppliedGuardAfterPutThenDelete: the guard "revision N is applied" that a txn sent behind
+// revision N carries names a key whose state after N tells that N is applied: not a key N puts
+// and then deletes (its mod revision is never N), but a key it puts and keeps, or failing that
+// one it deletes that existed before N.
+func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
+	ev := func(typ mvccpb.Event_EventType, key string, version int64) *clientv3.Event {
+		return &clientv3.Event{Type: typ, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: 9, Version: version}}
+	}
+	put, del := mvccpb.PUT, mvccpb.DELETE
+	cases := []struct {
+		evs    []*clientv3.Event
+		key    string
+		target pb.Compare_CompareTarget
+	}{
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(put, "/a", 2)}, "/a", pb.Compare_MOD},
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(del, "/gone", 0)}, "/gone", pb.Compare_VERSION},
+		{[]*clientv3.Event{ev(put, "/old", 3), ev(del, "/old", 0)}, "/old", pb.Compare_VERSION},
+		// every key created and deleted: none tells; a guard that never holds (mod revision 9
+		// of a key gone after 9) makes the txn behind wait until N is applied
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0)}, "/new", pb.Compare_MOD},
+		{[]*clientv3.Event{ev(put, "/a", 1), ev(put, "/b", 1)}, "/a", pb.Compare_MOD},
+	}
+	for i, tc := range cases {
+		g := appliedGuard(tc.evs, 9)
+		if string(g.Key) != tc.key || g.Target != tc.target {
+			t.Errorf("case %d: guard on %s of %q, want %s of %q", i, g.Target, g.Key, tc.target, tc.key)
 		}
 	}
 }

@@ -17,8 +17,8 @@ import (
 // be proposed in any order, so each txn carries guards that make it apply only on top of its
 // predecessor and only once:
 //
-//   - "revision N-1 is applied": a key N-1 put has mod revision N-1 (or a key it deleted is
-//     gone);
+//   - "revision N-1 is applied": a key N-1 put (and kept) has mod revision N-1 (or a key it
+//     deleted is gone; appliedGuard);
 //   - "revision N is not applied": the first key N puts has a mod revision below N (or the first
 //     key it deletes still exists).
 //
@@ -199,14 +199,32 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	}()
 }
 
-// appliedGuard holds once revision rev (whose events are evs) is applied on green.
+// appliedGuard holds once revision rev (whose events are evs) is applied on green: a key rev
+// puts and keeps has mod revision rev; failing that, a key it deleted that existed before it
+// is gone. A revision that only creates keys and deletes them again (a put and a later delete
+// in one txn) leaves no key that tells: the guard is then one that never holds (the mod
+// revision rev of a key gone after rev), and a txn sent behind it is sent again once it is
+// applied.
 func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
+	last := make(map[string]mvccpb.Event_EventType, len(evs))
+	created := make(map[string]bool)
 	for _, ev := range evs {
-		if ev.Type == mvccpb.PUT {
+		last[string(ev.Kv.Key)] = ev.Type
+		if ev.Type == mvccpb.PUT && ev.Kv.Version == 1 {
+			created[string(ev.Kv.Key)] = true
+		}
+	}
+	for _, ev := range evs {
+		if ev.Type == mvccpb.PUT && last[string(ev.Kv.Key)] == mvccpb.PUT {
 			return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "=", rev)
 		}
 	}
-	return clientv3.Compare(clientv3.Version(string(evs[0].Kv.Key)), "=", 0) // only deletes
+	for _, ev := range evs {
+		if ev.Type == mvccpb.DELETE && !created[string(ev.Kv.Key)] {
+			return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), "=", 0)
+		}
+	}
+	return clientv3.Compare(clientv3.ModRevision(string(evs[0].Kv.Key)), "=", rev)
 }
 
 // notAppliedGuard holds while revision rev (whose events are evs) is not applied on green: its
