@@ -1187,3 +1187,72 @@ func TestPutThenDeleteInOneRevision(t *testing.T) {
 	default:
 	}
 }
+
+// authedBlue enables auth on blue with a root user, and a user "reader" that may only read
+// prefix; it returns clients of root, of reader, and of nobody (no credentials).
+func authedBlue(t *testing.T, blue *member, prefix string) (root, reader, nobody *clientv3.Client) {
+	t.Helper()
+	ctx := t.Context()
+	steps := []func() error{
+		func() error { _, err := blue.cli.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := blue.cli.UserAdd(ctx, "root", "pw"); return err },
+		func() error { _, err := blue.cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := blue.cli.RoleAdd(ctx, "prefix-reader"); return err },
+		func() error {
+			_, err := blue.cli.RoleGrantPermission(ctx, "prefix-reader", prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := blue.cli.UserAdd(ctx, "reader", "pw"); return err },
+		func() error { _, err := blue.cli.UserGrantRole(ctx, "reader", "prefix-reader"); return err },
+		func() error { _, err := blue.cli.AuthEnable(ctx); return err },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := func(user string) *clientv3.Client {
+		t.Helper()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), Username: user, Password: "pw", DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	return client("root"), client("reader"), client("")
+}
+
+// TestSourceRefusesWatch: blue refusing the watch (the source user may read only part of the
+// keys, or has no credentials on a blue with auth) stops Run and the Checker at once with
+// ErrRefused, naming the refusal; watching again cannot change it.
+func TestSourceRefusesWatch(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/registry/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	root, reader, nobody := authedBlue(t, blue, "/registry/")
+	for _, tc := range []struct {
+		name string
+		cli  *clientv3.Client
+		want string
+	}{{"a reader of /registry/ only", reader, "permission denied"}, {"no credentials", nobody, "user name is empty"}} {
+		run := start(t, blue, green, s, func(c *Config) { c.Source = tc.cli })
+		if _, err := root.Put(t.Context(), "/registry/a", "1"); err != nil {
+			t.Fatal(err)
+		}
+		err := run.wait(t, 10*time.Second)
+		t.Log(err)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run = %v, want ErrRefused saying %q", tc.name, err, tc.want)
+		}
+		c := StartCheck(tc.cli, green.cli, s, testLog(t))
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		err = c.WaitFor(ctx, s+1)
+		cancel()
+		c.Stop()
+		t.Log(err)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: the check = %v, want ErrRefused saying %q", tc.name, err, tc.want)
+		}
+	}
+}
