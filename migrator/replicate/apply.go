@@ -164,8 +164,8 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), more than green's --max-txn-ops allows. %s If green's --max-txn-ops is below 100000 (what the cutover runs it with; a lease expiry alone deletes up to 1,000 event keys in one revision), raising it is the other way: %v",
 			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
-		return fmt.Errorf("replicate: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
-			rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+		return fmt.Errorf("%w: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
+			ErrRefused, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case invalidRequest(err):
 		return fmt.Errorf("%w: green refuses blue's revision %d (%d operations) as an invalid request, and it would refuse it again: %v. %s",
 			ErrRefused, rev, len(evs), err, tooBig(rev))

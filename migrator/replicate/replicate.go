@@ -34,8 +34,8 @@ var (
 	// ErrTooManyOps: one blue revision holds more operations than green's --max-txn-ops.
 	ErrTooManyOps = errors.New("a blue revision holds more operations than green's --max-txn-ops")
 	// ErrRefused: an etcd refuses what replication asks of it in a way that asking again
-	// cannot change: green refuses a revision's txn as an invalid request, or blue refuses the
-	// watch (the source user may not read every key).
+	// cannot change: green refuses a revision's txn as an invalid request or as too large for
+	// one request, or blue refuses the watch (the source user may not read every key).
 	ErrRefused = errors.New("an etcd refuses replication's requests")
 )
 
