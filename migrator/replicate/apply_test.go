@@ -180,5 +180,12 @@ func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
 		if string(g.Key) != tc.key || g.Target != tc.target {
 			t.Errorf("case %d: guard on %s of %q, want %s of %q", i, g.Target, g.Key, tc.target, tc.key)
 		}
+		// "not applied" looks at the same key: one created and deleted again in the revision is
+		// gone whether or not it was applied, and would let a late copy apply it twice.
+		for _, c := range notAppliedGuard(tc.evs, 9) {
+			if string(c.Key) != tc.key {
+				t.Errorf("case %d: not-applied guard on %q, want %q", i, c.Key, tc.key)
+			}
+		}
 	}
 }
