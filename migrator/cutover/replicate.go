@@ -272,11 +272,18 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 }
 
 // pickupAdvice is what to do when replication could not be picked up again, or stopped, with
-// err. Only a revision mismatch or a compaction means the side that followed no longer does
-// (noPickup); another error (an etcd that did not answer in time) may pass, and where the
-// advice would give up the way back (a bake, a rollback), trying again comes first.
+// err. A revision mismatch or a compaction means the side that followed no longer does, and a
+// revision the follower cannot take as one txn or an etcd refusing replication's requests
+// means picking it up again fails the same way (noPickup); another error (an etcd that did
+// not answer in time) may pass, and where the advice would give up the way back (a bake, a
+// rollback), trying again comes first.
 func (r *runner) pickupAdvice(err error) string {
-	if r.retryPickup == "" || errors.Is(err, replicate.ErrRevisionMismatch) || errors.Is(err, replicate.ErrCompacted) {
+	for _, lasting := range []error{replicate.ErrRevisionMismatch, replicate.ErrCompacted, replicate.ErrTooManyOps, replicate.ErrRefused} {
+		if errors.Is(err, lasting) {
+			return r.noPickup
+		}
+	}
+	if r.retryPickup == "" {
 		return r.noPickup
 	}
 	return r.retryPickup

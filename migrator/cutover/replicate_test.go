@@ -376,9 +376,10 @@ func TestAbortUnfencesBeforeReplicationStops(t *testing.T) {
 	}
 }
 
-// TestPickupAdvice: only a revision mismatch or a compaction is taken to mean blue no longer
-// follows green; an etcd that did not answer in time does not make a bake or a rollback give
-// up the way back.
+// TestPickupAdvice: a revision mismatch or a compaction means blue no longer follows green, and
+// a revision green cannot take or an etcd refusing replication means picking it up again fails
+// the same way; an etcd that did not answer in time does not make a bake or a rollback give up
+// the way back.
 func TestPickupAdvice(t *testing.T) {
 	r := &runner{noPickup: "finish", retryPickup: "try again"}
 	cases := []struct {
@@ -387,6 +388,10 @@ func TestPickupAdvice(t *testing.T) {
 	}{
 		{fmt.Errorf("at revision 9: %w", replicate.ErrRevisionMismatch), "finish"},
 		{fmt.Errorf("blue's revision 9: %w", replicate.ErrCompacted), "finish"},
+		// a revision green cannot take, or a refusal, fails the same way when picked up again
+		{fmt.Errorf("%w: blue's revision 9 holds 200 operations", replicate.ErrTooManyOps), "finish"},
+		{fmt.Errorf("%w: green refuses blue's revision 9 as an invalid request", replicate.ErrRefused), "finish"},
+		{fmt.Errorf("%w: blue refuses the replicator's watch: permission denied", replicate.ErrRefused), "finish"},
 		{fmt.Errorf("replicate: reading blue's revision: %w", context.DeadlineExceeded), "try again"},
 	}
 	for _, tc := range cases {

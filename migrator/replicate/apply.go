@@ -117,7 +117,34 @@ func (r *Replicator) ops(ctx context.Context, rev int64, evs []*clientv3.Event) 
 			return nil, fmt.Errorf("replicate: revision %d: unknown event type %v for key %q", rev, ev.Type, ev.Kv.Key)
 		}
 	}
-	return ops, nil
+	return siblings(evs, ops), nil
+}
+
+// siblings makes ops, one per event of evs (one revision), the operations of one txn. etcd
+// refuses a txn that names a key twice at one level ("duplicate key given in txn request"),
+// but blue takes a put of a key and a later delete of it in one txn when they are in sibling
+// sub-txns (etcd's checkIntervals: a sub-txn's puts may not meet a delete of an earlier
+// sibling or of its parent's level, while its deletes may meet earlier siblings' puts; a key
+// put twice, or put after a delete, it refuses at any depth, so no revision holds either).
+// So when a key comes again, the ops are cut there into sibling sub-txns, in order, which etcd
+// applies as one revision with the same changes in the same order. A revision that names each
+// key once, any other, stays flat: a revision's ops are never split to pass --max-txn-ops.
+func siblings(evs []*clientv3.Event, ops []clientv3.Op) []clientv3.Op {
+	var txns []clientv3.Op
+	seen := make(map[string]bool, len(evs))
+	begin := 0
+	for i, ev := range evs {
+		if seen[string(ev.Kv.Key)] {
+			txns = append(txns, clientv3.OpTxn(nil, ops[begin:i:i], nil))
+			clear(seen)
+			begin = i
+		}
+		seen[string(ev.Kv.Key)] = true
+	}
+	if txns == nil {
+		return ops
+	}
+	return append(txns, clientv3.OpTxn(nil, ops[begin:], nil))
 }
 
 // compareRevision says how green's revision rev differs from blue's events of it ("" if not).
@@ -137,8 +164,11 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), more than green's --max-txn-ops allows. %s If green's --max-txn-ops is below 100000 (what the cutover runs it with; a lease expiry alone deletes up to 1,000 event keys in one revision), raising it is the other way: %v",
 			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
-		return fmt.Errorf("replicate: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
-			rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+		return fmt.Errorf("%w: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
+			ErrRefused, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+	case invalidRequest(err):
+		return fmt.Errorf("%w: green refuses blue's revision %d (%d operations) as an invalid request, and it would refuse it again: %v. %s",
+			ErrRefused, rev, len(evs), err, tooBig(rev))
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
 	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty),
@@ -146,6 +176,17 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
 	}
 	return nil
+}
+
+// invalidRequest says whether err is green refusing a request as invalid (gRPC's
+// InvalidArgument, as the server sent it or as etcd's client turned it into an error of its
+// own): a duplicate key in one txn, say. Such a refusal does not depend on green's state.
+func invalidRequest(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.InvalidArgument
+	}
+	return status.Code(err) == codes.InvalidArgument
 }
 
 // tooBig is the way out of a blue revision rev that green cannot take as one txn.

@@ -2,12 +2,20 @@ package replicate
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -120,4 +128,64 @@ func (w *droppingWatcher) reopenedAfter(t *testing.T) time.Duration {
 		t.Fatalf("blue not watched again after the watch that delivered ended: %v", err)
 	}
 	return gap
+}
+
+// TestDefiniteRefusals: green refusing a txn as an invalid request (a key twice in one txn,
+// or any other InvalidArgument) stops Run at once, wrapping ErrRefused, where sending it again
+// would fail the same way; an error whose outcome is unknown is not definite.
+func TestDefiniteRefusals(t *testing.T) {
+	evs := []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("/k"), ModRevision: 7}}}
+	for _, err := range []error{
+		rpctypes.ErrDuplicateKey,
+		rpctypes.ErrGRPCDuplicateKey,
+		fmt.Errorf("sending: %w", rpctypes.ErrEmptyKey),
+		status.Error(codes.InvalidArgument, "etcdserver: something new"),
+	} {
+		got := definite(err, 7, evs)
+		if !errors.Is(got, ErrRefused) || !strings.Contains(got.Error(), "revision 7") || !strings.Contains(got.Error(), "invalid request") {
+			t.Errorf("definite(%v) = %v, want ErrRefused naming revision 7 and an invalid request", err, got)
+		}
+	}
+	for _, err := range []error{context.DeadlineExceeded, rpctypes.ErrTimeout, status.Error(codes.Unavailable, "down")} {
+		if got := definite(err, 7, evs); got != nil {
+			t.Errorf("definite(%v) = %v, want nil (the outcome is unknown)", err, got)
+		}
+	}
+}
+
+// TestAppliedGuardAfterPutThenDelete: the guard "revision N is applied" that a txn sent behind
+// revision N carries names a key whose state after N tells that N is applied: not a key N puts
+// and then deletes (its mod revision is never N), but a key it puts and keeps, or failing that
+// one it deletes that existed before N.
+func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
+	ev := func(typ mvccpb.Event_EventType, key string, version int64) *clientv3.Event {
+		return &clientv3.Event{Type: typ, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: 9, Version: version}}
+	}
+	put, del := mvccpb.PUT, mvccpb.DELETE
+	cases := []struct {
+		evs    []*clientv3.Event
+		key    string
+		target pb.Compare_CompareTarget
+	}{
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(put, "/a", 2)}, "/a", pb.Compare_MOD},
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(del, "/gone", 0)}, "/gone", pb.Compare_VERSION},
+		{[]*clientv3.Event{ev(put, "/old", 3), ev(del, "/old", 0)}, "/old", pb.Compare_VERSION},
+		// every key created and deleted: none tells; a guard that never holds (mod revision 9
+		// of a key gone after 9) makes the txn behind wait until N is applied
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0)}, "/new", pb.Compare_MOD},
+		{[]*clientv3.Event{ev(put, "/a", 1), ev(put, "/b", 1)}, "/a", pb.Compare_MOD},
+	}
+	for i, tc := range cases {
+		g := appliedGuard(tc.evs, 9)
+		if string(g.Key) != tc.key || g.Target != tc.target {
+			t.Errorf("case %d: guard on %s of %q, want %s of %q", i, g.Target, g.Key, tc.target, tc.key)
+		}
+		// "not applied" looks at the same key: one created and deleted again in the revision is
+		// gone whether or not it was applied, and would let a late copy apply it twice.
+		for _, c := range notAppliedGuard(tc.evs, 9) {
+			if string(c.Key) != tc.key {
+				t.Errorf("case %d: not-applied guard on %q, want %q", i, c.Key, tc.key)
+			}
+		}
+	}
 }

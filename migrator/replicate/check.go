@@ -267,6 +267,8 @@ func (p *checkSide) take(ctx context.Context, resp clientv3.WatchResponse, ok bo
 		return fmt.Errorf("%w: %s's watch channel closed", errRewatch, p.side)
 	case resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted):
 		return fmt.Errorf("%w: %s is compacted at revision %d, and the check needs its revisions from %d on: its changes since the full verify can no longer be compared", ErrCompacted, p.side, resp.CompactRevision, p.next)
+	case refused(resp.Err()):
+		return fmt.Errorf("%w: %s refuses the check's watch of every key from revision %d: %w. %s", ErrRefused, p.side, p.next, resp.Err(), readAll)
 	case resp.Err() != nil:
 		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
 	}

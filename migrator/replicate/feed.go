@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -164,6 +165,9 @@ func (f *feed) take(from int64, resp clientv3.WatchResponse) (full bool, err err
 	if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
 		return false, fmt.Errorf("%w: blue is compacted at revision %d, and replication needs its revisions from %d on (green is at %d): take a new snapshot of blue and restore green from it", ErrCompacted, resp.CompactRevision, from, f.r.appliedRev())
 	}
+	if err := resp.Err(); refused(err) {
+		return false, fmt.Errorf("%w: blue refuses the replicator's watch of every key from revision %d (green is at %d): %w. %s", ErrRefused, from, f.r.appliedRev(), err, readAll)
+	}
 	if err := resp.Err(); err != nil {
 		return false, fmt.Errorf("%w: %w", errRewatch, err)
 	}
@@ -181,6 +185,28 @@ func (f *feed) take(from int64, resp clientv3.WatchResponse) (full bool, err err
 		signal(f.wake)
 	}
 	return f.bytes > f.max, nil
+}
+
+// readAll is what a refused watch needs.
+const readAll = "Watching again cannot change that: the user it connects as must be able to read every key (etcd's root role, or a role that may read the whole key space)"
+
+// refused says whether err is an etcd refusing a watch for its user (one that may not read
+// every key, or none at all on an etcd with auth on): watching again is refused the same way.
+// etcd sends the reason of a cancelled watch as text (a gRPC status written out), which its
+// client hands on as a plain error, so the reason is matched by etcd's description of it. An
+// auth token that is no longer valid (expired, or issued before blue's users or roles changed)
+// is not such a refusal: the client gets a new one on its next request to blue (the revision
+// read for the lag, every ProgressInterval).
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, e := range []error{rpctypes.ErrGRPCPermissionDenied, rpctypes.ErrGRPCUserEmpty} {
+		if strings.Contains(err.Error(), rpctypes.ErrorDesc(e)) {
+			return true
+		}
+	}
+	return false
 }
 
 // pause waits, blue's watch cancelled, until green has applied the backlog down to half the

@@ -17,10 +17,10 @@ import (
 // be proposed in any order, so each txn carries guards that make it apply only on top of its
 // predecessor and only once:
 //
-//   - "revision N-1 is applied": a key N-1 put has mod revision N-1 (or a key it deleted is
-//     gone);
-//   - "revision N is not applied": the first key N puts has a mod revision below N (or the first
-//     key it deletes still exists).
+//   - "revision N-1 is applied": a key N-1 put (and kept) has mod revision N-1 (or a key it
+//     deleted is gone; appliedGuard);
+//   - "revision N is not applied": that key of N (telling) has a mod revision below N (or, one
+//     it deletes, still exists).
 //
 // A txn whose guards fail changes nothing (no revision), but it still cost green a raft entry
 // (on every member, the values included). How often a burst is proposed out of order depends on
@@ -199,25 +199,59 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	}()
 }
 
-// appliedGuard holds once revision rev (whose events are evs) is applied on green.
-func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
+// telling is the first event of evs (one revision) whose key shows on green whether the
+// revision is applied: a key it puts and keeps, failing that a key it deletes that existed
+// before it; nil when it only creates keys and deletes them again (a put and a later delete in
+// one txn), which leaves no key that tells.
+func telling(evs []*clientv3.Event) *clientv3.Event {
+	last := make(map[string]mvccpb.Event_EventType, len(evs))
+	created := make(map[string]bool)
 	for _, ev := range evs {
-		if ev.Type == mvccpb.PUT {
-			return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "=", rev)
+		last[string(ev.Kv.Key)] = ev.Type
+		if ev.Type == mvccpb.PUT && ev.Kv.Version == 1 {
+			created[string(ev.Kv.Key)] = true
 		}
 	}
-	return clientv3.Compare(clientv3.Version(string(evs[0].Kv.Key)), "=", 0) // only deletes
+	for _, ev := range evs {
+		if ev.Type == mvccpb.PUT && last[string(ev.Kv.Key)] == mvccpb.PUT {
+			return ev
+		}
+	}
+	for _, ev := range evs {
+		if ev.Type == mvccpb.DELETE && !created[string(ev.Kv.Key)] {
+			return ev
+		}
+	}
+	return nil
+}
+
+// appliedGuard holds once revision rev (whose events are evs) is applied on green: its telling
+// key has mod revision rev (a put) or is gone (a delete). With no telling key the guard is one
+// that never holds (the mod revision rev of a key gone after rev), and a txn sent behind it is
+// sent again once it is applied.
+func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
+	ev := telling(evs)
+	switch {
+	case ev == nil:
+		return clientv3.Compare(clientv3.ModRevision(string(evs[0].Kv.Key)), "=", rev)
+	case ev.Type == mvccpb.PUT:
+		return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "=", rev)
+	}
+	return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), "=", 0)
 }
 
 // notAppliedGuard holds while revision rev (whose events are evs) is not applied on green: its
-// first key was last changed before rev. A late copy of a txn (one that timed out and that
+// telling key (else its first) was last changed before rev. A late copy of a txn (one that timed out and that
 // green commits after all) must not apply again once later revisions changed that key: so a
 // delete, or a put that updates the key, also needs the key to exist, or a key put again
 // later would be deleted, or one deleted later put back. A put that creates the key cannot
 // tell "not yet created" from "deleted since" by the key alone; the check of green's revision
 // after every txn stops replication if that happens.
 func notAppliedGuard(evs []*clientv3.Event, rev int64) []clientv3.Cmp {
-	ev := evs[0]
+	ev := telling(evs)
+	if ev == nil {
+		ev = evs[0] // no key tells: the check of green's revision after the txn is the guard
+	}
 	key := string(ev.Kv.Key)
 	before := clientv3.Compare(clientv3.ModRevision(key), "<", rev)
 	if ev.Type == mvccpb.PUT && ev.Kv.Version == 1 {

@@ -33,6 +33,10 @@ var (
 	ErrRevisionMismatch = errors.New("green's revision does not match blue's")
 	// ErrTooManyOps: one blue revision holds more operations than green's --max-txn-ops.
 	ErrTooManyOps = errors.New("a blue revision holds more operations than green's --max-txn-ops")
+	// ErrRefused: an etcd refuses what replication asks of it in a way that asking again
+	// cannot change: green refuses a revision's txn as an invalid request or as too large for
+	// one request, or blue refuses the watch (the source user may not read every key).
+	ErrRefused = errors.New("an etcd refuses replication's requests")
 )
 
 // Config is what Run needs. Source is blue, Dest is green; both clients stay the caller's.

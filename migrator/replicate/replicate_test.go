@@ -546,8 +546,8 @@ func TestCompareRevision(t *testing.T) {
 	}
 }
 
-// TestRequestTooLarge: a blue revision bigger than green's --max-request-bytes stops Run with an
-// error that names the revision and its size, and the ways out: a new snapshot, or the flag if
+// TestRequestTooLarge: a blue revision bigger than green's --max-request-bytes stops Run with
+// ErrRefused and an error that names the revision and its size, and the ways out: a new snapshot, or the flag if
 // it is below what the cutover sets (not a client setting no operator can reach); green is left
 // untouched.
 func TestRequestTooLarge(t *testing.T) {
@@ -561,8 +561,8 @@ func TestRequestTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = run.wait(t, 30*time.Second)
-	if err == nil {
-		t.Fatal("Run = nil, want an error")
+	if !errors.Is(err, ErrRefused) { // picking replication up again would fail the same way
+		t.Fatalf("Run = %v, want ErrRefused", err)
 	}
 	want := []string{fmt.Sprintf("revision %d (2 operations, 1.8 MiB", resp.Header.Revision), "new snapshot", "--max-request-bytes", "below 10 MiB"}
 	for _, w := range want {
@@ -1137,5 +1137,122 @@ func TestStartBounded(t *testing.T) {
 	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond })
 	if err := run.wait(t, 30*time.Second); err == nil || !strings.Contains(err.Error(), "green") {
 		t.Fatalf("Run = %v, want an error about green", err)
+	}
+}
+
+// TestPutThenDeleteInOneRevision: a blue revision that puts a key and then deletes it (sibling
+// sub-txns, the only way etcd takes both in one txn), for a new key and for one that existed,
+// reaches green as one revision with the same changes in the same order, and replication goes
+// on past it.
+func TestPutThenDeleteInOneRevision(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/old", "0")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	run := start(t, blue, green, s, nil)
+	txns := [][]clientv3.Op{
+		{clientv3.OpPut("/new", "v")},                            // a new key put, then deleted
+		{clientv3.OpPut("/old", "1"), clientv3.OpPut("/a", "a")}, // an existing key updated, then deleted
+	}
+	for _, first := range txns {
+		key := first[0].KeyBytes()
+		_, err := blue.cli.Txn(ctx).Then(
+			clientv3.OpTxn(nil, first, nil),
+			clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpDelete(string(key)), clientv3.OpPut("/b", string(key))}, nil),
+		).Commit()
+		if err != nil {
+			t.Fatalf("blue refused a put and a delete of %q in one txn: %v", key, err)
+		}
+	}
+	put(t, blue, "/last", "1")
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	for rev := s + 1; rev <= last; rev++ {
+		b, err := eventsAt(ctx, blue.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := eventsAt(ctx, green.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := diffEvents(b, g); diff != "" {
+			t.Fatalf("revision %d: %s", rev, diff)
+		}
+	}
+	select {
+	case err := <-run.done:
+		run.done <- err
+		t.Fatalf("Run stopped: %v", err)
+	default:
+	}
+}
+
+// authedBlue enables auth on blue with a root user, and a user "reader" that may only read
+// prefix; it returns clients of root, of reader, and of nobody (no credentials).
+func authedBlue(t *testing.T, blue *member, prefix string) (root, reader, nobody *clientv3.Client) {
+	t.Helper()
+	ctx := t.Context()
+	steps := []func() error{
+		func() error { _, err := blue.cli.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := blue.cli.UserAdd(ctx, "root", "pw"); return err },
+		func() error { _, err := blue.cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := blue.cli.RoleAdd(ctx, "prefix-reader"); return err },
+		func() error {
+			_, err := blue.cli.RoleGrantPermission(ctx, "prefix-reader", prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := blue.cli.UserAdd(ctx, "reader", "pw"); return err },
+		func() error { _, err := blue.cli.UserGrantRole(ctx, "reader", "prefix-reader"); return err },
+		func() error { _, err := blue.cli.AuthEnable(ctx); return err },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := func(user string) *clientv3.Client {
+		t.Helper()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), Username: user, Password: "pw", DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	return client("root"), client("reader"), client("")
+}
+
+// TestSourceRefusesWatch: blue refusing the watch (the source user may read only part of the
+// keys, or has no credentials on a blue with auth) stops Run and the Checker at once with
+// ErrRefused, naming the refusal; watching again cannot change it.
+func TestSourceRefusesWatch(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/registry/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	root, reader, nobody := authedBlue(t, blue, "/registry/")
+	for _, tc := range []struct {
+		name string
+		cli  *clientv3.Client
+		want string
+	}{{"a reader of /registry/ only", reader, "permission denied"}, {"no credentials", nobody, "user name is empty"}} {
+		run := start(t, blue, green, s, func(c *Config) { c.Source = tc.cli })
+		if _, err := root.Put(t.Context(), "/registry/a", "1"); err != nil {
+			t.Fatal(err)
+		}
+		err := run.wait(t, 10*time.Second)
+		t.Log(err)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run = %v, want ErrRefused saying %q", tc.name, err, tc.want)
+		}
+		c := StartCheck(tc.cli, green.cli, s, testLog(t))
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		err = c.WaitFor(ctx, s+1)
+		cancel()
+		c.Stop()
+		t.Log(err)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: the check = %v, want ErrRefused saying %q", tc.name, err, tc.want)
+		}
 	}
 }
