@@ -382,7 +382,7 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 func (r *runner) proxiesBack(ctx context.Context) error {
 	g, ok := r.adm.(*proxyGroup)
 	if !ok {
-		return nil // one proxy: proxiesAt and the journal tell where it is
+		g = &proxyGroup{proxies: r.proxyClients()} // the plan's one proxy
 	}
 	if err := g.backTo(ctx, r.from.api); err != nil {
 		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)

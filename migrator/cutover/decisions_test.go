@@ -849,3 +849,25 @@ func TestNoWayBackOnceTheSwitchReachedAProxy(t *testing.T) {
 		})
 	}
 }
+
+// TestAbortPutsTheOneProxyBack: the plan's one proxy (no group) fenced on green with an abort
+// under way in mode replicate (a switch whose answer was lost): the abort puts it back on blue
+// before it unfences it, as it does a group's proxies; the unfence expecting blue would fail
+// on green.
+func TestAbortPutsTheOneProxyBack(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	w.r.p.Migration.Mode = ModeReplicate
+	green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
+	*w.st = admin.Status{Backend: green, Fenced: true, Generation: 6}
+	w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, AbortReason: "step switch failed: the answer to backend set was lost",
+		FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
+	if err := w.r.saveJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.r.abortByOperator(t.Context()); err != nil {
+		t.Fatalf("abort: %v (proxy asked %q)", err, w.calls)
+	}
+	if w.st.Fenced || sameURL(w.st.Backend) != sameURL(blue) {
+		t.Errorf("proxy %+v (asked %q), want it open on blue", *w.st, w.calls)
+	}
+}

@@ -324,7 +324,7 @@ func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
 			continue
 		}
 		if _, err := p.Client.SetBackend(ctx, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
-			errs = append(errs, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", p.Name, st.Backend, a.URL, err))
+			errs = append(errs, fmt.Errorf("%s is on %s and could not be switched back to %s: %w", named([]string{p.Name}), st.Backend, a.URL, err))
 		}
 	}
 	return errors.Join(errs...)
