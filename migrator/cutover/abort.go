@@ -140,7 +140,8 @@ func (r *runner) pastSwitch(at proxiesAt) bool {
 	return len(at.on) > 0 && len(at.off) == 0
 }
 
-// refusal is a way back refused before anything was changed; its message says the way on.
+// refusal is a way back refused before the abort changed anything; its message says the way
+// on.
 type refusal struct{ msg string }
 
 func (e *refusal) Error() string { return e.msg }
@@ -148,15 +149,16 @@ func (e *refusal) Error() string { return e.msg }
 // fenceOpenOnTarget handles proxies open on r.to when going back (a fence off by hand) before
 // anything else is changed: opening r.from as well would let both sides take writes. While
 // r.to's apiserver may not write (mode replicate, and a rollback: it is gated until the ungate
-// past the switch), nothing reached r.to through them: they are fenced again, and the way back
-// goes on with where the proxies stand then. Otherwise (after a copy, green's apiserver writes)
-// writes may have reached r.to: a refusal that says how to go forward by hand.
-func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (proxiesAt, error) {
+// past the switch), nothing reached r.to through them: they are fenced again (refenced), and
+// the way back goes on with where the proxies stand then, lifting that fence too. Otherwise
+// (after a copy, green's apiserver writes) writes may have reached r.to: a refusal that says
+// how to go forward by hand.
+func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (_ proxiesAt, refenced bool, _ error) {
 	if len(at.openOn) == 0 {
-		return at, nil
+		return at, false, nil
 	}
 	if r.main == nil && !r.p.Replicating() {
-		return at, &refusal{fmt.Sprintf("%s is open on %s (a fence off by hand?): writes may have reached %[2]s, and going back would lose them. Go forward by hand: %s, then %s",
+		return at, false, &refusal{fmt.Sprintf("%s is open on %s (a fence off by hand?): writes may have reached %[2]s, and going back would lose them. Go forward by hand: %s, then %s",
 			named(at.openOn), r.to.name, r.switchRest(at.off), strings.TrimPrefix(finishByHandOn(r.p, r.to, false), "if it cannot run, "))}
 	}
 	for _, pr := range r.proxyClients() {
@@ -165,14 +167,14 @@ func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (proxiesAt
 		}
 		req := admin.FenceRequest{Fenced: true, Reason: "fenced again before going back to " + r.from.name, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)}
 		if _, err := pr.Client.Fence(ctx, req); err != nil {
-			return at, fmt.Errorf("%s is open on %s (a fence off by hand?) and fencing it again failed: %w; every other proxy stays as it is: run the abort again", named([]string{pr.Name}), r.to.name, err)
+			return at, true, fmt.Errorf("%s is open on %s (a fence off by hand?) and fencing it again failed: %w; every other proxy stays as it is: run the abort again", named([]string{pr.Name}), r.to.name, err)
 		}
 	}
 	at = r.proxiesAt(ctx)
 	if len(at.openOn) > 0 {
-		return at, fmt.Errorf("%s is still open on %s after it was fenced again: run the abort again", named(at.openOn), r.to.name)
+		return at, true, fmt.Errorf("%s is still open on %s after it was fenced again: run the abort again", named(at.openOn), r.to.name)
 	}
-	return at, nil
+	return at, true, nil
 }
 
 // proxyClients are the proxies one by one; the plan's one proxy is unnamed.
@@ -299,11 +301,13 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete. Not
 	// when those that answer say the switch reached them.
-	at, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	at, refenced, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
 	if err != nil {
 		return err
 	}
-	if r.pastSwitch(at) {
+	// A proxy fenced again was changed by hand since the switch reached it: --resume, whose
+	// switch checks the fence's generation, would refuse it; green being gated, back it goes.
+	if r.pastSwitch(at) && !refenced {
 		if err := r.backFromGreenFenced(at); err != nil {
 			return err
 		}
@@ -318,8 +322,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 		}
 	}
 	// Only a fence this run placed is lifted: its time is journaled before it is sent, so none
-	// journaled means one on now is someone else's (an operator's, around a rehearsal).
-	fenced := (len(at.down) > 0 || at.fenced) && !r.j.FencedAt.IsZero()
+	// journaled means one on now is someone else's (an operator's, around a rehearsal), unless
+	// this abort placed it (refenced).
+	fenced := (len(at.down) > 0 || at.fenced) && (!r.j.FencedAt.IsZero() || refenced)
 	unfence := func() error {
 		if fenced {
 			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.

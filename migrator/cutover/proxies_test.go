@@ -618,3 +618,45 @@ func TestPartialSwitchLostAnswer(t *testing.T) {
 		t.Fatalf("partial switch with a lost answer: %v; want it to say proxy b may be on the new backend", err)
 	}
 }
+
+// TestRefencedProxyGoesBack: in mode replicate an abort that had to fence again a proxy opened
+// by hand on green goes back to blue and lifts that fence too: before the cutover's own fence
+// (nothing journaled) the proxy would otherwise be left fenced on a stopped green; with every
+// proxy on green (the switch's answer lost), "--resume" would be refused by the switch's
+// generation check, changed by the hand.
+func TestRefencedProxyGoesBack(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fenced  bool // the cutover's fence journaled and done
+		bBackOn string
+	}{
+		{"before the cutover's fence", false, "blue"},
+		{"every proxy on green", true, "green"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			w.r.p.Migration.Mode = ModeReplicate
+			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
+			*w.st = admin.Status{Backend: green, Fenced: false, Generation: 8}
+			stB := &admin.Status{Backend: map[string]string{"blue": blue, "green": green}[tc.bBackOn], Fenced: tc.fenced, Generation: 6}
+			var callsB []string
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}}}
+			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, Done: []StepRecord{{Step: StepPreflight}}, GreenPIDs: map[string]int{}}
+			if tc.fenced {
+				w.r.j.FencedAt, w.r.j.FenceGeneration = time.Now().UTC(), 10
+				w.r.j.Done = append(w.r.j.Done, StepRecord{Step: StepFence})
+			}
+			if err := w.r.saveJournal(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.r.abortByOperator(t.Context()); err != nil {
+				t.Fatalf("abort: %v (a asked %q)", err, w.calls)
+			}
+			for name, st := range map[string]*admin.Status{"a": w.st, "b": stB} {
+				if st.Fenced || sameURL(st.Backend) != sameURL(blue) {
+					t.Errorf("proxy %s %+v; want it open on blue", name, *st)
+				}
+			}
+		})
+	}
+}

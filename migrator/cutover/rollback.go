@@ -161,11 +161,11 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	if _, ok := r.j.record(StepSwitch); ok {
 		return &refusal{fmt.Sprintf("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'; %s", finishRollbackByHand(r.p, r.j))}
 	}
-	at, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	at, refenced, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
 	if err != nil {
 		return err
 	}
-	if r.pastSwitch(at) {
+	if r.pastSwitch(at) && !refenced { // one changed by hand: back it goes (abort)
 		return &refusal{fmt.Sprintf("the rollback's switch reached %s (on blue) before it was journaled: finish it with 'kubefence cutover rollback --resume'; %s", named(at.on), finishRollbackByHand(r.p, r.j))}
 	}
 	// Unfenced before replication stops, which waits for its txns in flight: writes must not
