@@ -166,14 +166,17 @@ func definite(err error, rev int64, evs []*clientv3.Event) error {
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
 		return fmt.Errorf("%w: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
 			ErrRefused, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
+	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrAuthFailed),
+		errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, rpctypes.ErrNoSpace), errors.Is(err, rpctypes.Error(rpctypes.ErrGRPCPermissionNotGiven)):
+		// Green refusing the replicator's credentials, or full: not the revision's fault.
+		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
+	case errors.Is(err, rpctypes.ErrAuthOldRevision):
+		return nil // the client renews its token; the outcome is settled as an unknown one
 	case invalidRequest(err):
 		return fmt.Errorf("%w: green refuses blue's revision %d (%d operations) as an invalid request, and it would refuse it again: %v. %s",
 			ErrRefused, rev, len(evs), err, tooBig(rev))
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: applying blue's revision %d: green lost a lease the replicator keeps alive: %v", ErrRevisionMismatch, rev, err)
-	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty),
-		errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, rpctypes.ErrNoSpace):
-		return fmt.Errorf("replicate: applying blue's revision %d to green: %w", rev, err)
 	}
 	return nil
 }

@@ -146,7 +146,17 @@ func TestDefiniteRefusals(t *testing.T) {
 			t.Errorf("definite(%v) = %v, want ErrRefused naming revision 7 and an invalid request", err, got)
 		}
 	}
-	for _, err := range []error{context.DeadlineExceeded, rpctypes.ErrTimeout, status.Error(codes.Unavailable, "down")} {
+	// Green refusing the replicator's credentials is no invalid revision (rebuilding green
+	// would not help): definite, but not ErrRefused's advice. etcd's client makes these
+	// InvalidArgument errors too.
+	for _, err := range []error{rpctypes.ErrUserEmpty, rpctypes.ErrAuthFailed, rpctypes.Error(rpctypes.ErrGRPCPermissionNotGiven), rpctypes.ErrPermissionDenied} {
+		got := definite(err, 7, evs)
+		if got == nil || errors.Is(got, ErrRefused) || strings.Contains(got.Error(), "invalid request") {
+			t.Errorf("definite(%v) = %v, want a definite error about green's auth, not an invalid revision", err, got)
+		}
+	}
+	// An auth token older than green's auth store is renewed by the client: not definite.
+	for _, err := range []error{context.DeadlineExceeded, rpctypes.ErrTimeout, status.Error(codes.Unavailable, "down"), rpctypes.ErrAuthOldRevision} {
 		if got := definite(err, 7, evs); got != nil {
 			t.Errorf("definite(%v) = %v, want nil (the outcome is unknown)", err, got)
 		}
@@ -166,16 +176,25 @@ func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
 		evs    []*clientv3.Event
 		key    string
 		target pb.Compare_CompareTarget
+		// notAppliedKey (default key): "not applied" needs a key that tells exactly: a put
+		// that creates its key cannot tell "not yet" from "deleted since", so a key updated or
+		// deleted that existed before comes first there.
+		notAppliedKey string
 	}{
-		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(put, "/a", 2)}, "/a", pb.Compare_MOD},
-		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(del, "/gone", 0)}, "/gone", pb.Compare_VERSION},
-		{[]*clientv3.Event{ev(put, "/old", 3), ev(del, "/old", 0)}, "/old", pb.Compare_VERSION},
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(put, "/a", 2)}, "/a", pb.Compare_MOD, ""},
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0), ev(del, "/gone", 0)}, "/gone", pb.Compare_VERSION, ""},
+		{[]*clientv3.Event{ev(put, "/old", 3), ev(del, "/old", 0)}, "/old", pb.Compare_VERSION, ""},
 		// every key created and deleted: none tells; a guard that never holds (mod revision 9
 		// of a key gone after 9) makes the txn behind wait until N is applied
-		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0)}, "/new", pb.Compare_MOD},
-		{[]*clientv3.Event{ev(put, "/a", 1), ev(put, "/b", 1)}, "/a", pb.Compare_MOD},
+		{[]*clientv3.Event{ev(put, "/new", 1), ev(del, "/new", 0)}, "/new", pb.Compare_MOD, ""},
+		{[]*clientv3.Event{ev(put, "/a", 1), ev(put, "/b", 1)}, "/a", pb.Compare_MOD, ""},
+		{[]*clientv3.Event{ev(del, "/a", 0), ev(put, "/b", 1)}, "/b", pb.Compare_MOD, "/a"},
+		{[]*clientv3.Event{ev(put, "/b", 1), ev(put, "/c", 4)}, "/b", pb.Compare_MOD, "/c"},
 	}
 	for i, tc := range cases {
+		if tc.notAppliedKey == "" {
+			tc.notAppliedKey = tc.key
+		}
 		g := appliedGuard(tc.evs, 9)
 		if string(g.Key) != tc.key || g.Target != tc.target {
 			t.Errorf("case %d: guard on %s of %q, want %s of %q", i, g.Target, g.Key, tc.target, tc.key)
@@ -183,8 +202,8 @@ func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
 		// "not applied" looks at the same key: one created and deleted again in the revision is
 		// gone whether or not it was applied, and would let a late copy apply it twice.
 		for _, c := range notAppliedGuard(tc.evs, 9) {
-			if string(c.Key) != tc.key {
-				t.Errorf("case %d: not-applied guard on %q, want %q", i, c.Key, tc.key)
+			if string(c.Key) != tc.notAppliedKey {
+				t.Errorf("case %d: not-applied guard on %q, want %q", i, c.Key, tc.notAppliedKey)
 			}
 		}
 	}

@@ -202,8 +202,11 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 // telling is the first event of evs (one revision) whose key shows on green whether the
 // revision is applied: a key it puts and keeps, failing that a key it deletes that existed
 // before it; nil when it only creates keys and deletes them again (a put and a later delete in
-// one txn), which leaves no key that tells.
-func telling(evs []*clientv3.Event) *clientv3.Event {
+// one txn), which leaves no key that tells. exactly: the key must also tell "not applied yet"
+// from "applied, and changed by a later revision" (notAppliedGuard): a put that creates its
+// key cannot (deleted later, its mod revision is 0 again), so an update, or a delete of a key
+// that existed, comes first, and a create only if there is neither.
+func telling(evs []*clientv3.Event, exactly bool) *clientv3.Event {
 	last := make(map[string]mvccpb.Event_EventType, len(evs))
 	created := make(map[string]bool)
 	for _, ev := range evs {
@@ -212,14 +215,16 @@ func telling(evs []*clientv3.Event) *clientv3.Event {
 			created[string(ev.Kv.Key)] = true
 		}
 	}
-	for _, ev := range evs {
-		if ev.Type == mvccpb.PUT && last[string(ev.Kv.Key)] == mvccpb.PUT {
-			return ev
-		}
-	}
-	for _, ev := range evs {
-		if ev.Type == mvccpb.DELETE && !created[string(ev.Kv.Key)] {
-			return ev
+	kept := func(ev *clientv3.Event) bool { return ev.Type == mvccpb.PUT && last[string(ev.Kv.Key)] == mvccpb.PUT }
+	for _, pick := range []func(*clientv3.Event) bool{
+		func(ev *clientv3.Event) bool { return kept(ev) && (!exactly || !created[string(ev.Kv.Key)]) },
+		func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE && !created[string(ev.Kv.Key)] },
+		kept,
+	} {
+		for _, ev := range evs {
+			if pick(ev) {
+				return ev
+			}
 		}
 	}
 	return nil
@@ -230,7 +235,7 @@ func telling(evs []*clientv3.Event) *clientv3.Event {
 // that never holds (the mod revision rev of a key gone after rev), and a txn sent behind it is
 // sent again once it is applied.
 func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
-	ev := telling(evs)
+	ev := telling(evs, false)
 	switch {
 	case ev == nil:
 		return clientv3.Compare(clientv3.ModRevision(string(evs[0].Kv.Key)), "=", rev)
@@ -248,7 +253,7 @@ func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
 // tell "not yet created" from "deleted since" by the key alone; the check of green's revision
 // after every txn stops replication if that happens.
 func notAppliedGuard(evs []*clientv3.Event, rev int64) []clientv3.Cmp {
-	ev := telling(evs)
+	ev := telling(evs, true)
 	if ev == nil {
 		ev = evs[0] // no key tells: the check of green's revision after the txn is the guard
 	}
