@@ -128,10 +128,12 @@ func withAuthentication(next http.Handler, authn authenticator.Request, clientCA
 		}
 		st := reqStateFrom(r.Context())
 		st.identity = resp.User
-		st.stillVerified = func() bool {
-			opts, _ := clientCA()
-			again, ok, err := ci.authenticate(r, authn, opts.Roots, time.Now())
-			return err == nil && ok && again.User.GetName() == resp.User.GetName()
+		if st.attrs.Verb == "watch" { // only a watch is sent anew (resumed); no closure per request
+			st.stillVerified = func() bool {
+				opts, _ := clientCA()
+				again, ok, err := ci.authenticate(r, authn, opts.Roots, time.Now())
+				return err == nil && ok && again.User.GetName() == resp.User.GetName()
+			}
 		}
 		st.attrs.User, st.attrs.Groups = resp.User.GetName(), resp.User.GetGroups()
 		next.ServeHTTP(w, r)

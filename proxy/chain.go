@@ -42,7 +42,7 @@ type reqState struct {
 	// identity is the client-certificate user the proxy forwards, or nil.
 	identity user.Info
 	// stillVerified checks the client's certificate again, as of now, when the request is sent
-	// anew later (a watch a switch resumes on another backend); set with identity.
+	// anew later (a watch a switch resumes on another backend); set with identity, for watches.
 	stillVerified func() bool
 }
 
