@@ -766,6 +766,25 @@ func TestAbortFinishesWithTheProxyFencedOnGreen(t *testing.T) {
 	}
 }
 
+// fencedBeforeSwitch gives w the proxies a (w.st), b and c, and a running journal fenced (at
+// generation 15) whose switch is not journaled, with abortReason; with resume, every step
+// before the switch is done and the real steps run from there.
+func (w *decisionWorld) fencedBeforeSwitch(t *testing.T, resume bool, abortReason string, b, c proxyAdmin) {
+	t.Helper()
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: b}, {Name: "c", Client: c}}}
+	w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15, AbortReason: abortReason,
+		FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+	if resume {
+		w.r.j.Done, w.r.steps = nil, steps
+		for _, s := range Steps[:slices.Index(Steps, StepSwitch)] {
+			w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
+		}
+	}
+	if err := w.r.saveJournal(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestNoWayBackOnceTheSwitchReachedAProxy: the switch reached proxies a (and b) before it was
 // journaled (a kill -9 in the middle of it, or after it), and proxy c does not answer, or
 // answers on blue. What the proxies that answer report decides, as with every proxy
@@ -802,21 +821,11 @@ func TestNoWayBackOnceTheSwitchReachedAProxy(t *testing.T) {
 			if tc.cDown {
 				c = unreachable()
 			}
-			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}, {Name: "c", Client: c}}}
-			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15,
-				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+			reason := ""
 			if tc.aborting {
-				w.r.j.AbortReason = "step switch failed: the answer to backend set was lost"
+				reason = "step switch failed: the answer to backend set was lost"
 			}
-			if tc.resume { // every step before the switch done
-				w.r.j.Done, w.r.steps = nil, steps
-				for _, s := range Steps[:slices.Index(Steps, StepSwitch)] {
-					w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
-				}
-			}
-			if err := w.r.saveJournal(); err != nil {
-				t.Fatal(err)
-			}
+			w.fencedBeforeSwitch(t, tc.resume, reason, memProxy(stB, &callsB), c)
 			var got string
 			if tc.resume {
 				rep, err := w.r.run(t.Context())

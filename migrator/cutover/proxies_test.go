@@ -387,18 +387,7 @@ func TestOpenOnGreenHasAWayOut(t *testing.T) {
 			*w.st = admin.Status{Backend: green, Fenced: false, Generation: 7}
 			stB, stC := &admin.Status{Backend: blue, Fenced: true, Generation: 5}, &admin.Status{Backend: blue, Fenced: true, Generation: 5}
 			var callsB, callsC []string
-			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: memProxy(stB, &callsB)}, {Name: "c", Client: memProxy(stC, &callsC)}}}
-			w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, FenceGeneration: 15,
-				FencedAt: time.Now().UTC(), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
-			if tc.resume { // every step before the switch done; the real switch step
-				w.r.j.Done, w.r.steps = nil, steps
-				for _, s := range Steps[:slices.Index(Steps, StepSwitch)] {
-					w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
-				}
-			}
-			if err := w.r.saveJournal(); err != nil {
-				t.Fatal(err)
-			}
+			w.fencedBeforeSwitch(t, tc.resume, "", memProxy(stB, &callsB), memProxy(stC, &callsC))
 			var said string
 			if tc.resume {
 				rep, err := w.r.run(t.Context())
