@@ -39,9 +39,9 @@ func newHAFixture(t *testing.T) *haFixture {
 		ips = append(ips, net.ParseIP(h))
 	}
 	f.env, f.pki = newEnvPKI(t, ips...)
-	// Blue etcd with TLS client certificates and the txn limits a bake needs (bakeFixture).
+	// Blue etcd with TLS client certificates and the request size a bake needs (bakeFixture).
 	etcd, err := f.env.StartEtcd(ctx, framework.EtcdConfig{Name: "blue-etcd", Version: framework.Etcd34, Members: 3, Hosts: haHosts,
-		TLS: true, PKI: f.pki, ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
+		TLS: true, PKI: f.pki, ExtraArgs: []string{"--max-request-bytes", "10485760"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -25,7 +27,8 @@ import (
 // TestCutoverRollback: blue is etcd 3.4 with TLS client certificates; kube-controller-manager,
 // kube-scheduler and a client-go writer talk to it through the proxy. A forward cutover to etcd
 // 3.6 with bake.enabled ends baking: green serves, blue follows green. Writes go on during the
-// bake; the baking process is killed with SIGKILL and picked up again with --resume;
+// bake, and one revision of 300 deletes is made straight on green etcd (blue runs with etcd's
+// default --max-txn-ops, 128: it takes the revision nested); the baking process is killed with SIGKILL and picked up again with --resume;
 // `cutover rollback` (which stops that process) is killed with SIGKILL after its switch and
 // finished with --resume. Then: blue serves, unfenced; blue and green hold the same keys at the
 // rollback's switch; every write the writer saw acknowledged is on blue; the leaders kept their
@@ -49,6 +52,7 @@ func TestCutoverRollback(t *testing.T) {
 		t.Fatal("the writer wrote nothing")
 	}
 	time.Sleep(2 * time.Second) // writes on green, followed by blue
+	manyOpsOnGreen(t, f)
 	t.Logf("kubefence cutover status:\n%s", f.cutoverSub(t, "status"))
 
 	_ = baker.cmd.Process.Kill()
@@ -90,12 +94,13 @@ func TestCutoverRollback(t *testing.T) {
 	}
 }
 
-// bakeFixture is blue etcd 3.4 with TLS client certificates (and the txn limits a bake needs)
-// behind the proxy, and a replicating plan with bake.enabled; it returns a client of the proxy.
+// bakeFixture is blue etcd 3.4 with TLS client certificates (and the request size a bake
+// needs; its --max-txn-ops is etcd's default) behind the proxy, and a replicating plan with
+// bake.enabled; it returns a client of the proxy.
 func bakeFixture(t *testing.T) (*cutoverFixture, *kubernetes.Clientset) {
 	t.Helper()
 	f := newCutoverFixtureWith(t, framework.EtcdConfig{Version: framework.Etcd34, TLS: true,
-		ExtraArgs: []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}})
+		ExtraArgs: []string{"--max-request-bytes", "10485760"}})
 	cs := f.replicatePlan(t)
 	f.green.Plan.Bake.Enabled = true
 	f.green.Plan.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"
@@ -103,6 +108,31 @@ func bakeFixture(t *testing.T) (*cutoverFixture, *kubernetes.Clientset) {
 		t.Fatal(err)
 	}
 	return f, cs
+}
+
+// manyOpsOnGreen makes, straight on green etcd during a bake, one revision of more operations
+// than etcd's default --max-txn-ops (a delete of 300 keys, as a lease expiry makes), which
+// blue (run with the default) must take as one revision: checkRolledBack compares every key.
+func manyOpsOnGreen(t *testing.T, f *cutoverFixture) {
+	t.Helper()
+	green, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	for i := range 300 {
+		if _, err := green.Put(t.Context(), fmt.Sprintf("/kubefence-test/many/%03d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del, err := green.Delete(t.Context(), "/kubefence-test/many/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del.Deleted != 300 {
+		t.Fatalf("one delete on green took %d keys, want 300", del.Deleted)
+	}
+	t.Logf("green's revision %d deletes 300 keys", del.Header.Revision)
 }
 
 // TestCutoverBakeAbort: a baking cutover turns blue etcd's auth on before the fence; aborted

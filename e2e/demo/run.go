@@ -169,8 +169,9 @@ func (d *demo) setup(ctx context.Context) error {
 	return d.startLoad(ctx)
 }
 
-// blueEtcdArgs let blue take any green revision as one txn while it follows green (the bake).
-var blueEtcdArgs = []string{"--max-txn-ops", "100000", "--max-request-bytes", "10485760"}
+// blueEtcdArgs let blue take any green revision as one request while it follows green (the
+// bake); its --max-txn-ops stays etcd's default.
+var blueEtcdArgs = []string{"--max-request-bytes", "10485760"}
 
 // startBlue starts blue etcd (TLS with client certificates, as kubeadm's) and apiserver and the
 // proxy in front of them, and creates the workload through the proxy.

@@ -52,11 +52,10 @@ var bakeSteps = []step{
 	unfenceStep{},
 }
 
-// Blue must take any revision of green as one txn, as green takes blue's (replicationEtcdArgs).
-const (
-	blueMinTxnOps      = 10000
-	blueMinRequestSize = 8 << 20
-)
+// Blue must take any revision of green as one txn, as green takes blue's (replicationEtcdArgs):
+// nested, as replication sends it, it needs etcd's default --max-txn-ops, and requests as large
+// as green takes.
+const blueMinRequestSize = 8 << 20
 
 // blueAuthStep turns etcd auth on in blue, before the fence: kubefence's client certificate is
 // root, blue apiserver's user reads and writes as before (the gate after the switch takes
@@ -70,7 +69,7 @@ func (blueAuthStep) pastNoReturn() bool            { return false }
 
 func (blueAuthStep) describe(r *runner, _ bool) string {
 	return fmt.Sprintf("check blue etcd takes txns of %d operations and %d MiB; blue etcd auth: users root and kubefence's client certificate CN with role root, user %s (blue apiserver) with role %s; auth enable; check blue's apiserver is still ready (else auth disable)",
-		blueMinTxnOps, blueMinRequestSize>>20, r.p.Blue.APIServer.EtcdUser, readWriteRole)
+		replicate.TxnOps, blueMinRequestSize>>20, r.p.Blue.APIServer.EtcdUser, readWriteRole)
 }
 
 func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
@@ -201,17 +200,17 @@ func authOn(ctx context.Context, cli clientv3.Auth) (bool, error) {
 	return false, fmt.Errorf("etcd auth: is it on? (asked by authenticating as nobody): %w", err)
 }
 
-// checkTxnLimits asks blue for a txn of blueMinTxnOps comparisons and one of blueMinRequestSize
-// bytes; both only compare (no revision), and etcd refuses them before reading anything if its
-// --max-txn-ops or --max-request-bytes is lower.
+// checkTxnLimits asks blue for a txn of replicate.TxnOps comparisons and one of
+// blueMinRequestSize bytes; both only compare (no revision), and etcd refuses them before
+// reading anything if its --max-txn-ops or --max-request-bytes is lower.
 func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
-	cmps := make([]clientv3.Cmp, blueMinTxnOps)
+	cmps := make([]clientv3.Cmp, replicate.TxnOps)
 	for i := range cmps {
 		cmps[i] = clientv3.Compare(clientv3.Version(replicate.ProbeKey), "=", 0)
 	}
 	_, err := cli.Txn(ctx).If(cmps...).Commit()
 	if errors.Is(rpctypes.Error(err), rpctypes.ErrTooManyOps) {
-		return fmt.Errorf("blue etcd refuses a txn of %d operations: run it with --max-txn-ops %d (or more) so that it can take any green revision as one txn while it follows green", blueMinTxnOps, blueMinTxnOps)
+		return fmt.Errorf("blue etcd refuses a txn of %d operations: run it with --max-txn-ops %d (etcd's default) or more, so that it can take any green revision as one txn while it follows green", replicate.TxnOps, replicate.TxnOps)
 	}
 	if err != nil {
 		return fmt.Errorf("blue etcd: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -117,7 +118,7 @@ func (r *Replicator) ops(ctx context.Context, rev int64, evs []*clientv3.Event) 
 			return nil, fmt.Errorf("replicate: revision %d: unknown event type %v for key %q", rev, ev.Type, ev.Kv.Key)
 		}
 	}
-	return siblings(evs, ops), nil
+	return fitted(evs, ops), nil
 }
 
 // siblings makes ops, one per event of evs (one revision), the operations of one txn. etcd
@@ -127,24 +128,74 @@ func (r *Replicator) ops(ctx context.Context, rev int64, evs []*clientv3.Event) 
 // sibling or of its parent's level, while its deletes may meet earlier siblings' puts; a key
 // put twice, or put after a delete, it refuses at any depth, so no revision holds either).
 // So when a key comes again, the ops are cut there into sibling sub-txns, in order, which etcd
-// applies as one revision with the same changes in the same order. A revision that names each
-// key once, any other, stays flat: a revision's ops are never split to pass --max-txn-ops.
-func siblings(evs []*clientv3.Event, ops []clientv3.Op) []clientv3.Op {
+// applies as one revision with the same changes in the same order. Each level then holds at
+// most width ops (nested): a revision's ops are never split across txns.
+func siblings(evs []*clientv3.Event, ops []clientv3.Op, width int) []clientv3.Op {
 	var txns []clientv3.Op
 	seen := make(map[string]bool, len(evs))
 	begin := 0
 	for i, ev := range evs {
 		if seen[string(ev.Kv.Key)] {
-			txns = append(txns, clientv3.OpTxn(nil, ops[begin:i:i], nil))
+			txns = append(txns, clientv3.OpTxn(nil, nested(ops[begin:i:i], width), nil))
 			clear(seen)
 			begin = i
 		}
 		seen[string(ev.Kv.Key)] = true
 	}
 	if txns == nil {
-		return ops
+		return nested(ops, width)
 	}
-	return append(txns, clientv3.OpTxn(nil, ops[begin:], nil))
+	return nested(append(txns, clientv3.OpTxn(nil, nested(ops[begin:], width), nil)), width)
+}
+
+// TxnOps is what a txn replication sends needs of an etcd's --max-txn-ops: etcd's default.
+// etcd counts a txn's operations (or its comparisons, if more) against the flag, and a
+// sub-txn's against what the levels above it left (the flag less their operations).
+const TxnOps = 128
+
+// maxGuards is the most comparisons a txn sent here holds (pipeline.attempt).
+const maxGuards = 3
+
+// fitted makes ops, one per event of evs (one revision), one txn that an etcd running with
+// --max-txn-ops TxnOps takes: siblings nested, each level as wide as leaves every path from
+// the top to an operation within the flag (a lease expiry deletes up to 1,000 keys in one
+// revision; 128 levels of two ops hold more than any etcd request can).
+func fitted(evs []*clientv3.Event, ops []clientv3.Op) []clientv3.Op {
+	for width := TxnOps; ; width /= 2 {
+		txn := siblings(evs, ops, width)
+		if width <= 2 || max(maxGuards, len(txn))+deepest(txn) <= TxnOps {
+			return txn
+		}
+	}
+}
+
+// nested puts ops, in order, into sub-txns of at most width each, and those again, until a
+// level holds at most width. etcd applies a sub-txn without comparisons as if its ops stood in
+// its parent's place: the same revision with the same changes in the same order, and its
+// checks of keys named twice (siblings) see the same puts and deletes.
+func nested(ops []clientv3.Op, width int) []clientv3.Op {
+	for len(ops) > width {
+		level := make([]clientv3.Op, 0, (len(ops)+width-1)/width)
+		for chunk := range slices.Chunk(ops, width) {
+			level = append(level, clientv3.OpTxn(nil, chunk, nil))
+		}
+		ops = level
+	}
+	return ops
+}
+
+// deepest is what the sub-txns among ops count against --max-txn-ops at most: the ops of each
+// level on the way down to an operation, summed, the largest such sum.
+func deepest(ops []clientv3.Op) int {
+	most := 0
+	for _, op := range ops {
+		if !op.IsTxn() {
+			continue
+		}
+		_, then, _ := op.Txn()
+		most = max(most, len(then)+deepest(then))
+	}
+	return most
 }
 
 // compareRevision says how green's revision rev differs from blue's events of it ("" if not).
@@ -161,8 +212,8 @@ func (r *Replicator) compareRevision(ctx context.Context, rev int64, evs []*clie
 func definite(err error, rev int64, evs []*clientv3.Event) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrTooManyOps):
-		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), more than green's --max-txn-ops allows. %s If green's --max-txn-ops is below 100000 (what the cutover runs it with; a lease expiry alone deletes up to 1,000 event keys in one revision), raising it is the other way: %v",
-			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)
+		return fmt.Errorf("%w: blue's revision %d holds %d operations (%s of keys and values), sent as one txn of nested sub-txns, and green refuses it (%v). Run green with --max-txn-ops %d (etcd's default) or more. %s",
+			ErrTooManyOps, rev, len(evs), byteSize(eventBytes(evs)), err, TxnOps, tooBig(rev))
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
 		return fmt.Errorf("%w: blue's revision %d (%d operations, %s of keys and values) is larger than green takes in one request (--max-request-bytes). %s If green's --max-request-bytes is below 10 MiB (what the cutover runs it with), raising it is the other way: %w",
 			ErrRefused, rev, len(evs), byteSize(eventBytes(evs)), tooBig(rev), err)

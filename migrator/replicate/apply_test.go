@@ -208,3 +208,60 @@ func TestAppliedGuardAfterPutThenDelete(t *testing.T) {
 		}
 	}
 }
+
+// TestFitted: a revision of any size, with keys named twice or not, becomes one txn whose
+// operations, read depth first, are the revision's in order, and that etcd with --max-txn-ops
+// TxnOps takes (every path from the top, guards included, within the flag).
+func TestFitted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		n      int
+		repeat int // every repeat-th event names the key of the one before (0: none)
+	}{
+		{"one", 1, 0},
+		{"the flag's worth", TxnOps, 0},
+		{"a lease expiry", 1000, 0},
+		{"wider than two levels of 128", 20000, 0},
+		{"a put and its delete", 2, 2},
+		{"repeats in a large revision", 5000, 7},
+		{"every key twice", 4000, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs := make([]*clientv3.Event, tc.n)
+			ops := make([]clientv3.Op, tc.n)
+			for i := range evs {
+				key := fmt.Sprintf("k/%06d", i)
+				if tc.repeat > 0 && i%tc.repeat == tc.repeat-1 {
+					key = string(evs[i-1].Kv.Key)
+				}
+				evs[i] = &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(key)}}
+				ops[i] = clientv3.OpPut(key, "v")
+			}
+			txn := fitted(evs, ops)
+			if cost := max(maxGuards, len(txn)) + deepest(txn); cost > TxnOps {
+				t.Errorf("a path counts %d operations against --max-txn-ops %d", cost, TxnOps)
+			}
+			var got []string
+			var walk func([]clientv3.Op)
+			walk = func(ops []clientv3.Op) {
+				for _, op := range ops {
+					if op.IsTxn() {
+						_, then, _ := op.Txn()
+						walk(then)
+						continue
+					}
+					got = append(got, string(op.KeyBytes()))
+				}
+			}
+			walk(txn)
+			if len(got) != tc.n {
+				t.Fatalf("the txn holds %d operations, want %d", len(got), tc.n)
+			}
+			for i, ev := range evs {
+				if got[i] != string(ev.Kv.Key) {
+					t.Fatalf("operation %d names %q, want %q", i, got[i], ev.Kv.Key)
+				}
+			}
+		})
+	}
+}

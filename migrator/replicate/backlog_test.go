@@ -233,7 +233,7 @@ func TestBacklogRewatchExact(t *testing.T) {
 	const bound = 16 << 10
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "/seed", "0")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	dst := newClient(t, green)
 	dst.KV = slowed(dst.KV, 3*time.Millisecond)
 	run := start(t, blue, green, s, func(c *Config) { c.Dest, c.MaxBacklog = dst, bound })

@@ -16,7 +16,7 @@ import (
 func TestCheckerFollowsReplication(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "/a", "0")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	run := start(t, blue, green, s, nil)
 	c := StartCheck(blue.cli, green.cli, s, testLog(t))
 	t.Cleanup(c.Stop)
@@ -70,7 +70,7 @@ func TestCheckerFindsDifferences(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 			put(t, blue, "/seed", "0")
-			green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+			green, s := greenFrom(t, blue, etcdOpts{})
 			c := StartCheck(blue.cli, green.cli, s, testLog(t))
 			t.Cleanup(c.Stop)
 			for _, op := range tc.blue {
@@ -100,7 +100,7 @@ func TestCheckerRevisionGap(t *testing.T) {
 	for _, extraOnGreen := range []bool{true, false} {
 		blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 		put(t, blue, "/seed", "0")
-		green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+		green, s := greenFrom(t, blue, etcdOpts{})
 		c := StartCheck(blue.cli, green.cli, s, testLog(t))
 		put(t, blue, "/a", "1")
 		put(t, green, "/a", "1")

@@ -262,6 +262,25 @@ func sameHistory(t *testing.T, blue, green *member, from, to int64) {
 	}
 }
 
+// sameEvents checks that each revision from..to holds the same events, in the same order, on
+// blue and on green.
+func sameEvents(t *testing.T, blue, green *member, from, to int64) {
+	t.Helper()
+	for rev := from; rev <= to; rev++ {
+		b, err := eventsAt(t.Context(), blue.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := eventsAt(t.Context(), green.cli, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := diffEvents(b, g); diff != "" {
+			t.Fatalf("revision %d: %s", rev, diff)
+		}
+	}
+}
+
 func all(t *testing.T, m *member, rev int64) string {
 	t.Helper()
 	resp, err := m.cli.Get(t.Context(), "", clientv3.WithPrefix(), clientv3.WithRev(rev))

@@ -272,7 +272,7 @@ func (p *pipeline) settle(ctx context.Context) error {
 	<-t.done
 	if t.err == nil && t.resp.Succeeded {
 		if got := t.resp.Header.Revision; got != t.rev {
-			return fmt.Errorf("%w: after applying blue's revision %d (%d operations) green is at revision %d: something else wrote to green, or green expired a lease by itself; green no longer equals blue", ErrRevisionMismatch, t.rev, len(t.ops), got)
+			return fmt.Errorf("%w: after applying blue's revision %d (%d operations) green is at revision %d: something else wrote to green, or green expired a lease by itself; green no longer equals blue", ErrRevisionMismatch, t.rev, len(t.evs), got)
 		}
 		p.grow()
 		p.flight = p.flight[1:]

@@ -31,7 +31,8 @@ var (
 	// ErrRevisionMismatch: green's revision is not blue's after an apply (or at the start), so
 	// something other than the replicator wrote to green, or green expired a lease by itself.
 	ErrRevisionMismatch = errors.New("green's revision does not match blue's")
-	// ErrTooManyOps: one blue revision holds more operations than green's --max-txn-ops.
+	// ErrTooManyOps: green refuses a blue revision's txn for its operations: green runs with a
+	// --max-txn-ops below etcd's default (TxnOps), which the nested txn is built for.
 	ErrTooManyOps = errors.New("a blue revision holds more operations than green's --max-txn-ops")
 	// ErrRefused: an etcd refuses what replication asks of it in a way that asking again
 	// cannot change: green refuses a revision's txn as an invalid request or as too large for

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-const bigTxn = 100000 // green's --max-txn-ops, as docs/replicate.md asks
+const bigTxn = 100000 // blue's --max-txn-ops where a test makes revisions of many operations; greens keep etcd's default
 
 func put(t *testing.T, m *member, k, v string, opts ...clientv3.OpOption) int64 {
 	t.Helper()
@@ -54,7 +54,7 @@ func TestReplicateExactRevisions(t *testing.T) {
 	for i := range 300 {
 		put(t, blue, fmt.Sprintf("/registry/events/default/ev-%03d", i), "event", clientv3.WithLease(expiring))
 	}
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 
 	var mu sync.Mutex
 	var seen []Progress
@@ -156,7 +156,7 @@ func TestLeases(t *testing.T) {
 	ctx := t.Context()
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "a", "1")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	run := start(t, blue, green, s, nil)
 
 	// blue keeps its lease alive; green's copy is kept alive by the replicator alone.
@@ -299,16 +299,50 @@ func TestCompacted(t *testing.T) {
 	}
 }
 
-// TestTooManyOps: a blue revision with more operations than green's --max-txn-ops stops with
-// ErrTooManyOps naming the revision and its size, and the ways out: a new snapshot (taken after
-// the revision, it holds it), or the flag if it is below what the cutover sets; green is left
-// untouched at the revision before.
-func TestTooManyOps(t *testing.T) {
+// TestRevisionsOfManyOps: blue revisions with more operations than etcd's default
+// --max-txn-ops (a range delete, big txns, and a put-then-delete revision whose sibling
+// sub-txns are each larger than that) reach a green run with the default, each as one
+// revision with the same changes in the same order: the operations are nested, never split.
+func TestRevisionsOfManyOps(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
+	put(t, blue, "/old", "0")
+	green, s := greenFrom(t, blue, etcdOpts{}) // etcd's default --max-txn-ops, 128
+	run := start(t, blue, green, s, nil)
+	keys := func(prefix string, n int) []clientv3.Op {
+		ops := make([]clientv3.Op, n)
+		for i := range ops {
+			ops[i] = clientv3.OpPut(fmt.Sprintf("%s/%05d", prefix, i), "v")
+		}
+		return ops
+	}
+	for _, ops := range [][]clientv3.Op{
+		keys("/big", 20000), // three levels of 128
+		keys("/small", 200),
+		{clientv3.OpTxn(nil, append(keys("/first", 200), clientv3.OpPut("/old", "1")), nil),
+			clientv3.OpTxn(nil, append([]clientv3.Op{clientv3.OpDelete("/old")}, keys("/second", 200)...), nil)},
+	} {
+		if _, err := blue.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := blue.cli.Delete(ctx, "/big/", clientv3.WithPrefix()); err != nil { // 20,000 deletes
+		t.Fatal(err)
+	}
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	sameEvents(t, blue, green, s+1, last)
+}
+
+// TestTooManyOpsForGreen: a green whose --max-txn-ops is far below etcd's default (TxnOps) may
+// refuse a revision of many operations even nested; Run stops with ErrTooManyOps naming the
+// revision, its size and the flag, green untouched.
+func TestTooManyOpsForGreen(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	for i := range 200 {
 		put(t, blue, fmt.Sprintf("k/%03d", i), "v")
 	}
-	green, s := greenFrom(t, blue, etcdOpts{}) // etcd's default --max-txn-ops, 128
+	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: 16})
 	run := start(t, blue, green, s, nil)
 	del, err := blue.cli.Delete(t.Context(), "k/", clientv3.WithPrefix()) // one op on blue, 200 deletes
 	if err != nil {
@@ -318,7 +352,7 @@ func TestTooManyOps(t *testing.T) {
 	if !errors.Is(err, ErrTooManyOps) {
 		t.Fatalf("Run = %v, want ErrTooManyOps", err)
 	}
-	for _, want := range []string{fmt.Sprintf("revision %d holds 200 operations", del.Header.Revision), "new snapshot", "--max-txn-ops", "below 100000"} {
+	for _, want := range []string{fmt.Sprintf("revision %d holds 200 operations", del.Header.Revision), "--max-txn-ops 128"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Run = %v, want it to say %q", err, want)
 		}
@@ -409,10 +443,9 @@ func TestThroughput(t *testing.T) {
 	if testing.Short() {
 		t.Skip("throughput in -short")
 	}
-	o := etcdOpts{maxTxnOps: bigTxn, fsync: true}
-	blue := startEtcd(t, "blue", t.TempDir(), o)
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn, fsync: true})
 	put(t, blue, "a", "1")
-	green, s := greenFrom(t, blue, o)
+	green, s := greenFrom(t, blue, etcdOpts{fsync: true})
 	run := start(t, blue, green, s, func(c *Config) { c.Log = nil })
 
 	const writers, each = 8, 250
@@ -468,7 +501,7 @@ func TestRestarts(t *testing.T) {
 	ctx := t.Context()
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "a", "1")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = 2 * time.Second })
 
 	id := grant(t, blue, 3)
@@ -583,7 +616,7 @@ func TestRequestTooLarge(t *testing.T) {
 func TestTip(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "/a", "1")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	if rev, err := Tip(t.Context(), blue.cli, green.cli); err != nil || rev != s {
 		t.Fatalf("Tip of a fresh restore = %d, %v; want %d", rev, err, s)
 	}
@@ -1148,7 +1181,7 @@ func TestPutThenDeleteInOneRevision(t *testing.T) {
 	ctx := t.Context()
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "/old", "0")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	run := start(t, blue, green, s, nil)
 	txns := [][]clientv3.Op{
 		{clientv3.OpPut("/new", "v")},                            // a new key put, then deleted
@@ -1167,19 +1200,7 @@ func TestPutThenDeleteInOneRevision(t *testing.T) {
 	put(t, blue, "/last", "1")
 	last := catchUp(t, run, blue)
 	sameHistory(t, blue, green, s, last)
-	for rev := s + 1; rev <= last; rev++ {
-		b, err := eventsAt(ctx, blue.cli, rev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := eventsAt(ctx, green.cli, rev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := diffEvents(b, g); diff != "" {
-			t.Fatalf("revision %d: %s", rev, diff)
-		}
-	}
+	sameEvents(t, blue, green, s+1, last)
 	select {
 	case err := <-run.done:
 		run.done <- err
@@ -1229,7 +1250,7 @@ func authedBlue(t *testing.T, blue *member, prefix string) (root, reader, nobody
 func TestSourceRefusesWatch(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{maxTxnOps: bigTxn})
 	put(t, blue, "/registry/a", "0")
-	green, s := greenFrom(t, blue, etcdOpts{maxTxnOps: bigTxn})
+	green, s := greenFrom(t, blue, etcdOpts{})
 	root, reader, nobody := authedBlue(t, blue, "/registry/")
 	for _, tc := range []struct {
 		name string

@@ -27,8 +27,8 @@ import (
 )
 
 // blueEtcdArgs: blue holds up to 200,000 configmaps of 2 KB and their history, and takes any
-// green revision as one txn while it follows green (bake, for the rollback).
-var blueEtcdArgs = []string{"--quota-backend-bytes=8589934592", "--max-txn-ops", "100000", "--max-request-bytes", "10485760"}
+// green revision as one request while it follows green (bake, for the rollback).
+var blueEtcdArgs = []string{"--quota-backend-bytes=8589934592", "--max-request-bytes", "10485760"}
 
 // bakeFor is how long a run bakes (writes on green, blue following) before its rollback.
 const bakeFor = 2 * time.Second
