@@ -159,7 +159,7 @@ const maxGuards = 3
 // fitted makes ops, one per event of evs (one revision), one txn that an etcd running with
 // --max-txn-ops TxnOps takes: siblings nested, each level as wide as leaves every path from
 // the top to an operation within the flag (a lease expiry deletes up to 1,000 keys in one
-// revision; 128 levels of two ops hold more than any etcd request can).
+// revision; 64 levels of two ops would hold more than any etcd request can).
 func fitted(evs []*clientv3.Event, ops []clientv3.Op) []clientv3.Op {
 	for width := TxnOps; ; width /= 2 {
 		txn := siblings(evs, ops, width)
