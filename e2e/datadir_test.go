@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -589,4 +590,90 @@ func TestMigrateBadInputs(t *testing.T) {
 		t.Fatalf("a failed copy left %d entries on the full disk", len(entries))
 	}
 	intact("the full-disk copy")
+}
+
+// TestMigrateDataWithAuth: data with etcd auth on (as every green of a replicating cutover has,
+// and blue after a bake) is upgraded 3.5 -> 3.6 and downgraded back to 3.5: each step's etcd
+// is checked as root by a client certificate kubefence makes for the run, whatever root's
+// password, and the data keeps its keys, its users and auth on.
+func TestMigrateDataWithAuth(t *testing.T) {
+	framework.RequireBins(t, "etcd", framework.Etcd35, "etcd", framework.Etcd36)
+	env, pki := newEnvPKI(t)
+	cfg := framework.EtcdConfig{Name: "auth", Version: framework.Etcd35, TLS: true, PKI: pki}
+	e, err := env.StartEtcd(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := e.Members[0].DataDir
+	want := authedData(t, e)
+	if err := e.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	backups := filepath.Join(t.TempDir(), "backups")
+	for _, run := range [][]string{
+		{"upgrade", "--target-version", framework.Etcd36},
+		{"downgrade", "--target-version", framework.Etcd35},
+	} {
+		args := append([]string{"migrate"}, run...)
+		stdout, stderr, code := kf(t, append(args, "--data-dir", src, "--bin-dir", framework.BinDir(), "--backup-dir", backups, "--step-timeout", "30s")...)
+		if code != 0 {
+			t.Fatalf("migrate %s on data with auth on exited %d:\n%s\n%s", run[0], code, stdout, stderr)
+		}
+	}
+	cfg.Name, cfg.DataDirs = "auth35", []string{src}
+	after, err := env.StartEtcd(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := after.Client() // the health-check certificate: its user has role root
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if st, err := cli.AuthStatus(t.Context()); err != nil || !st.Enabled {
+		t.Fatalf("after the migration: auth status %+v, %v; want auth on", st, err)
+	}
+	users, err := cli.UserList(t.Context())
+	if err != nil || !slices.Contains(users.Users, "root") {
+		t.Fatalf("after the migration: users %v, %v; want root among them", users, err)
+	}
+	sameMaps(t, "etcd 3.5 after the upgrade and the downgrade", served(t, cli), want)
+}
+
+// authedData writes keys to e (TLS, kubeadm's certificates) and turns auth on: root with a
+// password, and the health-check certificate's user (no password) with role root, as a
+// kubeadm cluster with etcd auth has; it returns the keys.
+func authedData(t *testing.T, e *framework.Etcd) map[string]string {
+	t.Helper()
+	ctx := t.Context()
+	cli, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	want := map[string]string{}
+	for i := range 20 {
+		k, v := fmt.Sprintf("/registry/configmaps/default/cm-%02d", i), fmt.Sprint(i)
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = v
+	}
+	const certUser = "kube-etcd-healthcheck-client"
+	for _, step := range []func() error{
+		func() error { _, err := cli.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := cli.UserAdd(ctx, "root", "a password kubefence does not know"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error {
+			_, err := cli.UserAddWithOptions(ctx, certUser, "", &clientv3.UserAddOptions{NoPassword: true})
+			return err
+		},
+		func() error { _, err := cli.UserGrantRole(ctx, certUser, "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return want
 }

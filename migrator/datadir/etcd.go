@@ -60,6 +60,10 @@ func NewClient(spec ConnSpec, endpoints ...string) (*clientv3.Client, error) {
 	if len(endpoints) == 0 {
 		endpoints = spec.Endpoints
 	}
+	return newClient(tc, endpoints)
+}
+
+func newClient(tc *tls.Config, endpoints []string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, TLS: tc, Logger: zap.NewNop()})
 }
 

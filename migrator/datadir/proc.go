@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // HealthPrefix is the reserved key prefix of the health check's write: a step writes one key
@@ -107,20 +108,21 @@ type etcdProc struct {
 	terminated bool
 }
 
-// startEtcd starts bin on a member's data dir, clients on a free loopback port, peers on
-// peerURLs (recorded ones for a multi-member set, else a free loopback port). It dies with
-// kubefence (SIGKILL on parent death), so a killed run leaves no etcd holding the dir. extra
-// are more flags (--snapshot-count).
-func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64, extra []string) (*etcdProc, error) {
+// startEtcd starts bin on a member's data dir, clients on a free loopback port over TLS with
+// client certificates from pki (runTLS), peers on peerURLs (recorded ones for a multi-member
+// set, else a free loopback port). It dies with kubefence (SIGKILL on parent death), so a
+// killed run leaves no etcd holding the dir. extra are more flags (--snapshot-count).
+func startEtcd(bin Binary, dataDir string, ms Membership, peerURLs []string, initialCluster, logPath string, quota int64, pki *tlsutil.Loopback, extra []string) (*etcdProc, error) {
 	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	client := "http://127.0.0.1:" + strconv.Itoa(port)
+	client := "https://127.0.0.1:" + strconv.Itoa(port)
 	argv := []string{
 		bin.Path,
 		"--name", ms.Self.Name, "--data-dir", dataDir,
 		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--cert-file", pki.CertFile, "--key-file", pki.KeyFile, "--trusted-ca-file", pki.CAFile, "--client-cert-auth",
 		"--listen-peer-urls", strings.Join(peerURLs, ","), "--initial-advertise-peer-urls", strings.Join(peerURLs, ","),
 		"--initial-cluster", initialCluster,
 		"--quota-backend-bytes", strconv.FormatInt(quota, 10),

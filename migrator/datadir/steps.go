@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
@@ -70,7 +71,12 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 	if s.SnapshotCount > 0 {
 		extra = []string{"--snapshot-count", strconv.FormatUint(s.SnapshotCount, 10)}
 	}
-	cli, err := e.startMembers(Binary{Path: s.Binary, Version: v}, members, extra)
+	pki, err := tlsutil.NewLoopback(runUser)
+	if err != nil {
+		return err
+	}
+	defer pki.Close()
+	cli, err := e.startMembers(Binary{Path: s.Binary, Version: v}, members, pki, extra)
 	if err != nil {
 		return err
 	}
@@ -154,10 +160,18 @@ func (e *executor) readMembers() ([]*runMember, error) {
 	return members, nil
 }
 
-// startMembers starts etcd bin on every member and returns a client of them all. A single
-// member gets a free loopback peer port; members of a set find each other at the peer URLs
-// their data records.
-func (e *executor) startMembers(bin Binary, members []*runMember, extra []string) (*clientv3.Client, error) {
+// runUser is who a step's checks are, to an etcd whose data has auth on: its client
+// certificate's common name. etcd run with --client-cert-auth takes a verified certificate's
+// common name as the user, and root exists wherever auth is on (etcd enables auth only with
+// it, and keeps it), so the checks read and write whatever root's password; with auth off the
+// name is not looked at. The CA that signs it is made for the step and trusted by nothing
+// else: while the step runs, no other local process reaches the data through that etcd.
+const runUser = "root"
+
+// startMembers starts etcd bin on every member, serving its clients with pki, and returns a
+// client of them all. A single member gets a free loopback peer port; members of a set find
+// each other at the peer URLs their data records.
+func (e *executor) startMembers(bin Binary, members []*runMember, pki *tlsutil.Loopback, extra []string) (*clientv3.Client, error) {
 	var peers []Peer
 	for _, m := range members {
 		if len(members) == 1 {
@@ -183,12 +197,12 @@ func (e *executor) startMembers(bin Binary, members []*runMember, extra []string
 		}
 		log := filepath.Join(e.opts.BackupDir, "logs", fmt.Sprintf("%s-etcd-%s.log", labels[m.dir], bin.Version))
 		var err error
-		if m.p, err = startEtcd(bin, m.dir, m.ms, m.peers, InitialCluster(peers), log, quota, extra); err != nil {
+		if m.p, err = startEtcd(bin, m.dir, m.ms, m.peers, InitialCluster(peers), log, quota, pki, extra); err != nil {
 			return nil, err
 		}
 		urls = append(urls, m.p.clientURL)
 	}
-	return NewClient(ConnSpec{}, urls...)
+	return newClient(pki.Client, urls)
 }
 
 // serveCheck waits until every member is healthy, checks the cluster serves, and for 3.6+

@@ -257,7 +257,9 @@ func newMigrateLifecycleCommand(g *globals, op datadir.Operation) *cobra.Command
 		cmd.Long = `Detect the data dirs' version (version.txt, or inferred), back each one up (a copy with a
 sha256 manifest, never overwritten), then for every minor after the detected one up to
 --target-version: start B/etcd-<version> on the data dirs (all members together, clients on
-loopback ports no one else uses), wait until healthy, check it serves (v3 data: a write to a
+loopback ports no one else uses, over TLS with a client certificate made for the run, whose
+user is root: data with etcd auth on is checked as root, whatever root's password), wait
+until healthy, check it serves (v3 data: a write to a
 key under /kubefence.io/migrate-health/, deleted at once; v2 data: a read only, nothing
 written), wait for etcd 3.6+ to record its storage version, stop it cleanly, check the backend
 carries that version's markers, and write version.txt atomically. Intermediate minors use the
