@@ -217,6 +217,17 @@ func TestStateLock(t *testing.T) {
 			t.Errorf("%s while locked: %v", name, err)
 		}
 	}
+	// A baking process holds the lock for days: it is not one to wait for.
+	l.markBaking()
+	_, err = lockStateDir(dir)
+	for _, want := range []string{"baking", "kubefence cutover status", "kubefence cutover rollback", "kubefence cutover finish"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("lock held by a baking process: %v; want it to say %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "wait for it to finish") {
+		t.Errorf("lock held by a baking process: %v; a bake does not finish by itself", err)
+	}
 	l.unlock()
 	l2, err := lockStateDir(dir)
 	if err != nil {

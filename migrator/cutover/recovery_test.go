@@ -104,7 +104,7 @@ func TestFinishRollbackByHand(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(p.StateDir, "rollback"), 0o700); err != nil {
 				t.Fatal(err)
 			}
-			main := &Journal{Version: 1, ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 2}}
+			main := &Journal{Version: 1, ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 2, Rollback: "r"}}
 			rj := &Journal{Version: 1, ID: "r", State: StateRunning, Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}, {Step: StepSwitch}}}
 			for _, s := range tc.done {
 				rj.Done = append(rj.Done, StepRecord{Step: s})

@@ -79,7 +79,7 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 	if err := r.saveJournal(); err != nil {
 		return nil, err
 	}
-	rep := r.report(ResultDone, nil)
+	rep := r.report(ResultRolledBack, nil)
 	rep.Next = "blue serves behind the proxy, writes open. Green's apiserver may only read green etcd; its processes keep running for inspection ('kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them). Going forward again is a new cutover."
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil

@@ -57,12 +57,17 @@ const (
 	// ResultBaking: green serves and blue follows green (bake.enabled), or did until this
 	// process stopped.
 	ResultBaking = "baking"
+	// ResultRolledBack: a rollback went back to blue (the report's Cutover is the cutover it
+	// rolled back).
+	ResultRolledBack = "rolled-back"
 )
 
 // Report is a cutover's outcome.
 type Report struct {
-	ID     string `json:"id"`
-	Result string `json:"result"` // ResultDone, ResultAborted, ResultFailed
+	ID string `json:"id"`
+	// Cutover is, in a rollback's report, the cutover it rolls back (ID is the rollback's).
+	Cutover string `json:"cutover,omitempty"`
+	Result  string `json:"result"` // ResultDone, ResultAborted, ResultFailed, ...
 	// WriteUnavailability is fence on → fence off: the time writes were refused.
 	WriteUnavailability time.Duration `json:"writeUnavailabilityNanos,omitempty"`
 	// FenceBarrier is the part of it the fence spent waiting for the writes admitted before it
@@ -418,6 +423,9 @@ func newID() string {
 func (r *runner) report(result string, err error) *Report {
 	j := r.j
 	rep := &Report{ID: j.ID, Result: result, Steps: j.Done, SnapshotRevision: j.SnapshotRevision, SnapshotBytes: j.SnapshotBytes, SwitchRevision: j.SwitchRevision, Verified: j.Verified, Rehearsal: j.Rehearsal}
+	if r.main != nil {
+		rep.Cutover = r.main.ID
+	}
 	if j.ReplicationAtFence != nil || j.ReplicationAtStop != nil || j.Rebuilds > 0 {
 		rep.Replication = &ReplicationReport{AtFence: j.ReplicationAtFence, AtStop: j.ReplicationAtStop, Rebuilds: j.Rebuilds}
 	}

@@ -77,7 +77,9 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 			st.FenceStartedAt = j.FencedAt
 		}
 	}
-	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil {
+	// The rollback dir's journal may be an earlier cutover's (rolled back, then a new cutover):
+	// only the one this cutover's journal names is its rollback.
+	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil && j.Bake != nil && rj.ID == j.Bake.Rollback {
 		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
 			st.FinishByHand = finishRollbackByHand(p, rj)

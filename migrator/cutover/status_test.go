@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -41,5 +42,43 @@ func TestStatusOfAnOpenWindow(t *testing.T) {
 	}
 	if st, err := Status(t.Context(), p); err != nil || !st.WindowOpenSince.IsZero() {
 		t.Fatalf("status %+v, %v: the window closed, want no open window", st, err)
+	}
+}
+
+// TestStatusNamesOnlyItsOwnRollback: the rollback journal of an earlier cutover (rolled back,
+// cleaned up, then a new cutover) is not this cutover's rollback: status names only the
+// rollback this cutover's journal records.
+func TestStatusNamesOnlyItsOwnRollback(t *testing.T) {
+	p := replicatePlan(t)
+	rdir := filepath.Join(p.StateDir, "rollback")
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := &Journal{Version: 1, ID: "earlier-rollback", State: StateDone, Done: []StepRecord{{Step: StepUnfence}}}
+	if err := old.save(rdir); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		bake *BakeRecord
+		want string
+	}{
+		{"a new cutover, no bake", nil, ""},
+		{"a new cutover baking", &BakeRecord{}, ""},
+		{"this cutover's rollback", &BakeRecord{Rollback: "earlier-rollback"}, "earlier-rollback (done, last step unfence)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := &Journal{Version: 1, ID: "new", State: StateDone, Bake: tc.bake}
+			if err := j.save(p.StateDir); err != nil {
+				t.Fatal(err)
+			}
+			st, err := Status(t.Context(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Rollback != tc.want {
+				t.Fatalf("status names rollback %q, want %q", st.Rollback, tc.want)
+			}
+		})
 	}
 }

@@ -235,6 +235,19 @@ func TestCutoverReportWording(t *testing.T) {
 	if out := buf.String(); !strings.Contains(out, "window (fence on -> fence off): 86ms, of which 3.1ms the fence waiting for the writes admitted before it") {
 		t.Errorf("report does not split the window by the barrier:\n%s", out)
 	}
+	// A run that never fenced (a rehearsal, a refused preflight) has no refused writes to count.
+	buf.Reset()
+	printReport(&buf, &cutover.Report{ID: "x", Result: cutover.ResultRehearsed})
+	if out := buf.String(); strings.Contains(out, "429") {
+		t.Errorf("a report without a window counts refused writes:\n%s", out)
+	}
+	// A rollback's report says it rolled back, and of which cutover: "cutover R: done" read as
+	// "green serves".
+	buf.Reset()
+	printReport(&buf, &cutover.Report{ID: "r", Cutover: "c", Result: cutover.ResultRolledBack, WriteUnavailability: time.Millisecond})
+	if out := buf.String(); !strings.Contains(out, "rollback r of cutover c: rolled-back") || strings.Contains(out, "cutover r:") {
+		t.Errorf("a rollback's report:\n%s", out)
+	}
 }
 
 // TestFrozenProxyTimesOut: a proxy whose admin socket accepts requests and never answers makes

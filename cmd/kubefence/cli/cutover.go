@@ -315,7 +315,11 @@ func (ep *eventPrinter) startTick(step string) {
 }
 
 func printReport(w io.Writer, r *cutover.Report) {
-	fmt.Fprintf(w, "\ncutover %s: %s\n", r.ID, r.Result)
+	if r.Cutover != "" {
+		fmt.Fprintf(w, "\nrollback %s of cutover %s: %s\n", r.ID, r.Cutover, r.Result)
+	} else {
+		fmt.Fprintf(w, "\ncutover %s: %s\n", r.ID, r.Result)
+	}
 	if r.WriteUnavailability > 0 {
 		fmt.Fprintf(w, "  write-unavailability window (fence on -> fence off): %s", r.WriteUnavailability.Round(time.Millisecond))
 		if r.FenceBarrier > 0 {
@@ -326,7 +330,9 @@ func printReport(w io.Writer, r *cutover.Report) {
 	for _, s := range r.Steps {
 		fmt.Fprintf(w, "  %-22s %10s\n", s.Step, s.Duration.Round(time.Millisecond))
 	}
-	fmt.Fprintf(w, "  %s\n", cutover.RefusedWritesLine(r.RefusedWrites))
+	if r.WriteUnavailability > 0 || r.RefusedWrites > 0 { // a run that never fenced has none
+		fmt.Fprintf(w, "  %s\n", cutover.RefusedWritesLine(r.RefusedWrites))
+	}
 	if rp := r.Replication; rp != nil {
 		if f := rp.AtFence; f != nil {
 			fmt.Fprintf(w, "  replication at the fence: lag %d revisions (%.2fs), %d revisions applied (%.0f/s)\n", f.LagRevisions, f.LagSeconds, f.Revisions, f.RevisionsPerSecond)

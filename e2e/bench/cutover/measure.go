@@ -252,7 +252,7 @@ func cutoverAndBack(ctx context.Context, bin, plan string, rollback bool) (fwd, 
 		return fwd, nil, errors.Join(err, baker.wait())
 	}
 	time.Sleep(bakeFor)
-	back, rb, err := runReport(ctx, cutover.ResultDone, bin, "cutover", "rollback", "--plan", plan)
+	back, rb, err := runReport(ctx, cutover.ResultRolledBack, bin, "cutover", "rollback", "--plan", plan)
 	if err != nil {
 		_ = baker.cmd.Process.Signal(syscall.SIGTERM) // the rollback did not stop it
 	}
