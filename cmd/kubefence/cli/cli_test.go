@@ -419,3 +419,22 @@ func TestFenceOnWording(t *testing.T) {
 		})
 	}
 }
+
+// TestAdviceNamesThePlan: the commands kubefence advises carry the plan's path, in errors and
+// in what it prints, so that they can be pasted; a path a shell would need quoted keeps PLAN.
+func TestAdviceNamesThePlan(t *testing.T) {
+	plan, stateDir := writeLoadablePlan(t)
+	writeFile(t, filepath.Join(stateDir, "journal.json"), `{"version": 1, "id": "x", "state": "running", "rehearse": true}`, 0o600)
+	code, _, errOut := runCLI("cutover", "--plan", plan)
+	if code == ExitOK || !strings.Contains(errOut, "'kubefence cutover abort --plan "+plan+"'") {
+		t.Errorf("cutover over a rehearsal stopped partway = %d, stderr %q; want the abort with --plan %s", code, errOut, plan)
+	}
+	writeFile(t, filepath.Join(stateDir, "journal.json"), `{"version": 1, "id": "x", "state": "running"}`, 0o600)
+	code, out, errOut := runCLI("cutover", "status", "--plan", plan)
+	if code != ExitOK || !strings.Contains(out, "'kubefence cutover --resume --plan "+plan+"'") || strings.Contains(out, "PLAN") {
+		t.Errorf("cutover status = %d, stdout %q, stderr %q; want the resume with --plan %s", code, out, errOut, plan)
+	}
+	if got := planArg("/a dir/plan.yaml"); got != "" {
+		t.Errorf("planArg of a path with a space = %q; want none (PLAN stays)", got)
+	}
+}

@@ -48,6 +48,9 @@ func (o *cutoverOptions) Complete([]string) (err error) {
 	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
+	if o.planFile != "" {
+		withPlanHints(&o.Streams, o.planFile)
+	}
 	switch {
 	case o.planFile == "":
 	case o.shapeOnly:

@@ -60,7 +60,11 @@ func runE(o command) func(*cobra.Command, []string) error {
 		if err := o.Validate(); err != nil {
 			return usage(err)
 		}
-		return o.Run(cmd.Context())
+		err := o.Run(cmd.Context())
+		if h, ok := o.(interface{ hint(error) error }); ok {
+			return h.hint(err) // the plan's path in the advice
+		}
+		return err
 	}
 }
 
