@@ -21,7 +21,8 @@ type Class uint8
 const (
 	// Write is anything that may change cluster state, and anything not recognised.
 	Write Class = iota
-	// Read is get, list and watch of resources, and GET/HEAD of the known read-only paths.
+	// Read is get, list and watch of resources, GET/HEAD of the known read-only paths, and
+	// OPTIONS where a GET is a read.
 	Read
 )
 
@@ -35,8 +36,9 @@ func (c Class) String() string {
 // Attributes are what the fence knows of a request.
 type Attributes struct {
 	// Verb is the Kubernetes verb (get, list, watch, create, update, patch, delete,
-	// deletecollection, proxy), or the lower-case HTTP method for non-resource paths. Empty when
-	// the request could not be classified.
+	// deletecollection, proxy), or the lower-case HTTP method for non-resource paths. Empty for
+	// an OPTIONS of a resource (kube-apiserver's authorizer sees no verb either) and when the
+	// request could not be classified.
 	Verb string
 	// Method is the HTTP method exactly as sent (methods are case-sensitive).
 	Method            string
@@ -68,10 +70,11 @@ func (a *Attributes) Class() Class {
 	if a.Unknown != "" {
 		return Write
 	}
-	if a.Upgrade && (a.Verb != "watch" || a.Subresource != "" || !a.IsResourceRequest) {
-		// exec, attach, port-forward and any aggregated API's streaming subresource. Only a watch
-		// of a resource (WebSocket watches) is a read: RequestInfoFactory also calls "watch" a GET
-		// on a /watch/ path to a subresource, e.g. .../watch/.../virtualmachineinstances/v/console.
+	if a.Method == http.MethodOptions {
+		return a.optionsClass()
+	}
+	if a.Upgrade && !a.readOnlyUpgrade() {
+		// exec, attach, port-forward and any aggregated API's streaming subresource.
 		return Write
 	}
 	if a.IsResourceRequest {
@@ -95,6 +98,70 @@ func (a *Attributes) Class() Class {
 		return Read
 	}
 	return Write
+}
+
+// readOnlyUpgrade reports the protocol upgrades that can be reads (the method is checked by
+// Class): two shapes only.
+//
+// A watch of a resource: k8s.io/apiserver serves it as a WebSocket stream of events
+// (endpoints/handlers/watch.go). Not a watch of a subresource: RequestInfoFactory also calls
+// "watch" a GET on a /watch/ path to a subresource, e.g.
+// .../watch/.../virtualmachineinstances/v/console, an aggregated API's session.
+//
+// A get of pods/log in the core group: LogREST is a GetterWithOptions only, whose Get returns a
+// LocationStreamer that GETs the kubelet (kubernetes pkg/registry/core/pod/rest/log.go,
+// apiserver registry/generic/rest/streamer.go). StreamObject sends it over a WebSocket with
+// wsstream's Reader, which discards whatever the client sends (IgnoreReceives), and ignores any
+// other upgrade (apiserver endpoints/handlers/responsewriters/writers.go, StreamObject). /api is
+// kube-apiserver's own: kube-aggregator serves it through the local APIService "v1." and hands
+// extension apiservers /apis/<group>/<version> only (kube-aggregator pkg/apiserver/apiserver.go).
+//
+// A plain get or list with upgrade headers stays a write: kube-apiserver's own handlers ignore
+// the upgrade (handlers/get.go serializes the object), but the classifier cannot tell an
+// aggregated group, and an extension apiserver may serve a resource's own path with a
+// Connecter (apiserver endpoints/installer.go registers CONNECT on itemPath), which after the
+// upgrade takes whatever the client sends.
+func (a *Attributes) readOnlyUpgrade() bool {
+	if !a.IsResourceRequest {
+		return false
+	}
+	if a.Verb == "watch" && a.Subresource == "" {
+		return true
+	}
+	return a.Verb == "get" && a.APIGroup == "" && a.Resource == "pods" && a.Subresource == "log"
+}
+
+// optionsClass classes an OPTIONS (a browser's CORS preflight, say): a read where a GET of the
+// same shape is, else a write. kube-apiserver changes nothing for it: its CORS filter answers
+// an OPTIONS from an allowed origin with 204 before any handler (apiserver
+// server/filters/cors.go, WithCORS, outside authentication in server/config.go); otherwise it
+// reaches the handlers, where no route takes OPTIONS (endpoints/installer.go registers GET,
+// POST, PUT, PATCH, DELETE and the connecters' methods; go-restful answers 405, the CRD handler
+// MethodNotSupported) except the */proxy connecters, which forward it to the pod, node or
+// service (kubernetes pkg/registry/core/pod/rest/subresources.go, node/rest/proxy.go, service:
+// proxyMethods). An aggregated API gets it from kube-aggregator as it gets a GET, which is a
+// read already. The preflight headers (Origin, Access-Control-Request-Method) are not required:
+// they change where the request goes only when the CORS filter answers it, which the fence cannot
+// know. Non-resource paths and upgrades are no more a read than a GET of them would be.
+func (a *Attributes) optionsClass() Class {
+	if a.Upgrade {
+		return Write
+	}
+	if !a.IsResourceRequest {
+		if readOnlyPath(a.Path) {
+			return Read
+		}
+		return Write
+	}
+	if a.Verb != "" {
+		// RequestInfoFactory's path verbs: "watch" on /watch/ (GET-only routes) and "proxy".
+		return Write
+	}
+	switch a.Subresource {
+	case "exec", "attach", "portforward", "proxy":
+		return Write
+	}
+	return Read
 }
 
 // Session reports a write that opens a session rather than changes stored state: exec, attach,
@@ -162,7 +229,8 @@ func (c *Classifier) Classify(r *http.Request) Attributes {
 	a.Subresource = info.Subresource
 	a.Namespace = info.Namespace
 	a.Name = info.Name
-	if a.Verb == "" {
+	if a.Verb == "" && r.Method != http.MethodOptions {
+		// RequestInfoFactory has no verb for OPTIONS on a resource path either: Class knows it.
 		a.Unknown = "method " + r.Method + " has no Kubernetes verb"
 	}
 	a.HasBody = r.ContentLength != 0 || len(r.TransferEncoding) > 0

@@ -50,7 +50,9 @@ func TestDefaultsEveryVerb(t *testing.T) {
 			tc{"PATCH", p.item, "patch", Write},
 			tc{"DELETE", p.item, "delete", Write},
 			tc{"DELETE", p.collection, "deletecollection", Write},
-			tc{"OPTIONS", p.item, "", Write},
+			// kube-apiserver changes nothing for OPTIONS (see TestOptions): a read where GET is.
+			tc{"OPTIONS", p.item, "", Read},
+			tc{"OPTIONS", p.collection, "", Read},
 			tc{"PROPFIND", p.item, "", Write},
 			tc{"GET", p.item + "/status", "get", Read},
 			tc{"PUT", p.item + "/status", "update", Write},
@@ -92,6 +94,17 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"pod proxy", req("GET", "/api/v1/namespaces/ns/pods/p/proxy/metrics"), false, "write"},
 		{"legacy proxy verb", req("GET", "/api/v1/proxy/namespaces/ns/pods/p/"), false, "write"},
 		{"pod log", req("GET", "/api/v1/namespaces/ns/pods/p/log?follow=true"), true, "read"},
+		// kube-apiserver streams pods/log over a WebSocket one way and ignores what the client sends.
+		{"websocket pod log", req("GET", "/api/v1/namespaces/ns/pods/p/log?follow=true", upgradeWS...), true, "read"},
+		{"spdy pod log", req("GET", "/api/v1/namespaces/ns/pods/p/log?container=c", upgradeSPDY...), true, "read"},
+		{"websocket post to pod log", req("POST", "/api/v1/namespaces/ns/pods/p/log", upgradeWS...), false, "write"},
+		{"websocket on the watch path of pod log", req("GET", "/api/v1/watch/namespaces/ns/pods/p/log", upgradeWS...), false, "write"},
+		{"websocket log of an aggregated group's pods", req("GET", "/apis/example.com/v1/namespaces/ns/pods/p/log", upgradeWS...), false, "write"},
+		{"websocket log of another core resource", req("GET", "/api/v1/nodes/n/log", upgradeWS...), false, "write"},
+		// Upgrade headers on a plain get or list stay a write: an aggregated API may serve a
+		// resource's own path with a Connecter (k8s.io/apiserver endpoints/installer.go).
+		{"websocket get of one object", req("GET", "/api/v1/namespaces/ns/configmaps/c", upgradeWS...), false, "write"},
+		{"websocket list", req("GET", "/apis/apps/v1/namespaces/ns/deployments", upgradeWS...), false, "write"},
 		{"websocket watch", req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), true, "read"},
 		// An upgrade is a read only as a watch of a resource: RequestInfoFactory calls any GET on a
 		// /watch/ path, or with ?watch=true, "watch", a streaming subresource's too.
@@ -222,6 +235,8 @@ rules:
 		{"lease in other namespace", req("PUT", "/apis/coordination.k8s.io/v1/namespaces/default/leases/x"), "", nil, false, "write"},
 		{"lease delete not listed", req("DELETE", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x"), "", nil, false, "write"},
 		{"secret read refused", req("GET", "/api/v1/namespaces/ns/secrets/s"), "", nil, false, `rule "no-secret-reads"`},
+		{"secret options refused by a rule without verbs", req("OPTIONS", "/api/v1/namespaces/ns/secrets/s"), "", nil, false, `rule "no-secret-reads"`},
+		{"options has no verb for a rule with verbs", req("OPTIONS", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x"), "", nil, true, "read"},
 		{"eviction by group", req("POST", "/api/v1/namespaces/ns/pods/p/eviction"), "u", []string{"a", "system:masters"}, true, `rule "evictions"`},
 		{"eviction without group", req("POST", "/api/v1/namespaces/ns/pods/p/eviction"), "u", []string{"a"}, false, "write"},
 		{"pods itself not matched by pods/*", req("DELETE", "/api/v1/namespaces/ns/pods/p"), "u", []string{"system:masters"}, false, "write"},
@@ -272,11 +287,12 @@ func TestParseErrors(t *testing.T) {
 }
 
 // FuzzClassify checks that classification never panics, that nothing but a plain GET or HEAD
-// of a recognised shape is ever called a read, and that a DELETE with a body is never a dry run
-// by its query.
+// of a recognised shape, or an OPTIONS without upgrade whose GET would be a read, is ever called
+// a read, that no upgrade but a watch of a resource or a get of core pods/log is a read, and that
+// a DELETE with a body is never a dry run by its query.
 func FuzzClassify(f *testing.F) {
-	for _, s := range []string{"/api/v1/pods", "/api/v1/watch/pods", "/api/v1/watch/namespaces/ns/configmaps/c", "/api/v1/namespaces/a/pods/b/exec", "//api", "/apis/apps/v1/namespaces/x/deployments?watch=true&watch=false", "/api/v1/nodes/n/proxy", "/healthz", "/%2F", "/api/v1/namespaces/ns/pods/p/ex%65c"} {
-		for _, m := range []string{"GET", "POST", "HEAD", "PATCH", "PUT", "DELETE"} {
+	for _, s := range []string{"/api/v1/pods", "/api/v1/watch/pods", "/api/v1/watch/namespaces/ns/configmaps/c", "/api/v1/namespaces/a/pods/b/exec", "//api", "/apis/apps/v1/namespaces/x/deployments?watch=true&watch=false", "/api/v1/nodes/n/proxy", "/healthz", "/%2F", "/api/v1/namespaces/ns/pods/p/ex%65c", "/api/v1/namespaces/ns/pods/p/log?follow=true", "/apis/x.io/v1/namespaces/ns/pods/p/log", "/debug/flags/v"} {
+		for _, m := range []string{"GET", "POST", "HEAD", "PATCH", "PUT", "DELETE", "OPTIONS"} {
 			f.Add(m, s, false, "")
 			f.Add(m, s, true, "")
 		}
@@ -308,10 +324,21 @@ func FuzzClassify(f *testing.F) {
 		if d.Class != Read {
 			return
 		}
-		if r.Method != "GET" && r.Method != "HEAD" {
+		switch r.Method {
+		case "GET", "HEAD":
+		case "OPTIONS":
+			// The one other method that can be a read, and never more than a GET of it.
+			g := r.Clone(r.Context())
+			g.Method = "GET"
+			ga := c.Classify(g)
+			if upgrade || (a.IsResourceRequest && a.Verb != "") || ga.Class() != Read {
+				t.Fatalf("OPTIONS %q classified as read, GET of it %v: %+v", target, ga.Class(), a)
+			}
+		default:
 			t.Fatalf("%s %q classified as read: %+v", method, target, a)
 		}
-		if a.Unknown != "" || (upgrade && a.Verb != "watch") {
+		podLog := a.Verb == "get" && a.IsResourceRequest && a.APIGroup == "" && a.Resource == "pods" && a.Subresource == "log"
+		if a.Unknown != "" || (upgrade && a.Verb != "watch" && !podLog) {
 			t.Fatalf("%q classified as read: %+v", target, a)
 		}
 		switch a.Subresource {
@@ -405,6 +432,8 @@ func TestSession(t *testing.T) {
 		{req("GET", "/api/v1/namespaces/ns/pods?watch=true", upgradeWS...), false}, // a read
 		{req("POST", "/api/v1/namespaces/ns/configmaps"), false},
 		{req("GET", "/api/v1/namespaces/ns/pods/p/log"), false},
+		{req("GET", "/api/v1/namespaces/ns/pods/p/log?follow=true", upgradeWS...), false}, // a read
+		{req("OPTIONS", "/api/v1/namespaces/ns/pods/p/proxy/", "Origin", "https://x.example"), true},
 		// An aggregated API's streaming subresource (KubeVirt's console, say) is a session.
 		{req("GET", "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/v/console", upgradeWS...), true},
 		{req("GET", "/apis/subresources.kubevirt.io/v1/watch/namespaces/a/virtualmachineinstances/v/console", upgradeWS...), true},
@@ -428,5 +457,58 @@ func TestSession(t *testing.T) {
 		if got := a.Session(); got != tc.want {
 			t.Errorf("%s %s: Session() = %v, want %v", tc.r.Method, tc.r.URL, got, tc.want)
 		}
+	}
+}
+
+// TestOptions covers OPTIONS, a browser's CORS preflight among them. kube-apiserver changes
+// nothing for it: its CORS filter answers a preflight from an allowed origin itself, and
+// otherwise no route but the */proxy connecters takes OPTIONS. So OPTIONS is a read exactly
+// where a GET of the same shape is, with or without the preflight headers, which do not change
+// where the request goes.
+func TestOptions(t *testing.T) {
+	preflight := []string{"Origin", "https://console.example", "Access-Control-Request-Method", "GET"}
+	cases := []struct {
+		name   string
+		r      *http.Request
+		allow  bool
+		reason string
+	}{
+		{"preflight of a list", req("OPTIONS", "/api/v1/namespaces/ns/pods", preflight...), true, "read"},
+		{"preflight of a watch", req("OPTIONS", "/api/v1/namespaces/ns/pods?watch=true", preflight...), true, "read"},
+		{"preflight of a grouped object", req("OPTIONS", "/apis/apps/v1/namespaces/ns/deployments/d", preflight...), true, "read"},
+		{"preflight of an aggregated resource", req("OPTIONS", "/apis/metrics.k8s.io/v1beta1/namespaces/ns/pods", preflight...), true, "read"},
+		{"preflight of pod log", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/log", preflight...), true, "read"},
+		{"preflight of a status subresource", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/status", preflight...), true, "read"},
+		{"preflight of discovery", req("OPTIONS", "/apis", preflight...), true, "read"},
+		{"preflight of version", req("OPTIONS", "/version", preflight...), true, "read"},
+		{"options without preflight headers", req("OPTIONS", "/api/v1/namespaces"), true, "read"},
+		{"options with dry run", req("OPTIONS", "/api/v1/namespaces/ns/configmaps?dryRun=All"), true, "read"},
+		// The */proxy connecters take OPTIONS and forward it to the pod, node or service.
+		{"preflight of pod proxy", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/proxy/x", preflight...), false, "write"},
+		{"preflight of service proxy", req("OPTIONS", "/api/v1/namespaces/ns/services/s:80/proxy/", preflight...), false, "write"},
+		{"preflight of node proxy", req("OPTIONS", "/api/v1/nodes/n/proxy/stats", preflight...), false, "write"},
+		{"preflight of legacy proxy", req("OPTIONS", "/api/v1/proxy/namespaces/ns/pods/p/", preflight...), false, "write"},
+		// No more a read than a GET of the same shape.
+		{"preflight of exec", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/exec", preflight...), false, "write"},
+		{"preflight of attach", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/attach", preflight...), false, "write"},
+		{"preflight of portforward", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/portforward", preflight...), false, "write"},
+		{"options on a watch path", req("OPTIONS", "/api/v1/watch/namespaces/ns/pods", preflight...), false, "write"},
+		{"options with upgrade", req("OPTIONS", "/api/v1/namespaces/ns/pods", upgradeWS...), false, "write"},
+		{"options with upgrade on pod log", req("OPTIONS", "/api/v1/namespaces/ns/pods/p/log", upgradeWS...), false, "write"},
+		{"preflight of an unknown non-resource path", req("OPTIONS", "/logs/kube-apiserver.log", preflight...), false, "write"},
+		{"preflight of debug flags", req("OPTIONS", "/debug/flags/v", preflight...), false, "write"},
+		{"preflight of an odd path", req("OPTIONS", "//api/v1/namespaces", preflight...), false, "unrecognised: empty path segment"},
+		{"lower-case options", req("options", "/api/v1/namespaces", preflight...), false, "unrecognised: method options has no Kubernetes verb"},
+	}
+	pol := &Policy{}
+	c := NewClassifier()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := c.Classify(tc.r)
+			d := pol.Decide(&a)
+			if d.Allow != tc.allow || d.Reason != tc.reason {
+				t.Errorf("%s %s: decision %+v (attrs %+v), want allow=%v reason=%q", tc.r.Method, tc.r.URL, d, a, tc.allow, tc.reason)
+			}
+		})
 	}
 }
