@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kubefence/kubefence/policy"
@@ -36,6 +37,9 @@ type backend struct {
 	streams  map[*stream]struct{}
 	idle     chan struct{} // closed when streams becomes empty while draining
 	resumed  int           // watches handed off to the next backend while draining
+	// resumedThenEnded counts watches resumed on this backend that it then ended at once with
+	// an ERROR event (a resourceVersion older than its watch cache: 410 Expired).
+	resumedThenEnded atomic.Int64
 }
 
 // TransportOptions shape the connection pools to every backend.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -124,7 +125,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	// The new body is this stream's before the old backend lets the switch return: a next
 	// switch's moveTo then finds it, and its draining is not undone here.
 	w.mu.Lock()
-	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log}
+	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
@@ -144,6 +145,7 @@ type firstEventGuard struct {
 	rc      io.ReadCloser
 	fr      framing
 	log     *slog.Logger
+	ended   *atomic.Int64 // counts the resumes so ended (the new backend's, for status)
 	checked bool
 	buf     []byte // read, not passed on yet
 }
@@ -159,6 +161,7 @@ func (g *firstEventGuard) Read(p []byte) (int, error) {
 			var e eventMeta
 			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
 				g.log.Info("watch resumed, then ended by the new backend (an ERROR event, e.g. 410 Expired); ended cleanly")
+				g.ended.Add(1)
 				return 0, io.EOF
 			}
 			g.checked = true

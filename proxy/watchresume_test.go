@@ -559,7 +559,7 @@ func TestWatchBodyInterruptedMidEvent(t *testing.T) {
 // TestWatchResumeEndsOnExpired: kube-apiserver answers a watch from a resourceVersion its cache
 // no longer holds with 200 and one ERROR event (410 Expired), not with an HTTP 410. A resumed
 // watch that the new backend answers so ends cleanly between events: the ERROR is not passed on
-// (informers relist as after any end; kubectl get -w ends instead of failing).
+// (informers relist as after any end; kubectl get -w ends instead of failing). Status counts it.
 func TestWatchResumeEndsOnExpired(t *testing.T) {
 	for _, fr := range framings {
 		for _, ends := range []bool{false, true} { // the backend ends the response with the ERROR
@@ -580,6 +580,10 @@ func TestWatchResumeEndsOnExpired(t *testing.T) {
 					gw.feed <- expired
 				}
 				c.expectEnd(t)
+				// Counted, so that a cutover does not report it as a watch that goes on.
+				if st := p.Status(); st.ResumedThenEnded != 1 {
+					t.Fatalf("status says %d watch(es) resumed then ended by the new backend, want 1", st.ResumedThenEnded)
+				}
 			})
 		}
 	}

@@ -880,3 +880,28 @@ func TestAbortPutsTheOneProxyBack(t *testing.T) {
 		t.Errorf("proxy %+v (asked %q), want it open on blue", *w.st, w.calls)
 	}
 }
+
+// TestUnfenceSaysWhichResumesGreenEnded: watches the switch resumed on green but green then
+// ended at once (410: their resourceVersion older than its watch cache) are not reported as
+// going on: the unfence says how many, and that their clients relist.
+func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
+	for _, tc := range []struct {
+		ended int64
+		want  string
+	}{
+		{0, ""},
+		{3, "3 watch(es) resumed on green were then ended by it"},
+	} {
+		p := replicatePlan(t)
+		var calls []string
+		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: tc.ended}
+		r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{FencedAt: time.Now()}, adm: memProxy(st, &calls)}).forward()
+		detail, err := unfenceStep{}.run(t.Context(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.want == "" && strings.Contains(detail, "resumed") || !strings.Contains(detail, tc.want) {
+			t.Errorf("%d ended: unfence detail %q; want %q", tc.ended, detail, tc.want)
+		}
+	}
+}

@@ -26,5 +26,12 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	r.j.UnfencedAt = time.Now().UTC()
 	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
-	return fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond)), nil
+	detail := fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
+	if n := resp.Status.ResumedThenEnded; n > 0 {
+		// The switch counts a watch resumed once the target answers 200; kube-apiserver then
+		// sends one ERROR event (410) when the watch's resourceVersion is older than its watch
+		// cache, which starts when its apiserver started (docs/proxy.md).
+		detail += fmt.Sprintf("; %d watch(es) resumed on %s were then ended by it (their resourceVersion older than its apiserver's watch cache: those clients relist)", n, r.to.name)
+	}
+	return detail, nil
 }

@@ -59,6 +59,10 @@ type Status struct {
 	// connections open on the active backend.
 	OpenWatches int64 `json:"openWatches"`
 	OpenStreams int   `json:"openStreams"`
+	// ResumedThenEnded counts the watches a switch resumed on the active backend that it then
+	// ended at once with an ERROR event (their resourceVersion older than its watch cache, 410
+	// Expired): their clients relist, as after a switch without resumption.
+	ResumedThenEnded int64 `json:"resumedThenEnded,omitempty"`
 	// RefusedWrites counts 429s since the proxy started.
 	RefusedWrites uint64 `json:"refusedWrites"`
 	// RetryAfterSeconds is what refused clients are told.

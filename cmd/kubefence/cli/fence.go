@@ -474,6 +474,9 @@ func printStatus(w io.Writer, st admin.Status) {
 	fmt.Fprintf(tw, "backend:\t%s\n", st.Backend)
 	fmt.Fprintf(tw, "in-flight writes:\t%d\n", st.InflightWrites)
 	fmt.Fprintf(tw, "open watches:\t%d\n", st.OpenWatches)
+	if st.ResumedThenEnded > 0 {
+		fmt.Fprintf(tw, "watches resumed here, then ended by it:\t%d (resourceVersion older than its watch cache: their clients relisted)\n", st.ResumedThenEnded)
+	}
 	fmt.Fprintf(tw, "refused writes:\t%d (since the proxy started)\n", st.RefusedWrites)
 	h := st.Hold
 	fmt.Fprintf(tw, "held writes:\t%d now (%d bytes); since start: %d released, %d timed out (refused), %d abandoned by their clients, %d refused (waiting room full)\n",
@@ -513,7 +516,9 @@ events the proxy re-issues it to URL from the last resourceVersion it delivered,
 one stream, with no relist and no event lost or repeated. Use it only when URL serves the same
 etcd revisions as the old backend (a replication cutover, or another apiserver on the same
 etcd); otherwise resourceVersions mean different things there and watches must end. A watch
-that cannot be resumed (still sending its initial events, or refused by URL) ends as without it.`,
+that cannot be resumed (still sending its initial events, or refused by URL) ends as without it,
+and so does one URL's apiserver ends at once because its resourceVersion is older than its
+watch cache (it began when that apiserver started): 'fence status' counts those.`,
 		Args: args(cobra.ExactArgs(1)),
 	}, o, defaultAdminTimeout+proxy.NewOptions().DrainTimeout,
 		fmt.Sprintf("how long to wait for each proxy's answer, which comes once the watches on the old backend have drained: %s plus the proxy's default --drain-timeout; raise it for a proxy with a longer --drain-timeout", defaultAdminTimeout))
