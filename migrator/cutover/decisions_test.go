@@ -449,6 +449,12 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	if err != nil || rep.Result != ResultDone {
 		t.Fatalf("report %+v, %v", rep, err)
 	}
+	// Green for good: what the operator still has to change (runbook), not only blue to stop.
+	for _, want := range []string{"--upstream", "what starts the control plane"} {
+		if !strings.Contains(rep.Next, want) {
+			t.Errorf("the done report's next step %q does not say %q", rep.Next, want)
+		}
+	}
 	if rep.FenceBarrier != 12*time.Millisecond {
 		t.Errorf("report's fence barrier %s, want 12ms", rep.FenceBarrier)
 	}

@@ -293,6 +293,11 @@ func (r *runner) verifyAgainOnResume() {
 	r.emit(Event{Type: EventNote, Step: StepVerify, Detail: "verifying again: the changes since the last full verify were compared by the process that stopped"})
 }
 
+// greenForGood is what is left to do once green serves for good (docs/runbook.md): a proxy
+// that loses its state file starts on --upstream, and the control plane's own config still
+// names blue.
+const greenForGood = "Now point each proxy's --upstream (and --upstream-ca-file, --allowed-backends) at green in its manifest or unit (a proxy that loses its state file starts on --upstream), and update what starts the control plane (kubeadm's manifests, your config management) to green's etcd and apiserver."
+
 // run walks the steps the journal has not finished; a failed step ends in fail, unless green
 // is rebuilt from a new snapshot (rebuild.go) and the walk starts again.
 func (r *runner) run(ctx context.Context) (*Report, error) {
@@ -326,13 +331,13 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep := r.report(ResultDone, nil)
-	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it)."
+	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it). " + greenForGood
 	if r.p.Bake.Enabled {
 		why := r.j.NoBake
 		if why == "" {
 			why = "see the reverse-replication step"
 		}
-		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (" + why + "). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it)."
+		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (" + why + "). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it). " + greenForGood
 	}
 	rep.Next += r.rolesTakenAdvice()
 	r.emit(Event{Type: EventReport, Report: rep})
