@@ -200,6 +200,20 @@ func authOn(ctx context.Context, cli clientv3.Auth) (bool, error) {
 	return false, fmt.Errorf("etcd auth: is it on? (asked by authenticating as nobody): %w", err)
 }
 
+// checkBlueTxnLimits (preflight) checks, with a bake, that blue takes green's revisions as
+// single txns (checkTxnLimits), before anything is copied; a rehearsal checks it too.
+func checkBlueTxnLimits(ctx context.Context, p *Plan) error {
+	if !p.Bake.Enabled {
+		return nil
+	}
+	cli, err := newEtcdClient(p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	defer cli.Close()
+	return checkTxnLimits(ctx, cli)
+}
+
 // checkTxnLimits asks blue for a txn of replicate.TxnOps comparisons and one of
 // blueMinRequestSize bytes; both only compare (no revision), and etcd refuses them before
 // reading anything if its --max-txn-ops or --max-request-bytes is lower.
@@ -217,7 +231,9 @@ func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 	}
 	big := strings.Repeat("x", blueMinRequestSize)
 	_, err = cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(replicate.ProbeKey), "=", big)).Commit()
-	if errors.Is(rpctypes.Error(err), rpctypes.ErrRequestTooLarge) {
+	// etcd refuses a request above --max-request-bytes itself, or gRPC does, above that plus
+	// etcd's allowance for framing ("received message larger than max"): both are the flag.
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted {
 		return fmt.Errorf("blue etcd refuses a request of %d MiB: run it with --max-request-bytes %d (or more) so that it can take any green revision as one txn while it follows green", blueMinRequestSize>>20, greenMaxRequestBytes)
 	}
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"go.etcd.io/etcd/server/v3/embed"
 	"os"
 	"os/exec"
 	"slices"
@@ -599,6 +600,40 @@ func TestBlueBakeCertChecked(t *testing.T) {
 			err := checkBlueBakeCert(p)
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("checkBlueBakeCert = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCheckTxnLimits: a bake needs blue to take any green revision as one txn: requests of
+// blueMinRequestSize, and replication's nested txns, which fit etcd's default --max-txn-ops;
+// the check names the flag to raise, and changes nothing in blue.
+func TestCheckTxnLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  func(*embed.Config)
+		want string
+	}{
+		{"etcd's defaults", func(*embed.Config) {}, "--max-request-bytes 10485760"},
+		{"as the runbook asks", func(c *embed.Config) { c.MaxRequestBytes = 10 << 20 }, ""},
+		{"max-txn-ops lowered", func(c *embed.Config) { c.MaxRequestBytes, c.MaxTxnOps = 10<<20, 64 }, "--max-txn-ops 128 (etcd's default)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cli, err := newEtcdClient(datadir.ConnSpec{Endpoints: startTestEtcd(t, tc.cfg).Endpoints()}) // as the bake's steps connect
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			before, err := cli.Get(t.Context(), "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = checkTxnLimits(t.Context(), cli)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("checkTxnLimits = %v, want %q", err, tc.want)
+			}
+			if after, err := cli.Get(t.Context(), "x"); err != nil || after.Header.Revision != before.Header.Revision {
+				t.Fatalf("the check moved blue's revision: %d -> %d (%v)", before.Header.Revision, after.Header.Revision, err)
 			}
 		})
 	}

@@ -16,7 +16,7 @@ import (
 
 // startTestEtcd starts a single-member in-process etcd (no fsync) on ports the kernel picks and
 // returns a client of it; both end with the test.
-func startTestEtcd(t *testing.T) *clientv3.Client {
+func startTestEtcd(t *testing.T, mutate ...func(*embed.Config)) *clientv3.Client {
 	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Name, cfg.Dir = "blue", t.TempDir()
@@ -27,6 +27,9 @@ func startTestEtcd(t *testing.T) *clientv3.Client {
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{p}, []url.URL{p}
 	cfg.InitialCluster = "blue=" + p.String()
 	cfg.UnsafeNoFsync = true
+	for _, m := range mutate {
+		m(cfg)
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -276,9 +276,14 @@ func (r *runner) finishRehearsal() (*Report, error) {
 	rep := r.report(ResultRehearsed, err)
 	if err != nil {
 		rep.Result = ResultFailed
-		rep.Next = "tearing green down did not complete: run 'kubefence cutover cleanup --plan …' to stop what is left"
+		rep.Next = "tearing green down did not complete: run 'kubefence cutover cleanup --plan PLAN' to stop what is left"
 	} else {
 		rep.Next = "green was torn down (processes stopped, its data dirs and blue's snapshot removed)" + r.p.leftOnHosts() + "; writes were never fenced. Run the cutover without --rehearse when ready."
+	}
+	if r.p.Bake.Enabled {
+		// A rehearsal changes nothing in blue; its preflight checked blue takes green's
+		// revisions (checkBlueTxnLimits).
+		rep.Next += " Not rehearsed: " + StepBlueAuth + " (turning etcd auth on in blue, with blue's apiserver checked ready under it, else turned off again), which the cutover does before it replicates: a rehearsal changes nothing in blue."
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, err

@@ -74,6 +74,14 @@ func TestRehearsalNamesWhatHostsStarted(t *testing.T) {
 	if err != nil || !strings.Contains(rep.Next, "green apiserver https://10.0.0.12:7443, which kubefence does not stop") {
 		t.Fatalf("report %+v, %v: want it to name the green apiserver its host started", rep, err)
 	}
+	if strings.Contains(rep.Next, StepBlueAuth) {
+		t.Errorf("a rehearsal without a bake says what it did not rehearse of one: %s", rep.Next)
+	}
+	// With a bake, the report says the one step before the fence it does not rehearse.
+	p.Bake.Enabled = true
+	if rep, err := r.finishRehearsal(); err != nil || !strings.Contains(rep.Next, "Not rehearsed: "+StepBlueAuth) {
+		t.Fatalf("report %+v, %v: want it to say %s was not rehearsed", rep, err, StepBlueAuth)
+	}
 	if _, err := os.Stat(r.snapshotPath()); !os.IsNotExist(err) {
 		t.Errorf("the rehearsal left blue's snapshot %s (%v)", r.snapshotPath(), err)
 	}
