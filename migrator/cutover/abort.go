@@ -25,7 +25,7 @@ const abortTimeout = 2 * time.Minute
 const afterFailedRollbackAbort = "the rollback's abort did not complete: once every proxy answers ('kubefence fence status'), run 'kubefence cutover rollback --resume': it goes on to blue, or back to green if it cannot"
 
 // nextAfterAbort is the advice after an abort that completed.
-const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (remove them before the next cutover)"
+const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (the next cutover needs them gone: 'kubefence cutover cleanup --plan PLAN --remove-data-dirs' removes them)"
 
 // fail handles a step's error. Before the point of no return it aborts back to blue; from the
 // switch on, it aborts too unless the switch reached the proxies (pastSwitch), in which case the

@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -307,19 +308,24 @@ func TestCheckGreenKubeconfig(t *testing.T) {
 		// command), behind a proxy with a blue apiserver of its own.
 		other bool
 		want  string
+		// at: green.apiserver.url, when not greenURL.
+		at string
 	}{
-		{"green", greenURL, false, ""},
-		{"blue's url", "https://10.0.0.1:6443", false, "is blue's apiserver"},
-		{"blue kubeconfig's server", "https://blue.example:6443", false, "server of blue.apiserver.kubeconfig"},
-		{"the proxy", proxy.URL, false, "already answers before green is started"},
-		{"another host's, started there", proxy.URL, true, ""},
-		{"another host's, at that proxy's blue", "https://n2:6443", true, "green.apiservers[0].kubeconfig's server https://n2:6443 is proxies[0].blueURL"},
+		{"green", greenURL, false, "", ""},
+		{"blue's url", "https://10.0.0.1:6443", false, "is blue's apiserver", ""},
+		{"blue kubeconfig's server", "https://blue.example:6443", false, "server of blue.apiserver.kubeconfig", ""},
+		{"the proxy", proxy.URL, false, "already answers before green is started", ""},
+		{"another host's, started there", proxy.URL, true, "", ""},
+		{"another host's, at that proxy's blue", "https://n2:6443", true, "green.apiservers[0].kubeconfig's server https://n2:6443 is proxies[0].blueURL", ""},
+		// Green's own address already serving (a green apiserver an earlier run left): the
+		// advice is not to point the kubeconfig where it points.
+		{"green's address, already serving", proxy.URL, false, "kubefence cutover cleanup", proxy.URL},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p, dir := validPlan(t)
 			p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, dir, "blue.kubeconfig", "https://blue.example:6443")
-			p.Green.APIServer.URL = greenURL
+			p.Green.APIServer.URL = cmp.Or(tc.at, greenURL)
 			p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", tc.server)
 			if tc.other {
 				p.Green.APIServer.Kubeconfig = writeKubeconfig(t, dir, "green.kubeconfig", greenURL)
@@ -332,6 +338,9 @@ func TestCheckGreenKubeconfig(t *testing.T) {
 			}
 			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+			if err != nil && tc.at != "" && strings.Contains(err.Error(), "point green.apiserver.kubeconfig") {
+				t.Fatalf("error %v: the kubeconfig points at green already", err)
 			}
 		})
 	}

@@ -11,8 +11,10 @@ type CleanupReport struct {
 	State string `json:"state"`
 	// Stopped are the green processes stopped (and a static pod manifest removed).
 	Stopped []string `json:"stopped"`
-	// RemovedDataDirs says whether the green data dirs this cutover restored were removed.
-	RemovedDataDirs bool `json:"removedDataDirs"`
+	// RemovedDataDirs says whether green data dirs this cutover restored were removed (false
+	// when none was there); RemovedDirs names them.
+	RemovedDataDirs bool     `json:"removedDataDirs"`
+	RemovedDirs     []string `json:"removedDirs,omitempty"`
 	// LeftOnHosts names the green processes other hosts started, which cleanup does not stop.
 	LeftOnHosts []string `json:"leftOnHosts,omitempty"`
 }
@@ -57,10 +59,10 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		return rep, err
 	}
 	if removeDataDirs {
-		if err := r.removeRestoredDirs(); err != nil {
+		if rep.RemovedDirs, err = r.removeRestored(); err != nil {
 			return rep, err
 		}
-		rep.RemovedDataDirs = true
+		rep.RemovedDataDirs = len(rep.RemovedDirs) > 0
 	}
 	return rep, nil
 }

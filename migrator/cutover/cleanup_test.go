@@ -27,6 +27,7 @@ func TestCleanup(t *testing.T) {
 		hostStarted         bool // green.apiservers holds one its host starts: named, not stopped
 		survivor            int  // a pid that is still running after its stop
 		planHash            string
+		gone                bool // the data dir was removed before (by hand, an earlier cleanup)
 	}{
 		{name: "in progress", state: StateRunning, wantErr: "in progress"},
 		{name: "done", state: StateDone, wantErr: "green serves the cluster"},
@@ -36,6 +37,7 @@ func TestCleanup(t *testing.T) {
 		{name: "aborted", state: StateAborted, marker: "x", wantStopped: []int{101, 102}},
 		{name: "aborted, an apiserver its host started", state: StateAborted, marker: "x", wantStopped: []int{101, 102}, hostStarted: true},
 		{name: "rehearsed, data removed", state: StateRehearsed, marker: "x", remove: true, wantStopped: []int{101, 102}, wantDirGone: true},
+		{name: "data dirs gone already", state: StateAborted, remove: true, gone: true, wantStopped: []int{101, 102}, wantDirGone: true},
 		// Processes are found by the command lines the plan gives: an edited plan finds none,
 		// and would remove the data dirs of etcds still running.
 		{name: "the plan changed", state: StateAborted, marker: "x", remove: true, planHash: "other-plan", wantErr: "the plan changed"},
@@ -46,11 +48,13 @@ func TestCleanup(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)
 			dir := p.Green.Etcd.Members[0].DataDir
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, restoreMarker), []byte(tc.marker), 0o600); err != nil {
-				t.Fatal(err)
+			if !tc.gone {
+				if err := os.MkdirAll(dir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, restoreMarker), []byte(tc.marker), 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 				t.Fatal(err)
@@ -76,6 +80,9 @@ func TestCleanup(t *testing.T) {
 				}
 			} else if err != nil || len(rep.Stopped) != len(tc.wantStopped) {
 				t.Fatalf("cleanup = %+v, %v", rep, err)
+			}
+			if tc.wantErr == "" && rep.RemovedDataDirs != (tc.remove && !tc.gone) {
+				t.Errorf("report says data dirs removed: %v; want %v (none was there)", rep.RemovedDataDirs, tc.remove && !tc.gone)
 			}
 			if tc.wantErr == "" && tc.hostStarted != slices.Equal(rep.LeftOnHosts, []string{"green apiserver https://host2:6443"}) {
 				t.Errorf("left on hosts %q; want host2's apiserver named: %v", rep.LeftOnHosts, tc.hostStarted)

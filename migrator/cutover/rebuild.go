@@ -75,19 +75,26 @@ func (p *Plan) externalLearnersAdvice() string {
 // marker); a dir without the marker is left alone (never restored), one with another run's
 // marker is an error.
 func (r *runner) removeRestoredDirs() error {
+	_, err := r.removeRestored()
+	return err
+}
+
+// removeRestored is removeRestoredDirs, saying which dirs it removed.
+func (r *runner) removeRestored() (removed []string, err error) {
 	for _, m := range r.p.Green.Etcd.Members {
 		b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			continue
 		case err != nil:
-			return err
+			return removed, err
 		case string(b) != r.j.ID:
-			return fmt.Errorf("green data dir %s was not restored by cutover %s: leaving it alone", m.DataDir, r.j.ID)
+			return removed, fmt.Errorf("green data dir %s was not restored by cutover %s: leaving it alone", m.DataDir, r.j.ID)
 		}
 		if err := os.RemoveAll(m.DataDir); err != nil {
-			return fmt.Errorf("removing green data dir %s: %w", m.DataDir, err)
+			return removed, fmt.Errorf("removing green data dir %s: %w", m.DataDir, err)
 		}
+		removed = append(removed, m.DataDir)
 	}
-	return nil
+	return removed, nil
 }

@@ -183,11 +183,16 @@ func checkGreenKubeconfigOf(ctx context.Context, p *Plan, field string, a GreenA
 		return nil // its host starts it, maybe already
 	}
 	d := net.Dialer{Timeout: 2 * time.Second}
-	if c, err := d.DialContext(ctx, "tcp", server); err == nil {
-		c.Close()
-		return fmt.Errorf("%s.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", field, green.Host, fix)
+	c, err := d.DialContext(ctx, "tcp", server)
+	if err != nil {
+		return nil
 	}
-	return nil
+	c.Close()
+	if server == proc.HostPort(a.URL) {
+		// The kubeconfig is right; something holds green's address.
+		return fmt.Errorf("something already answers at green's apiserver address %s (%s.url) before green is started: a green apiserver an earlier cutover or rehearsal left ('kubefence cutover cleanup --plan PLAN' stops it), or another process, which verify would read instead of the green this cutover starts: stop it first", a.URL, field)
+	}
+	return fmt.Errorf("%s.kubeconfig's server %s already answers before green is started: it reaches blue, the proxy or another apiserver, and verify would not be reading green; %s", field, green.Host, fix)
 }
 
 func readDirIfExists(dir string) ([]os.DirEntry, error) {

@@ -196,8 +196,11 @@ func (o *cutoverCleanupOptions) Run(ctx context.Context) error {
 		} else {
 			fmt.Fprintf(w, "stopped %s\n", strings.Join(rep.Stopped, ", "))
 		}
-		if rep.RemovedDataDirs {
-			fmt.Fprintln(w, "green data dirs it restored: removed")
+		switch {
+		case rep.RemovedDataDirs:
+			fmt.Fprintf(w, "green data dirs it restored: removed %s\n", strings.Join(rep.RemovedDirs, ", "))
+		case o.removeDataDirs:
+			fmt.Fprintln(w, "green data dirs it restored: none was there")
 		}
 		if len(rep.LeftOnHosts) > 0 {
 			fmt.Fprintf(w, "their hosts started %s, which kubefence does not stop: stop them there\n", strings.Join(rep.LeftOnHosts, ", "))
