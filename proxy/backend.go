@@ -170,7 +170,7 @@ func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
 		pools = append(pools, b.identity)
 	}
 	for _, p := range pools {
-		if proto, err := ping(ctx, p.writes, b.url); err != nil || proto == 2 {
+		if proto, err := p.ping(ctx, b.url); err != nil || proto == 2 {
 			if err != nil {
 				log.Debug("warming backend connections", "backend", b.url.String(), "err", err)
 			}
@@ -178,48 +178,21 @@ func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
 		}
 		var wg sync.WaitGroup
 		for range n - 1 {
-			wg.Go(func() { _, _ = ping(ctx, p.writes, b.url) })
+			wg.Go(func() { _, _ = p.ping(ctx, b.url) })
 		}
 		wg.Wait()
 	}
 }
 
-// warmWatches opens the HTTP/2 connection of each pool's watches transport, ahead of the
-// watches a switch resumes on b: they then share it. Go's transport dials a connection for
-// every request that finds none open, so a cold one would make the backend answer a TLS
-// handshake per resumed watch, in the cutover's window (TestResumedWatchesShareAConnection).
-// Over HTTP/1.1 every watch needs a connection of its own anyway, and one is opened here.
-func (b *backend) warmWatches(ctx context.Context, log *slog.Logger) {
-	// Inside the cutover's window: a backend slow to answer costs at most this; the watches
-	// then open their own connections, as before.
-	ctx, cancel := context.WithTimeout(ctx, warmWatchesBound)
-	defer cancel()
-	var wg sync.WaitGroup
-	for _, p := range []*pool{b.plain, b.identity} {
-		if p == nil {
-			continue
-		}
-		wg.Go(func() {
-			if _, err := ping(ctx, p.watches, b.url); err != nil {
-				log.Debug("warming backend watch connections", "backend", b.url.String(), "err", err)
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// warmWatchesBound bounds warmWatches.
-const warmWatchesBound = time.Second
-
-// ping sends GET /livez over t and returns the HTTP major version it went over.
-func ping(ctx context.Context, t *http.Transport, u *url.URL) (int, error) {
+// ping sends GET /livez on p's writes transport and returns the HTTP major version it went over.
+func (p *pool) ping(ctx context.Context, u *url.URL) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String()+"/livez", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := t.RoundTrip(req)
+	resp, err := p.writes.RoundTrip(req)
 	if err != nil {
 		return 0, err
 	}

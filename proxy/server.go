@@ -272,9 +272,6 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	if err := probeTLS(ctx, nb); err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
-	if req.ResumeWatches && old.openStreams() > 0 {
-		nb.warmWatches(ctx, s.log)
-	}
 	_, err = s.gate.updateThen(func(st *State) error {
 		if !st.Fenced {
 			return ErrNotFenced

@@ -5,18 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,30 +41,7 @@ type apiWatch struct {
 
 func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
 	a := &watchAPI{fr: fr}
-	a.Server = httptest.NewServer(a.handler(name))
-	t.Cleanup(a.Close)
-	return a
-}
-
-// newWatchAPITLS is a watchAPI over TLS that speaks HTTP/2, as kube-apiserver does; conns
-// counts the connections clients opened to it.
-func newWatchAPITLS(t *testing.T, name string, fr framing, conns *atomic.Int32) *watchAPI {
-	a := &watchAPI{fr: fr}
-	a.Server = httptest.NewUnstartedServer(a.handler(name))
-	a.EnableHTTP2 = true
-	a.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	a.StartTLS()
-	t.Cleanup(a.Close)
-	return a
-}
-
-func (a *watchAPI) handler(name string) http.Handler {
-	fr := a.fr
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("watch") != "true" {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"from":%q}`, name)
@@ -101,7 +73,9 @@ func (a *watchAPI) handler(name string) http.Handler {
 				return
 			}
 		}
-	})
+	}))
+	t.Cleanup(a.Close)
+	return a
 }
 
 func contentTypeOf(fr framing) string {
@@ -767,43 +741,3 @@ func (g *gatedReader) Read(p []byte) (int, error) {
 }
 
 func (g *gatedReader) Close() error { return nil }
-
-// TestResumedWatchesShareAConnection: watches resumed on a new HTTP/2 backend at a switch go over
-// one connection per pool, opened before they move, not a TLS handshake each: kube-apiserver
-// pays for every handshake, in the window, while every watch waits for its own.
-func TestResumedWatchesShareAConnection(t *testing.T) {
-	const n = 40
-	var blueConns, greenConns atomic.Int32
-	blue, green := newWatchAPITLS(t, "blue", framingJSON, &blueConns), newWatchAPITLS(t, "green", framingJSON, &greenConns)
-	ca := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: blue.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, blue.URL, func(o *Options) {
-		o.UpstreamCAFile = ca
-		o.AllowedBackends = []string{"https://127.0.0.1:*"}
-	})
-	clients := make([]*watchClient, n)
-	for i := range clients {
-		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
-	}
-	for i, c := range clients {
-		ev := testEvent{"ADDED", fmt.Sprintf("a%d", i), "10"}
-		blue.watch(t, i+1).feed <- frame(t, framingJSON, ev, nil)
-		c.expect(t, ev)
-	}
-	before := greenConns.Load() // the switch's own check of green's certificate
-	if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != n {
-		t.Fatalf("drain = %+v, want %d watches resumed", sw.Drain, n)
-	}
-	ev := testEvent{"MODIFIED", "b", "11"} // the watches reach green in any order
-	for i := range clients {
-		green.watch(t, i+1).feed <- frame(t, framingJSON, ev, nil)
-	}
-	for _, c := range clients {
-		c.expect(t, ev)
-	}
-	if got := greenConns.Load() - before; got > 2 {
-		t.Fatalf("the %d resumed watches opened %d connections to green; want them on one (two with the identity pool)", n, got)
-	}
-}
