@@ -449,6 +449,11 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	if err != nil || rep.Result != ResultDone {
 		t.Fatalf("report %+v, %v", rep, err)
 	}
+	for _, rec := range rep.Steps {
+		if strings.Contains(rec.Detail, "by hand") {
+			t.Errorf("step %s of a run nobody touched: %s", rec.Step, rec.Detail)
+		}
+	}
 	// Green for good: what the operator still has to change (runbook), not only blue to stop.
 	for _, want := range []string{"--upstream", "what starts the control plane"} {
 		if !strings.Contains(rep.Next, want) {
@@ -909,5 +914,38 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 		if tc.want == "" && strings.Contains(detail, "resumed") || !strings.Contains(detail, tc.want) {
 			t.Errorf("%d ended: unfence detail %q; want %q", tc.ended, detail, tc.want)
 		}
+	}
+}
+
+// TestUnfenceNoticesAHandMadeChange: a fence lifted by hand after the switch (the switch itself
+// refuses one made before it) opened writes before green's apiserver could write; the unfence
+// says the proxies changed more often than the cutover changed them, and that its window
+// ends later than writes reopened. A resumed run, which may repeat a change, says nothing.
+func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		byHand       bool
+		resume, want bool
+	}{
+		{"nothing by hand", false, false, false},
+		{"fence off by hand", true, false, true},
+		{"resumed", true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := replicatePlan(t)
+			var calls []string
+			st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 11} // fenced at 10, switched: 11
+			if tc.byHand {
+				st.Fenced, st.Generation = false, 12
+			}
+			r := (&runner{o: Options{Plan: p, Resume: tc.resume}, p: p, j: &Journal{FencedAt: time.Now(), FenceGeneration: 10}, adm: memProxy(st, &calls)}).forward()
+			detail, err := unfenceStep{}.run(t.Context(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(detail, "by hand"); got != tc.want {
+				t.Errorf("unfence detail %q: says a change by hand: %v, want %v", detail, got, tc.want)
+			}
+		})
 	}
 }
