@@ -221,7 +221,7 @@ func TestStateLock(t *testing.T) {
 	// A baking process holds the lock for days: it is not one to wait for.
 	l.markBaking()
 	_, err = lockStateDir(dir)
-	for _, want := range []string{"baking", "kubefence cutover status", "kubefence cutover rollback", "kubefence cutover finish"} {
+	for _, want := range []string{"baking", "kubefence cutover status --plan PLAN", "kubefence cutover rollback --plan PLAN", "kubefence cutover finish --plan PLAN"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("lock held by a baking process: %v; want it to say %q", err, want)
 		}

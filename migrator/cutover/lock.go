@@ -22,7 +22,7 @@ func lockStateDir(stateDir string) (*stateLock, error) {
 	l, err := flock.Take(path)
 	var held *flock.HeldError
 	if errors.As(err, &held) && slices.Contains(strings.Fields(held.Holder), bakeRole) {
-		return nil, fmt.Errorf("another kubefence cutover (pid %s) is baking in %s (it holds %s): it keeps blue following green until it is stopped, so it does not finish by itself. See 'kubefence cutover status'; 'kubefence cutover rollback' (back to blue) or 'kubefence cutover finish' (end the bake) stop it", held.PID(), stateDir, path)
+		return nil, fmt.Errorf("another kubefence cutover (pid %s) is baking in %s (it holds %s): it keeps blue following green until it is stopped, so it does not finish by itself. See 'kubefence cutover status --plan PLAN'; 'kubefence cutover rollback --plan PLAN' (back to blue) or 'kubefence cutover finish --plan PLAN' (end the bake) stop it", held.PID(), stateDir, path)
 	}
 	if errors.As(err, &held) {
 		return nil, fmt.Errorf("another kubefence cutover (pid %s) is working in %s (it holds %s): wait for it to finish, or stop that process; only one cutover, resume or abort runs at a time", held.PID(), stateDir, path)

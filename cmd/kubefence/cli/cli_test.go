@@ -438,3 +438,19 @@ func TestAdviceNamesThePlan(t *testing.T) {
 		t.Errorf("planArg of a path with a space = %q; want none (PLAN stays)", got)
 	}
 }
+
+// TestPlanHintsKeepTheTerminal: the writer that puts the plan's path in the advice still lets
+// the cutover see a terminal, where it draws the line of the running step and how long writes
+// have been fenced.
+func TestPlanHintsKeepTheTerminal(t *testing.T) {
+	tty, err := os.OpenFile("/dev/null", os.O_WRONLY, 0) // a character device, as a terminal is
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+	s := Streams{Out: tty, ErrOut: tty}
+	withPlanHints(&s, "plan.yaml")
+	if terminal(s.Out) != tty {
+		t.Fatal("behind the plan's hints the terminal is not seen: no status line of the running step")
+	}
+}

@@ -42,6 +42,9 @@ func terminalProgress(w io.Writer) (progress func(phase string, done, total int6
 
 // terminal returns w as a file when it is a terminal, else nil.
 func terminal(w io.Writer) *os.File {
+	if h, ok := w.(planHints); ok { // the advice's plan path put in: the stream underneath
+		w = h.w
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return nil
