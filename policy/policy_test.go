@@ -74,13 +74,32 @@ func TestDefaultsEveryVerb(t *testing.T) {
 	}
 }
 
+// decisionCase is a request and what the default policy decides for it.
+type decisionCase struct {
+	name   string
+	r      *http.Request
+	allow  bool
+	reason string
+}
+
+// checkDecisions classifies each case's request and checks the default policy's decision.
+func checkDecisions(t *testing.T, cases []decisionCase) {
+	t.Helper()
+	pol := &Policy{}
+	c := NewClassifier()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := c.Classify(tc.r)
+			d := pol.Decide(&a)
+			if d.Allow != tc.allow || d.Reason != tc.reason {
+				t.Errorf("%s %s: decision %+v (attrs %+v), want allow=%v reason=%q", tc.r.Method, tc.r.URL, d, a, tc.allow, tc.reason)
+			}
+		})
+	}
+}
+
 func TestDefaultsSpecialCases(t *testing.T) {
-	cases := []struct {
-		name   string
-		r      *http.Request
-		allow  bool
-		reason string
-	}{
+	cases := []decisionCase{
 		// Streaming subresources are writes whatever the verb says.
 		{"exec websocket", req("GET", "/api/v1/namespaces/ns/pods/p/exec?command=sh&stdin=true", upgradeWS...), false, "write"},
 		{"exec spdy post", req("POST", "/api/v1/namespaces/ns/pods/p/exec?command=sh", upgradeSPDY...), false, "write"},
@@ -183,17 +202,7 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"trailing slash write", req("POST", "/api/v1/namespaces/ns/configmaps/"), false, "write"},
 		{"trailing slash review", req("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/"), true, "review"},
 	}
-	pol := &Policy{}
-	c := NewClassifier()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			a := c.Classify(tc.r)
-			d := pol.Decide(&a)
-			if d.Allow != tc.allow || d.Reason != tc.reason {
-				t.Errorf("%s %s: decision %+v (attrs %+v), want allow=%v reason=%q", tc.r.Method, tc.r.URL, d, a, tc.allow, tc.reason)
-			}
-		})
-	}
+	checkDecisions(t, cases)
 }
 
 func TestRules(t *testing.T) {
@@ -467,12 +476,7 @@ func TestSession(t *testing.T) {
 // where the request goes.
 func TestOptions(t *testing.T) {
 	preflight := []string{"Origin", "https://console.example", "Access-Control-Request-Method", "GET"}
-	cases := []struct {
-		name   string
-		r      *http.Request
-		allow  bool
-		reason string
-	}{
+	cases := []decisionCase{
 		{"preflight of a list", req("OPTIONS", "/api/v1/namespaces/ns/pods", preflight...), true, "read"},
 		{"preflight of a watch", req("OPTIONS", "/api/v1/namespaces/ns/pods?watch=true", preflight...), true, "read"},
 		{"preflight of a grouped object", req("OPTIONS", "/apis/apps/v1/namespaces/ns/deployments/d", preflight...), true, "read"},
@@ -500,15 +504,5 @@ func TestOptions(t *testing.T) {
 		{"preflight of an odd path", req("OPTIONS", "//api/v1/namespaces", preflight...), false, "unrecognised: empty path segment"},
 		{"lower-case options", req("options", "/api/v1/namespaces", preflight...), false, "unrecognised: method options has no Kubernetes verb"},
 	}
-	pol := &Policy{}
-	c := NewClassifier()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			a := c.Classify(tc.r)
-			d := pol.Decide(&a)
-			if d.Allow != tc.allow || d.Reason != tc.reason {
-				t.Errorf("%s %s: decision %+v (attrs %+v), want allow=%v reason=%q", tc.r.Method, tc.r.URL, d, a, tc.allow, tc.reason)
-			}
-		})
-	}
+	checkDecisions(t, cases)
 }

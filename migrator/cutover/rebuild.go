@@ -38,7 +38,7 @@ func (r *runner) rebuildGreen(cause error) error {
 	if _, err := r.stopGreen(); err != nil {
 		return err
 	}
-	if err := r.removeRestoredDirs(); err != nil {
+	if _, err := r.removeRestored(); err != nil {
 		return err
 	}
 	j := r.j
@@ -71,15 +71,9 @@ func (p *Plan) externalLearnersAdvice() string {
 	return fmt.Sprintf("; on the host of each external learner (%s): stop its etcd and empty its data dir now, then start it again with the command this cutover prints when it adds it to the new green", strings.Join(names, ", "))
 }
 
-// removeRestoredDirs removes green's data dirs that this cutover restored (they hold its run's
-// marker); a dir without the marker is left alone (never restored), one with another run's
-// marker is an error.
-func (r *runner) removeRestoredDirs() error {
-	_, err := r.removeRestored()
-	return err
-}
-
-// removeRestored is removeRestoredDirs, saying which dirs it removed.
+// removeRestored removes green's data dirs that this cutover restored (they hold its run's
+// marker) and says which; a dir without the marker is left alone (never restored), one with
+// another run's marker is an error.
 func (r *runner) removeRestored() (removed []string, err error) {
 	for _, m := range r.p.Green.Etcd.Members {
 		b, err := os.ReadFile(filepath.Join(m.DataDir, restoreMarker))

@@ -263,7 +263,7 @@ func (r *runner) finishRehearsal() (*Report, error) {
 	_, _ = r.stopReplication()
 	_, err := r.stopGreen()
 	if err == nil {
-		err = r.removeRestoredDirs()
+		_, err = r.removeRestored()
 	}
 	// Blue's snapshot (Secrets included) goes with green: nothing will use it.
 	if rerr := os.Remove(r.snapshotPath()); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
