@@ -70,6 +70,21 @@ func (s *Server) adminHandler() http.Handler {
 			writeJSON(w, http.StatusOK, resp)
 		}
 	})
+	mux.HandleFunc("POST /v1/backend/prepare", func(w http.ResponseWriter, r *http.Request) {
+		var req admin.PrepareRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		resp, err := s.PrepareBackend(r.Context(), req)
+		switch {
+		case errors.Is(err, ErrBackendNotAllowed):
+			writeJSON(w, http.StatusConflict, admin.Error{Error: err.Error()})
+		case err != nil:
+			writeJSON(w, http.StatusBadRequest, admin.Error{Error: err.Error()})
+		default:
+			writeJSON(w, http.StatusOK, resp)
+		}
+	})
 	return mux
 }
 

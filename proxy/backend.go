@@ -159,40 +159,53 @@ func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) *htt
 	return p.h1
 }
 
-// warm opens the connections held writes will use, ahead of their release: when the fence lifts,
-// every write held in hold mode is forwarded at once, and a cold pool would pay a dial and a TLS
-// handshake per connection in the middle of it. Each pool's writes transport sends GET /livez
-// (a read: nothing is written): once, and when the backend answered over HTTP/1.1, n-1 more at
-// once, so that n connections are open.
-func (b *backend) warm(ctx context.Context, n int, log *slog.Logger) {
+// warm opens connections ahead of the requests that will need them, and returns how many
+// requests it sent to open them that were answered. Held writes, released at once when the fence
+// lifts, and watches a switch moves, all at once, would otherwise each find no connection open
+// and dial their own, paying a TLS handshake apiece in the middle of it. On each pool (plain, and
+// identity) it sends GET /livez (a read: nothing is written) over the writes transport, once, and
+// when the backend answered over HTTP/1.1 n-1 more at once, so that n connections are open; with
+// watches, once more over the watches transport (HTTP/2: every watch moved shares it).
+func (b *backend) warm(ctx context.Context, n int, watches bool, log *slog.Logger) int {
 	pools := []*pool{b.plain}
 	if b.identity != nil {
 		pools = append(pools, b.identity)
 	}
+	var opened atomic.Int64
+	ping := func(p *pool, tr *http.Transport) int {
+		proto, err := p.ping(ctx, tr, b.url)
+		if err != nil {
+			log.Debug("warming backend connections", "backend", b.url.String(), "err", err)
+			return 0
+		}
+		opened.Add(1)
+		return proto
+	}
 	for _, p := range pools {
-		if proto, err := p.ping(ctx, b.url); err != nil || proto == 2 {
-			if err != nil {
-				log.Debug("warming backend connections", "backend", b.url.String(), "err", err)
-			}
+		if watches && p.watches != p.writes {
+			ping(p, p.watches)
+		}
+		if proto := ping(p, p.writes); proto != 1 {
 			continue
 		}
 		var wg sync.WaitGroup
 		for range n - 1 {
-			wg.Go(func() { _, _ = p.ping(ctx, b.url) })
+			wg.Go(func() { ping(p, p.writes) })
 		}
 		wg.Wait()
 	}
+	return int(opened.Load())
 }
 
-// ping sends GET /livez on p's writes transport and returns the HTTP major version it went over.
-func (p *pool) ping(ctx context.Context, u *url.URL) (int, error) {
+// ping sends GET /livez over tr and returns the HTTP major version it went over (0 on error).
+func (p *pool) ping(ctx context.Context, tr *http.Transport, u *url.URL) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String()+"/livez", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := p.writes.RoundTrip(req)
+	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return 0, err
 	}

@@ -29,7 +29,6 @@ import (
 	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
-	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // Server is a running proxy. Build it with New, then Start (or Run).
@@ -42,6 +41,7 @@ type Server struct {
 	gate        gate
 	active      atomic.Pointer[backend]
 	switchMu    sync.Mutex // serialises backend changes
+	prepared    preparedSlot
 	refusals    *refusals
 	holder      *holder
 	bodyBudget  *bodyBudget // --max-buffered-write-bytes
@@ -199,7 +199,7 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
 	if mode == admin.ModeHold {
-		go s.active.Load().warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, s.log)
+		go s.active.Load().warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, false, s.log)
 	}
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
 	s.log.Info("fence on", "reason", reason, "mode", mode, "flip", flip, "barrierComplete", barrier.Complete, "waited", time.Duration(barrier.Waited), "stillRunning", len(barrier.Remaining))
@@ -246,30 +246,14 @@ func (s *Server) FenceOff(expect string) (admin.FenceResponse, error) {
 // to it at once; upgraded streams on the old one are ended, and watches too unless
 // req.ResumeWatches moves them to the new one (see backend.drain).
 func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
-	rawURL, caFile := req.URL, req.CAFile
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	if !s.gate.fenced() { // checked again, under the gate's lock, when the switch is made
 		return admin.BackendResponse{Status: s.Status()}, ErrNotFenced
 	}
 	old := s.active.Load()
-	if caFile == "" {
-		caFile = old.caFile
-	}
-	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
-	// backend that is not allowed.
-	u, err := backendurl.Parse(rawURL)
+	nb, prepared, err := s.backendFor(ctx, req.URL, req.CAFile)
 	if err != nil {
-		return admin.BackendResponse{Status: s.Status()}, err
-	}
-	if err := s.checkAllowed(u); err != nil {
-		return admin.BackendResponse{Status: s.Status()}, err
-	}
-	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
-	if err != nil {
-		return admin.BackendResponse{Status: s.Status()}, err
-	}
-	if err := probeTLS(ctx, nb); err != nil {
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	_, err = s.gate.updateThen(func(st *State) error {
@@ -285,7 +269,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 			return fmt.Errorf("%w: %d write(s) admitted before the fence are still running on %s", ErrWritesInFlight, n, old.url)
 		}
 		st.Backend = nb.url.String()
-		st.BackendCAFile = caFile
+		st.BackendCAFile = nb.caFile
 		st.Unconfirmed, st.Unchecked = false, false
 		return nil
 	}, func() { // once saved, under the gate's lock: a failed save changes nothing
@@ -293,11 +277,12 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 		s.unconfirmed.Store(false)
 	})
 	if err != nil {
+		nb.closeIdle()
 		return admin.BackendResponse{Status: s.Status()}, err
 	}
 	s.metrics.backendSwitches.Inc()
-	if s.gate.current().Mode == admin.ModeHold { // the held writes will go to nb
-		go nb.warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, s.log)
+	if !prepared && s.gate.current().Mode == admin.ModeHold { // the held writes will go to nb
+		go nb.warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, false, s.log)
 	}
 	var resumeOn *backend
 	if req.ResumeWatches {
@@ -305,9 +290,9 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	}
 	drain := old.drain(s.cfg.opts.DrainTimeout, resumeOn)
 	s.metrics.drainForced.Add(float64(drain.Forced))
-	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "resumeWatches", req.ResumeWatches,
+	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "resumeWatches", req.ResumeWatches, "prepared", prepared,
 		"streams", drain.Streams, "resumed", drain.Resumed, "ended", drain.Ended, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))
-	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain}, nil
+	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain, Prepared: prepared}, nil
 }
 
 // Start binds every listener, then serves on each in the background. A start that fails closes

@@ -41,7 +41,14 @@ type apiWatch struct {
 
 func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
 	a := &watchAPI{fr: fr}
-	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	a.Server = httptest.NewServer(a.handler(name))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *watchAPI) handler(name string) http.Handler {
+	fr := a.fr
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("watch") != "true" {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"from":%q}`, name)
@@ -73,9 +80,7 @@ func newWatchAPI(t *testing.T, name string, fr framing) *watchAPI {
 				return
 			}
 		}
-	}))
-	t.Cleanup(a.Close)
-	return a
+	})
 }
 
 func contentTypeOf(fr framing) string {

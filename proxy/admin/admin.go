@@ -6,6 +6,7 @@
 //	GET  /v1/status                         → Status
 //	POST /v1/fence    FenceRequest          → FenceResponse
 //	POST /v1/backend  BackendRequest        → BackendResponse   (409 unless fenced)
+//	POST /v1/backend/prepare PrepareRequest → PrepareResponse   (fenced or not)
 package admin
 
 import (
@@ -184,6 +185,30 @@ type BackendRequest struct {
 	ExpectGeneration uint64 `json:"expectGeneration,omitempty"`
 }
 
+// PrepareRequest makes a backend ready for a switch to come: the proxy checks it as 'backend
+// set' would (allowed, its TLS verified), opens the connections watches and writes will use
+// there, and keeps them. A switch to the same URL and CA file within PreparedFor uses them, so
+// the watches it moves and the writes it releases find connections open instead of each paying
+// a dial and a TLS handshake inside the write window. Nothing is switched; a newer prepare
+// replaces an older one. A proxy from before this request answers 404: it switches as before.
+type PrepareRequest struct {
+	URL string `json:"url"`
+	// CAFile verifies the backend's serving certificate; empty means the current backend's.
+	CAFile string `json:"caFile,omitempty"`
+}
+
+// PreparedFor is how long a prepared backend stays usable: well inside the 90 s after which
+// idle connections close (the proxy's, and kube-apiserver's for HTTP/2).
+const PreparedFor = 60 * time.Second
+
+// PrepareResponse says what was made ready.
+type PrepareResponse struct {
+	Backend string `json:"backend"`
+	// Connections opened to it (kept for the switch), and how long checking and opening took.
+	Connections int      `json:"connections"`
+	Took        Duration `json:"took"`
+}
+
 // Switchable is what a proxy allows 'backend set' to switch to: its --upstream and its
 // --allowed-backends patterns (backendurl.Allowed decides).
 type Switchable struct {
@@ -207,6 +232,8 @@ type BackendResponse struct {
 	Status   Status `json:"status"`
 	Previous string `json:"previous"`
 	Drain    Drain  `json:"drain"`
+	// Prepared is true when the switch used a backend made ready before (PrepareRequest).
+	Prepared bool `json:"prepared,omitempty"`
 }
 
 // Error is the body of every non-2xx answer.
@@ -285,6 +312,13 @@ func (c *Client) Writes(ctx context.Context, since time.Time) (WritesResponse, e
 func (c *Client) SetBackend(ctx context.Context, req BackendRequest) (BackendResponse, error) {
 	var resp BackendResponse
 	err := c.do(ctx, http.MethodPost, "/v1/backend", req, &resp)
+	return resp, err
+}
+
+// PrepareBackend makes a backend ready for a coming switch (PrepareRequest).
+func (c *Client) PrepareBackend(ctx context.Context, req PrepareRequest) (PrepareResponse, error) {
+	var resp PrepareResponse
+	err := c.do(ctx, http.MethodPost, "/v1/backend/prepare", req, &resp)
 	return resp, err
 }
 

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+	"github.com/kubefence/kubefence/proxy/backendurl"
+)
+
+// A prepared backend (admin.PrepareRequest) is one a switch is expected to go to soon: checked
+// and with connections open before the fence, so that the watches a switch moves and the writes
+// the unfence releases find them open rather than each dialling and handshaking inside the
+// window (Go's transport dials a connection for every request that finds none open, even on
+// HTTP/2, where they would all have shared one).
+
+// preparedSlot holds the one prepared backend.
+type preparedSlot struct {
+	mu sync.Mutex
+	p  *preparedBackend
+}
+
+type preparedBackend struct {
+	b     *backend
+	caPEM []byte // the CA file as it was when prepared: a changed file is loaded afresh
+	at    time.Time
+}
+
+// PrepareBackend makes a backend ready for a switch to come (admin.PrepareRequest): nothing
+// changes for the requests served meanwhile.
+func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+	start := time.Now()
+	nb, err := s.checkedBackend(ctx, req.URL, req.CAFile)
+	if err != nil {
+		return admin.PrepareResponse{}, err
+	}
+	caPEM, err := readCAFile(nb.caFile)
+	if err != nil {
+		return admin.PrepareResponse{}, err
+	}
+	opened := nb.warm(ctx, s.cfg.opts.HoldReleaseConcurrency, true, s.log)
+	s.prepared.put(&preparedBackend{b: nb, caPEM: caPEM, at: time.Now()})
+	took := time.Since(start)
+	s.log.Info("backend prepared for a switch", "backend", nb.url.String(), "connections", opened, "took", took)
+	return admin.PrepareResponse{Backend: nb.url.String(), Connections: opened, Took: admin.Duration(took)}, nil
+}
+
+func readCAFile(caFile string) ([]byte, error) {
+	if caFile == "" {
+		return nil, nil
+	}
+	return os.ReadFile(caFile)
+}
+
+// put keeps p, closing the connections of the one it replaces.
+func (ps *preparedSlot) put(p *preparedBackend) {
+	ps.mu.Lock()
+	old := ps.p
+	ps.p = p
+	ps.mu.Unlock()
+	if old != nil {
+		old.b.closeIdle()
+	}
+}
+
+// take empties the slot and returns its backend if a switch to rawURL with caFile may use it:
+// the same URL and CA file (unchanged), prepared within admin.PreparedFor. A prepared backend
+// a switch does not use is closed.
+func (ps *preparedSlot) take(rawURL, caFile string) *backend {
+	ps.mu.Lock()
+	p := ps.p
+	ps.p = nil
+	ps.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	u, err := backendurl.Parse(rawURL)
+	if err == nil && u.String() == p.b.url.String() && caFile == p.b.caFile && time.Since(p.at) < admin.PreparedFor {
+		if caPEM, err := readCAFile(caFile); err == nil && bytes.Equal(caPEM, p.caPEM) {
+			return p.b
+		}
+	}
+	p.b.closeIdle()
+	return nil
+}
+
+// backendFor is the backend a switch to rawURL goes to: the prepared one when it fits (checked
+// when it was prepared, and allowed now), else a new one checked now.
+func (s *Server) backendFor(ctx context.Context, rawURL, caFile string) (nb *backend, prepared bool, err error) {
+	if caFile == "" {
+		caFile = s.active.Load().caFile
+	}
+	if nb := s.prepared.take(rawURL, caFile); nb != nil {
+		if err := s.checkAllowed(nb.url); err != nil {
+			nb.closeIdle()
+			return nil, false, err
+		}
+		return nb, true, nil
+	}
+	nb, err = s.checkedBackend(ctx, rawURL, caFile)
+	return nb, false, err
+}
+
+// checkedBackend is a new backend for rawURL, verified with caFile (the active backend's when
+// empty): allowed, and its TLS handshake verified, as every switch requires.
+func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*backend, error) {
+	if caFile == "" {
+		caFile = s.active.Load().caFile
+	}
+	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
+	// backend that is not allowed.
+	u, err := backendurl.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkAllowed(u); err != nil {
+		return nil, err
+	}
+	nb, err := newBackend(rawURL, caFile, s.cfg.backend)
+	if err != nil {
+		return nil, err
+	}
+	if err := probeTLS(ctx, nb); err != nil {
+		return nil, err
+	}
+	return nb, nil
+}
