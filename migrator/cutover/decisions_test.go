@@ -20,6 +20,8 @@ type funcProxy struct {
 	status     func(context.Context) (admin.Status, error)
 	fence      func(context.Context, admin.FenceRequest) (admin.FenceResponse, error)
 	setBackend func(context.Context, admin.BackendRequest) (admin.BackendResponse, error)
+	// prepare is nil for a proxy from before admin.PrepareRequest: it answers 404.
+	prepare func(context.Context, admin.PrepareRequest) (admin.PrepareResponse, error)
 }
 
 func (f funcProxy) Status(ctx context.Context) (admin.Status, error) { return f.status(ctx) }
@@ -28,6 +30,12 @@ func (f funcProxy) Fence(ctx context.Context, req admin.FenceRequest) (admin.Fen
 }
 func (f funcProxy) SetBackend(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
 	return f.setBackend(ctx, req)
+}
+func (f funcProxy) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+	if f.prepare == nil {
+		return admin.PrepareResponse{}, &admin.APIError{Code: 404, Message: "404 page not found"}
+	}
+	return f.prepare(ctx, req)
 }
 
 // speaking is st as a proxy of this build reports it, unless st names a version (the tests of
@@ -429,6 +437,54 @@ func newFenceWorld(t *testing.T, fence func(inner funcProxy, ctx context.Context
 	}
 	w.r.adm = adm
 	return w
+}
+
+// TestFencePreparesTheSwitch: a replicating cutover asks the proxies to prepare green's
+// apiserver just before it fences (connections open before the window, not dialled by the
+// switch inside it); a proxy that cannot (one from before the request) does not stop it, and
+// the fence step says which it was.
+func TestFencePreparesTheSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		prepares   bool
+		wantDetail string
+	}{
+		{"the proxy prepares", true, "connections to green's apiserver opened ahead of the switch (2,"},
+		{"an older proxy", false, "connections to green's apiserver not opened ahead of the switch (404 page not found): the switch opens them"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newFenceWorld(t, func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+				return inner.fence(ctx, req)
+			})
+			w.r.p.Migration.Mode = ModeReplicate
+			fp := w.r.adm.(funcProxy)
+			if tc.prepares {
+				fp.prepare = func(_ context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+					w.calls = append(w.calls, "prepare "+req.URL)
+					return admin.PrepareResponse{Backend: req.URL, Connections: 2}, nil
+				}
+			}
+			w.r.adm = fp
+			if err := w.r.openJournal(); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := w.r.run(t.Context())
+			if err != nil || rep.Result != ResultDone {
+				t.Fatalf("report %+v, %v", rep, err)
+			}
+			want := []string{"fence on", "backend " + w.r.p.Green.APIServer.URL}
+			if tc.prepares {
+				want = append([]string{"prepare " + w.r.p.Green.APIServer.URL}, want...)
+			}
+			if !slices.Equal(w.calls[:len(want)], want) {
+				t.Fatalf("proxy calls %q, want them to begin %q", w.calls, want)
+			}
+			rec, _ := w.r.j.record(StepFence)
+			if !strings.Contains(rec.Detail, tc.wantDetail) {
+				t.Fatalf("fence step: %q, want it to say %q", rec.Detail, tc.wantDetail)
+			}
+		})
+	}
 }
 
 // TestReportKeepsTheFenceBarrier: the time the fence waited for the writes admitted before it

@@ -173,6 +173,13 @@ func (ra routedAdmin) SetBackend(ctx context.Context, req admin.BackendRequest) 
 	return resp, err
 }
 
+func (ra routedAdmin) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+	req.URL = ra.toOwn(req.URL)
+	resp, err := prepareBackend(ctx, ra.proxyAdmin, req)
+	resp.Backend = ra.toPlan(resp.Backend)
+	return resp, err
+}
+
 func (ra routedAdmin) Writes(ctx context.Context, since time.Time) (admin.WritesResponse, error) {
 	return listWrites(ctx, ra.proxyAdmin, since)
 }
@@ -233,8 +240,9 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 	if err != nil {
 		return admin.BackendResponse{}, g.switchBack(ctx, res, err)
 	}
-	out := admin.BackendResponse{Status: mergeStatus(statuses(res, func(r admin.BackendResponse) admin.Status { return r.Status })), Previous: res[0].Value.Previous}
+	out := admin.BackendResponse{Status: mergeStatus(statuses(res, func(r admin.BackendResponse) admin.Status { return r.Status })), Previous: res[0].Value.Previous, Prepared: true}
 	for _, r := range res {
+		out.Prepared = out.Prepared && r.Value.Prepared
 		out.Drain.Streams += r.Value.Drain.Streams
 		out.Drain.Forced += r.Value.Drain.Forced
 		out.Drain.Resumed += r.Value.Drain.Resumed
@@ -242,6 +250,34 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 		out.Drain.Duration = max(out.Drain.Duration, r.Value.Drain.Duration)
 	}
 	return out, nil
+}
+
+// PrepareBackend asks every proxy to prepare the backend (admin.PrepareRequest); the answer adds
+// up the connections of those that did, and the error names those that did not.
+func (g *proxyGroup) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.PrepareResponse, error) {
+		return prepareBackend(ctx, c, req)
+	})
+	out := admin.PrepareResponse{Backend: req.URL}
+	for _, r := range res {
+		out.Connections += r.Value.Connections
+		out.Took = max(out.Took, r.Value.Took)
+	}
+	return out, err
+}
+
+// backendPreparer is a proxy admin API that can prepare a backend for a switch.
+type backendPreparer interface {
+	PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error)
+}
+
+// prepareBackend asks one proxy to prepare a backend.
+func prepareBackend(ctx context.Context, c proxyAdmin, req admin.PrepareRequest) (admin.PrepareResponse, error) {
+	bp, ok := c.(backendPreparer)
+	if !ok {
+		return admin.PrepareResponse{}, fmt.Errorf("this proxy client cannot prepare a backend")
+	}
+	return bp.PrepareBackend(ctx, req)
 }
 
 // backendCall is one proxy's switch request.

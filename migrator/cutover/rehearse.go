@@ -102,7 +102,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
+	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -111,6 +111,7 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	prepared := r.prepareSwitch(ctx) // as the fence step does; the window needs no fence here
 	var m Rehearsal
 	start := time.Now()
 	target, err := replicate.Revision(ctx, r.repl.src)
@@ -141,8 +142,8 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("%s; predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
-		rounds, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
+	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
+		rounds, prepared, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
 		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
 }
 

@@ -110,5 +110,9 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	d := resp.Drain
-	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s, %d ended", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, d.Ended)), nil
+	over := ""
+	if resp.Prepared {
+		over = " over connections opened before the fence"
+	}
+	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s%s, %d ended", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended)), nil
 }

@@ -65,6 +65,10 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		r.j.ReplicationAtFence = &prog
 	}
 	first := r.j.FencedAt.IsZero()
+	prepared := ""
+	if first && r.p.Replicating() {
+		prepared = r.prepareSwitch(ctx)
+	}
 	if first {
 		// Journaled before the request (write-ahead): a run killed after the proxies fenced
 		// must resume inside the window, its budget counted from here, and never as a run
@@ -94,5 +98,23 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.p.Proxy.FenceMode == admin.ModeHold {
 		what = "held"
 	}
-	return fmt.Sprintf("%swrites %s from now; in-flight writes finished in %s", caughtUp, what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+	return fmt.Sprintf("%s%swrites %s from now; in-flight writes finished in %s", caughtUp, prepared, what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+}
+
+// prepareTimeout bounds the proxies' prepare: a dial and a few requests.
+const prepareTimeout = 10 * time.Second
+
+// prepareSwitch asks the proxies to open their connections to the apiserver the switch goes to
+// (admin.PrepareRequest), just before the fence: the watches the switch moves and the writes
+// the unfence releases then find them open, instead of each dialling and handshaking inside
+// the window. A proxy that cannot (older than the request, or the apiserver not answering it)
+// switches as before; the returned note says which it was.
+func (r *runner) prepareSwitch(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
+	defer cancel()
+	resp, err := prepareBackend(ctx, r.adm, admin.PrepareRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile})
+	if err != nil {
+		return fmt.Sprintf("connections to %s's apiserver not opened ahead of the switch (%v): the switch opens them; ", r.to.name, err)
+	}
+	return fmt.Sprintf("connections to %s's apiserver opened ahead of the switch (%d, in %s); ", r.to.name, resp.Connections, time.Duration(resp.Took).Round(time.Microsecond))
 }
