@@ -37,9 +37,12 @@ type backend struct {
 	streams  map[*stream]struct{}
 	idle     chan struct{} // closed when streams becomes empty while draining
 	resumed  int           // watches handed off to the next backend while draining
-	// resumedThenEnded counts watches resumed on this backend that it then ended at once with
-	// an ERROR event (a resourceVersion older than its watch cache: 410 Expired).
+	// resumedThenEnded counts watches a switch moved to this backend that it then ended at
+	// once: it refused the re-issued watch, or answered it with an ERROR event (a
+	// resourceVersion older than its watch cache: 410 Expired).
 	resumedThenEnded atomic.Int64
+	// resumesPending counts watches moved to this backend that wait for its answer.
+	resumesPending atomic.Int64
 }
 
 // TransportOptions shape the connection pools to every backend.
@@ -252,7 +255,8 @@ func (b *backend) untrack(s *stream) {
 	b.remove(s)
 }
 
-// handOff takes off b a watch that now streams from the next backend.
+// handOff takes off b a watch that leaves it for the next backend (which may not have answered
+// the re-issued watch yet: the switch does not wait for that).
 func (b *backend) handOff(s *stream) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -273,8 +277,8 @@ func (b *backend) remove(s *stream) {
 // drain ends every long-running request on b: a watch ends cleanly at its next event boundary
 // (clients see a normal end of watch and reconnect, to the new backend), or, when resumeOn is
 // given, goes on at its next event boundary as the same watch re-issued to resumeOn from the
-// last resourceVersion it delivered (watchresume.go); an upgraded stream, or a watch still open
-// at the timeout, is cut.
+// last resourceVersion it delivered (watchresume.go: drain returns once it has left b, before
+// resumeOn answers); an upgraded stream, or a watch still open at the timeout, is cut.
 func (b *backend) drain(timeout time.Duration, resumeOn *backend) admin.Drain {
 	start := time.Now()
 	b.mu.Lock()

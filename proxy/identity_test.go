@@ -411,6 +411,8 @@ func TestResumedWatchChecksTheCertificateAgain(t *testing.T) {
 	}
 	time.Sleep(time.Until(alice.Leaf.NotAfter) + 100*time.Millisecond)
 	switchTo(t, f.p, green.URL, true)
+	// The switch returns once both left blue; then alice's watch ends and bob's goes on on green.
+	waitFor(t, func() bool { st := f.p.Status(); return st.OpenWatches == 1 && st.OpenStreams == 1 })
 	var users []string
 	for _, r := range green.requests() {
 		users = append(users, r.header.Get("X-Remote-User"))

@@ -82,22 +82,23 @@ func TestPreparedSwitchDialsNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dialed := green.conns.Load() - before
-			t.Logf("switch: %+v, %d connection(s) dialed to green", sw.Drain, dialed)
 			if sw.Drain.Resumed != watches || sw.Prepared != prepare {
 				t.Fatalf("switch = %+v (prepared %v), want %d watches resumed, prepared %v", sw.Drain, sw.Prepared, watches, prepare)
-			}
-			switch {
-			case prepare && dialed != 0:
-				t.Fatalf("the switch to a prepared backend dialed %d connection(s), want none", dialed)
-			case !prepare && dialed < 2:
-				t.Fatalf("the switch to an unprepared backend dialed %d connection(s): the premise (it dials) is gone", dialed)
 			}
 			for i := range watches { // green's watches come in any order
 				green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
 			}
 			for _, c := range clients {
 				c.expect(t, testEvent{"MODIFIED", "a", "11"})
+			}
+			// Every watch is on green now: the dials it took are all made.
+			dialed := green.conns.Load() - before
+			t.Logf("switch: %+v, %d connection(s) dialed to green", sw.Drain, dialed)
+			switch {
+			case prepare && dialed != 0:
+				t.Fatalf("the switch to a prepared backend dialed %d connection(s), want none", dialed)
+			case !prepare && dialed < 2:
+				t.Fatalf("the switch to an unprepared backend dialed %d connection(s): the premise (it dials) is gone", dialed)
 			}
 		})
 	}

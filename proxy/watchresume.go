@@ -90,6 +90,13 @@ func (w *watchBody) moveTo(nb *backend) bool {
 
 // resumeOn re-issues the watch on nb from the last resourceVersion delivered and, when nb
 // answers as the old backend did, makes its body this stream's. Called by Read at a boundary.
+//
+// The watch leaves the old backend (its body closed, the stream handed off) before nb is asked:
+// nothing more of the old backend reaches the client from here, which is all the switch waits
+// for. nb's answer comes after the switch has returned: the time the new apiserver takes to
+// answer every moved watch, which grows with the watches open through the proxy, stays out of
+// the write window, and the client's stream meanwhile just has no events. A watch nb does not
+// take ends cleanly, as one a switch does not resume, and is counted (resumedThenEnded).
 func (w *watchBody) resumeOn(nb *backend) bool {
 	ri := w.resume
 	w.mu.Lock()
@@ -108,30 +115,34 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumed: the client's certificate no longer verifies; ended")
 		return false
 	}
+	ri.on.handOff(ri.s)
+	ri.on = nb // not tracked there until nb answers: a switch away from nb meanwhile ends it
+	nb.resumesPending.Add(1)
+	defer nb.resumesPending.Add(-1)
 	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(resumeRequest(ri.req, nb, rv))
 	if err != nil {
+		nb.resumedThenEnded.Add(1)
 		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
 		return false
 	}
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != ri.contentType {
 		_ = resp.Body.Close()
+		nb.resumedThenEnded.Add(1)
 		log.Warn("watch resume refused by the new backend; ended", "resourceVersion", rv, "status", resp.Status, "contentType", resp.Header.Get("Content-Type"))
 		return false
 	}
 	if err := nb.track(ri.s); err != nil {
 		_ = resp.Body.Close()
+		nb.resumedThenEnded.Add(1)
+		log.Info("watch not resumed: the proxy switched away from the new backend before it answered; ended")
 		return false
 	}
-	// The new body is this stream's before the old backend lets the switch return: a next
-	// switch's moveTo then finds it, and its draining is not undone here.
 	w.mu.Lock()
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
 	w.mu.Unlock()
-	ri.on.handOff(ri.s)
-	ri.on = nb
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
 }

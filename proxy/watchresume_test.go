@@ -29,6 +29,7 @@ type watchAPI struct {
 	fr      framing
 	mu      sync.Mutex
 	status  int
+	answer  chan struct{} // when set, a watch is answered only once it is closed
 	watches []*apiWatch
 }
 
@@ -57,8 +58,15 @@ func (a *watchAPI) handler(name string) http.Handler {
 		wt := &apiWatch{query: r.URL.Query(), header: r.Header.Clone(), feed: make(chan []byte, 16), last: make(chan []byte, 1)}
 		a.mu.Lock()
 		a.watches = append(a.watches, wt)
-		status := a.status
+		status, answer := a.status, a.answer
 		a.mu.Unlock()
+		if answer != nil {
+			select {
+			case <-answer:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		if status != 0 {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(status)
@@ -402,8 +410,14 @@ func TestWatchNotResumable(t *testing.T) {
 				}
 				sw := switchTo(t, p, green.URL, true)
 				c.expectEnd(t)
-				if sw.Drain.Streams != 1 || sw.Drain.Resumed != 0 || sw.Drain.Ended != 1 || sw.Drain.Forced != 0 {
-					t.Fatalf("drain = %+v, want the watch ended, not forced", sw.Drain)
+				// One green refuses left blue to be re-issued (the switch does not wait for
+				// green's answer): moved, then counted as ended by green.
+				moved := tc.wantGreen
+				if sw.Drain.Streams != 1 || sw.Drain.Resumed != moved || sw.Drain.Ended != 1-moved || sw.Drain.Forced != 0 {
+					t.Fatalf("drain = %+v, want the watch ended (or moved, then ended by green), not forced", sw.Drain)
+				}
+				if got := p.Status().ResumedThenEnded; got != int64(moved) {
+					t.Fatalf("status: %d watch(es) resumed then ended by green, want %d", got, moved)
 				}
 				if got := green.count(); got != tc.wantGreen {
 					t.Fatalf("green got %d watch requests, want %d", got, tc.wantGreen)
@@ -591,6 +605,66 @@ func TestWatchResumeEndsOnExpired(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestSwitchDoesNotWaitForTheNewBackend: a resuming switch returns once every watch has left
+// the old backend (nothing more of it reaches a client), not once the new backend has answered
+// the re-issued watches: that wait, which grows with the watches open through the proxy and with
+// how fast the new apiserver takes them, stays out of the write window. The watches then go on
+// as before; one the new backend refuses ends cleanly and is counted.
+func TestSwitchDoesNotWaitForTheNewBackend(t *testing.T) {
+	for _, refused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused %v", refused), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+			answer := make(chan struct{})
+			green.mu.Lock()
+			green.answer = answer
+			if refused {
+				green.status = http.StatusForbidden
+			}
+			green.mu.Unlock()
+			p := startProxy(t, blue.URL)
+			const watches = 5
+			clients := make([]*watchClient, watches)
+			for i := range clients {
+				clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
+				blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+				clients[i].expect(t, testEvent{"ADDED", "a", "10"})
+			}
+			done := make(chan admin.BackendResponse, 1)
+			go func() { done <- switchTo(t, p, green.URL, true) }()
+			var sw admin.BackendResponse
+			select {
+			case sw = <-done:
+			case <-time.After(5 * time.Second):
+				close(answer)
+				t.Fatal("the switch waited for the new backend to answer the re-issued watches")
+			}
+			if sw.Drain.Resumed != watches || sw.Drain.Ended != 0 {
+				t.Fatalf("drain = %+v, want all %d watches moving to green", sw.Drain, watches)
+			}
+			for i := range watches { // already asked, before it answers
+				green.watch(t, i+1)
+			}
+			close(answer)
+			if refused {
+				for _, c := range clients {
+					c.expectEnd(t)
+				}
+				waitFor(t, func() bool { return p.Status().ResumedThenEnded == watches })
+				return
+			}
+			for i := range watches {
+				green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
+			}
+			for _, c := range clients {
+				c.expect(t, testEvent{"MODIFIED", "a", "11"})
+			}
+			if st := p.Status(); st.OpenStreams != watches || st.ResumedThenEnded != 0 {
+				t.Fatalf("status = %+v, want the watches tracked on green", st)
+			}
+		})
 	}
 }
 

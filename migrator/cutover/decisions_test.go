@@ -953,16 +953,28 @@ func TestAbortPutsTheOneProxyBack(t *testing.T) {
 // going on: the unfence says how many, and that their clients relist.
 func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 	for _, tc := range []struct {
-		ended int64
-		want  string
+		ended, pending int64
+		want           string
 	}{
-		{0, ""},
-		{3, "3 watch(es) resumed on green were then ended by it"},
+		{0, 0, ""},
+		{3, 0, "3 watch(es) resumed on green were then ended by it"},
+		// Watches the switch moved still wait for green's answer when writes reopen: the step
+		// waits for them (after the window) before it counts.
+		{3, 2, "3 watch(es) resumed on green were then ended by it"},
 	} {
 		p := replicatePlan(t)
 		var calls []string
-		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: tc.ended}
-		r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{FencedAt: time.Now()}, adm: memProxy(st, &calls)}).forward()
+		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: tc.ended - tc.pending, ResumesPending: tc.pending}
+		adm := memProxy(st, &calls)
+		status := adm.status
+		adm.status = func(ctx context.Context) (admin.Status, error) {
+			if st.ResumesPending > 0 { // green answers one more at each look
+				st.ResumesPending--
+				st.ResumedThenEnded++
+			}
+			return status(ctx)
+		}
+		r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{FencedAt: time.Now()}, adm: adm}).forward()
 		detail, err := unfenceStep{}.run(t.Context(), r)
 		if err != nil {
 			t.Fatal(err)

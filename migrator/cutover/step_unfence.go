@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -30,13 +32,35 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if extra := r.changesByHand(resp.Status.Generation); extra > 0 {
 		detail += fmt.Sprintf("; WARNING: the proxies' state changed %d more time(s) since the fence than by this cutover's switch and unfence: a fence or backend command run by hand during the window? Writes may have reopened before this step (check each proxy's log for \"fence off\"); the window reported ends here", extra)
 	}
-	if n := resp.Status.ResumedThenEnded; n > 0 {
-		// The switch counts a watch resumed once the target answers 200; kube-apiserver then
-		// sends one ERROR event (410) when the watch's resourceVersion is older than its watch
-		// cache, which starts when its apiserver started (docs/proxy.md).
-		detail += fmt.Sprintf("; %d watch(es) resumed on %s were then ended by it (their resourceVersion older than its apiserver's watch cache: those clients relist)", n, r.to.name)
+	return detail + r.resumesEnded(ctx, resp.Status), nil
+}
+
+// resumeWait bounds how long the unfence, its window closed, waits for the new apiserver to
+// answer the watches the switch moved before it counts those it ended.
+const resumeWait = 10 * time.Second
+
+// resumesEnded says how many of the watches the switch moved the new apiserver then ended. The
+// switch returns once they left the old one; the new one answers them meanwhile (pending in st),
+// refusing them or, for a resourceVersion older than its watch cache (which starts when its
+// apiserver started), sending one ERROR event (410): docs/proxy.md.
+func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
+	waited := ""
+	if st.ResumesPending > 0 {
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, resumeWait, true, func(ctx context.Context) (bool, error) {
+			next, err := r.adm.Status(ctx)
+			if err == nil {
+				st = next
+			}
+			return st.ResumesPending == 0, nil
+		})
+		if err != nil {
+			waited = fmt.Sprintf("; %d moved watch(es) still waiting for %s's answer %s after writes reopened", st.ResumesPending, r.to.name, resumeWait)
+		}
 	}
-	return detail, nil
+	if st.ResumedThenEnded == 0 {
+		return waited
+	}
+	return fmt.Sprintf("; %d watch(es) resumed on %s were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache: those clients relist)%s", st.ResumedThenEnded, r.to.name, waited)
 }
 
 // changesByHand counts the changes of the proxies' state since the fence beyond this cutover's

@@ -60,9 +60,13 @@ type Status struct {
 	// connections open on the active backend.
 	OpenWatches int64 `json:"openWatches"`
 	OpenStreams int   `json:"openStreams"`
-	// ResumedThenEnded counts the watches a switch resumed on the active backend that it then
-	// ended at once with an ERROR event (their resourceVersion older than its watch cache, 410
-	// Expired): their clients relist, as after a switch without resumption.
+	// ResumesPending are watches a switch moved to the active backend that wait for its answer
+	// (the switch returns once they left the old backend, before that).
+	ResumesPending int64 `json:"resumesPending,omitempty"`
+	// ResumedThenEnded counts the watches a switch moved to the active backend that it then
+	// ended at once: it refused the re-issued watch, or answered with an ERROR event (their
+	// resourceVersion older than its watch cache, 410 Expired). Their clients relist, as after a
+	// switch without resumption.
 	ResumedThenEnded int64 `json:"resumedThenEnded,omitempty"`
 	// RefusedWrites counts 429s since the proxy started.
 	RefusedWrites uint64 `json:"refusedWrites"`
