@@ -75,6 +75,7 @@ func TestExitCodes(t *testing.T) {
 		{"mistyped migrate subcommand", []string{"migrate", "detcet"}, ExitUsage, "", `unknown command "detcet" for "kubefence migrate"`},
 		{"backend set needs url", []string{"backend", "set"}, ExitUsage, "", "accepts 1 arg"},
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
+		{"backend prepare bad url", []string{"backend", "prepare", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
 		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
 		{"cutover without a plan", []string{"cutover"}, ExitUsage, "", "--plan is required"},
@@ -207,8 +208,12 @@ func TestFenceCommands(t *testing.T) {
 			t.Fatal("the write was still registered 10s after it ended")
 		}
 	}
+	code, out, _ = runCLI(append([]string{"backend", "prepare", green.URL}, sock...)...)
+	if code != 0 || !strings.Contains(out, green.URL+" prepared: ") {
+		t.Fatalf("backend prepare = %d %q", code, out)
+	}
 	code, out, _ = runCLI(append([]string{"backend", "set", green.URL}, sock...)...)
-	if code != 0 || !strings.Contains(out, "backend is "+green.URL) {
+	if code != 0 || !strings.Contains(out, "backend is "+green.URL) || !strings.Contains(out, "over the connections 'backend prepare' opened") {
 		t.Fatalf("backend set = %d %q", code, out)
 	}
 	code, out, _ = runCLI(append([]string{"fence", "off", "-o", "json"}, sock...)...)

@@ -474,8 +474,11 @@ func printStatus(w io.Writer, st admin.Status) {
 	fmt.Fprintf(tw, "backend:\t%s\n", st.Backend)
 	fmt.Fprintf(tw, "in-flight writes:\t%d\n", st.InflightWrites)
 	fmt.Fprintf(tw, "open watches:\t%d\n", st.OpenWatches)
+	if st.ResumesPending > 0 {
+		fmt.Fprintf(tw, "watches moved here, waiting for its answer:\t%d\n", st.ResumesPending)
+	}
 	if st.ResumedThenEnded > 0 {
-		fmt.Fprintf(tw, "watches resumed here, then ended by it:\t%d (resourceVersion older than its watch cache: their clients relisted)\n", st.ResumedThenEnded)
+		fmt.Fprintf(tw, "watches resumed here, then ended by it:\t%d (refused, or resourceVersion older than its watch cache: their clients relisted)\n", st.ResumedThenEnded)
 	}
 	fmt.Fprintf(tw, "refused writes:\t%d (since the proxy started)\n", st.RefusedWrites)
 	h := st.Hold
@@ -488,7 +491,64 @@ func newBackendCommand(g *globals) *cobra.Command {
 	return groupCommand(&cobra.Command{
 		Use:   "backend",
 		Short: "Switch the proxy to another kube-apiserver (only while fenced)",
-	}, newBackendSetCommand(g))
+	}, newBackendSetCommand(g), newBackendPrepareCommand(g))
+}
+
+type backendPrepareOptions struct {
+	adminOptions
+	caFile string
+	url    string
+}
+
+func newBackendPrepareCommand(g *globals) *cobra.Command {
+	o := &backendPrepareOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
+	cmd := o.command(&cobra.Command{
+		Use:   "prepare URL",
+		Short: "Open the connections a coming 'backend set URL' will use, before the fence",
+		Long: `Make the kube-apiserver at URL ready for a switch to come, fenced or not: the proxy checks it as
+'backend set' would (allowed by --upstream or --allowed-backends, its certificate verified with
+--ca-file or the current backend's CA) and opens the connections watches and writes will use
+there. A 'backend set URL' with the same --ca-file (the file unchanged) within 60 s then uses
+them: the watches it moves (--resume-watches) and the held writes 'fence off' releases go over
+connections already open, instead of each dialling and handshaking inside the write window.
+Nothing is switched and no request changes its way; a newer prepare replaces an older one.
+'kubefence cutover' prepares green just before it fences.`,
+		Args: args(cobra.ExactArgs(1)),
+	}, o, defaultAdminTimeout, "how long to wait for each proxy's answer")
+	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the backend's serving certificate, as the proxy sees the path (default: the current backend's); give 'backend set' the same")
+	return cmd
+}
+
+func (o *backendPrepareOptions) Complete(a []string) error {
+	o.url = a[0]
+	return o.adminOptions.Complete(a)
+}
+
+func (o *backendPrepareOptions) Validate() error {
+	if err := o.adminOptions.Validate(); err != nil {
+		return err
+	}
+	return checkBackendURL(o.url)
+}
+
+func (o *backendPrepareOptions) Run(ctx context.Context) error {
+	req := admin.PrepareRequest{URL: o.url, CAFile: o.caFile}
+	b := bound{o.timeout, "--timeout", "whether it prepared the backend"}
+	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.PrepareResponse, error) {
+		return c.PrepareBackend(ctx, req)
+	}, func(w io.Writer, resp admin.PrepareResponse) {
+		fmt.Fprintf(w, "%s prepared: %d connection(s) open, in %s; a 'backend set %s' within %s uses them\n",
+			resp.Backend, resp.Connections, time.Duration(resp.Took).Round(time.Millisecond), o.url, admin.PreparedFor)
+	})
+	return err
+}
+
+// checkBackendURL refuses what cannot be an apiserver's URL before a proxy is asked.
+func checkBackendURL(u string) error {
+	if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
+		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", u)
+	}
+	return nil
 }
 
 type backendSetOptions struct {
@@ -537,10 +597,7 @@ func (o *backendSetOptions) Validate() error {
 	if err := o.adminOptions.Validate(); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(o.url, "https://") && !strings.HasPrefix(o.url, "http://") {
-		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", o.url)
-	}
-	return nil
+	return checkBackendURL(o.url)
 }
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
@@ -569,6 +626,9 @@ func (o *backendSetOptions) printSwitch(w io.Writer, resp admin.BackendResponse)
 	}
 	if resp.Drain.Forced > 0 {
 		fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
+	}
+	if resp.Prepared {
+		fmt.Fprint(w, ", over the connections 'backend prepare' opened")
 	}
 	fmt.Fprintln(w)
 }
