@@ -36,6 +36,8 @@ type config struct {
 	greenMembers int
 	// readerNamespace is the namespace whose configmaps the reader lists during each cutover.
 	readerNamespace string
+	// watches are held open through the proxy during each cutover (watchers.go).
+	watches int
 }
 
 func main() {
@@ -48,13 +50,14 @@ func main() {
 	flag.BoolVar(&c.rehearse, "rehearse", false, "rehearse each cutover first (kubefence cutover --rehearse, the load running) and print the window it predicted beside the window")
 	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, whereas a production green has a host for each)")
 	flag.StringVar(&c.readerNamespace, "reader-namespace", "kube-system", "namespace whose configmaps the reader lists (50 at a time, 10 ms after each answer) during each cutover; \"bench\" lists the N configmaps, which on blue's etcd 3.4.23 costs a scan of all N per list and slows blue's writes with the size")
+	flag.IntVar(&c.watches, "watches", 0, "watches to hold open through the proxy during each cutover (10 per client connection, on a namespace where one configmap changes every second), which the switch moves to green inside the window")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
 		c.rates, err = ints(*rates)
 	}
-	if err != nil || c.runs < 1 || c.greenMembers < 1 {
-		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs and -green-members at least 1:", err)
+	if err != nil || c.runs < 1 || c.greenMembers < 1 || c.watches < 0 {
+		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs and -green-members at least 1, -watches at least 0:", err)
 		os.Exit(2)
 	}
 	c.window = time.Second
@@ -95,6 +98,9 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		framework.Etcd34, framework.Kube136, framework.Etcd36, c.greenMembers, framework.Kube136)
 	fmt.Fprintf(out, "the default cutover (migration.mode auto -> replicate, proxy.fenceMode hold); %d run(s) per size and writer rate, each on a fresh copy of the populated blue\n", c.runs)
 	fmt.Fprintf(out, "through the proxy the whole time: a reader listing 50 of namespace %s's configmaps, 10 ms after each answer\n", c.readerNamespace)
+	if c.watches > 0 {
+		fmt.Fprintf(out, "and %d watches open through the proxy (%d per client connection) on a namespace where one configmap changes every second\n", c.watches, watchersPerConn)
+	}
 	if c.rollback {
 		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)
 	}

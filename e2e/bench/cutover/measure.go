@@ -101,6 +101,8 @@ type result struct {
 	snapshotMB                float64
 	greenAPIServer, verifyDur time.Duration
 	parts                     string // the window's steps and their durations
+	watches                   int    // open through the proxy during the cutover
+	watchesEnded, watchEvents int64
 }
 
 func (r result) line(run int) string {
@@ -110,6 +112,9 @@ func (r result) line(run int) string {
 	}
 	if r.rollback > 0 {
 		rb += "; rollback window " + ms(r.rollback)
+	}
+	if r.watches > 0 {
+		rb += fmt.Sprintf("; %d watches open, %d ended, %d events", r.watches, r.watchesEnded, r.watchEvents)
 	}
 	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; barrier %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, p50 %s, slowest %s; lists %d, failed %d)",
 		r.objects, ms(r.window), rb, run, writerName(r.rate), ms(r.barrier), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
@@ -164,18 +169,25 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	if err != nil {
 		return r, err
 	}
+	ws, err := startWatchers(ctx, px.Kubeconfig, c.watches)
+	if err != nil {
+		return r, err
+	}
 	load := startLoad(ctx, pcs, c.readerNamespace, rate)
 	if c.rehearse {
 		if r.predicted, err = rehearse(ctx, bin, green.PlanPath); err != nil {
 			load.stop()
+			ws.stop()
 			return r, err
 		}
 	}
 	rep, rb, err := cutoverAndBack(ctx, bin, green.PlanPath, rollback)
 	load.stop()
+	ws.stop()
 	if err != nil {
 		return r, err
 	}
+	r.watches, r.watchesEnded, r.watchEvents = c.watches, ws.ended.Load(), ws.events.Load()
 	r.fill(rep)
 	if rb != nil {
 		r.rollback = rb.WriteUnavailability
@@ -183,8 +195,8 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	r.reads, r.failedReads = load.reads.Load(), load.failedReads.Load()
 	r.writesOK, r.writesFailed = load.ok.Load(), load.failed.Load()
 	r.writeP50, r.slowestWrite = load.latencies()
-	if r.writesFailed > 0 || r.failedReads > 0 {
-		return r, fmt.Errorf("%d writes and %d lists through the proxy failed: %s", r.writesFailed, r.failedReads, load.firstError())
+	if r.writesFailed > 0 || r.failedReads > 0 || ws.failedTicks.Load() > 0 {
+		return r, fmt.Errorf("%d writes, %d changes of the watched configmap and %d lists through the proxy failed: %s", r.writesFailed, ws.failedTicks.Load(), r.failedReads, load.firstError())
 	}
 	return r, nil
 }
