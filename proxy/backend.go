@@ -35,14 +35,18 @@ type backend struct {
 	mu       sync.Mutex
 	draining bool
 	streams  map[*stream]struct{}
-	idle     chan struct{} // closed when streams becomes empty while draining
-	resumed  int           // watches handed off to the next backend while draining
+	idle     chan struct{}   // closed when streams becomes empty while draining
+	resumed  int             // watches handed off to the next backend while draining
+	drained  chan struct{}   // closed when the drain has ended; nil before it starts
+	lifted   <-chan struct{} // closed when the fence lifts after the drain (watchresume.go)
 	// resumedThenEnded counts watches a switch moved to this backend that it then ended at
 	// once: it refused the re-issued watch, or answered it with an ERROR event (a
 	// resourceVersion older than its watch cache: 410 Expired).
 	resumedThenEnded atomic.Int64
 	// resumesPending counts watches moved to this backend that wait for its answer.
 	resumesPending atomic.Int64
+	// resumeSlots bounds the moved watches asking this backend at once (resumeConcurrency).
+	resumeSlots chan struct{}
 }
 
 // TransportOptions shape the connection pools to every backend.
@@ -97,7 +101,7 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 		}
 		tlsConfig.RootCAs = pool
 	}
-	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}}
+	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}, resumeSlots: make(chan struct{}, resumeConcurrency)}
 	b.plain = newPool(tlsConfig, topts)
 	if topts.FrontProxyCert != nil {
 		idConfig := tlsConfig.Clone()
@@ -277,12 +281,16 @@ func (b *backend) remove(s *stream) {
 // drain ends every long-running request on b: a watch ends cleanly at its next event boundary
 // (clients see a normal end of watch and reconnect, to the new backend), or, when resumeOn is
 // given, goes on at its next event boundary as the same watch re-issued to resumeOn from the
-// last resourceVersion it delivered (watchresume.go: drain returns once it has left b, before
-// resumeOn answers); an upgraded stream, or a watch still open at the timeout, is cut.
-func (b *backend) drain(timeout time.Duration, resumeOn *backend) admin.Drain {
+// last resourceVersion it delivered (watchresume.go: drain returns once it has left b; it asks
+// resumeOn once lifted, the fence's next opening, is closed); an upgraded stream, or a watch
+// still open at the timeout, is cut.
+func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan struct{}) admin.Drain {
 	start := time.Now()
 	b.mu.Lock()
 	b.draining = true
+	b.drained = make(chan struct{})
+	b.lifted = lifted
+	defer close(b.drained)
 	all := make([]*stream, 0, len(b.streams))
 	for s := range b.streams {
 		all = append(all, s)
@@ -328,6 +336,14 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend) admin.Drain {
 	res.Ended = res.Streams - res.Resumed
 	res.Duration = admin.Duration(time.Since(start))
 	return res
+}
+
+// drainGates are closed when b's drain has ended and when the fence lifted after it (both nil
+// before the drain started).
+func (b *backend) drainGates() (drained, lifted <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.drained, b.lifted
 }
 
 func (b *backend) openStreams() int {

@@ -288,7 +288,7 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	if req.ResumeWatches {
 		resumeOn = nb
 	}
-	drain := old.drain(s.cfg.opts.DrainTimeout, resumeOn)
+	drain := old.drain(s.cfg.opts.DrainTimeout, resumeOn, s.gate.openCh())
 	s.metrics.drainForced.Add(float64(drain.Forced))
 	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "resumeWatches", req.ResumeWatches, "prepared", prepared,
 		"streams", drain.Streams, "resumed", drain.Resumed, "ended", drain.Ended, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))

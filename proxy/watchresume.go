@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -93,10 +95,11 @@ func (w *watchBody) moveTo(nb *backend) bool {
 //
 // The watch leaves the old backend (its body closed, the stream handed off) before nb is asked:
 // nothing more of the old backend reaches the client from here, which is all the switch waits
-// for. nb's answer comes after the switch has returned: the time the new apiserver takes to
-// answer every moved watch, which grows with the watches open through the proxy, stays out of
-// the write window, and the client's stream meanwhile just has no events. A watch nb does not
-// take ends cleanly, as one a switch does not resume, and is counted (resumedThenEnded).
+// for. nb is asked after the switch, once the fence lifts (awaitTurn): the time the new
+// apiserver takes to answer every moved watch, which grows with the watches open through the
+// proxy, stays out of the write window, and the client's stream meanwhile just has no events.
+// A watch nb does not take ends cleanly, as one a switch does not resume, and is counted
+// (resumedThenEnded).
 func (w *watchBody) resumeOn(nb *backend) bool {
 	ri := w.resume
 	w.mu.Lock()
@@ -115,11 +118,17 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumed: the client's certificate no longer verifies; ended")
 		return false
 	}
-	ri.on.handOff(ri.s)
+	from := ri.on
+	from.handOff(ri.s)
 	ri.on = nb // not tracked there until nb answers: a switch away from nb meanwhile ends it
 	nb.resumesPending.Add(1)
 	defer nb.resumesPending.Add(-1)
+	if !awaitTurn(ri.req.Context(), from, nb) {
+		nb.resumedThenEnded.Add(1)
+		return false
+	}
 	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(resumeRequest(ri.req, nb, rv))
+	<-nb.resumeSlots
 	if err != nil {
 		nb.resumedThenEnded.Add(1)
 		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
@@ -145,6 +154,45 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	w.mu.Unlock()
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
+}
+
+// resumeDeferral bounds how long a moved watch waits for the fence to lift before it asks the
+// new backend anyway (a cutover that stopped after its switch may leave the fence on).
+var resumeDeferral = 5 * time.Second
+
+// resumeConcurrency bounds the moved watches that ask a new backend at once. Unbounded, 500
+// watches asking at the unfence made the writes released then wait behind them (the slowest
+// write 1.25-1.53 s against 0.40-0.60 s with 32, docs/benchmarks.md).
+const resumeConcurrency = 32
+
+// awaitTurn waits until a watch moved off from may ask nb, and takes one of nb's resume slots
+// (the caller gives it back): once every watch has left from (its drain ended: their re-issues
+// would slow the leaving, which is all the switch waits for), once the fence has lifted (or
+// resumeDeferral passed: the window's remaining steps and the unfence then do not wait behind
+// the new apiserver answering every moved watch), and then resumeConcurrency at a time. The
+// client's stream has no events meanwhile; none is lost: the watch asks from the last
+// resourceVersion it delivered. False when ctx ended first.
+func awaitTurn(ctx context.Context, from, nb *backend) bool {
+	drained, lifted := from.drainGates()
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		return false
+	}
+	t := time.NewTimer(resumeDeferral)
+	defer t.Stop()
+	select {
+	case <-lifted:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case nb.resumeSlots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // firstEventGuard is a resumed watch's new body: it passes nothing on until the first event is

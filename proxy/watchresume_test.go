@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -665,6 +666,88 @@ func TestSwitchDoesNotWaitForTheNewBackend(t *testing.T) {
 				t.Fatalf("status = %+v, want the watches tracked on green", st)
 			}
 		})
+	}
+}
+
+// TestMain shortens how long a moved watch waits for the fence to lift: most tests switch
+// without lifting it and would each wait the production 5 s (TestMovedWatchesWaitForTheFence
+// sets it back).
+func TestMain(m *testing.M) {
+	resumeDeferral = 50 * time.Millisecond
+	os.Exit(m.Run())
+}
+
+// TestMovedWatchesWaitForTheFence: watches a switch moved ask the new backend once the fence
+// lifts, not inside the window (where the new apiserver answering them would slow the steps
+// left); with the fence left on, they ask it anyway after resumeDeferral.
+func TestMovedWatchesWaitForTheFence(t *testing.T) {
+	defer func(d time.Duration) { resumeDeferral = d }(resumeDeferral)
+	for _, lift := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fence lifted %v", lift), func(t *testing.T) {
+			resumeDeferral = time.Hour
+			if !lift {
+				resumeDeferral = 300 * time.Millisecond
+			}
+			blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, framingJSON, "resourceVersion=5")
+			blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+			c.expect(t, testEvent{"ADDED", "a", "10"})
+			switched := time.Now()
+			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
+				t.Fatalf("drain = %+v", sw.Drain)
+			}
+			if lift {
+				time.Sleep(200 * time.Millisecond)
+				if n := green.count(); n != 0 {
+					t.Fatalf("green was asked for %d watch(es) while the fence was on", n)
+				}
+				if st := p.Status(); st.ResumesPending != 1 {
+					t.Fatalf("status says %d moved watch(es) waiting, want 1", st.ResumesPending)
+				}
+				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			green.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
+			c.expect(t, testEvent{"MODIFIED", "a", "11"})
+			if waited := time.Since(switched); !lift && waited < resumeDeferral {
+				t.Fatalf("the watch was re-issued %s after the switch, the fence on: want no sooner than %s", waited, resumeDeferral)
+			}
+		})
+	}
+}
+
+// TestMovedWatchesAskAFewAtATime: at most resumeConcurrency moved watches wait for the new
+// backend's answer at once, so that the writes released at the unfence do not queue behind
+// every watch of the proxy asking at the same moment.
+func TestMovedWatchesAskAFewAtATime(t *testing.T) {
+	blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+	answer := make(chan struct{})
+	green.mu.Lock()
+	green.answer = answer
+	green.mu.Unlock()
+	p := startProxy(t, blue.URL)
+	const watches = resumeConcurrency + 8
+	clients := make([]*watchClient, watches)
+	for i := range clients {
+		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
+		blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+		clients[i].expect(t, testEvent{"ADDED", "a", "10"})
+	}
+	switchTo(t, p, green.URL, true) // the fence stays on: they ask after resumeDeferral
+	waitFor(t, func() bool { return green.count() == resumeConcurrency })
+	time.Sleep(200 * time.Millisecond)
+	if n := green.count(); n != resumeConcurrency {
+		t.Fatalf("green was asked for %d watches at once, want %d", n, resumeConcurrency)
+	}
+	close(answer)
+	waitFor(t, func() bool { return green.count() == watches })
+	for i := range watches {
+		green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
+	}
+	for _, c := range clients {
+		c.expect(t, testEvent{"MODIFIED", "a", "11"})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -103,6 +104,7 @@ type result struct {
 	parts                     string // the window's steps and their durations
 	watches                   int    // open through the proxy during the cutover
 	watchesEnded, watchEvents int64
+	watchMove                 time.Duration // the proxies' drain at the switch (the switch step's detail)
 }
 
 func (r result) line(run int) string {
@@ -114,7 +116,7 @@ func (r result) line(run int) string {
 		rb += "; rollback window " + ms(r.rollback)
 	}
 	if r.watches > 0 {
-		rb += fmt.Sprintf("; %d watches open, %d ended, %d events", r.watches, r.watchesEnded, r.watchEvents)
+		rb += fmt.Sprintf("; %d watches open, moved off blue in %s, %d ended, %d events", r.watches, ms(r.watchMove), r.watchesEnded, r.watchEvents)
 	}
 	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; barrier %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, p50 %s, slowest %s; lists %d, failed %d)",
 		r.objects, ms(r.window), rb, run, writerName(r.rate), ms(r.barrier), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
@@ -201,6 +203,9 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	return r, nil
 }
 
+// watchMoveRE finds the proxies' drain in the switch step's detail.
+var watchMoveRE = regexp.MustCompile(`, off \w+ in ([0-9.]+[µnm]?s)`)
+
 // fill takes the report's figures.
 func (r *result) fill(rep *cutover.Report) {
 	r.window, r.barrier = rep.WriteUnavailability, rep.FenceBarrier
@@ -224,6 +229,10 @@ func (r *result) fill(rep *cutover.Report) {
 			r.greenAPIServer = s.Duration
 		case cutover.StepVerify:
 			r.verifyDur = s.Duration
+		case cutover.StepSwitch:
+			if m := watchMoveRE.FindStringSubmatch(s.Detail); m != nil {
+				r.watchMove, _ = time.ParseDuration(m[1])
+			}
 		}
 	}
 	r.parts = strings.Join(append(parts, "between the steps (journal) "+ms(between)), ", ")
