@@ -67,16 +67,17 @@ type Rehearsal struct {
 	// Barrier estimates the fence's wait for the writes in flight at the flip: the median time
 	// blue took to answer the writes the proxies forwarded in the last barrierSample.
 	Barrier time.Duration `json:"barrierNanos"`
-	// WatchMove estimates the switch moving the Watches open now through the proxies to green:
-	// as long as green's apiserver takes to answer as many watches opened at once (up to
-	// maxTrialWatches; beyond, in proportion).
+	// WatchMove estimates how long the Watches open now through the proxies wait for green
+	// after the unfence: as long as green's apiserver takes to answer as many watches opened at
+	// once (up to maxTrialWatches; beyond, in proportion). The switch moves them off blue inside
+	// the window; they ask green once the fence has lifted, so it is not part of the window.
 	WatchMove time.Duration `json:"watchMoveNanos"`
 	Watches   int           `json:"watches"`
 	// WatchMoveError says why the watches could not be timed (then WatchMove is 0 and left out
 	// of the prediction; the rehearsal goes on).
 	WatchMoveError string `json:"watchMoveError,omitempty"`
 	// PredictedWindow is Barrier + Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip +
-	// (WindowSteps + 3) × StateSave + WatchMove.
+	// (WindowSteps + 3) × StateSave.
 	PredictedWindow time.Duration `json:"predictedWindowNanos"`
 }
 
@@ -90,7 +91,7 @@ const maxTrialWatches = 200
 const barrierSample = 2 * time.Second
 
 func (m *Rehearsal) predict() {
-	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave + m.WatchMove
+	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave
 }
 
 // rehearseDrainStep measures what the window's steps cost, without the fence.
@@ -102,7 +103,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and as many watches opened at once on green's apiserver as are open through the proxies (what the switch moves), and predict the window from them"
+	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and predict the window from them; then time as many watches opened at once on green's apiserver as are open through the proxies (the switch moves them off blue; after the unfence they wait that long for green)"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -142,13 +143,13 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each; moving the %d watch(es) open now to green %s); %s",
+	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each); after the window, green answering the %d watch(es) open now %s; %s",
 		rounds, prepared, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
 		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
 }
 
-// WatchMoveText is the rehearsal's estimate of the switch moving the watches, or why there is
-// none.
+// WatchMoveText is the rehearsal's estimate of green answering the moved watches after the
+// unfence, or why there is none.
 func (m Rehearsal) WatchMoveText() string {
 	if m.WatchMoveError != "" {
 		return "not timed, left out (" + m.WatchMoveError + ")"
