@@ -95,7 +95,7 @@ func (w *watchBody) moveTo(nb *backend) bool {
 //
 // The watch leaves the old backend (its body closed, the stream handed off) before nb is asked:
 // nothing more of the old backend reaches the client from here, which is all the switch waits
-// for. nb is asked after the switch, once the fence lifts (awaitTurn): the time the new
+// for (invariant watch-resume-exact). nb is asked after the switch, once the fence lifts (awaitTurn): the time the new
 // apiserver takes to answer every moved watch, which grows with the watches open through the
 // proxy, stays out of the write window, and the client's stream meanwhile just has no events.
 // A watch nb does not take ends cleanly, as one a switch does not resume, and is counted
