@@ -572,8 +572,9 @@ relist (about a second without events); a client that does not reconnect, such a
 'kubectl get -w', exits. Upgraded streams (exec, attach, port-forward) are closed.
 
 With --resume-watches each watch instead goes on, on the same client connection: between two
-events the proxy re-issues it to URL from the last resourceVersion it delivered, so clients see
-one stream, with no relist and no event lost or repeated. Use it only when URL serves the same
+events it leaves the old backend, and once the fence lifts (or 5 s later) the proxy re-issues it
+to URL from the last resourceVersion it delivered, so clients see one stream, with no relist and
+no event lost or repeated. Use it only when URL serves the same
 etcd revisions as the old backend (a replication cutover, or another apiserver on the same
 etcd); otherwise resourceVersions mean different things there and watches must end. A watch
 that cannot be resumed (still sending its initial events, or refused by URL) ends as without it,
@@ -618,7 +619,7 @@ func (o *backendSetOptions) printSwitch(w io.Writer, resp admin.BackendResponse)
 	d := resp.Drain
 	took := time.Duration(d.Duration).Round(time.Millisecond)
 	if o.resumeWatches {
-		fmt.Fprintf(w, "backend is %s (was %s); of %d long-running request(s) on the old backend, %d watch(es) resumed on the new one and %d ended, in %s",
+		fmt.Fprintf(w, "backend is %s (was %s); of %d long-running request(s) on the old backend, %d watch(es) moved to the new one (they ask it once the fence lifts) and %d ended, in %s",
 			resp.Status.Backend, resp.Previous, d.Streams, d.Resumed, d.Ended, took)
 	} else {
 		fmt.Fprintf(w, "backend is %s (was %s); %d long-running request(s) on the old backend ended in %s",
