@@ -39,6 +39,7 @@ type backend struct {
 	resumed  int             // watches handed off to the next backend while draining
 	drained  chan struct{}   // closed when the drain has ended; nil before it starts
 	lifted   <-chan struct{} // closed when the fence lifts after the drain (watchresume.go)
+	leaving  chan struct{}   // closed when the drain starts
 	// resumedThenEnded counts watches a switch moved to this backend that it then ended at
 	// once: it refused the re-issued watch, or answered it with an ERROR event (a
 	// resourceVersion older than its watch cache: 410 Expired).
@@ -101,7 +102,7 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 		}
 		tlsConfig.RootCAs = pool
 	}
-	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}, resumeSlots: make(chan struct{}, resumeConcurrency)}
+	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}, resumeSlots: make(chan struct{}, resumeConcurrency), leaving: make(chan struct{})}
 	b.plain = newPool(tlsConfig, topts)
 	if topts.FrontProxyCert != nil {
 		idConfig := tlsConfig.Clone()
@@ -290,6 +291,7 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	b.draining = true
 	b.drained = make(chan struct{})
 	b.lifted = lifted
+	close(b.leaving)
 	defer close(b.drained)
 	all := make([]*stream, 0, len(b.streams))
 	for s := range b.streams {
@@ -337,6 +339,9 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	res.Duration = admin.Duration(time.Since(start))
 	return res
 }
+
+// leavingCh is closed when a switch away from b starts to drain it.
+func (b *backend) leavingCh() <-chan struct{} { return b.leaving }
 
 // drainGates are closed when b's drain has ended and when the fence lifted after it (both nil
 // before the drain started).

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -33,15 +34,25 @@ type preparedBackend struct {
 // changes for the requests served meanwhile.
 func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
 	start := time.Now()
-	nb, err := s.checkedBackend(ctx, req.URL, req.CAFile)
+	caFile := req.CAFile
+	if caFile == "" {
+		caFile = s.active.Load().caFile
+	}
+	// Read before the backend loads it: a file changed in between then differs from what a
+	// switch reads, and the switch loads it afresh.
+	caPEM, err := readCAFile(caFile)
 	if err != nil {
 		return admin.PrepareResponse{}, err
 	}
-	caPEM, err := readCAFile(nb.caFile)
+	nb, err := s.checkedBackend(ctx, req.URL, caFile)
 	if err != nil {
 		return admin.PrepareResponse{}, err
 	}
 	opened := nb.warm(ctx, s.cfg.opts.HoldReleaseConcurrency, true, s.log)
+	if opened == 0 || ctx.Err() != nil {
+		nb.closeIdle()
+		return admin.PrepareResponse{}, fmt.Errorf("backend %s: no connection opened to it (GET /livez failed on every one; the proxy's log at debug level says why), or the request ended first: %v", nb.url, ctx.Err())
+	}
 	s.prepared.put(&preparedBackend{b: nb, caPEM: caPEM, at: time.Now()})
 	took := time.Since(start)
 	s.log.Info("backend prepared for a switch", "backend", nb.url.String(), "connections", opened, "took", took)
@@ -98,7 +109,12 @@ func (s *Server) backendFor(ctx context.Context, rawURL, caFile string) (nb *bac
 			nb.closeIdle()
 			return nil, false, err
 		}
-		return nb, true, nil
+		// Still there: one round trip over the connection the prepare opened (no handshake),
+		// where an unprepared switch checks a TLS handshake.
+		if _, err := nb.plain.ping(ctx, nb.plain.watches, nb.url); err == nil {
+			return nb, true, nil
+		}
+		nb.closeIdle()
 	}
 	nb, err = s.checkedBackend(ctx, rawURL, caFile)
 	return nb, false, err

@@ -119,18 +119,20 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		return false
 	}
 	from := ri.on
+	nb.resumesPending.Add(1) // before the hand-off: the switch's answer counts it
+	defer nb.resumesPending.Add(-1)
 	from.handOff(ri.s)
 	ri.on = nb // not tracked there until nb answers: a switch away from nb meanwhile ends it
-	nb.resumesPending.Add(1)
-	defer nb.resumesPending.Add(-1)
 	if !awaitTurn(ri.req.Context(), from, nb) {
-		nb.resumedThenEnded.Add(1)
+		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
 		return false
 	}
-	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(resumeRequest(ri.req, nb, rv))
+	resp, err := reissue(ri.req, nb, ri.identity, rv)
 	<-nb.resumeSlots
 	if err != nil {
-		nb.resumedThenEnded.Add(1)
+		if ri.req.Context().Err() == nil {
+			nb.resumedThenEnded.Add(1)
+		}
 		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
 		return false
 	}
@@ -140,20 +142,48 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Warn("watch resume refused by the new backend; ended", "resourceVersion", rv, "status", resp.Status, "contentType", resp.Header.Get("Content-Type"))
 		return false
 	}
+	// Tracked on nb and given its body as one step under w.mu: a switch away from nb that
+	// starts meanwhile finds the watch with its new body (its moveTo waits for w.mu), and its
+	// draining is not undone here.
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if err := nb.track(ri.s); err != nil {
 		_ = resp.Body.Close()
-		nb.resumedThenEnded.Add(1)
 		log.Info("watch not resumed: the proxy switched away from the new backend before it answered; ended")
 		return false
 	}
-	w.mu.Lock()
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
-	w.mu.Unlock()
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
+}
+
+// resumeAnswerTimeout bounds how long a moved watch waits for the new backend's answer (its
+// headers): one that never answers would otherwise keep the client's stream silent, and one of
+// the backend's resume slots taken, for good.
+var resumeAnswerTimeout = 30 * time.Second
+
+// reissue sends the watch req to nb from resourceVersion rv. The request's context (which then
+// carries the watch's stream) is cancelled if nb has not answered within resumeAnswerTimeout.
+func reissue(req *http.Request, nb *backend, identity bool, rv string) (*http.Response, error) {
+	ctx, cancel := context.WithCancelCause(req.Context())
+	timer := time.AfterFunc(resumeAnswerTimeout, func() {
+		cancel(fmt.Errorf("the new backend did not answer the watch within %s", resumeAnswerTimeout))
+	})
+	out := resumeRequest(req, nb, rv).WithContext(ctx)
+	resp, err := nb.transportFor(identity, &reqStateFrom(req.Context()).attrs).RoundTrip(out)
+	if !timer.Stop() {
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
+		return nil, context.Cause(ctx)
+	}
+	if err != nil {
+		cancel(err)
+	}
+	return resp, err
 }
 
 // resumeDeferral bounds how long a moved watch waits for the fence to lift before it asks the
@@ -171,11 +201,14 @@ const resumeConcurrency = 32
 // resumeDeferral passed: the window's remaining steps and the unfence then do not wait behind
 // the new apiserver answering every moved watch), and then resumeConcurrency at a time. The
 // client's stream has no events meanwhile; none is lost: the watch asks from the last
-// resourceVersion it delivered. False when ctx ended first.
+// resourceVersion it delivered. False when ctx ended first, or nb began to drain (a switch away from it: the watch, tracked nowhere meanwhile, ends rather than ask a backend the proxy left).
 func awaitTurn(ctx context.Context, from, nb *backend) bool {
 	drained, lifted := from.drainGates()
+	leaving := nb.leavingCh()
 	select {
 	case <-drained:
+	case <-leaving:
+		return false
 	case <-ctx.Done():
 		return false
 	}
@@ -184,12 +217,16 @@ func awaitTurn(ctx context.Context, from, nb *backend) bool {
 	select {
 	case <-lifted:
 	case <-t.C:
+	case <-leaving:
+		return false
 	case <-ctx.Done():
 		return false
 	}
 	select {
 	case nb.resumeSlots <- struct{}{}:
 		return true
+	case <-leaving:
+		return false
 	case <-ctx.Done():
 		return false
 	}

@@ -751,6 +751,48 @@ func TestMovedWatchesAskAFewAtATime(t *testing.T) {
 	}
 }
 
+// TestMovedWatchEndsWhenTheNewBackendHangs: a new backend that never answers a moved watch
+// does not keep its client's stream silent for good, nor a resume slot taken: after
+// resumeAnswerTimeout the watch ends cleanly and is counted.
+func TestMovedWatchEndsWhenTheNewBackendHangs(t *testing.T) {
+	defer func(d time.Duration) { resumeAnswerTimeout = d }(resumeAnswerTimeout)
+	resumeAnswerTimeout = 200 * time.Millisecond
+	blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+	green.mu.Lock()
+	green.answer = make(chan struct{}) // never closed
+	green.mu.Unlock()
+	p := startProxy(t, blue.URL)
+	c := openWatch(t, p, framingJSON, "resourceVersion=5")
+	blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+	c.expect(t, testEvent{"ADDED", "a", "10"})
+	switchTo(t, p, green.URL, true)
+	c.expectEnd(t)
+	if st := p.Status(); st.ResumedThenEnded != 1 || st.ResumesPending != 0 || len(p.active.Load().resumeSlots) != 0 {
+		t.Fatalf("status %+v, %d slot(s) taken; want the watch counted as ended by green, none pending, no slot taken", st, len(p.active.Load().resumeSlots))
+	}
+}
+
+// TestSwitchAwayFromPendingWatches: watches moved to a backend the proxy switches away from
+// before they asked it (a partial switch undone, a quick rollback) end cleanly at once, without
+// asking the backend the proxy left.
+func TestSwitchAwayFromPendingWatches(t *testing.T) {
+	defer func(d time.Duration) { resumeDeferral = d }(resumeDeferral)
+	resumeDeferral = time.Hour
+	blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+	p := startProxy(t, blue.URL)
+	c := openWatch(t, p, framingJSON, "resourceVersion=5")
+	blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+	c.expect(t, testEvent{"ADDED", "a", "10"})
+	switchTo(t, p, green.URL, true)
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: blue.URL, ResumeWatches: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.expectEnd(t)
+	if n := green.count(); n != 0 {
+		t.Fatalf("green, switched away from, was asked for %d watch(es)", n)
+	}
+}
+
 // TestRVTrackerKeepsLittle: an event larger than what the tracker keeps, arriving over many
 // reads, is not kept for the watch's life once it has passed: thousands of watches on one
 // large object would otherwise hold a copy each.

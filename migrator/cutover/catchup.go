@@ -134,9 +134,10 @@ func catchUpRates(from, srcFrom, rev int64, took time.Duration, src, dst string)
 const preFenceCatchUp = 2 * time.Minute
 
 // beforeFence bounds what the fence step (and the rehearsal's drain) does before the fence
-// request: connecting to the etcd of up to two sides for the window's auth steps and catching
-// up, whose last read of blue's revision may begin just before the catch-up's bound.
-const beforeFence = preFenceCatchUp + 3*revisionReadBound
+// request: connecting to the etcd of up to two sides for the window's auth steps, catching up,
+// whose last read of blue's revision may begin just before the catch-up's bound, and the
+// proxies' prepare of the switch's apiserver.
+const beforeFence = preFenceCatchUp + 3*revisionReadBound + prepareTimeout
 
 // catchUpRound is how short a catch-up round must be for green to count as caught up.
 const catchUpRound = 50 * time.Millisecond

@@ -963,6 +963,9 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 		{3, 2, "3 watch(es) resumed on green were then ended by it"},
 	} {
 		p := replicatePlan(t)
+		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
 		var calls []string
 		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: tc.ended - tc.pending, ResumesPending: tc.pending}
 		adm := memProxy(st, &calls)

@@ -114,5 +114,5 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if resp.Prepared {
 		over = " over connections opened before the fence"
 	}
-	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d resumed on %s%s, %d ended, off %s in %s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond))), nil
+	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d moved to %s%s, %d ended, off %s in %s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond))), nil
 }

@@ -113,7 +113,10 @@ func (r *runner) prepareSwitch(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 	defer cancel()
 	resp, err := prepareBackend(ctx, r.adm, admin.PrepareRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile})
-	if err != nil {
+	switch {
+	case err != nil && resp.Connections > 0:
+		return fmt.Sprintf("connections to %s's apiserver opened ahead of the switch by some proxies (%d); not by others (%v): those open them at the switch; ", r.to.name, resp.Connections, err)
+	case err != nil:
 		return fmt.Sprintf("connections to %s's apiserver not opened ahead of the switch (%v): the switch opens them; ", r.to.name, err)
 	}
 	return fmt.Sprintf("connections to %s's apiserver opened ahead of the switch (%d, in %s); ", r.to.name, resp.Connections, time.Duration(resp.Took).Round(time.Microsecond))

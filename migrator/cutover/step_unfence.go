@@ -39,6 +39,10 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 // answer the watches the switch moved before it counts those it ended.
 const resumeWait = 10 * time.Second
 
+// firstEventGrace is how long after the last moved watch was answered the unfence looks again
+// for the ERROR events (410) that follow such answers at once.
+const firstEventGrace = 100 * time.Millisecond
+
 // resumesEnded says how many of the watches the switch moved the new apiserver then ended. The
 // switch returns once they left the old one; the new one answers them meanwhile (pending in st),
 // refusing them or, for a resourceVersion older than its watch cache (which starts when its
@@ -46,6 +50,10 @@ const resumeWait = 10 * time.Second
 func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 	waited := ""
 	if st.ResumesPending > 0 {
+		// Journaled first: a crash while waiting must not make a resume report a longer window.
+		if err := r.saveJournal(); err != nil {
+			waited = fmt.Sprintf("; the window's end not journaled before waiting for the moved watches: %v", err)
+		}
 		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, resumeWait, true, func(ctx context.Context) (bool, error) {
 			next, err := r.adm.Status(ctx)
 			if err == nil {
@@ -54,7 +62,13 @@ func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 			return st.ResumesPending == 0, nil
 		})
 		if err != nil {
-			waited = fmt.Sprintf("; %d moved watch(es) still waiting for %s's answer %s after writes reopened", st.ResumesPending, r.to.name, resumeWait)
+			waited += fmt.Sprintf("; %d moved watch(es) still waiting for %s's answer %s after writes reopened", st.ResumesPending, r.to.name, resumeWait)
+		}
+		// A watch counts as answered once the new apiserver's headers came; the ERROR event
+		// that may follow them at once (410) is counted as the proxy reads it.
+		time.Sleep(firstEventGrace)
+		if next, err := r.adm.Status(ctx); err == nil {
+			st = next
 		}
 	}
 	if st.ResumedThenEnded == 0 {

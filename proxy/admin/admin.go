@@ -222,8 +222,9 @@ type Switchable struct {
 
 // Drain says how the long-running requests on the previous backend ended.
 type Drain struct {
-	// Streams were open on the previous backend: Resumed of them are watches that go on on the
-	// new backend (resumeWatches), Ended were ended, Forced of those cut at the drain timeout.
+	// Streams were open on the previous backend: Resumed of them are watches that left it for
+	// the new backend (resumeWatches; they ask it once the fence lifts, and Status counts those
+	// it then ends), Ended were ended, Forced of those cut at the drain timeout.
 	Streams  int      `json:"streams"`
 	Resumed  int      `json:"resumed"`
 	Ended    int      `json:"ended"`

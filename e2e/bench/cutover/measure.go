@@ -198,13 +198,13 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	r.writesOK, r.writesFailed = load.ok.Load(), load.failed.Load()
 	r.writeP50, r.slowestWrite = load.latencies()
 	if r.writesFailed > 0 || r.failedReads > 0 || ws.failedTicks.Load() > 0 {
-		return r, fmt.Errorf("%d writes, %d changes of the watched configmap and %d lists through the proxy failed: %s", r.writesFailed, ws.failedTicks.Load(), r.failedReads, load.firstError())
+		return r, fmt.Errorf("%d writes, %d changes of the watched configmap and %d lists through the proxy failed: %v", r.writesFailed, ws.failedTicks.Load(), r.failedReads, errors.Join(load.firstError(), ws.firstError()))
 	}
 	return r, nil
 }
 
 // watchMoveRE finds the proxies' drain in the switch step's detail.
-var watchMoveRE = regexp.MustCompile(`, off \w+ in ([0-9.]+[µnm]?s)`)
+var watchMoveRE = regexp.MustCompile(`, off \w+ in ([0-9.hmsµn]+)`)
 
 // fill takes the report's figures.
 func (r *result) fill(rep *cutover.Report) {

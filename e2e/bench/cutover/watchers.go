@@ -24,14 +24,22 @@ const watchersPerConn = 10
 
 // watchers are n watches open through the proxy for the whole cutover, on namespace watched,
 // where a ticker changes one configmap every second: every watch's resourceVersion stays newer
-// than green's apiserver start, so the switch resumes each on green (the move the window pays
-// for, which grows with the watches open through the proxies). ended counts the watches that
-// ended before the bench stopped them (a watch the switch could not move, or one green ended).
+// than green's apiserver start, so the switch resumes each on green (inside the window they
+// leave blue; after it they ask green). ended counts the watches that ended before the bench
+// stopped them (a watch the switch could not move, or one green ended).
 type watchers struct {
 	cancel        context.CancelFunc
 	wg            sync.WaitGroup
 	ended, events atomic.Int64
 	failedTicks   atomic.Int64
+	mu            sync.Mutex
+	firstTickErr  error
+}
+
+func (w *watchers) firstError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.firstTickErr
 }
 
 func startWatchers(ctx context.Context, kubeconfig string, n int) (*watchers, error) {
@@ -107,6 +115,11 @@ func (w *watchers) tick(ctx context.Context, cs *kubernetes.Clientset) {
 		_, err := cs.CoreV1().ConfigMaps("watched").Patch(ctx, "tick", "application/merge-patch+json", patch, metav1.PatchOptions{})
 		if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 			w.failedTicks.Add(1)
+			w.mu.Lock()
+			if w.firstTickErr == nil {
+				w.firstTickErr = err
+			}
+			w.mu.Unlock()
 		}
 	}
 }
