@@ -494,14 +494,33 @@ func newBackendCommand(g *globals) *cobra.Command {
 	}, newBackendSetCommand(g), newBackendPrepareCommand(g))
 }
 
-type backendPrepareOptions struct {
+// backendURLOptions are what the backend commands share: the proxies, and the apiserver URL
+// with the CA file that verifies it.
+type backendURLOptions struct {
 	adminOptions
 	caFile string
 	url    string
 }
 
+func (o *backendURLOptions) Complete(a []string) error {
+	o.url = a[0]
+	return o.adminOptions.Complete(a)
+}
+
+func (o *backendURLOptions) Validate() error {
+	if err := o.adminOptions.Validate(); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(o.url, "https://") && !strings.HasPrefix(o.url, "http://") {
+		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", o.url)
+	}
+	return nil
+}
+
+type backendPrepareOptions struct{ backendURLOptions }
+
 func newBackendPrepareCommand(g *globals) *cobra.Command {
-	o := &backendPrepareOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
+	o := &backendPrepareOptions{backendURLOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "prepare URL",
 		Short: "Open the connections a coming 'backend set URL' will use, before the fence",
@@ -510,25 +529,13 @@ func newBackendPrepareCommand(g *globals) *cobra.Command {
 --ca-file or the current backend's CA) and opens the connections watches and writes will use
 there. A 'backend set URL' with the same --ca-file (the file unchanged) within 60 s then uses
 them: the watches it moves (--resume-watches) and the held writes 'fence off' releases go over
-connections already open, instead of each dialling and handshaking inside the write window.
+connections already open, instead of each dialling and handshaking when they all ask at once.
 Nothing is switched and no request changes its way; a newer prepare replaces an older one.
 'kubefence cutover' prepares green just before it fences.`,
 		Args: args(cobra.ExactArgs(1)),
 	}, o, defaultAdminTimeout, "how long to wait for each proxy's answer")
 	cmd.Flags().StringVar(&o.caFile, "ca-file", "", "CA bundle for the backend's serving certificate, as the proxy sees the path (default: the current backend's); give 'backend set' the same")
 	return cmd
-}
-
-func (o *backendPrepareOptions) Complete(a []string) error {
-	o.url = a[0]
-	return o.adminOptions.Complete(a)
-}
-
-func (o *backendPrepareOptions) Validate() error {
-	if err := o.adminOptions.Validate(); err != nil {
-		return err
-	}
-	return checkBackendURL(o.url)
 }
 
 func (o *backendPrepareOptions) Run(ctx context.Context) error {
@@ -543,24 +550,14 @@ func (o *backendPrepareOptions) Run(ctx context.Context) error {
 	return err
 }
 
-// checkBackendURL refuses what cannot be an apiserver's URL before a proxy is asked.
-func checkBackendURL(u string) error {
-	if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
-		return UsageErrorf("URL %q: give the apiserver as https://HOST:PORT", u)
-	}
-	return nil
-}
-
 type backendSetOptions struct {
-	adminOptions
-	caFile        string
-	url           string
+	backendURLOptions
 	resumeWatches bool
 	expectGen     uint64
 }
 
 func newBackendSetCommand(g *globals) *cobra.Command {
-	o := &backendSetOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}
+	o := &backendSetOptions{backendURLOptions: backendURLOptions{adminOptions: adminOptions{printOptions: printOptions{Streams: g.streams}}}}
 	cmd := o.command(&cobra.Command{
 		Use:   "set URL",
 		Short: "Send new requests to the apiserver at URL and end (or resume) watches on the old one",
@@ -587,18 +584,6 @@ watch cache (it began when that apiserver started): 'fence status' counts those.
 	cmd.Flags().Uint64Var(&o.expectGen, "expect-generation", 0, "switch only if the proxy's state is still at this generation (as 'fence status' or 'fence on' printed it); 409 if the fence or backend changed since (0: no check)")
 	cmd.Flags().BoolVar(&o.resumeWatches, "resume-watches", false, "resume open watches on the new backend from the last resourceVersion delivered, instead of ending them; only when it serves the same etcd revisions as the old (otherwise resourceVersions mean different things there and watches must end)")
 	return cmd
-}
-
-func (o *backendSetOptions) Complete(a []string) error {
-	o.url = a[0]
-	return o.adminOptions.Complete(a)
-}
-
-func (o *backendSetOptions) Validate() error {
-	if err := o.adminOptions.Validate(); err != nil {
-		return err
-	}
-	return checkBackendURL(o.url)
 }
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
