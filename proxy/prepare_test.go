@@ -59,12 +59,7 @@ func TestPreparedSwitchDialsNothing(t *testing.T) {
 			p := startProxy(t, blue.URL, func(o *Options) {
 				o.AllowedBackends = append(o.AllowedBackends, "https://127.0.0.1:*")
 			})
-			clients := make([]*watchClient, watches)
-			for i := range clients {
-				clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
-				blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-				clients[i].expect(t, testEvent{"ADDED", "a", "10"})
-			}
+			clients := openWatches(t, p, blue, watches)
 			if prepare {
 				resp, err := p.admin.PrepareBackend(t.Context(), admin.PrepareRequest{URL: green.URL, CAFile: green.caFile})
 				if err != nil {
@@ -85,12 +80,7 @@ func TestPreparedSwitchDialsNothing(t *testing.T) {
 			if sw.Drain.Resumed != watches || sw.Prepared != prepare {
 				t.Fatalf("switch = %+v (prepared %v), want %d watches resumed, prepared %v", sw.Drain, sw.Prepared, watches, prepare)
 			}
-			for i := range watches { // green's watches come in any order
-				green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
-			}
-			for _, c := range clients {
-				c.expect(t, testEvent{"MODIFIED", "a", "11"})
-			}
+			sendAll(t, green.watchAPI, clients, testEvent{"MODIFIED", "a", "11"})
 			// Every watch is on green now: the dials it took are all made.
 			dialed := green.conns.Load() - before
 			t.Logf("switch: %+v, %d connection(s) dialed to green", sw.Drain, dialed)

@@ -627,12 +627,7 @@ func TestSwitchDoesNotWaitForTheNewBackend(t *testing.T) {
 			green.mu.Unlock()
 			p := startProxy(t, blue.URL)
 			const watches = 5
-			clients := make([]*watchClient, watches)
-			for i := range clients {
-				clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
-				blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-				clients[i].expect(t, testEvent{"ADDED", "a", "10"})
-			}
+			clients := openWatches(t, p, blue, watches)
 			done := make(chan admin.BackendResponse, 1)
 			go func() { done <- switchTo(t, p, green.URL, true) }()
 			var sw admin.BackendResponse
@@ -656,16 +651,36 @@ func TestSwitchDoesNotWaitForTheNewBackend(t *testing.T) {
 				waitFor(t, func() bool { return p.Status().ResumedThenEnded == watches })
 				return
 			}
-			for i := range watches {
-				green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
-			}
-			for _, c := range clients {
-				c.expect(t, testEvent{"MODIFIED", "a", "11"})
-			}
+			sendAll(t, green, clients, testEvent{"MODIFIED", "a", "11"})
 			if st := p.Status(); st.OpenStreams != watches || st.ResumedThenEnded != 0 {
 				t.Fatalf("status = %+v, want the watches tracked on green", st)
 			}
 		})
+	}
+}
+
+// openWatches opens n JSON watches through p from resourceVersion 5, and has blue deliver each
+// one event (ADDED a, at 10): each is then resumable from 10.
+func openWatches(t *testing.T, p *testProxy, blue *watchAPI, n int) []*watchClient {
+	t.Helper()
+	clients := make([]*watchClient, n)
+	for i := range clients {
+		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
+		blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+		clients[i].expect(t, testEvent{"ADDED", "a", "10"})
+	}
+	return clients
+}
+
+// sendAll has api send ev on its first len(clients) watches (they came in any order) and
+// checks that every client gets it.
+func sendAll(t *testing.T, api *watchAPI, clients []*watchClient, ev testEvent) {
+	t.Helper()
+	for i := range clients {
+		api.watch(t, i+1).feed <- frame(t, framingJSON, ev, nil)
+	}
+	for _, c := range clients {
+		c.expect(t, ev)
 	}
 }
 
@@ -690,9 +705,7 @@ func TestMovedWatchesWaitForTheFence(t *testing.T) {
 			}
 			blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
 			p := startProxy(t, blue.URL)
-			c := openWatch(t, p, framingJSON, "resourceVersion=5")
-			blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-			c.expect(t, testEvent{"ADDED", "a", "10"})
+			c := openWatches(t, p, blue, 1)[0]
 			switched := time.Now()
 			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
 				t.Fatalf("drain = %+v", sw.Drain)
@@ -729,12 +742,7 @@ func TestMovedWatchesAskAFewAtATime(t *testing.T) {
 	green.mu.Unlock()
 	p := startProxy(t, blue.URL)
 	const watches = resumeConcurrency + 8
-	clients := make([]*watchClient, watches)
-	for i := range clients {
-		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
-		blue.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-		clients[i].expect(t, testEvent{"ADDED", "a", "10"})
-	}
+	clients := openWatches(t, p, blue, watches)
 	switchTo(t, p, green.URL, true) // the fence stays on: they ask after resumeDeferral
 	waitFor(t, func() bool { return green.count() == resumeConcurrency })
 	time.Sleep(200 * time.Millisecond)
@@ -743,12 +751,7 @@ func TestMovedWatchesAskAFewAtATime(t *testing.T) {
 	}
 	close(answer)
 	waitFor(t, func() bool { return green.count() == watches })
-	for i := range watches {
-		green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"MODIFIED", "a", "11"}, nil)
-	}
-	for _, c := range clients {
-		c.expect(t, testEvent{"MODIFIED", "a", "11"})
-	}
+	sendAll(t, green, clients, testEvent{"MODIFIED", "a", "11"})
 }
 
 // TestMovedWatchEndsWhenTheNewBackendHangs: a new backend that never answers a moved watch
@@ -762,9 +765,7 @@ func TestMovedWatchEndsWhenTheNewBackendHangs(t *testing.T) {
 	green.answer = make(chan struct{}) // never closed
 	green.mu.Unlock()
 	p := startProxy(t, blue.URL)
-	c := openWatch(t, p, framingJSON, "resourceVersion=5")
-	blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-	c.expect(t, testEvent{"ADDED", "a", "10"})
+	c := openWatches(t, p, blue, 1)[0]
 	switchTo(t, p, green.URL, true)
 	c.expectEnd(t)
 	if st := p.Status(); st.ResumedThenEnded != 1 || st.ResumesPending != 0 || len(p.active.Load().resumeSlots) != 0 {
@@ -780,9 +781,7 @@ func TestSwitchAwayFromPendingWatches(t *testing.T) {
 	resumeDeferral = time.Hour
 	blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
 	p := startProxy(t, blue.URL)
-	c := openWatch(t, p, framingJSON, "resourceVersion=5")
-	blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-	c.expect(t, testEvent{"ADDED", "a", "10"})
+	c := openWatches(t, p, blue, 1)[0]
 	switchTo(t, p, green.URL, true)
 	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: blue.URL, ResumeWatches: true}); err != nil {
 		t.Fatal(err)
