@@ -288,10 +288,12 @@ func (b *backend) remove(s *stream) {
 func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan struct{}) admin.Drain {
 	start := time.Now()
 	b.mu.Lock()
+	if !b.draining { // a backend is drained once, when a switch leaves it; a second is a no-op here
+		close(b.leaving)
+	}
 	b.draining = true
 	b.drained = make(chan struct{})
 	b.lifted = lifted
-	close(b.leaving)
 	defer close(b.drained)
 	all := make([]*stream, 0, len(b.streams))
 	for s := range b.streams {
