@@ -34,10 +34,7 @@ type preparedBackend struct {
 // changes for the requests served meanwhile.
 func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
 	start := time.Now()
-	caFile := req.CAFile
-	if caFile == "" {
-		caFile = s.active.Load().caFile
-	}
+	caFile := s.caFileOr(req.CAFile)
 	// Read before the backend loads it: a file changed in between then differs from what a
 	// switch reads, and the switch loads it afresh.
 	caPEM, err := readCAFile(caFile)
@@ -101,9 +98,7 @@ func (ps *preparedSlot) take(rawURL, caFile string) *backend {
 // backendFor is the backend a switch to rawURL goes to: the prepared one when it fits (checked
 // when it was prepared, and allowed now), else a new one checked now.
 func (s *Server) backendFor(ctx context.Context, rawURL, caFile string) (nb *backend, prepared bool, err error) {
-	if caFile == "" {
-		caFile = s.active.Load().caFile
-	}
+	caFile = s.caFileOr(caFile)
 	if nb := s.prepared.take(rawURL, caFile); nb != nil {
 		if err := s.checkAllowed(nb.url); err != nil {
 			nb.closeIdle()
@@ -120,12 +115,18 @@ func (s *Server) backendFor(ctx context.Context, rawURL, caFile string) (nb *bac
 	return nb, false, err
 }
 
-// checkedBackend is a new backend for rawURL, verified with caFile (the active backend's when
-// empty): allowed, and its TLS handshake verified, as every switch requires.
-func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*backend, error) {
+// caFileOr is caFile, or the active backend's when empty: a prepare or switch that names none
+// keeps the current one.
+func (s *Server) caFileOr(caFile string) string {
 	if caFile == "" {
-		caFile = s.active.Load().caFile
+		return s.active.Load().caFile
 	}
+	return caFile
+}
+
+// checkedBackend is a new backend for rawURL, verified with caFile (callers apply caFileOr):
+// allowed, and its TLS handshake verified, as every switch requires.
+func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*backend, error) {
 	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
 	// backend that is not allowed.
 	u, err := backendurl.Parse(rawURL)
