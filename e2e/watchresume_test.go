@@ -63,6 +63,15 @@ func TestWatchResume(t *testing.T) {
 	defer cancel()
 	env, pki := newEnvPKI(t)
 	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd36})
+	// A watch of a namespace nothing changes, opened before green's apiserver starts: its
+	// resourceVersion is older than green's watch cache, which answers it 410 Expired; the proxy
+	// finds the namespace's configmaps the same at that revision and now, and resumes it from now.
+	mustKubectl(t, px.Kubeconfig, "create", "namespace", "quiet")
+	mustKubectl(t, px.Kubeconfig, "-n", "quiet", "create", "configmap", "q0")
+	quiet := startKubectlWatch(t, px.Kubeconfig, "quiet")
+	quiet.check(t, []string{"q0"})
+	const ns = "wr"
+	mustKubectl(t, px.Kubeconfig, "create", "namespace", ns) // a revision past the quiet watch's
 	green, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: blue.etcd.Endpoints(), PKI: pki})
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +80,6 @@ func TestWatchResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const ns = "wr"
-	mustKubectl(t, px.Kubeconfig, "create", "namespace", ns)
 	var names []string
 	create := func(cs *kubernetes.Clientset, name string) {
 		t.Helper()
@@ -195,8 +202,8 @@ func TestWatchResume(t *testing.T) {
 		t.Fatalf("backend set -o json: %v\n%s", err, out)
 	}
 	t.Logf("backend set --resume-watches: drain %+v (took %s)", sw.Drain, time.Duration(sw.Drain.Duration))
-	if sw.Status.Backend != green.URL || sw.Drain.Resumed != 3 || sw.Drain.Ended != 0 || sw.Drain.Forced != 0 {
-		t.Errorf("backend set answered %+v; want kubectl's and both informers' watches resumed on green", sw)
+	if sw.Status.Backend != green.URL || sw.Drain.Resumed != 4 || sw.Drain.Ended != 0 || sw.Drain.Forced != 0 {
+		t.Errorf("backend set answered %+v; want both kubectls' and both informers' watches resumed on green", sw)
 	}
 	for n := range 3 {
 		create(greenCS, fmt.Sprintf("fenced-green-%d", n))
@@ -208,8 +215,13 @@ func TestWatchResume(t *testing.T) {
 		create(pcs, fmt.Sprintf("after-%d", n))
 	}
 	seenAll("kubectl and the informers see every configmap after the switch")
-	if st, err := px.Admin.Status(ctx); err != nil || st.OpenStreams != 3 || st.Backend != green.URL {
-		t.Fatalf("proxy status after the switch: %+v, %v; want the 3 watches open on green", st, err)
+	if _, err := pcs.CoreV1().ConfigMaps("quiet").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "q1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	quiet.check(t, []string{"q0", "q1"})
+	st, err := px.Admin.Status(ctx)
+	if err != nil || st.OpenStreams != 4 || st.Backend != green.URL || st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 {
+		t.Fatalf("proxy status after the switch: %+v, %v; want the 4 watches open on green, the quiet one resumed past green's expiry", st, err)
 	}
 
 	// Exactly once, and still running.

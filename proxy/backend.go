@@ -44,6 +44,9 @@ type backend struct {
 	// once: it refused the re-issued watch, or answered it with an ERROR event (a
 	// resourceVersion older than its watch cache: 410 Expired).
 	resumedThenEnded atomic.Int64
+	// resumedPastExpiry counts watches it answered so (410) that the proxy resumed from its
+	// current revision, their collection unchanged since (watchexpired.go).
+	resumedPastExpiry atomic.Int64
 	// resumesPending counts watches moved to this backend that wait for its answer.
 	resumesPending atomic.Int64
 	// resumeSlots bounds the moved watches asking this backend at once (resumeConcurrency).

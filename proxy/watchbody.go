@@ -104,6 +104,12 @@ func (w *watchBody) Read(p []byte) (int, error) {
 		rc := w.rc
 		w.mu.Unlock()
 		n, err := rc.Read(p)
+		if err == errResumeExpired {
+			if w.resumePastExpiry() {
+				continue
+			}
+			return 0, io.EOF
+		}
 		w.mu.Lock()
 		n = w.advance(p[:n])
 		at := w.draining && w.boundary

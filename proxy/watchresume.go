@@ -136,10 +136,10 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Warn("watch resume failed; ended", "resourceVersion", rv, "err", err)
 		return false
 	}
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != ri.contentType {
+	if err := ri.acceptable(resp); err != nil {
 		_ = resp.Body.Close()
 		nb.resumedThenEnded.Add(1)
-		log.Warn("watch resume refused by the new backend; ended", "resourceVersion", rv, "status", resp.Status, "contentType", resp.Header.Get("Content-Type"))
+		log.Warn("watch resume refused by the new backend; ended", "resourceVersion", rv, "err", err)
 		return false
 	}
 	// Tracked on nb and given its body as one step under w.mu: a switch away from nb that
@@ -152,12 +152,21 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumed: the proxy switched away from the new backend before it answered; ended")
 		return false
 	}
-	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
+	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, pastExpiry: true}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur = w.rv.cur[:0]
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
+}
+
+// acceptable checks the new backend's answer to a re-issued watch: 200, in the content type the
+// old backend's answer had (the client reads one stream).
+func (ri *resumeInfo) acceptable(resp *http.Response) error {
+	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != ri.contentType {
+		return fmt.Errorf("answered %s, %s (want 200, %s)", resp.Status, ct, ri.contentType)
+	}
+	return nil
 }
 
 // resumeAnswerTimeout bounds how long a moved watch waits for the new backend's answer (its
@@ -222,10 +231,16 @@ func awaitTurn(ctx context.Context, from, nb *backend) bool {
 	case <-ctx.Done():
 		return false
 	}
+	return takeSlot(ctx, nb)
+}
+
+// takeSlot takes one of nb's resume slots (the caller gives it back); false when ctx ended or
+// nb began to drain first.
+func takeSlot(ctx context.Context, nb *backend) bool {
 	select {
 	case nb.resumeSlots <- struct{}{}:
 		return true
-	case <-leaving:
+	case <-nb.leavingCh():
 		return false
 	case <-ctx.Done():
 		return false
@@ -238,12 +253,15 @@ func awaitTurn(ctx context.Context, from, nb *backend) bool {
 // with 200 and one ERROR event (410 Expired): the client is better served by a normal end of
 // the watch (informers relist either way; `kubectl get -w` ends rather than fails).
 type firstEventGuard struct {
-	rc      io.ReadCloser
-	fr      framing
-	log     *slog.Logger
-	ended   *atomic.Int64 // counts the resumes so ended (the new backend's, for status)
-	checked bool
-	buf     []byte // read, not passed on yet
+	rc    io.ReadCloser
+	fr    framing
+	log   *slog.Logger
+	ended *atomic.Int64 // counts the resumes so ended (the new backend's, for status)
+	// pastExpiry: an ERROR 410 (Expired) returns errResumeExpired, for resumePastExpiry,
+	// rather than ending the stream.
+	pastExpiry bool
+	checked    bool
+	buf        []byte // read, not passed on yet
 }
 
 func (g *firstEventGuard) Read(p []byte) (int, error) {
@@ -256,6 +274,9 @@ func (g *firstEventGuard) Read(p []byte) (int, error) {
 		if end := firstEventEnd(g.fr, g.buf); end > 0 || len(g.buf) > maxKeptEvent {
 			var e eventMeta
 			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
+				if g.pastExpiry && expiredEvent(g.fr, g.buf[:end]) {
+					return 0, errResumeExpired
+				}
 				g.log.Info("watch resumed, then ended by the new backend (an ERROR event, e.g. 410 Expired); ended cleanly")
 				g.ended.Add(1)
 				return 0, io.EOF

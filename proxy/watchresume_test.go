@@ -32,6 +32,9 @@ type watchAPI struct {
 	status  int
 	answer  chan struct{} // when set, a watch is answered only once it is closed
 	watches []*apiWatch
+	// lists, when set, answers every request that is not a watch (and is recorded in listed).
+	lists  func(r *http.Request) (status int, body string)
+	listed []*http.Request
 }
 
 type apiWatch struct {
@@ -52,8 +55,7 @@ func (a *watchAPI) handler(name string) http.Handler {
 	fr := a.fr
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("watch") != "true" {
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"from":%q}`, name)
+			a.answerList(w, r, name)
 			return
 		}
 		wt := &apiWatch{query: r.URL.Query(), header: r.Header.Clone(), feed: make(chan []byte, 16), last: make(chan []byte, 1)}
@@ -90,6 +92,23 @@ func (a *watchAPI) handler(name string) http.Handler {
 			}
 		}
 	})
+}
+
+func (a *watchAPI) answerList(w http.ResponseWriter, r *http.Request, name string) {
+	a.mu.Lock()
+	lists := a.lists
+	if lists != nil {
+		a.listed = append(a.listed, r.Clone(context.Background()))
+	}
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if lists == nil {
+		fmt.Fprintf(w, `{"from":%q}`, name)
+		return
+	}
+	status, body := lists(r)
+	w.WriteHeader(status)
+	fmt.Fprint(w, body)
 }
 
 func contentTypeOf(fr framing) string {

@@ -954,26 +954,40 @@ func TestAbortPutsTheOneProxyBack(t *testing.T) {
 func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 	for _, tc := range []struct {
 		ended, pending int64
-		want           string
+		// pastExpiry: watches green answered 410 whose lists (pending again once none was)
+		// let the proxy resume them from now.
+		pastExpiry int64
+		want       string
 	}{
-		{0, 0, ""},
-		{3, 0, "3 watch(es) resumed on green were then ended by it"},
+		{0, 0, 0, ""},
+		{3, 0, 0, "; 3 watch(es) resumed on green were then ended by it"},
 		// Watches the switch moved still wait for green's answer when writes reopen: the step
 		// waits for them (after the window) before it counts.
-		{3, 2, "3 watch(es) resumed on green were then ended by it"},
+		{3, 2, 0, "; 3 watch(es) resumed on green were then ended by it"},
+		{3, 2, 2, "; 3 watch(es) resumed on green were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection changed since: those clients relist); 2 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from its current revision"},
+		{0, 1, 1, "; 1 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from its current revision"},
 	} {
 		p := replicatePlan(t)
 		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 			t.Fatal(err)
 		}
 		var calls []string
-		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: tc.ended - tc.pending, ResumesPending: tc.pending}
+		st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, ResumedThenEnded: max(0, tc.ended-tc.pending), ResumesPending: tc.pending}
 		adm := memProxy(st, &calls)
 		status := adm.status
+		proofs, listing := tc.pastExpiry, false
 		adm.status = func(ctx context.Context) (admin.Status, error) {
-			if st.ResumesPending > 0 { // green answers one more at each look
+			switch {
+			case st.ResumesPending > 0 && !listing: // green answers one more at each look
 				st.ResumesPending--
-				st.ResumedThenEnded++
+				if st.ResumedThenEnded < tc.ended {
+					st.ResumedThenEnded++
+				}
+			case st.ResumesPending > 0: // a proxy's lists end
+				st.ResumesPending--
+				st.ResumedPastExpiry++
+			case proofs > 0: // they start after none waited
+				st.ResumesPending, proofs, listing = proofs, 0, true
 			}
 			return status(ctx)
 		}
@@ -983,7 +997,7 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 			t.Fatal(err)
 		}
 		if tc.want == "" && strings.Contains(detail, "resumed") || !strings.Contains(detail, tc.want) {
-			t.Errorf("%d ended: unfence detail %q; want %q", tc.ended, detail, tc.want)
+			t.Errorf("%d ended, %d past the expiry: unfence detail %q; want %q", tc.ended, tc.pastExpiry, detail, tc.want)
 		}
 	}
 }

@@ -389,6 +389,7 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 		out.OpenWatches += st.OpenWatches
 		out.OpenStreams += st.OpenStreams
 		out.ResumedThenEnded += st.ResumedThenEnded
+		out.ResumedPastExpiry += st.ResumedPastExpiry
 		out.ResumesPending += st.ResumesPending
 		out.Hold = addHold(out.Hold, st.Hold)
 		out.Mode = cmp.Or(out.Mode, st.Mode)

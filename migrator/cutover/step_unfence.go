@@ -43,10 +43,12 @@ const resumeWait = 10 * time.Second
 // for the ERROR events (410) that follow such answers at once.
 const firstEventGrace = 100 * time.Millisecond
 
-// resumesEnded says how many of the watches the switch moved the new apiserver then ended. The
-// switch returns once they left the old one; the new one answers them meanwhile (pending in st),
-// refusing them or, for a resourceVersion older than its watch cache (which starts when its
-// apiserver started), sending one ERROR event (410): docs/proxy.md.
+// resumesEnded says how many of the watches the switch moved the new apiserver then ended, and
+// how many of those it answered 410 the proxies resumed all the same. The switch returns once
+// they left the old one; the new one answers them meanwhile (pending in st), refusing them or,
+// for a resourceVersion older than its watch cache (which starts when its apiserver started),
+// sending one ERROR event (410), after which a proxy may list the watched collection to resume
+// from now (pending again meanwhile): docs/proxy.md.
 func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 	waited := ""
 	if st.ResumesPending > 0 {
@@ -54,7 +56,33 @@ func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 		if err := r.saveJournal(); err != nil {
 			waited = fmt.Sprintf("; the window's end not journaled before waiting for the moved watches: %v", err)
 		}
-		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, resumeWait, true, func(ctx context.Context) (bool, error) {
+		st = r.awaitResumes(ctx, st)
+		if st.ResumesPending > 0 {
+			waited += fmt.Sprintf("; %d moved watch(es) still waiting for %s's answer %s after writes reopened", st.ResumesPending, r.to.name, resumeWait)
+		}
+	}
+	var out []string
+	if st.ResumedThenEnded > 0 {
+		out = append(out, fmt.Sprintf("%d watch(es) resumed on %s were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection changed since: those clients relist)", st.ResumedThenEnded, r.to.name))
+	}
+	if st.ResumedPastExpiry > 0 {
+		out = append(out, fmt.Sprintf("%d watch(es) %s answered 410 (their resourceVersion older than its watch cache) resumed from its current revision, their collection unchanged since", st.ResumedPastExpiry, r.to.name))
+	}
+	if len(out) == 0 {
+		return waited
+	}
+	return "; " + strings.Join(out, "; ") + waited
+}
+
+// awaitResumes waits, up to resumeWait, until no moved watch waits for the new apiserver's
+// answer, and returns the proxies' status then. A watch counts as answered once the new
+// apiserver's headers came; the ERROR event that may follow them at once (410) is counted as the
+// proxy reads it, or starts the proxy's lists (pending again): so it looks again
+// firstEventGrace after each time none waited.
+func (r *runner) awaitResumes(ctx context.Context, st admin.Status) admin.Status {
+	deadline := time.Now().Add(resumeWait)
+	for st.ResumesPending > 0 {
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Until(deadline), true, func(ctx context.Context) (bool, error) {
 			next, err := r.adm.Status(ctx)
 			if err == nil {
 				st = next
@@ -62,19 +90,14 @@ func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 			return st.ResumesPending == 0, nil
 		})
 		if err != nil {
-			waited += fmt.Sprintf("; %d moved watch(es) still waiting for %s's answer %s after writes reopened", st.ResumesPending, r.to.name, resumeWait)
+			return st
 		}
-		// A watch counts as answered once the new apiserver's headers came; the ERROR event
-		// that may follow them at once (410) is counted as the proxy reads it.
 		time.Sleep(firstEventGrace)
 		if next, err := r.adm.Status(ctx); err == nil {
 			st = next
 		}
 	}
-	if st.ResumedThenEnded == 0 {
-		return waited
-	}
-	return fmt.Sprintf("; %d watch(es) resumed on %s were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache: those clients relist)%s", st.ResumedThenEnded, r.to.name, waited)
+	return st
 }
 
 // changesByHand counts the changes of the proxies' state since the fence beyond this cutover's
