@@ -208,6 +208,16 @@ func TestWatchResume(t *testing.T) {
 	for n := range 3 {
 		create(greenCS, fmt.Sprintf("fenced-green-%d", n))
 	}
+	// An object in the quiet namespace that lives only after the switch, before the quiet
+	// watch is re-issued: the proxy's lists (at the watch's revision and where green's cache
+	// begins) do not see it; the watch, re-issued from where green's cache begins, delivers its
+	// creation and its deletion.
+	if _, err := greenCS.CoreV1().ConfigMaps("quiet").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "q-transient"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := greenCS.CoreV1().ConfigMaps("quiet").Delete(ctx, "q-transient", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := px.CLI(ctx, "fence", "off"); err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +229,9 @@ func TestWatchResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet.check(t, []string{"q0", "q1"})
+	if n := strings.Count(quiet.out.String(), "configmap/q-transient\n"); n != 2 {
+		t.Errorf("the quiet kubectl get -w printed configmap/q-transient %d times, want twice (created, deleted):\n%s", n, quiet.out.String())
+	}
 	st, err := px.Admin.Status(ctx)
 	if err != nil || st.OpenStreams != 4 || st.Backend != green.URL || st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 {
 		t.Fatalf("proxy status after the switch: %+v, %v; want the 4 watches open on green, the quiet one resumed past green's expiry", st, err)

@@ -44,13 +44,16 @@ type backend struct {
 	// once: it refused the re-issued watch, or answered it with an ERROR event (a
 	// resourceVersion older than its watch cache: 410 Expired).
 	resumedThenEnded atomic.Int64
-	// resumedPastExpiry counts watches it answered so (410) that the proxy resumed from its
-	// current revision, their collection unchanged since (watchexpired.go).
+	// resumedPastExpiry counts watches it answered so (410) that the proxy resumed from where
+	// its watch cache begins, their collection the same there (watchexpired.go).
 	resumedPastExpiry atomic.Int64
 	// resumesPending counts watches moved to this backend that wait for its answer.
 	resumesPending atomic.Int64
 	// resumeSlots bounds the moved watches asking this backend at once (resumeConcurrency).
 	resumeSlots chan struct{}
+	// checkSlots bounds the collections listed at once to resume past its expiry
+	// (pastExpiryChecks).
+	checkSlots chan struct{}
 }
 
 // TransportOptions shape the connection pools to every backend.
@@ -105,7 +108,7 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 		}
 		tlsConfig.RootCAs = pool
 	}
-	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}, resumeSlots: make(chan struct{}, resumeConcurrency), leaving: make(chan struct{})}
+	b := &backend{url: u, caFile: caFile, streams: map[*stream]struct{}{}, resumeSlots: make(chan struct{}, resumeConcurrency), checkSlots: make(chan struct{}, pastExpiryChecks), leaving: make(chan struct{})}
 	b.plain = newPool(tlsConfig, topts)
 	if topts.FrontProxyCert != nil {
 		idConfig := tlsConfig.Clone()

@@ -104,8 +104,8 @@ func (w *watchBody) Read(p []byte) (int, error) {
 		rc := w.rc
 		w.mu.Unlock()
 		n, err := rc.Read(p)
-		if err == errResumeExpired {
-			if w.resumePastExpiry() {
+		if exp, ok := err.(*expiredError); ok {
+			if w.resumePastExpiry(exp.oldest) {
 				continue
 			}
 			return 0, io.EOF

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -17,109 +18,146 @@ import (
 )
 
 // Resuming past the new backend's watch cache. kube-apiserver serves watches from a cache that
-// begins at the revision its apiserver listed when it started, and answers a watch from an
-// older resourceVersion with one ERROR event, 410 Expired. A moved watch of a resource nothing
-// changed lately (most of a controller manager's informers) holds such a resourceVersion: the
-// last event or bookmark blue sent it. The revisions being the same on both backends, the proxy
-// can still tell whether anything happened to that watch since: it lists the watched collection
-// (its path and selectors, metadata only) on the new backend exactly at the watch's
-// resourceVersion and now, and when both hold the same objects at the same resourceVersions,
-// no event of the watch lies between the two (a creation, change or deletion changes one or the
-// other), so the watch goes on from now, on the same stream. On any difference, or when a list
+// begins at the revision its apiserver listed when it started, S, and answers a watch from an
+// older resourceVersion R with one ERROR event, 410 Expired, "too old resource version: R (S)".
+// A moved watch of a resource nothing changed lately (most of a controller manager's
+// informers) holds such an R: the last event or bookmark blue sent it. The revisions being the
+// same on both backends, the proxy lists the watched collection (its path and selectors,
+// metadata only) on the new backend exactly at R and at S: when both hold the same objects at
+// the same resourceVersions, the watch is re-issued from S, on the same stream; everything after
+// S the new backend's watch delivers. What the lists cannot see is an object created and deleted
+// again inside (R, S], a span that ended before the new apiserver started, so before the
+// switch: blue would have sent those events to the watch then, unless it held them undelivered
+// for all that time (a relist would not show them either). On any difference, or when a list
 // cannot be had (the revision compacted, the list refused), the watch ends as before, and its
 // client relists.
 
-// errResumeExpired is what a resumed watch's first-event guard returns when the new backend
-// ended the watch with 410 Expired and the proxy may try resumePastExpiry.
-var errResumeExpired = errors.New("the new backend answered the resumed watch with 410 Expired")
+// expiredError is what a resumed watch's first-event guard returns when the new backend ended
+// the watch with 410 Expired, naming the oldest revision its cache holds.
+type expiredError struct{ oldest string }
+
+func (e *expiredError) Error() string {
+	return "the new backend answered the resumed watch with 410 Expired (its watch cache begins at " + e.oldest + ")"
+}
+
+// expiredMessage is kube-apiserver's 410 on a watch older than its cache: the watch's
+// resourceVersion, and the revision the cache begins at.
+var expiredMessage = regexp.MustCompile(`too old resource version: (\d+) \((\d+)\)`)
+
+// pastExpiryChecks bounds the collections a backend is asked to list at once; it is smaller
+// than resumeConcurrency, and separate, so that the lists never keep the other moved watches
+// from asking.
+const pastExpiryChecks = 8
 
 // metaPageLimit is the page size of the lists that compare a collection at two revisions.
-const metaPageLimit = 500
+const metaPageLimit = 100
 
-// maxMetaPage bounds the bytes read of one page (from a backend that ignores limit).
-const maxMetaPage = 32 << 20
+// maxMetaPage bounds the bytes read of one page (from a backend that ignores limit, or objects
+// with large annotations): a larger page ends the watch instead.
+const maxMetaPage = 8 << 20
 
 // metaListAccept asks for the objects' metadata only (any backend that cannot falls back to
 // its JSON list, which has the same shape).
 const metaListAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
-// resumePastExpiry is Read's answer to errResumeExpired: it compares the watched collection at
-// the watch's resourceVersion and now on the new backend, and when they match re-issues the
-// watch from now and makes its body the stream's. It returns true when Read should go on (the
-// watch re-issued, or a switch away from the new backend began meanwhile: Read then moves or
-// ends it), false when the watch ends.
-func (w *watchBody) resumePastExpiry() bool {
+// resumePastExpiry is Read's answer to an *expiredError: it compares the watched collection at
+// the watch's resourceVersion and at oldest on the new backend, and when they match re-issues
+// the watch from oldest and makes its body the stream's. Meanwhile the watch is tracked nowhere,
+// as a moved watch is before the new backend answers it: a switch away from the new backend
+// neither waits for it nor moves it (it ends). It returns true when Read should go on (the watch
+// re-issued, or a switch began to move it before this started), false when the watch ends.
+func (w *watchBody) resumePastExpiry(oldest string) bool {
 	ri := w.resume
 	nb := ri.on
 	w.mu.Lock()
-	rv, ok := w.rv.from()
-	moving := w.draining
-	w.mu.Unlock()
-	if moving {
+	if w.draining {
+		w.mu.Unlock()
 		return true
 	}
-	log := ri.log.With("path", ri.req.URL.Path, "to", nb.url.String(), "resourceVersion", rv)
+	rv, ok := w.rv.from()
+	ri.untrack()
+	w.mu.Unlock()
+	log := ri.log.With("path", ri.req.URL.Path, "to", nb.url.String(), "resourceVersion", rv, "oldest", oldest)
 	nb.resumesPending.Add(1)
 	defer nb.resumesPending.Add(-1)
-	var now string
 	var resp *http.Response
 	err := errors.New(w.rv.why())
-	if ok {
-		now, resp, err = reissuePastExpiry(ri, nb, rv)
+	switch {
+	case !ok:
+	case ri.identity && (ri.verified == nil || !ri.verified()):
+		err = errors.New("the client's certificate no longer verifies")
+	default:
+		resp, err = reissuePastExpiry(ri, nb, rv, oldest)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.draining {
+	if err == nil {
+		err = nb.track(ri.s) // fails once a switch away from nb began
+	}
+	if err != nil {
 		if resp != nil {
 			_ = resp.Body.Close()
 		}
-		return true
-	}
-	if err != nil {
-		if ri.req.Context().Err() == nil {
+		if ri.req.Context().Err() == nil && !closed(nb.leavingCh()) {
 			nb.resumedThenEnded.Add(1)
 		}
-		log.Info("watch resumed, then ended by the new backend (410 Expired: its watch cache starts after the watch's resourceVersion); not resumed from now; ended cleanly", "reason", err)
+		log.Info("watch resumed, then ended by the new backend (410 Expired: its watch cache begins after the watch's resourceVersion) and not provably unchanged since; ended cleanly", "reason", err)
 		return false
 	}
-	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
-	w.rv.rv, w.rv.cur = now, w.rv.cur[:0]
+	_ = w.rc.Close() // the 410's body
+	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, undo: &nb.resumedPastExpiry}
+	w.rv.rv, w.rv.cur = oldest, w.rv.cur[:0]
 	nb.resumedPastExpiry.Add(1)
-	log.Info("watch resumed from the new backend's current revision: the watched collection is the same there as at the watch's resourceVersion", "from", now)
+	log.Info("watch resumed from the revision the new backend's watch cache begins at: the watched collection is the same there as at the watch's resourceVersion")
 	return true
 }
 
-// reissuePastExpiry takes one of nb's resume slots, checks that the collection ri watches is
-// unchanged on nb since rv, and re-issues the watch from the revision of that check.
-func reissuePastExpiry(ri *resumeInfo, nb *backend, rv string) (string, *http.Response, error) {
-	ctx, cancel := context.WithTimeoutCause(ri.req.Context(), resumeAnswerTimeout,
-		fmt.Errorf("the lists took over %s", resumeAnswerTimeout))
+// reissuePastExpiry takes one of nb's check slots, checks that the collection ri watches is
+// the same on nb at rv and at oldest, and re-issues the watch from oldest.
+func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Response, error) {
+	from, err1 := strconv.ParseUint(rv, 10, 64)
+	to, err2 := strconv.ParseUint(oldest, 10, 64)
+	if err1 != nil || err2 != nil || from >= to {
+		return nil, fmt.Errorf("the backend's cache begins at %q, not at a revision after the watch's resourceVersion %q", oldest, rv)
+	}
+	ctx, cancel := context.WithCancel(ri.req.Context())
 	defer cancel()
-	go func() { // a switch away from nb: the lists and the watch are for nothing
-
+	go func() { // a switch away from nb: the lists are for nothing
 		select {
 		case <-nb.leavingCh():
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
-	if !takeSlot(ctx, nb) {
-		return "", nil, errors.New("its client left, or the proxy switched away from the new backend")
+	select {
+	case nb.checkSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, errors.New("its client left, or the proxy switched away from the new backend")
 	}
-	defer func() { <-nb.resumeSlots }()
-	now, err := unchangedSince(ctx, ri, nb, rv)
-	if err != nil {
-		return "", nil, err
+	defer func() { <-nb.checkSlots }()
+	listCtx, cancelList := context.WithTimeoutCause(ctx, resumeAnswerTimeout, fmt.Errorf("the lists took over %s", resumeAnswerTimeout))
+	defer cancelList()
+	if err := sameAt(listCtx, ri, nb, rv, oldest); err != nil {
+		return nil, err
 	}
-	resp, err := reissue(ri.req, nb, ri.identity, now)
+	resp, err := reissue(ri.req, nb, ri.identity, oldest)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	if err := ri.acceptable(resp); err != nil {
 		_ = resp.Body.Close()
-		return "", nil, err
+		return nil, err
 	}
-	return now, resp, nil
+	return resp, nil
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // metaItem is what the comparison looks at of one object.
@@ -140,12 +178,11 @@ type metaPage struct {
 	} `json:"items"`
 }
 
-// unchangedSince lists the collection ri watches on nb exactly at rv and now, page by page
-// (both in key order), and returns now's resourceVersion when the two hold the same objects at
-// the same resourceVersions.
-func unchangedSince(ctx context.Context, ri *resumeInfo, nb *backend, rv string) (string, error) {
+// sameAt lists the collection ri watches on nb exactly at a and at b, page by page (both in
+// key order), and returns nil when the two hold the same objects at the same resourceVersions.
+func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error {
 	if legacyWatchPath(ri.req.URL.Path) {
-		return "", errors.New("a watch on the legacy /watch/ path: no collection to list")
+		return errors.New("a watch on the legacy /watch/ path: no collection to list")
 	}
 	base := url.Values{"limit": {strconv.Itoa(metaPageLimit)}}
 	q := ri.req.URL.Query()
@@ -155,30 +192,26 @@ func unchangedSince(ctx context.Context, ri *resumeInfo, nb *backend, rv string)
 		}
 	}
 	get := func(q url.Values) (*metaPage, error) { return listPage(ctx, ri, nb, q) }
-	now := &listCursor{get: get, base: base}
-	then := &listCursor{get: get, base: base, first: url.Values{"resourceVersion": {rv}, "resourceVersionMatch": {"Exact"}}}
+	at := func(rv string) *listCursor {
+		return &listCursor{get: get, base: base, rv: rv, first: url.Values{"resourceVersion": {rv}, "resourceVersionMatch": {"Exact"}}}
+	}
+	then, now := at(a), at(b)
 	for {
-		a, more, err := now.next()
+		x, more, err := then.next()
 		if err != nil {
-			return "", fmt.Errorf("list now: %w", err)
+			return fmt.Errorf("list at %s: %w", a, err)
 		}
-		b, moreThen, err := then.next()
+		y, moreNow, err := now.next()
 		if err != nil {
-			return "", fmt.Errorf("list at %s: %w", rv, err)
+			return fmt.Errorf("list at %s: %w", b, err)
 		}
-		if more != moreThen || a != b {
-			return "", fmt.Errorf("the collection changed between %s and %s (%+v, then %+v)", rv, now.rv, b, a)
+		if more != moreNow || x != y {
+			return fmt.Errorf("the collection differs between %s and %s (%+v, then %+v)", a, b, x, y)
 		}
 		if !more {
-			break
+			return nil
 		}
 	}
-	from, err1 := strconv.ParseUint(rv, 10, 64)
-	to, err2 := strconv.ParseUint(now.rv, 10, 64)
-	if err1 != nil || err2 != nil || to < from {
-		return "", fmt.Errorf("resourceVersions %q and %q are not revisions in order", rv, now.rv)
-	}
-	return now.rv, nil
 }
 
 // legacyWatchPath reports a path of the deprecated form /api/v1/watch/... or
@@ -198,9 +231,9 @@ func legacyWatchPath(p string) bool {
 type listCursor struct {
 	get         func(url.Values) (*metaPage, error)
 	base, first url.Values // every page's query; the first page's own parameters
+	rv          string     // the resourceVersion every page must be answered at
 	page        *metaPage
 	i           int
-	rv          string // the list's resourceVersion (its first page's)
 }
 
 // next returns the next item, or false after the last.
@@ -224,8 +257,9 @@ func (c *listCursor) next() (metaItem, bool, error) {
 		if err != nil {
 			return metaItem{}, false, err
 		}
-		if c.page == nil {
-			c.rv = page.Metadata.ResourceVersion
+		if page.Metadata.ResourceVersion != c.rv {
+			// A backend that does not list at an exact revision would compare now with now.
+			return metaItem{}, false, fmt.Errorf("answered at resourceVersion %q, not %s", page.Metadata.ResourceVersion, c.rv)
 		}
 		c.page, c.i = page, 0
 	}
@@ -242,8 +276,9 @@ func listPage(ctx context.Context, ri *resumeInfo, nb *backend, q url.Values) (*
 	out.Host = ""
 	out.Body, out.GetBody, out.ContentLength = nil, nil, 0
 	out.Header.Set("Accept", metaListAccept)
-	out.Header.Del("Accept-Encoding") // the transport asks for gzip and decodes it
+	out.Header.Del("Accept-Encoding") // an uncompressed answer (the transport passes encodings through)
 	out.Header.Del("Content-Type")
+	out.Header.Del("Audit-Id") // the client's own audit ID belongs to its watch, not to these lists
 	resp, err := nb.transportFor(ri.identity, &reqStateFrom(ri.req.Context()).attrs).RoundTrip(out)
 	if err != nil {
 		return nil, err
@@ -260,38 +295,62 @@ func listPage(ctx context.Context, ri *resumeInfo, nb *backend, q url.Values) (*
 	return &page, nil
 }
 
-// expiredEvent reports whether a watch's ERROR event carries 410 (Gone: Expired), as
-// kube-apiserver's answer to a watch from a resourceVersion older than its cache.
-func expiredEvent(fr framing, ev []byte) bool {
+// expiredEvent reads a watch's ERROR event: when it carries 410 (Gone: Expired) with
+// kube-apiserver's message for a watch older than its cache, it returns the revision the cache
+// begins at.
+func expiredEvent(fr framing, ev []byte) (string, bool) {
+	code, msg := statusOf(fr, ev)
+	if code != http.StatusGone {
+		return "", false
+	}
+	m := expiredMessage.FindStringSubmatch(msg)
+	if m == nil {
+		return "", false
+	}
+	return m[2], true
+}
+
+// statusOf returns the code and message of an ERROR event's Status (zero when it has none).
+func statusOf(fr framing, ev []byte) (uint64, string) {
 	if fr == framingJSON {
 		var v struct {
-			Type   string `json:"type"`
 			Object struct {
-				Code int32 `json:"code"`
+				Code    uint64 `json:"code"`
+				Message string `json:"message"`
 			} `json:"object"`
 		}
-		return json.Unmarshal(ev, &v) == nil && v.Type == "ERROR" && v.Object.Code == http.StatusGone
+		if json.Unmarshal(ev, &v) != nil {
+			return 0, ""
+		}
+		return v.Object.Code, v.Object.Message
 	}
 	if len(ev) < 4 {
-		return false
+		return 0, ""
 	}
 	ext, _, err := protoField(ev[4:], fieldWatchEventObject)
 	if err != nil {
-		return false
+		return 0, ""
 	}
 	raw, _, err := protoField(ext, fieldRawExtensionRaw)
 	if err != nil || !bytes.HasPrefix(raw, protobufMagic) {
-		return false
+		return 0, ""
 	}
 	status, _, err := protoField(raw[len(protobufMagic):], fieldUnknownRaw)
 	if err != nil {
-		return false
+		return 0, ""
 	}
-	return protoVarint(status, fieldStatusCode) == http.StatusGone
+	msg, _, err := protoField(status, fieldStatusMessage)
+	if err != nil {
+		return 0, ""
+	}
+	return protoVarint(status, fieldStatusCode), string(msg)
 }
 
-// fieldStatusCode is metav1.Status.code.
-const fieldStatusCode = 6
+// Fields of metav1.Status.
+const (
+	fieldStatusMessage = 3
+	fieldStatusCode    = 6
+)
 
 // protoVarint returns the last varint field num of m, 0 when absent or m does not parse.
 func protoVarint(m []byte, num protowire.Number) uint64 {

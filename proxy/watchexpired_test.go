@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,11 +16,12 @@ import (
 )
 
 // statusFrame is the ERROR event kube-apiserver sends on a watch it will not serve, e.g. from a
-// resourceVersion older than its watch cache (410 Expired).
-func statusFrame(t *testing.T, fr framing, code int32) []byte {
+// resourceVersion older than its watch cache (410 Expired, with the revision the cache begins
+// at in the message).
+func statusFrame(t *testing.T, fr framing, code int32, msg string) []byte {
 	t.Helper()
 	st := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-		Reason: metav1.StatusReasonExpired, Code: code, Message: "too old resource version: 10 (15)"}
+		Reason: metav1.StatusReasonExpired, Code: code, Message: msg}
 	if fr == framingJSON {
 		obj, err := json.Marshal(st)
 		if err != nil {
@@ -46,6 +48,9 @@ func statusFrame(t *testing.T, fr framing, code int32) []byte {
 	return append(binary.BigEndian.AppendUint32(nil, uint32(len(we))), we...)
 }
 
+// tooOld is kube-apiserver's message for a watch from 10 when its cache begins at 15.
+const tooOld = "too old resource version: 10 (15)"
+
 // metaList is one page of a list as kube-apiserver answers it in metadata form; items are
 // "name@resourceVersion" in namespace default.
 func metaList(rv, cont string, items ...string) string {
@@ -62,21 +67,26 @@ func metaList(rv, cont string, items ...string) string {
 	return b.String()
 }
 
-// pages answers the lists of the collection: now (no resourceVersion: a consistent read at 20,
-// in two pages) and at 10 (exactly), from the pages given; "410" answers Expired.
-func pages(now1, now2, at10 string) func(r *http.Request) (int, string) {
+// pages answers the lists of the collection exactly at 10 (in one page) and at 15 (in two:
+// the second asked with the continue token "next", without a resourceVersion, as
+// kube-apiserver requires); "410" answers Expired, as for a compacted revision.
+func pages(at10, at15a, at15b string) func(r *http.Request) (int, string) {
 	return func(r *http.Request) (int, string) {
 		q := r.URL.Query()
-		page := now1
+		page := ""
 		switch {
-		case q.Get("continue") == "next":
-			page = now2
-		case q.Get("resourceVersion") == "10" && q.Get("resourceVersionMatch") == "Exact":
+		case q.Get("continue") == "next" && !q.Has("resourceVersion") && !q.Has("resourceVersionMatch"):
+			page = at15b
+		case q.Get("resourceVersionMatch") != "Exact" || q.Has("continue"):
+		case q.Get("resourceVersion") == "10":
 			page = at10
-		case q.Has("resourceVersion"):
-			return http.StatusBadRequest, `{"kind":"Status","code":400}`
+		case q.Get("resourceVersion") == "15":
+			page = at15a
 		}
-		if page == "410" {
+		switch page {
+		case "":
+			return http.StatusBadRequest, `{"kind":"Status","code":400}`
+		case "410":
 			return http.StatusGone, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Expired","code":410}`
 		}
 		return http.StatusOK, page
@@ -84,29 +94,34 @@ func pages(now1, now2, at10 string) func(r *http.Request) (int, string) {
 }
 
 // TestResumePastExpiry: the new apiserver ends a moved watch at once with 410 Expired when its
-// resourceVersion is older than its watch cache, which starts when that apiserver started (the
-// informers of a quiet resource hold such a resourceVersion). The revisions being the same on
-// both backends, the proxy then lists the watched collection on the new backend at that
-// resourceVersion and now: when both hold the same objects at the same resourceVersions, nothing
-// happened to the watch in between, and it re-issues the watch from now, on the same stream; on
-// any difference, or when it cannot tell, the watch ends cleanly as before (the client relists).
+// resourceVersion is older than its watch cache, which begins when that apiserver started (the
+// informers of a quiet resource hold such a resourceVersion), and names the revision the cache
+// begins at. The revisions being the same on both backends, the proxy then lists the watched
+// collection on the new backend exactly at the watch's resourceVersion and at that revision:
+// when both hold the same objects at the same resourceVersions, it re-issues the watch from that
+// revision, on the same stream, and the new backend delivers everything after it; on any
+// difference, or when it cannot tell, the watch ends cleanly as before (the client relists).
 func TestResumePastExpiry(t *testing.T) {
-	now1, now2 := metaList("20", "next", "a@10"), metaList("20", "", "b@7")
+	at10 := metaList("10", "", "a@10", "b@7")
+	at15a, at15b := metaList("15", "next", "a@10"), metaList("15", "", "b@7")
 	cases := []struct {
-		name          string
-		lists         func(*http.Request) (int, string)
-		code          int32 // of the ERROR the new backend answers the moved watch with
-		againExpired  bool  // the watch from now is answered 410 too
-		resumed       bool
-		wantListsSeen bool
+		name         string
+		lists        func(*http.Request) (int, string)
+		code         int32 // of the ERROR the new backend answers the moved watch with
+		msg          string
+		againExpired bool // the watch from 15 is answered 410 too
+		resumed      bool
+		listed       bool
 	}{
-		{name: "unchanged", lists: pages(now1, now2, metaList("10", "", "a@10", "b@7")), code: 410, resumed: true, wantListsSeen: true},
-		{name: "modified since", lists: pages(now1, metaList("20", "", "b@15"), metaList("10", "", "a@10", "b@7")), code: 410, wantListsSeen: true},
-		{name: "deleted since", lists: pages(metaList("20", "", "a@10"), "", metaList("10", "", "a@10", "b@7")), code: 410, wantListsSeen: true},
-		{name: "created since", lists: pages(now1, metaList("20", "", "b@7", "c@18"), metaList("10", "", "a@10", "b@7")), code: 410, wantListsSeen: true},
-		{name: "history compacted", lists: pages(now1, now2, "410"), code: 410, wantListsSeen: true},
-		{name: "expired again from now", lists: pages(now1, now2, metaList("10", "", "a@10", "b@7")), code: 410, againExpired: true, wantListsSeen: true},
-		{name: "another error", lists: pages(now1, now2, metaList("10", "", "a@10", "b@7")), code: 500},
+		{name: "unchanged", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, resumed: true, listed: true},
+		{name: "modified in between", lists: pages(at10, at15a, metaList("15", "", "b@12")), code: 410, msg: tooOld, listed: true},
+		{name: "deleted in between", lists: pages(at10, metaList("15", "", "a@10"), ""), code: 410, msg: tooOld, listed: true},
+		{name: "created in between", lists: pages(at10, at15a, metaList("15", "", "b@7", "c@13")), code: 410, msg: tooOld, listed: true},
+		{name: "history compacted", lists: pages("410", at15a, at15b), code: 410, msg: tooOld, listed: true},
+		{name: "list not at the revision asked", lists: pages(metaList("15", "", "a@10", "b@7"), at15a, at15b), code: 410, msg: tooOld, listed: true},
+		{name: "expired again", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, againExpired: true, listed: true},
+		{name: "410 without the cache's revision", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 10"},
+		{name: "another error", lists: pages(at10, at15a, at15b), code: 500, msg: tooOld},
 	}
 	for _, fr := range framings {
 		for _, tc := range cases {
@@ -127,34 +142,44 @@ func TestResumePastExpiry(t *testing.T) {
 				if rv := green.watch(t, 1).query.Get("resourceVersion"); rv != "10" {
 					t.Fatalf("green asked from %q, want 10", rv)
 				}
-				green.watch(t, 1).last <- statusFrame(t, fr, tc.code)
-				checkLists(t, green, tc.wantListsSeen)
+				green.watch(t, 1).last <- statusFrame(t, fr, tc.code, tc.msg)
+				checkLists(t, green, tc.listed)
 				if !tc.resumed && !tc.againExpired {
-					c.expectEnd(t)
-					waitFor(t, func() bool { return p.Status().ResumedThenEnded == 1 })
-					if st := p.Status(); st.ResumedPastExpiry != 0 || green.count() != 1 {
-						t.Fatalf("status %+v, %d watches asked of green; want the watch ended, not re-issued", st, green.count())
+					expectEnded(t, p, c)
+					if green.count() != 1 {
+						t.Fatalf("%d watches asked of green; want the watch ended, not re-issued", green.count())
 					}
 					return
 				}
 				again := green.watch(t, 2)
-				if rv := again.query.Get("resourceVersion"); rv != "20" {
-					t.Fatalf("the watch re-issued from %q, want 20 (the lists' now)", rv)
+				if rv := again.query.Get("resourceVersion"); rv != "15" {
+					t.Fatalf("the watch re-issued from %q, want 15 (where green's cache begins)", rv)
 				}
 				if tc.againExpired {
-					again.last <- statusFrame(t, fr, 410)
-					c.expectEnd(t)
-					waitFor(t, func() bool { return p.Status().ResumedThenEnded == 1 })
+					again.last <- statusFrame(t, fr, 410, "too old resource version: 15 (16)")
+					expectEnded(t, p, c)
 					return
 				}
 				next := testEvent{"MODIFIED", "b", "21"}
 				again.feed <- frame(t, fr, next, nil)
 				c.expect(t, next)
-				if st := p.Status(); st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 || st.ResumesPending != 0 {
-					t.Fatalf("status = %+v, want one watch resumed past the expiry, none ended", st)
+				if st := p.Status(); st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 || st.ResumesPending != 0 || st.OpenStreams != 1 {
+					t.Fatalf("status = %+v, want one watch resumed past the expiry, tracked on green, none ended", st)
 				}
 			})
 		}
+	}
+}
+
+// expectEnded: the client's watch ends cleanly, counted as ended by the new backend, not as
+// resumed, with nothing left pending or holding a slot.
+func expectEnded(t *testing.T, p *testProxy, c *watchClient) {
+	t.Helper()
+	c.expectEnd(t)
+	waitFor(t, func() bool { return p.Status().ResumedThenEnded == 1 })
+	b := p.active.Load()
+	if st := p.Status(); st.ResumedPastExpiry != 0 || st.ResumesPending != 0 || len(b.resumeSlots) != 0 || len(b.checkSlots) != 0 {
+		t.Fatalf("status = %+v (slots taken: %d, %d); want the watch counted as ended only, nothing pending", st, len(b.resumeSlots), len(b.checkSlots))
 	}
 }
 
@@ -173,7 +198,7 @@ func checkLists(t *testing.T, api *watchAPI, want bool) {
 	waitFor(t, func() bool {
 		api.mu.Lock()
 		defer api.mu.Unlock()
-		return len(api.listed) >= 2
+		return len(api.listed) >= 1
 	})
 	api.mu.Lock()
 	defer api.mu.Unlock()
@@ -186,5 +211,47 @@ func checkLists(t *testing.T, api *watchAPI, want bool) {
 		if !strings.Contains(r.Header.Get("Accept"), "as=PartialObjectMetadataList") || r.Header.Get("Authorization") != "Bearer client-token" {
 			t.Fatalf("list headers %v: want metadata only, in the client's name", r.Header)
 		}
+	}
+}
+
+// TestSwitchAwayDuringThePastExpiryLists: while the proxy lists a moved watch's collection on
+// the new backend, the watch is tracked nowhere (as before the new backend answered it): a
+// switch away from that backend neither waits for the lists nor moves the watch; the lists are
+// abandoned, and the watch ends cleanly (its client relists), its slot given back.
+func TestSwitchAwayDuringThePastExpiryLists(t *testing.T) {
+	blue, green, third := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON), newWatchAPI(t, "third", framingJSON)
+	listing, hang := make(chan struct{}, 1), make(chan struct{})
+	defer close(hang)
+	green.lists = func(r *http.Request) (int, string) {
+		listing <- struct{}{}
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+		return http.StatusServiceUnavailable, `{"kind":"Status","code":503}`
+	}
+	p := startProxy(t, blue.URL)
+	c := openWatches(t, p, blue, 1)[0]
+	switchTo(t, p, green.URL, true)
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	green.watch(t, 1).last <- statusFrame(t, framingJSON, 410, tooOld)
+	<-listing
+	gb := p.active.Load()
+	done := make(chan admin.BackendResponse, 1)
+	go func() { done <- switchTo(t, p, third.URL, true) }()
+	select {
+	case sw := <-done:
+		if sw.Drain.Streams != 0 {
+			t.Fatalf("drain = %+v, want no stream on green to wait for", sw.Drain)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the switch away from green waited for the lists")
+	}
+	c.expectEnd(t)
+	waitFor(t, func() bool { return gb.resumesPending.Load() == 0 && len(gb.checkSlots) == 0 })
+	if gb.resumedThenEnded.Load() != 0 || gb.resumedPastExpiry.Load() != 0 || third.count() != 0 {
+		t.Fatalf("green counted %d ended, %d resumed; third asked %d times: want none (the proxy left green)", gb.resumedThenEnded.Load(), gb.resumedPastExpiry.Load(), third.count())
 	}
 }

@@ -257,11 +257,13 @@ type firstEventGuard struct {
 	fr    framing
 	log   *slog.Logger
 	ended *atomic.Int64 // counts the resumes so ended (the new backend's, for status)
-	// pastExpiry: an ERROR 410 (Expired) returns errResumeExpired, for resumePastExpiry,
-	// rather than ending the stream.
+	// pastExpiry: an ERROR 410 (Expired) that names the oldest revision the backend's cache
+	// holds returns an *expiredError, for resumePastExpiry, rather than ending the stream.
 	pastExpiry bool
-	checked    bool
-	buf        []byte // read, not passed on yet
+	// undo, when set, is decremented when the stream so ends: it counted this one as going on.
+	undo    *atomic.Int64
+	checked bool
+	buf     []byte // read, not passed on yet
 }
 
 func (g *firstEventGuard) Read(p []byte) (int, error) {
@@ -274,11 +276,14 @@ func (g *firstEventGuard) Read(p []byte) (int, error) {
 		if end := firstEventEnd(g.fr, g.buf); end > 0 || len(g.buf) > maxKeptEvent {
 			var e eventMeta
 			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
-				if g.pastExpiry && expiredEvent(g.fr, g.buf[:end]) {
-					return 0, errResumeExpired
+				if oldest, ok := expiredEvent(g.fr, g.buf[:end]); ok && g.pastExpiry {
+					return 0, &expiredError{oldest: oldest}
 				}
 				g.log.Info("watch resumed, then ended by the new backend (an ERROR event, e.g. 410 Expired); ended cleanly")
 				g.ended.Add(1)
+				if g.undo != nil {
+					g.undo.Add(-1)
+				}
 				return 0, io.EOF
 			}
 			g.checked = true

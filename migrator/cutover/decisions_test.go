@@ -964,8 +964,8 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 		// Watches the switch moved still wait for green's answer when writes reopen: the step
 		// waits for them (after the window) before it counts.
 		{3, 2, 0, "; 3 watch(es) resumed on green were then ended by it"},
-		{3, 2, 2, "; 3 watch(es) resumed on green were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection changed since: those clients relist); 2 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from its current revision"},
-		{0, 1, 1, "; 1 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from its current revision"},
+		{3, 2, 2, "; 3 watch(es) resumed on green were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection not shown unchanged since: those clients relist); 2 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from where that cache begins"},
+		{0, 1, 1, "; 1 watch(es) green answered 410 (their resourceVersion older than its watch cache) resumed from where that cache begins"},
 	} {
 		p := replicatePlan(t)
 		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {

@@ -63,10 +63,10 @@ func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 	}
 	var out []string
 	if st.ResumedThenEnded > 0 {
-		out = append(out, fmt.Sprintf("%d watch(es) resumed on %s were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection changed since: those clients relist)", st.ResumedThenEnded, r.to.name))
+		out = append(out, fmt.Sprintf("%d watch(es) resumed on %s were then ended by it (refused, or their resourceVersion older than its apiserver's watch cache and their collection not shown unchanged since: those clients relist)", st.ResumedThenEnded, r.to.name))
 	}
 	if st.ResumedPastExpiry > 0 {
-		out = append(out, fmt.Sprintf("%d watch(es) %s answered 410 (their resourceVersion older than its watch cache) resumed from its current revision, their collection unchanged since", st.ResumedPastExpiry, r.to.name))
+		out = append(out, fmt.Sprintf("%d watch(es) %s answered 410 (their resourceVersion older than its watch cache) resumed from where that cache begins, their collection the same at both revisions", st.ResumedPastExpiry, r.to.name))
 	}
 	if len(out) == 0 {
 		return waited
@@ -92,7 +92,11 @@ func (r *runner) awaitResumes(ctx context.Context, st admin.Status) admin.Status
 		if err != nil {
 			return st
 		}
-		time.Sleep(firstEventGrace)
+		select {
+		case <-time.After(firstEventGrace):
+		case <-ctx.Done():
+			return st
+		}
 		if next, err := r.adm.Status(ctx); err == nil {
 			st = next
 		}

@@ -62,7 +62,7 @@ type Status struct {
 	OpenStreams int   `json:"openStreams"`
 	// ResumesPending are watches a switch moved to the active backend that wait for its answer
 	// (the switch returns once they left the old backend, before that), or, answered 410, for
-	// the lists that tell whether they can go on from its current revision.
+	// the lists that tell whether they can go on from where its watch cache begins.
 	ResumesPending int64 `json:"resumesPending,omitempty"`
 	// ResumedThenEnded counts the watches a switch moved to the active backend that it then
 	// ended at once: it refused the re-issued watch, or answered with an ERROR event (their
@@ -70,8 +70,8 @@ type Status struct {
 	// switch without resumption.
 	ResumedThenEnded int64 `json:"resumedThenEnded,omitempty"`
 	// ResumedPastExpiry counts the watches it answered 410 Expired that the proxy resumed from
-	// its current revision after listing their collection at both revisions and finding it the
-	// same: those clients did not relist.
+	// the revision its watch cache begins at, after listing their collection there and at their
+	// resourceVersion and finding it the same: those clients did not relist.
 	ResumedPastExpiry int64 `json:"resumedPastExpiry,omitempty"`
 	// RefusedWrites counts 429s since the proxy started.
 	RefusedWrites uint64 `json:"refusedWrites"`

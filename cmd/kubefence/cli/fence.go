@@ -478,10 +478,10 @@ func printStatus(w io.Writer, st admin.Status) {
 		fmt.Fprintf(tw, "watches moved here, waiting for its answer:\t%d\n", st.ResumesPending)
 	}
 	if st.ResumedThenEnded > 0 {
-		fmt.Fprintf(tw, "watches resumed here, then ended by it:\t%d (refused, or resourceVersion older than its watch cache and their collection changed since: their clients relisted)\n", st.ResumedThenEnded)
+		fmt.Fprintf(tw, "watches resumed here, then ended by it:\t%d (refused, or resourceVersion older than its watch cache and their collection not shown unchanged since: their clients relisted)\n", st.ResumedThenEnded)
 	}
 	if st.ResumedPastExpiry > 0 {
-		fmt.Fprintf(tw, "watches resumed here from its current revision:\t%d (it answered 410, resourceVersion older than its watch cache; their collection unchanged since)\n", st.ResumedPastExpiry)
+		fmt.Fprintf(tw, "watches resumed here from where its watch cache begins:\t%d (it answered 410, resourceVersion older than that; their collection the same at both)\n", st.ResumedPastExpiry)
 	}
 	fmt.Fprintf(tw, "refused writes:\t%d (since the proxy started)\n", st.RefusedWrites)
 	h := st.Hold
