@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,7 +8,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -22,30 +19,7 @@ func statusFrame(t *testing.T, fr framing, code int32, msg string) []byte {
 	t.Helper()
 	st := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 		Reason: metav1.StatusReasonExpired, Code: code, Message: msg}
-	if fr == framingJSON {
-		obj, err := json.Marshal(st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		line, err := json.Marshal(metav1.WatchEvent{Type: "ERROR", Object: runtime.RawExtension{Raw: obj}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return append(line, '\n')
-	}
-	obj, err := st.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unk, err := (&runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: "v1", Kind: "Status"}, Raw: obj, ContentType: "application/vnd.kubernetes.protobuf"}).Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	we, err := (&metav1.WatchEvent{Type: "ERROR", Object: runtime.RawExtension{Raw: append([]byte("k8s\x00"), unk...)}}).Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append(binary.BigEndian.AppendUint32(nil, uint32(len(we))), we...)
+	return frameOf(t, fr, "ERROR", "Status", st)
 }
 
 // tooOld is kube-apiserver's message for a watch from 10 when its cache begins at 15.

@@ -151,22 +151,28 @@ func frame(t *testing.T, fr framing, ev testEvent, annotations map[string]string
 }
 
 func frameObject(t *testing.T, fr framing, typ string, cm *corev1.ConfigMap) []byte {
+	return frameOf(t, fr, typ, "ConfigMap", cm)
+}
+
+// frameOf encodes a watch event of type typ carrying obj, a core/v1 kind (or Status).
+func frameOf(t *testing.T, fr framing, typ, kind string, obj interface{ Marshal() ([]byte, error) }) []byte {
+	t.Helper()
 	if fr == framingJSON {
-		obj, err := json.Marshal(cm)
+		raw, err := json.Marshal(obj)
 		if err != nil {
 			t.Fatal(err)
 		}
-		line, err := json.Marshal(metav1.WatchEvent{Type: typ, Object: runtime.RawExtension{Raw: obj}})
+		line, err := json.Marshal(metav1.WatchEvent{Type: typ, Object: runtime.RawExtension{Raw: raw}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return append(line, '\n')
 	}
-	obj, err := cm.Marshal()
+	raw, err := obj.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
-	unk, err := (&runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, Raw: obj, ContentType: "application/vnd.kubernetes.protobuf"}).Marshal()
+	unk, err := (&runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: "v1", Kind: kind}, Raw: raw, ContentType: "application/vnd.kubernetes.protobuf"}).Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
