@@ -65,7 +65,8 @@ func TestWatchResume(t *testing.T) {
 	blue, px := startBehindProxy(t, env, pki, "blue", framework.EtcdConfig{Version: framework.Etcd36})
 	// A watch of a namespace nothing changes, opened before green's apiserver starts: its
 	// resourceVersion is older than green's watch cache, which answers it 410 Expired; the proxy
-	// finds the namespace's configmaps the same at that revision and now, and resumes it from now.
+	// finds the namespace's configmaps the same at that revision and where green's cache begins,
+	// and resumes it from there.
 	mustKubectl(t, px.Kubeconfig, "create", "namespace", "quiet")
 	mustKubectl(t, px.Kubeconfig, "-n", "quiet", "create", "configmap", "q0")
 	quiet := startKubectlWatch(t, px.Kubeconfig, "quiet")

@@ -47,6 +47,9 @@ type backend struct {
 	// resumedPastExpiry counts watches it answered so (410) that the proxy resumed from where
 	// its watch cache begins, their collection the same there (watchexpired.go).
 	resumedPastExpiry atomic.Int64
+	// deliveredBefore is the newest revision an event from the previous backend carried, of
+	// the watches a switch moved to this one (watchexpired.go).
+	deliveredBefore atomic.Uint64
 	// resumesPending counts watches moved to this backend that wait for its answer.
 	resumesPending atomic.Int64
 	// resumeSlots bounds the moved watches asking this backend at once (resumeConcurrency).

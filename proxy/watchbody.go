@@ -105,7 +105,7 @@ func (w *watchBody) Read(p []byte) (int, error) {
 		w.mu.Unlock()
 		n, err := rc.Read(p)
 		if exp, ok := err.(*expiredError); ok {
-			if w.resumePastExpiry(exp.oldest) {
+			if w.resumePastExpiry(exp) {
 				continue
 			}
 			return 0, io.EOF

@@ -25,16 +25,34 @@ import (
 // same on both backends, the proxy lists the watched collection (its path and selectors,
 // metadata only) on the new backend exactly at R and at S: when both hold the same objects at
 // the same resourceVersions, the watch is re-issued from S, on the same stream; everything after
-// S the new backend's watch delivers. What the lists cannot see is an object created and deleted
-// again inside (R, S], a span that ended before the new apiserver started, so before the
-// switch: blue would have sent those events to the watch then, unless it held them undelivered
-// for all that time (a relist would not show them either). On any difference, or when a list
-// cannot be had (the revision compacted, the list refused), the watch ends as before, and its
-// client relists.
+// S the new backend's watch delivers. S must be at most the newest revision an event from the old
+// backend carried, on any watch moved, before the switch (deliveredBefore): the old backend had
+// then reached S, and any event of this watch in (R, S] it would have delivered too, moving the
+// watch past R. That covers what the lists cannot see: an object created and deleted again
+// inside (R, S], or one that entered the selector and left it again (short of the old backend
+// holding this watch's events undelivered while it sent others'; a relist would not show them
+// either). A cache that began after that revision (it relisted after the switch, or dropped the
+// events since) ends the watch. So do a difference, or a list that cannot be had (the revision
+// compacted, the list refused): its client relists, as before.
+
+// noteDelivered records rv, the resourceVersion of the last event a watch moved to b had from
+// the old backend, in b.deliveredBefore (the newest of them).
+func (b *backend) noteDelivered(rv string) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	for {
+		cur := b.deliveredBefore.Load()
+		if n <= cur || b.deliveredBefore.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
 
 // expiredError is what a resumed watch's first-event guard returns when the new backend ended
 // the watch with 410 Expired, naming the oldest revision its cache holds.
-type expiredError struct{ oldest string }
+type expiredError struct{ asked, oldest string }
 
 func (e *expiredError) Error() string {
 	return "the new backend answered the resumed watch with 410 Expired (its watch cache begins at " + e.oldest + ")"
@@ -66,7 +84,8 @@ const metaListAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 // as a moved watch is before the new backend answers it: a switch away from the new backend
 // neither waits for it nor moves it (it ends). It returns true when Read should go on (the watch
 // re-issued, or a switch began to move it before this started), false when the watch ends.
-func (w *watchBody) resumePastExpiry(oldest string) bool {
+func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
+	oldest := exp.oldest
 	ri := w.resume
 	nb := ri.on
 	w.mu.Lock()
@@ -84,6 +103,8 @@ func (w *watchBody) resumePastExpiry(oldest string) bool {
 	err := errors.New(w.rv.why())
 	switch {
 	case !ok:
+	case exp.asked != rv:
+		err = fmt.Errorf("the 410 names resourceVersion %s, not the watch's", exp.asked)
 	case ri.identity && (ri.verified == nil || !ri.verified()):
 		err = errors.New("the client's certificate no longer verifies")
 	default:
@@ -119,6 +140,11 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 	to, err2 := strconv.ParseUint(oldest, 10, 64)
 	if err1 != nil || err2 != nil || from >= to {
 		return nil, fmt.Errorf("the backend's cache begins at %q, not at a revision after the watch's resourceVersion %q", oldest, rv)
+	}
+	if bound := nb.deliveredBefore.Load(); to > bound {
+		// Its cache began (or began again) after what the old backend is known to have
+		// delivered before the switch: events between may have reached no watch.
+		return nil, fmt.Errorf("the backend's cache begins at %s, after %d, the newest revision the old backend delivered to a moved watch", oldest, bound)
 	}
 	ctx, cancel := context.WithCancel(ri.req.Context())
 	defer cancel()
@@ -296,18 +322,18 @@ func listPage(ctx context.Context, ri *resumeInfo, nb *backend, q url.Values) (*
 }
 
 // expiredEvent reads a watch's ERROR event: when it carries 410 (Gone: Expired) with
-// kube-apiserver's message for a watch older than its cache, it returns the revision the cache
-// begins at.
-func expiredEvent(fr framing, ev []byte) (string, bool) {
+// kube-apiserver's message for a watch older than its cache, it returns the resourceVersion
+// the watch asked from and the revision the cache begins at.
+func expiredEvent(fr framing, ev []byte) (*expiredError, bool) {
 	code, msg := statusOf(fr, ev)
 	if code != http.StatusGone {
-		return "", false
+		return nil, false
 	}
 	m := expiredMessage.FindStringSubmatch(msg)
 	if m == nil {
-		return "", false
+		return nil, false
 	}
-	return m[2], true
+	return &expiredError{asked: m[1], oldest: m[2]}, true
 }
 
 // statusOf returns the code and message of an ERROR event's Status (zero when it has none).

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"strings"
@@ -86,6 +87,9 @@ func TestResumePastExpiry(t *testing.T) {
 		againExpired bool // the watch from 15 is answered 410 too
 		resumed      bool
 		listed       bool
+		// busy: the newest revision blue delivered before the switch (to another watch), "20"
+		// unless set; green's cache beginning after it ends the watch.
+		busy string
 	}{
 		{name: "unchanged", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, resumed: true, listed: true},
 		{name: "modified in between", lists: pages(at10, at15a, metaList("15", "", "b@12")), code: 410, msg: tooOld, listed: true},
@@ -96,6 +100,8 @@ func TestResumePastExpiry(t *testing.T) {
 		{name: "expired again", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, againExpired: true, listed: true},
 		{name: "410 without the cache's revision", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 10"},
 		{name: "another error", lists: pages(at10, at15a, at15b), code: 500, msg: tooOld},
+		{name: "410 for another resourceVersion", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 9 (15)"},
+		{name: "cache begins after what blue delivered", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, busy: "12"},
 	}
 	for _, fr := range framings {
 		for _, tc := range cases {
@@ -107,25 +113,23 @@ func TestResumePastExpiry(t *testing.T) {
 				ev := testEvent{"ADDED", "a", "10"}
 				blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
 				c.expect(t, ev)
-				if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
-					t.Fatalf("drain = %+v, want the watch moving", sw.Drain)
+				openBusy(t, p, blue, fr, cmp.Or(tc.busy, "20"))
+				if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 2 {
+					t.Fatalf("drain = %+v, want both watches moving", sw.Drain)
 				}
 				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 					t.Fatal(err)
 				}
-				if rv := green.watch(t, 1).query.Get("resourceVersion"); rv != "10" {
-					t.Fatalf("green asked from %q, want 10", rv)
-				}
-				green.watch(t, 1).last <- statusFrame(t, fr, tc.code, tc.msg)
+				green.watchWith(t, "app=x", 1).last <- statusFrame(t, fr, tc.code, tc.msg)
 				checkLists(t, green, tc.listed)
 				if !tc.resumed && !tc.againExpired {
 					expectEnded(t, p, c)
-					if green.count() != 1 {
+					if green.count() != 2 {
 						t.Fatalf("%d watches asked of green; want the watch ended, not re-issued", green.count())
 					}
 					return
 				}
-				again := green.watch(t, 2)
+				again := green.watchWith(t, "app=x", 2)
 				if rv := again.query.Get("resourceVersion"); rv != "15" {
 					t.Fatalf("the watch re-issued from %q, want 15 (where green's cache begins)", rv)
 				}
@@ -137,12 +141,46 @@ func TestResumePastExpiry(t *testing.T) {
 				next := testEvent{"MODIFIED", "b", "21"}
 				again.feed <- frame(t, fr, next, nil)
 				c.expect(t, next)
-				if st := p.Status(); st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 || st.ResumesPending != 0 || st.OpenStreams != 1 {
+				if st := p.Status(); st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 || st.ResumesPending != 0 || st.OpenStreams != 2 {
 					t.Fatalf("status = %+v, want one watch resumed past the expiry, tracked on green, none ended", st)
 				}
 			})
 		}
 	}
+}
+
+// openBusy opens a watch through p (labelSelector=busy) that blue, as its second watch,
+// delivers an event at rv to.
+func openBusy(t *testing.T, p *testProxy, blue *watchAPI, fr framing, rv string) {
+	t.Helper()
+	c := openWatch(t, p, fr, "resourceVersion=5&labelSelector=busy")
+	ev := testEvent{"ADDED", "z", rv}
+	blue.watch(t, 2).feed <- frame(t, fr, ev, nil)
+	c.expect(t, ev)
+}
+
+// watchWith waits for the n-th watch api got with labelSelector selector, from the first
+// resourceVersion the test's watch asks from (10, then 15).
+func (a *watchAPI) watchWith(t *testing.T, selector string, n int) *apiWatch {
+	t.Helper()
+	var wt *apiWatch
+	waitFor(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		seen := 0
+		for _, w := range a.watches {
+			if w.query.Get("labelSelector") == selector {
+				if seen++; seen == n {
+					wt = w
+				}
+			}
+		}
+		return wt != nil
+	})
+	if want := map[int]string{1: "10", 2: "15"}[n]; wt.query.Get("resourceVersion") != want {
+		t.Fatalf("watch %d with %s asked from %q, want %s", n, selector, wt.query.Get("resourceVersion"), want)
+	}
+	return wt
 }
 
 // expectEnded: the client's watch ends cleanly, counted as ended by the new backend, not as
@@ -205,27 +243,34 @@ func TestSwitchAwayDuringThePastExpiryLists(t *testing.T) {
 		return http.StatusServiceUnavailable, `{"kind":"Status","code":503}`
 	}
 	p := startProxy(t, blue.URL)
-	c := openWatches(t, p, blue, 1)[0]
+	c := openWatch(t, p, framingJSON, "resourceVersion=5&labelSelector=app%3Dx")
+	blue.watch(t, 1).feed <- frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+	c.expect(t, testEvent{"ADDED", "a", "10"})
+	openBusy(t, p, blue, framingJSON, "20")
 	switchTo(t, p, green.URL, true)
 	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 		t.Fatal(err)
 	}
-	green.watch(t, 1).last <- statusFrame(t, framingJSON, 410, tooOld)
-	<-listing
+	green.watchWith(t, "app=x", 1).last <- statusFrame(t, framingJSON, 410, tooOld)
+	select {
+	case <-listing:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the proxy did not list the collection")
+	}
 	gb := p.active.Load()
 	done := make(chan admin.BackendResponse, 1)
 	go func() { done <- switchTo(t, p, third.URL, true) }()
 	select {
 	case sw := <-done:
-		if sw.Drain.Streams != 0 {
-			t.Fatalf("drain = %+v, want no stream on green to wait for", sw.Drain)
+		if sw.Drain.Streams != 1 || sw.Drain.Resumed != 1 {
+			t.Fatalf("drain = %+v, want only the busy watch on green, moved", sw.Drain)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the switch away from green waited for the lists")
 	}
 	c.expectEnd(t)
 	waitFor(t, func() bool { return gb.resumesPending.Load() == 0 && len(gb.checkSlots) == 0 })
-	if gb.resumedThenEnded.Load() != 0 || gb.resumedPastExpiry.Load() != 0 || third.count() != 0 {
-		t.Fatalf("green counted %d ended, %d resumed; third asked %d times: want none (the proxy left green)", gb.resumedThenEnded.Load(), gb.resumedPastExpiry.Load(), third.count())
+	if gb.resumedThenEnded.Load() != 0 || gb.resumedPastExpiry.Load() != 0 || third.count() > 1 {
+		t.Fatalf("green counted %d ended, %d resumed; third asked %d watches: want only the busy one (the proxy left green)", gb.resumedThenEnded.Load(), gb.resumedPastExpiry.Load(), third.count())
 	}
 }

@@ -105,6 +105,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	w.mu.Lock()
 	old := w.rc
 	rv, ok := w.rv.from()
+	nb.noteDelivered(w.rv.rv) // before the hand-off: the switch returns with it noted
 	w.mu.Unlock()
 	_ = old.Close()
 	log := ri.log.With("path", ri.req.URL.Path, "from", ri.on.url.String(), "to", nb.url.String())
@@ -276,8 +277,8 @@ func (g *firstEventGuard) Read(p []byte) (int, error) {
 		if end := firstEventEnd(g.fr, g.buf); end > 0 || len(g.buf) > maxKeptEvent {
 			var e eventMeta
 			if end > 0 && parseEvent(g.fr, &e, g.buf[:end], false) == nil && e.typ == "ERROR" {
-				if oldest, ok := expiredEvent(g.fr, g.buf[:end]); ok && g.pastExpiry {
-					return 0, &expiredError{oldest: oldest}
+				if exp, ok := expiredEvent(g.fr, g.buf[:end]); ok && g.pastExpiry {
+					return 0, exp
 				}
 				g.log.Info("watch resumed, then ended by the new backend (an ERROR event, e.g. 410 Expired); ended cleanly")
 				g.ended.Add(1)

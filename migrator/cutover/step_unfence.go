@@ -48,7 +48,7 @@ const firstEventGrace = 100 * time.Millisecond
 // they left the old one; the new one answers them meanwhile (pending in st), refusing them or,
 // for a resourceVersion older than its watch cache (which starts when its apiserver started),
 // sending one ERROR event (410), after which a proxy may list the watched collection to resume
-// from now (pending again meanwhile): docs/proxy.md.
+// from where that cache begins (pending again meanwhile): docs/proxy.md.
 func (r *runner) resumesEnded(ctx context.Context, st admin.Status) string {
 	waited := ""
 	if st.ResumesPending > 0 {
