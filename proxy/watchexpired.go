@@ -112,6 +112,14 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.draining {
+		// A switch away from nb took the watch in its drain before the lists untracked it:
+		// Read moves it on, or ends it, as that switch asked.
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
+		return true
+	}
 	if err == nil {
 		err = nb.track(ri.s) // fails once a switch away from nb began
 	}
