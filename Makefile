@@ -78,9 +78,9 @@ clean:
 	rm -rf $(BIN_DIR)
 
 # Cutover write-unavailability window (and the rollback's) at 1k/10k/50k/200k objects, or
-# OBJECTS=1000,50000 WRITE_RATES=0,200 RUNS=3 WATCHES=500; see docs/benchmarks.md.
+# OBJECTS=1000,50000 WRITE_RATES=0,200 RUNS=3 WATCHES=500 QUIET_WATCHES=500; see docs/benchmarks.md.
 bench-cutover: e2e-deps build
-	$(GO) run ./e2e/bench/cutover --kubefence $(KUBEFENCE) $(if $(OBJECTS),-objects $(OBJECTS)) $(if $(WRITE_RATES),-write-rates $(WRITE_RATES)) $(if $(RUNS),-runs $(RUNS)) $(if $(WATCHES),-watches $(WATCHES))
+	$(GO) run ./e2e/bench/cutover --kubefence $(KUBEFENCE) $(if $(OBJECTS),-objects $(OBJECTS)) $(if $(WRITE_RATES),-write-rates $(WRITE_RATES)) $(if $(RUNS),-runs $(RUNS)) $(if $(WATCHES),-watches $(WATCHES)) $(if $(QUIET_WATCHES),-quiet-watches $(QUIET_WATCHES))
 
 # v2 -> v3 migration: kubefence vs etcdctl migrate, wall time and peak RSS. KEYS=1000000 by
 # default (generating that store takes ~20 minutes the first time; it is cached).

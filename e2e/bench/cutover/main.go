@@ -36,8 +36,9 @@ type config struct {
 	greenMembers int
 	// readerNamespace is the namespace whose configmaps the reader lists during each cutover.
 	readerNamespace string
-	// watches are held open through the proxy during each cutover (watchers.go).
-	watches int
+	// watches are held open through the proxy during each cutover (watchers.go), and quiet
+	// watches on a namespace nothing changes.
+	watches, quiet int
 }
 
 func main() {
@@ -51,13 +52,14 @@ func main() {
 	flag.IntVar(&c.greenMembers, "green-members", 1, "members of green's etcd cluster (TLS, all on this machine, whereas a production green has a host for each)")
 	flag.StringVar(&c.readerNamespace, "reader-namespace", "kube-system", "namespace whose configmaps the reader lists (50 at a time, 10 ms after each answer) during each cutover; \"bench\" lists the N configmaps, which on blue's etcd 3.4.23 costs a scan of all N per list and slows blue's writes with the size")
 	flag.IntVar(&c.watches, "watches", 0, "watches to hold open through the proxy during each cutover (10 per client connection, on a namespace where one configmap changes every second), which the switch moves to green inside the window")
+	flag.IntVar(&c.quiet, "quiet-watches", 0, "watches to hold open through the proxy on a namespace nothing changes after they open (10 per client connection): green's apiserver, started later, answers each 410, and the proxy lists the namespace to resume it")
 	flag.Parse()
 	var err error
 	if c.sizes, err = ints(*sizes); err == nil {
 		c.rates, err = ints(*rates)
 	}
-	if err != nil || c.runs < 1 || c.greenMembers < 1 || c.watches < 0 {
-		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs and -green-members at least 1, -watches at least 0:", err)
+	if err != nil || c.runs < 1 || c.greenMembers < 1 || c.watches < 0 || c.quiet < 0 {
+		fmt.Fprintln(os.Stderr, "bench-cutover: -objects and -write-rates take comma-separated integers, -runs and -green-members at least 1, -watches and -quiet-watches at least 0:", err)
 		os.Exit(2)
 	}
 	c.window = time.Second
@@ -100,6 +102,9 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	fmt.Fprintf(out, "through the proxy the whole time: a reader listing 50 of namespace %s's configmaps, 10 ms after each answer\n", c.readerNamespace)
 	if c.watches > 0 {
 		fmt.Fprintf(out, "and %d watches open through the proxy (%d per client connection) on a namespace where one configmap changes every second\n", c.watches, watchersPerConn)
+	}
+	if c.quiet > 0 {
+		fmt.Fprintf(out, "and %d watches open through the proxy (%d per client connection) on a namespace nothing changes after they open\n", c.quiet, watchersPerConn)
 	}
 	if c.rollback {
 		fmt.Fprintf(out, "with bake.enabled (blue etcd with TLS): each cutover bakes %s, then 'kubefence cutover rollback' goes back to blue\n", bakeFor)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,8 @@ type result struct {
 	parts                     string // the window's steps and their durations
 	watches                   int    // open through the proxy during the cutover
 	watchesEnded, watchEvents int64
+	quiet                     int           // quiet watches open through the proxy during the cutover
+	quietEnded, pastExpiry    int64         // of them, ended; of all, resumed past green's expiry
 	watchMove                 time.Duration // the proxies' drain at the switch (the switch step's detail)
 }
 
@@ -117,6 +120,9 @@ func (r result) line(run int) string {
 	}
 	if r.watches > 0 {
 		rb += fmt.Sprintf("; %d watches open, moved off blue in %s, %d ended, %d events", r.watches, ms(r.watchMove), r.watchesEnded, r.watchEvents)
+	}
+	if r.quiet > 0 {
+		rb += fmt.Sprintf("; %d quiet watches open, %d ended; %d watches green answered 410 went on", r.quiet, r.quietEnded, r.pastExpiry)
 	}
 	return fmt.Sprintf("%d configmaps: window %s%s (run %d, %s; barrier %s; %s; replication %.0f rev/s (%d txns sent again, %d resyncs, %d lease waits), lag at the fence %d revisions / %.2fs; verify of %d objects before the fence %s; writes %d ok, %d failed, p50 %s, slowest %s; lists %d, failed %d)",
 		r.objects, ms(r.window), rb, run, writerName(r.rate), ms(r.barrier), r.parts, r.revisionsPerSecond, r.resent, r.resyncs, r.leaseWaits, r.lagRevisions, r.lagSeconds, r.verified, r.verifyDur.Round(time.Millisecond),
@@ -171,7 +177,7 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	if err != nil {
 		return r, err
 	}
-	ws, err := startWatchers(ctx, px.Kubeconfig, c.watches)
+	ws, err := startWatchers(ctx, px.Kubeconfig, c.watches, c.quiet)
 	if err != nil {
 		return r, err
 	}
@@ -190,6 +196,7 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 		return r, err
 	}
 	r.watches, r.watchesEnded, r.watchEvents = c.watches, ws.ended.Load(), ws.events.Load()
+	r.quiet, r.quietEnded = c.quiet, ws.quietEnded.Load()
 	r.fill(rep)
 	if rb != nil {
 		r.rollback = rb.WriteUnavailability
@@ -203,8 +210,12 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 	return r, nil
 }
 
-// watchMoveRE finds the proxies' drain in the switch step's detail.
-var watchMoveRE = regexp.MustCompile(`, off \w+ in ([0-9.hmsµn]+)`)
+// watchMoveRE finds the proxies' drain in the switch step's detail; pastExpiryRE, in the
+// unfence step's, the watches green answered 410 that went on.
+var (
+	watchMoveRE  = regexp.MustCompile(`, off \w+ in ([0-9.hmsµn]+)`)
+	pastExpiryRE = regexp.MustCompile(`(\d+) watch\(es\) \w+ answered 410`)
+)
 
 // fill takes the report's figures.
 func (r *result) fill(rep *cutover.Report) {
@@ -232,6 +243,10 @@ func (r *result) fill(rep *cutover.Report) {
 		case cutover.StepSwitch:
 			if m := watchMoveRE.FindStringSubmatch(s.Detail); m != nil {
 				r.watchMove, _ = time.ParseDuration(m[1])
+			}
+		case cutover.StepUnfence:
+			if m := pastExpiryRE.FindStringSubmatch(s.Detail); m != nil {
+				r.pastExpiry, _ = strconv.ParseInt(m[1], 10, 64)
 			}
 		}
 	}

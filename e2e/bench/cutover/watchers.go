@@ -25,12 +25,16 @@ const watchersPerConn = 10
 // watchers are n watches open through the proxy for the whole cutover, on namespace watched,
 // where a ticker changes one configmap every second: every watch's resourceVersion stays newer
 // than green's apiserver start, so the switch resumes each on green (inside the window they
-// leave blue; after it they ask green). ended counts the watches that ended before the bench
-// stopped them (a watch the switch could not move, or one green ended).
+// leave blue; after it they ask green); and quiet ones, on namespace quiet, which nothing
+// changes after they open: their resourceVersion is older than green's watch cache, which
+// answers them 410, and the proxy lists the namespace to resume them. ended and quietEnded
+// count the watches that ended before the bench stopped them (a watch the switch could not
+// move, or one green ended).
 type watchers struct {
 	cancel        context.CancelFunc
 	wg            sync.WaitGroup
 	ended, events atomic.Int64
+	quietEnded    atomic.Int64
 	failedTicks   atomic.Int64
 	mu            sync.Mutex
 	firstTickErr  error
@@ -42,44 +46,64 @@ func (w *watchers) firstError() error {
 	return w.firstTickErr
 }
 
-func startWatchers(ctx context.Context, kubeconfig string, n int) (*watchers, error) {
+func startWatchers(ctx context.Context, kubeconfig string, n, quiet int) (*watchers, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &watchers{cancel: cancel}
-	if n == 0 {
+	if n+quiet == 0 {
 		return w, nil
 	}
-	shards, err := watchClients(kubeconfig, (n+watchersPerConn-1)/watchersPerConn)
+	shards, err := watchClients(kubeconfig, (n+watchersPerConn-1)/watchersPerConn+(quiet+watchersPerConn-1)/watchersPerConn)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	cms := shards[0].CoreV1().ConfigMaps("watched")
-	if _, err := shards[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "watched"}}, metav1.CreateOptions{}); err != nil {
-		cancel()
-		return nil, err
+	opened := make(chan error, n+quiet)
+	for _, ns := range []struct {
+		name   string
+		n      int
+		ended  *atomic.Int64
+		shards []*kubernetes.Clientset
+	}{{"watched", n, &w.ended, shards}, {"quiet", quiet, &w.quietEnded, shards[(n+watchersPerConn-1)/watchersPerConn:]}} {
+		if ns.n == 0 {
+			continue
+		}
+		rv, err := namespaceWithConfigMap(ctx, ns.shards[0], ns.name)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		for i := range ns.n {
+			w.wg.Go(func() { w.watch(ctx, ns.shards[i/watchersPerConn], ns.name, rv, opened, ns.ended) })
+		}
 	}
-	cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tick"}}, metav1.CreateOptions{})
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	opened := make(chan error, n)
-	for i := range n {
-		w.wg.Go(func() { w.watch(ctx, shards[i/watchersPerConn], cm.ResourceVersion, opened) })
-	}
-	for range n {
+	for range n + quiet {
 		if err := <-opened; err != nil {
 			w.stop()
 			return nil, fmt.Errorf("open a watch through the proxy: %w", err)
 		}
 	}
-	w.wg.Go(func() { w.tick(ctx, shards[0]) })
+	if n > 0 {
+		w.wg.Go(func() { w.tick(ctx, shards[0]) })
+	}
 	return w, nil
 }
 
+// namespaceWithConfigMap creates namespace ns with one configmap, tick, and returns its
+// resourceVersion.
+func namespaceWithConfigMap(ctx context.Context, cs *kubernetes.Clientset, ns string) (string, error) {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return "", err
+	}
+	cm, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tick"}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return cm.ResourceVersion, nil
+}
+
 // watch holds one watch open until ctx ends, counting its events, and its end if it comes first.
-func (w *watchers) watch(ctx context.Context, cs *kubernetes.Clientset, rv string, opened chan<- error) {
-	wi, err := cs.CoreV1().ConfigMaps("watched").Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+func (w *watchers) watch(ctx context.Context, cs *kubernetes.Clientset, ns, rv string, opened chan<- error, ended *atomic.Int64) {
+	wi, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
 	opened <- err
 	if err != nil {
 		return
@@ -92,7 +116,7 @@ func (w *watchers) watch(ctx context.Context, cs *kubernetes.Clientset, rv strin
 		case ev, ok := <-wi.ResultChan():
 			if !ok || ev.Type == watch.Error {
 				if ctx.Err() == nil {
-					w.ended.Add(1)
+					ended.Add(1)
 				}
 				return
 			}
