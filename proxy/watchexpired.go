@@ -361,15 +361,7 @@ func statusOf(fr framing, ev []byte) (uint64, string) {
 	if len(ev) < 4 {
 		return 0, ""
 	}
-	ext, _, err := protoField(ev[4:], fieldWatchEventObject)
-	if err != nil {
-		return 0, ""
-	}
-	raw, _, err := protoField(ext, fieldRawExtensionRaw)
-	if err != nil || !bytes.HasPrefix(raw, protobufMagic) {
-		return 0, ""
-	}
-	status, _, err := protoField(raw[len(protobufMagic):], fieldUnknownRaw)
+	status, err := eventObject(ev[4:])
 	if err != nil {
 		return 0, ""
 	}

@@ -570,22 +570,7 @@ func (e *eventMeta) parseProtobuf(frame []byte, annotations bool) error {
 	if e.typ == "ERROR" {
 		return nil
 	}
-	ext, _, err := protoField(ev, fieldWatchEventObject)
-	if err != nil {
-		return err
-	}
-	raw, _, err := protoField(ext, fieldRawExtensionRaw)
-	if err != nil {
-		return err
-	}
-	if !bytes.HasPrefix(raw, protobufMagic) {
-		return fmt.Errorf("%w: the object lacks the k8s protobuf magic", errNotWatchEvent)
-	}
-	unknown := raw[len(protobufMagic):]
-	if enc, _, err := protoField(unknown, fieldUnknownEncoding); err != nil || len(enc) > 0 {
-		return fmt.Errorf("%w: the object has a content encoding %q (%v)", errNotWatchEvent, enc, err)
-	}
-	obj, _, err := protoField(unknown, fieldUnknownRaw)
+	obj, err := eventObject(ev)
 	if err != nil {
 		return err
 	}
@@ -602,6 +587,28 @@ func (e *eventMeta) parseProtobuf(frame []byte, annotations bool) error {
 		e.initialEnd, err = protoMapHas(meta, fieldAnnotations, initialEventsEnd, "true")
 	}
 	return err
+}
+
+// eventObject returns the object of a protobuf metav1.WatchEvent ev: its object is "k8s\x00" and
+// a runtime.Unknown (with no content encoding) holding the object's own encoding.
+func eventObject(ev []byte) ([]byte, error) {
+	ext, _, err := protoField(ev, fieldWatchEventObject)
+	if err != nil {
+		return nil, err
+	}
+	raw, _, err := protoField(ext, fieldRawExtensionRaw)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.HasPrefix(raw, protobufMagic) {
+		return nil, fmt.Errorf("%w: the object lacks the k8s protobuf magic", errNotWatchEvent)
+	}
+	unknown := raw[len(protobufMagic):]
+	if enc, _, err := protoField(unknown, fieldUnknownEncoding); err != nil || len(enc) > 0 {
+		return nil, fmt.Errorf("%w: the object has a content encoding %q (%v)", errNotWatchEvent, enc, err)
+	}
+	obj, _, err := protoField(unknown, fieldUnknownRaw)
+	return obj, err
 }
 
 // protoField returns the last length-delimited field num of the message m (empty when absent).
