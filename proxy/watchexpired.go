@@ -220,7 +220,7 @@ func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error
 	}
 	base := url.Values{"limit": {strconv.Itoa(metaPageLimit)}}
 	q := ri.req.URL.Query()
-	for _, k := range []string{"labelSelector", "fieldSelector"} {
+	for _, k := range []string{"labelSelector", "fieldSelector", "shardSelector"} {
 		if v := q.Get(k); v != "" {
 			base.Set(k, v)
 		}

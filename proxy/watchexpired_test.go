@@ -109,7 +109,7 @@ func TestResumePastExpiry(t *testing.T) {
 				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
 				green.lists = tc.lists
 				p := startProxy(t, blue.URL)
-				c := openWatch(t, p, fr, "resourceVersion=5&labelSelector=app%3Dx&allowWatchBookmarks=true&timeoutSeconds=300")
+				c := openWatch(t, p, fr, "resourceVersion=5&labelSelector=app%3Dx&shardSelector=s&allowWatchBookmarks=true&timeoutSeconds=300")
 				ev := testEvent{"ADDED", "a", "10"}
 				blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
 				c.expect(t, ev)
@@ -216,7 +216,7 @@ func checkLists(t *testing.T, api *watchAPI, want bool) {
 	defer api.mu.Unlock()
 	for _, r := range api.listed {
 		q := r.URL.Query()
-		if r.URL.Path != "/api/v1/namespaces/default/configmaps" || q.Get("labelSelector") != "app=x" ||
+		if r.URL.Path != "/api/v1/namespaces/default/configmaps" || q.Get("labelSelector") != "app=x" || q.Get("shardSelector") != "s" ||
 			q.Has("watch") || q.Has("allowWatchBookmarks") || q.Has("timeoutSeconds") || q.Get("limit") == "" {
 			t.Fatalf("the proxy listed %s", r.URL)
 		}
