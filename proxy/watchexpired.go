@@ -100,9 +100,10 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	nb.resumesPending.Add(1)
 	defer nb.resumesPending.Add(-1)
 	var resp *http.Response
-	err := errors.New(w.rv.why())
+	var err error
 	switch {
 	case !ok:
+		err = errors.New(w.rv.why())
 	case exp.asked != rv:
 		err = fmt.Errorf("the 410 names resourceVersion %s, not the watch's", exp.asked)
 	case ri.identity && (ri.verified == nil || !ri.verified()):
@@ -163,9 +164,7 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 		case <-ctx.Done():
 		}
 	}()
-	select {
-	case nb.checkSlots <- struct{}{}:
-	case <-ctx.Done():
+	if !takeSlot(ctx, nb, nb.checkSlots) {
 		return nil, errors.New("its client left, or the proxy switched away from the new backend")
 	}
 	defer func() { <-nb.checkSlots }()

@@ -232,14 +232,14 @@ func awaitTurn(ctx context.Context, from, nb *backend) bool {
 	case <-ctx.Done():
 		return false
 	}
-	return takeSlot(ctx, nb)
+	return takeSlot(ctx, nb, nb.resumeSlots)
 }
 
-// takeSlot takes one of nb's resume slots (the caller gives it back); false when ctx ended or
-// nb began to drain first.
-func takeSlot(ctx context.Context, nb *backend) bool {
+// takeSlot takes one of slots, nb's (the caller gives it back); false when ctx ended or nb began
+// to drain first.
+func takeSlot(ctx context.Context, nb *backend, slots chan struct{}) bool {
 	select {
-	case nb.resumeSlots <- struct{}{}:
+	case slots <- struct{}{}:
 		return true
 	case <-nb.leavingCh():
 		return false
