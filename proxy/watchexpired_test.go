@@ -120,6 +120,9 @@ func TestResumePastExpiry(t *testing.T) {
 				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 					t.Fatal(err)
 				}
+				// Both moved watches tracked on green, neither resume pending, before green
+				// answers: what the test then finds pending or ended is the watch's alone.
+				waitFor(t, func() bool { st := p.Status(); return st.OpenStreams == 2 && st.ResumesPending == 0 })
 				green.watchWith(t, "app=x", 1).last <- statusFrame(t, fr, tc.code, tc.msg)
 				if tc.listed {
 					checkLists(t, green, true)
