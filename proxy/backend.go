@@ -35,7 +35,10 @@ type backend struct {
 	mu       sync.Mutex
 	draining bool
 	streams  map[*stream]struct{}
-	idle     chan struct{}   // closed when streams becomes empty while draining
+	// waiting are the streams a drain waits to leave (awaitLeft); waitDone is closed when the
+	// last of them has.
+	waiting  map[*stream]struct{}
+	waitDone chan struct{}
 	resumed  int             // watches handed off to the next backend while draining
 	drained  chan struct{}   // closed when the drain has ended; nil before it starts
 	lifted   <-chan struct{} // closed when the fence lifts after the drain (watchresume.go)
@@ -57,6 +60,12 @@ type backend struct {
 	// checkSlots bounds the collections listed at once to resume past its expiry
 	// (pastExpiryChecks).
 	checkSlots chan struct{}
+	// readAhead, while not 0 (the number of the prepare that set it), has the watches on this
+	// backend read each event's resourceVersion as it passes: a switch away is expected soon
+	// (prepare.go).
+	readAhead atomic.Uint64
+	// woken counts the watches a drain woke by closing this backend's watch connections.
+	woken atomic.Int64
 }
 
 // TransportOptions shape the connection pools to every backend.
@@ -80,14 +89,20 @@ type TransportOptions struct {
 // of opening one per concurrent write. writes and watches are HTTP/2 when the backend offers it
 // (kube-apiserver does), separate so that long-lived watches never fill the connection writes
 // use; with HTTP1Only both are h1.
-type pool struct{ h1, writes, watches *http.Transport }
+type pool struct {
+	h1, writes, watches *http.Transport
+	// watchConns is what watches dialled, when it carries nothing else (not HTTP1Only): a
+	// switch away closes them at once (drain).
+	watchConns *connSet
+}
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
-	p := &pool{h1: newTransport(tlsConfig, topts, false)}
+	p := &pool{h1: newTransport(tlsConfig, topts, false, nil)}
 	p.writes, p.watches = p.h1, p.h1
 	if !topts.HTTP1Only {
-		p.writes = newTransport(tlsConfig, topts, true)
-		p.watches = newTransport(tlsConfig, topts, true)
+		p.writes = newTransport(tlsConfig, topts, true, nil)
+		p.watchConns = newConnSet()
+		p.watches = newTransport(tlsConfig, topts, true, p.watchConns)
 	}
 	return p
 }
@@ -126,7 +141,9 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 // loopback or LAN round trip it still carries hundreds of MB/s per stream.
 const upstreamStreamWindow = 256 << 10
 
-func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *http.Transport {
+// newTransport is a transport to one backend; with conns, the connections it dials are kept in
+// it.
+func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, conns *connSet) *http.Transport {
 	dialTimeout := topts.DialTimeout
 	if dialTimeout == 0 {
 		dialTimeout = 10 * time.Second
@@ -138,9 +155,13 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool) *ht
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(http2)
+	dial := dialFunc((&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext)
+	if conns != nil {
+		dial = conns.dialer(dial)
+	}
 	return &http.Transport{
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dial,
 		TLSClientConfig:       tlsConfig.Clone(),
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConnsPerHost:   idle,
@@ -282,9 +303,12 @@ func (b *backend) handOff(s *stream) {
 
 func (b *backend) remove(s *stream) {
 	delete(b.streams, s)
-	if len(b.streams) == 0 && b.idle != nil {
-		close(b.idle)
-		b.idle = nil
+	if b.waiting != nil {
+		delete(b.waiting, s)
+		if len(b.waiting) == 0 {
+			close(b.waitDone)
+			b.waiting, b.waitDone = nil, nil
+		}
 	}
 }
 
@@ -294,54 +318,38 @@ func (b *backend) remove(s *stream) {
 // last resourceVersion it delivered (watchresume.go: drain returns once it has left b; it asks
 // resumeOn once lifted, the fence's next opening, is closed); an upgraded stream, or a watch
 // still open at the timeout, is cut.
+//
+// Moving watches, those idle at a boundary (most) are parked and then woken all at once by
+// closing b's watch connections, once the others have left b: one in the middle of an event
+// finishes it first (its head reached the client; the connection must not be cut under it).
 func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan struct{}) admin.Drain {
 	start := time.Now()
-	b.mu.Lock()
-	if !b.draining { // a backend is drained once, when a switch leaves it; a second is a no-op here
-		close(b.leaving)
-	}
-	b.draining = true
-	b.drained = make(chan struct{})
-	b.lifted = lifted
-	defer close(b.drained)
-	all := make([]*stream, 0, len(b.streams))
-	for s := range b.streams {
-		all = append(all, s)
-	}
-	var idle chan struct{}
-	if len(b.streams) > 0 {
-		idle = make(chan struct{})
-		b.idle = idle
-	}
-	b.mu.Unlock()
-	res := admin.Drain{Streams: len(all)}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	all, drained := b.beginDrain(lifted)
+	defer close(drained)
+	park := resumeOn != nil && b.plain.watchConns != nil
+	var parked, others []*stream
 	for _, s := range all {
-		s.mu.Lock()
-		body := s.body
-		s.mu.Unlock()
-		switch {
-		case body == nil:
-			s.cancel()
-		case resumeOn != nil:
-			if !body.moveTo(resumeOn) {
-				s.cancel()
-			}
-		case !body.endAtBoundary():
-			s.cancel()
+		if b.ask(s, resumeOn, park) {
+			parked = append(parked, s)
+		} else {
+			others = append(others, s)
 		}
 	}
-	if idle != nil {
-		select {
-		case <-idle:
-		case <-time.After(timeout):
-			b.mu.Lock()
-			for s := range b.streams {
-				res.Forced++
-				s.cancel()
-			}
-			b.mu.Unlock()
+	res := admin.Drain{Streams: len(all)}
+	if len(parked) > 0 {
+		res.Forced += b.awaitLeft(ctx, others)
+		b.woken.Add(int64(b.closeWatchConns(parked)))
+		if ctx.Err() != nil {
+			// A watch that used the timeout up is no reason to cut the parked ones: woken,
+			// they need only leave.
+			var cancelNew context.CancelFunc
+			ctx, cancelNew = context.WithTimeout(context.Background(), min(timeout, parkedGrace))
+			defer cancelNew()
 		}
 	}
+	res.Forced += b.awaitLeft(ctx, all)
 	b.closeIdle()
 	b.mu.Lock()
 	res.Resumed = b.resumed
@@ -349,6 +357,99 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	res.Ended = res.Streams - res.Resumed
 	res.Duration = admin.Duration(time.Since(start))
 	return res
+}
+
+// parkedGrace is how long the watches a drain parked have to leave once woken, when the watches
+// it waited for first used the drain's timeout up.
+const parkedGrace = 5 * time.Second
+
+// beginDrain marks b as being switched away from and returns the streams open on it, and the
+// channel to close when the drain has ended.
+func (b *backend) beginDrain(lifted <-chan struct{}) ([]*stream, chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.draining { // a backend is drained once, when a switch leaves it; a second is a no-op here
+		close(b.leaving)
+	}
+	b.draining = true
+	b.drained = make(chan struct{})
+	b.lifted = lifted
+	all := make([]*stream, 0, len(b.streams))
+	for s := range b.streams {
+		all = append(all, s)
+	}
+	return all, b.drained
+}
+
+// ask asks one stream to leave b (see drain), and returns true when it parked.
+func (b *backend) ask(s *stream, resumeOn *backend, park bool) bool {
+	s.mu.Lock()
+	body := s.body
+	s.mu.Unlock()
+	switch {
+	case body == nil:
+		s.cancel()
+	case resumeOn != nil:
+		parked, ok := body.moveTo(resumeOn, park)
+		if !ok {
+			s.cancel()
+		}
+		return parked
+	case !body.endAtBoundary():
+		s.cancel()
+	}
+	return false
+}
+
+// awaitLeft waits until none of ss is open on b any more. When ctx ends first, it cuts those
+// still open and returns how many.
+func (b *backend) awaitLeft(ctx context.Context, ss []*stream) int {
+	b.mu.Lock()
+	waiting := map[*stream]struct{}{}
+	for _, s := range ss {
+		if _, ok := b.streams[s]; ok {
+			waiting[s] = struct{}{}
+		}
+	}
+	if len(waiting) == 0 {
+		b.mu.Unlock()
+		return 0
+	}
+	done := make(chan struct{})
+	b.waiting, b.waitDone = waiting, done
+	b.mu.Unlock()
+	select {
+	case <-done:
+		return 0
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	forced := len(b.waiting)
+	for s := range b.waiting {
+		s.cancel()
+	}
+	b.waiting, b.waitDone = nil, nil
+	return forced
+}
+
+// closeWatchConns closes b's watch connections, and returns how many of parked were still open
+// on b then (woken by it).
+func (b *backend) closeWatchConns(parked []*stream) int {
+	b.mu.Lock()
+	n := 0
+	for _, s := range parked {
+		if _, ok := b.streams[s]; ok {
+			n++
+		}
+	}
+	b.mu.Unlock()
+	for _, p := range []*pool{b.plain, b.identity} {
+		if p != nil && p.watchConns != nil {
+			p.watchConns.closeAll()
+		}
+	}
+	return n
 }
 
 // leavingCh is closed when a switch away from b starts to drain it.

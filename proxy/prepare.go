@@ -51,8 +51,9 @@ func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (
 		return admin.PrepareResponse{}, fmt.Errorf("backend %s: no connection opened to it (GET /livez failed on every one; the proxy's log at debug level says why), or the request ended first: %v", nb.url, ctx.Err())
 	}
 	s.prepared.put(&preparedBackend{b: nb, caPEM: caPEM, at: time.Now()})
+	ahead := s.active.Load().readWatchesAhead(s.prepares.Add(1), readAheadFor)
 	took := time.Since(start)
-	s.log.Info("backend prepared for a switch", "backend", nb.url.String(), "connections", opened, "took", took)
+	s.log.Info("backend prepared for a switch", "backend", nb.url.String(), "connections", opened, "watchesReadAhead", ahead, "took", took)
 	return admin.PrepareResponse{Backend: nb.url.String(), Connections: opened, Took: admin.Duration(took)}, nil
 }
 
@@ -144,4 +145,46 @@ func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*ba
 		return nil, err
 	}
 	return nb, nil
+}
+
+// readAheadFor is how long a prepare has the active backend's watches read ahead: as long as the
+// prepared backend stays usable.
+var readAheadFor = admin.PreparedFor
+
+// readWatchesAhead has every watch on b read the resourceVersion of its last event now, and of
+// each event as it passes for the next d (until a newer prepare's d, or the switch moves the
+// watch off b), so that a switch moving them finds it read: otherwise each parses its last
+// event when the switch asks, and the switch waits for all of them, inside the write window.
+// It returns how many watches it read ahead.
+func (b *backend) readWatchesAhead(seq uint64, d time.Duration) int {
+	b.readAhead.Store(seq) // before the walk: what the walk does not see passes after it
+	time.AfterFunc(d, func() { b.readAhead.CompareAndSwap(seq, 0) })
+	b.mu.Lock()
+	all := make([]*stream, 0, len(b.streams))
+	for s := range b.streams {
+		all = append(all, s)
+	}
+	b.mu.Unlock()
+	n := 0
+	for _, s := range all {
+		s.mu.Lock()
+		body := s.body
+		s.mu.Unlock()
+		if body != nil && body.readAhead() {
+			n++
+		}
+	}
+	return n
+}
+
+// readAhead parses the last event the watch delivered, if it kept it unparsed; false for a watch
+// that cannot be resumed.
+func (w *watchBody) readAhead() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.rv.resumable() {
+		return false
+	}
+	w.rv.settle()
+	return true
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -186,5 +187,199 @@ func TestPrepareBackend(t *testing.T) {
 				t.Fatalf("a read after the switch = %s %s, want green's answer", resp.Status, body)
 			}
 		})
+	}
+}
+
+// TestPrepareReadsWatchesAhead: a watch's resourceVersion is read from its last event only when
+// a switch asks for it (a copy per event, not a decode), which made every watch a switch moves
+// parse its last event inside the write window. A prepare announces the switch: from then on the
+// watches on the active backend have their last event read at once and every new one as it
+// passes, until the switch (on the new backend they copy again) or until the prepare expires.
+func TestPrepareReadsWatchesAhead(t *testing.T) {
+	defer func(d time.Duration) { readAheadFor = d }(readAheadFor)
+	for _, fr := range framings {
+		for _, expire := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/expire=%v", fr, expire), func(t *testing.T) {
+				readAheadFor = admin.PreparedFor
+				if expire {
+					readAheadFor = 200 * time.Millisecond
+				}
+				blue, green := newWatchAPI(t, "blue", fr), newTLSWatchAPI(t, "green", fr)
+				p := startProxy(t, blue.URL, func(o *Options) {
+					o.AllowedBackends = append(o.AllowedBackends, "https://127.0.0.1:*")
+				})
+				clients := make([]*watchClient, 2)
+				for i := range clients {
+					clients[i] = openWatch(t, p, fr, "resourceVersion=5")
+					sendOne(t, blue, i+1, clients[i], fr, testEvent{"ADDED", "a", "10"})
+				}
+				if n, rvs := unread(p); n != 2 {
+					t.Fatalf("%d watch(es) with their last event unread before the prepare (resourceVersions read: %v); the premise (read when a switch asks) is gone", n, rvs)
+				}
+				if _, err := p.admin.PrepareBackend(t.Context(), admin.PrepareRequest{URL: green.URL, CAFile: green.caFile}); err != nil {
+					t.Fatal(err)
+				}
+				if n, rvs := unread(p); n != 0 || rvs[0] != "10" || rvs[1] != "10" {
+					t.Fatalf("after the prepare: %d watch(es) with their last event unread, resourceVersions read %v; want none, both 10", n, rvs)
+				}
+				if expire {
+					time.Sleep(2 * readAheadFor)
+				}
+				sendOne(t, blue, 1, clients[0], fr, testEvent{"MODIFIED", "a", "11"})
+				if n, _ := unread(p); n != map[bool]int{false: 0, true: 1}[expire] {
+					t.Fatalf("an event after the prepare (expired %v) left %d watch(es) with their last event unread", expire, n)
+				}
+				if expire {
+					return
+				}
+				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true}); err != nil {
+					t.Fatal(err)
+				}
+				sw, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL, CAFile: green.caFile, ResumeWatches: true})
+				if err != nil || sw.Drain.Resumed != 2 || !sw.Prepared {
+					t.Fatalf("switch = %+v, %v; want both watches moved to the prepared backend", sw, err)
+				}
+				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+					t.Fatal(err)
+				}
+				// The watches moved in any order: every one of green's gets the event.
+				for i := range clients {
+					green.watch(t, i+1).feed <- frame(t, fr, testEvent{"MODIFIED", "a", "12"}, nil)
+				}
+				for _, c := range clients {
+					c.expect(t, testEvent{"MODIFIED", "a", "12"})
+				}
+				if n, _ := unread(p); n != 2 {
+					t.Fatalf("on the new backend, %d watch(es) with their last event unread; want both (read when a switch asks, again)", n)
+				}
+			})
+		}
+	}
+}
+
+// sendOne has api's n-th watch send ev and checks that c gets it.
+func sendOne(t *testing.T, api *watchAPI, n int, c *watchClient, fr framing, ev testEvent) {
+	t.Helper()
+	api.watch(t, n).feed <- frame(t, fr, ev, nil)
+	c.expect(t, ev)
+}
+
+// unread counts the watches on p's active backend whose last event is kept unread, and returns
+// the resourceVersions read so far (in no particular order).
+func unread(p *testProxy) (int, []string) {
+	b := p.active.Load()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, rvs := 0, []string{}
+	for s := range b.streams {
+		s.mu.Lock()
+		w := s.body
+		s.mu.Unlock()
+		w.mu.Lock()
+		if len(w.rv.last) > 0 {
+			n++
+		}
+		rvs = append(rvs, w.rv.rv)
+		w.mu.Unlock()
+	}
+	return n, rvs
+}
+
+// TestSwitchClosesTheOldWatchConnections: a resuming switch wakes the watches idle at an event
+// boundary (most of them) by closing the old backend's watch connections once, not by resetting
+// each watch's stream (a frame and a system call apiece, inside the window); a busy watch in the
+// middle of an event first finishes that event (its head already reached the client: cutting
+// the connection under it would cut the event). Every watch goes on exactly on the new backend.
+func TestSwitchClosesTheOldWatchConnections(t *testing.T) {
+	const quiet = 10
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newTLSWatchAPI(t, "blue", fr), newTLSWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL, func(o *Options) {
+				o.UpstreamCAFile = blue.caFile
+				o.AllowedBackends = []string{"https://127.0.0.1:*"}
+			})
+			clients := make([]*watchClient, quiet)
+			for i := range clients {
+				clients[i] = openWatch(t, p, fr, "resourceVersion=5")
+				sendOne(t, blue.watchAPI, i+1, clients[i], fr, testEvent{"ADDED", "a", "10"})
+			}
+			busy := openWatch(t, p, fr, "resourceVersion=5")
+			stop := busyFeed(t, fr, blue.watch(t, quiet+1))
+			busy.expect(t, testEvent{"MODIFIED", "a", "10"})
+			old := p.active.Load()
+			sw := switchTo(t, p, green.URL, true)
+			close(stop)
+			if sw.Drain.Streams != quiet+1 || sw.Drain.Resumed != quiet+1 || sw.Drain.Forced != 0 {
+				t.Fatalf("drain = %+v, want all %d watches moved, none cut at the timeout", sw.Drain, quiet+1)
+			}
+			if woken := old.woken.Load(); woken < quiet || woken > quiet+1 {
+				t.Fatalf("%d watch(es) woken by closing the old backend's watch connections; want the %d quiet ones (the busy one too if it was between events then)", woken, quiet)
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range quiet + 1 {
+				green.watch(t, i+1).feed <- frame(t, fr, testEvent{"ADDED", "b", "1000"}, nil)
+			}
+			for _, c := range clients {
+				c.expect(t, testEvent{"ADDED", "b", "1000"})
+			}
+			last := "10"
+			for {
+				got, err := busy.next()
+				if err != nil {
+					t.Fatalf("the busy watch after resourceVersion %s: %v", last, err)
+				}
+				if got.name == "b" {
+					break
+				}
+				last = got.rv
+			}
+			asked := map[string]int{}
+			for i := range quiet + 1 {
+				asked[green.watch(t, i+1).query.Get("resourceVersion")]++
+			}
+			if asked["10"] != quiet && !(asked["10"] == quiet+1 && last == "10") || asked[last] == 0 {
+				t.Fatalf("green asked from %v; want the quiet watches from 10 and the busy one from %s, its last event", asked, last)
+			}
+		})
+	}
+}
+
+// TestStalledWatchDoesNotCostTheIdleOnes: a watch stalled in the middle of an event keeps the
+// switch from closing the old backend's watch connections until the drain timeout, when it is
+// cut, as before; the idle watches parked meanwhile still move then, they are not cut with it.
+func TestStalledWatchDoesNotCostTheIdleOnes(t *testing.T) {
+	const quiet = 5
+	blue, green := newTLSWatchAPI(t, "blue", framingJSON), newTLSWatchAPI(t, "green", framingJSON)
+	p := startProxy(t, blue.URL, func(o *Options) {
+		o.UpstreamCAFile = blue.caFile
+		o.AllowedBackends = []string{"https://127.0.0.1:*"}
+		o.DrainTimeout = 300 * time.Millisecond
+	})
+	clients := make([]*watchClient, quiet)
+	for i := range clients {
+		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
+		sendOne(t, blue.watchAPI, i+1, clients[i], framingJSON, testEvent{"ADDED", "a", "10"})
+	}
+	stalled := openWatch(t, p, framingJSON, "resourceVersion=5")
+	ev := frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+	blue.watch(t, quiet+1).feed <- ev[:len(ev)/2] // and never the rest
+	if _, err := stalled.r.Peek(1); err != nil {
+		t.Fatal(err) // the event's head reached the client
+	}
+	sw := switchTo(t, p, green.URL, true)
+	if sw.Drain.Forced != 1 || sw.Drain.Resumed != quiet {
+		t.Fatalf("drain = %+v; want the stalled watch cut at the timeout and the %d idle ones moved", sw.Drain, quiet)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range quiet {
+		green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "b", "1000"}, nil)
+	}
+	for _, c := range clients {
+		c.expect(t, testEvent{"ADDED", "b", "1000"})
 	}
 }

@@ -42,6 +42,7 @@ type Server struct {
 	active      atomic.Pointer[backend]
 	switchMu    sync.Mutex // serialises backend changes
 	prepared    preparedSlot
+	prepares    atomic.Uint64 // numbers each prepare (readWatchesAhead)
 	refusals    *refusals
 	holder      *holder
 	bodyBudget  *bodyBudget // --max-buffered-write-bytes

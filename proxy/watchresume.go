@@ -52,7 +52,7 @@ func (w *watchBody) enableResume(ri *resumeInfo) {
 	start := q.Get("resourceVersion")
 	_, asked := q["sendInitialEvents"]
 	w.rv = &rvTracker{fr: w.fr, start: start, initialPending: asked && truthy(q.Get("sendInitialEvents")),
-		unanchored: !asked && (start == "" || start == "0")}
+		unanchored: !asked && (start == "" || start == "0"), ahead: &ri.on.readAhead}
 	if ri.req.ContentLength != 0 {
 		w.rv.broken = true // a watch with a body is not one the proxy can re-issue
 	}
@@ -65,10 +65,12 @@ func truthy(v string) bool { return v != "0" && !strings.EqualFold(v, "false") }
 func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
 
 // moveTo asks the watch to go on on nb from its next event boundary, or to end there when it
-// cannot be resumed. It returns false when the framing is unknown: the caller must cut it.
-func (w *watchBody) moveTo(nb *backend) bool {
+// cannot be resumed. ok is false when the framing is unknown: the caller must cut it. A watch
+// idle at a boundary is woken by closing its old body; with park it is left parked instead, for
+// the caller to wake by closing the old backend's watch connections (backend.drain).
+func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 	if w.fr == framingUnknown {
-		return false
+		return false, false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -78,16 +80,22 @@ func (w *watchBody) moveTo(nb *backend) bool {
 			w.interrupted = true
 			w.cancel() // as endAtBoundary
 		}
-		return true
+		return false, true
 	}
 	w.resumeTo = nb
-	if w.boundary {
-		// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
-		// request's context: that context also carries the re-issued watch.
-		w.interrupted = true
-		_ = w.rc.Close()
+	if !w.boundary {
+		return false, true
 	}
-	return true
+	// From here no byte of a new event reaches the client (advance cuts it back): a Read that
+	// returns some moves the watch at once, and the old body may be closed under it any time.
+	w.interrupted = true
+	if park {
+		return true, true
+	}
+	// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
+	// request's context: that context also carries the re-issued watch.
+	_ = w.rc.Close()
+	return false, true
 }
 
 // resumeOn re-issues the watch on nb from the last resourceVersion delivered and, when nb
@@ -107,22 +115,31 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	rv, ok := w.rv.from()
 	nb.noteDelivered(w.rv.rv) // before the hand-off: the switch returns with it noted
 	w.mu.Unlock()
-	_ = old.Close()
-	log := ri.log.With("path", ri.req.URL.Path, "from", ri.on.url.String(), "to", nb.url.String())
+	from := ri.on
+	// Made only once the watch has left from: the switch waits for every watch to, and a
+	// logger's attributes are formatted when it is made.
+	logger := func() *slog.Logger {
+		return ri.log.With("path", ri.req.URL.Path, "from", from.url.String(), "to", nb.url.String())
+	}
 	if !ok {
-		log.Info("watch not resumable; ended", "reason", w.rv.why())
+		_ = old.Close()
+		logger().Info("watch not resumable; ended", "reason", w.rv.why())
 		return false
 	}
 	if ri.identity && (ri.verified == nil || !ri.verified()) {
 		// A new request to the new backend in the client's name: its certificate must verify
 		// now, as any request's must.
-		log.Info("watch not resumed: the client's certificate no longer verifies; ended")
+		_ = old.Close()
+		logger().Info("watch not resumed: the client's certificate no longer verifies; ended")
 		return false
 	}
-	from := ri.on
 	nb.resumesPending.Add(1) // before the hand-off: the switch's answer counts it
 	defer nb.resumesPending.Add(-1)
 	from.handOff(ri.s)
+	// Closed after the hand-off, so that the switch does not wait for the stream reset this
+	// may write: nothing reads old after this point.
+	_ = old.Close()
+	log := logger()
 	ri.on = nb // not tracked there until nb answers: a switch away from nb meanwhile ends it
 	if !awaitTurn(ri.req.Context(), from, nb) {
 		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
@@ -156,7 +173,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, pastExpiry: true}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
-	w.rv.cur = w.rv.cur[:0]
+	w.rv.cur, w.rv.ahead = w.rv.cur[:0], &nb.readAhead
 	log.Debug("watch resumed", "resourceVersion", rv)
 	return true
 }
@@ -354,13 +371,17 @@ func resumeRequest(req *http.Request, nb *backend, rv string) *http.Request {
 // whole events only (at boundaries) and keeps a copy of the last one, parsed only when a switch
 // asks for it: per event the watch path pays a copy, not a decode. Events are parsed as they
 // pass only while a sendInitialEvents watch waits for the bookmark that ends its initial
-// events, and when one is over maxKeptEvent (rare; a copy would cost memory for the life of the
-// watch).
+// events, when one is over maxKeptEvent (rare; a copy would cost memory for the life of the
+// watch), and while a switch away from the watch's backend is expected (a prepare: the switch
+// then finds every watch's resourceVersion read instead of parsing them all in the window).
 type rvTracker struct {
 	fr    framing
 	start string // the request's resourceVersion, used when no event was delivered yet
 	rv    string // of the last event parsed as it passed
 	last  []byte // the last event delivered, when newer than rv; parsed by from
+	// ahead is the readAhead of the backend the watch is on: while not 0, each event is
+	// parsed as it passes (a switch is expected: it then finds the resourceVersion read).
+	ahead *atomic.Uint64
 	// initialPending: sendInitialEvents=true and its closing bookmark not delivered yet.
 	initialPending bool
 	// unanchored: started without a resourceVersion or at 0 (and no sendInitialEvents): the
@@ -387,12 +408,8 @@ func (t *rvTracker) from() (string, bool) {
 	if !t.resumable() {
 		return "", false
 	}
-	if len(t.last) > 0 {
-		t.take(t.last)
-		t.last = t.last[:0]
-		if t.broken {
-			return "", false
-		}
+	if t.settle(); t.broken {
+		return "", false
 	}
 	switch {
 	case t.rv != "":
@@ -403,6 +420,14 @@ func (t *rvTracker) from() (string, bool) {
 		return "", false
 	}
 	return t.start, true
+}
+
+// settle parses the last event delivered, if it was kept unparsed.
+func (t *rvTracker) settle() {
+	if len(t.last) > 0 {
+		t.take(t.last)
+		t.last = t.last[:0]
+	}
 }
 
 func (t *rvTracker) why() string {
@@ -449,7 +474,7 @@ func (t *rvTracker) observe(b []byte, ends []int) {
 		t.take(event(i))
 	}
 	if i < len(ends) {
-		if ev := event(len(ends) - 1); len(ev) > maxKeptEvent {
+		if ev := event(len(ends) - 1); len(ev) > maxKeptEvent || t.ahead != nil && t.ahead.Load() != 0 {
 			t.last = t.last[:0]
 			t.take(ev)
 		} else {

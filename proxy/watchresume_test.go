@@ -915,7 +915,7 @@ func busyFeed(t *testing.T, fr framing, w *apiWatch) chan struct{} {
 func TestWatchEndRacingAnEvent(t *testing.T) {
 	ends := map[string]func(*watchBody) bool{
 		"end":                        (*watchBody).endAtBoundary,
-		"resuming switch, no resume": func(w *watchBody) bool { return w.moveTo(nil) }, // a watch that cannot be resumed ends
+		"resuming switch, no resume": func(w *watchBody) bool { _, ok := w.moveTo(nil, false); return ok }, // a watch that cannot be resumed ends
 	}
 	for _, fr := range framings {
 		for how, end := range ends {
