@@ -64,8 +64,9 @@ type backend struct {
 	// backend read each event's resourceVersion as it passes: a switch away is expected soon
 	// (prepare.go).
 	readAhead atomic.Uint64
-	// woken counts the watches a drain woke by closing this backend's watch connections.
-	woken atomic.Int64
+	// tookOff counts the watches a drain took off this backend itself (parked and taken off:
+	// takeOff), woken those it parked and woke by closing its watch connections.
+	tookOff, woken atomic.Int64
 }
 
 // TransportOptions shape the connection pools to every backend.

@@ -46,7 +46,9 @@ func (s *connSet) dialer(dial dialFunc) dialFunc {
 	}
 }
 
-// closeAll closes every connection in s and returns how many it closed.
+// closeAll closes every connection in s, in the background, and returns how many. Closing one
+// waits for the goroutine reading it to let go, which on a busy machine is a wait for the
+// scheduler: the caller need not wait for any of it.
 func (s *connSet) closeAll() int {
 	s.mu.Lock()
 	all := make([]*setConn, 0, len(s.conns))
@@ -54,8 +56,10 @@ func (s *connSet) closeAll() int {
 		all = append(all, c)
 	}
 	s.mu.Unlock()
-	for _, c := range all {
-		_ = c.Close()
-	}
+	go func() {
+		for _, c := range all {
+			_ = c.Close()
+		}
+	}()
 	return len(all)
 }

@@ -285,11 +285,13 @@ func unread(p *testProxy) (int, []string) {
 	return n, rvs
 }
 
-// TestSwitchClosesTheOldWatchConnections: a resuming switch wakes the watches idle at an event
-// boundary (most of them) by closing the old backend's watch connections once, not by resetting
-// each watch's stream (a frame and a system call apiece, inside the window); a busy watch in the
-// middle of an event first finishes that event (its head already reached the client: cutting
-// the connection under it would cut the event). Every watch goes on exactly on the new backend.
+// TestSwitchClosesTheOldWatchConnections: a resuming switch takes the watches idle at an event
+// boundary (most of them) off the old backend itself, and wakes them by closing the old
+// backend's watch connections once, rather than waiting for each to close its stream (a stream
+// reset, a frame and a system call apiece) and leave, one after the other, inside the window; a
+// busy watch in the middle of an event first finishes that event (its head already reached the
+// client: cutting the connection under it would cut the event). Every watch goes on exactly on
+// the new backend.
 func TestSwitchClosesTheOldWatchConnections(t *testing.T) {
 	const quiet = 10
 	for _, fr := range framings {
@@ -313,8 +315,10 @@ func TestSwitchClosesTheOldWatchConnections(t *testing.T) {
 			if sw.Drain.Streams != quiet+1 || sw.Drain.Resumed != quiet+1 || sw.Drain.Forced != 0 {
 				t.Fatalf("drain = %+v, want all %d watches moved, none cut at the timeout", sw.Drain, quiet+1)
 			}
-			if woken := old.woken.Load(); woken < quiet || woken > quiet+1 {
-				t.Fatalf("%d watch(es) woken by closing the old backend's watch connections; want the %d quiet ones (the busy one too if it was between events then)", woken, quiet)
+			// A quiet watch is taken off by the drain itself, or, if the proxy had not asked for
+			// more since writing it its event, woken by closing the connections.
+			if took, woken := old.tookOff.Load(), old.woken.Load(); took+woken < quiet || took+woken > quiet+1 || took == 0 {
+				t.Fatalf("the drain took %d watch(es) off itself and woke %d by closing the old backend's watch connections; want the %d quiet ones (the busy one too if it was between events then), most taken off", took, woken, quiet)
 			}
 			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 				t.Fatal(err)
@@ -381,5 +385,56 @@ func TestStalledWatchDoesNotCostTheIdleOnes(t *testing.T) {
 	}
 	for _, c := range clients {
 		c.expect(t, testEvent{"ADDED", "b", "1000"})
+	}
+}
+
+// TestTakeOff: the drain takes a parked watch off the old backend itself only when everything
+// the watch delivered has been written to its client (the proxy asked it for more since) and
+// its client certificate, if it forwards one, still verifies; a watch taken off counts as
+// pending on the new backend until it goes on there, or until its client leaves first.
+func TestTakeOff(t *testing.T) {
+	cases := []struct {
+		name               string
+		out                bool // the last Read returned bytes not yet written
+		identity, verifies bool
+		taken              bool
+	}{
+		{name: "idle", taken: true},
+		{name: "its last events not written yet", out: true},
+		{name: "a forwarded identity that verifies", identity: true, verifies: true, taken: true},
+		{name: "a forwarded identity that no longer verifies", identity: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nb, err := newBackend("http://127.0.0.1:2", "", TransportOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &stream{cancel: func() {}}
+			if err := b.track(s); err != nil {
+				t.Fatal(err)
+			}
+			w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
+			w.resume = &resumeInfo{s: s, on: b, identity: tc.identity, verified: func() bool { return tc.verifies }}
+			w.rv = &rvTracker{fr: framingJSON, start: "5"}
+			w.out = tc.out
+			w.mu.Lock()
+			w.takeOff(nb)
+			w.mu.Unlock()
+			want := map[bool]int{true: 1}[tc.taken]
+			if w.takenOff != tc.taken || b.openStreams() != 1-want || nb.resumesPending.Load() != int64(want) || w.takenRV != map[bool]string{true: "5"}[tc.taken] {
+				t.Fatalf("taken off %v (from %q), %d stream(s) left on the old backend, %d pending on the new; want taken off %v", w.takenOff, w.takenRV, b.openStreams(), nb.resumesPending.Load(), tc.taken)
+			}
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if w.takenOff || nb.resumesPending.Load() != 0 {
+				t.Fatalf("after its client left: taken off %v, %d pending; want nothing left pending", w.takenOff, nb.resumesPending.Load())
+			}
+		})
 	}
 }

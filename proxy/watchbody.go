@@ -62,6 +62,15 @@ type watchBody struct {
 	// interrupted is set when the switch closed rc to wake an idle Read: bytes of an event
 	// that was cut by it are not passed on (the new backend sends that event again).
 	interrupted bool
+	// out: the last Read returned bytes, which the caller writes to the client before it
+	// reads again.
+	out bool
+	// takenOff: a drain took the watch off the old backend itself (takeOff), to go on from
+	// resourceVersion takenRV on takenTo: nothing more is read from the old body, and the
+	// watch is counted pending on takenTo until resumeOn (or Close) consumes this.
+	takenOff bool
+	takenRV  string
+	takenTo  *backend
 }
 
 func newWatchBody(rc io.ReadCloser, cancel context.CancelFunc, fr framing) *watchBody {
@@ -102,16 +111,23 @@ func (w *watchBody) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		rc := w.rc
+		w.out = false // the caller wrote what the last Read returned
 		w.mu.Unlock()
 		n, err := rc.Read(p)
+		w.mu.Lock()
+		if w.takenOff {
+			w.mu.Unlock()
+			continue // nothing more of the old backend: the loop's top moves the watch
+		}
 		if exp, ok := err.(*expiredError); ok {
+			w.mu.Unlock()
 			if w.resumePastExpiry(exp) {
 				continue
 			}
 			return 0, io.EOF
 		}
-		w.mu.Lock()
 		n = w.advance(p[:n])
+		w.out = n > 0
 		at := w.draining && w.boundary
 		resuming := w.resumeTo != nil
 		w.mu.Unlock()
@@ -134,6 +150,10 @@ func (w *watchBody) Read(p []byte) (int, error) {
 func (w *watchBody) Close() error {
 	w.mu.Lock()
 	rc := w.rc
+	if w.takenOff { // taken off by a drain and never resumed (its client left): not pending
+		w.takenOff = false
+		w.takenTo.resumesPending.Add(-1)
+	}
 	w.mu.Unlock()
 	if w.resume != nil {
 		w.resume.untrack()

@@ -67,7 +67,8 @@ func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
 // moveTo asks the watch to go on on nb from its next event boundary, or to end there when it
 // cannot be resumed. ok is false when the framing is unknown: the caller must cut it. A watch
 // idle at a boundary is woken by closing its old body; with park it is left parked instead, for
-// the caller to wake by closing the old backend's watch connections (backend.drain).
+// the caller to wake by closing the old backend's watch connections (backend.drain), and taken
+// off the old backend at once when it can be (takeOff).
 func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 	if w.fr == framingUnknown {
 		return false, false
@@ -90,12 +91,35 @@ func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 	// returns some moves the watch at once, and the old body may be closed under it any time.
 	w.interrupted = true
 	if park {
+		w.takeOff(nb)
 		return true, true
 	}
 	// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
 	// request's context: that context also carries the re-issued watch.
 	_ = w.rc.Close()
 	return false, true
+}
+
+// takeOff takes a watch parked at a boundary off its backend for nb, as resumeOn would, without
+// waiting for its goroutine to get there: unless the client has not yet been sent what the
+// last Read returned (out: then the goroutine does it, once it is written), or the watch
+// cannot be resumed (its goroutine ends it). From here nothing more is read from the old body
+// (Read), and everything delivered before has reached the client: the switch need not wait for
+// the watch. Called with w.mu held.
+func (w *watchBody) takeOff(nb *backend) {
+	ri := w.resume
+	if w.out || ri.identity && (ri.verified == nil || !ri.verified()) {
+		return
+	}
+	rv, ok := w.rv.from()
+	if !ok {
+		return
+	}
+	nb.noteDelivered(w.rv.rv)
+	nb.resumesPending.Add(1) // consumed by resumeOn, or by Close if the client leaves first
+	ri.on.handOff(ri.s)
+	ri.on.tookOff.Add(1)
+	w.takenOff, w.takenRV, w.takenTo = true, rv, nb
 }
 
 // resumeOn re-issues the watch on nb from the last resourceVersion delivered and, when nb
@@ -112,8 +136,13 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	ri := w.resume
 	w.mu.Lock()
 	old := w.rc
-	rv, ok := w.rv.from()
-	nb.noteDelivered(w.rv.rv) // before the hand-off: the switch returns with it noted
+	takenOff := w.takenOff // by the drain (takeOff), which did the hand-off below
+	rv, ok := w.takenRV, true
+	if !takenOff {
+		rv, ok = w.rv.from()
+		nb.noteDelivered(w.rv.rv) // before the hand-off: the switch returns with it noted
+	}
+	w.takenOff = false
 	w.mu.Unlock()
 	from := ri.on
 	// Made only once the watch has left from: the switch waits for every watch to, and a
@@ -121,21 +150,23 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	logger := func() *slog.Logger {
 		return ri.log.With("path", ri.req.URL.Path, "from", from.url.String(), "to", nb.url.String())
 	}
-	if !ok {
-		_ = old.Close()
-		logger().Info("watch not resumable; ended", "reason", w.rv.why())
-		return false
+	if !takenOff {
+		if !ok {
+			_ = old.Close()
+			logger().Info("watch not resumable; ended", "reason", w.rv.why())
+			return false
+		}
+		if ri.identity && (ri.verified == nil || !ri.verified()) {
+			// A new request to the new backend in the client's name: its certificate must
+			// verify now, as any request's must (takeOff checked it).
+			_ = old.Close()
+			logger().Info("watch not resumed: the client's certificate no longer verifies; ended")
+			return false
+		}
+		nb.resumesPending.Add(1) // before the hand-off: the switch's answer counts it
+		from.handOff(ri.s)
 	}
-	if ri.identity && (ri.verified == nil || !ri.verified()) {
-		// A new request to the new backend in the client's name: its certificate must verify
-		// now, as any request's must.
-		_ = old.Close()
-		logger().Info("watch not resumed: the client's certificate no longer verifies; ended")
-		return false
-	}
-	nb.resumesPending.Add(1) // before the hand-off: the switch's answer counts it
 	defer nb.resumesPending.Add(-1)
-	from.handOff(ri.s)
 	// Closed after the hand-off, so that the switch does not wait for the stream reset this
 	// may write: nothing reads old after this point.
 	_ = old.Close()
