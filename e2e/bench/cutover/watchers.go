@@ -58,6 +58,9 @@ func startWatchers(ctx context.Context, kubeconfig string, n, quiet int) (*watch
 		return nil, err
 	}
 	opened := make(chan error, n+quiet)
+	// Thousands opened at once would each need a TLS connection to the proxy and a watch
+	// request answered within the proxy's read timeout, on cores busy handshaking.
+	opening := make(chan struct{}, openAtOnce)
 	for _, ns := range []struct {
 		name   string
 		n      int
@@ -73,7 +76,7 @@ func startWatchers(ctx context.Context, kubeconfig string, n, quiet int) (*watch
 			return nil, err
 		}
 		for i := range ns.n {
-			w.wg.Go(func() { w.watch(ctx, ns.shards[i/watchersPerConn], ns.name, rv, opened, ns.ended) })
+			w.wg.Go(func() { w.watch(ctx, ns.shards[i/watchersPerConn], ns.name, rv, opening, opened, ns.ended) })
 		}
 	}
 	for range n + quiet {
@@ -101,9 +104,15 @@ func namespaceWithConfigMap(ctx context.Context, cs *kubernetes.Clientset, ns st
 	return cm.ResourceVersion, nil
 }
 
-// watch holds one watch open until ctx ends, counting its events, and its end if it comes first.
-func (w *watchers) watch(ctx context.Context, cs *kubernetes.Clientset, ns, rv string, opened chan<- error, ended *atomic.Int64) {
+// openAtOnce bounds the watches being opened at once.
+const openAtOnce = 100
+
+// watch holds one watch open until ctx ends, counting its events, and its end if it comes first;
+// it opens it with a slot of opening.
+func (w *watchers) watch(ctx context.Context, cs *kubernetes.Clientset, ns, rv string, opening chan struct{}, opened chan<- error, ended *atomic.Int64) {
+	opening <- struct{}{}
 	wi, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	<-opening
 	opened <- err
 	if err != nil {
 		return
