@@ -292,14 +292,16 @@ func (b *backend) untrack(s *stream) {
 }
 
 // handOff takes off b a watch that leaves it for the next backend (which may not have answered
-// the re-issued watch yet: the switch does not wait for that).
-func (b *backend) handOff(s *stream) {
+// the re-issued watch yet: the switch does not wait for that), and says whether it was on b.
+func (b *backend) handOff(s *stream) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.streams[s]; ok {
+	_, ok := b.streams[s]
+	if ok {
 		b.resumed++
 	}
 	b.remove(s)
+	return ok
 }
 
 func (b *backend) remove(s *stream) {
@@ -339,9 +341,11 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 		}
 	}
 	res := admin.Drain{Streams: len(all)}
+	last := all
 	if len(parked) > 0 {
-		res.Forced += b.awaitLeft(ctx, others)
+		res.Forced += b.awaitLeft(ctx, others) // those it cut are not waited for again
 		b.woken.Add(int64(b.closeWatchConns(parked)))
+		last = parked
 		if ctx.Err() != nil {
 			// A watch that used the timeout up is no reason to cut the parked ones: woken,
 			// they need only leave.
@@ -350,7 +354,7 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 			defer cancelNew()
 		}
 	}
-	res.Forced += b.awaitLeft(ctx, all)
+	res.Forced += b.awaitLeft(ctx, last)
 	b.closeIdle()
 	b.mu.Lock()
 	res.Resumed = b.resumed

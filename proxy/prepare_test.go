@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -269,9 +272,13 @@ func sendOne(t *testing.T, api *watchAPI, n int, c *watchClient, fr framing, ev 
 func unread(p *testProxy) (int, []string) {
 	b := p.active.Load()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	n, rvs := 0, []string{}
+	all := make([]*stream, 0, len(b.streams))
 	for s := range b.streams {
+		all = append(all, s)
+	}
+	b.mu.Unlock() // the proxy takes w.mu before b.mu, never after
+	n, rvs := 0, []string{}
+	for _, s := range all {
 		s.mu.Lock()
 		w := s.body
 		s.mu.Unlock()
@@ -353,38 +360,62 @@ func TestSwitchClosesTheOldWatchConnections(t *testing.T) {
 
 // TestStalledWatchDoesNotCostTheIdleOnes: a watch stalled in the middle of an event keeps the
 // switch from closing the old backend's watch connections until the drain timeout, when it is
-// cut, as before; the idle watches parked meanwhile still move then, they are not cut with it.
+// cut, as before (counted once, even when cutting it does not make it leave at once: its client
+// does not read); the idle watches parked meanwhile still move then, they are not cut with it.
 func TestStalledWatchDoesNotCostTheIdleOnes(t *testing.T) {
 	const quiet = 5
-	blue, green := newTLSWatchAPI(t, "blue", framingJSON), newTLSWatchAPI(t, "green", framingJSON)
-	p := startProxy(t, blue.URL, func(o *Options) {
-		o.UpstreamCAFile = blue.caFile
-		o.AllowedBackends = []string{"https://127.0.0.1:*"}
-		o.DrainTimeout = 300 * time.Millisecond
-	})
-	clients := make([]*watchClient, quiet)
-	for i := range clients {
-		clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
-		sendOne(t, blue.watchAPI, i+1, clients[i], framingJSON, testEvent{"ADDED", "a", "10"})
+	cases := []struct {
+		name string
+		// stall has blue's n-th watch, open through the proxy for c, stop in the middle of an
+		// event whose head reached c.
+		stall func(t *testing.T, blue *watchAPI, n int, c *watchClient)
+	}{
+		{name: "the backend stalls", stall: func(t *testing.T, blue *watchAPI, n int, c *watchClient) {
+			ev := frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
+			blue.watch(t, n).feed <- ev[:len(ev)/2] // and never the rest
+			if _, err := c.r.Peek(1); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "the client stops reading", stall: func(t *testing.T, blue *watchAPI, n int, c *watchClient) {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: "default", ResourceVersion: "10"},
+				Data: map[string]string{"x": strings.Repeat("x", 32<<20)}}
+			ev := frameObject(t, framingJSON, "ADDED", cm)
+			blue.watch(t, n).feed <- ev // more than the sockets between hold: the proxy's write blocks
+			if _, err := c.r.Peek(1); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // the client reads no more
+		}},
 	}
-	stalled := openWatch(t, p, framingJSON, "resourceVersion=5")
-	ev := frame(t, framingJSON, testEvent{"ADDED", "a", "10"}, nil)
-	blue.watch(t, quiet+1).feed <- ev[:len(ev)/2] // and never the rest
-	if _, err := stalled.r.Peek(1); err != nil {
-		t.Fatal(err) // the event's head reached the client
-	}
-	sw := switchTo(t, p, green.URL, true)
-	if sw.Drain.Forced != 1 || sw.Drain.Resumed != quiet {
-		t.Fatalf("drain = %+v; want the stalled watch cut at the timeout and the %d idle ones moved", sw.Drain, quiet)
-	}
-	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range quiet {
-		green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "b", "1000"}, nil)
-	}
-	for _, c := range clients {
-		c.expect(t, testEvent{"ADDED", "b", "1000"})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			blue, green := newTLSWatchAPI(t, "blue", framingJSON), newTLSWatchAPI(t, "green", framingJSON)
+			p := startProxy(t, blue.URL, func(o *Options) {
+				o.UpstreamCAFile = blue.caFile
+				o.AllowedBackends = []string{"https://127.0.0.1:*"}
+				o.DrainTimeout = 300 * time.Millisecond
+			})
+			clients := make([]*watchClient, quiet)
+			for i := range clients {
+				clients[i] = openWatch(t, p, framingJSON, "resourceVersion=5")
+				sendOne(t, blue.watchAPI, i+1, clients[i], framingJSON, testEvent{"ADDED", "a", "10"})
+			}
+			tc.stall(t, blue.watchAPI, quiet+1, openWatch(t, p, framingJSON, "resourceVersion=5"))
+			sw := switchTo(t, p, green.URL, true)
+			if sw.Drain.Forced != 1 || sw.Drain.Resumed != quiet || time.Duration(sw.Drain.Duration) > time.Second {
+				t.Fatalf("drain = %+v; want the stalled watch cut once at the timeout, the %d idle ones moved, and no second wait", sw.Drain, quiet)
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range quiet {
+				green.watch(t, i+1).feed <- frame(t, framingJSON, testEvent{"ADDED", "b", "1000"}, nil)
+			}
+			for _, c := range clients {
+				c.expect(t, testEvent{"ADDED", "b", "1000"})
+			}
+		})
 	}
 }
 
@@ -397,9 +428,14 @@ func TestTakeOff(t *testing.T) {
 		name               string
 		out                bool // the last Read returned bytes not yet written
 		identity, verifies bool
-		taken              bool
+		// ended, when set, ends the watch before the drain comes to it: its old body ended
+		// (Read returned an error), or its client left (Close).
+		ended func(*watchBody)
+		taken bool
 	}{
 		{name: "idle", taken: true},
+		{name: "its old body ended", ended: func(w *watchBody) { _, _ = w.Read(make([]byte, 64)) }},
+		{name: "its client left", ended: func(w *watchBody) { _ = w.Close() }},
 		{name: "its last events not written yet", out: true},
 		{name: "a forwarded identity that verifies", identity: true, verifies: true, taken: true},
 		{name: "a forwarded identity that no longer verifies", identity: true},
@@ -422,12 +458,17 @@ func TestTakeOff(t *testing.T) {
 			w.resume = &resumeInfo{s: s, on: b, identity: tc.identity, verified: func() bool { return tc.verifies }}
 			w.rv = &rvTracker{fr: framingJSON, start: "5"}
 			w.out = tc.out
+			tracked := 1
+			if tc.ended != nil {
+				tc.ended(w)
+				tracked = b.openStreams()
+			}
 			w.mu.Lock()
 			w.takeOff(nb)
 			w.mu.Unlock()
 			want := map[bool]int{true: 1}[tc.taken]
-			if w.takenOff != tc.taken || b.openStreams() != 1-want || nb.resumesPending.Load() != int64(want) || w.takenRV != map[bool]string{true: "5"}[tc.taken] {
-				t.Fatalf("taken off %v (from %q), %d stream(s) left on the old backend, %d pending on the new; want taken off %v", w.takenOff, w.takenRV, b.openStreams(), nb.resumesPending.Load(), tc.taken)
+			if w.takenOff != tc.taken || b.openStreams() != tracked-want || b.resumed != want || nb.resumesPending.Load() != int64(want) || w.takenRV != map[bool]string{true: "5"}[tc.taken] {
+				t.Fatalf("taken off %v (from %q), %d stream(s) left on the old backend (%d counted resumed), %d pending on the new; want taken off %v", w.takenOff, w.takenRV, b.openStreams(), b.resumed, nb.resumesPending.Load(), tc.taken)
 			}
 			if err := w.Close(); err != nil {
 				t.Fatal(err)

@@ -71,6 +71,8 @@ type watchBody struct {
 	takenOff bool
 	takenRV  string
 	takenTo  *backend
+	// ended: Read returned an error or Close ran; nothing more moves the watch.
+	ended bool
 }
 
 func newWatchBody(rc io.ReadCloser, cancel context.CancelFunc, fr framing) *watchBody {
@@ -130,6 +132,7 @@ func (w *watchBody) Read(p []byte) (int, error) {
 		w.out = n > 0
 		at := w.draining && w.boundary
 		resuming := w.resumeTo != nil
+		w.ended = w.ended || !at && err != nil
 		w.mu.Unlock()
 		if !at {
 			return n, err
@@ -150,6 +153,7 @@ func (w *watchBody) Read(p []byte) (int, error) {
 func (w *watchBody) Close() error {
 	w.mu.Lock()
 	rc := w.rc
+	w.ended = true
 	if w.takenOff { // taken off by a drain and never resumed (its client left): not pending
 		w.takenOff = false
 		w.takenTo.resumesPending.Add(-1)

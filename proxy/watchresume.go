@@ -108,16 +108,15 @@ func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 // the watch. Called with w.mu held.
 func (w *watchBody) takeOff(nb *backend) {
 	ri := w.resume
-	if w.out || ri.identity && (ri.verified == nil || !ri.verified()) {
+	if w.out || w.ended || ri.identity && (ri.verified == nil || !ri.verified()) {
 		return
 	}
 	rv, ok := w.rv.from()
-	if !ok {
+	if !ok || !ri.on.handOff(ri.s) { // not tracked: it ended as the drain began
 		return
 	}
 	nb.noteDelivered(w.rv.rv)
 	nb.resumesPending.Add(1) // consumed by resumeOn, or by Close if the client leaves first
-	ri.on.handOff(ri.s)
 	ri.on.tookOff.Add(1)
 	w.takenOff, w.takenRV, w.takenTo = true, rv, nb
 }
