@@ -71,7 +71,8 @@ type watchBody struct {
 	takenOff bool
 	takenRV  string
 	takenTo  *backend
-	// ended: Read returned an error or Close ran; nothing more moves the watch.
+	// ended: Read returned an error before any drain asked the watch to move, or Close ran: a
+	// drain does not take it off (takeOff).
 	ended bool
 }
 
