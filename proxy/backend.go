@@ -322,7 +322,8 @@ func (b *backend) remove(s *stream) {
 // resumeOn once lifted, the fence's next opening, is closed); an upgraded stream, or a watch
 // still open at the timeout, is cut.
 //
-// Moving watches, those idle at a boundary (most) are parked and then woken all at once by
+// Moving watches, those idle at a boundary (most) are parked, taken off b by the drain itself
+// when they can be (takeOff: the drain then need not wait for them), and woken all at once by
 // closing b's watch connections, once the others have left b: one in the middle of an event
 // finishes it first (its head reached the client; the connection must not be cut under it).
 func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan struct{}) admin.Drain {

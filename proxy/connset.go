@@ -46,10 +46,10 @@ func (s *connSet) dialer(dial dialFunc) dialFunc {
 	}
 }
 
-// closeAll closes every connection in s, in the background, and returns how many. Closing one
-// waits for the goroutine reading it to let go, which on a busy machine is a wait for the
-// scheduler: the caller need not wait for any of it.
-func (s *connSet) closeAll() int {
+// closeAll closes every connection in s, in the background. Closing one waits for the goroutine
+// reading it to let go, which on a busy machine is a wait for the scheduler: the caller need not
+// wait for any of it.
+func (s *connSet) closeAll() {
 	s.mu.Lock()
 	all := make([]*setConn, 0, len(s.conns))
 	for c := range s.conns {
@@ -61,5 +61,4 @@ func (s *connSet) closeAll() int {
 			_ = c.Close()
 		}
 	}()
-	return len(all)
 }
