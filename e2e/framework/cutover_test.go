@@ -1,12 +1,17 @@
 package framework
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestStopCutoverProcessesOnlyTheirs: a pid in a journal whose process has gone may since name
@@ -35,6 +40,22 @@ func TestStopCutoverProcessesOnlyTheirs(t *testing.T) {
 		_, _ = stranger.Process.Kill(), ours.Process.Kill()
 		_ = stranger.Wait() // ours is waited for below
 	})
+	// Start returns once exec is under way (the close-on-exec pipe closed): until the kernel has
+	// set up the new program's arguments, /proc/PID/cmdline can read empty, and the process
+	// would not look like ours. A CI run failed so, most likely from this: nothing stopped,
+	// "tail" still running.
+	for _, c := range []struct {
+		cmd  *exec.Cmd
+		want string
+	}{{stranger, "sleep"}, {ours, log}} {
+		cmdline := func(context.Context) (bool, error) {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.cmd.Process.Pid))
+			return err == nil && bytes.Contains(b, []byte(c.want)), nil
+		}
+		if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, cmdline); err != nil {
+			t.Fatalf("%s: its command line never showed: %v", c.want, err)
+		}
+	}
 	data, _ := json.Marshal(map[string]any{"version": 1, "state": "running", "greenPIDs": map[string]int{"recycled": stranger.Process.Pid, "green-etcd-0": ours.Process.Pid}})
 	if err := os.WriteFile(filepath.Join(stateDir, "journal.json"), data, 0o600); err != nil {
 		t.Fatal(err)
