@@ -380,11 +380,24 @@ func (b *backend) beginDrain(lifted <-chan struct{}) ([]*stream, chan struct{}) 
 	b.draining = true
 	b.drained = make(chan struct{})
 	b.lifted = lifted
+	return b.listLocked(), b.drained
+}
+
+// listLocked is the streams open on b, with b.mu held.
+func (b *backend) listLocked() []*stream {
 	all := make([]*stream, 0, len(b.streams))
 	for s := range b.streams {
 		all = append(all, s)
 	}
-	return all, b.drained
+	return all
+}
+
+// list is the streams open on b; the caller may then take each one's locks (never b.mu after
+// them: the proxy takes a watch's lock before its backend's).
+func (b *backend) list() []*stream {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.listLocked()
 }
 
 // ask asks one stream to leave b (see drain), and returns true when it parked.

@@ -159,14 +159,8 @@ var readAheadFor = admin.PreparedFor
 func (b *backend) readWatchesAhead(seq uint64, d time.Duration) int {
 	b.readAhead.Store(seq) // before the walk: what the walk does not see passes after it
 	time.AfterFunc(d, func() { b.readAhead.CompareAndSwap(seq, 0) })
-	b.mu.Lock()
-	all := make([]*stream, 0, len(b.streams))
-	for s := range b.streams {
-		all = append(all, s)
-	}
-	b.mu.Unlock()
 	n := 0
-	for _, s := range all {
+	for _, s := range b.list() {
 		s.mu.Lock()
 		body := s.body
 		s.mu.Unlock()

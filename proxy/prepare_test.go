@@ -270,15 +270,8 @@ func sendOne(t *testing.T, api *watchAPI, n int, c *watchClient, fr framing, ev 
 // unread counts the watches on p's active backend whose last event is kept unread, and returns
 // the resourceVersions read so far (in no particular order).
 func unread(p *testProxy) (int, []string) {
-	b := p.active.Load()
-	b.mu.Lock()
-	all := make([]*stream, 0, len(b.streams))
-	for s := range b.streams {
-		all = append(all, s)
-	}
-	b.mu.Unlock() // the proxy takes w.mu before b.mu, never after
 	n, rvs := 0, []string{}
-	for _, s := range all {
+	for _, s := range p.active.Load().list() {
 		s.mu.Lock()
 		w := s.body
 		s.mu.Unlock()
