@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/proc"
 )
 
 // Env is one test's (or one demo's) world: a work dir for data, a log dir kept on failure, and
@@ -170,29 +171,10 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-// FreePorts returns n distinct TCP ports no one listens on, on any address: fixtures bind them
-// on 127.0.0.1 or on the other loopback addresses that stand for hosts. They are free when
-// returned; the caller binds them soon after.
-func FreePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		// The wildcard address conflicts with a listener on any one address, so the kernel
-		// picks a port free on all of them.
-		l, err := net.Listen("tcp", ":0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// FreePorts returns n distinct TCP ports no one listens on, on any address, outside the
+// kernel's ephemeral range (proc.FreePorts): fixtures bind them on 127.0.0.1 or on the other
+// loopback addresses that stand for hosts, soon after.
+func FreePorts(n int) ([]int, error) { return proc.FreePorts(n) }
 
 // WaitUntil polls cond every interval until it returns true or ctx ends. An error from cond is
 // kept for the message and polling goes on, except one that wraps ErrExited (the process waited

@@ -3,43 +3,12 @@ package framework
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// The HA fixtures bind ports FreePorts gave on other loopback addresses (127.0.0.2-4, standing
-// for hosts), so a port must be free on every address, not only on 127.0.0.1: a port blue's
-// etcd holds on 127.0.0.4 handed out again for green's member there made the cutover's
-// preflight refuse ("127.0.0.4:NNNN is in use").
-func TestFreePortsFreeOnEveryAddress(t *testing.T) {
-	const n = 300 // of 500 picked on 127.0.0.1 alone, 35-40 collided
-	held := map[int]bool{}
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.2:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		held[l.Addr().(*net.TCPAddr).Port] = true
-	}
-	ports, err := FreePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var taken []int
-	for _, p := range ports {
-		if held[p] {
-			taken = append(taken, p)
-		}
-	}
-	if len(taken) > 0 {
-		t.Fatalf("FreePorts gave %d ports already listened on at 127.0.0.2, e.g. %d", len(taken), taken[0])
-	}
-}
 
 // TestUntilInterrupted: a run that fails on its own keeps its error; only a run a signal ended
 // is reported as interrupted. The benches used to cancel their context before asking, so every

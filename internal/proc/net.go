@@ -3,8 +3,14 @@ package proc
 import (
 	"errors"
 	"fmt"
+	"iter"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
 	"syscall"
 )
 
@@ -45,12 +51,88 @@ func PortFree(rawURLs ...string) error {
 	return nil
 }
 
-// FreePort returns a loopback TCP port no one listens on now.
+// FreePort returns a TCP port no one listens on now, on any address (see FreePorts).
 func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := FreePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// FreePorts returns n distinct TCP ports no one listens on now, on any address of this host
+// (the wildcard conflicts with a listener on any one address), for processes started soon
+// after to listen on. They come from outside the kernel's ephemeral range, the ports it gives
+// outgoing connections: a port from that range (what listening on port 0 gives) can be taken by
+// any connection the host opens between the pick and the bind. No port is handed out twice by
+// one process. Only if too few ports are free outside that range does the kernel pick the rest.
+func FreePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	given.Lock()
+	defer given.Unlock()
+	ports := make([]int, 0, n)
+	for p := range candidates(ephemeralRange()) {
+		if len(ports) == n {
+			break
+		}
+		if given.ports[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		lns = append(lns, l)
+		ports = append(ports, p)
+	}
+	for len(ports) < n {
+		l, err := net.Listen("tcp", ":0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, p := range ports {
+		given.ports[p] = true
+	}
+	return ports, nil
+}
+
+// given holds the ports FreePorts handed out in this process, never handed out again.
+var given = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// lowestPort is where FreePorts starts: below it are the ports services conventionally use.
+const lowestPort = 10000
+
+// ephemeralRange is the kernel's range of ports for outgoing connections, or Linux's default
+// where it cannot be read.
+func ephemeralRange() (lo, hi int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil && lo <= hi {
+			return lo, hi
+		}
+	}
+	return 32768, 60999
+}
+
+// candidates yields, in a random order, the ports from lowestPort up that are outside lo-hi.
+func candidates(lo, hi int) iter.Seq[int] {
+	var pool []int
+	for p := lowestPort; p <= 65535; p++ {
+		if p < lo || p > hi {
+			pool = append(pool, p)
+		}
+	}
+	rand.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
+	return slices.Values(pool)
 }
