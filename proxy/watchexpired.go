@@ -106,7 +106,7 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 		err = errors.New(w.rv.why())
 	case exp.asked != rv:
 		err = fmt.Errorf("the 410 names resourceVersion %s, not the watch's", exp.asked)
-	case ri.identity && (ri.verified == nil || !ri.verified()):
+	case ri.lapsed():
 		err = errors.New("the client's certificate no longer verifies")
 	default:
 		resp, err = reissuePastExpiry(ri, nb, rv, oldest)

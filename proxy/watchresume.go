@@ -45,6 +45,13 @@ type resumeInfo struct {
 	log         *slog.Logger
 }
 
+// lapsed reports whether the client identity the watch forwards may no longer be sent: its
+// certificate no longer verifies (expired, or the client CA bundle was reloaded without its
+// CA). Then it is ended, not re-issued on its behalf.
+func (ri *resumeInfo) lapsed() bool {
+	return ri.identity && (ri.verified == nil || !ri.verified())
+}
+
 // enableResume lets a resuming switch move this watch; req is the outbound request.
 func (w *watchBody) enableResume(ri *resumeInfo) {
 	q := ri.req.URL.Query()
@@ -108,7 +115,7 @@ func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 // the watch. Called with w.mu held.
 func (w *watchBody) takeOff(nb *backend) {
 	ri := w.resume
-	if w.out || w.ended || ri.identity && (ri.verified == nil || !ri.verified()) {
+	if w.out || w.ended || ri.lapsed() {
 		return
 	}
 	rv, ok := w.rv.from()
@@ -155,7 +162,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 			logger().Info("watch not resumable; ended", "reason", w.rv.why())
 			return false
 		}
-		if ri.identity && (ri.verified == nil || !ri.verified()) {
+		if ri.lapsed() {
 			// A new request to the new backend in the client's name: its certificate must
 			// verify now, as any request's must (takeOff checked it).
 			_ = old.Close()
