@@ -88,22 +88,30 @@ type TransportOptions struct {
 // multiplexed on HTTP/2 than one HTTP/1.1 connection each. Writes have small answers and come in
 // bursts (held writes released at fence off): over HTTP/2 they share one warm connection instead
 // of opening one per concurrent write. writes and watches are HTTP/2 when the backend offers it
-// (kube-apiserver does), separate so that long-lived watches never fill the connection writes
-// use; with HTTP1Only both are h1.
+// (kube-apiserver does), each dialling a new connection only when its open ones are full, one
+// at a time (muxTransport), and separate so that long-lived watches never fill the connection
+// writes use; with HTTP1Only both are h1.
 type pool struct {
-	h1, writes, watches *http.Transport
+	h1              *http.Transport
+	writes, watches roundTripCloser
 	// watchConns is what watches dialled, when it carries nothing else (not HTTP1Only): a
 	// switch away closes them at once (drain).
 	watchConns *connSet
+}
+
+// roundTripCloser is a transport whose idle connections can be closed.
+type roundTripCloser interface {
+	http.RoundTripper
+	CloseIdleConnections()
 }
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
 	p := &pool{h1: newTransport(tlsConfig, topts, false, nil)}
 	p.writes, p.watches = p.h1, p.h1
 	if !topts.HTTP1Only {
-		p.writes = newTransport(tlsConfig, topts, true, nil)
+		p.writes = newMuxTransport(newTransport(tlsConfig, topts, true, nil), p.h1)
 		p.watchConns = newConnSet()
-		p.watches = newTransport(tlsConfig, topts, true, p.watchConns)
+		p.watches = newMuxTransport(newTransport(tlsConfig, topts, true, p.watchConns), newTransport(tlsConfig, topts, false, p.watchConns))
 	}
 	return p
 }
@@ -182,7 +190,7 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 // transportFor picks the connections for a request: identity-forwarding requests must carry
 // the front-proxy certificate, and no other request may; then watches, writes (not upgrades)
 // and everything else each have their transport (see pool).
-func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) *http.Transport {
+func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) http.RoundTripper {
 	p := b.plain
 	if forwardsIdentity {
 		p = b.identity
@@ -211,7 +219,7 @@ func (b *backend) warm(ctx context.Context, n int, watches bool, log *slog.Logge
 		pools = append(pools, b.identity)
 	}
 	var opened atomic.Int64
-	ping := func(p *pool, tr *http.Transport) int {
+	ping := func(p *pool, tr http.RoundTripper) int {
 		proto, err := p.ping(ctx, tr, b.url)
 		if err != nil {
 			log.Debug("warming backend connections", "backend", b.url.String(), "err", err)
@@ -221,7 +229,7 @@ func (b *backend) warm(ctx context.Context, n int, watches bool, log *slog.Logge
 		return proto
 	}
 	for _, p := range pools {
-		if watches && p.watches != p.writes {
+		if watches && p.watchConns != nil {
 			ping(p, p.watches)
 		}
 		if proto := ping(p, p.writes); proto != 1 {
@@ -237,7 +245,7 @@ func (b *backend) warm(ctx context.Context, n int, watches bool, log *slog.Logge
 }
 
 // ping sends GET /livez over tr and returns the HTTP major version it went over (0 on error).
-func (p *pool) ping(ctx context.Context, tr *http.Transport, u *url.URL) (int, error) {
+func (p *pool) ping(ctx context.Context, tr http.RoundTripper, u *url.URL) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String()+"/livez", nil)

@@ -22,10 +22,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // blueEtcdArgs: blue holds up to 200,000 configmaps of 2 KB and their history, and takes any
@@ -108,6 +110,9 @@ type result struct {
 	quiet                     int           // quiet watches open through the proxy during the cutover
 	quietEnded, pastExpiry    int64         // of them, ended; of all, resumed past green's expiry
 	watchMove                 time.Duration // the proxies' drain at the switch (the switch step's detail)
+	// answered: from the unfence step's start until green had answered every watch moved to it
+	// (the proxy's resumesPending 0), without a rollback; 0 when not measured.
+	answered time.Duration
 }
 
 func (r result) line(run int) string {
@@ -119,7 +124,11 @@ func (r result) line(run int) string {
 		rb += "; rollback window " + ms(r.rollback)
 	}
 	if r.watches > 0 {
-		rb += fmt.Sprintf("; %d watches open, moved off blue in %s, %d ended, %d events", r.watches, ms(r.watchMove), r.watchesEnded, r.watchEvents)
+		rb += fmt.Sprintf("; %d watches open, moved off blue in %s", r.watches, ms(r.watchMove))
+		if r.answered > 0 {
+			rb += fmt.Sprintf(", all answered by green %s after the unfence began", ms(r.answered))
+		}
+		rb += fmt.Sprintf(", %d ended, %d events", r.watchesEnded, r.watchEvents)
 	}
 	if r.quiet > 0 {
 		rb += fmt.Sprintf("; %d quiet watches open, %d ended; %d watches green answered 410 went on", r.quiet, r.quietEnded, r.pastExpiry)
@@ -190,6 +199,9 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 		}
 	}
 	rep, rb, err := cutoverAndBack(ctx, bin, green.PlanPath, rollback)
+	if err == nil && !rollback && c.watches+c.quiet > 0 {
+		r.answered, err = awaitAnswered(ctx, px.Admin, rep)
+	}
 	load.stop()
 	ws.stop()
 	if err != nil {
@@ -208,6 +220,29 @@ func measure(ctx context.Context, c config, tmpl *template, rate int) (result, e
 		return r, fmt.Errorf("%d writes, %d changes of the watched configmap and %d lists through the proxy failed: %v", r.writesFailed, ws.failedTicks.Load(), r.failedReads, errors.Join(load.firstError(), ws.firstError()))
 	}
 	return r, nil
+}
+
+// awaitAnswered waits until no watch moved by the cutover waits for green's answer and returns
+// how long after the unfence step began that was: green answers them once writes reopen, and
+// the unfence step waits for that 10 s at most.
+func awaitAnswered(ctx context.Context, px *admin.Client, rep *cutover.Report) (time.Duration, error) {
+	var began time.Time
+	for _, s := range rep.Steps {
+		if s.Step == cutover.StepUnfence {
+			began = s.Started
+		}
+	}
+	if began.IsZero() {
+		return 0, errors.New("the report has no unfence step")
+	}
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		st, err := px.Status(ctx)
+		return err == nil && st.ResumesPending == 0, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("watches moved to green still wait for its answer: %w", err)
+	}
+	return time.Since(began), nil
 }
 
 // watchMoveRE finds the proxies' drain in the switch step's detail; pastExpiryRE, in the
