@@ -290,16 +290,24 @@ func awaitTurn(ctx context.Context, from, nb *backend) bool {
 }
 
 // takeSlot takes one of slots, nb's (the caller gives it back); false when ctx ended or nb began
-// to drain first.
+// to drain first. select picks at random among the cases ready, so a slot free at that moment
+// is given back at once then: a request to a backend the proxy left is a wasted one.
 func takeSlot(ctx context.Context, nb *backend, slots chan struct{}) bool {
 	select {
 	case slots <- struct{}{}:
-		return true
 	case <-nb.leavingCh():
 		return false
 	case <-ctx.Done():
 		return false
 	}
+	select {
+	case <-nb.leavingCh():
+	case <-ctx.Done():
+	default:
+		return true
+	}
+	<-slots
+	return false
 }
 
 // firstEventGuard is a resumed watch's new body: it passes nothing on until the first event is

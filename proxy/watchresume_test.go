@@ -969,3 +969,46 @@ func (g *gatedReader) Read(p []byte) (int, error) {
 }
 
 func (g *gatedReader) Close() error { return nil }
+
+// TestTakeSlotLosesToLeaving: a moved watch never takes a slot to ask a backend the proxy has
+// begun to leave, nor one for a client already gone, even when a slot is free: select picks at
+// random among the cases ready, so it sometimes did (one wasted request to a backend left).
+func TestTakeSlotLosesToLeaving(t *testing.T) {
+	cases := []struct {
+		name    string
+		leaving bool
+		gone    bool
+		want    bool
+	}{
+		{name: "a free slot", want: true},
+		{name: "the backend being left", leaving: true},
+		{name: "the client gone", gone: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nb, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.leaving {
+				close(nb.leaving)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if tc.gone {
+				cancel()
+			}
+			for i := range 200 {
+				if got := takeSlot(ctx, nb, nb.resumeSlots); got != tc.want {
+					t.Fatalf("try %d: takeSlot = %v, want %v", i, got, tc.want)
+				}
+				if tc.want {
+					<-nb.resumeSlots
+				}
+				if n := len(nb.resumeSlots); n != 0 {
+					t.Fatalf("try %d: %d slot(s) left taken", i, n)
+				}
+			}
+		})
+	}
+}
