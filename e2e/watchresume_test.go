@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -56,7 +57,9 @@ func newCountingLW(cs *kubernetes.Clientset, ns string, listWatch bool) *countin
 // proxy in front of blue. Across `backend set GREEN --resume-watches`, `kubectl get -w` keeps
 // running and prints every configmap exactly once, and client-go informers (list-then-watch
 // over protobuf; a sendInitialEvents watch over JSON) see every configmap without listing or
-// watching again.
+// watching again. Green serves HTTP/1.1 only (--disable-http2-serving): the proxy, which asks
+// for HTTP/2, finds that out on its first dial there and sends the moved watches and the writes
+// over HTTP/1.1 (the cutover tests cover a green speaking HTTP/2).
 func TestWatchResume(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd36, "kube-apiserver", framework.Kube136, "kubectl", framework.Kube136)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -73,7 +76,8 @@ func TestWatchResume(t *testing.T) {
 	quiet.check(t, []string{"q0"})
 	const ns = "wr"
 	mustKubectl(t, px.Kubeconfig, "create", "namespace", ns) // a revision past the quiet watch's
-	green, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: blue.etcd.Endpoints(), PKI: pki})
+	green, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: blue.etcd.Endpoints(), PKI: pki,
+		ExtraArgs: []string{"--disable-http2-serving"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,5 +274,11 @@ func TestWatchResume(t *testing.T) {
 			t.Errorf("informer %s saw %d watch errors", i.name, n)
 		}
 		t.Logf("informer %s: %d list(s), %d watch(es), %d configmaps", i.name, lists, watches, len(i.inf.GetStore().ListKeys()))
+	}
+	// The proxy found out on a dial (it ended that handshake, which green counts), rather than
+	// never trying HTTP/2: all of the above then went over HTTP/1.1.
+	metrics := mustKubectl(t, green.Kubeconfig, "get", "--raw", "/metrics")
+	if !regexp.MustCompile(`(?m)^apiserver_tls_handshake_errors_total [1-9]`).MatchString(metrics) {
+		t.Errorf("green counted no TLS handshake error: the proxy never found HTTP/2 not negotiated there")
 	}
 }
