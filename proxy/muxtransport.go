@@ -22,8 +22,8 @@ import (
 // runs: to a backend without TLS (HTTP/2 is negotiated in the TLS handshake), or one that does
 // not negotiate HTTP/2, requests go over h1, a transport of HTTP/1.1 connections. The first
 // dial that finds out that a backend does not negotiate it fails (its handshake ends with a
-// bad_certificate alert, which the backend may log or count; nothing was sent), and the requests that
-// got that error are sent over h1.
+// bad_certificate alert, which the backend may log or count; nothing was sent), and the
+// requests that got that error are sent over h1.
 type muxTransport struct {
 	h2, h1 *http.Transport
 	noH2   atomic.Bool // the backend did not negotiate HTTP/2: every request goes over h1
