@@ -4,10 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
+	"time"
 )
 
 // muxTransport carries a backend's writes, or its watches, over HTTP/2, many to a connection,
@@ -26,8 +27,19 @@ import (
 // requests that got that error are sent over h1.
 type muxTransport struct {
 	h2, h1 *http.Transport
-	noH2   atomic.Bool // the backend did not negotiate HTTP/2: every request goes over h1
+	noH2   atomic.Bool                 // the backend did not negotiate HTTP/2: every request goes over h1
+	failed atomic.Pointer[dialFailure] // h2's last failed dial
 }
+
+type dialFailure struct {
+	at  time.Time
+	err error
+}
+
+// failedDialShare: a dial of h2 started this soon after one failed fails at once with its error.
+// Dialling one at a time, each request queued behind a dial to a backend that does not answer
+// would otherwise wait for the ones before it to time out, one after the other.
+const failedDialShare = time.Second
 
 // errNoHTTP2 fails a dial of muxTransport.h2 to a backend that did not negotiate HTTP/2.
 var errNoHTTP2 = errors.New("the backend did not negotiate HTTP/2")
@@ -36,13 +48,15 @@ var errNoHTTP2 = errors.New("the backend did not negotiate HTTP/2")
 func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 	m := &muxTransport{h2: h2, h1: h1}
 	h2.MaxConnsPerHost = 1
-	dial := h2.DialContext
-	h2.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if m.noH2.Load() {
-			return nil, errNoHTTP2 // the dials queued behind the one that found out
-		}
-		return dial(ctx, network, addr)
-	}
+	// net/http counts the HTTP/2 connection it keeps in its idle list against MaxConnsPerHost,
+	// and drops that entry from the list once it is older than IdleConnTimeout (counted from its
+	// dial, however busy the connection): racing a request that found the connection full, the
+	// entry can leave the list without its count, and no new connection is ever dialled again.
+	// Without the timeout nothing drops it but a request that finds no room (which lowers the
+	// count, and dials) or closing the transport's idle connections (backend.closeIdle, on a
+	// backend the proxy no longer uses).
+	h2.IdleConnTimeout = 0
+	h2.DialContext = m.dialer(h2.DialContext)
 	verify := h2.TLSClientConfig.VerifyConnection
 	h2.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error {
 		if verify != nil {
@@ -59,19 +73,41 @@ func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 	return m
 }
 
+// dialer wraps h2's dial: the dials queued behind the one that found HTTP/2 not negotiated, or
+// behind one that failed just now, fail at once.
+func (m *muxTransport) dialer(dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if m.noH2.Load() {
+			return nil, errNoHTTP2
+		}
+		if f := m.failed.Load(); f != nil && time.Since(f.at) < failedDialShare {
+			return nil, f.err
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			m.failed.Store(&dialFailure{at: time.Now(), err: err})
+		}
+		return c, err
+	}
+}
+
 func (m *muxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "https" || m.noH2.Load() {
 		return m.h1.RoundTrip(req)
 	}
-	resp, err := m.h2.RoundTrip(req)
+	out := req
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		// Not closed by a failed attempt, so that it can still go over h1: nothing of it is
+		// read before the dial succeeded.
+		out = req.Clone(req.Context())
+		out.Body = io.NopCloser(req.Body)
+	}
+	resp, err := m.h2.RoundTrip(out)
 	if !errors.Is(err, errNoHTTP2) {
 		return resp, err
 	}
-	if req.Body != nil && req.Body != http.NoBody {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody != nil {
 		// The failed attempt closed the body; nothing of it was sent.
-		if req.GetBody == nil {
-			return nil, fmt.Errorf("request with a body not sent: %w", err)
-		}
 		body, gerr := req.GetBody()
 		if gerr != nil {
 			return nil, errors.Join(err, gerr)

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -10,8 +14,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestDialOneConnectionAtATime: writes, or watches, sent at once through the proxy to an HTTP/2
@@ -22,7 +28,7 @@ import (
 // HTTP/1.1, sent again there after the dial that found it out (nothing of them was sent on it),
 // a watch on a connection of its own, and none waits for another.
 func TestDialOneConnectionAtATime(t *testing.T) {
-	const n = 60
+	const n = 300
 	type kind struct {
 		name string
 		send func(url string) (*http.Response, error)
@@ -33,7 +39,9 @@ func TestDialOneConnectionAtATime(t *testing.T) {
 	write := kind{"writes", func(url string) (*http.Response, error) {
 		return http.Post(url+"/api/v1/namespaces/default/configmaps", "application/json", strings.NewReader(`{"kind":"ConfigMap"}`))
 	}}
-	http2 := func(s *httptest.Server) { s.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 10} }
+	// Not below the 100 streams Go's client assumes until the server's settings arrive: a
+	// connection overrun refuses streams, and the retries back off for a second.
+	http2 := func(s *httptest.Server) { s.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 100} }
 	http1 := func(s *httptest.Server) { s.EnableHTTP2 = false }
 	cases := []struct {
 		kind      kind
@@ -41,8 +49,8 @@ func TestDialOneConnectionAtATime(t *testing.T) {
 		configure func(*httptest.Server)
 		maxDials  int64
 	}{
-		{watch, "HTTP/2, 10 streams a connection", http2, n / 10},
-		{write, "HTTP/2, 10 streams a connection", http2, n / 10},
+		{watch, "HTTP/2, 100 streams a connection", http2, n / 100},
+		{write, "HTTP/2, 100 streams a connection", http2, n / 100},
 		{watch, "HTTP/1.1 only", http1, n + 1}, // +1: the dial that found HTTP/2 not negotiated
 		{write, "HTTP/1.1 only", http1, n + 1},
 	}
@@ -68,7 +76,7 @@ func TestDialOneConnectionAtATime(t *testing.T) {
 			}
 			waitFor(t, func() bool { return b.arrived.Load() == n })
 			dialed := b.conns.Load()
-			close(b.release)
+			b.releaseAll()
 			for range n {
 				if st := <-statuses; st != http.StatusOK && st != http.StatusCreated {
 					t.Errorf("answered %d, want 200 (a watch) or 201 (a write)", st)
@@ -82,15 +90,18 @@ func TestDialOneConnectionAtATime(t *testing.T) {
 	}
 }
 
-// holdingBackend is a TLS backend that holds every request it gets until release is closed: a
-// watch after its answer's headers, a write (its body checked) before its answer. It counts the
-// requests that arrived and the connections made to it.
+// holdingBackend is a TLS backend that holds every request it gets until releaseAll (or the
+// test's end): a watch after its answer's headers, a write (its body checked) before its
+// answer. It counts the requests that arrived and the connections made to it.
 type holdingBackend struct {
 	*httptest.Server
 	caFile         string
 	arrived, conns atomic.Int64
 	release        chan struct{}
+	once           sync.Once
 }
+
+func (b *holdingBackend) releaseAll() { b.once.Do(func() { close(b.release) }) }
 
 func newHoldingBackend(t *testing.T, configure func(*httptest.Server)) *holdingBackend {
 	b := &holdingBackend{release: make(chan struct{})}
@@ -110,7 +121,10 @@ func newHoldingBackend(t *testing.T, configure func(*httptest.Server)) *holdingB
 			t.Errorf("the backend got body %q, %v", body, err)
 		}
 		b.arrived.Add(1)
-		<-b.release
+		select {
+		case <-b.release:
+		case <-r.Context().Done():
+		}
 		w.WriteHeader(http.StatusCreated)
 	}))
 	srv.EnableHTTP2 = true
@@ -123,10 +137,85 @@ func newHoldingBackend(t *testing.T, configure func(*httptest.Server)) *holdingB
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
+	t.Cleanup(b.releaseAll) // runs first
 	b.Server = srv
 	b.caFile = filepath.Join(t.TempDir(), "ca.crt")
 	if err := os.WriteFile(b.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestMuxTransportSharesAFailedDial: requests queued behind a dial that fails (a backend that does
+// not answer) fail with its error at once, instead of each dialling in turn and waiting for its
+// own dial to time out.
+func TestMuxTransportSharesAFailedDial(t *testing.T) {
+	const n = 5
+	var dials atomic.Int64
+	refused := errors.New("the backend does not answer")
+	h2 := newTransport(&tls.Config{}, TransportOptions{}, true, nil)
+	h2.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		dials.Add(1)
+		time.Sleep(100 * time.Millisecond)
+		return nil, refused
+	}
+	m := newMuxTransport(h2, newTransport(&tls.Config{}, TransportOptions{}, false, nil))
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://127.0.0.1:1/livez", nil)
+			_, err := m.RoundTrip(req)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, refused) {
+			t.Errorf("RoundTrip: %v, want the dial's error", err)
+		}
+	}
+	if d := dials.Load(); d >= n {
+		t.Fatalf("%d dials for %d requests: each dialled in turn", d, n)
+	}
+}
+
+// TestMuxTransportKeepsAnUnreadBody: a write whose body cannot be read again (no GetBody: the
+// proxy streams some writes) still reaches a backend without HTTP/2 whole, over HTTP/1.1, after
+// the dial that found it out.
+func TestMuxTransportKeepsAnUnreadBody(t *testing.T) {
+	b := newHoldingBackend(t, func(s *httptest.Server) { s.EnableHTTP2 = false })
+	b.releaseAll()
+	tlsConfig := &tls.Config{RootCAs: x509.NewCertPool()}
+	tlsConfig.RootCAs.AddCert(b.Certificate())
+	m := newMuxTransport(newTransport(tlsConfig, TransportOptions{}, true, nil), newTransport(tlsConfig, TransportOptions{}, false, nil))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, b.URL+"/api/v1/namespaces/default/configmaps", &onceBody{r: strings.NewReader(`{"kind":"ConfigMap"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.GetBody = nil
+	resp, err := m.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || !m.noH2.Load() {
+		t.Fatalf("answered %s (HTTP/2 found not negotiated: %v), want 201 over HTTP/1.1", resp.Status, m.noH2.Load())
+	}
+}
+
+// onceBody is a request body that cannot be read once closed, as a client's connection.
+type onceBody struct {
+	r      io.Reader
+	closed atomic.Bool
+}
+
+func (b *onceBody) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, errors.New("read after close")
+	}
+	return b.r.Read(p)
+}
+
+func (b *onceBody) Close() error {
+	b.closed.Store(true)
+	return nil
 }

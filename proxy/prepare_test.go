@@ -56,8 +56,8 @@ func newTLSWatchAPI(t *testing.T, name string, fr framing, configure ...func(*ht
 // TestPreparedSwitchDialsNothing: watches moved by a switch to a backend prepared before the
 // fence go over the connection the prepare opened: the switch dials nothing and no TLS handshake
 // happens inside the window. Unprepared, the same switch dials one connection, which every watch
-// shares (it used to dial one per watch that found none open, all but one closed again), and
-// one for the held writes (the switch opens it while fenced in hold mode).
+// shares (it used to dial one per watch that found none open, all but one closed again), besides
+// the one the switch checks the backend's certificate on.
 func TestPreparedSwitchDialsNothing(t *testing.T) {
 	const watches = 20
 	for _, prepare := range []bool{false, true} {
@@ -96,7 +96,7 @@ func TestPreparedSwitchDialsNothing(t *testing.T) {
 			case prepare && dialed != 0:
 				t.Fatalf("the switch to a prepared backend dialed %d connection(s), want none", dialed)
 			case !prepare && dialed != 2:
-				t.Fatalf("the switch to an unprepared backend dialed %d connection(s), want one for all %d watches and one for the writes", dialed, watches)
+				t.Fatalf("the switch to an unprepared backend dialed %d connection(s), want one for all %d watches and the switch's check", dialed, watches)
 			}
 		})
 	}

@@ -111,7 +111,12 @@ var given = struct {
 }{ports: map[int]bool{}}
 
 // lowestPort is where FreePorts starts: below it are the ports services conventionally use.
-const lowestPort = 10000
+// Kubernetes' default NodePort range is left out too: on a node whose kube-proxy redirects its
+// NodePorts on every address, a connection to one reaches a Service, which no listen check sees.
+const (
+	lowestPort                  = 10000
+	nodePortFirst, nodePortLast = 30000, 32767
+)
 
 // ephemeralRange is the kernel's range of ports for outgoing connections, or Linux's default
 // where it cannot be read.
@@ -125,11 +130,12 @@ func ephemeralRange() (lo, hi int) {
 	return 32768, 60999
 }
 
-// candidates yields, in a random order, the ports from lowestPort up that are outside lo-hi.
+// candidates yields, in a random order, the ports from lowestPort up that are outside lo-hi
+// and outside the NodePort range.
 func candidates(lo, hi int) iter.Seq[int] {
 	var pool []int
 	for p := lowestPort; p <= 65535; p++ {
-		if p < lo || p > hi {
+		if (p < lo || p > hi) && (p < nodePortFirst || p > nodePortLast) {
 			pool = append(pool, p)
 		}
 	}
