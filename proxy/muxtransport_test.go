@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -218,4 +219,66 @@ func (b *onceBody) Read(p []byte) (int, error) {
 func (b *onceBody) Close() error {
 	b.closed.Store(true)
 	return nil
+}
+
+// TestMuxTransportUnderChurn: more requests at once than a connection takes, held for a while,
+// with the backend closing its connections under them every 50–150 ms: every request ends (an
+// error when its connection was closed), none waits for a dial that never comes. net/http's
+// MaxConnsPerHost bookkeeping for HTTP/2 has hung before (golang/go#34941); this guards the
+// Go version in use against a gross hang. It does not catch the narrow race newMuxTransport
+// avoids by keeping no idle timeout (with a 5 ms one it passed 5 runs of 5).
+func TestMuxTransportUnderChurn(t *testing.T) {
+	const workers, each = 150, 20
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 100}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	tlsConfig := &tls.Config{RootCAs: x509.NewCertPool()}
+	tlsConfig.RootCAs.AddCert(srv.Certificate())
+	m := newMuxTransport(newTransport(tlsConfig, TransportOptions{}, true, nil), newTransport(tlsConfig, TransportOptions{}, false, nil))
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	churn.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(50+rand.IntN(100)) * time.Millisecond):
+				srv.CloseClientConnections()
+			}
+		}
+	})
+	var ok, failed, hung atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/livez", nil)
+				resp, err := m.RoundTrip(req)
+				switch {
+				case err == nil:
+					resp.Body.Close()
+					ok.Add(1)
+				case ctx.Err() != nil:
+					hung.Add(1)
+				default:
+					failed.Add(1)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	churn.Wait()
+	t.Logf("%d answered, %d failed with their connection, %d hung", ok.Load(), failed.Load(), hung.Load())
+	if hung.Load() > 0 || ok.Load() == 0 {
+		t.Fatalf("%d requests waited 10 s for a connection, %d answered", hung.Load(), ok.Load())
+	}
 }
