@@ -226,7 +226,7 @@ func (b *onceBody) Close() error {
 // error when its connection was closed), none waits for a dial that never comes. net/http's
 // MaxConnsPerHost bookkeeping for HTTP/2 has hung before (golang/go#34941); this guards the
 // Go version in use against a gross hang. It does not catch the narrow race newMuxTransport
-// avoids by keeping no idle timeout (with a 5 ms one it passed 5 runs of 5).
+// avoids by keeping no idle timeout (run with a 5 ms one, it passed five times in a row).
 func TestMuxTransportUnderChurn(t *testing.T) {
 	const workers, each = 150, 20
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
