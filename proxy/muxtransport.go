@@ -84,7 +84,7 @@ func (m *muxTransport) dialer(dial dialFunc) dialFunc {
 			return nil, f.err
 		}
 		c, err := dial(ctx, network, addr)
-		if err != nil {
+		if err != nil && ctx.Err() == nil { // not a dial net/http called off (CloseIdleConnections)
 			m.failed.Store(&dialFailure{at: time.Now(), err: err})
 		}
 		return c, err
@@ -97,10 +97,8 @@ func (m *muxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	out := req
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
-		// Not closed by a failed attempt, so that it can still go over h1: nothing of it is
-		// read before the dial succeeded.
 		out = req.Clone(req.Context())
-		out.Body = io.NopCloser(req.Body)
+		out.Body = &heldBody{ReadCloser: req.Body}
 	}
 	resp, err := m.h2.RoundTrip(out)
 	if !errors.Is(err, errNoHTTP2) {
@@ -116,6 +114,27 @@ func (m *muxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Body = body
 	}
 	return m.h1.RoundTrip(req)
+}
+
+// heldBody is a request body that only a read makes closable: an HTTP/2 attempt that fails at
+// its dial closes the body it was given without reading it, and the body must still go over
+// HTTP/1.1 whole. Once read from, closing it closes the body, which is what unblocks an attempt
+// waiting on a client that stalls in the middle of its body.
+type heldBody struct {
+	io.ReadCloser
+	read atomic.Bool
+}
+
+func (b *heldBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
+	return b.ReadCloser.Read(p)
+}
+
+func (b *heldBody) Close() error {
+	if !b.read.Load() {
+		return nil
+	}
+	return b.ReadCloser.Close()
 }
 
 func (m *muxTransport) CloseIdleConnections() {

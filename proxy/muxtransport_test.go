@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -75,7 +76,7 @@ func TestDialOneConnectionAtATime(t *testing.T) {
 					resp.Body.Close()
 				}()
 			}
-			waitFor(t, func() bool { return b.arrived.Load() == n })
+			waitForT(t, 30*time.Second, "every request at the backend", func() bool { return b.arrived.Load() == n })
 			dialed := b.conns.Load()
 			b.releaseAll()
 			for range n {
@@ -223,7 +224,8 @@ func (b *onceBody) Close() error {
 
 // TestMuxTransportUnderChurn: more requests at once than a connection takes, held for a while,
 // with the backend closing its connections under them every 50–150 ms: every request ends (an
-// error when its connection was closed), none waits for a dial that never comes. net/http's
+// error when its connection was closed) within 30 s, none waits for a dial that never comes
+// (a smoke test: HTTP/2's own retries back off up to 4 s). net/http's
 // MaxConnsPerHost bookkeeping for HTTP/2 has hung before (golang/go#34941); this guards the
 // Go version in use against a gross hang. It does not catch the narrow race newMuxTransport
 // avoids by keeping no idle timeout (run with a 5 ms one, it passed five times in a row).
@@ -258,7 +260,7 @@ func TestMuxTransportUnderChurn(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for range each {
-				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/livez", nil)
 				resp, err := m.RoundTrip(req)
 				switch {
@@ -279,6 +281,62 @@ func TestMuxTransportUnderChurn(t *testing.T) {
 	churn.Wait()
 	t.Logf("%d answered, %d failed with their connection, %d hung", ok.Load(), failed.Load(), hung.Load())
 	if hung.Load() > 0 || ok.Load() == 0 {
-		t.Fatalf("%d requests waited 10 s for a connection, %d answered", hung.Load(), ok.Load())
+		t.Fatalf("%d requests waited 30 s for a connection, %d answered", hung.Load(), ok.Load())
+	}
+}
+
+// TestMuxTransportDialer: what a failed dial does to the dials after it.
+func TestMuxTransportDialer(t *testing.T) {
+	refused := errors.New("refused")
+	cases := []struct {
+		name       string
+		cancelled  bool // the first dial's context was called off (CloseIdleConnections)
+		wantShared bool // the second dial fails at once with the first's error
+	}{
+		{name: "a failed dial is shared for a second", wantShared: true},
+		{name: "a dial called off is not", cancelled: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var dials atomic.Int64
+			m := &muxTransport{}
+			dial := m.dialer(func(ctx context.Context, _, _ string) (net.Conn, error) {
+				dials.Add(1)
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				return nil, refused
+			})
+			ctx, cancel := context.WithCancel(t.Context())
+			if tc.cancelled {
+				cancel()
+			}
+			if _, err := dial(ctx, "tcp", "127.0.0.1:1"); err == nil {
+				t.Fatal("the first dial succeeded")
+			}
+			cancel()
+			_, err := dial(t.Context(), "tcp", "127.0.0.1:1")
+			if shared := dials.Load() == 1; shared != tc.wantShared || !errors.Is(err, refused) {
+				t.Fatalf("second dial: %v after %d dial(s), want shared %v and the refusal", err, dials.Load(), tc.wantShared)
+			}
+		})
+	}
+}
+
+// TestHeldBody: a body an HTTP/2 attempt closes unread stays open for HTTP/1.1; one it read from
+// closes (which unblocks an attempt waiting on a stalled client).
+func TestHeldBody(t *testing.T) {
+	for _, read := range []bool{false, true} {
+		t.Run(fmt.Sprintf("read=%v", read), func(t *testing.T) {
+			inner := &onceBody{r: strings.NewReader("x")}
+			b := &heldBody{ReadCloser: inner}
+			if read {
+				_, _ = b.Read(make([]byte, 1))
+			}
+			_ = b.Close()
+			if inner.closed.Load() != read {
+				t.Fatalf("body closed: %v, want %v", inner.closed.Load(), read)
+			}
+		})
 	}
 }
