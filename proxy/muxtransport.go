@@ -17,7 +17,7 @@ import (
 // not those open). Without that bound, every request that found no connection with room
 // dialled its own and, once the first was up, closed it again after its TLS handshake: 5,000
 // watches moved by a switch made ~780 handshakes with the new apiserver, when it has most to
-// do, for ~20 connections kept.
+// do, for the 50 connections kept (kube-apiserver takes 100 streams a connection by default).
 //
 // Over HTTP/1.1 the bound would make requests wait for one another, a watch for as long as it
 // runs: to a backend without TLS (HTTP/2 is negotiated in the TLS handshake), or one that does

@@ -26,7 +26,7 @@ import (
 // backend share its connections, and each new connection is dialled once, when the open ones
 // are full: they used to dial one connection apiece whenever none had room, and close all but
 // one after its TLS handshake (a switch moving 5,000 watches made ~780 handshakes with green's
-// apiserver for ~20 connections kept). To a backend that does not speak HTTP/2 they go over
+// apiserver for the 50 connections kept). To a backend that does not speak HTTP/2 they go over
 // HTTP/1.1, sent again there after the dial that found it out (nothing of them was sent on it),
 // a watch on a connection of its own, and none waits for another.
 func TestDialOneConnectionAtATime(t *testing.T) {
