@@ -95,8 +95,8 @@ func (m *muxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "https" || m.noH2.Load() {
 		return m.h1.RoundTrip(req)
 	}
-	out := req
-	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+	out, hasBody := req, req.Body != nil && req.Body != http.NoBody
+	if hasBody && req.GetBody == nil {
 		out = req.Clone(req.Context())
 		out.Body = &heldBody{ReadCloser: req.Body}
 	}
@@ -104,7 +104,7 @@ func (m *muxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !errors.Is(err, errNoHTTP2) {
 		return resp, err
 	}
-	if req.Body != nil && req.Body != http.NoBody && req.GetBody != nil {
+	if hasBody && req.GetBody != nil {
 		// The failed attempt closed the body; nothing of it was sent.
 		body, gerr := req.GetBody()
 		if gerr != nil {

@@ -3,8 +3,6 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,22 +125,9 @@ func newHoldingBackend(t *testing.T, configure func(*httptest.Server)) *holdingB
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	srv.EnableHTTP2 = true
-	configure(srv)
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshake the proxy fails
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			b.conns.Add(1)
-		}
-	}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	t.Cleanup(b.releaseAll) // runs first
+	b.caFile = startCountingTLS(t, srv, &b.conns, configure)
+	t.Cleanup(b.releaseAll) // runs before the server closes, which waits for the handlers
 	b.Server = srv
-	b.caFile = filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(b.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	return b
 }
 
@@ -186,8 +169,7 @@ func TestMuxTransportSharesAFailedDial(t *testing.T) {
 func TestMuxTransportKeepsAnUnreadBody(t *testing.T) {
 	b := newHoldingBackend(t, func(s *httptest.Server) { s.EnableHTTP2 = false })
 	b.releaseAll()
-	tlsConfig := &tls.Config{RootCAs: x509.NewCertPool()}
-	tlsConfig.RootCAs.AddCert(b.Certificate())
+	tlsConfig := b.Client().Transport.(*http.Transport).TLSClientConfig // trusts b
 	m := newMuxTransport(newTransport(tlsConfig, TransportOptions{}, true, nil), newTransport(tlsConfig, TransportOptions{}, false, nil))
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, b.URL+"/api/v1/namespaces/default/configmaps", &onceBody{r: strings.NewReader(`{"kind":"ConfigMap"}`)})
 	if err != nil {
@@ -240,8 +222,7 @@ func TestMuxTransportUnderChurn(t *testing.T) {
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	tlsConfig := &tls.Config{RootCAs: x509.NewCertPool()}
-	tlsConfig.RootCAs.AddCert(srv.Certificate())
+	tlsConfig := srv.Client().Transport.(*http.Transport).TLSClientConfig // trusts srv
 	m := newMuxTransport(newTransport(tlsConfig, TransportOptions{}, true, nil), newTransport(tlsConfig, TransportOptions{}, false, nil))
 	stop := make(chan struct{})
 	var churn sync.WaitGroup

@@ -31,26 +31,33 @@ type tlsWatchAPI struct {
 
 func newTLSWatchAPI(t *testing.T, name string, fr framing, configure ...func(*httptest.Server)) *tlsWatchAPI {
 	a := &tlsWatchAPI{watchAPI: &watchAPI{fr: fr}}
-	srv := httptest.NewUnstartedServer(a.handler(name))
+	a.Server = httptest.NewUnstartedServer(a.handler(name))
+	a.caFile = startCountingTLS(t, a.Server, &a.conns, configure...)
+	return a
+}
+
+// startCountingTLS starts srv over TLS with HTTP/2, as kube-apiserver serves (configure may
+// change that first), counts the connections made to it in conns, and returns the path of a
+// file holding its CA certificate. It is closed at the test's end.
+func startCountingTLS(t *testing.T, srv *httptest.Server, conns *atomic.Int64, configure ...func(*httptest.Server)) string {
 	srv.EnableHTTP2 = true
 	for _, c := range configure {
 		c(srv)
 	}
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut by the test's end
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut by the test's end, or failed by the proxy
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
-			a.conns.Add(1)
+			conns.Add(1)
 		}
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	a.Server = srv
-	a.caFile = filepath.Join(t.TempDir(), name+"-ca.crt")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	if err := os.WriteFile(a.caFile, ca, 0o600); err != nil {
+	if err := os.WriteFile(caFile, ca, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return a
+	return caFile
 }
 
 // TestPreparedSwitchDialsNothing: watches moved by a switch to a backend prepared before the

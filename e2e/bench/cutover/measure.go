@@ -235,12 +235,14 @@ func awaitAnswered(ctx context.Context, px *admin.Client, rep *cutover.Report) (
 	if began.IsZero() {
 		return 0, errors.New("the report has no unfence step")
 	}
+	var last error // of the proxy's status, kept for the message
 	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		st, err := px.Status(ctx)
+		last = err
 		return err == nil && st.ResumesPending == 0, nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("watches moved to green still wait for its answer: %w", err)
+		return 0, fmt.Errorf("watches moved to green still wait for its answer: %w (the proxy's status: %v)", err, last)
 	}
 	return time.Since(began), nil
 }
