@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -56,7 +57,9 @@ func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 	// count, and dials) or closing the transport's idle connections (backend.closeIdle, on a
 	// backend the proxy no longer uses).
 	h2.IdleConnTimeout = 0
-	h2.DialContext = m.dialer(h2.DialContext)
+	// The handshake is part of the dial here, so that a backend that takes connections but
+	// never finishes a handshake fails the dials queued behind it at once too.
+	h2.DialTLSContext = m.dialer(m.handshaker(h2.DialContext))
 	verify := h2.TLSClientConfig.VerifyConnection
 	h2.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error {
 		if verify != nil {
@@ -73,8 +76,34 @@ func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 	return m
 }
 
-// dialer wraps h2's dial: the dials queued behind the one that found HTTP/2 not negotiated, or
-// behind one that failed just now, fail at once.
+// handshaker dials with dial and makes the TLS handshake with h2's configuration (which
+// net/http gives HTTP/2's protocol names on first use), within h2's TLSHandshakeTimeout.
+func (m *muxTransport) handshaker(dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := m.h2.TLSClientConfig.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		if t := m.h2.TLSHandshakeTimeout; t > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, t)
+			defer cancel()
+		}
+		c := tls.Client(raw, cfg)
+		if err := c.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		return c, nil
+	}
+}
+
+// dialer wraps h2's dial (with its handshake): the dials queued behind the one that found
+// HTTP/2 not negotiated, or behind one that failed just now, fail at once.
 func (m *muxTransport) dialer(dial dialFunc) dialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if m.noH2.Load() {

@@ -163,6 +163,61 @@ func TestMuxTransportSharesAFailedDial(t *testing.T) {
 	}
 }
 
+// TestMuxTransportSharesAFailedHandshake: a backend that takes connections but never finishes
+// a TLS handshake (an apiserver too busy to answer) fails the requests queued behind the one
+// dial once, at the handshake timeout, instead of each in its turn, one timeout after another.
+func TestMuxTransportSharesAFailedHandshake(t *testing.T) {
+	const n = 5
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			held = append(held, c) // never read, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	h2 := newTransport(&tls.Config{}, TransportOptions{}, true, nil)
+	h2.TLSHandshakeTimeout = 200 * time.Millisecond
+	m := newMuxTransport(h2, newTransport(&tls.Config{}, TransportOptions{}, false, nil))
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+ln.Addr().String()+"/livez", nil)
+			_, err := m.RoundTrip(req)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err == nil || !strings.Contains(err.Error(), "handshake") {
+			t.Errorf("RoundTrip: %v, want the handshake's failure", err)
+		}
+	}
+	if a := accepted.Load(); a >= n {
+		t.Fatalf("%d handshakes started for %d requests: each waited for the one before it to time out", a, n)
+	}
+}
+
 // TestMuxTransportKeepsAnUnreadBody: a write whose body cannot be read again (no GetBody: the
 // proxy streams some writes) still reaches a backend without HTTP/2 whole, over HTTP/1.1, after
 // the dial that found it out.
