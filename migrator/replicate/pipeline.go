@@ -185,7 +185,7 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	t := p.flight[i]
 	var cmps []clientv3.Cmp
 	if i > 0 {
-		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1))
+		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1, changedIn(p.flight[:i-1])))
 	}
 	cmps = append(cmps, notAppliedGuard(t.evs, t.rev)...)
 	t.done, t.resp, t.err = make(chan struct{}), nil, nil
@@ -201,12 +201,13 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 
 // telling is the first event of evs (one revision) whose key shows on green whether the
 // revision is applied: a key it puts and keeps, failing that a key it deletes that existed
-// before it; nil when it only creates keys and deletes them again (a put and a later delete in
-// one txn), which leaves no key that tells. exactly: the key must also tell "not applied yet"
+// before it and that no revision before it still in flight changes (unsure, nil for none: such
+// a revision may not be applied yet, and may create the key, which is then gone before the
+// delete too); nil when no key tells (a put and a later delete in one txn leave none). exactly: the key must also tell "not applied yet"
 // from "applied, and changed by a later revision" (notAppliedGuard): a put that creates its
 // key cannot (deleted later, its mod revision is 0 again), so an update, or a delete of a key
 // that existed, comes first, and a create only if there is neither.
-func telling(evs []*clientv3.Event, exactly bool) *clientv3.Event {
+func telling(evs []*clientv3.Event, exactly bool, unsure func(key string) bool) *clientv3.Event {
 	last := make(map[string]mvccpb.Event_EventType, len(evs))
 	created := make(map[string]bool)
 	for _, ev := range evs {
@@ -218,7 +219,10 @@ func telling(evs []*clientv3.Event, exactly bool) *clientv3.Event {
 	kept := func(ev *clientv3.Event) bool { return ev.Type == mvccpb.PUT && last[string(ev.Kv.Key)] == mvccpb.PUT }
 	for _, pick := range []func(*clientv3.Event) bool{
 		func(ev *clientv3.Event) bool { return kept(ev) && (!exactly || !created[string(ev.Kv.Key)]) },
-		func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE && !created[string(ev.Kv.Key)] },
+		func(ev *clientv3.Event) bool {
+			k := string(ev.Kv.Key)
+			return ev.Type == mvccpb.DELETE && !created[k] && (unsure == nil || !unsure(k))
+		},
 		kept,
 	} {
 		for _, ev := range evs {
@@ -231,11 +235,12 @@ func telling(evs []*clientv3.Event, exactly bool) *clientv3.Event {
 }
 
 // appliedGuard holds once revision rev (whose events are evs) is applied on green: its telling
-// key has mod revision rev (a put) or is gone (a delete). With no telling key the guard is one
-// that never holds (the mod revision rev of a key gone after rev), and a txn sent behind it is
-// sent again once it is applied.
-func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
-	ev := telling(evs, false)
+// key has mod revision rev (a put) or is gone (a delete of a key unsure does not name: one the
+// revisions before rev still in flight change). With no telling key the guard is one that
+// never holds (the mod revision rev of a key gone after rev), and a txn sent behind it is sent
+// again once it is applied.
+func appliedGuard(evs []*clientv3.Event, rev int64, unsure func(key string) bool) clientv3.Cmp {
+	ev := telling(evs, false, unsure)
 	switch {
 	case ev == nil:
 		return clientv3.Compare(clientv3.ModRevision(string(evs[0].Kv.Key)), "=", rev)
@@ -243,6 +248,22 @@ func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
 		return clientv3.Compare(clientv3.ModRevision(string(ev.Kv.Key)), "=", rev)
 	}
 	return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), "=", 0)
+}
+
+// changedIn says whether txns change a key (the set is made on the first question).
+func changedIn(txns []*sentTxn) func(key string) bool {
+	var keys map[string]bool
+	return func(key string) bool {
+		if keys == nil {
+			keys = make(map[string]bool)
+			for _, t := range txns {
+				for _, ev := range t.evs {
+					keys[string(ev.Kv.Key)] = true
+				}
+			}
+		}
+		return keys[key]
+	}
 }
 
 // notAppliedGuard holds while revision rev (whose events are evs) is not applied on green: its
@@ -253,7 +274,7 @@ func appliedGuard(evs []*clientv3.Event, rev int64) clientv3.Cmp {
 // tell "not yet created" from "deleted since" by the key alone; the check of green's revision
 // after every txn stops replication if that happens.
 func notAppliedGuard(evs []*clientv3.Event, rev int64) []clientv3.Cmp {
-	ev := telling(evs, true)
+	ev := telling(evs, true, nil)
 	if ev == nil {
 		ev = evs[0] // no key tells: the check of green's revision after the txn is the guard
 	}

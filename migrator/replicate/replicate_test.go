@@ -675,7 +675,7 @@ func TestGuards(t *testing.T) {
 				ops = append(ops, clientv3.OpDelete(string(e.Kv.Key)))
 			}
 		}
-		resp, err := green.cli.Txn(ctx).If(append(notAppliedGuard(evs[rev], rev), appliedGuard(evs[rev-1], rev-1))...).Then(ops...).Commit()
+		resp, err := green.cli.Txn(ctx).If(append(notAppliedGuard(evs[rev], rev), appliedGuard(evs[rev-1], rev-1, nil))...).Then(ops...).Commit()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -724,42 +724,62 @@ func revisionEvents(t *testing.T, blue *member, from int64, n int) map[int64][]*
 // TestOutOfOrderSentAgain: txns green proposed before their predecessor (their guards failed)
 // are sent again at once, without a resync, and every revision still lands exactly.
 func TestOutOfOrderSentAgain(t *testing.T) {
-	ctx := t.Context()
-	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
-	put(t, blue, "/a", "0")
-	green, s := greenFrom(t, blue, etcdOpts{})
-	for i := range 3 { // s+1 .. s+3
-		put(t, blue, fmt.Sprintf("/k%d", i), "v")
+	cases := []struct {
+		name   string
+		writes func(t *testing.T, blue *member) // three revisions
+	}{
+		{name: "three new keys", writes: func(t *testing.T, blue *member) {
+			for i := range 3 {
+				put(t, blue, fmt.Sprintf("/k%d", i), "v")
+			}
+		}},
+		// s+3's guard "s+2 is applied" is "/k is gone", which also holds before s+1 created it.
+		{name: "a key created, deleted, then another put", writes: func(t *testing.T, blue *member) {
+			put(t, blue, "/k", "v")
+			if _, err := blue.cli.Delete(t.Context(), "/k"); err != nil {
+				t.Fatal(err)
+			}
+			put(t, blue, "/x", "v")
+		}},
 	}
-	evs := revisionEvents(t, blue, s+1, 3)
-	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pipeline{r: r}
-	for rev := s + 1; rev <= s+3; rev++ {
-		ops, err := r.ops(ctx, rev, evs[rev])
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
-	}
-	// Proposed newest first: s+3 and s+2 find their predecessor missing, s+1 applies.
-	for i := 2; i >= 0; i-- {
-		p.attempt(ctx, i)
-		<-p.flight[i].done
-	}
-	if err := p.flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := revision(t, green); got != s+3 {
-		t.Fatalf("green at %d, want %d", got, s+3)
-	}
-	if a, b := all(t, blue, s+3), all(t, green, s+3); a != b {
-		t.Fatal("blue and green differ")
-	}
-	if pr := r.Progress(); pr.Applied != s+3 || pr.Resyncs != 0 || pr.Resent < 2 {
-		t.Errorf("progress %+v: want revision %d applied, 0 resyncs, at least 2 txns sent again", pr, s+3)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+			put(t, blue, "/a", "0")
+			green, s := greenFrom(t, blue, etcdOpts{})
+			tc.writes(t, blue) // s+1 .. s+3
+			evs := revisionEvents(t, blue, s+1, 3)
+			r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &pipeline{r: r}
+			for rev := s + 1; rev <= s+3; rev++ {
+				ops, err := r.ops(ctx, rev, evs[rev])
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
+			}
+			// Proposed newest first: s+3 and s+2 find their predecessor missing, s+1 applies.
+			for i := 2; i >= 0; i-- {
+				p.attempt(ctx, i)
+				<-p.flight[i].done
+			}
+			if err := p.flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := revision(t, green); got != s+3 {
+				t.Fatalf("green at %d, want %d", got, s+3)
+			}
+			if a, b := all(t, blue, s+3), all(t, green, s+3); a != b {
+				t.Fatal("blue and green differ")
+			}
+			if pr := r.Progress(); pr.Applied != s+3 || pr.Resyncs != 0 || pr.Resent < 2 {
+				t.Errorf("progress %+v: want revision %d applied, 0 resyncs, at least 2 txns sent again", pr, s+3)
+			}
+		})
 	}
 }
 
