@@ -35,6 +35,10 @@ type backend struct {
 	mu       sync.Mutex
 	draining bool
 	streams  map[*stream]struct{}
+	// writes counts the writes the fence's policy let through to b that it has not answered
+	// yet (trackWrite); writesDone, when not nil, is closed when it falls to 0.
+	writes     int
+	writesDone chan struct{}
 	// waiting are the streams a drain waits to leave (awaitLeft); waitDone is closed when the
 	// last of them has.
 	waiting  map[*stream]struct{}
@@ -299,6 +303,58 @@ func (b *backend) untrack(s *stream) {
 	b.remove(s)
 }
 
+// trackWrite counts a write the fence's policy let through on the active backend, and returns
+// that backend; one a switch is leaving counts no more (the write goes to the new one).
+func trackWrite(active *atomic.Pointer[backend]) *backend {
+	for {
+		b := active.Load()
+		b.mu.Lock()
+		ok := !b.draining
+		if ok {
+			b.writes++
+		}
+		b.mu.Unlock()
+		if ok {
+			return b
+		}
+	}
+}
+
+// untrackWrite ends what trackWrite counted, once the backend answered the write or the
+// request ended.
+func (b *backend) untrackWrite() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.writes--; b.writes == 0 && b.writesDone != nil {
+		close(b.writesDone)
+		b.writesDone = nil
+	}
+}
+
+// awaitWrites waits until b answered the writes trackWrite counted (a drain has begun: no new
+// one counts), or ctx ends; it returns how many it waited for, and how many were left.
+func (b *backend) awaitWrites(ctx context.Context) (awaited, left int) {
+	b.mu.Lock()
+	awaited = b.writes
+	if awaited == 0 {
+		b.mu.Unlock()
+		return 0, 0
+	}
+	if b.writesDone == nil {
+		b.writesDone = make(chan struct{})
+	}
+	done := b.writesDone
+	b.mu.Unlock()
+	select {
+	case <-done:
+		return awaited, 0
+	case <-ctx.Done():
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return awaited, b.writes
+	}
+}
+
 // handOff takes off b a watch that leaves it for the next backend (which may not have answered
 // the re-issued watch yet: the switch does not wait for that), and says whether it was on b.
 func (b *backend) handOff(s *stream) bool {
@@ -340,6 +396,11 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	defer cancel()
 	all, drained := b.beginDrain(lifted)
 	defer close(drained)
+	// A write the policy let through and b not yet answered could be acknowledged by b after
+	// the switch; what the caller does next (a cutover reads blue's last revision) must come
+	// after it.
+	var res admin.Drain
+	res.Writes, res.UnansweredWrites = b.awaitWrites(ctx)
 	park := resumeOn != nil && b.plain.watchConns != nil
 	var parked, others []*stream
 	for _, s := range all {
@@ -349,7 +410,7 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 			others = append(others, s)
 		}
 	}
-	res := admin.Drain{Streams: len(all)}
+	res.Streams = len(all)
 	last := all
 	if len(parked) > 0 {
 		res.Forced += b.awaitLeft(ctx, others) // those it cut are not waited for again

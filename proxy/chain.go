@@ -36,6 +36,10 @@ type reqState struct {
 	// answeredBy ends the write's registration as in flight once the backend answered
 	// (committed) it: a client slow to read the answer must not hold the barrier or the switch.
 	answeredBy func()
+	// letThrough marks a write the fence's policy let through while fenced (leader election,
+	// heartbeats): no barrier waits for it, so its backend counts it until it is answered, and
+	// a switch away from that backend waits for it (backend.trackWrite).
+	letThrough bool
 	// answered says why the proxy answered the request itself (decision* below); "" is
 	// forwarded.
 	answered string

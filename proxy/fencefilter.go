@@ -62,7 +62,9 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		if fence != fenceIsOpen {
 			switch d := pol.Decide(a); {
 			case d.Allow:
-				next.ServeHTTP(w, r)
+				// As an admitted write, it is waited for on the backend whatever the client does.
+				st.letThrough = true
+				next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 			case fence == fenceHolding:
 				hd.hold(w, r, st, next, g, rf, int64(len(body)))
 			default:

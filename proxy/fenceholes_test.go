@@ -642,6 +642,87 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 	}
 }
 
+// TestSwitchWaitsForWritesThePolicyLetThrough: a write a policy rule lets through while fenced
+// (leader election, node heartbeats) is not one the barrier waits for; one in flight at the old
+// backend when the switch comes must be answered before the switch returns, so that what the
+// cutover does next (read blue's last revision, stop replicating it) comes after it. New ones
+// go to the new backend.
+func TestSwitchWaitsForWritesThePolicyLetThrough(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			arrived <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer blue.Close()
+	free := sync.OnceFunc(func() { close(release) })
+	defer free() // before blue.Close, which waits for the held handler
+	green := newFakeAPI(t, "green")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte(`apiVersion: kubefence.io/v1alpha1
+kind: FencePolicy
+rules:
+- name: leader-election
+  action: allow
+  verbs: [update]
+  apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  namespaces: [kube-system]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, blue.URL, func(o *Options) {
+		o.AllowedBackends = []string{green.URL}
+		o.PolicyFile = pol
+	})
+	fenceOn(t, p, time.Second)
+	lease := p.url + "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler"
+	done := make(chan int, 1)
+	go func() {
+		resp, _, err := doErr("PUT", lease, "Content-Type", "application/json")
+		if err != nil {
+			done <- 0
+			return
+		}
+		done <- resp.StatusCode
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease update did not reach blue in 10 s")
+	}
+	switched := make(chan error, 1)
+	go func() {
+		_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL})
+		switched <- err
+	}()
+	select {
+	case err := <-switched:
+		t.Fatalf("the switch returned (%v) while blue had not answered a write it let through", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Meanwhile a new one goes to green.
+	resp, _, err := doErr("PUT", lease, "Content-Type", "application/json")
+	if err != nil || resp.StatusCode != http.StatusOK || len(green.requests()) != 1 {
+		t.Fatalf("a lease update during the switch: %v, green saw %q; want 200 from green", err, green.requests())
+	}
+	free()
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the write at blue got %d, want 200", code)
+	}
+	select {
+	case err := <-switched:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the switch did not return within 10 s of blue's answer")
+	}
+}
+
 // TestFenceAnswerIsItsOwn: fence on answers after its barrier. If another operator turned the
 // fence off and on again meanwhile (a write admitted in between), the answer must not report
 // that other fence's generation as this one's barrier's: the fence it waited for is gone.

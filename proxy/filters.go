@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -136,7 +137,13 @@ func withBackend(next http.Handler, active *atomic.Pointer[backend]) http.Handle
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
 		if st.attrs.Verb != "watch" && !st.attrs.Upgrade {
-			st.backend = active.Load()
+			if st.letThrough {
+				st.backend = trackWrite(active)
+				st.answeredBy = sync.OnceFunc(st.backend.untrackWrite)
+				defer st.answeredBy()
+			} else {
+				st.backend = active.Load()
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

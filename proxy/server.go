@@ -292,7 +292,8 @@ func (s *Server) SetBackend(ctx context.Context, req admin.BackendRequest) (admi
 	drain := old.drain(s.cfg.opts.DrainTimeout, resumeOn, s.gate.openCh())
 	s.metrics.drainForced.Add(float64(drain.Forced))
 	s.log.Info("backend switched", "from", old.url.String(), "to", nb.url.String(), "resumeWatches", req.ResumeWatches, "prepared", prepared,
-		"streams", drain.Streams, "resumed", drain.Resumed, "ended", drain.Ended, "forced", drain.Forced, "drainTook", time.Duration(drain.Duration))
+		"streams", drain.Streams, "resumed", drain.Resumed, "ended", drain.Ended, "forced", drain.Forced,
+		"writesAwaited", drain.Writes, "writesUnanswered", drain.UnansweredWrites, "drainTook", time.Duration(drain.Duration))
 	return admin.BackendResponse{Status: s.Status(), Previous: old.url.String(), Drain: drain, Prepared: prepared}, nil
 }
 

@@ -247,6 +247,8 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 		out.Drain.Forced += r.Value.Drain.Forced
 		out.Drain.Resumed += r.Value.Drain.Resumed
 		out.Drain.Ended += r.Value.Drain.Ended
+		out.Drain.Writes += r.Value.Drain.Writes
+		out.Drain.UnansweredWrites += r.Value.Drain.UnansweredWrites
 		out.Drain.Duration = max(out.Drain.Duration, r.Value.Drain.Duration)
 	}
 	return out, nil

@@ -114,5 +114,17 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if resp.Prepared {
 		over = " over connections opened before the fence"
 	}
-	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d moved to %s%s, %d ended, off %s in %s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond))), nil
+	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d moved to %s%s, %d ended, off %s in %s%s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond), awaitedWrites(d, r.from.name))), nil
+}
+
+// awaitedWrites says which writes the fence's policy let through the switch waited for (they
+// may make revisions on from after the drain's; stop-replication brings them over).
+func awaitedWrites(d admin.Drain, from string) string {
+	switch {
+	case d.Writes == 0:
+		return ""
+	case d.UnansweredWrites == 0:
+		return fmt.Sprintf("; %d write(s) the fence policy let through were answered by %s first", d.Writes, from)
+	}
+	return fmt.Sprintf("; of %d write(s) the fence policy let through, %d were not answered by %s within the proxy's --drain-timeout (%s may still commit them after replication stopped)", d.Writes, d.UnansweredWrites, from, from)
 }

@@ -230,11 +230,16 @@ type Drain struct {
 	// Streams were open on the previous backend: Resumed of them are watches that left it for
 	// the new backend (resumeWatches; they ask it once the fence lifts, and Status counts those
 	// it then ends), Ended were ended, Forced of those cut at the drain timeout.
-	Streams  int      `json:"streams"`
-	Resumed  int      `json:"resumed"`
-	Ended    int      `json:"ended"`
-	Forced   int      `json:"forced"`
-	Duration Duration `json:"duration"`
+	Streams int `json:"streams"`
+	Resumed int `json:"resumed"`
+	Ended   int `json:"ended"`
+	Forced  int `json:"forced"`
+	// Writes a fence policy let through (leader election, heartbeats) were running on the
+	// previous backend: the switch waited for its answers, up to the drain timeout, which
+	// UnansweredWrites of them outlasted (the previous backend may still commit those).
+	Writes           int      `json:"writes"`
+	UnansweredWrites int      `json:"unansweredWrites"`
+	Duration         Duration `json:"duration"`
 }
 
 // BackendResponse is the state after a backend change.

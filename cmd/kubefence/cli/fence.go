@@ -616,6 +616,12 @@ func (o *backendSetOptions) printSwitch(w io.Writer, resp admin.BackendResponse)
 	if resp.Drain.Forced > 0 {
 		fmt.Fprintf(w, " (%d cut at --drain-timeout)", resp.Drain.Forced)
 	}
+	if d.Writes > 0 {
+		fmt.Fprintf(w, "; waited for %d write(s) the fence policy let through to be answered by the old backend", d.Writes)
+		if d.UnansweredWrites > 0 {
+			fmt.Fprintf(w, " (%d still unanswered at --drain-timeout: the old backend may commit them yet)", d.UnansweredWrites)
+		}
+	}
 	if resp.Prepared {
 		fmt.Fprint(w, ", over the connections 'backend prepare' opened")
 	}
