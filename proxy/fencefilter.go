@@ -65,7 +65,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				// As an admitted write, it is waited for on the backend whatever the client does.
 				st.letThrough = true
 				next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
-			case fence == fenceHolding:
+			case fence == fenceHolding && holdable(a):
 				hd.hold(w, r, st, next, g, rf, int64(len(body)))
 			default:
 				rf.refuse(w, r, st, d)
@@ -78,6 +78,13 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		// goes away must not end the registration before the backend has answered (invariant barrier).
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 	})
+}
+
+// holdable says whether hold mode holds a write the policy refuses: not one that asks for a
+// protocol upgrade, nor one to a path the proxy could not parse (either may be a session
+// kube-apiserver routes once the path is decoded: those are refused, as sessions are).
+func holdable(a *policy.Attributes) bool {
+	return !a.Upgrade && a.Unknown == ""
 }
 
 // decide applies the policy to a request that arrived while fenced.

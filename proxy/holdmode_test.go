@@ -103,6 +103,45 @@ func TestHoldTimeoutRefusesAndNeverForwards(t *testing.T) {
 	}
 }
 
+// TestHoldRefusesWhatItCannotTell: in hold mode, a write that asks for a protocol upgrade (an
+// exec on a path the proxy does not parse is one kube-apiserver may still route, once decoded,
+// to a session) and a write to a path the proxy could not parse are refused at once, as
+// sessions are, not held and forwarded later.
+func TestHoldRefusesWhatItCannotTell(t *testing.T) {
+	cases := []struct {
+		name, method, path string
+		upgrade            bool
+	}{
+		{"exec upgrade on a path with an empty segment", "GET", "/api/v1/namespaces/d/pods/p//exec?command=sh", true},
+		{"upgrade on an object", "POST", "/api/v1/namespaces/d/configmaps", true},
+		{"service proxy on a path with an empty segment", "POST", "/api/v1/namespaces/d/services/s/proxy/a//b", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			api := newFakeAPI(t, "blue")
+			p := startProxy(t, api.URL, func(o *Options) { o.HoldTimeout = 2 * time.Second })
+			fenceHold(t, p)
+			req, _ := http.NewRequestWithContext(t.Context(), tc.method, p.url+tc.path, nil)
+			if tc.upgrade {
+				req.Header.Set("Connection", "Upgrade")
+				req.Header.Set("Upgrade", "websocket")
+			}
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusTooManyRequests || time.Since(start) > time.Second {
+				t.Fatalf("%s after %s, want 429 at once", resp.Status, time.Since(start))
+			}
+			if h := p.Status().Hold; h.Held != 0 || h.TimedOut != 0 || len(api.requests()) != 0 {
+				t.Fatalf("hold %+v, backend saw %q: want nothing held, nothing forwarded", h, api.requests())
+			}
+		})
+	}
+}
+
 // TestHoldClientGoneNeverForwarded: a client that disconnects while held is never forwarded.
 func TestHoldClientGoneNeverForwarded(t *testing.T) {
 	api := newFakeAPI(t, "blue")
