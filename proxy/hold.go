@@ -154,22 +154,34 @@ func (g *gate) awaitRelease(ctx context.Context, h *heldWrite, deadline <-chan t
 
 // admitHeld admits a held write whose turn has come, the fence open, unless its hold timeout has
 // fired (the waits before may have taken another ready case over the deadline: a select picks
-// among them at random) or its client has left. fencedAgain: the fence came back on first.
+// among them at random; admitWrite may wait for a fence change's save) or its client has left.
+// fencedAgain: the fence came back on first.
 func (g *gate) admitHeld(ctx context.Context, deadline <-chan time.Time, w inflightWrite) (id uint64, out holdOutcome, fencedAgain bool) {
-	select {
-	case <-deadline:
+	if fired(deadline) {
 		return 0, holdTimedOut, false
-	default:
 	}
 	id, fence := g.admitWrite(w)
 	switch {
 	case fence != fenceIsOpen:
 		return 0, holdTimedOut, true
+	case fired(deadline):
+		g.inflight.remove(id)
+		return 0, holdTimedOut, false
 	case ctx.Err() != nil: // the client left just as the fence opened: never forward
 		g.inflight.remove(id)
 		return 0, holdAbandoned, false
 	}
 	return id, holdReleased, false
+}
+
+// fired says whether the deadline has passed.
+func fired(deadline <-chan time.Time) bool {
+	select {
+	case <-deadline:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitHeld waits for ready (nil: ready now), the deadline or the end of ctx.

@@ -147,6 +147,32 @@ func TestHoldTimeoutAndAbandon(t *testing.T) {
 	}
 }
 
+// TestHoldTimeoutDuringAdmission: a held write whose timeout fires while its admission waits for
+// the gate's lock (a fence change saving the state file) is not admitted: it timed out.
+func TestHoldTimeoutDuringAdmission(t *testing.T) {
+	g := newTestGate(t, false)
+	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
+	h, _ := q.enter(1, time.Now())
+	deadline := make(chan time.Time)
+	slots := make(chan struct{}, 1)
+	slots <- struct{}{} // the release slots are taken: the write waits past the fence's checks
+	out := make(chan holdOutcome, 1)
+	go func() {
+		_, o := g.awaitRelease(context.Background(), h, deadline, slots, testWrite())
+		out <- o
+	}()
+	time.Sleep(20 * time.Millisecond)
+	g.mu.Lock() // a state change in progress
+	<-slots
+	time.Sleep(50 * time.Millisecond) // the write took the slot and waits for the lock to be admitted
+	close(deadline)
+	time.Sleep(10 * time.Millisecond)
+	g.mu.Unlock()
+	if o := <-out; o != holdTimedOut || g.inflight.len() != 0 {
+		t.Fatalf("outcome %d with %d write(s) registered, want timed out and none", o, g.inflight.len())
+	}
+}
+
 // TestHoldRefenced: a fence that comes back on before a held write's turn keeps it waiting.
 func TestHoldRefenced(t *testing.T) {
 	g := newTestGate(t, true)
