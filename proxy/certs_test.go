@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -128,5 +129,34 @@ func waitForT(t *testing.T, timeout time.Duration, what string, cond func() bool
 			t.Fatalf("%s: not within %s", what, timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBodyErrorKeepsTheHTTP2Connection: a write whose body does not arrive in time, or stops,
+// gets its answer on its own stream; over HTTP/2 the client's connection, which carries its
+// other requests and watches, stays open ("Connection: close" on an HTTP/2 answer makes Go's
+// server retire the whole connection).
+func TestBodyErrorKeepsTheHTTP2Connection(t *testing.T) {
+	f := newIdentityFixture(t, func(o *Options, _ string) { o.WriteBodyTimeout = 200 * time.Millisecond })
+	c := f.h2Client(nil)
+	if code, _ := getReused(t, c, f.proxyURL); code != 200 {
+		t.Fatal("warm-up read failed")
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", f.proxyURL+"/api/v1/namespaces/default/configmaps", pr)
+	req.ContentLength = 100
+	req.Header.Set("Content-Type", "application/json")
+	go func() { _, _ = pw.Write([]byte(`{"kind":`)) }() // and no more
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("a stalled body: %s, want 408", resp.Status)
+	}
+	if code, reused := getReused(t, c, f.proxyURL); code != 200 || !reused {
+		t.Fatalf("the next read: %d, on the same connection: %v; want 200 on it", code, reused)
 	}
 }

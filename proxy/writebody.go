@@ -347,10 +347,7 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 		writeStatus(w, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge",
 			fmt.Sprintf("kubefence: the request body is larger than --max-write-body-bytes (%d)", limits.max), 0)
 	case errors.Is(err, errBodyBudget):
-		if r.ProtoMajor == 1 {
-			// Answer at once: the body's bytes still to come are never read.
-			w.Header().Set("Connection", "close")
-		}
+		closeHTTP1(w, r) // answer at once: the body's bytes still to come are never read
 		what := fmt.Sprintf("more than --max-buffered-write-bytes, %d bytes", limits.budget.max)
 		switch {
 		case errors.Is(err, errConnBudget):
@@ -362,12 +359,22 @@ func answerBodyError(w http.ResponseWriter, r *http.Request, err error, limits b
 			fmt.Sprintf("kubefence: too many write bodies are being received at once (%s); retry in %ds (client-go retries by itself)",
 				what, limits.retryAfter), limits.retryAfter)
 	case errors.Is(err, errBodyTimeout):
-		w.Header().Set("Connection", "close")
+		closeHTTP1(w, r)
 		writeStatus(w, http.StatusRequestTimeout, "Timeout",
 			fmt.Sprintf("kubefence: the request body did not arrive within --write-body-timeout (%s)", limits.timeout), 0)
 	default:
 		log.Debug("client went away while sending a write body", "path", r.URL.Path, "err", err)
-		w.Header().Set("Connection", "close")
+		closeHTTP1(w, r)
 		writeStatus(w, http.StatusBadRequest, "BadRequest", "kubefence: "+err.Error(), 0)
+	}
+}
+
+// closeHTTP1 closes an HTTP/1.1 connection after the answer: the rest of the body is not read,
+// and nothing else can be read off the connection. Over HTTP/2 the stream alone is reset when
+// the handler returns; "Connection: close" there would make Go's server retire the client's
+// whole connection, with its other requests and watches.
+func closeHTTP1(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
 	}
 }
