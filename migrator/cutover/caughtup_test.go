@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // TestCaughtUpMeansReplicated: green at blue's revision is caught up only if the replicator put
@@ -212,5 +213,43 @@ func TestStopReplicationTakesBlueLastRevisions(t *testing.T) {
 	}
 	if b, g := revisionOf(t, blue), revisionOf(t, green); g != b {
 		t.Fatalf("after the stop green is at revision %d, blue at %d (%s)", g, b, detail)
+	}
+}
+
+// TestFenceRechecksReplication: replication that became unreliable while green caught up with
+// blue before the fence (here the delta check found a difference; blue compacting what it
+// needs is the likelier case) stops the fence step before the fence is sent: the cutover aborts
+// or rebuilds green with writes never fenced, not inside a window it opened for nothing.
+func TestFenceRechecksReplication(t *testing.T) {
+	blue, green, other := startTestEtcd(t), startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
+	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
+	t.Cleanup(func() { cancel(); <-rp.done })
+	// The check compares blue with an etcd that differs from it at revision 2: it fails while
+	// replication goes on.
+	rp.check = replicate.StartCheck(blue, other, 1, nil)
+	t.Cleanup(rp.check.Stop)
+	if _, err := blue.Put(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Put(ctx, "a", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rp.check.WaitFor(ctx, 2); !errors.Is(err, replicate.ErrRevisionMismatch) {
+		t.Fatalf("the check at revision 2: %v, want a mismatch", err)
+	}
+	p, _ := validPlan(t)
+	fp, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Generation: 7})
+	r := testRunner(t, p, sock)
+	r.repl = rp
+	_, err = (fenceStep{}).run(ctx, r)
+	if !errors.Is(err, replicate.ErrRevisionMismatch) || fp.status().Fenced || !r.j.FencedAt.IsZero() {
+		t.Fatalf("fence step: %v, proxy fenced %v, fence journaled %v; want the mismatch, nothing fenced or journaled", err, fp.status().Fenced, !r.j.FencedAt.IsZero())
 	}
 }

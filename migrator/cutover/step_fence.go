@@ -69,6 +69,14 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if first && r.p.Replicating() {
 		prepared = r.prepareSwitch(ctx)
 	}
+	if first && r.repl != nil {
+		// Checked when the step began; the catch-up and the prepare took time since, and a
+		// replication or delta check that failed meanwhile is better found with writes open
+		// (a compaction rebuilds green before the fence) than by the drain, in the window.
+		if err := r.replicationAlive(); err != nil {
+			return "", fmt.Errorf("before the fence: %w; nothing is fenced", err)
+		}
+	}
 	if first {
 		// Journaled before the request (write-ahead): a run killed after the proxies fenced
 		// must resume inside the window, its budget counted from here, and never as a run
