@@ -398,9 +398,15 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	defer close(drained)
 	// A write the policy let through and b not yet answered could be acknowledged by b after
 	// the switch; what the caller does next (a cutover reads blue's last revision) must come
-	// after it.
+	// after it. Waited for beside the streams, on a timeout of its own.
 	var res admin.Drain
-	res.Writes, res.UnansweredWrites = b.awaitWrites(ctx)
+	writesAwaited := make(chan struct{})
+	go func() {
+		wctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		res.Writes, res.UnansweredWrites = b.awaitWrites(wctx)
+		close(writesAwaited)
+	}()
 	park := resumeOn != nil && b.plain.watchConns != nil
 	var parked, others []*stream
 	for _, s := range all {
@@ -430,6 +436,7 @@ func (b *backend) drain(timeout time.Duration, resumeOn *backend, lifted <-chan 
 	res.Resumed = b.resumed
 	b.mu.Unlock()
 	res.Ended = res.Streams - res.Resumed
+	<-writesAwaited
 	res.Duration = admin.Duration(time.Since(start))
 	return res
 }

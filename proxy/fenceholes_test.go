@@ -648,19 +648,16 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 // cutover does next (read blue's last revision, stop replicating it) comes after it. New ones
 // go to the new backend.
 func TestSwitchWaitsForWritesThePolicyLetThrough(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPut {
-			arrived <- struct{}{}
-			<-release
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	defer blue.Close()
-	free := sync.OnceFunc(func() { close(release) })
-	defer free() // before blue.Close, which waits for the held handler
-	green := newFakeAPI(t, "green")
+	// With Upgrade headers too: on a lease (a stored object) they make no session, and the
+	// write is one like any other.
+	for _, upgrade := range []bool{false, true} {
+		t.Run(fmt.Sprintf("upgrade=%v", upgrade), func(t *testing.T) { testSwitchWaitsForLetThrough(t, upgrade) })
+	}
+}
+
+// leasePolicy writes a fence policy that lets kube-system's Lease updates through.
+func leasePolicy(t *testing.T) string {
+	t.Helper()
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(pol, []byte(`apiVersion: kubefence.io/v1alpha1
 kind: FencePolicy
@@ -674,15 +671,37 @@ rules:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return pol
+}
+
+const testLeaseURL = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler"
+
+func testSwitchWaitsForLetThrough(t *testing.T, upgrade bool) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			arrived <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer blue.Close()
+	free := sync.OnceFunc(func() { close(release) })
+	defer free() // before blue.Close, which waits for the held handler
+	green := newFakeAPI(t, "green")
 	p := startProxy(t, blue.URL, func(o *Options) {
 		o.AllowedBackends = []string{green.URL}
-		o.PolicyFile = pol
+		o.PolicyFile = leasePolicy(t)
 	})
 	fenceOn(t, p, time.Second)
-	lease := p.url + "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler"
+	hdr := []string{"Content-Type", "application/json"}
+	if upgrade {
+		hdr = append(hdr, "Connection", "Upgrade", "Upgrade", "websocket")
+	}
 	done := make(chan int, 1)
 	go func() {
-		resp, _, err := doErr("PUT", lease, "Content-Type", "application/json")
+		resp, _, err := doErr("PUT", p.url+testLeaseURL, hdr...)
 		if err != nil {
 			done <- 0
 			return
@@ -705,7 +724,7 @@ rules:
 	case <-time.After(300 * time.Millisecond):
 	}
 	// Meanwhile a new one goes to green.
-	resp, _, err := doErr("PUT", lease, "Content-Type", "application/json")
+	resp, _, err := doErr("PUT", p.url+testLeaseURL, "Content-Type", "application/json")
 	if err != nil || resp.StatusCode != http.StatusOK || len(green.requests()) != 1 {
 		t.Fatalf("a lease update during the switch: %v, green saw %q; want 200 from green", err, green.requests())
 	}
@@ -720,6 +739,57 @@ rules:
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the switch did not return within 10 s of blue's answer")
+	}
+}
+
+// TestSwitchEndsWatchesWhileItWaitsForWrites: the switch's wait for a write the policy let
+// through runs beside the watches' drain, not before it: a blue slow to answer the write does
+// not use the drain's time up and get the watches cut instead of ended at an event boundary.
+func TestSwitchEndsWatchesWhileItWaitsForWrites(t *testing.T) {
+	blue := newFakeAPI(t, "blue")
+	hold := make(chan struct{})
+	blue.mu.Lock()
+	blue.hold = hold
+	blue.mu.Unlock()
+	free := sync.OnceFunc(func() { close(hold) })
+	defer free()
+	green := newFakeAPI(t, "green")
+	p := startProxy(t, blue.URL, func(o *Options) {
+		o.AllowedBackends = []string{green.URL}
+		o.PolicyFile = leasePolicy(t)
+		o.DrainTimeout = 300 * time.Millisecond
+	})
+	watch, err := http.Get(p.url + "/api/v1/namespaces/default/configmaps?watch=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Body.Close()
+	go func() { _, _ = io.Copy(io.Discard, watch.Body) }()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-tick.C:
+				select {
+				case blue.events <- fmt.Sprint(i):
+				default:
+				}
+			case <-t.Context().Done():
+				return
+			}
+		}
+	}()
+	fenceOn(t, p, time.Second)
+	go func() { _, _, _ = doErr("PUT", p.url+testLeaseURL, "Content-Type", "application/json") }()
+	waitFor(t, func() bool { return blue.writesIn.Load() == 1 })
+	time.AfterFunc(time.Second, free)
+	resp, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Drain; d.Streams != 1 || d.Forced != 0 || d.Writes != 1 || d.UnansweredWrites != 1 {
+		t.Fatalf("drain %+v: want the watch ended at a boundary, not cut, and the write waited for up to the timeout", d)
 	}
 }
 

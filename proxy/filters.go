@@ -136,7 +136,10 @@ func withIdentityHeaders(next http.Handler, names []string) http.Handler {
 func withBackend(next http.Handler, active *atomic.Pointer[backend]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
-		if st.attrs.Verb != "watch" && !st.attrs.Upgrade {
+		// A write the policy let through is a write whatever its headers: Upgrade ones on a
+		// stored object make no session (sessions take another way through withFence, and are
+		// never marked so).
+		if st.letThrough || st.attrs.Verb != "watch" && !st.attrs.Upgrade {
 			if st.letThrough {
 				st.backend = trackWrite(active)
 				st.answeredBy = sync.OnceFunc(st.backend.untrackWrite)
