@@ -185,7 +185,7 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 	t := p.flight[i]
 	var cmps []clientv3.Cmp
 	if i > 0 {
-		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1, changedIn(p.flight[:i-1])))
+		cmps = append(cmps, appliedGuard(p.flight[i-1].evs, t.rev-1, createdOrDeletedIn(p.flight[:i-1])))
 	}
 	cmps = append(cmps, notAppliedGuard(t.evs, t.rev)...)
 	t.done, t.resp, t.err = make(chan struct{}), nil, nil
@@ -201,9 +201,10 @@ func (p *pipeline) attempt(ctx context.Context, i int) {
 
 // telling is the first event of evs (one revision) whose key shows on green whether the
 // revision is applied: a key it puts and keeps, failing that a key it deletes that existed
-// before it and that no revision before it still in flight changes (unsure, nil for none: such
-// a revision may not be applied yet, and may create the key, which is then gone before the
-// delete too); nil when no key tells (a put and a later delete in one txn leave none). exactly: the key must also tell "not applied yet"
+// before it and that no revision before it still in flight creates or deletes (unsure, nil for
+// none: such a revision may not be applied yet, and the key then gone before the delete too;
+// one that only updates the key leaves it there all along); nil when no key tells (a put and a
+// later delete in one txn leave none). exactly: the key must also tell "not applied yet"
 // from "applied, and changed by a later revision" (notAppliedGuard): a put that creates its
 // key cannot (deleted later, its mod revision is 0 again), so an update, or a delete of a key
 // that existed, comes first, and a create only if there is neither.
@@ -236,7 +237,7 @@ func telling(evs []*clientv3.Event, exactly bool, unsure func(key string) bool) 
 
 // appliedGuard holds once revision rev (whose events are evs) is applied on green: its telling
 // key has mod revision rev (a put) or is gone (a delete of a key unsure does not name: one the
-// revisions before rev still in flight change). With no telling key the guard is one that
+// revisions before rev still in flight create or delete). With no telling key the guard is one that
 // never holds (the mod revision rev of a key gone after rev), and a txn sent behind it is sent
 // again once it is applied.
 func appliedGuard(evs []*clientv3.Event, rev int64, unsure func(key string) bool) clientv3.Cmp {
@@ -250,15 +251,18 @@ func appliedGuard(evs []*clientv3.Event, rev int64, unsure func(key string) bool
 	return clientv3.Compare(clientv3.Version(string(ev.Kv.Key)), "=", 0)
 }
 
-// changedIn says whether txns change a key (the set is made on the first question).
-func changedIn(txns []*sentTxn) func(key string) bool {
+// createdOrDeletedIn says whether txns create or delete a key (the set is made on the first
+// question).
+func createdOrDeletedIn(txns []*sentTxn) func(key string) bool {
 	var keys map[string]bool
 	return func(key string) bool {
 		if keys == nil {
 			keys = make(map[string]bool)
 			for _, t := range txns {
 				for _, ev := range t.evs {
-					keys[string(ev.Kv.Key)] = true
+					if ev.Type == mvccpb.DELETE || ev.Kv.Version == 1 {
+						keys[string(ev.Kv.Key)] = true
+					}
 				}
 			}
 		}

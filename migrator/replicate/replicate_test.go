@@ -783,6 +783,48 @@ func TestOutOfOrderSentAgain(t *testing.T) {
 	}
 }
 
+// TestUpdateThenDeleteInFlight: a key an earlier revision still in flight only updates existed
+// all along, so its being gone still tells that the revision deleting it is applied (only a
+// create or a delete in flight makes that unsure): an object's status updated, then the object
+// deleted, then another write, proposed in order, apply at the first attempt.
+func TestUpdateThenDeleteInFlight(t *testing.T) {
+	ctx := t.Context()
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/k", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	put(t, blue, "/k", "1")                               // s+1
+	if _, err := blue.cli.Delete(ctx, "/k"); err != nil { // s+2
+		t.Fatal(err)
+	}
+	put(t, blue, "/x", "v") // s+3
+	evs := revisionEvents(t, blue, s+1, 3)
+	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pipeline{r: r}
+	for rev := s + 1; rev <= s+3; rev++ {
+		ops, err := r.ops(ctx, rev, evs[rev])
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
+	}
+	for i := range 3 {
+		p.attempt(ctx, i)
+		<-p.flight[i].done
+	}
+	if err := p.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := all(t, blue, s+3), all(t, green, s+3); a != b || revision(t, green) != s+3 {
+		t.Fatal("blue and green differ")
+	}
+	if pr := r.Progress(); pr.Resent != 0 || pr.Resyncs != 0 {
+		t.Errorf("progress %+v: want every txn applied at its first attempt", pr)
+	}
+}
+
 // TestHoldLeases: while held, a lease holding a key outlives its TTL (no expiry, no revision);
 // after release the cluster expires it by itself again.
 func TestHoldLeases(t *testing.T) {
