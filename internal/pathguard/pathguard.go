@@ -178,6 +178,25 @@ func CheckFresh(role, output string) error {
 	return nil
 }
 
+// CheckReplaceable refuses a directory that is put in place by a rename (a restore into it, a
+// rebuild of its member): a symlink, which the rename would move, leaving the directory it
+// points to behind, or a mount point, which refuses the rename (after the new directory was
+// built beside it, on the filesystem above). A path that does not exist passes.
+func CheckReplaceable(role, dir string) error {
+	st, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s %s: %w", role, dir, err)
+	case st.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("%s %s is a symlink to %s: it is replaced by a rename, which would move the link and leave that directory behind; give the directory itself (the link then points to the new one)", role, dir, Resolve(dir))
+	case isMountPoint(dir):
+		return fmt.Errorf("%s %s is a mount point: it is replaced by a rename, which a mount point refuses (after the new one was built beside it, on the filesystem above); with etcd stopped, move the member into a directory inside the mount (e.g. %s), point etcd's --data-dir there and give that", role, dir, filepath.Join(dir, "data"))
+	}
+	return nil
+}
+
 // isMountPoint reports whether dir is where a filesystem (or a bind mount) is mounted, from
 // /proc/self/mountinfo (its fifth field, with spaces and the like escaped as \ooo).
 func isMountPoint(dir string) bool {

@@ -122,6 +122,9 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 			return rep, fmt.Errorf("%w: a restore replaces the data dir and never writes into the backup, so restore into a path outside it (or move the backup out of the data dir first)", err)
 		}
 	}
+	if err := pathguard.CheckReplaceable("the data dir", dataDir); err != nil {
+		return rep, err
+	}
 	want, err := verifiedBackup(backup)
 	if err != nil {
 		return rep, err

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kubefence/kubefence/internal/flock"
+	"github.com/kubefence/kubefence/internal/testenv"
 )
 
 func TestBackupRestore(t *testing.T) {
@@ -100,6 +103,57 @@ func TestRestoreIntoMissingDir(t *testing.T) {
 		t.Errorf("Replaced = %q, want none: there was no data dir", rr.Replaced)
 	}
 	assertTree(t, dataDir, memberDir)
+}
+
+// TestRestoreRefusesALinkOrAMountPoint: a restore puts the data dir in place by renaming, so a
+// data dir that is a symlink (the rename would move the link, the directory it points to left
+// behind) or a mount point (the rename fails, after the whole backup was copied onto the
+// filesystem above) is refused before anything is copied, naming what to give instead.
+func TestRestoreRefusesALinkOrAMountPoint(t *testing.T) {
+	cases := []struct {
+		name string
+		make func(t *testing.T, real, dataDir string)
+		want string
+	}{
+		{"symlink", func(t *testing.T, real, dataDir string) {
+			if err := os.Symlink(real, dataDir); err != nil {
+				t.Fatal(err)
+			}
+		}, "is a symlink"},
+		{"mount point", func(t *testing.T, real, dataDir string) {
+			if os.Geteuid() != 0 {
+				testenv.SkipOrFail(t, "needs root to bind-mount")
+			}
+			if err := os.Mkdir(dataDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Mount(real, dataDir, "", unix.MS_BIND, ""); err != nil {
+				testenv.SkipOrFail(t, "bind mount: "+err.Error())
+			}
+			t.Cleanup(func() { _ = unix.Unmount(dataDir, 0) })
+		}, "is a mount point"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			real := filepath.Join(parent, "real")
+			writeTree(t, real, memberDir)
+			rep, err := Backup(real, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dataDir := filepath.Join(parent, "data")
+			tc.make(t, real, dataDir)
+			_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("restore: %v, want a refusal saying it %s", err, tc.want)
+			}
+			if _, err := os.Lstat(dataDir + ".kubefence-restore"); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the backup was copied before the refusal (%v)", err)
+			}
+			assertTree(t, real, memberDir)
+		})
+	}
 }
 
 func TestRestoreDamagedBackup(t *testing.T) {

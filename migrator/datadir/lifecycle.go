@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/internal/flock"
+	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/internal/steprun"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
@@ -351,6 +352,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			}
 		}
 	}
+	if err := checkReplaceable(rep); err != nil {
+		return rep, err
+	}
 	rep.DryRun = opts.DryRun
 	if opts.Events != nil {
 		opts.Events(Event{Kind: EventPlan, Report: rep})
@@ -476,6 +480,24 @@ func olderRebuildUnderway(path string, rep *Report, dirs []string) error {
 }
 
 // plan detects where the data dirs are and lists the steps to the target.
+// checkReplaceable refuses, before anything runs, data dirs that a step still to run puts in
+// place by a rename (a v2 migration, a storage downgrade: each member is rebuilt beside its
+// data dir, then swapped in) and that cannot be: a symlink or a mount point.
+func checkReplaceable(rep *Report) error {
+	rebuilds := slices.ContainsFunc(rep.Steps, func(s *StepReport) bool {
+		return !s.Done && (s.Kind == StepMigrateV2 || s.Kind == StepDowngrade)
+	})
+	if !rebuilds {
+		return nil
+	}
+	for _, d := range rep.DataDirs {
+		if err := pathguard.CheckReplaceable("the data dir", d); err != nil {
+			return fmt.Errorf("%w (this plan rebuilds each member beside its data dir and swaps it in)", err)
+		}
+	}
+	return nil
+}
+
 func plan(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	rep := &Report{Operation: op, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), BackupDir: opts.BackupDir, Options: opts.rebuildOptions()}
 	var cur Detection

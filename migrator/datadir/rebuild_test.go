@@ -650,3 +650,41 @@ func TestResumeOlderJournalWithoutOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestRebuildRefusesALinkedDataDir: a plan that rebuilds members (a v2 migration, a storage
+// downgrade) swaps each new member in by renaming its data dir; one that is a symlink would
+// have the link moved and its directory left behind: refused before anything runs. A plan of
+// plain version steps changes the data dir in place, and takes one.
+func TestRebuildRefusesALinkedDataDir(t *testing.T) {
+	parent := t.TempDir()
+	real, link := filepath.Join(parent, "real"), filepath.Join(parent, "data")
+	writeTree(t, real, memberDir)
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	steps := func(kinds ...string) []*StepReport {
+		var out []*StepReport
+		for _, k := range kinds {
+			out = append(out, &StepReport{Kind: k})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		dir   string
+		steps []*StepReport
+		want  string
+	}{
+		{"downgrade of a linked data dir", link, steps(StepBackup, StepDowngrade), "is a symlink"},
+		{"v2 migration of a linked data dir", link, steps(StepBackup, StepRun, StepMigrateV2, StepRun), "is a symlink"},
+		{"version steps of a linked data dir", link, steps(StepBackup, StepRun), ""},
+		{"downgrade of the directory itself", real, steps(StepBackup, StepDowngrade), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkReplaceable(&Report{DataDirs: []string{tc.dir}, Steps: tc.steps})
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("checkReplaceable: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
