@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -92,6 +93,7 @@ type scanVisit struct {
 	expires []time.Time
 	hidden  map[string]bool
 	kept    int
+	auth    *v2Auth // what the nodes not kept say of v2 auth
 }
 
 func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
@@ -104,6 +106,13 @@ func (v *scanVisit) node(n *v2Node, forced bool) (bool, bool, error) {
 		v.expires = append(v.expires, expire)
 	}
 	if !keep {
+		if strings.HasPrefix(n.path, "/2/") {
+			value, err := n.value.bytes(v.data, nil)
+			if err != nil {
+				return false, false, err
+			}
+			v.auth.note(n.path, n.dir, string(value))
+		}
 		if strings.HasPrefix(n.path, "/1/") {
 			if n.dir {
 				v.c.dir(n.path, n.created, n.modified, expire)
@@ -170,6 +179,73 @@ type v2Result struct {
 	c      *collector
 	replay ReplayStats
 	index  uint64 // the store's index after the replay
+	auth   v2Auth
+}
+
+// v2Auth is what a v2 store says of v2 auth (under /2), which a migration does not carry: v3
+// has an auth store of its own.
+type v2Auth struct {
+	enabled      bool
+	users, roles []string
+}
+
+// note takes one node of /2 into account.
+func (a *v2Auth) note(path string, dir bool, value string) {
+	switch {
+	case path == "/2/enabled":
+		a.enabled = value == "true"
+	case dir:
+	case strings.HasPrefix(path, "/2/users/"):
+		a.users = append(a.users, strings.TrimPrefix(path, "/2/users/"))
+	case strings.HasPrefix(path, "/2/roles/"):
+		a.roles = append(a.roles, strings.TrimPrefix(path, "/2/roles/"))
+	}
+}
+
+// noteStore takes into account the /2 nodes of st (the replay's overlay: those the WAL tail
+// touched, which the scan kept and did not note).
+func (a *v2Auth) noteStore(st v2store.Store) {
+	ev, err := st.Get("/2", true, false)
+	if err != nil {
+		return // none
+	}
+	var walk func(n *v2store.NodeExtern)
+	walk = func(n *v2store.NodeExtern) {
+		value := ""
+		if n.Value != nil {
+			value = *n.Value
+		}
+		a.note(n.Key, n.Dir, value)
+		for _, ch := range n.Nodes {
+			walk(ch)
+		}
+	}
+	for _, n := range ev.Node.Nodes {
+		walk(n)
+	}
+}
+
+// warning says what becomes of v2 auth, "" when there was none (the flag off and nothing else,
+// as etcd 3.5 with --enable-v2 writes it).
+func (a *v2Auth) warning() string {
+	if !a.enabled && len(a.users) == 0 && len(a.roles) == 0 {
+		return ""
+	}
+	state := "off"
+	if a.enabled {
+		state = "on"
+	}
+	slices.Sort(a.users)
+	slices.Sort(a.roles)
+	return fmt.Sprintf("v2 auth was %s (users: %s; roles: %s) and is not carried over: v3 has an auth store of its own, and on the migrated member v3 auth is off, so any client that reaches etcd reads and writes every key. Set up v3 auth before it serves (etcdctl user add, role add, user grant-role, auth enable)",
+		state, listOrNone(a.users), listOrNone(a.roles))
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }
 
 // readV2 builds the final v2 state: the snapshot, streamed, with the committed WAL tail
@@ -189,7 +265,7 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress,
 
 	st := v2store.New("/0", "/1")
 	if sf := src.snap; sf != nil {
-		v := &scanVisit{t: t, c: res.c, data: sf.data, hidden: hidden}
+		v := &scanVisit{t: t, c: res.c, data: sf.data, hidden: hidden, auth: &res.auth}
 		sc := &scanner{b: sf.data, v: v, tick: func(pos int) {
 			sf.release()
 			progress.report("read snapshot", int64(pos), int64(len(sf.data)))
@@ -237,6 +313,7 @@ func readV2(src *Source, o Options, keepNodes bool, all bool, progress Progress,
 		}
 	}
 	res.index = st.Index()
+	res.auth.noteStore(st)
 	walkStore(st, hidden, res.c)
 	clock.lap("replayWAL")
 	return res, nil

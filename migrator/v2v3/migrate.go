@@ -228,6 +228,9 @@ func (m *migration) replay(context.Context) (err error) {
 		return err
 	}
 	m.rep.Replay = m.res.replay
+	if w := m.res.auth.warning(); w != "" {
+		m.rep.Warnings = append(m.rep.Warnings, w)
+	}
 	if err := m.checkV3Tail(); err != nil {
 		return err
 	}

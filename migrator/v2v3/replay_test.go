@@ -133,3 +133,55 @@ func TestIndexPastNewestKey(t *testing.T) {
 		})
 	}
 }
+
+// TestV2AuthWarned: v2 auth (its flag, users and roles under /2) is not carried to v3, which
+// has an auth store of its own: a store where it was on, or that holds users or roles, gets a
+// warning naming them (after the migration, v3 auth is off: any client reads and writes every
+// key), whether the snapshot or the WAL tail says so. The flag off and nothing else (3.5
+// writes that with --enable-v2) is no auth at all.
+func TestV2AuthWarned(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	set := func(t *testing.T, st v2store.Store, kv ...string) {
+		for i := 0; i+1 < len(kv); i += 2 {
+			if _, err := st.Set(kv[i], false, kv[i+1], v2store.TTLOptionSet{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		snapshot []string
+		tail     []*etcdserverpb.Request
+		want     []string // in the warning; none: no warning
+	}{
+		{"on, in the snapshot", []string{"/2/enabled", "true", "/2/users/alice", `{"user":"alice"}`, "/2/roles/reader", `{"role":"reader"}`}, nil, []string{"v2 auth was on", "alice", "reader"}},
+		{"turned on in the WAL tail", []string{"/2/enabled", "false", "/2/users/root", `{"user":"root"}`}, []*etcdserverpb.Request{{Method: "PUT", Path: "/2/enabled", Val: "true"}}, []string{"v2 auth was on", "root"}},
+		{"off, with a user", []string{"/2/enabled", "false", "/2/users/bob", `{"user":"bob"}`}, nil, []string{"v2 auth was off", "bob"}},
+		{"off, nothing else", []string{"/2/enabled", "false"}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := v2store.New("/0", "/1")
+			set(t, st, "/1/k", "v")
+			set(t, st, tc.snapshot...)
+			src := writeMember(t, st, tc.tail)
+			rep, err := Run(testConfig(t, src, now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var warning string
+			for _, w := range rep.Warnings {
+				if strings.Contains(w, "v2 auth") {
+					warning = w
+				}
+			}
+			if (warning != "") != (tc.want != nil) {
+				t.Fatalf("warnings %q, want one about v2 auth: %v", rep.Warnings, tc.want != nil)
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(warning, s) {
+					t.Errorf("warning %q does not say %q", warning, s)
+				}
+			}
+		})
+	}
+}
