@@ -34,6 +34,15 @@ func (e *HeldError) PID() string {
 	return "unknown"
 }
 
+// Who is the holder as a user reads it: "pid N", then what it does if it wrote that.
+func (e *HeldError) Who() string {
+	who := "pid " + e.PID()
+	if _, what, ok := strings.Cut(e.Holder, " "); ok {
+		who += ", " + what
+	}
+	return who
+}
+
 // Take takes the lock on path (created 0600 if missing) without waiting: a *HeldError if
 // another process holds it. A lock file its holder removed (ReleaseRemove) between this open
 // and this flock is no lock: then it opens path again.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/flock"
 	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
@@ -330,6 +331,19 @@ func BuildInto(dst string, build func(tmp string) error) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return err
 	}
+	// The temp dir is named after dst and removed first: a second build to dst would remove
+	// the first's from under it. Held beside dst, as upgrade, downgrade, restore-backup and
+	// v2-to-v3 hold it beside a data dir, so that they exclude one another too.
+	lock, err := flock.Take(dirLockPath(dst))
+	var held *flock.HeldError
+	if errors.As(err, &held) {
+		return fmt.Errorf("another kubefence process (%s) is building or working on %s (it holds %s): wait for it to finish, or stop that process; nothing was written", held.Who(), dst, held.Path)
+	}
+	if err != nil {
+		return err
+	}
+	defer lock.ReleaseRemove()
+	lock.Note("building " + dst)
 	tmp := partPath(dst)
 	if err := os.RemoveAll(tmp); err != nil {
 		return err

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kubefence/kubefence/internal/flock"
 )
 
 // lockExclusive holds an exclusive flock on path, as a running etcd does on member/snap/db,
@@ -192,5 +194,30 @@ func TestCopyStoppedWithWALDir(t *testing.T) {
 				t.Errorf("the copy's manifest: %v", err)
 			}
 		})
+	}
+}
+
+// TestBuildIntoLocksTheOutput: a build holds the lock beside its output (the name upgrade,
+// downgrade, restore-backup and v2-to-v3 hold beside a data dir), so that a second run to the
+// same output, which removes the temp dir named after it first, cannot remove the first's
+// half-built copy from under it: refused, nothing built, naming the holder.
+func TestBuildIntoLocksTheOutput(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "out")
+	held, err := flock.Take(dst + ".kubefence-lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Note("migrate copy to " + dst)
+	built := false
+	err = BuildInto(dst, func(tmp string) error { built = true; return os.Mkdir(tmp, 0o700) })
+	if err == nil || !strings.Contains(err.Error(), "another kubefence process") || built || exists(dst) {
+		t.Fatalf("build while another holds the output: %v (built %v, output there %v), want a refusal before anything", err, built, exists(dst))
+	}
+	held.ReleaseRemove()
+	if err := BuildInto(dst, func(tmp string) error { return os.Mkdir(tmp, 0o700) }); err != nil || !exists(dst) {
+		t.Fatalf("build once released: %v", err)
+	}
+	if exists(dst + ".kubefence-lock") {
+		t.Error("the lock file is left beside the output")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -59,11 +58,7 @@ func lockOutput(c *Config) (*flock.Lock, error) {
 	l, err := flock.Take(lockPath(c.OutputDir))
 	var held *flock.HeldError
 	if errors.As(err, &held) {
-		who := "pid " + held.PID()
-		if _, what, ok := strings.Cut(held.Holder, " "); ok {
-			who += ", " + what
-		}
-		return nil, fmt.Errorf("another kubefence process (%s) is building or working on %s (it holds %s): wait for it to finish, or stop that process; nothing was written", who, c.OutputDir, held.Path)
+		return nil, fmt.Errorf("another kubefence process (%s) is building or working on %s (it holds %s): wait for it to finish, or stop that process; nothing was written", held.Who(), c.OutputDir, held.Path)
 	}
 	if err != nil {
 		return nil, err
