@@ -86,14 +86,9 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 	if err != nil {
 		return nil, err
 	}
-	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: src.Meta.Index, Term: src.Meta.Term})
+	md, hs, ents, err := src.readWAL(filepath.Join(member, "snap"), walDir)
 	if err != nil {
-		return nil, fmt.Errorf("open WAL in %s: %w", walDir, err)
-	}
-	defer w.Close()
-	md, hs, ents, err := w.ReadAll()
-	if err != nil {
-		return nil, fmt.Errorf("the WAL in %s is damaged or incomplete (%w); restore the data dir from a good copy", walDir, err)
+		return nil, err
 	}
 	src.HardState = hs
 	var m etcdserverpb.Metadata
@@ -119,10 +114,51 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 	return src, nil
 }
 
+// readWAL reads the WAL from the loaded snapshot on. etcd writes a snapshot file before the
+// WAL's record of it, and starts from the newest snapshot the WAL records: a newest file it
+// stopped before recording is skipped for that one here too.
+func (s *Source) readWAL(snapDir, walDir string) ([]byte, raftpb.HardState, []raftpb.Entry, error) {
+	md, hs, ents, err := readWALFrom(walDir, s.Meta)
+	if !errors.Is(err, wal.ErrSnapshotNotFound) || s.snap == nil {
+		return md, hs, ents, err
+	}
+	valid, verr := wal.ValidSnapshotEntries(zap.NewNop(), walDir)
+	if verr != nil {
+		return md, hs, ents, err
+	}
+	recorded := map[[2]uint64]bool{}
+	for _, v := range valid {
+		recorded[[2]uint64{v.Index, v.Term}] = true
+	}
+	_ = s.snap.close()
+	s.snap, s.SnapshotFile, s.Meta = nil, "", raftpb.SnapshotMetadata{}
+	if err := s.loadSnapshotIf(snapDir, func(m raftpb.SnapshotMetadata) bool { return recorded[[2]uint64{m.Index, m.Term}] }); err != nil {
+		return nil, hs, nil, err
+	}
+	return readWALFrom(walDir, s.Meta)
+}
+
+// readWALFrom reads the WAL in walDir from the snapshot at meta on.
+func readWALFrom(walDir string, meta raftpb.SnapshotMetadata) ([]byte, raftpb.HardState, []raftpb.Entry, error) {
+	w, err := wal.OpenForRead(zap.NewNop(), walDir, walpb.Snapshot{Index: meta.Index, Term: meta.Term})
+	if err != nil {
+		return nil, raftpb.HardState{}, nil, fmt.Errorf("open WAL in %s: %w", walDir, err)
+	}
+	defer w.Close()
+	md, hs, ents, err := w.ReadAll()
+	if err != nil {
+		return nil, hs, nil, fmt.Errorf("the WAL in %s is damaged or incomplete (%w); restore the data dir from a good copy", walDir, err)
+	}
+	return md, hs, ents, nil
+}
+
 // loadSnapshot loads the newest snapshot file whose checksum and encoding are good, falling back
 // to older ones (and saying so). Unlike etcd's snapshotter it never renames a broken file: the
 // source is read-only to us.
-func (s *Source) loadSnapshot(dir string) error {
+func (s *Source) loadSnapshot(dir string) error { return s.loadSnapshotIf(dir, nil) }
+
+// loadSnapshotIf is loadSnapshot among the files recorded says the WAL records (nil: all).
+func (s *Source) loadSnapshotIf(dir string, recorded func(raftpb.SnapshotMetadata) bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -134,17 +170,24 @@ func (s *Source) loadSnapshot(dir string) error {
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(names)))
+	unreadable := 0
 	for _, name := range names {
 		path := filepath.Join(dir, name)
 		sf, err := openSnapFile(path)
 		if err != nil {
 			s.Skipped = append(s.Skipped, fmt.Sprintf("%s: %v", path, err))
+			unreadable++
+			continue
+		}
+		if recorded != nil && !recorded(sf.meta) {
+			_ = sf.close()
+			s.Skipped = append(s.Skipped, fmt.Sprintf("%s: not recorded in the WAL (etcd wrote it and stopped before recording it; etcd starts from an older one too)", path))
 			continue
 		}
 		s.SnapshotFile, s.Meta, s.snap = path, sf.meta, sf
 		return nil
 	}
-	if len(names) > 0 {
+	if unreadable > 0 {
 		return fmt.Errorf("no readable v2 snapshot in %s: %s", dir, strings.Join(s.Skipped, "; "))
 	}
 	return nil
