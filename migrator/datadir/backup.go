@@ -144,6 +144,9 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 	if err := recoverSwap(dataDir); err != nil {
 		return rep, fmt.Errorf("finish the swap an interrupted upgrade or downgrade left in %s: %w", dataDir, err)
 	}
+	if err := checkSameMember(backup, dataDir); err != nil {
+		return rep, err
+	}
 	owners, err := checkOwners(dataDir)
 	if err != nil {
 		return rep, err
@@ -176,6 +179,36 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 	}
 	rep.Files, rep.Duration = files, time.Since(start)
 	return rep, nil
+}
+
+// checkSameMember refuses to restore the backup of one member, taken from another data dir,
+// into a data dir that holds another member (each's WAL names it): that member's data would
+// run in this one's place, two members with one ID. A backup taken from this data dir passes
+// whatever member it holds now (a rebuild, in an upgrade or downgrade, may give members new
+// IDs: undoing it is what the backup is for); so does a data dir whose member cannot be read
+// (damaged: the reason to restore) or is not there, and a backup whose member cannot be read
+// (its files were checked against its manifest).
+func checkSameMember(backup, dataDir string) error {
+	origin := backupOrigin(backup)
+	if origin != "" && pathguard.Resolve(origin) == pathguard.Resolve(dataDir) {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "member")); err != nil {
+		return nil
+	}
+	here, err := ReadMembership(dataDir, "")
+	if err != nil {
+		return nil
+	}
+	from, err := ReadMembership(backup, "")
+	if err != nil || from.Self.ID == here.Self.ID {
+		return nil
+	}
+	if origin == "" {
+		origin = "a data dir it does not name"
+	}
+	return fmt.Errorf("the backup %s is of member %x (cluster %x), taken from %s, but %s holds member %x (cluster %x): restored there, one member's data would run in another's place, two members with one ID. Restore the backup taken from this member; or, to put that member here on purpose, move %s away first (a restore into a missing data dir checks nothing)",
+		backup, from.Self.ID, from.ClusterID, origin, dataDir, here.Self.ID, here.ClusterID, dataDir)
 }
 
 // verifiedBackup is the backup's manifest, once the backup's files are checked against it.

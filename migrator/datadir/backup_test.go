@@ -156,6 +156,44 @@ func TestRestoreRefusesALinkOrAMountPoint(t *testing.T) {
 	}
 }
 
+// TestRestoreRefusesAnotherMembersBackup: a backup records the data dir it was taken from, and
+// its WAL the member; restored into another data dir that holds another member, it would run
+// that member's data in this one's place, two members with one ID: refused, nothing copied,
+// saying how to do it on purpose (move the data dir away: a restore into a missing one checks
+// nothing). Into the data dir it was taken from it goes, whatever member that holds now.
+func TestRestoreRefusesAnotherMembersBackup(t *testing.T) {
+	parent := t.TempDir()
+	m1, m2 := filepath.Join(parent, "m1"), filepath.Join(parent, "m2")
+	writeMember(t, m1, testPeers[0], 5)
+	writeMember(t, m2, testPeers[1], 5)
+	rep, err := Backup(m1, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = RestoreBackup(rep.Backup, m2, time.Unix(0, 0))
+	if err == nil || !strings.Contains(err.Error(), "member 1") || !strings.Contains(err.Error(), "member 2") || !strings.Contains(err.Error(), "move "+m2+" away") {
+		t.Fatalf("restore of m1's backup into m2: %v, want a refusal naming both members and the way to do it on purpose", err)
+	}
+	if _, err := os.Lstat(m2 + ".kubefence-restore"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the backup was copied before the refusal (%v)", err)
+	}
+	// Taken from m1, it goes back into m1 whatever member m1 holds now (a rebuild may have
+	// given it a new ID).
+	if err := os.RemoveAll(m1); err != nil {
+		t.Fatal(err)
+	}
+	writeMember(t, m1, testPeers[2], 5)
+	if _, err := RestoreBackup(rep.Backup, m1, time.Unix(0, 0)); err != nil {
+		t.Fatalf("restore into the data dir it was taken from: %v", err)
+	}
+	if err := os.Rename(m2, m2+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RestoreBackup(rep.Backup, m2, time.Unix(0, 0)); err != nil {
+		t.Fatalf("restore into m2's place once m2 was moved away: %v", err)
+	}
+}
+
 func TestRestoreDamagedBackup(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
