@@ -721,6 +721,26 @@ func revisionEvents(t *testing.T, blue *member, from int64, n int) map[int64][]*
 	return evs
 }
 
+// unsentFlight is a replicator from blue's revision s to green and a pipeline holding blue's n
+// revisions after s as txns not sent yet (the test attempts them in the order it wants).
+func unsentFlight(t *testing.T, blue, green *member, s int64, n int) (*Replicator, *pipeline) {
+	t.Helper()
+	evs := revisionEvents(t, blue, s+1, n)
+	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pipeline{r: r}
+	for rev := s + 1; rev <= s+int64(n); rev++ {
+		ops, err := r.ops(t.Context(), rev, evs[rev])
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
+	}
+	return r, p
+}
+
 // TestOutOfOrderSentAgain: txns green proposed before their predecessor (their guards failed)
 // are sent again at once, without a resync, and every revision still lands exactly.
 func TestOutOfOrderSentAgain(t *testing.T) {
@@ -749,19 +769,7 @@ func TestOutOfOrderSentAgain(t *testing.T) {
 			put(t, blue, "/a", "0")
 			green, s := greenFrom(t, blue, etcdOpts{})
 			tc.writes(t, blue) // s+1 .. s+3
-			evs := revisionEvents(t, blue, s+1, 3)
-			r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := &pipeline{r: r}
-			for rev := s + 1; rev <= s+3; rev++ {
-				ops, err := r.ops(ctx, rev, evs[rev])
-				if err != nil {
-					t.Fatal(err)
-				}
-				p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
-			}
+			r, p := unsentFlight(t, blue, green, s, 3)
 			// Proposed newest first: s+3 and s+2 find their predecessor missing, s+1 applies.
 			for i := 2; i >= 0; i-- {
 				p.attempt(ctx, i)
@@ -797,19 +805,7 @@ func TestUpdateThenDeleteInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	put(t, blue, "/x", "v") // s+3
-	evs := revisionEvents(t, blue, s+1, 3)
-	r, err := New(Config{Source: blue.cli, Dest: green.cli, FromRevision: s, Log: testLog(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pipeline{r: r}
-	for rev := s + 1; rev <= s+3; rev++ {
-		ops, err := r.ops(ctx, rev, evs[rev])
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.flight = append(p.flight, &sentTxn{rev: rev, evs: evs[rev], ops: ops})
-	}
+	r, p := unsentFlight(t, blue, green, s, 3)
 	for i := range 3 {
 		p.attempt(ctx, i)
 		<-p.flight[i].done
