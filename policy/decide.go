@@ -104,6 +104,9 @@ func (r *Rule) matches(a *Attributes) bool {
 	if !matchAny(r.Verbs, a.Verb) || !matchAny(r.Users, a.User) {
 		return false
 	}
+	if len(r.Users) > 0 && a.User == "" {
+		return false // a rule naming users, "*" too, never matches a client the proxy knows no user of
+	}
 	if len(r.Groups) > 0 && !slices.ContainsFunc(a.Groups, func(g string) bool { return matchAny(r.Groups, g) }) {
 		return false
 	}

@@ -227,6 +227,11 @@ rules:
   nonResourceURLs: ["/debug/flags/*"]
 - action: allow
   users: [system:kube-scheduler]
+- name: any-certificate-user
+  action: allow
+  verbs: [create]
+  resources: [configmaps]
+  users: ["*"]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -253,6 +258,9 @@ rules:
 		{"non-resource rule does not match resources", req("PUT", "/api/v1/namespaces/ns/configmaps/debug"), "", nil, false, "write"},
 		{"by user", req("POST", "/api/v1/namespaces/ns/events"), "system:kube-scheduler", nil, true, "rule #5"},
 		{"unknown shape ignores rules", req("POST", "//api/v1/namespaces/ns/events"), "system:kube-scheduler", nil, false, "unrecognised: empty path segment"},
+		// users: ["*"] is any user the proxy knows; a client without a verified certificate has none.
+		{"any user: a certificate user", req("POST", "/api/v1/namespaces/ns/configmaps"), "alice", nil, true, `rule "any-certificate-user"`},
+		{"any user: no identity", req("POST", "/api/v1/namespaces/ns/configmaps"), "", nil, false, "write"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
