@@ -537,17 +537,24 @@ func TestCorruptStateServesNothing(t *testing.T) {
 		// the proxy must not exit (and crash-loop), nor guess.
 		"backend CA file gone": `{"version":1,"fenced":false,"backend":"https://10.0.0.9:6443","backendCAFile":"/nonexistent/ca.crt","generation":7}`,
 		"backend no URL":       `{"version":1,"fenced":false,"backend":"10.0.0.9:6443","generation":7}`,
+		// A field this version does not know: a later one may have added it to keep the proxy
+		// safe (as unconfirmed and unchecked were added): not ignored.
+		"unknown field": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7,"aFutureSafetyFlag":true}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			api := newFakeAPI(t, "blue")
 			dir := t.TempDir()
 			state := filepath.Join(dir, "state.json")
-			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+			if err := os.WriteFile(state, []byte(strings.ReplaceAll(content, "BACKEND", api.URL)), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			p := startProxy(t, api.URL, func(o *Options) { o.StateFile = state })
 			if st := p.Status(); !st.Fenced || !st.Unconfirmed || !strings.Contains(st.Reason, "state file") {
 				t.Fatalf("status = %+v, want fenced and unconfirmed because of the state file", st)
+			}
+			// Serving nothing, it is not ready: a load balancer or probe should look elsewhere.
+			if resp, body := do(t, "GET", "http://"+p.MetricsAddr().String()+"/readyz"); resp.StatusCode != 503 || !strings.Contains(body, "backend set") {
+				t.Fatalf("readyz while unconfirmed = %d %q, want 503 naming 'backend set'", resp.StatusCode, body)
 			}
 			for _, m := range []string{"GET", "DELETE"} {
 				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps/x")

@@ -550,9 +550,14 @@ func errLinkedDir(dir string) error {
 	return fmt.Errorf("%s is a symbolic link: give --admin-socket a path in a real directory (the proxy tightens it to 0700 and does not follow links)", dir)
 }
 
-// readyz is ready while the active backend answers its own /readyz.
+// readyz is ready while the active backend answers its own /readyz, and never while the proxy
+// serves nothing because its backend is unconfirmed.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	b := s.active.Load()
+	if s.unconfirmed.Load() {
+		http.Error(w, "not ready: the backend is unconfirmed (the state file was unusable at start-up) and every request gets 503 until 'kubefence backend set URL' names it", http.StatusServiceUnavailable)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url.String()+"/readyz", nil)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,8 +63,12 @@ func (s *stateStore) load() (State, error) {
 	if err != nil {
 		return st, fmt.Errorf("read state file %s: %w", s.path, err)
 	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		return st, fmt.Errorf("state file %s is corrupt: %w", s.path, err)
+	// A field this version does not know may be one a later version added to keep the proxy
+	// safe (as unconfirmed and unchecked were added): not ignored, the file is unusable here.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return st, fmt.Errorf("state file %s is corrupt, or from a newer kubefence: %w", s.path, err)
 	}
 	if st.Version != stateVersion {
 		return st, fmt.Errorf("state file %s has version %d, this kubefence reads version %d", s.path, st.Version, stateVersion)
