@@ -140,6 +140,9 @@ func TestAdoptsOnlyWhatItStarted(t *testing.T) {
 		// A kubefence before the write-ahead journaled a pid only once started: a process of
 		// one killed in between is found by its command line, as it was then.
 		{"a journal of a kubefence before: adopted", map[string]int{}, false, []int{555}},
+		// g0 was started and journaled, and has ended (stopped by an abort): a process with
+		// its command line is another run's green (the same plan from another state dir).
+		{"g0 journaled and gone: another's is left alone", map[string]int{"g0": 101}, true, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,5 +227,33 @@ func TestFailedPreflightKeepsTheOldJournal(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the old green's data dir: %v, want it removed", err)
+	}
+}
+
+// TestRestartWritesAheadAgain: a green process journaled and ended since is started again with
+// its pid journaled as 0 first, so that a run killed between that start and journaling the new
+// pid adopts the new process by its command line (greenPID does not look for one behind a
+// journaled pid that has ended: that is another run's).
+func TestRestartWritesAheadAgain(t *testing.T) {
+	p, _ := validPlan(t)
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{ID: "x", State: StateRunning, GreenPIDs: map[string]int{"g0": 101}, PlanHash: p.hash, PIDsWriteAhead: true}
+	r := (&runner{p: p, j: j, procs: fakeProcesses(map[int]bool{}, new([]int))}).forward()
+	journaled := -1
+	r.procs.start = func([]string, string) (int, error) {
+		on, err := LoadJournal(p.StateDir)
+		if err != nil {
+			return 0, err
+		}
+		journaled = on.GreenPIDs["g0"]
+		return 202, nil
+	}
+	if err := r.startGreenProcess(greenEtcdProcess(p, p.Green.Etcd.Members[0])); err != nil {
+		t.Fatal(err)
+	}
+	if journaled != 0 || r.j.GreenPIDs["g0"] != 202 {
+		t.Fatalf("journaled %d when it started, %d after; want 0, then 202", journaled, r.j.GreenPIDs["g0"])
 	}
 }

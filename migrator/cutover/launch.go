@@ -29,16 +29,20 @@ var osProcesses = processes{
 // greenPID is the pid of green process name (started with argv): the journaled one if it
 // runs, else an orphan found by its command line, else 0. A cutover killed between starting a
 // green process and journaling its pid leaves one behind; the resume or abort adopts it and
-// journals it from now on. Only a process this cutover journaled it was starting is looked for
-// (Journal.PIDsWriteAhead): a process with the same command line is otherwise someone else's
-// (another run of the same plan from another state dir, whose green may serve).
+// journals it from now on. Only a process this cutover journaled it was starting, and whose pid
+// it did not journal yet, is looked for (Journal.PIDsWriteAhead): a process with the same
+// command line is otherwise someone else's (another run of the same plan from another state
+// dir, whose green may serve), also once the one journaled has ended.
 func (r *runner) greenPID(name string, argv []string) int {
 	pid, starting := r.j.GreenPIDs[name]
 	if !starting && r.j.PIDsWriteAhead {
 		return 0
 	}
-	if pid > 0 && r.procs.alive(pid, argv) {
-		return pid
+	if pid > 0 {
+		if r.procs.alive(pid, argv) {
+			return pid
+		}
+		return 0
 	}
 	pid = r.procs.find(argv)
 	if pid > 0 {

@@ -188,9 +188,9 @@ func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
 	if err := proc.PortFree(urls...); err != nil {
 		return fmt.Errorf("%s: %w", gp.what, err)
 	}
-	if _, ok := r.j.GreenPIDs[gp.name]; !ok {
+	if pid, ok := r.j.GreenPIDs[gp.name]; !ok || pid != 0 {
 		// Write-ahead: a run killed before it journals the pid adopts the process by its
-		// command line (greenPID), and only then.
+		// command line (greenPID), and only then (not when a pid journaled before has ended).
 		r.j.GreenPIDs[gp.name] = 0
 		if err := r.saveJournal(); err != nil {
 			return err
