@@ -494,11 +494,33 @@ spec:
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)
 			tc.edit(t, p)
-			err := checkGreenEtcdServers(p)
+			err := checkGreenEtcdServers(t.Context(), p)
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("checkGreenEtcdServers = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestGreenAPIServerNotOnBlueEtcdWrittenOtherwise: blue's etcd written another way than in
+// blue.etcd.endpoints (127.0.0.1 for a host address kubeadm's etcd also listens on, localhost,
+// a name) is found by asking the URL: it answers with blue's cluster ID.
+func TestGreenAPIServerNotOnBlueEtcdWrittenOtherwise(t *testing.T) {
+	blue := startTestEtcd(t)
+	ep := blue.Endpoints()[0]
+	if _, after, ok := strings.Cut(ep, "://"); ok {
+		ep = after
+	}
+	_, port, err := net.SplitHostPort(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := validPlan(t)
+	p.Blue.Etcd.Endpoints = []string{"http://localhost:" + port}
+	p.Green.APIServer.Command[1] = "--etcd-servers=http://127.0.0.1:2479,http://127.0.0.1:" + port
+	err = checkGreenEtcdServers(t.Context(), p)
+	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:"+port) || !strings.Contains(err.Error(), "blue's cluster") {
+		t.Fatalf("checkGreenEtcdServers = %v, want blue's etcd found by its cluster ID", err)
 	}
 }
 

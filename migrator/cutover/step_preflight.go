@@ -40,7 +40,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -223,9 +223,12 @@ func enoughSpace(dir string, need int64) error {
 // blue's data, verify would compare blue with blue, and the switch would send every request
 // to blue's etcd through it. One on a green member's host must be one of green's members'
 // client URLs (however it is written): another (a typo) would keep green's apiserver from ever
-// becoming ready; a host no member has (a load balancer in front of green) is not judged. An
-// apiserver its own host starts is that host's to check.
-func checkGreenEtcdServers(p *Plan) error {
+// becoming ready; a host no member has (a load balancer in front of green) is not judged,
+// unless it answers with blue's cluster ID (blue's etcd written another way: 127.0.0.1 for the
+// host address kubeadm's etcd also listens on, localhost, a name). An apiserver its own host
+// starts is that host's to check.
+func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
+	isBlue := blueEtcdAt(ctx, p)
 	blue := map[string]bool{}
 	for _, e := range p.Blue.Etcd.Endpoints {
 		blue[proc.HostPort(e)] = true
@@ -252,6 +255,8 @@ func checkGreenEtcdServers(p *Plan) error {
 			switch {
 			case blue[proc.HostPort(s)]:
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, one of blue.etcd.endpoints: green's apiserver would serve blue's data; give it green's etcd members' client URLs", field, s))
+			case !green.serves(s) && isBlue(s):
+				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, which answers with blue's cluster ID: blue's etcd written another way than in blue.etcd.endpoints; green's apiserver would serve blue's data. Give it green's etcd members' client URLs", field, s))
 			case green.typo(s):
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, on a green member's host but none of green.etcd.members' clientURLs (%s): green's apiserver would never become ready; give it their scheme, host and port", field, s, strings.Join(clients, ", ")))
 			}
@@ -288,6 +293,49 @@ func newGreenEndpoints(p *Plan) greenEndpoints {
 		}
 	}
 	return g
+}
+
+// serves is true when a green member serves at raw (its scheme, a host address, its port).
+func (g greenEndpoints) serves(raw string) bool {
+	scheme, port, hosts := endpointOf(raw)
+	for _, h := range hosts {
+		if g.keys[scheme+"://"+net.JoinHostPort(h, port)] {
+			return true
+		}
+	}
+	return false
+}
+
+// blueEtcdAt returns whether an etcd URL answers, with blue.etcd's credentials, as blue's
+// cluster (false when blue's cluster ID cannot be read, or the URL does not answer within a
+// few seconds).
+func blueEtcdAt(ctx context.Context, p *Plan) func(raw string) bool {
+	clusterAt := func(endpoints ...string) uint64 {
+		spec := p.Blue.Etcd.EtcdClientSpec
+		spec.Endpoints = endpoints
+		cli, err := newEtcdClient(spec)
+		if err != nil {
+			return 0
+		}
+		defer cli.Close()
+		for _, e := range endpoints {
+			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			resp, err := cli.Status(sctx, e)
+			cancel()
+			if err == nil {
+				return resp.Header.ClusterId
+			}
+		}
+		return 0
+	}
+	var blue uint64
+	var read bool
+	return func(raw string) bool {
+		if !read {
+			blue, read = clusterAt(p.Blue.Etcd.Endpoints...), true
+		}
+		return blue != 0 && clusterAt(raw) == blue
+	}
 }
 
 // typo is true when raw's host is a green member's but no member serves there with raw's scheme
