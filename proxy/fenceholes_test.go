@@ -466,13 +466,19 @@ func TestAdminSocketDirNoSymlink(t *testing.T) {
 	usr, shared := mkdir("usr"), mkdir("system/run")
 	cases := []struct {
 		name, dir, untouched, want string
+		cwd                        string // run from there
 	}{
-		{"link to another directory", link(usr, "kf"), usr, "symbolic link"},
-		{"link to a directory not made yet", link(filepath.Join(tmp, "later"), "kf2"), "", "symbolic link"},
-		{"linked parent, shared directory", filepath.Join(link(filepath.Join(tmp, "system"), "sys"), "run"), shared, "shared"},
+		{"link to another directory", link(usr, "kf"), usr, "symbolic link", ""},
+		{"link to a directory not made yet", link(filepath.Join(tmp, "later"), "kf2"), "", "symbolic link", ""},
+		{"linked parent, shared directory", filepath.Join(link(filepath.Join(tmp, "system"), "sys"), "run"), shared, "shared", ""},
+		// --admin-socket=run/admin.sock from / would tighten /run.
+		{"a relative path to a shared directory", "run", shared, "shared", filepath.Join(tmp, "system")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.cwd != "" {
+				t.Chdir(tc.cwd)
+			}
 			err := privateDirOf(tc.dir, os.Geteuid(), map[string]bool{shared: true})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("privateDir(%s) = %v, want an error saying %q", tc.dir, err, tc.want)

@@ -501,11 +501,14 @@ func privateDir(dir string) error { return privateDirOf(dir, os.Geteuid(), share
 // privateDirOf is privateDir for the user uid, shared being the directories never to tighten: a
 // directory another user owns is refused, since its owner could replace the socket in it.
 func privateDirOf(dir string, uid int, shared map[string]bool) error {
-	dir = filepath.Clean(dir)
+	dir, err := filepath.Abs(dir) // a relative path is judged as the directory it names
+	if err != nil {
+		return err
+	}
 	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		return errLinkedDir(dir)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err = os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	// Checked and tightened through a descriptor opened without following a link: the directory
