@@ -417,6 +417,13 @@ func TestOptionWarnings(t *testing.T) {
 		{"http upstream elsewhere", func(o *Options) { o.Upstream = "http://10.0.0.10:8080" }, "backend http://10.0.0.10:8080 is plain http"},
 		{"http allowed backend, any port", func(o *Options) { o.AllowedBackends = []string{"http://green.example:*"} }, "backend http://green.example:* is plain http"},
 		{"hold timeout 5s", func(o *Options) { o.HoldTimeout = 5 * time.Second }, "--hold-timeout 5s is not under 5s"},
+		{"admin CA of its own", func(o *Options) {
+			o.ClientCAFile, o.AdminClientCAFile = "/etc/kubernetes/pki/ca.crt", "/etc/kubefence/admin-ca.crt"
+		}, ""},
+		// Every kubelet's certificate, and any the CSR API signs, would pass the admin API.
+		{"admin CA the cluster's client CA", func(o *Options) {
+			o.ClientCAFile, o.AdminClientCAFile = "/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/../pki/ca.crt"
+		}, "--admin-client-ca-file is --client-ca-file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := NewOptions()

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -171,7 +173,20 @@ func (o *Options) Warnings() []string {
 	if o.HoldTimeout >= leaderElectionRequestTimeout {
 		out = append(out, fmt.Sprintf("--hold-timeout %s is not under 5s, the request timeout of client-go's leader election: a lease renewal held that long has failed at its client before it is answered (controllers may lose their leases)", o.HoldTimeout))
 	}
+	if o.AdminClientCAFile != "" && o.ClientCAFile != "" && sameContent(o.AdminClientCAFile, o.ClientCAFile) {
+		out = append(out, fmt.Sprintf("--admin-client-ca-file is --client-ca-file (%s): every certificate the cluster's CA signs (each kubelet's, any the CSR API issues) may fence, unfence and switch the proxy; give the admin API a CA of its own", o.AdminClientCAFile))
+	}
 	return out
+}
+
+// sameContent says whether two paths name one file, or files with the same bytes.
+func sameContent(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	x, errA := os.ReadFile(a)
+	y, errB := os.ReadFile(b)
+	return errA == nil && errB == nil && bytes.Equal(x, y)
 }
 
 // loopback says whether host (a name or an address) is this host's loopback.
