@@ -524,6 +524,28 @@ func TestFailedSaveLeavesUnconfirmed(t *testing.T) {
 	}
 }
 
+// TestStateBackendMustBeAllowed: a state file naming a backend that is neither --upstream nor
+// allowed by --allowed-backends (flags narrowed since, or a file someone else wrote) is not
+// resumed: the proxy forwards clients' bearer tokens, and would hand them to a server the
+// operator does not allow. It starts fenced and unconfirmed, serving nothing.
+func TestStateBackendMustBeAllowed(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte(`{"version":1,"fenced":false,"backend":"`+green.URL+`","generation":4}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, blue.URL, func(o *Options) { o.StateFile, o.AllowedBackends = state, nil })
+	if st := p.Status(); !st.Fenced || !st.Unconfirmed || !strings.Contains(st.Reason, "allowed") {
+		t.Fatalf("status = %+v, want fenced and unconfirmed, saying the backend is not allowed", st)
+	}
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 503 {
+		t.Fatalf("read = %d, want 503", resp.StatusCode)
+	}
+	if len(green.requests())+len(blue.requests()) != 0 {
+		t.Fatalf("forwarded: green %q, blue %q", green.requests(), blue.requests())
+	}
+}
+
 // TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
 // backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
 // unfenced until 'backend set' names the backend; then reads flow, still fenced.

@@ -127,9 +127,14 @@ func (s *Server) initialState() (State, *backend, error) {
 		}
 		b, berr := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 		if berr == nil {
-			return st, b, nil
+			// The proxy forwards clients' bearer tokens: only to a backend the flags allow now
+			// (narrowed since, or a file someone else wrote, it is not resumed).
+			if berr = s.checkAllowed(b.url); berr == nil {
+				return st, b, nil
+			}
 		}
-		// Readable, but its backend cannot be used (a CA file removed since): as unreadable.
+		// Readable, but its backend cannot be used (a CA file removed since, not allowed): as
+		// unreadable.
 		err = fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr)
 	case errors.Is(err, errNoState):
 		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
