@@ -75,8 +75,9 @@ type backend struct {
 
 // TransportOptions shape the connection pools to every backend.
 type TransportOptions struct {
-	// FrontProxyCert is presented to the backend on requests that carry a forwarded identity.
-	FrontProxyCert *tls.Certificate
+	// FrontProxyCert is presented to the backend on requests that carry a forwarded identity
+	// (the current pair of its files: on each connection dialled).
+	FrontProxyCert *keyPairFile
 	// MaxIdleConnsPerHost bounds each keep-alive pool.
 	MaxIdleConnsPerHost int
 	DialTimeout         time.Duration
@@ -144,7 +145,7 @@ func newBackend(rawURL, caFile string, topts TransportOptions) (*backend, error)
 	if topts.FrontProxyCert != nil {
 		idConfig := tlsConfig.Clone()
 		cert := topts.FrontProxyCert
-		idConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+		idConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.get(), nil }
 		b.identity = newPool(idConfig, topts)
 	}
 	return b, nil

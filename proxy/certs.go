@@ -16,8 +16,7 @@ import (
 // that certificates rotate without a restart. A changed file that does not parse is logged and
 // the previous content stays in use.
 type certFiles struct {
-	serving *dynamiccertificates.DynamicCertKeyPairContent
-	current atomic.Pointer[tls.Certificate]
+	serving *keyPairFile
 	// clientCA is nil without --client-ca-file.
 	clientCA *dynamiccertificates.DynamicFileCAContent
 }
@@ -25,13 +24,9 @@ type certFiles struct {
 func loadCertFiles(certFile, keyFile, clientCAFile string) (*certFiles, error) {
 	c := &certFiles{}
 	var err error
-	if c.serving, err = dynamiccertificates.NewDynamicServingContentFromFiles("serving", certFile, keyFile); err != nil {
-		return nil, fmt.Errorf("load serving certificate: %w", err)
-	}
-	if err := c.parseServing(); err != nil {
+	if c.serving, err = loadKeyPairFile("serving certificate", certFile, keyFile); err != nil {
 		return nil, err
 	}
-	c.serving.AddListener(c)
 	if clientCAFile != "" {
 		if c.clientCA, err = dynamiccertificates.NewDynamicCAContentFromFile("client-ca", clientCAFile); err != nil {
 			return nil, fmt.Errorf("--client-ca-file: %w", err)
@@ -40,30 +35,58 @@ func loadCertFiles(certFile, keyFile, clientCAFile string) (*certFiles, error) {
 	return c, nil
 }
 
-// Enqueue is called by the serving content when its files changed and parsed.
-func (c *certFiles) Enqueue() { _ = c.parseServing() }
-
-func (c *certFiles) parseServing() error {
-	certPEM, keyPEM := c.serving.CurrentCertKeyContent()
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return fmt.Errorf("load serving certificate: %w", err)
-	}
-	c.current.Store(&pair)
-	return nil
-}
-
 // run watches the files until ctx ends.
 func (c *certFiles) run(ctx context.Context) {
-	go c.serving.Run(ctx, 1)
+	c.serving.run(ctx)
 	if c.clientCA != nil {
 		go c.clientCA.Run(ctx, 1)
 	}
 }
 
 func (c *certFiles) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return c.current.Load(), nil
+	return c.serving.get(), nil
 }
+
+// keyPairFile is a certificate and its key, reloaded when their files change (as certFiles);
+// a changed pair that does not parse is logged and the previous one stays in use.
+type keyPairFile struct {
+	what    string
+	content *dynamiccertificates.DynamicCertKeyPairContent
+	current atomic.Pointer[tls.Certificate]
+}
+
+// loadKeyPairFile loads the pair what names ("serving certificate").
+func loadKeyPairFile(what, certFile, keyFile string) (*keyPairFile, error) {
+	k := &keyPairFile{what: what}
+	var err error
+	if k.content, err = dynamiccertificates.NewDynamicServingContentFromFiles(what, certFile, keyFile); err != nil {
+		return nil, fmt.Errorf("load %s: %w", what, err)
+	}
+	if err := k.parse(); err != nil {
+		return nil, err
+	}
+	k.content.AddListener(k)
+	return k, nil
+}
+
+// Enqueue is called by the content when its files changed and parsed.
+func (k *keyPairFile) Enqueue() { _ = k.parse() }
+
+func (k *keyPairFile) parse() error {
+	certPEM, keyPEM := k.content.CurrentCertKeyContent()
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", k.what, err)
+	}
+	k.current.Store(&pair)
+	return nil
+}
+
+// run watches the files until ctx ends.
+func (k *keyPairFile) run(ctx context.Context) { go k.content.Run(ctx, 1) }
+
+// get is the current pair.
+func (k *keyPairFile) get() *tls.Certificate { return k.current.Load() }
 
 // clientVerifyOptions are the current client CA bundle's verify options.
 func (c *certFiles) clientVerifyOptions() (x509.VerifyOptions, bool) {

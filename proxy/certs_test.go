@@ -121,6 +121,33 @@ func TestServingCertReloaded(t *testing.T) {
 	waitForT(t, 10*time.Second, "the rotated serving certificate", func() bool { return servedCN() == "proxy-rotated" })
 }
 
+// TestFrontProxyCertReloaded: a renewed front-proxy client certificate (kubeadm certs renew
+// rewrites front-proxy-client.crt/key) is presented on the backend connections dialled after it,
+// without a restart: the expired one would get every certificate-authenticated client's request
+// (kubelets, controllers) refused by the apiserver.
+func TestFrontProxyCertReloaded(t *testing.T) {
+	f := newIdentityFixture(t)
+	alice, _, _ := f.clientCA.issue(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth)
+	c := f.client(&alice)
+	frontSeen := func() string {
+		resp, err := c.Get(f.proxyURL + "/api/v1/namespaces")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		seen := f.backend.requests()
+		return seen[len(seen)-1].frontProxy
+	}
+	if cn := frontSeen(); cn != "front-proxy-client" {
+		t.Fatalf("front-proxy CN = %q", cn)
+	}
+	f.frontCA.issue(t, f.dir, "front-proxy-client", "front-proxy-rotated", nil, x509.ExtKeyUsageClientAuth) // rewrites its files
+	waitForT(t, 10*time.Second, "the renewed front-proxy certificate", func() bool {
+		f.backend.CloseClientConnections() // the proxy dials again, and presents its certificate then
+		return frontSeen() == "front-proxy-rotated"
+	})
+}
+
 func waitForT(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

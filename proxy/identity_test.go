@@ -136,6 +136,7 @@ type identityFixture struct {
 	dir               string
 	backendCert       tls.Certificate
 	frontPool         *x509.CertPool
+	frontCA           *testCA
 }
 
 // newBackend starts a TLS backend that asks for the front-proxy certificate, as kube-apiserver
@@ -191,7 +192,7 @@ func newIdentityFixture(t *testing.T, mutate ...func(o *Options, dir string)) *i
 	frontPool := x509.NewCertPool()
 	frontPool.AddCert(frontCA.cert)
 
-	f.backendCert, f.frontPool = backendCert, frontPool
+	f.backendCert, f.frontPool, f.frontCA = backendCert, frontPool, frontCA
 	f.backend = f.newBackend(t)
 
 	o := NewOptions()

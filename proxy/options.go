@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -353,11 +352,11 @@ func (o *Options) Complete() (*Config, error) {
 		errs = append(errs, errAdminListenNeedsCA)
 	}
 	if o.UpstreamClientCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(o.UpstreamClientCertFile, o.UpstreamClientKeyFile)
+		cert, err := loadKeyPairFile("front-proxy client certificate", o.UpstreamClientCertFile, o.UpstreamClientKeyFile)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("load front-proxy client certificate: %w", err))
+			errs = append(errs, err)
 		} else {
-			c.backend.FrontProxyCert = &cert
+			c.backend.FrontProxyCert = cert
 		}
 	}
 	if o.UpstreamCAFile != "" {

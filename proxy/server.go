@@ -358,11 +358,14 @@ func (s *Server) serveAll() {
 		// As kube-apiserver (--http2-max-streams-per-connection): room for reads beside held writes.
 		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(o.MaxConcurrentStreams)},
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopCerts = cancel // the certificate files' watches
 	if !o.InsecureListen {
 		s.apiServer.TLSConfig = s.cfg.certs.serverTLS()
-		ctx, cancel := context.WithCancel(context.Background())
-		s.stopCerts = cancel
 		s.cfg.certs.run(ctx)
+	}
+	if fp := s.cfg.backend.FrontProxyCert; fp != nil {
+		fp.run(ctx)
 	}
 	s.adminServer = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	if s.metricsLn != nil {
