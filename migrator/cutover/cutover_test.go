@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -173,6 +174,44 @@ func TestGreenApartFromBlue(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("CheckFiles: %v; want %q", err, w)
 		}
+	}
+}
+
+// TestGreenDataDirsApart: green members' data dirs on this host are apart from one another
+// (the same dir written twice, with a trailing slash, or one inside another: two etcds on one
+// dir), and none lies inside an etcd member's data dir, blue's included when the plan does not
+// name it (mode replicate: /var/lib/etcd/green would be deleted with blue's).
+func TestGreenDataDirsApart(t *testing.T) {
+	etcdDir := t.TempDir() // an etcd data dir the plan does not name
+	if err := os.MkdirAll(filepath.Join(etcdDir, "member", "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		dirs func(base string) []string
+		want string
+	}{
+		{"apart", func(b string) []string { return []string{filepath.Join(b, "g0"), filepath.Join(b, "g1")} }, ""},
+		{"one written twice", func(b string) []string { return []string{filepath.Join(b, "g"), filepath.Join(b, "g") + "/"} }, "green.etcd.members[1].dataDir"},
+		{"one inside another", func(b string) []string { return []string{filepath.Join(b, "g"), filepath.Join(b, "g", "m1")} }, "green.etcd.members[1].dataDir"},
+		{"inside an etcd member's data dir", func(string) []string { return []string{filepath.Join(etcdDir, "green")} }, "inside an etcd data dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			base := t.TempDir()
+			dirs := tc.dirs(base)
+			m := p.Green.Etcd.Members[0]
+			p.Green.Etcd.Members = nil
+			for i, d := range dirs {
+				m.Name, m.DataDir = fmt.Sprintf("g%d", i), d
+				m.ClientURL, m.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", 2479+10*i), fmt.Sprintf("http://127.0.0.1:%d", 2480+10*i)
+				p.Green.Etcd.Members = append(p.Green.Etcd.Members, m)
+			}
+			err := p.CheckFiles()
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("CheckFiles: %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 

@@ -657,11 +657,38 @@ func (p *Plan) paths() []planPath {
 func (p *Plan) CheckFiles() error {
 	ps := checkPaths(p.paths())
 	for i, m := range p.Green.Etcd.Members {
-		if !m.External { // an external member's data dir is on its own host
-			ps = append(ps, apartFromBlue(fmt.Sprintf("green.etcd.members[%d].dataDir", i), m.DataDir, p.Blue.Etcd)...)
+		if m.External { // an external member's data dir is on its own host
+			continue
+		}
+		field := fmt.Sprintf("green.etcd.members[%d].dataDir", i)
+		ps = append(ps, apartFromBlue(field, m.DataDir, p.Blue.Etcd)...)
+		ps = append(ps, insideEtcdDataDir(field, m.DataDir))
+		for j, o := range p.Green.Etcd.Members[:i] {
+			if !o.External && m.DataDir != "" && o.DataDir != "" {
+				if err := pathguard.CheckApart(field, m.DataDir, fmt.Sprintf("green.etcd.members[%d].dataDir", j), o.DataDir); err != nil {
+					ps = append(ps, fmt.Errorf("%w: two green members would run on one data dir; give each its own", err))
+				}
+			}
 		}
 	}
 	return errors.Join(ps...)
+}
+
+// insideEtcdDataDir refuses a data dir under an etcd member's data dir (a directory holding
+// member/wal or member/snap), blue's when the plan does not name it: removing that member (after
+// the cutover, kubeadm reset) would remove green.
+func insideEtcdDataDir(field, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	for d := filepath.Dir(pathguard.Resolve(dir)); d != filepath.Dir(d); d = filepath.Dir(d) {
+		for _, sub := range []string{"member/wal", "member/snap"} {
+			if st, err := os.Stat(filepath.Join(d, sub)); err == nil && st.IsDir() {
+				return fmt.Errorf("%s %s lies inside an etcd data dir, %s: removing that member would remove green; give green a data dir outside it", field, dir, d)
+			}
+		}
+	}
+	return nil
 }
 
 // CheckFilesAfterSwitch is CheckFiles for what is left from the switch on (the unfence, the
