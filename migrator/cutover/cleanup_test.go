@@ -257,3 +257,15 @@ func TestRestartWritesAheadAgain(t *testing.T) {
 		t.Fatalf("journaled %d when it started, %d after; want 0, then 202", journaled, r.j.GreenPIDs["g0"])
 	}
 }
+
+// TestCleanupOfAStoppedRehearsal: a rehearsal that stopped partway is never resumed; cleanup
+// says what stops it ('cutover abort'), not --resume, which refuses it.
+func TestCleanupOfAStoppedRehearsal(t *testing.T) {
+	p, _ := validPlan(t)
+	j := &Journal{ID: "r1", State: StateRunning, Rehearse: true, GreenPIDs: map[string]int{}, PlanHash: p.hash}
+	r := (&runner{p: p, j: j, procs: fakeProcesses(map[int]bool{}, new([]int))}).forward()
+	_, err := r.cleanup(false)
+	if err == nil || strings.Contains(err.Error(), "--resume") || !strings.Contains(err.Error(), "cutover abort") {
+		t.Fatalf("cleanup of a stopped rehearsal: %v, want it to name 'cutover abort', not --resume", err)
+	}
+}

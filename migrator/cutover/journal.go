@@ -37,6 +37,9 @@ func (j *Journal) aborting() bool { return j.State == StateRunning && j.AbortRea
 // wayOn is the advice for a running cutover no process runs: past the switch abort refuses
 // it, so only --resume finishes it.
 func (j *Journal) wayOn() string {
+	if j.Rehearse {
+		return "a rehearsal is not resumed: 'kubefence cutover abort --plan PLAN' stops what it started"
+	}
 	if j.done(StepSwitch) {
 		return "it has switched to green, and there is no abort from there: run 'kubefence cutover --resume --plan PLAN' to finish it"
 	}
