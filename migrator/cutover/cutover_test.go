@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -466,5 +467,19 @@ func TestDryRunPerProxyCommands(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, all)
 		}
+	}
+}
+
+// TestDryRunRehearsal: the dry run of a rehearsal lists what a rehearsal does: the steps up to
+// the fence and the measured drain, no fence, switch or unfence.
+func TestDryRunRehearsal(t *testing.T) {
+	p, _ := validPlan(t)
+	p.Migration.Mode = ModeReplicate
+	var names []string
+	for _, s := range DryRunRehearsal(p) {
+		names = append(names, s.Step)
+	}
+	if slices.Contains(names, StepFence) || slices.Contains(names, StepSwitch) || slices.Contains(names, StepUnfence) || names[len(names)-1] != rehearseSteps[len(rehearseSteps)-1].name() {
+		t.Fatalf("rehearsal dry run %v: want the steps before the fence, then the measured drain", names)
 	}
 }

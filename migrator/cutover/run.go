@@ -489,8 +489,13 @@ type PlannedStep struct {
 }
 
 // DryRun returns the steps the plan would run, with their exact actions; it changes nothing.
-func DryRun(p *Plan) []PlannedStep {
-	r := (&runner{p: p, j: &Journal{ID: "dry-run"}, steps: stepsFor(p)}).forward()
+func DryRun(p *Plan) []PlannedStep { return dryRun(p, stepsFor(p)) }
+
+// DryRunRehearsal is DryRun for --rehearse: the steps up to the fence, then the measured drain.
+func DryRunRehearsal(p *Plan) []PlannedStep { return dryRun(p, rehearseSteps) }
+
+func dryRun(p *Plan, steps []step) []PlannedStep {
+	r := (&runner{p: p, j: &Journal{ID: "dry-run"}, steps: steps}).forward()
 	var out []PlannedStep
 	for _, s := range r.steps {
 		out = append(out, PlannedStep{Step: s.name(), Action: s.describe(r, true)})

@@ -159,6 +159,9 @@ func (o *cutoverRunOptions) Validate() error {
 func (o *cutoverRunOptions) Run(ctx context.Context) error {
 	if o.dryRun {
 		steps := cutover.DryRun(o.plan)
+		if o.rehearse {
+			steps = cutover.DryRunRehearsal(o.plan)
+		}
 		return o.printer.print(o.Out, steps, func(w io.Writer) {
 			fmt.Fprintf(w, "cutover plan %s (dry run: nothing is changed)\n", o.planFile)
 			for i, s := range steps {
