@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -549,5 +550,26 @@ func TestGreenQuotaFitsBlue(t *testing.T) {
 				t.Fatalf("checkGreenQuota = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSpaceCountedPerFilesystem: what the cutover writes in the state dir (the snapshot) and in
+// a green data dir (the restored member) on one filesystem (kubeadm's /) is counted together,
+// with one database's worth of room for the WAL and compaction: each was checked as if alone.
+func TestSpaceCountedPerFilesystem(t *testing.T) {
+	dir := t.TempDir()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	db := free * 2 / 5 // 2x fits, 3x does not
+	state, green := filepath.Join(dir, "state"), filepath.Join(dir, "green")
+	if errs := enoughSpaceTogether([]spaceNeed{{state, db}}, db); len(errs) != 0 {
+		t.Fatalf("one location: %v", errs)
+	}
+	errs := enoughSpaceTogether([]spaceNeed{{state, db}, {green, db}}, db)
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "together") || !strings.Contains(errs[0].Error(), green) {
+		t.Fatalf("two locations on one filesystem: %v, want one refusal naming both", errs)
 	}
 }

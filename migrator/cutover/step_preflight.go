@@ -58,7 +58,6 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		if entries, err := readDirIfExists(m.DataDir); err != nil || len(entries) > 0 {
 			errs = append(errs, fmt.Errorf("green etcd %s: data dir %s must be absent or empty", m.Name, m.DataDir))
 		}
-		errs = append(errs, enoughSpace(filepath.Dir(m.DataDir), 2*blueDB))
 	}
 	for i, a := range p.greenAPIServers() {
 		if i == 0 || len(a.Command) > 0 { // green.apiserver here, a command or a static pod
@@ -70,7 +69,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if sp := p.Green.APIServer.StaticPod; sp != nil {
 		errs = append(errs, manifestAbsent(sp), checkGreenManifest(ctx, p))
 	}
-	errs = append(errs, enoughSpace(p.StateDir, 2*blueDB))
+	errs = append(errs, enoughSpaceTogether(p.spaceNeeds(blueDB), blueDB)...)
 	if err := errors.Join(errs...); err != nil {
 		return "", err
 	}
@@ -201,6 +200,78 @@ func readDirIfExists(dir string) ([]os.DirEntry, error) {
 		return nil, nil
 	}
 	return entries, err
+}
+
+// spaceNeed is what the cutover writes in dir: need bytes.
+type spaceNeed struct {
+	dir  string
+	need int64
+}
+
+// spaceNeeds is what the cutover writes, for a blue database of blueDB bytes: the snapshot in
+// the state dir (and the member copy, when blue.etcd.dataDir names one: v2-to-v3), and a
+// restored member beside each green data dir this host starts.
+func (p *Plan) spaceNeeds(blueDB int64) []spaceNeed {
+	state := blueDB
+	if p.Blue.Etcd.DataDir != "" {
+		state += blueDB
+	}
+	needs := []spaceNeed{{p.StateDir, state}}
+	for _, m := range p.Green.Etcd.Members {
+		if !m.External {
+			needs = append(needs, spaceNeed{filepath.Dir(m.DataDir), blueDB})
+		}
+	}
+	return needs
+}
+
+// enoughSpaceTogether checks free space per filesystem for the sum of what the cutover writes
+// there, plus room on each (the WAL, compaction): the state dir and green's data dirs on one
+// disk (kubeadm's /, with blue's own data) are not each counted as if alone.
+func enoughSpaceTogether(needs []spaceNeed, room int64) []error {
+	type onFS struct {
+		dirs []string
+		need int64
+	}
+	byFS := map[uint64]*onFS{}
+	var order []uint64
+	var errs []error
+	for _, n := range needs {
+		dev, err := deviceOf(n.dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f := byFS[dev]
+		if f == nil {
+			f = &onFS{need: room}
+			byFS[dev], order = f, append(order, dev)
+		}
+		f.dirs, f.need = append(f.dirs, n.dir), f.need+n.need
+	}
+	for _, dev := range order {
+		f := byFS[dev]
+		if err := enoughSpace(f.dirs[0], f.need); err != nil {
+			if len(f.dirs) > 1 {
+				err = fmt.Errorf("%w, for %s together (one filesystem)", err, strings.Join(f.dirs, ", "))
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// deviceOf is the filesystem of dir, or of its nearest parent that exists.
+func deviceOf(dir string) (uint64, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		var st syscall.Stat_t
+		if err := syscall.Stat(d, &st); err == nil {
+			return uint64(st.Dev), nil
+		}
+		if d == filepath.Dir(d) {
+			return 0, fmt.Errorf("%s: cannot tell its filesystem", dir)
+		}
+	}
 }
 
 func enoughSpace(dir string, need int64) error {
