@@ -34,7 +34,7 @@ var ErrBadRequest = errors.New("bad request")
 var ErrWrongBackend = errors.New("the proxy is not on the backend this fence off expects")
 
 // ErrUnconfirmed refuses 'fence off' while the backend is unconfirmed (see Server.initialState).
-var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unreadable at start-up): run 'kubefence backend set URL' first")
+var ErrUnconfirmed = errors.New("the backend is unconfirmed (the state file was unusable at start-up): run 'kubefence backend set URL' first")
 
 // ErrUnchecked refuses a 'fence off' that does not name the backend while the backend is
 // --upstream only because the proxy started fenced with no state file (see Server.initialState).

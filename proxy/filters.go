@@ -60,14 +60,14 @@ func withAttributes(next http.Handler, classifier *policy.Classifier) http.Handl
 }
 
 // withConfirmedBackend answers 503 + Retry-After to everything while unconfirmed is set (the
-// state file was unreadable at start-up): failing closed means serving no reads either from a
+// state file was unusable at start-up): failing closed means serving no reads either from a
 // backend the proxy cannot know was the right one (invariant persist-then-ack).
 func withConfirmedBackend(next http.Handler, unconfirmed *atomic.Bool, retryAfter int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if unconfirmed.Load() {
 			reqStateFrom(r.Context()).answered = decisionUnavailable
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable",
-				"kubefence: the proxy's state file was unreadable at start-up, so it does not know which apiserver to use; "+
+				"kubefence: the proxy's state file was unusable at start-up, so it does not know which apiserver to use; "+
 					"an operator must run 'kubefence backend set URL'", retryAfter)
 			return
 		}

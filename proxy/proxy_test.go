@@ -546,6 +546,25 @@ func TestStateBackendMustBeAllowed(t *testing.T) {
 	}
 }
 
+// TestStateBackendNotAllowedWithoutUpstream: with no --upstream to fall back to, a state file
+// whose backend is not allowed any more still starts the proxy, fenced and unconfirmed, on that
+// backend, which it does not use (it serves nothing) until 'backend set' names an allowed one;
+// it does not exit (and crash-loop).
+func TestStateBackendNotAllowedWithoutUpstream(t *testing.T) {
+	green := newFakeAPI(t, "green")
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte(`{"version":1,"fenced":false,"backend":"`+green.URL+`","generation":4}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, "", func(o *Options) { o.StateFile, o.AllowedBackends = state, nil })
+	if st := p.Status(); !st.Fenced || !st.Unconfirmed {
+		t.Fatalf("status = %+v, want fenced and unconfirmed", st)
+	}
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 503 || len(green.requests()) != 0 {
+		t.Fatalf("read = %d, green saw %q: want 503, nothing forwarded", resp.StatusCode, green.requests())
+	}
+}
+
 // TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
 // backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
 // unfenced until 'backend set' names the backend; then reads flow, still fenced.
@@ -562,6 +581,7 @@ func TestCorruptStateServesNothing(t *testing.T) {
 		// A field this version does not know: a later one may have added it to keep the proxy
 		// safe (as unconfirmed and unchecked were added): not ignored.
 		"unknown field": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7,"aFutureSafetyFlag":true}`,
+		"trailing data": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7}{"fenced":true}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			api := newFakeAPI(t, "blue")

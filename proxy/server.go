@@ -132,6 +132,10 @@ func (s *Server) initialState() (State, *backend, error) {
 			if berr = s.checkAllowed(b.url); berr == nil {
 				return st, b, nil
 			}
+			if cfg.opts.Upstream == "" {
+				// Nothing to fall back to: on it, unconfirmed, it is never used.
+				return unconfirmedState(st, fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr), log), b, nil
+			}
 		}
 		// Readable, but its backend cannot be used (a CA file removed since, not allowed): as
 		// unreadable.
@@ -152,12 +156,18 @@ func (s *Server) initialState() (State, *backend, error) {
 	if cfg.opts.Upstream == "" {
 		return State{}, nil, fmt.Errorf("%w; and there is no --upstream to fall back to", err)
 	}
-	log.Error("cannot use the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
-		"err", err)
-	st = State{Version: stateVersion, Fenced: true, Unconfirmed: true, Reason: "state file unreadable at start-up: " + err.Error(),
-		Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
+	st = unconfirmedState(State{Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation}, err, log)
 	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 	return st, b, err
+}
+
+// unconfirmedState is the state a proxy whose state file it cannot use (why) starts in, on
+// st's backend and generation: fenced, serving nothing, until 'backend set' names the backend.
+func unconfirmedState(st State, why error, log *slog.Logger) State {
+	log.Error("cannot use the state file: starting FENCED and serving nothing (503) until 'kubefence backend set URL' names the backend to use; then 'kubefence fence off' when it is safe",
+		"err", why)
+	return State{Version: stateVersion, Fenced: true, Unconfirmed: true, Reason: "state file unusable at start-up: " + why.Error(),
+		Backend: st.Backend, BackendCAFile: st.BackendCAFile, Generation: st.Generation, ChangedAt: time.Now().UTC()}
 }
 
 // Handler is the proxy's request path (for tests and embedding).

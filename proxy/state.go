@@ -70,6 +70,9 @@ func (s *stateStore) load() (State, error) {
 	if err := dec.Decode(&st); err != nil {
 		return st, fmt.Errorf("state file %s is corrupt, or from a newer kubefence: %w", s.path, err)
 	}
+	if dec.More() {
+		return st, fmt.Errorf("state file %s is corrupt: more than one JSON value", s.path)
+	}
 	if st.Version != stateVersion {
 		return st, fmt.Errorf("state file %s has version %d, this kubefence reads version %d", s.path, st.Version, stateVersion)
 	}

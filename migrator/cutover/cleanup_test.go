@@ -143,6 +143,9 @@ func TestAdoptsOnlyWhatItStarted(t *testing.T) {
 		// g0 was started and journaled, and has ended (stopped by an abort): a process with
 		// its command line is another run's green (the same plan from another state dir).
 		{"g0 journaled and gone: another's is left alone", map[string]int{"g0": 101}, true, nil},
+		// Before the write-ahead, a restarted process's new pid was journaled only once started:
+		// one killed in between left the old pid, and the orphan is found as it was then.
+		{"g0 journaled and gone, a journal of a kubefence before: adopted", map[string]int{"g0": 101}, false, []int{555}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,9 +30,10 @@ var osProcesses = processes{
 // runs, else an orphan found by its command line, else 0. A cutover killed between starting a
 // green process and journaling its pid leaves one behind; the resume or abort adopts it and
 // journals it from now on. Only a process this cutover journaled it was starting, and whose pid
-// it did not journal yet, is looked for (Journal.PIDsWriteAhead): a process with the same
-// command line is otherwise someone else's (another run of the same plan from another state
-// dir, whose green may serve), also once the one journaled has ended.
+// it did not journal yet, is looked for (Journal.PIDsWriteAhead; a journal from before it is
+// searched as then): a process with the same command line is otherwise someone else's (another
+// run of the same plan from another state dir, whose green may serve), also once the one
+// journaled has ended.
 func (r *runner) greenPID(name string, argv []string) int {
 	pid, starting := r.j.GreenPIDs[name]
 	if !starting && r.j.PIDsWriteAhead {
@@ -42,7 +43,9 @@ func (r *runner) greenPID(name string, argv []string) int {
 		if r.procs.alive(pid, argv) {
 			return pid
 		}
-		return 0
+		if r.j.PIDsWriteAhead {
+			return 0
+		}
 	}
 	pid = r.procs.find(argv)
 	if pid > 0 {

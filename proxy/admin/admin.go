@@ -43,7 +43,7 @@ type Status struct {
 	Fenced   bool   `json:"fenced"`
 	Reason   string `json:"reason,omitempty"`
 	// Unconfirmed is set while the proxy serves nothing (503) because its state file was
-	// unreadable at start-up; 'backend set' confirms a backend.
+	// unusable at start-up; 'backend set' confirms a backend.
 	Unconfirmed bool `json:"unconfirmed,omitempty"`
 	// Unchecked is set while the backend is --upstream only because the proxy started fenced
 	// with no state file (--start-fenced): nothing says it is still the side writes must go to.
