@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -413,15 +414,11 @@ func blueEtcdAt(ctx context.Context, p *Plan) func(raw string) bool {
 // and port (a wrong port, http for https). A host that is no member's (a load balancer in front
 // of green) is not judged.
 func (g greenEndpoints) typo(raw string) bool {
-	scheme, port, hosts := endpointOf(raw)
-	onMemberHost := false
-	for _, h := range hosts {
-		if g.keys[scheme+"://"+net.JoinHostPort(h, port)] {
-			return false
-		}
-		onMemberHost = onMemberHost || g.hosts[h]
+	if g.serves(raw) {
+		return false
 	}
-	return onMemberHost
+	_, _, hosts := endpointOf(raw)
+	return slices.ContainsFunc(hosts, func(h string) bool { return g.hosts[h] })
 }
 
 // etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
