@@ -44,8 +44,8 @@ func withRecover(next http.Handler, log *slog.Logger) http.Handler {
 // Content-Length, so this costs a reconnect only to the rare chunked uploader.
 func withChunkedRequestClose(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(r.TransferEncoding) > 0 && r.ProtoMajor == 1 {
-			w.Header().Set("Connection", "close")
+		if len(r.TransferEncoding) > 0 {
+			closeHTTP1(w, r)
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -136,17 +136,18 @@ func withIdentityHeaders(next http.Handler, names []string) http.Handler {
 func withBackend(next http.Handler, active *atomic.Pointer[backend]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
-		// A write the policy let through is a write whatever its headers: Upgrade ones on a
-		// stored object make no session (sessions take another way through withFence, and are
-		// never marked so).
-		if st.letThrough || st.attrs.Verb != "watch" && !st.attrs.Upgrade {
-			if st.letThrough {
-				st.backend = trackWrite(active)
-				st.answeredBy = sync.OnceFunc(st.backend.untrackWrite)
-				defer st.answeredBy()
-			} else {
-				st.backend = active.Load()
-			}
+		switch {
+		case st.letThrough:
+			// A write the policy let through is a write whatever its headers: Upgrade ones on
+			// a stored object make no session (sessions take another way through withFence, and
+			// are never marked so). Counted on its backend until answered (a switch waits).
+			st.backend = trackWrite(active)
+			st.answeredBy = sync.OnceFunc(st.backend.untrackWrite)
+			defer st.answeredBy()
+			next.ServeHTTP(w, r)
+			return
+		case st.attrs.Verb != "watch" && !st.attrs.Upgrade:
+			st.backend = active.Load()
 			next.ServeHTTP(w, r)
 			return
 		}

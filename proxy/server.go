@@ -118,18 +118,12 @@ func (s *Server) initialState() (State, *backend, error) {
 	st, err := s.gate.store.load()
 	switch {
 	case err == nil:
-		log.Info("resuming persisted state", "stateFile", cfg.opts.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation, "unconfirmed", st.Unconfirmed)
-		if st.Unconfirmed {
-			log.Error("the state file says the backend is still unconfirmed (it was unreadable at an earlier start-up): serving nothing (503) until 'kubefence backend set URL' names the backend to use")
-		}
-		if cfg.opts.Upstream != "" && st.Backend != cfg.opts.Upstream {
-			log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", cfg.opts.Upstream)
-		}
 		b, berr := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 		if berr == nil {
 			// The proxy forwards clients' bearer tokens: only to a backend the flags allow now
 			// (narrowed since, or a file someone else wrote, it is not resumed).
 			if berr = s.checkAllowed(b.url); berr == nil {
+				s.logResumed(st)
 				return st, b, nil
 			}
 			if cfg.opts.Upstream == "" {
@@ -159,6 +153,18 @@ func (s *Server) initialState() (State, *backend, error) {
 	st = unconfirmedState(State{Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation}, err, log)
 	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 	return st, b, err
+}
+
+// logResumed says what the proxy resumes from its state file.
+func (s *Server) logResumed(st State) {
+	o, log := s.cfg.opts, s.log
+	log.Info("resuming persisted state", "stateFile", o.StateFile, "fenced", st.Fenced, "backend", st.Backend, "generation", st.Generation, "unconfirmed", st.Unconfirmed)
+	if st.Unconfirmed {
+		log.Error("the state file says the backend is still unconfirmed (it was unusable at an earlier start-up): serving nothing (503) until 'kubefence backend set URL' names the backend to use")
+	}
+	if o.Upstream != "" && st.Backend != o.Upstream {
+		log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", o.Upstream)
+	}
 }
 
 // unconfirmedState is the state a proxy whose state file it cannot use (why) starts in, on

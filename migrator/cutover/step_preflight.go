@@ -231,28 +231,29 @@ func (p *Plan) spaceNeeds(blueDB int64) []spaceNeed {
 // disk (kubeadm's /, with blue's own data) are not each counted as if alone.
 func enoughSpaceTogether(needs []spaceNeed, room int64) []error {
 	type onFS struct {
-		dirs []string
-		need int64
+		dirs     []string
+		existing string // of dirs[0]
+		need     int64
 	}
 	byFS := map[uint64]*onFS{}
 	var order []uint64
 	var errs []error
 	for _, n := range needs {
-		dev, err := deviceOf(n.dir)
+		dev, existing, err := filesystemOf(n.dir)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		f := byFS[dev]
 		if f == nil {
-			f = &onFS{need: room}
+			f = &onFS{existing: existing, need: room}
 			byFS[dev], order = f, append(order, dev)
 		}
 		f.dirs, f.need = append(f.dirs, n.dir), f.need+n.need
 	}
 	for _, dev := range order {
 		f := byFS[dev]
-		if err := enoughSpace(f.dirs[0], f.need); err != nil {
+		if err := enoughSpace(f.dirs[0], f.existing, f.need); err != nil {
 			if len(f.dirs) > 1 {
 				err = fmt.Errorf("%w, for %s together (one filesystem)", err, strings.Join(f.dirs, ", "))
 			}
@@ -262,32 +263,31 @@ func enoughSpaceTogether(needs []spaceNeed, room int64) []error {
 	return errs
 }
 
-// deviceOf is the filesystem of dir, or of its nearest parent that exists.
-func deviceOf(dir string) (uint64, error) {
+// filesystemOf is dir's filesystem (its device) and the nearest of dir and its parents that
+// exists, to ask about it.
+func filesystemOf(dir string) (uint64, string, error) {
 	for d := dir; ; d = filepath.Dir(d) {
 		var st syscall.Stat_t
 		if err := syscall.Stat(d, &st); err == nil {
-			return uint64(st.Dev), nil
+			return uint64(st.Dev), d, nil
 		}
 		if d == filepath.Dir(d) {
-			return 0, fmt.Errorf("%s: cannot tell its filesystem", dir)
+			return 0, "", fmt.Errorf("%s: cannot tell its filesystem", dir)
 		}
 	}
 }
 
-func enoughSpace(dir string, need int64) error {
-	for d := dir; ; d = filepath.Dir(d) {
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(d, &st); err == nil {
-			if free := int64(st.Bavail) * st.Bsize; free < need {
-				return fmt.Errorf("%s: %.1f MB free, need %.1f MB", dir, float64(free)/1e6, float64(need)/1e6)
-			}
-			return nil
-		}
-		if d == filepath.Dir(d) {
-			return fmt.Errorf("%s: cannot tell free space", dir)
-		}
+// enoughSpace refuses less than need bytes free for dir on the filesystem of existing (dir
+// or the parent of it that exists).
+func enoughSpace(dir, existing string, need int64) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(existing, &st); err != nil {
+		return fmt.Errorf("%s: cannot tell free space: %w", dir, err)
 	}
+	if free := int64(st.Bavail) * st.Bsize; free < need {
+		return fmt.Errorf("%s: %.1f MB free, need %.1f MB", dir, float64(free)/1e6, float64(need)/1e6)
+	}
+	return nil
 }
 
 // checkGreenEtcdServers refuses a green apiserver this host starts whose --etcd-servers name

@@ -157,7 +157,8 @@ func readWALFrom(walDir string, meta raftpb.SnapshotMetadata) ([]byte, raftpb.Ha
 // source is read-only to us.
 func (s *Source) loadSnapshot(dir string) error { return s.loadSnapshotIf(dir, nil) }
 
-// loadSnapshotIf is loadSnapshot among the files recorded says the WAL records (nil: all).
+// loadSnapshotIf is loadSnapshot among the files recorded accepts (those the WAL records; nil:
+// all).
 func (s *Source) loadSnapshotIf(dir string, recorded func(raftpb.SnapshotMetadata) bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
