@@ -10,9 +10,6 @@ import (
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
-// defaultWaitTimeout bounds the barrier when a fence request gives none.
-const defaultWaitTimeout = 30 * time.Second
-
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
@@ -28,7 +25,7 @@ func (s *Server) adminHandler() http.Handler {
 		if req.Fenced {
 			wait := time.Duration(req.WaitTimeout)
 			if wait <= 0 {
-				wait = defaultWaitTimeout
+				wait = admin.DefaultWaitTimeout
 			}
 			resp, err = s.FenceOn(r.Context(), req.Reason, req.Mode, wait)
 		} else {

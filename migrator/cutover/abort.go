@@ -166,7 +166,7 @@ func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (_ proxies
 			continue
 		}
 		req := admin.FenceRequest{Fenced: true, Reason: "fenced again before going back to " + r.from.name, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)}
-		if _, err := pr.Client.Fence(ctx, req); err != nil {
+		if _, err := fenceOf(ctx, pr.Client, req); err != nil {
 			return at, true, fmt.Errorf("%s is open on %s (a fence off by hand?) and fencing it again failed: %w; every other proxy stays as it is: run the abort again", named([]string{pr.Name}), r.to.name, err)
 		}
 	}
@@ -187,9 +187,7 @@ func (r *runner) proxyClients() []admin.Target[proxyAdmin] {
 
 // proxiesAt asks every proxy where it is (proxiesAt, the type).
 func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
-	ctx, cancel := context.WithTimeout(ctx, reportStatusTimeout) // a host gone must not hold the abort
-	defer cancel()
-	res, _ := admin.Each(ctx, r.proxyClients(), func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	res, _ := admin.Each(ctx, r.proxyClients(), statusOf) // a host gone must not hold the abort
 	var at proxiesAt
 	to := sameURL(r.to.api.URL)
 	for _, pr := range res {

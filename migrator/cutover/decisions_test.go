@@ -61,11 +61,15 @@ func unreachable() funcProxy {
 	}
 }
 
-// memProxy is a funcProxy over st; calls lists the changes asked of it.
+// memProxy is a funcProxy over st; calls lists the changes asked of it. A call on a context
+// that has ended fails, as the admin client's does.
 func memProxy(st *admin.Status, calls *[]string) funcProxy {
 	return funcProxy{
-		status: func(context.Context) (admin.Status, error) { return speaking(*st), nil },
-		fence: func(_ context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		status: func(ctx context.Context) (admin.Status, error) { return speaking(*st), ctx.Err() },
+		fence: func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+			if err := ctx.Err(); err != nil {
+				return admin.FenceResponse{}, err
+			}
 			*calls = append(*calls, "fence "+map[bool]string{true: "on", false: "off"}[req.Fenced])
 			if !req.Fenced && req.ExpectBackend != "" && sameURL(req.ExpectBackend) != sameURL(st.Backend) {
 				return admin.FenceResponse{Status: *st}, fmt.Errorf("409: on %s, not %s", st.Backend, req.ExpectBackend)
@@ -74,7 +78,10 @@ func memProxy(st *admin.Status, calls *[]string) funcProxy {
 			st.Generation++
 			return admin.FenceResponse{Status: speaking(*st), Barrier: &admin.Barrier{Complete: true}}, nil
 		},
-		setBackend: func(_ context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+		setBackend: func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			if err := ctx.Err(); err != nil {
+				return admin.BackendResponse{}, err
+			}
 			*calls = append(*calls, "backend "+req.URL)
 			if req.ExpectGeneration != 0 && req.ExpectGeneration != st.Generation {
 				return admin.BackendResponse{Status: *st}, fmt.Errorf("409: at generation %d, not %d", st.Generation, req.ExpectGeneration)

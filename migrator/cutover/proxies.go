@@ -70,6 +70,45 @@ func (p *Plan) validateProxies(ps *problems) {
 	}
 }
 
+// proxyAnswerTimeout bounds one proxy's answer to a call that waits for nothing on the proxy
+// (its status, fence off, a switch back), and, added to the barrier's wait, to fence on: a
+// proxy that takes the connection and never answers (its disk stalled in an fsync of its
+// state file, its process stopped, its host gone without a reset) must hold neither the other
+// proxies' calls nor what comes after them. A variable for the tests.
+var proxyAnswerTimeout = 10 * time.Second
+
+// switchBackTimeout bounds one proxy's switch back to where it was (a partial switch undone, an
+// abort putting a proxy back): it drains the watches it had just moved, as a switch does.
+const switchBackTimeout = time.Minute
+
+// statusOf is one proxy's status, within proxyAnswerTimeout.
+func statusOf(ctx context.Context, c proxyAdmin) (admin.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, proxyAnswerTimeout)
+	defer cancel()
+	return c.Status(ctx)
+}
+
+// fenceOf sends one proxy req, within proxyAnswerTimeout after the barrier's longest wait (when
+// req fences).
+func fenceOf(ctx context.Context, c proxyAdmin, req admin.FenceRequest) (admin.FenceResponse, error) {
+	d := proxyAnswerTimeout
+	if req.Fenced {
+		d += cmp.Or(time.Duration(req.WaitTimeout), admin.DefaultWaitTimeout)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return c.Fence(ctx, req)
+}
+
+// switchBackOf switches one proxy back, within switchBackTimeout, even once ctx has ended: the
+// proxies that acknowledged a switch another did not must not stay on the new backend because
+// the switch's own time ran out waiting for that one.
+func switchBackOf(ctx context.Context, c proxyAdmin, req admin.BackendRequest) (admin.BackendResponse, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), switchBackTimeout)
+	defer cancel()
+	return c.SetBackend(ctx, req)
+}
+
 // newProxyGroup connects to every proxy of the plan.
 func newProxyGroup(p *Plan) (*proxyGroup, error) {
 	g := &proxyGroup{backCA: p.Blue.APIServer.CAFile}
@@ -198,7 +237,7 @@ type proxyGroup struct {
 }
 
 func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	res, err := admin.Each(ctx, g.proxies, statusOf)
 	if err != nil {
 		return admin.Status{}, err
 	}
@@ -206,7 +245,7 @@ func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {
 }
 
 func (g *proxyGroup) Fence(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.FenceResponse, error) { return c.Fence(ctx, req) })
+	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.FenceResponse, error) { return fenceOf(ctx, c, req) })
 	if err != nil {
 		return admin.FenceResponse{}, err
 	}
@@ -300,7 +339,7 @@ func (g *proxyGroup) expectEach(ctx context.Context, req admin.BackendRequest) (
 	if req.ExpectGeneration == 0 {
 		return calls, nil
 	}
-	res, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.Status, error) { return c.Status(ctx) })
+	res, err := admin.Each(ctx, g.proxies, statusOf)
 	if err != nil {
 		return nil, err
 	}
@@ -324,25 +363,31 @@ func (g *proxyGroup) targetOf(res []admin.Result[admin.BackendResponse]) string 
 }
 
 func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.BackendResponse], cause error) error {
-	var failed, unknown []error
+	var unknown []error
+	var back []admin.Target[backendCall]
 	for i, r := range res {
 		var refused *admin.APIError
 		switch {
 		case r.Err != nil && !errors.As(r.Err, &refused):
 			// No answer: it may have switched all the same. An abort looks at it again.
 			unknown = append(unknown, fmt.Errorf("proxy %s may have switched to %s (no answer); 'kubefence fence status' shows where it is", r.Proxy, g.targetOf(res)))
-		case r.Err != nil:
-		default:
-			back := admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}
-			if _, err := g.proxies[i].Client.SetBackend(ctx, back); err != nil {
-				failed = append(failed, fmt.Errorf("proxy %s is on %s and could not be switched back to %s: %w", r.Proxy, r.Value.Status.Backend, r.Value.Previous, err))
-			}
+		case r.Err == nil:
+			back = append(back, admin.Target[backendCall]{Name: r.Proxy, Client: backendCall{p: g.proxies[i].Client, req: admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}}})
+		}
+	}
+	backRes, _ := admin.Each(ctx, back, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
+		return switchBackOf(ctx, c.p, c.req)
+	})
+	var failed []error
+	for i, r := range backRes {
+		if r.Err != nil {
+			failed = append(failed, fmt.Errorf("proxy %s switched and could not be switched back to %s: %w", r.Proxy, back[i].Client.req.URL, r.Err))
 		}
 	}
 	if len(failed) == 0 {
 		return errors.Join(append([]error{fmt.Errorf("%w (the proxies that acknowledged the switch were switched back)", cause)}, unknown...)...)
 	}
-	return fmt.Errorf("%v", append(append([]error{cause}, failed...), unknown...))
+	return errors.Join(append(append([]error{cause}, failed...), unknown...)...)
 }
 
 // backTo puts every fenced proxy that answers and is not on a (or is, unconfirmed) back on it,
@@ -353,19 +398,19 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 // one that does not answer: the unfence fails for it, and the abort is run again once it is back.
 func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
 	want := sameURL(a.URL)
-	var errs []error
-	for _, p := range g.proxies {
-		st, err := p.Client.Status(ctx)
+	_, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (struct{}, error) {
+		st, err := statusOf(ctx, c)
 		// One on a's URL is left alone unless unconfirmed (restarted with an unusable state
 		// file): then it refuses fence off until a backend set names a.
 		if err != nil || !st.Fenced || st.Backend == want && !st.Unconfirmed {
-			continue
+			return struct{}{}, nil
 		}
-		if _, err := p.Client.SetBackend(ctx, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
-			errs = append(errs, fmt.Errorf("%s is on %s and could not be switched back to %s: %w", named([]string{p.Name}), st.Backend, a.URL, err))
+		if _, err := switchBackOf(ctx, c, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
+			return struct{}{}, fmt.Errorf("on %s and could not be switched back to %s: %w", st.Backend, a.URL, err)
 		}
-	}
-	return errors.Join(errs...)
+		return struct{}{}, nil
+	})
+	return err
 }
 
 func statuses[T any](res []admin.Result[T], get func(T) admin.Status) []admin.Result[admin.Status] {

@@ -142,7 +142,8 @@ type HoldStatus struct {
 type FenceRequest struct {
 	Fenced bool   `json:"fenced"`
 	Reason string `json:"reason,omitempty"`
-	// WaitTimeout bounds the barrier: how long fence on waits for writes admitted before it.
+	// WaitTimeout bounds the barrier: how long fence on waits for writes admitted before it
+	// (DefaultWaitTimeout if 0).
 	WaitTimeout Duration `json:"waitTimeout,omitempty"`
 	// Mode is ModeRefuse (the default) or ModeHold; only for fence on.
 	Mode string `json:"mode,omitempty"`
@@ -177,6 +178,9 @@ type FenceResponse struct {
 	Flip    Duration `json:"flip"`
 	Barrier *Barrier `json:"barrier,omitempty"`
 }
+
+// DefaultWaitTimeout bounds the barrier when a fence request gives no WaitTimeout.
+const DefaultWaitTimeout = 30 * time.Second
 
 // BackendRequest switches the proxy to another apiserver.
 type BackendRequest struct {

@@ -1,0 +1,105 @@
+package cutover
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// hanging is a proxy that takes every call and never answers (its disk stalled in an fsync, its
+// process stopped, its host gone without a reset): each call returns only when its context ends,
+// as the admin client does.
+func hanging() funcProxy {
+	wait := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	return funcProxy{
+		status: func(ctx context.Context) (admin.Status, error) { return admin.Status{}, wait(ctx) },
+		fence: func(ctx context.Context, _ admin.FenceRequest) (admin.FenceResponse, error) {
+			return admin.FenceResponse{}, wait(ctx)
+		},
+		setBackend: func(ctx context.Context, _ admin.BackendRequest) (admin.BackendResponse, error) {
+			return admin.BackendResponse{}, wait(ctx)
+		},
+	}
+}
+
+// shortProxyAnswers makes one proxy's answer due within d for the test.
+func shortProxyAnswers(t *testing.T, d time.Duration) {
+	t.Helper()
+	was := proxyAnswerTimeout
+	proxyAnswerTimeout = d
+	t.Cleanup(func() { proxyAnswerTimeout = was })
+}
+
+// TestPartialSwitchGoesBackAfterATimeout: a switch that one proxy never answers, until the
+// switch's own time is up, still puts the proxies that switched back on blue (the switch back
+// ran on the expired context and failed at once, leaving them on green).
+func TestPartialSwitchGoesBackAfterATimeout(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	g, sts, _ := threeProxies(-1)
+	for _, s := range sts {
+		s.Fenced = true
+	}
+	g.proxies[1].Client = hanging()
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err := g.SetBackend(ctx, admin.BackendRequest{URL: greenURL})
+	if err == nil || !strings.Contains(err.Error(), "proxy b") {
+		t.Fatalf("partial switch: %v", err)
+	}
+	for _, i := range []int{0, 2} {
+		if sts[i].Backend != blueURL {
+			t.Errorf("proxy %d left on %s after a switch another proxy never answered", i, sts[i].Backend)
+		}
+	}
+}
+
+// TestAbortOpensTheOthersWhileAProxyHangs: an abort with one of two proxies taking calls and
+// never answering still opens the other on blue, within a bound, and names the silent one (it
+// spent the whole abort asking the silent proxy where it was, then unfenced on an expired
+// context; an operator's abort, with no deadline, never ended).
+func TestAbortOpensTheOthersWhileAProxyHangs(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	w := newDecisionWorld(t, false, "", false)
+	w.st.Fenced = true
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: hanging()}}}
+	w.r.j = &Journal{ID: "x", State: StateRunning, Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}, PlanHash: w.r.p.hash, FencedAt: time.Now().UTC()}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := w.r.abortByOperator(ctx)
+	if err == nil || !strings.Contains(err.Error(), "proxy b") {
+		t.Fatalf("abort with proxy b silent: %v; want it incomplete, naming proxy b", err)
+	}
+	if w.st.Fenced || w.st.Backend != w.r.p.Blue.APIServer.URL {
+		t.Fatalf("proxy a %+v after %s: want open on blue", *w.st, time.Since(start))
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the abort took %s with one proxy silent", took)
+	}
+}
+
+// TestFenceStepBoundedWhileAProxyHangs: the fence step waits for a proxy that never answers
+// only as long as the barrier may take and an answer after it, not its whole step timeout
+// (minutes, with every other proxy holding or refusing writes all along).
+func TestFenceStepBoundedWhileAProxyHangs(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	w := newDecisionWorld(t, false, "", false)
+	w.r.p.Proxy.WaitTimeout = Duration(300 * time.Millisecond)
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: hanging()}}}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := fenceStep{}.run(ctx, w.r)
+	if err == nil || !strings.Contains(err.Error(), "proxy b") {
+		t.Fatalf("fence with proxy b silent: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the fence step waited %s for a silent proxy (barrier 300ms, answer 200ms)", took)
+	}
+}
