@@ -177,6 +177,14 @@ func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (_ proxies
 	return at, true, nil
 }
 
+// group is the proxies as a proxyGroup.
+func (r *runner) group() *proxyGroup {
+	if g, ok := r.adm.(*proxyGroup); ok {
+		return g
+	}
+	return &proxyGroup{proxies: r.proxyClients()} // the plan's one proxy
+}
+
 // proxyClients are the proxies one by one; the plan's one proxy is unnamed.
 func (r *runner) proxyClients() []admin.Target[proxyAdmin] {
 	if g, ok := r.adm.(*proxyGroup); ok {
@@ -381,13 +389,9 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 }
 
 // proxiesBack puts every proxy back on the side the run came from before an abort unfences
-// them (proxyGroup.backTo); if one cannot be, all stay fenced.
+// them (proxyGroup.putFencedOn); if one cannot be, all stay fenced.
 func (r *runner) proxiesBack(ctx context.Context) error {
-	g, ok := r.adm.(*proxyGroup)
-	if !ok {
-		g = &proxyGroup{proxies: r.proxyClients()} // the plan's one proxy
-	}
-	if err := g.backTo(ctx, r.from.api); err != nil {
+	if err := r.group().putFencedOn(ctx, r.from.api); err != nil {
 		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)
 	}
 	return nil

@@ -985,6 +985,7 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 		proofs, listing := tc.pastExpiry, false
 		adm.status = func(ctx context.Context) (admin.Status, error) {
 			switch {
+			case st.Fenced: // the unfence's look at the proxies before it opens them
 			case st.ResumesPending > 0 && !listing: // green answers one more at each look
 				st.ResumesPending--
 				if st.ResumedThenEnded < tc.ended {

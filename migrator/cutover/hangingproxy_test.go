@@ -103,3 +103,40 @@ func TestFenceStepBoundedWhileAProxyHangs(t *testing.T) {
 		t.Errorf("the fence step waited %s for a silent proxy (barrier 300ms, answer 200ms)", took)
 	}
 }
+
+// TestUnfenceLooksAtEveryProxyFirst: past the switch, a proxy that restarted without its state
+// file is put right before any proxy opens: fenced on blue (--start-fenced), it is switched to
+// green and opened with the others; open on blue, writes through it reach an etcd nothing
+// follows any more, and no proxy is opened on green beside it (both sides would take writes).
+func TestUnfenceLooksAtEveryProxyFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		bFenced      bool
+		wantErr      string
+		wantOpen     bool
+		wantBOnGreen bool
+	}{
+		{"restarted fenced on blue", true, "", true, true},
+		{"restarted open on blue", false, "proxy b", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDecisionWorld(t, false, "", false)
+			green := w.r.p.Green.APIServer.URL
+			w.st.Backend, w.st.Fenced, w.st.Generation = green, true, 7
+			var callsB []string
+			stB := &admin.Status{Backend: w.r.p.Blue.APIServer.URL, Fenced: tc.bFenced}
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: memProxy(stB, &callsB)}}}
+			w.r.j = &Journal{ID: "x", State: StateRunning, GreenPIDs: map[string]int{}, PlanHash: w.r.p.hash, FencedAt: time.Now().UTC(), FenceGeneration: 6}
+			_, err := unfenceStep{}.run(t.Context(), w.r)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("unfence: %v, want error %q", err, tc.wantErr)
+			}
+			if w.st.Fenced == tc.wantOpen {
+				t.Errorf("proxy a fenced %v, want open %v", w.st.Fenced, tc.wantOpen)
+			}
+			if (stB.Backend == green) != tc.wantBOnGreen || tc.wantOpen && stB.Fenced {
+				t.Errorf("proxy b %+v", *stB)
+			}
+		})
+	}
+}

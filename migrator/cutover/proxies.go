@@ -390,13 +390,13 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 	return errors.Join(append(append([]error{cause}, failed...), unknown...)...)
 }
 
-// backTo puts every fenced proxy that answers and is not on a (or is, unconfirmed) back on it,
-// before an abort unfences them: a proxy may have switched although its answer was lost (or a
-// crash cut the switch short), and unfenced there it would open writes on green while the
-// others write blue.
-// An open proxy was not switched by the run (a switch needs the fence) and is left alone, as is
-// one that does not answer: the unfence fails for it, and the abort is run again once it is back.
-func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
+// putFencedOn puts every fenced proxy that answers and is not on a (or is, unconfirmed) on it:
+// before an abort unfences them (a proxy may have switched although its answer was lost, or a
+// crash cut the switch short, and unfenced there it would open writes on green while the others
+// write blue), and before the window's unfence (a proxy restarted fenced on its --upstream
+// since the switch). An open proxy is left alone (a switch needs the fence), as is one that does
+// not answer: the unfence fails for it.
+func (g *proxyGroup) putFencedOn(ctx context.Context, a APIServerRef) error {
 	want := sameURL(a.URL)
 	_, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (struct{}, error) {
 		st, err := statusOf(ctx, c)
@@ -406,7 +406,7 @@ func (g *proxyGroup) backTo(ctx context.Context, a APIServerRef) error {
 			return struct{}{}, nil
 		}
 		if _, err := switchBackOf(ctx, c, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
-			return struct{}{}, fmt.Errorf("on %s and could not be switched back to %s: %w", st.Backend, a.URL, err)
+			return struct{}{}, fmt.Errorf("on %s and could not be switched to %s: %w", st.Backend, a.URL, err)
 		}
 		return struct{}{}, nil
 	})

@@ -22,6 +22,9 @@ func (unfenceStep) describe(r *runner, _ bool) string {
 }
 
 func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.proxiesOnTarget(ctx); err != nil {
+		return "", err
+	}
 	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.to.api.URL})
 	if err != nil {
 		return "", err
@@ -33,6 +36,30 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 		detail += fmt.Sprintf("; WARNING: the proxies' state changed %d more time(s) since the fence than by this cutover's switch and unfence: a fence or backend command run by hand during the window? Writes may have reopened before this step (check each proxy's log for \"fence off\"); the window reported ends here", extra)
 	}
 	return detail + r.resumesEnded(ctx, resp.Status), nil
+}
+
+// proxiesOnTarget readies the proxies for the unfence, each of which opens only on r.to: one
+// still fenced elsewhere (restarted since the switch without its state file, fenced on its
+// --upstream) is switched to r.to first, as the switch would have; one open elsewhere makes it
+// refuse, for writes through that proxy reach an etcd nothing follows any more, and opening the
+// others would take writes on both sides. A proxy that does not answer is left to the unfence,
+// which fails for it.
+func (r *runner) proxiesOnTarget(ctx context.Context) error {
+	g := r.group()
+	if err := g.putFencedOn(ctx, r.to.api); err != nil {
+		return fmt.Errorf("before opening writes: %w", err)
+	}
+	res, _ := admin.Each(ctx, g.proxies, statusOf)
+	var open []string
+	for _, p := range res {
+		if p.Err == nil && !p.Value.Fenced && sameURL(p.Value.Backend) != sameURL(r.to.api.URL) {
+			open = append(open, fmt.Sprintf("%s (on %s)", named([]string{p.Proxy}), p.Value.Backend))
+		}
+	}
+	if len(open) > 0 {
+		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), see what it let through to %s in its log, then 'kubefence cutover --resume'", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name)
+	}
+	return nil
 }
 
 // resumeWait bounds how long the unfence, its window closed, waits for the new apiserver to
