@@ -97,7 +97,8 @@ func podNameFree(sp *StaticPod, pod *corev1.Pod) error {
 
 // greenPodServes refuses an apiserver pod that cannot serve url: a --secure-port that is not
 // url's port, a --bind-address that is not url's host (nor every address), probes on another
-// port than --secure-port or on a host --bind-address does not serve.
+// port than --secure-port or on a host --bind-address does not serve; and one that would take
+// the kubernetes Service's endpoints from the proxies (an endpoint reconciler other than none).
 func greenPodServes(ctx context.Context, url, manifest string, pod *corev1.Pod) error {
 	c := apiserverContainer(pod)
 	if c == nil {
@@ -117,6 +118,9 @@ func greenPodServes(ctx context.Context, url, manifest string, pod *corev1.Pod) 
 		errs = append(errs, fmt.Errorf("green.apiserver.url %s has port %s, but green's manifest %s gives --secure-port %s: nothing would answer there; make them the same", url, uport, manifest, port))
 	case bind != nil && !containsIP(hostIPs(ctx, uhost), bind):
 		errs = append(errs, fmt.Errorf("green's manifest %s gives --bind-address=%s, so green's apiserver cannot serve green.apiserver.url %s: the cutover would wait for it in vain and abort; set --bind-address to %s's address (or 0.0.0.0), or green.apiserver.url's host to %s", manifest, bind, url, uhost, bind))
+	}
+	if r := flagValue(args, "--endpoint-reconciler-type"); r != "none" {
+		errs = append(errs, fmt.Errorf("green's manifest %s gives --endpoint-reconciler-type=%s: once its writes are let through, green's apiserver would point the kubernetes Service at its own address instead of the proxies' (with a loopback --bind-address nothing answers there: every in-cluster client lost); add --endpoint-reconciler-type=none", manifest, cmp.Or(r, "lease (the default)")))
 	}
 	errs = append(errs, probesServe(c, manifest, port, bind)...)
 	errs = append(errs, declaredPorts(pod, c, manifest, port)...)

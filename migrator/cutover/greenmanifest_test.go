@@ -81,6 +81,12 @@ func TestGreenManifestFitsBlueNode(t *testing.T) {
 			[]string{"host 127.0.0.1", "--bind-address=10.0.0.10"}},
 		{"URL port not --secure-port", greenFromKubeadm(renamed, probes), "https://127.0.0.1:8443",
 			[]string{"--secure-port 7443", "https://127.0.0.1:8443"}},
+		// Ungated, green's lease reconciler would point the kubernetes Service at green's own
+		// address (nothing answers there with a loopback bind): every in-cluster client lost.
+		{"endpoint reconciler left on", greenFromKubeadm(renamed, probes, [2]string{"\n    - --endpoint-reconciler-type=none", ""}), "https://127.0.0.1:7443",
+			[]string{"--endpoint-reconciler-type=none", "kubernetes Service"}},
+		{"endpoint reconciler lease", greenFromKubeadm(renamed, probes, [2]string{"--endpoint-reconciler-type=none", "--endpoint-reconciler-type=lease"}), "https://127.0.0.1:7443",
+			[]string{"--endpoint-reconciler-type=lease"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, dir := validPlan(t)
