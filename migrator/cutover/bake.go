@@ -242,12 +242,19 @@ func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 	return nil
 }
 
-// waitReady waits up to 15 s for an apiserver's /readyz.
+// readyPatience is how long waitReady waits; a variable for the tests.
+var readyPatience = 15 * time.Second
+
+// waitReady waits up to readyPatience for an apiserver's /readyz; it returns the last answer's
+// error, not the wait's end, when one came.
 func waitReady(ctx context.Context, kubeconfig string) error {
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
-		last = readyz(ctx, kubeconfig)
-		return last == nil, nil
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, readyPatience, true, func(ctx context.Context) (bool, error) {
+		err := readyz(ctx, kubeconfig)
+		if err == nil || ctx.Err() == nil {
+			last = err // not an attempt the wait's end cut short
+		}
+		return err == nil, nil
 	})
 	if err != nil && last != nil {
 		return last

@@ -7,7 +7,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"go.etcd.io/etcd/server/v3/embed"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -636,5 +638,43 @@ func TestCheckTxnLimits(t *testing.T) {
 				t.Fatalf("the check moved blue's revision: %d -> %d (%v)", before.Header.Revision, after.Header.Revision, err)
 			}
 		})
+	}
+}
+
+// TestRollbackRefusesABlueApiserverNotReady: a rollback switches every proxy to blue's apiserver
+// and opens writes there, past the switch for good; one that does not answer /readyz (restarted
+// during a bake of days, not ready) is refused before anything is asked of the baking process or
+// the proxies.
+func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
+	was := readyPatience
+	readyPatience = time.Second
+	t.Cleanup(func() { readyPatience = was })
+	p := bakePlan(t)
+	blue := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
+	}))
+	defer blue.Close()
+	p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, t.TempDir(), "blue.kubeconfig", blue.URL)
+	fp, sock := startFakeProxy(t, admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3})
+	p.Proxy.AdminSocket = sock
+	p.hash = "plan-hash"
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{Version: 1, ID: "c1", State: StateBaking, PlanHash: p.hash, GreenPIDs: map[string]int{}, Bake: &BakeRecord{Revision: 5}}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	_, err := Rollback(ctx, Options{Plan: p})
+	if err == nil || !strings.Contains(err.Error(), "/readyz") || !strings.Contains(err.Error(), "500") {
+		t.Fatalf("rollback onto a blue apiserver that is not ready: %v", err)
+	}
+	if got, _ := LoadJournal(p.StateDir); got == nil || got.State != StateBaking {
+		t.Fatalf("the cutover's journal after the refusal: %+v", got)
+	}
+	if fp.st.Fenced || fp.st.Generation != 3 {
+		t.Fatalf("the proxy was changed: %+v", fp.st)
 	}
 }

@@ -49,6 +49,9 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		if err := proxiesSpeakOurs(ctx, o.Plan); err != nil {
 			return nil, err
 		}
+		if err := blueServesForRollback(ctx, o); err != nil {
+			return nil, err
+		}
 	}
 	lock, main, err := takeOver(ctx, o.Plan)
 	if err != nil {
@@ -83,6 +86,20 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 	rep.Next = "blue serves behind the proxy, writes open. Green's apiserver may only read green etcd; its processes keep running for inspection ('kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them). Going forward again is a new cutover."
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// blueServesForRollback refuses a new rollback while blue's apiserver does not answer /readyz
+// (up to 15 s): the rollback's switch sends every proxy to it and its unfence opens writes
+// there, past which there is no going back to green but a new cutover. A resumed rollback goes
+// on: it may be past its switch.
+func blueServesForRollback(ctx context.Context, o Options) error {
+	if o.Resume {
+		return nil
+	}
+	if err := waitReady(ctx, o.Plan.Blue.APIServer.Kubeconfig); err != nil {
+		return fmt.Errorf("blue's apiserver (blue.apiserver.kubeconfig) is not ready: %w; a rollback would switch the proxies to it and open writes there. Nothing was changed: green serves and blue follows it; make blue's apiserver ready, then roll back", err)
+	}
+	return nil
 }
 
 // newRollbackRunner is a runner from green to blue on the rollback's journal (new, or the one
