@@ -428,9 +428,9 @@ func TestStalledWatchDoesNotCostTheIdleOnes(t *testing.T) {
 	}
 }
 
-// TestTakeOff: the drain takes a parked watch off the old backend itself only when everything
-// the watch delivered has been written to its client (the proxy asked it for more since) and
-// its client certificate, if it forwards one, still verifies; a watch taken off counts as
+// TestTakeOff: the drain takes a parked watch off the old backend itself, whether or not what
+// it read last has been written to its client yet, when it is still open and its client
+// certificate, if it forwards one, still verifies; a watch taken off counts as
 // pending on the new backend until it goes on there, or until its client leaves first.
 func TestTakeOff(t *testing.T) {
 	cases := []struct {
@@ -445,7 +445,9 @@ func TestTakeOff(t *testing.T) {
 		{name: "idle", taken: true},
 		{name: "its old body ended", ended: func(w *watchBody) { _, _ = w.Read(make([]byte, 64)) }},
 		{name: "its client left", ended: func(w *watchBody) { _ = w.Close() }},
-		{name: "its last events not written yet", out: true},
+		// Its goroutine writes them to a client that may read slowly, or not at all: the
+		// switch waited for it up to --drain-timeout (10 s, twice the window's budget).
+		{name: "its last events not written yet", out: true, taken: true},
 		{name: "a forwarded identity that verifies", identity: true, verifies: true, taken: true},
 		{name: "a forwarded identity that no longer verifies", identity: true},
 	}
@@ -486,5 +488,38 @@ func TestTakeOff(t *testing.T) {
 				t.Fatalf("after its client left: taken off %v, %d pending; want nothing left pending", w.takenOff, nb.resumesPending.Load())
 			}
 		})
+	}
+}
+
+// TestMoveTakesOffAWatchStillWriting: on a backend whose watches are not parked (each on a
+// connection of its own), a watch at a boundary whose goroutine is still writing what it read
+// last to its client is taken off by the switch itself: that goroutine comes back to read only
+// once its client has taken the bytes, which a client that stopped reading never does. One
+// whose goroutine waits in Read is woken and moves itself, as before.
+func TestMoveTakesOffAWatchStillWriting(t *testing.T) {
+	for _, out := range []bool{true, false} {
+		b, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nb, err := newBackend("http://127.0.0.1:2", "", TransportOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &stream{cancel: func() {}}
+		if err := b.track(s); err != nil {
+			t.Fatal(err)
+		}
+		w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
+		w.resume = &resumeInfo{s: s, on: b}
+		w.rv = &rvTracker{fr: framingJSON, start: "5"}
+		w.out = out
+		if parked, ok := w.moveTo(nb, false); parked || !ok {
+			t.Fatalf("out %v: parked %v ok %v", out, parked, ok)
+		}
+		if w.takenOff != out || b.openStreams() != map[bool]int{false: 1}[out] {
+			t.Errorf("out %v: taken off %v, %d stream(s) left on the old backend", out, w.takenOff, b.openStreams())
+		}
+		_ = w.Close()
 	}
 }

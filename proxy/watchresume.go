@@ -97,8 +97,13 @@ func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 	// From here no byte of a new event reaches the client (advance cuts it back): a Read that
 	// returns some moves the watch at once, and the old body may be closed under it any time.
 	w.interrupted = true
-	if park {
+	if park || w.out {
+		// Parked; or its goroutine is still writing what the last Read returned to a client
+		// that may read slowly (or not at all: a paused 'kubectl get -w | less'), and comes
+		// back to Read only once that is written: taken off here, the switch waits for neither.
 		w.takeOff(nb)
+	}
+	if park {
 		return true, true
 	}
 	// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
@@ -107,15 +112,14 @@ func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
 	return false, true
 }
 
-// takeOff takes a watch parked at a boundary off its backend for nb, as resumeOn would, without
-// waiting for its goroutine to get there: unless the client has not yet been sent what the
-// last Read returned (out: then the goroutine does it, once it is written), or the watch
-// cannot be resumed (its goroutine ends it). From here nothing more is read from the old body
-// (Read), and everything delivered before has reached the client: the switch need not wait for
-// the watch. Called with w.mu held.
+// takeOff takes a watch at a boundary off its backend for nb, as resumeOn would, without
+// waiting for its goroutine to get there, unless the watch cannot be resumed (its goroutine
+// ends it). From here nothing more is read from the old body (Read): what was read before, its
+// resourceVersions noted (noteDelivered), may still be on its way to the client, the next
+// events come from nb after it; the switch need not wait for the watch. Called with w.mu held.
 func (w *watchBody) takeOff(nb *backend) {
 	ri := w.resume
-	if w.out || w.ended || ri.lapsed() {
+	if w.ended || ri.lapsed() {
 		return
 	}
 	rv, ok := w.rv.from()
