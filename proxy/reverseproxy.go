@@ -68,7 +68,7 @@ func modifyResponse(log *slog.Logger) func(*http.Response) error {
 			ct := resp.Header.Get("Content-Type")
 			wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(ct))
 			if wb.fr != framingUnknown && resp.Header.Get("Content-Encoding") == "" {
-				wb.enableResume(&resumeInfo{req: resp.Request, identity: st.identity != nil, verified: st.stillVerified, contentType: ct, s: st.stream, on: st.backend, log: log})
+				wb.enableResume(&resumeInfo{req: resp.Request, identity: st.identity != nil, verified: st.stillVerified, contentType: ct, started: time.Now(), s: st.stream, on: st.backend, log: log})
 			}
 			st.stream.mu.Lock()
 			st.stream.body = wb

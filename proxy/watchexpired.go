@@ -173,7 +173,7 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 	if err := sameAt(listCtx, ri, nb, rv, oldest); err != nil {
 		return nil, err
 	}
-	resp, err := reissue(ri.req, nb, ri.identity, oldest)
+	resp, err := reissue(ri, nb, oldest)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type resumeInfo struct {
 	identity    bool          // it forwards a client-certificate identity (the front-proxy pool)
 	verified    func() bool   // with identity: the client's certificate still verifies now
 	contentType string        // the first backend's answer; a resumed answer must match
+	started     time.Time     // when the first backend answered: timeoutSeconds counts from there
 	s           *stream
 	on          *backend // the backend the stream is tracked on now
 	log         *slog.Logger
@@ -70,6 +72,16 @@ func (w *watchBody) enableResume(ri *resumeInfo) {
 func truthy(v string) bool { return v != "0" && !strings.EqualFold(v, "false") }
 
 func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
+
+// timeoutLeft is what is left of the watch's timeoutSeconds, in whole seconds (rounded down:
+// the client sees its watch end no later than it asked), and whether it asked for one.
+func (ri *resumeInfo) timeoutLeft() (int64, bool) {
+	n, err := strconv.ParseInt(ri.req.URL.Query().Get("timeoutSeconds"), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return int64((time.Duration(n)*time.Second - time.Since(ri.started)) / time.Second), true
+}
 
 // moveTo asks the watch to go on on nb from its next event boundary, or to end there when it
 // cannot be resumed. ok is false when the framing is unknown: the caller must cut it. A watch
@@ -186,7 +198,12 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
 		return false
 	}
-	resp, err := reissue(ri.req, nb, ri.identity, rv)
+	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
+		<-nb.resumeSlots
+		log.Info("watch not resumed: its timeoutSeconds has passed; ended, as its apiserver would have ended it")
+		return false
+	}
+	resp, err := reissue(ri, nb, rv)
 	<-nb.resumeSlots
 	if err != nil {
 		if ri.req.Context().Err() == nil {
@@ -233,15 +250,21 @@ func (ri *resumeInfo) acceptable(resp *http.Response) error {
 // the backend's resume slots taken, for good.
 var resumeAnswerTimeout = 30 * time.Second
 
-// reissue sends the watch req to nb from resourceVersion rv. The request's context (which then
+// reissue sends the watch ri to nb from resourceVersion rv. The request's context (which then
 // carries the watch's stream) is cancelled if nb has not answered within resumeAnswerTimeout.
-func reissue(req *http.Request, nb *backend, identity bool, rv string) (*http.Response, error) {
+func reissue(ri *resumeInfo, nb *backend, rv string) (*http.Response, error) {
+	req := ri.req
 	ctx, cancel := context.WithCancelCause(req.Context())
 	timer := time.AfterFunc(resumeAnswerTimeout, func() {
 		cancel(fmt.Errorf("the new backend did not answer the watch within %s", resumeAnswerTimeout))
 	})
-	out := resumeRequest(req, nb, rv).WithContext(ctx)
-	resp, err := nb.transportFor(identity, &reqStateFrom(req.Context()).attrs).RoundTrip(out)
+	out := resumeRequest(req, nb, rv)
+	if left, ok := ri.timeoutLeft(); ok {
+		q := out.URL.Query()
+		q.Set("timeoutSeconds", strconv.FormatInt(max(left, 1), 10))
+		out.URL.RawQuery = q.Encode()
+	}
+	resp, err := nb.transportFor(ri.identity, &reqStateFrom(req.Context()).attrs).RoundTrip(out.WithContext(ctx))
 	if !timer.Stop() {
 		if resp != nil {
 			_ = resp.Body.Close()

@@ -1012,3 +1012,40 @@ func TestTakeSlotLosesToLeaving(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeKeepsTheWatchTimeout: a watch asked with timeoutSeconds is resumed with what is
+// left of it, so that the client sees its watch end when it asked (a reflector's 5-10 min
+// watches; it was resumed with the whole timeout again, outliving it by up to as long); one
+// whose time is up by the resume ends as its apiserver would have ended it.
+func TestResumeKeepsTheWatchTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		timeout string
+		resumed bool
+	}{{"3", true}, {"1", false}} {
+		t.Run("timeoutSeconds="+tc.timeout, func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", framingJSON), newWatchAPI(t, "green", framingJSON)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, framingJSON, "resourceVersion=5&timeoutSeconds="+tc.timeout)
+			sendOne(t, blue, 1, c, framingJSON, testEvent{"ADDED", "a", "10"})
+			time.Sleep(1200 * time.Millisecond)
+			sw := switchTo(t, p, green.URL, true)
+			if sw.Drain.Resumed != 1 {
+				t.Fatalf("drain = %+v, want the watch moved", sw.Drain)
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.resumed {
+				c.expectEnd(t)
+				if n := green.count(); n != 0 {
+					t.Fatalf("green was asked %d watch(es) for a watch whose timeout had passed", n)
+				}
+				return
+			}
+			gw := green.watch(t, 1)
+			if got := gw.query.Get("timeoutSeconds"); got != "1" {
+				t.Fatalf("green was asked timeoutSeconds=%q, want 1 (3 less the 1.2 s gone, rounded down)", got)
+			}
+		})
+	}
+}
