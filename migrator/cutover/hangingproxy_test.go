@@ -140,3 +140,27 @@ func TestUnfenceLooksAtEveryProxyFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceStepNamesTheWritesStillRunning: a barrier left incomplete on one of several proxies
+// fails the fence step naming that proxy and each write still running there (invariant 2: it
+// says which), not only how many.
+func TestFenceStepNamesTheWritesStillRunning(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	var callsB []string
+	stB := &admin.Status{Backend: w.st.Backend}
+	b := memProxy(stB, &callsB)
+	fence := b.fence
+	b.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		resp, err := fence(ctx, req)
+		resp.Barrier = &admin.Barrier{Remaining: []admin.InflightWrite{{Verb: "update", Resource: "configmaps", Namespace: "default", Name: "slow", User: "alice", Running: admin.Duration(31 * time.Second)}}}
+		return resp, err
+	}
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: b}}}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := fenceStep{}.run(t.Context(), w.r)
+	if err == nil || !strings.Contains(err.Error(), "proxy b: update configmaps -n default slow by alice") {
+		t.Fatalf("fence step: %v; want the write still running named, with its proxy", err)
+	}
+}

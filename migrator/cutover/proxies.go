@@ -258,7 +258,10 @@ func (g *proxyGroup) Fence(ctx context.Context, req admin.FenceRequest) (admin.F
 			}
 			out.Barrier.Complete = out.Barrier.Complete && b.Complete
 			out.Barrier.Waited = max(out.Barrier.Waited, b.Waited)
-			out.Barrier.Remaining = append(out.Barrier.Remaining, b.Remaining...)
+			for _, w := range b.Remaining {
+				w.Proxy = r.Proxy
+				out.Barrier.Remaining = append(out.Barrier.Remaining, w)
+			}
 		}
 	}
 	return out, nil

@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -95,7 +96,11 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	if !resp.Barrier.Complete {
-		return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D())
+		var running []string
+		for _, w := range resp.Barrier.Remaining {
+			running = append(running, w.Describe())
+		}
+		return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s: %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D(), strings.Join(running, "; "))
 	}
 	if first {
 		r.j.FencedAt = sent

@@ -161,6 +161,30 @@ type InflightWrite struct {
 	User      string   `json:"user,omitempty"`
 	UserAgent string   `json:"userAgent,omitempty"`
 	Running   Duration `json:"running"`
+	// Proxy is the proxy it runs through, where several proxies' barriers are merged (the
+	// cutover's); a proxy leaves it empty.
+	Proxy string `json:"proxy,omitempty"`
+}
+
+// Describe is the write for a message: "[proxy P: ]VERB RESOURCE[ -n NS][ NAME][ by USER][ (AGENT)], running D".
+func (r InflightWrite) Describe() string {
+	s := r.Verb + " " + r.Resource
+	if r.Proxy != "" {
+		s = "proxy " + r.Proxy + ": " + s
+	}
+	if r.Namespace != "" {
+		s += " -n " + r.Namespace
+	}
+	if r.Name != "" {
+		s += " " + r.Name
+	}
+	if r.User != "" {
+		s += " by " + r.User
+	}
+	if r.UserAgent != "" {
+		s += " (" + r.UserAgent + ")"
+	}
+	return fmt.Sprintf("%s, running %s", s, time.Duration(r.Running).Round(time.Millisecond))
 }
 
 // Barrier says how fence on's wait for in-flight writes ended.

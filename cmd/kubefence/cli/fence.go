@@ -280,25 +280,8 @@ func printFenceOn(w io.Writer, resp admin.FenceResponse) {
 	fmt.Fprintf(w, "fence is ON (generation %d): %s; %d write(s) admitted before the fence still running:\n",
 		resp.Status.Generation, writes, len(b.Remaining))
 	for _, r := range b.Remaining {
-		fmt.Fprintf(w, "  %s\n", describeInflight(r))
+		fmt.Fprintf(w, "  %s\n", r.Describe())
 	}
-}
-
-func describeInflight(r admin.InflightWrite) string {
-	s := r.Verb + " " + r.Resource
-	if r.Namespace != "" {
-		s += " -n " + r.Namespace
-	}
-	if r.Name != "" {
-		s += " " + r.Name
-	}
-	if r.User != "" {
-		s += " by " + r.User
-	}
-	if r.UserAgent != "" {
-		s += " (" + r.UserAgent + ")"
-	}
-	return fmt.Sprintf("%s, running %s", s, time.Duration(r.Running).Round(time.Millisecond))
 }
 
 type fenceOffOptions struct {
