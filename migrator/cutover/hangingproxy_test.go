@@ -2,9 +2,13 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -163,4 +167,37 @@ func TestFenceStepNamesTheWritesStillRunning(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "proxy b: update configmaps -n default slow by alice") {
 		t.Fatalf("fence step: %v; want the write still running named, with its proxy", err)
 	}
+}
+
+// lostPromote is a cluster whose promote commits but whose answer is lost, then refused on
+// every try after ("can only promote a learner member"), as etcd does.
+type lostPromote struct {
+	clientv3.Cluster
+	learner bool
+}
+
+func (c *lostPromote) MemberPromote(context.Context, uint64) (*clientv3.MemberPromoteResponse, error) {
+	if !c.learner {
+		return nil, errors.New("etcdserver: can only promote a learner member")
+	}
+	c.learner = false
+	return nil, errors.New("context deadline exceeded")
+}
+
+func (c *lostPromote) MemberList(context.Context, ...clientv3.OpOption) (*clientv3.MemberListResponse, error) {
+	return &clientv3.MemberListResponse{Members: []*etcdserverpb.Member{{ID: 7, IsLearner: c.learner}}}, nil
+}
+
+// TestPromoteWhoseAnswerWasLost: a promote that committed but whose answer was lost is found
+// done in the member list; retried blindly, etcd refuses it for good and the green-etcd step
+// timed out into an abort.
+func TestPromoteWhoseAnswerWasLost(t *testing.T) {
+	c := &lostPromote{learner: true}
+	var err error
+	for range 3 { // as the step's poll tries again
+		if err = promote(t.Context(), c, 7); err == nil {
+			return
+		}
+	}
+	t.Fatalf("promote after the first committed with its answer lost: %v", err)
 }

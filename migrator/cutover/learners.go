@@ -123,9 +123,26 @@ func (r *runner) joinLearner(ctx context.Context, m GreenMember) error {
 		watch = append(watch, gp)
 	}
 	return r.pollGreen(ctx, learnerPoll, "learner "+m.Name+" caught up and promoted", func(ctx context.Context) error {
-		_, err := cli.MemberPromote(ctx, id)
-		return err
+		return promote(ctx, cli, id)
 	}, watch...)
+}
+
+// promote promotes learner id. A promote that failed may have committed with its answer lost
+// (a timeout, a leader change): the member list then has id voting, and etcd would refuse every
+// promote after ("can only promote a learner member") until the step timed out into an abort.
+func promote(ctx context.Context, c clientv3.Cluster, id uint64) error {
+	_, err := c.MemberPromote(ctx, id)
+	if err == nil {
+		return nil
+	}
+	if list, lerr := c.MemberList(ctx); lerr == nil {
+		for _, m := range list.Members {
+			if m.ID == id && !m.IsLearner {
+				return nil
+			}
+		}
+	}
+	return err
 }
 
 // addLearner adds m as a learner unless green has it already; it returns m's member ID and
