@@ -283,6 +283,13 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 		_, _ = r.stopReplication()
 		return "skipped, NO WAY BACK: " + r.j.NoBake + "; replication stopped" + last, nil
 	}
+	if r.j.Bake != nil {
+		// Handed over before the process stopped (startBake journaled it; the step was not
+		// recorded): blue follows green from the bake's revision, which the bake picks up. Not
+		// again: green has written since, and blue into green would find green past blue.
+		_, _ = r.stopReplication()
+		return fmt.Sprintf("green and blue at revision %d, handed over before the process stopped; blue follows green from there once the bake picks replication up", r.j.Bake.Revision), nil
+	}
 	wctx, cancel := r.bakeContext(ctx)
 	defer cancel()
 	rev, err := r.handOver(wctx)

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -192,5 +193,36 @@ func TestResumedStopReplicationBringsBlueLast(t *testing.T) {
 	got, err := green.Get(t.Context(), "lease")
 	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != put.Header.Revision {
 		t.Errorf("stop-replication %q; green has %v, %v: want blue's write of revision %d", detail, got, err, put.Header.Revision)
+	}
+}
+
+// TestResumeAfterTheHandOverKeepsTheBake: a --resume after the process died once the hand-over
+// was journaled (the bake's revision) but before the step was recorded does not hand over
+// again: green has written since (its apiserver's master lease, no longer kept alive by blue's
+// replicator), and a blue-into-green pick-up would find green past blue and give up a bake that
+// blue, at green's revision, can follow.
+func TestResumeAfterTheHandOverKeepsTheBake(t *testing.T) {
+	p, _ := bothSidesPlan(t, false)
+	green, err := newEtcdClient(p.greenConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	j := journalThrough(p, bakeSteps, StepGateBlue, time.Now().UTC())
+	rev, err := replicate.Revision(t.Context(), green)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Bake = &BakeRecord{Revision: rev, Started: time.Now().UTC()}
+	if _, err := green.Put(t.Context(), "/registry/masterleases/10.0.0.1", "x"); err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: bakeSteps}).forward()
+	detail, err := handOverStep{}.run(t.Context(), r)
+	_, _ = r.stopReplication()
+	if err != nil || r.j.Bake == nil || r.j.Bake.Revision != rev || strings.Contains(detail, "NO WAY BACK") {
+		t.Fatalf("reverse-replication resumed after its hand-over: %q, %v, bake %+v; want the bake kept at revision %d", detail, err, r.j.Bake, rev)
 	}
 }
