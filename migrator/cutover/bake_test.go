@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -676,5 +677,33 @@ func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
 	}
 	if fp.st.Fenced || fp.st.Generation != 3 {
 		t.Fatalf("the proxy was changed: %+v", fp.st)
+	}
+}
+
+// TestRollbackFailingAfterTheBakeStoppedSaysResume: a rollback that fails once it has stopped
+// the baking process (its journal cannot be written: a full or read-only disk) says how to keep
+// blue in step again, 'cutover --resume': nothing does meanwhile, and a bare error left the
+// operator with a bake nobody runs.
+func TestRollbackFailingAfterTheBakeStoppedSaysResume(t *testing.T) {
+	p := bakePlan(t)
+	blue := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer blue.Close()
+	p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, t.TempDir(), "blue.kubeconfig", blue.URL)
+	_, sock := startFakeProxy(t, admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3})
+	p.Proxy.AdminSocket = sock
+	p.hash = "plan-hash"
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{Version: 1, ID: "c1", State: StateBaking, PlanHash: p.hash, GreenPIDs: map[string]int{}, Bake: &BakeRecord{Revision: 5}}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p.StateDir, "rollback"), nil, 0o600); err != nil { // not a dir
+		t.Fatal(err)
+	}
+	_, err := Rollback(t.Context(), Options{Plan: p})
+	if err == nil || !strings.Contains(err.Error(), "kubefence cutover --resume") {
+		t.Fatalf("rollback failing after the bake stopped: %v; want the way to keep blue in step named", err)
 	}
 }

@@ -34,6 +34,10 @@ var rollbackSteps = []step{
 	unfenceStep{},
 }
 
+// bakeNotRunning is the advice when a rollback (or finish) fails once it holds the state dir, the baking
+// process stopped (or not running): nothing keeps blue in step with green.
+const bakeNotRunning = "no process keeps blue following green now (the baking process was asked to stop, or was not running): run 'kubefence cutover --resume --plan PLAN' soon (nothing keeps blue's leases alive meanwhile), and try again once the cause is fixed"
+
 // afterRollbackAbort is the advice after a rollback went back to green.
 const afterRollbackAbort = "green serves as before and writes are open; blue no longer follows green until 'kubefence cutover --resume --plan PLAN' runs again: start it soon (nothing keeps blue's leases alive meanwhile)"
 
@@ -58,8 +62,12 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer lock.unlock()
+	baking := main.State == StateBaking
 	r, err := newRollbackRunner(o, main)
 	if err != nil {
+		if baking {
+			return nil, fmt.Errorf("%w; %s", err, bakeNotRunning)
+		}
 		return nil, err
 	}
 	defer func() { _, _ = r.stopReplication() }()
@@ -291,7 +299,7 @@ func takeOver(ctx context.Context, p *Plan) (*stateLock, *Journal, error) {
 	// The journal as the holder left it.
 	if j, err = LoadJournal(p.StateDir); err != nil {
 		lock.unlock()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w; %s", err, bakeNotRunning)
 	}
 	return lock, j, nil
 }
