@@ -157,6 +157,9 @@ type catchUpRounds struct {
 	rounds   int
 	last     time.Duration
 	caughtUp bool
+	// to and from name the sides for the detail: green and blue, or blue and green in a
+	// rollback.
+	to, from string
 }
 
 // next takes a round's duration and says whether to go on.
@@ -188,13 +191,13 @@ func (c *catchUpRounds) String() string {
 	last := c.last.Round(time.Millisecond)
 	switch {
 	case c.rounds == 0:
-		return "green did not catch up with blue in the time allowed (no round ended)"
+		return fmt.Sprintf("%s did not catch up with %s in the time allowed (no round ended)", c.to, c.from)
 	case c.caughtUp:
-		return fmt.Sprintf("green caught up with blue in %d round(s), the last %s", c.rounds, last)
+		return fmt.Sprintf("%s caught up with %s in %d round(s), the last %s", c.to, c.from, c.rounds, last)
 	case c.stalls >= 2:
-		return fmt.Sprintf("green did not gain on blue in its last 2 of %d round(s), the last %s", c.rounds, last)
+		return fmt.Sprintf("%s did not gain on %s in its last 2 of %d round(s), the last %s", c.to, c.from, c.rounds, last)
 	}
-	return fmt.Sprintf("green did not catch up with blue in the time allowed: %d round(s), the last %s", c.rounds, last)
+	return fmt.Sprintf("%s did not catch up with %s in the time allowed: %d round(s), the last %s", c.to, c.from, c.rounds, last)
 }
 
 // revisionReadBound bounds a read of an etcd's revision before the fence (blue's while catching
@@ -225,7 +228,7 @@ func (r *runner) readBound() time.Duration { return min(revisionReadBound, r.cat
 // readBound), or a replicator that stopped, fails the step before anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error) {
 	deadline := time.Now().Add(r.catchUpBound())
-	rounds := &catchUpRounds{}
+	rounds := &catchUpRounds{to: r.to.name, from: r.from.name}
 	for time.Now().Before(deadline) {
 		start := time.Now()
 		target, err := r.blueRevision(ctx)

@@ -176,12 +176,20 @@ func TestCatchUpRoundsString(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var c catchUpRounds
+			c := catchUpRounds{to: "green", from: "blue"}
 			for _, took := range tt.rounds {
 				c.next(took)
 			}
 			if got := c.String(); got != "green "+tt.want {
 				t.Errorf("%q, want %q", got, "green "+tt.want)
+			}
+			// A rollback's catch-up, the other way round, says so.
+			back := catchUpRounds{to: "blue", from: "green"}
+			for _, took := range tt.rounds {
+				back.next(took)
+			}
+			if got, want := back.String(), "blue "+strings.ReplaceAll(tt.want, "blue", "green"); got != want {
+				t.Errorf("rollback: %q, want %q", got, want)
 			}
 		})
 	}

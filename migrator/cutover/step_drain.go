@@ -41,7 +41,7 @@ func (drainStep) timeout(p *Plan) time.Duration { return p.Timeouts.Window.D() +
 func (drainStep) pastNoReturn() bool            { return false }
 
 func (drainStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("read blue's revision (linearizable), wait until green applied it and green's revision equals blue's; within timeouts.window (%s) from the fence, else unfence blue and abort", r.p.Timeouts.Window.D())
+	return fmt.Sprintf("read %[1]s's revision (linearizable), wait until %[2]s applied it and %[2]s's revision equals %[1]s's; within timeouts.window (%[3]s) from the fence, else unfence %[1]s and abort", r.from.name, r.to.name, r.p.Timeouts.Window.D())
 }
 
 func (drainStep) run(ctx context.Context, r *runner) (string, error) {

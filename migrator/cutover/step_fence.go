@@ -27,7 +27,7 @@ func (fenceStep) describe(r *runner, _ bool) string {
 	if !r.p.Replicating() {
 		return fence
 	}
-	return fmt.Sprintf("first connect to the etcd the window's auth steps change and let green catch up with blue while it gains on it (up to %s); then %s", preFenceCatchUp, fence)
+	return fmt.Sprintf("first connect to the etcd the window's auth steps change and let %s catch up with %s while it gains on it (up to %s); then %s", r.to.name, r.from.name, preFenceCatchUp, fence)
 }
 
 func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
