@@ -491,6 +491,14 @@ spec:
 		{"a load balancer in front of green", func(_ *testing.T, p *Plan) {
 			p.Green.APIServer.Command[1] = "--etcd-servers=https://green-etcd-lb.invalid:2379"
 		}, ""},
+		// A per-resource override copied from blue's command: green's apiserver would write
+		// those resources (events) to blue's etcd, ungated, before the switch and after it.
+		{"an override on blue's etcd", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides=/events#https://10.0.0.1:2379;http://127.0.0.1:2479")
+		}, "green.apiserver's --etcd-servers-overrides names https://10.0.0.1:2379"},
+		{"an override on an events etcd of its own", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides", "/events#https://127.0.0.1:2482,apps/deployments#https://127.0.0.1:2483")
+		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)

@@ -323,6 +323,11 @@ func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
 				continue
 			}
 		}
+		for _, s := range etcdOverrideServers(args) {
+			if blue[proc.HostPort(s)] || !green.serves(s) && isBlue(s) {
+				errs = append(errs, fmt.Errorf("%s's --etcd-servers-overrides names %s, blue's etcd: green's apiserver would write those resources to blue's etcd, before the switch (ungated) and after it; give it green's members, or an etcd of their own", field, s))
+			}
+		}
 		for _, s := range etcdServers(args) {
 			switch {
 			case blue[proc.HostPort(s)]:
@@ -424,16 +429,22 @@ func (g greenEndpoints) typo(raw string) bool {
 // etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
 // "--etcd-servers a,b"), split at commas.
 func etcdServers(args []string) []string {
-	for i, a := range args {
-		v, ok := strings.CutPrefix(a, "--etcd-servers=")
-		if !ok && a == "--etcd-servers" && i+1 < len(args) {
-			v, ok = args[i+1], true
-		}
-		if ok {
-			return strings.Split(v, ",")
-		}
+	if v := flagValue(args, "--etcd-servers"); v != "" {
+		return strings.Split(v, ",")
 	}
 	return nil
+}
+
+// etcdOverrideServers are the servers of --etcd-servers-overrides in args
+// (group/resource#server;server, comma separated).
+func etcdOverrideServers(args []string) []string {
+	var out []string
+	for o := range strings.SplitSeq(flagValue(args, "--etcd-servers-overrides"), ",") {
+		if _, servers, ok := strings.Cut(o, "#"); ok {
+			out = append(out, strings.Split(servers, ";")...)
+		}
+	}
+	return out
 }
 
 // manifestArgs is the command and arguments of every container of a static pod manifest.
