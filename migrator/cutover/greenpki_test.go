@@ -143,3 +143,37 @@ func TestGreenTLSMaterial(t *testing.T) {
 		})
 	}
 }
+
+// TestGreenAPIServerEtcdIdentity: the preflight reads the CN of the etcd client certificate a
+// green apiserver this host starts gives (--etcd-certfile): the write gate makes
+// green.apiserver.etcdUser read-only until the switch, so an apiserver that is another user
+// either writes freely (kubefence's own, root: replication stops on a mismatch) or is no user
+// at all (never ready: the cutover aborts after timeouts.greenAPIServer). Found before anything
+// runs instead.
+func TestGreenAPIServerEtcdIdentity(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "etcd-ca")
+	gated, _ := ca.issue(t, dir, "apiserver-etcd-client", DefaultGreenEtcdUser, nil, x509.ExtKeyUsageClientAuth)
+	root, _ := ca.issue(t, dir, "healthcheck-client", "kube-etcd-healthcheck-client", nil, x509.ExtKeyUsageClientAuth)
+	for _, tc := range []struct {
+		name, certFile string
+		want           string // "" for none
+	}{
+		{"the gated user", gated, ""},
+		{"kubefence's own certificate", root, `CN "kube-etcd-healthcheck-client", not green.apiserver.etcdUser "kube-apiserver-etcd-client"`},
+		{"a file that is not there", filepath.Join(dir, "missing.crt"), "missing.crt"},
+		{"none given", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := replicatePlan(t)
+			p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser // as parsing the plan gives it
+			if tc.certFile != "" {
+				p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-certfile="+tc.certFile)
+			}
+			err := checkGreenEtcdIdentity(p)
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkGreenEtcdIdentity = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

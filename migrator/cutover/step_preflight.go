@@ -41,7 +41,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenEtcdIdentity(p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -309,20 +309,9 @@ func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
 	for _, m := range p.Green.Etcd.Members {
 		clients = append(clients, m.ClientURL)
 	}
-	var errs []error
-	for i, a := range p.greenAPIServers() {
-		field := "green.apiserver"
-		if i > 0 {
-			field = fmt.Sprintf("green.apiservers[%d]", i-1)
-		}
-		args := a.Command
-		if a.StaticPod != nil {
-			var err error
-			if args, err = manifestArgs(a.StaticPod.Manifest); err != nil {
-				errs = append(errs, fmt.Errorf("%s.staticPod.manifest: %w", field, err))
-				continue
-			}
-		}
+	started, errs := p.startedHere()
+	for _, a := range started {
+		field, args := a.field, a.args
 		for _, s := range etcdOverrideServers(args) {
 			if blue[proc.HostPort(s)] || !green.serves(s) && isBlue(s) {
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers-overrides names %s, blue's etcd: green's apiserver would write those resources to blue's etcd, before the switch (ungated) and after it; give it green's members, or an etcd of their own", field, s))
@@ -337,6 +326,65 @@ func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
 			case green.typo(s):
 				errs = append(errs, fmt.Errorf("%s's --etcd-servers names %s, on a green member's host but none of green.etcd.members' clientURLs (%s): green's apiserver would never become ready; give it their scheme, host and port", field, s, strings.Join(clients, ", ")))
 			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// startedAPIServer is a green apiserver this host starts: its field in the plan and its command
+// line (its command, or its static pod manifest's containers').
+type startedAPIServer struct {
+	field string
+	args  []string
+}
+
+// startedHere is each green apiserver this host starts, and why a manifest could not be read.
+func (p *Plan) startedHere() ([]startedAPIServer, []error) {
+	var out []startedAPIServer
+	var errs []error
+	for i, a := range p.greenAPIServers() {
+		field := "green.apiserver"
+		if i > 0 {
+			field = fmt.Sprintf("green.apiservers[%d]", i-1)
+		}
+		args := a.Command
+		if a.StaticPod != nil {
+			var err error
+			if args, err = manifestArgs(a.StaticPod.Manifest); err != nil {
+				errs = append(errs, fmt.Errorf("%s.staticPod.manifest: %w", field, err))
+				continue
+			}
+		}
+		if len(args) > 0 {
+			out = append(out, startedAPIServer{field, args})
+		}
+	}
+	return out, errs
+}
+
+// checkGreenEtcdIdentity refuses (mode replicate) a green apiserver this host starts whose etcd
+// client certificate (--etcd-certfile) is not green.apiserver.etcdUser, the user the write gate
+// keeps read-only until the switch: as another user it would write to green before the switch
+// (kubefence's own: root; replication then stops on a mismatch) or never become ready (no such
+// user: the cutover aborts after timeouts.greenAPIServer). A manifest that cannot be read is
+// checkGreenEtcdServers' to report.
+func checkGreenEtcdIdentity(p *Plan) error {
+	if !p.Replicating() {
+		return nil
+	}
+	started, _ := p.startedHere()
+	var errs []error
+	for _, a := range started {
+		file := flagValue(a.args, "--etcd-certfile")
+		if file == "" {
+			continue
+		}
+		cn, err := certCN(file)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s's --etcd-certfile: %w", a.field, err))
+		case cn != p.Green.APIServer.EtcdUser:
+			errs = append(errs, fmt.Errorf("%s's --etcd-certfile %s has CN %q, not green.apiserver.etcdUser %q, whom the write gate keeps read-only until the switch: as %[3]q green's apiserver would write before it, or not be let in at all; give it a certificate with that CN (kubeadm's apiserver-etcd-client) or set etcdUser to its CN (not kubefence's own)", a.field, file, cn, p.Green.APIServer.EtcdUser))
 		}
 	}
 	return errors.Join(errs...)
