@@ -65,10 +65,9 @@ func modifyResponse(log *slog.Logger) func(*http.Response) error {
 			// A refused upgrade: answer it, then close the client connection too.
 			resp.Header.Set("Connection", "close")
 		case st.stream != nil && st.attrs.Verb == "watch" && resp.StatusCode == http.StatusOK:
-			ct := resp.Header.Get("Content-Type")
-			wb := newWatchBody(resp.Body, st.stream.cancel, watchFraming(ct))
-			if wb.fr != framingUnknown && resp.Header.Get("Content-Encoding") == "" {
-				wb.enableResume(&resumeInfo{req: resp.Request, identity: st.identity != nil, verified: st.stillVerified, contentType: ct, started: time.Now(), s: st.stream, on: st.backend, log: log})
+			wb := newWatchBody(resp.Body, st.stream.cancel, streamFraming(resp.Header))
+			if wb.fr != framingUnknown {
+				wb.enableResume(&resumeInfo{req: resp.Request, identity: st.identity != nil, verified: st.stillVerified, contentType: resp.Header.Get("Content-Type"), started: time.Now(), s: st.stream, on: st.backend, log: log})
 			}
 			st.stream.mu.Lock()
 			st.stream.body = wb

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"mime"
+	"net/http"
 	"sync"
 )
 
@@ -30,6 +31,15 @@ func watchFraming(contentType string) framing {
 		return framingProtobuf
 	}
 	return framingUnknown
+}
+
+// streamFraming is the framing of a watch answer with headers h: none in an encoded body (gzip:
+// its bytes are not the events', a newline byte there is no boundary).
+func streamFraming(h http.Header) framing {
+	if h.Get("Content-Encoding") != "" {
+		return framingUnknown
+	}
+	return watchFraming(h.Get("Content-Type"))
 }
 
 // watchBody wraps a watch response body so that a backend switch can end it cleanly between two

@@ -237,10 +237,13 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 }
 
 // acceptable checks the new backend's answer to a re-issued watch: 200, in the content type the
-// old backend's answer had (the client reads one stream).
+// old backend's answer had, not encoded (the client reads one stream).
 func (ri *resumeInfo) acceptable(resp *http.Response) error {
 	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != ri.contentType {
 		return fmt.Errorf("answered %s, %s (want 200, %s)", resp.Status, ct, ri.contentType)
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" {
+		return fmt.Errorf("answered in %s encoding onto a plain stream", enc)
 	}
 	return nil
 }
