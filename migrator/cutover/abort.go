@@ -69,6 +69,10 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		rep.Next = nextAfterAbort + r.p.leftOnHosts()
 		if r.main != nil {
 			rep.Next = afterRollbackAbort
+			if r.pickupAdvice(err) == r.noPickup {
+				// Lasting: a resume of the bake would fail the same way.
+				rep.Next = "green serves as before and writes are open; " + r.noPickup
+			}
 		}
 	}
 	r.emit(Event{Type: EventReport, Report: rep})

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -705,5 +706,36 @@ func TestRollbackFailingAfterTheBakeStoppedSaysResume(t *testing.T) {
 	_, err := Rollback(t.Context(), Options{Plan: p})
 	if err == nil || !strings.Contains(err.Error(), "kubefence cutover --resume") {
 		t.Fatalf("rollback failing after the bake stopped: %v; want the way to keep blue in step named", err)
+	}
+}
+
+// TestRollbackAbortOnALastingMismatchSaysFinish: a rollback that aborts because blue no longer
+// follows green change for change (a lasting error) advises 'cutover finish', not the usual
+// 'cutover --resume' to keep blue following, which would fail the same way.
+func TestRollbackAbortOnALastingMismatchSaysFinish(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("picking replication up: %w", replicate.ErrRevisionMismatch), "cutover finish"},
+		{errors.New("drain missed the window"), "cutover --resume"},
+	} {
+		p := bakePlan(t)
+		p.hash = "plan-hash"
+		main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
+		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		r, err := newRollbackRunner(Options{Plan: p}, main)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls []string
+		r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3}, &calls)
+		i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepFence })
+		rep, _ := r.fail(t.Context(), r.steps[i], tc.err)
+		if rep == nil || !strings.Contains(rep.Next, tc.want) {
+			t.Errorf("%v: report %+v, want the advice %q", tc.err, rep, tc.want)
+		}
 	}
 }
