@@ -416,7 +416,9 @@ func (s *Server) serveAll() {
 // once, and a keep-alive connection may outlive the certificate.
 func verifyAdminClient(cas *x509.CertPool, next http.Handler) http.Handler {
 	authn := newClientAuthenticator(func() (x509.VerifyOptions, bool) {
-		return x509.VerifyOptions{Roots: cas, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, true
+		// No Intermediates: the authenticator then takes those the client sent, as the
+		// handshake did (an empty pool made it refuse every chain through one).
+		return x509.VerifyOptions{Roots: cas, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, true
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, ok, err := authn.AuthenticateRequest(r)
