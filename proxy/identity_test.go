@@ -35,37 +35,32 @@ type testCA struct {
 
 func newTestCA(t testing.TB, dir, name string) *testCA {
 	t.Helper()
+	ca := signedCA(t, name, nil)
+	ca.pem = filepath.Join(dir, name+".crt")
+	if err := os.WriteFile(ca.pem, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// intermediate is a CA ca signs; its certificates carry it in their chain (chained).
+func (ca *testCA) intermediate(t testing.TB, name string) *testCA { return signedCA(t, name, ca) }
+
+// signedCA is a CA certificate parent signs (itself when nil), valid for an hour.
+func signedCA(t testing.TB, name string, parent *testCA) *testCA {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
 		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
+	issuer, signer := tmpl, key
+	if parent != nil {
+		tmpl.SerialNumber = big.NewInt(2)
+		issuer, signer = parent.cert, parent.key
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name+".crt")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: path}
-}
-
-// intermediate is a CA ca signs; its certificates carry it in their chain (chained).
-func (ca *testCA) intermediate(t testing.TB, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, &key.PublicKey, signer)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -453,21 +453,8 @@ func TestTakeOff(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			nb, err := newBackend("http://127.0.0.1:2", "", TransportOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := &stream{cancel: func() {}}
-			if err := b.track(s); err != nil {
-				t.Fatal(err)
-			}
-			w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
-			w.resume = &resumeInfo{s: s, on: b, identity: tc.identity, verified: func() bool { return tc.verifies }}
-			w.rv = &rvTracker{fr: framingJSON, start: "5"}
+			b, nb, w := watchToMove(t)
+			w.resume.identity, w.resume.verified = tc.identity, func() bool { return tc.verifies }
 			w.out = tc.out
 			tracked := 1
 			if tc.ended != nil {
@@ -498,21 +485,7 @@ func TestTakeOff(t *testing.T) {
 // whose goroutine waits in Read is woken and moves itself, as before.
 func TestMoveTakesOffAWatchStillWriting(t *testing.T) {
 	for _, out := range []bool{true, false} {
-		b, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		nb, err := newBackend("http://127.0.0.1:2", "", TransportOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := &stream{cancel: func() {}}
-		if err := b.track(s); err != nil {
-			t.Fatal(err)
-		}
-		w := newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
-		w.resume = &resumeInfo{s: s, on: b}
-		w.rv = &rvTracker{fr: framingJSON, start: "5"}
+		b, nb, w := watchToMove(t)
 		w.out = out
 		if parked, ok := w.moveTo(nb, false); parked || !ok {
 			t.Fatalf("out %v: parked %v ok %v", out, parked, ok)
@@ -522,4 +495,26 @@ func TestMoveTakesOffAWatchStillWriting(t *testing.T) {
 		}
 		_ = w.Close()
 	}
+}
+
+// watchToMove is a JSON watch at resourceVersion 5, tracked on a backend b, and the backend nb
+// a switch would move it to.
+func watchToMove(t *testing.T) (b, nb *backend, w *watchBody) {
+	t.Helper()
+	b, err := newBackend("http://127.0.0.1:1", "", TransportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb, err = newBackend("http://127.0.0.1:2", "", TransportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stream{cancel: func() {}}
+	if err := b.track(s); err != nil {
+		t.Fatal(err)
+	}
+	w = newWatchBody(io.NopCloser(strings.NewReader("")), func() {}, framingJSON)
+	w.resume = &resumeInfo{s: s, on: b}
+	w.rv = &rvTracker{fr: framingJSON, start: "5"}
+	return b, nb, w
 }

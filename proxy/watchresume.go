@@ -73,6 +73,23 @@ func truthy(v string) bool { return v != "0" && !strings.EqualFold(v, "false") }
 
 func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
 
+// turn waits for the watch's turn to ask nb (awaitTurn: the caller gives the slot back) and
+// says whether to ask: not once its client left or the proxy left nb, nor once its
+// timeoutSeconds has passed meanwhile (its apiserver would have ended it; the slot is given
+// back here).
+func (ri *resumeInfo) turn(from, nb *backend, log *slog.Logger) bool {
+	if !awaitTurn(ri.req.Context(), from, nb) {
+		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
+		return false
+	}
+	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
+		<-nb.resumeSlots
+		log.Info("watch not resumed: its timeoutSeconds has passed; ended, as its apiserver would have ended it")
+		return false
+	}
+	return true
+}
+
 // timeoutLeft is what is left of the watch's timeoutSeconds, in whole seconds (rounded down:
 // the client sees its watch end no later than it asked), and whether it asked for one.
 func (ri *resumeInfo) timeoutLeft() (int64, bool) {
@@ -194,13 +211,7 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	_ = old.Close()
 	log := logger()
 	ri.on = nb // not tracked there until nb answers: a switch away from nb meanwhile ends it
-	if !awaitTurn(ri.req.Context(), from, nb) {
-		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
-		return false
-	}
-	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
-		<-nb.resumeSlots
-		log.Info("watch not resumed: its timeoutSeconds has passed; ended, as its apiserver would have ended it")
+	if !ri.turn(from, nb, log) {
 		return false
 	}
 	resp, err := reissue(ri, nb, rv)

@@ -404,11 +404,9 @@ func TestRollbackResumeLeavesTheBake(t *testing.T) {
 	}
 }
 
-// TestFailedRollbackAbortAdvice: a rollback whose abort cannot complete (a proxy does not
-// answer) advises what works from there, 'rollback --resume' once every proxy answers: not
-// 'cutover abort', which refuses a rolling-back cutover, nor a plain fence off, which could open
-// one proxy on blue while the others write green.
-func TestFailedRollbackAbortAdvice(t *testing.T) {
+// newBakeRollback is a rollback's runner of a baking cutover (its journal in memory only).
+func newBakeRollback(t *testing.T) *runner {
+	t.Helper()
 	p := bakePlan(t)
 	p.hash = "plan-hash"
 	main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
@@ -419,6 +417,15 @@ func TestFailedRollbackAbortAdvice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// TestFailedRollbackAbortAdvice: a rollback whose abort cannot complete (a proxy does not
+// answer) advises what works from there, 'rollback --resume' once every proxy answers: not
+// 'cutover abort', which refuses a rolling-back cutover, nor a plain fence off, which could open
+// one proxy on blue while the others write green.
+func TestFailedRollbackAbortAdvice(t *testing.T) {
+	r := newBakeRollback(t)
 	down := errors.New("connection refused")
 	r.adm = funcProxy{
 		status: func(context.Context) (admin.Status, error) { return admin.Status{}, down },
@@ -643,19 +650,13 @@ func TestCheckTxnLimits(t *testing.T) {
 	}
 }
 
-// TestRollbackRefusesABlueApiserverNotReady: a rollback switches every proxy to blue's apiserver
-// and opens writes there, past the switch for good; one that does not answer /readyz (restarted
-// during a bake of days, not ready) is refused before anything is asked of the baking process or
-// the proxies.
-func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
-	was := readyPatience
-	readyPatience = time.Second
-	t.Cleanup(func() { readyPatience = was })
+// bakingCutover is a plan whose cutover bakes (its journal saved, no process baking), one fake
+// proxy on green, and blue's apiserver answering with readyz.
+func bakingCutover(t *testing.T, readyz http.HandlerFunc) (*Plan, *fakeProxy) {
+	t.Helper()
 	p := bakePlan(t)
-	blue := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
-	}))
-	defer blue.Close()
+	blue := httptest.NewTLSServer(readyz)
+	t.Cleanup(blue.Close)
 	p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, t.TempDir(), "blue.kubeconfig", blue.URL)
 	fp, sock := startFakeProxy(t, admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3})
 	p.Proxy.AdminSocket = sock
@@ -667,6 +668,20 @@ func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
 	if err := j.save(p.StateDir); err != nil {
 		t.Fatal(err)
 	}
+	return p, fp
+}
+
+// TestRollbackRefusesABlueApiserverNotReady: a rollback switches every proxy to blue's apiserver
+// and opens writes there, past the switch for good; one that does not answer /readyz (restarted
+// during a bake of days, not ready) is refused before anything is asked of the baking process or
+// the proxies.
+func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
+	was := readyPatience
+	readyPatience = time.Second
+	t.Cleanup(func() { readyPatience = was })
+	p, fp := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	_, err := Rollback(ctx, Options{Plan: p})
@@ -686,20 +701,7 @@ func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
 // blue in step again, 'cutover --resume': nothing does meanwhile, and a bare error left the
 // operator with a bake nobody runs.
 func TestRollbackFailingAfterTheBakeStoppedSaysResume(t *testing.T) {
-	p := bakePlan(t)
-	blue := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer blue.Close()
-	p.Blue.APIServer.Kubeconfig = writeKubeconfig(t, t.TempDir(), "blue.kubeconfig", blue.URL)
-	_, sock := startFakeProxy(t, admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3})
-	p.Proxy.AdminSocket = sock
-	p.hash = "plan-hash"
-	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	j := &Journal{Version: 1, ID: "c1", State: StateBaking, PlanHash: p.hash, GreenPIDs: map[string]int{}, Bake: &BakeRecord{Revision: 5}}
-	if err := j.save(p.StateDir); err != nil {
-		t.Fatal(err)
-	}
+	p, _ := bakingCutover(t, func(http.ResponseWriter, *http.Request) {})
 	if err := os.WriteFile(filepath.Join(p.StateDir, "rollback"), nil, 0o600); err != nil { // not a dir
 		t.Fatal(err)
 	}
@@ -720,18 +722,9 @@ func TestRollbackAbortOnALastingMismatchSaysFinish(t *testing.T) {
 		{fmt.Errorf("picking replication up: %w", replicate.ErrRevisionMismatch), "cutover finish"},
 		{errors.New("drain missed the window"), "cutover --resume"},
 	} {
-		p := bakePlan(t)
-		p.hash = "plan-hash"
-		main := &Journal{ID: "x", State: StateBaking, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5}}
-		if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		r, err := newRollbackRunner(Options{Plan: p}, main)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := newBakeRollback(t)
 		var calls []string
-		r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 3}, &calls)
+		r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(r.p.Green.APIServer.URL, "/"), Generation: 3}, &calls)
 		i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepFence })
 		rep, _ := r.fail(t.Context(), r.steps[i], tc.err)
 		if rep == nil || !strings.Contains(rep.Next, tc.want) {

@@ -96,11 +96,7 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	if !resp.Barrier.Complete {
-		var running []string
-		for _, w := range resp.Barrier.Remaining {
-			running = append(running, w.Describe())
-		}
-		return "", fmt.Errorf("%d write(s) admitted before the fence still running after %s: %s", len(resp.Barrier.Remaining), r.p.Proxy.WaitTimeout.D(), strings.Join(running, "; "))
+		return "", barrierError(resp.Barrier, r.p.Proxy.WaitTimeout.D())
 	}
 	if first {
 		r.j.FencedAt = sent
@@ -112,6 +108,15 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		what = "held"
 	}
 	return fmt.Sprintf("%s%swrites %s from now; in-flight writes finished in %s", caughtUp, prepared, what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
+}
+
+// barrierError names each write the barrier b still waited for after wait, with its proxy.
+func barrierError(b *admin.Barrier, wait time.Duration) error {
+	var running []string
+	for _, w := range b.Remaining {
+		running = append(running, w.Describe())
+	}
+	return fmt.Errorf("%d write(s) admitted before the fence still running after %s: %s", len(b.Remaining), wait, strings.Join(running, "; "))
 }
 
 // prepareTimeout bounds the proxies' prepare: a dial and a few requests.
