@@ -1,9 +1,16 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 
 	"github.com/kubefence/kubefence/proxy/backendurl"
 )
@@ -48,4 +55,35 @@ func (r *runner) checkProxiesAllowSwitch(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// switchBackCATimeout bounds the preflight's handshake with blue's apiserver.
+const switchBackCATimeout = 10 * time.Second
+
+// checkSwitchBackCA refuses a cutover whose way back would fail at its switch: with
+// green.apiserver.caFile set and blue's not, a switch back to blue (a partial switch undone, an
+// abort after it, a rollback) sends no CA, which keeps the proxy's current one, green's; unless
+// that verifies blue's serving certificate too (one cluster CA, kubeadm's), the proxies would
+// refuse blue and stay fenced. Checked at the preflight, not when the plan is read: abort,
+// rollback, finish and --resume must still read the plan of a cutover under way.
+func checkSwitchBackCA(ctx context.Context, p *Plan) error {
+	if p.Green.APIServer.CAFile == "" || p.Blue.APIServer.CAFile != "" {
+		return nil
+	}
+	pool, err := tlsutil.LoadCAPool(p.Green.APIServer.CAFile)
+	if err != nil {
+		return fmt.Errorf("green.apiserver.caFile: %w", err)
+	}
+	u, err := url.Parse(p.Blue.APIServer.URL)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, switchBackCATimeout)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: u.Hostname()}}
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), cmp.Or(u.Port(), "443")))
+	if err != nil {
+		return fmt.Errorf("blue.apiserver.caFile is not set, so a switch back to blue (a partial switch undone, an abort, a rollback) keeps the proxies' current CA, green.apiserver.caFile's, which does not verify blue's apiserver %s (%w): set blue.apiserver.caFile to the CA the proxies' --upstream-ca-file names", p.Blue.APIServer.URL, err)
+	}
+	return conn.Close()
 }

@@ -1,6 +1,9 @@
 package cutover
 
 import (
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -46,6 +49,39 @@ func TestPreflightChecksTheAllowList(t *testing.T) {
 				t.Fatal(err)
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "proxy a")):
 				t.Fatalf("error %v, want one naming proxy a and %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestPreflightChecksTheSwitchBackCA: with green.apiserver.caFile set and blue's not, a switch
+// back to blue (a partial switch undone, an abort after it, a rollback) sends no CA, which keeps
+// the proxy's current one, green's: the preflight checks that it verifies blue's serving
+// certificate, and refuses a cutover whose way back would fail inside the window otherwise. Not
+// at parse time: a plan of a cutover already under way must still be read by abort, rollback,
+// finish and --resume.
+func TestPreflightChecksTheSwitchBackCA(t *testing.T) {
+	blue := httptest.NewTLSServer(http.NotFoundHandler())
+	defer blue.Close()
+	dir := t.TempDir()
+	bluesCA := writeFile(t, dir, "blue-ca.crt", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: blue.Certificate().Raw})))
+	other := newTestCA(t, dir, "green-ca").file
+	for _, tc := range []struct {
+		name, greenCA, blueCA string
+		want                  string // "" for none
+	}{
+		{"green's CA verifies blue too", bluesCA, "", ""},
+		{"green's CA does not verify blue", other, "", "blue.apiserver.caFile"},
+		{"blue's CA given", other, bluesCA, ""},
+		{"no CA given", "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.Blue.APIServer.URL = blue.URL
+			p.Green.APIServer.CAFile, p.Blue.APIServer.CAFile = tc.greenCA, tc.blueCA
+			err := checkSwitchBackCA(t.Context(), p)
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkSwitchBackCA = %v, want %q", err, tc.want)
 			}
 		})
 	}

@@ -71,9 +71,6 @@ func TestParsePlan(t *testing.T) {
 			p.Migration.Mode = "magic"
 		}, []string{"stateDir is required", `blue.apiserver.url "10.0.0.1:6443"`, "members: 2 given, want 1 or 3", "is used twice", "give command", `migration.mode "magic"`}},
 		{"v2 without a member dir", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"needs blue.etcd.dataDir"}},
-		// Switching back (a partial switch undone, an abort, a rollback) names blue with its
-		// caFile; empty, a proxy keeps the CA it has, green's: blue's certificate fails it.
-		{"green's apiserver CA without blue's", func(p *Plan) { p.Green.APIServer.CAFile = "/etc/green-ca.crt" }, []string{"blue.apiserver.caFile", "green's CA"}},
 		{"bad conflict rule", func(p *Plan) {
 			p.Migration.Mode, p.Blue.Etcd.DataDir, p.Migration.OnConflict = "auto", p.StateDir, "mine"
 		}, []string{`onConflict "mine"`}},

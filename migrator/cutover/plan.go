@@ -440,9 +440,6 @@ func (p *Plan) validateBlue(ps *problems) {
 	if (p.Blue.Etcd.CertFile == "") != (p.Blue.Etcd.KeyFile == "") {
 		ps.add("blue.etcd.certFile and keyFile go together")
 	}
-	if p.Green.APIServer.CAFile != "" && p.Blue.APIServer.CAFile == "" {
-		ps.add("green.apiserver.caFile is set but blue.apiserver.caFile is not: a switch back to blue (a partial switch undone, an abort, a rollback) would have the proxies check blue's serving certificate against green's CA (an empty caFile keeps the proxy's current one) and fail, leaving writes fenced; set blue.apiserver.caFile to the CA the proxies' --upstream-ca-file names")
-	}
 }
 
 func (p *Plan) validateGreenEtcd(ps *problems) {

@@ -41,7 +41,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenEtcdIdentity(p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkSwitchBackCA(ctx, p), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenEtcdIdentity(p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
