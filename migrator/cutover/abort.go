@@ -338,7 +338,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	unfence := func() error {
 		if fenced {
 			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.
-			if err := r.proxiesBack(ctx); err != nil {
+			if err := r.proxiesBack(ctx, at.down); err != nil {
 				return err
 			}
 			// Expecting blue: a proxy that could not be looked at just before stays fenced
@@ -393,9 +393,10 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 }
 
 // proxiesBack puts every proxy back on the side the run came from before an abort unfences
-// them (proxyGroup.putFencedOn); if one cannot be, all stay fenced.
-func (r *runner) proxiesBack(ctx context.Context) error {
-	if err := r.group().putFencedOn(ctx, r.from.api); err != nil {
+// them (proxyGroup.putFencedOn), but those in silent (found so just before); if one cannot be,
+// all stay fenced. One open away from it is the abort's to have found before (fenceOpenOnTarget).
+func (r *runner) proxiesBack(ctx context.Context, silent []string) error {
+	if _, err := r.group().putFencedOn(ctx, r.from.api, silent); err != nil {
 		return fmt.Errorf("%w; every proxy stays fenced: run the abort again", err)
 	}
 	return nil

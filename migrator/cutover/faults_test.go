@@ -32,9 +32,9 @@ func hanging() funcProxy {
 // shortProxyAnswers makes one proxy's answer due within d for the test.
 func shortProxyAnswers(t *testing.T, d time.Duration) {
 	t.Helper()
-	was := proxyAnswerTimeout
-	proxyAnswerTimeout = d
-	t.Cleanup(func() { proxyAnswerTimeout = was })
+	was, wasStatus := proxyAnswerTimeout, statusAnswerTimeout
+	proxyAnswerTimeout, statusAnswerTimeout = d, d
+	t.Cleanup(func() { proxyAnswerTimeout, statusAnswerTimeout = was, wasStatus })
 }
 
 // TestPartialSwitchGoesBackAfterATimeout: a switch that one proxy never answers, until the
@@ -200,4 +200,39 @@ func TestPromoteWhoseAnswerWasLost(t *testing.T) {
 		}
 	}
 	t.Fatalf("promote after the first committed with its answer lost: %v", err)
+}
+
+// TestUnfenceOpensTheOthersAtOnceWhileAProxyHangs: the window's unfence, and an abort's, look at
+// each proxy once before they open any: a silent one costs one wait for its status, not one
+// per look (the unfence looked twice, the abort three times, each the whole wait, with every
+// healthy proxy still fenced).
+func TestUnfenceOpensTheOthersAtOnceWhileAProxyHangs(t *testing.T) {
+	shortProxyAnswers(t, 300*time.Millisecond)
+	for _, abort := range []bool{false, true} {
+		w := newDecisionWorld(t, false, "", false)
+		target := w.r.p.Green.APIServer.URL
+		if abort {
+			target = w.r.p.Blue.APIServer.URL
+		}
+		w.st.Backend, w.st.Fenced = target, true
+		a := w.r.adm.(funcProxy)
+		fence, start := a.fence, time.Now()
+		var openedAfter time.Duration
+		a.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+			if !req.Fenced {
+				openedAfter = time.Since(start)
+			}
+			return fence(ctx, req)
+		}
+		w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: a}, {Name: "b", Client: hanging()}}}
+		w.r.j = &Journal{ID: "x", State: StateRunning, Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}, PlanHash: w.r.p.hash, FencedAt: time.Now().UTC()}
+		if abort {
+			_, _ = w.r.abortByOperator(t.Context())
+		} else {
+			_, _ = unfenceStep{}.run(t.Context(), w.r)
+		}
+		if w.st.Fenced || openedAfter > 500*time.Millisecond {
+			t.Errorf("abort %v: proxy a fenced %v, opened %s after the start (one silent proxy's status waits 300ms)", abort, w.st.Fenced, openedAfter)
+		}
+	}
 }

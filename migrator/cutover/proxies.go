@@ -77,13 +77,18 @@ func (p *Plan) validateProxies(ps *problems) {
 // proxies' calls nor what comes after them. A variable for the tests.
 var proxyAnswerTimeout = 10 * time.Second
 
+// statusAnswerTimeout bounds one proxy's answer to a status request, which takes it
+// milliseconds: a silent proxy costs each look at the proxies this long. A variable for the
+// tests.
+var statusAnswerTimeout = 3 * time.Second
+
 // switchBackTimeout bounds one proxy's switch back to where it was (a partial switch undone, an
 // abort putting a proxy back): it drains the watches it had just moved, as a switch does.
 const switchBackTimeout = time.Minute
 
-// statusOf is one proxy's status, within proxyAnswerTimeout.
+// statusOf is one proxy's status, within statusAnswerTimeout.
 func statusOf(ctx context.Context, c proxyAdmin) (admin.Status, error) {
-	ctx, cancel := context.WithTimeout(ctx, proxyAnswerTimeout)
+	ctx, cancel := context.WithTimeout(ctx, statusAnswerTimeout)
 	defer cancel()
 	return c.Status(ctx)
 }
@@ -397,23 +402,34 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 // before an abort unfences them (a proxy may have switched although its answer was lost, or a
 // crash cut the switch short, and unfenced there it would open writes on green while the others
 // write blue), and before the window's unfence (a proxy restarted fenced on its --upstream
-// since the switch). An open proxy is left alone (a switch needs the fence), as is one that does
-// not answer: the unfence fails for it.
-func (g *proxyGroup) putFencedOn(ctx context.Context, a APIServerRef) error {
+// since the switch). An open proxy is not switched (a switch needs the fence): one open away
+// from a is returned, "NAME (on BACKEND)", for the caller to judge. One that does not answer,
+// or is in skip (found silent just before: one wait for it is enough), is left alone: the
+// unfence, which names the backend it expects, fails for it. Each proxy is looked at once.
+func (g *proxyGroup) putFencedOn(ctx context.Context, a APIServerRef, skip []string) (openElsewhere []string, _ error) {
 	want := sameURL(a.URL)
-	_, err := admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (struct{}, error) {
+	ask := slices.DeleteFunc(slices.Clone(g.proxies), func(p admin.Target[proxyAdmin]) bool { return slices.Contains(skip, p.Name) })
+	res, err := admin.Each(ctx, ask, func(ctx context.Context, c proxyAdmin) (string, error) {
 		st, err := statusOf(ctx, c)
-		// One on a's URL is left alone unless unconfirmed (restarted with an unusable state
-		// file): then it refuses fence off until a backend set names a.
-		if err != nil || !st.Fenced || st.Backend == want && !st.Unconfirmed {
-			return struct{}{}, nil
+		switch {
+		case err != nil, st.Fenced && st.Backend == want && !st.Unconfirmed:
+			return "", nil
+		case !st.Fenced && st.Backend != want:
+			return st.Backend, nil
+		case !st.Fenced:
+			return "", nil
 		}
 		if _, err := switchBackOf(ctx, c, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
-			return struct{}{}, fmt.Errorf("on %s and could not be switched to %s: %w", st.Backend, a.URL, err)
+			return "", fmt.Errorf("on %s and could not be switched to %s: %w", st.Backend, a.URL, err)
 		}
-		return struct{}{}, nil
+		return "", nil
 	})
-	return err
+	for _, r := range res {
+		if r.Value != "" {
+			openElsewhere = append(openElsewhere, fmt.Sprintf("%s (on %s)", named([]string{r.Proxy}), r.Value))
+		}
+	}
+	return openElsewhere, err
 }
 
 func statuses[T any](res []admin.Result[T], get func(T) admin.Status) []admin.Result[admin.Status] {

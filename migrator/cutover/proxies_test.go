@@ -565,7 +565,7 @@ func TestBackToLeavesOpenProxiesAlone(t *testing.T) {
 		return admin.BackendResponse{}, errors.New("not fenced: a backend change needs the fence on")
 	}
 	g := &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: mp}}}
-	if err := g.putFencedOn(t.Context(), p.Blue.APIServer); err != nil || len(calls) > 0 {
+	if _, err := g.putFencedOn(t.Context(), p.Blue.APIServer, nil); err != nil || len(calls) > 0 {
 		t.Fatalf("putFencedOn on an open proxy: %v, calls %v; want nothing asked", err, calls)
 	}
 }
@@ -583,7 +583,7 @@ func TestBackToConfirmsAnUnconfirmedProxy(t *testing.T) {
 	if merged, err := g.Status(t.Context()); err != nil || !merged.Unconfirmed {
 		t.Fatalf("group status %+v, %v: want it unconfirmed as its proxy", merged, err)
 	}
-	if err := g.putFencedOn(t.Context(), p.Blue.APIServer); err != nil || !slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
+	if _, err := g.putFencedOn(t.Context(), p.Blue.APIServer, nil); err != nil || !slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
 		t.Fatalf("putFencedOn on an unconfirmed proxy on blue: %v, calls %v; want a backend set to blue", err, calls)
 	}
 }

@@ -196,10 +196,10 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	// Unfenced before replication stops, which waits for its txns in flight: writes must not
 	// stay fenced past the budget for that.
 	defer r.stopReplicationLogged()
-	if err := r.proxiesBack(ctx); err != nil {
+	if err := r.proxiesBack(ctx, at.down); err != nil {
 		return err
 	}
-	if st, err := r.adm.Status(ctx); err != nil || st.Fenced {
+	if at.fenced || len(at.down) > 0 { // from the look above: a silent proxy is waited for once
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
 			return fmt.Errorf("unfence: %w", err)
 		}

@@ -45,19 +45,12 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 // others would take writes on both sides. A proxy that does not answer is left to the unfence,
 // which fails for it.
 func (r *runner) proxiesOnTarget(ctx context.Context) error {
-	g := r.group()
-	if err := g.putFencedOn(ctx, r.to.api); err != nil {
-		return fmt.Errorf("before opening writes: %w", err)
-	}
-	res, _ := admin.Each(ctx, g.proxies, statusOf)
-	var open []string
-	for _, p := range res {
-		if p.Err == nil && !p.Value.Fenced && sameURL(p.Value.Backend) != sameURL(r.to.api.URL) {
-			open = append(open, fmt.Sprintf("%s (on %s)", named([]string{p.Proxy}), p.Value.Backend))
-		}
-	}
+	open, err := r.group().putFencedOn(ctx, r.to.api, nil)
 	if len(open) > 0 {
 		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), see what it let through to %s in its log, then 'kubefence cutover --resume'", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name)
+	}
+	if err != nil {
+		return fmt.Errorf("before opening writes: %w", err)
 	}
 	return nil
 }
