@@ -372,6 +372,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	if _, err := checkOwners(opts.DataDirs...); err != nil {
 		return rep, err
 	}
+	if err := checkWholeCluster(opts.DataDirs); err != nil {
+		return rep, err
+	}
 	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {
 		return rep, err
 	}

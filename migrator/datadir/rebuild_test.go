@@ -38,6 +38,26 @@ func writeMember(t *testing.T, dir string, self Peer, commit uint64) {
 // writeMemberOf is writeMember for a member of cluster.
 func writeMemberOf(t *testing.T, dir string, cluster uint64, self Peer, commit uint64) {
 	t.Helper()
+	writeMemberFull(t, dir, cluster, self, commit, testPeers)
+}
+
+// writeMemberWith is writeMember with the members bucket listing peers.
+func writeMemberWith(t *testing.T, dir string, self Peer, commit uint64, peers []Peer) {
+	t.Helper()
+	writeMemberFull(t, dir, 0xc, self, commit, peers)
+}
+
+// tlsPeers is testPeers at https peer URLs.
+func tlsPeers() []Peer {
+	out := slices.Clone(testPeers)
+	for i := range out {
+		out[i].PeerURLs = []string{strings.Replace(out[i].PeerURLs[0], "http:", "https:", 1)}
+	}
+	return out
+}
+
+func writeMemberFull(t *testing.T, dir string, cluster uint64, self Peer, commit uint64, peers []Peer) {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Join(dir, "member", "snap"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -56,11 +76,11 @@ func writeMemberOf(t *testing.T, dir string, cluster uint64, self Peer, commit u
 	if err := errors.Join(w.Save(raftpb.HardState{Term: 1, Commit: commit}, ents), w.Close()); err != nil {
 		t.Fatal(err)
 	}
-	writeMembersBucket(t, filepath.Join(dir, "member", "snap", "db"))
+	writeMembersBucket(t, filepath.Join(dir, "member", "snap", "db"), peers)
 }
 
-// writeMembersBucket makes a backend at path whose members bucket lists testPeers.
-func writeMembersBucket(t *testing.T, path string) {
+// writeMembersBucket makes a backend at path whose members bucket lists peers.
+func writeMembersBucket(t *testing.T, path string, peers []Peer) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
@@ -71,7 +91,7 @@ func writeMembersBucket(t *testing.T, path string) {
 		if err != nil {
 			return err
 		}
-		for _, p := range testPeers {
+		for _, p := range peers {
 			v, _ := json.Marshal(map[string]any{"id": p.ID, "name": p.Name, "peerURLs": p.PeerURLs})
 			if err := b.Put([]byte(strconv.FormatUint(p.ID, 16)), v); err != nil {
 				return err
@@ -686,5 +706,44 @@ func TestRebuildRefusesALinkedDataDir(t *testing.T) {
 				t.Fatalf("checkReplaceable: %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRunNeedsTheWholeCluster: a step starts etcd on the data dirs given, together: one member
+// of three has no quorum (the step times out after the backup), two of three leave the third
+// behind at the old version, and members still running elsewhere would take the step's etcd in
+// (it dials the peer URLs its data records) and get its health checks written. Refused before
+// anything is journaled or backed up, naming the member left out.
+func TestRunNeedsTheWholeCluster(t *testing.T) {
+	f := newRebuildFixture(t)
+	bin := filepath.Join(t.TempDir(), "bin")
+	writeTree(t, bin, nil)
+	fakeEtcd(t, bin, "3.5.35", "3.5.35")
+	fakeEtcd(t, bin, "3.6.16", "3.6.16")
+	opts := f.opts
+	opts.DataDirs, opts.BinDir = f.dirs[:1], bin
+	_, err := Run(t.Context(), OpUpgrade, opts)
+	if err == nil || !strings.Contains(err.Error(), "m2") || !strings.Contains(err.Error(), "not among the data dirs given") {
+		t.Fatalf("upgrade of one member of three: %v; want a refusal naming the members left out", err)
+	}
+	if exists(opts.journalPath()) {
+		t.Fatal("the refused run left a journal")
+	}
+}
+
+// TestRunRefusesTLSPeers: members of a set are started at the peer URLs their data records,
+// without peer certificates; etcd refuses to listen on an https peer URL without them, so a step
+// on such a set failed after its backup, again on every retry. Refused first, saying why.
+func TestRunRefusesTLSPeers(t *testing.T) {
+	parent := t.TempDir()
+	var dirs []string
+	for i, p := range tlsPeers() {
+		d := filepath.Join(parent, p.Name)
+		writeMemberWith(t, d, p, uint64(10+i), tlsPeers())
+		dirs = append(dirs, d)
+	}
+	err := checkWholeCluster(dirs)
+	if err == nil || !strings.Contains(err.Error(), "https://127.0.0.1:12380") || !strings.Contains(err.Error(), "peer") {
+		t.Fatalf("checkWholeCluster of members with https peers: %v; want a refusal naming the peer URL", err)
 	}
 }

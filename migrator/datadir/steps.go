@@ -276,6 +276,33 @@ func mostAdvanced(dirs []string) (string, map[string]Membership, error) {
 // oneWholeCluster refuses data dirs that are not, one each, every member of one cluster: a
 // rebuild builds them all from the most advanced (best) with its membership, so another
 // cluster's member would get this one's data, and a member left out could never rejoin.
+// checkWholeCluster refuses data dirs that are not every voting member of one cluster, each
+// once, before anything is journaled or backed up: a step starts etcd on them together, and one
+// member of three has no quorum (the step times out), two of three leave the third at the old
+// version, and members still running elsewhere would take the step's etcd in (it dials the
+// peer URLs its data records) and get its health checks written.
+func checkWholeCluster(dirs []string) error {
+	all := map[string]Membership{}
+	for _, d := range dirs {
+		ms, err := ReadMembership(d, "")
+		if err != nil {
+			return err
+		}
+		all[d] = ms
+	}
+	if err := oneWholeCluster(dirs, all, dirs[0]); err != nil || len(dirs) == 1 {
+		return err // a single member gets a loopback peer URL of the step's own
+	}
+	for _, d := range dirs {
+		for _, u := range all[d].Self.PeerURLs {
+			if strings.HasPrefix(u, "https://") {
+				return fmt.Errorf("%s (member %s) records the peer URL %s: a multi-member step starts every member on this host at the peer URLs its data records, without peer certificates, and etcd does not listen on https peer URLs without them; upgrade these members rolling, one at a time, with etcd itself (or move to a new cluster with 'kubefence cutover')", d, all[d].Self.Name, u)
+			}
+		}
+	}
+	return nil
+}
+
 func oneWholeCluster(dirs []string, all map[string]Membership, best string) error {
 	src := all[best]
 	seen := map[uint64]string{}
@@ -291,7 +318,7 @@ func oneWholeCluster(dirs []string, all map[string]Membership, best string) erro
 	}
 	for _, p := range src.Peers {
 		if _, ok := seen[p.ID]; !ok {
-			return fmt.Errorf("member %s (%x) of the cluster is not among the data dirs given: a rebuild needs every member's data dir (add it with another --data-dir)", p.Name, p.ID)
+			return fmt.Errorf("member %s (%x) of the cluster is not among the data dirs given: every member's data dir is needed, stopped (add it with another --data-dir; for members on separate hosts, upgrade them rolling, one at a time, with etcd itself)", p.Name, p.ID)
 		}
 	}
 	return nil

@@ -60,7 +60,7 @@ func writeV2MemberTail(t *testing.T, dir string, self Peer, st v2store.Store, ta
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeMembersBucket(t, filepath.Join(snapDir, "db"))
+	writeMembersBucket(t, filepath.Join(snapDir, "db"), testPeers)
 }
 
 // newV2Fixture is three stopped etcd 3.4 members with the same v2 store: a plain key and an
