@@ -496,6 +496,14 @@ spec:
 		{"an override on blue's etcd", func(_ *testing.T, p *Plan) {
 			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides=/events#https://10.0.0.1:2379;http://127.0.0.1:2479")
 		}, "green.apiserver's --etcd-servers-overrides names https://10.0.0.1:2379"},
+		// kube-apiserver's flags add up (a slice) or the last one counts (a scalar): every
+		// occurrence is read.
+		{"a second override on blue's etcd", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides=/events#https://127.0.0.1:2482", "--etcd-servers-overrides=/pods#https://10.0.0.1:2379")
+		}, "names https://10.0.0.1:2379"},
+		{"blue's etcd given last", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers=https://10.0.0.1:2379")
+		}, "green.apiserver's --etcd-servers names https://10.0.0.1:2379"},
 		{"an override on an events etcd of its own", func(_ *testing.T, p *Plan) {
 			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides", "/events#https://127.0.0.1:2482,apps/deployments#https://127.0.0.1:2483")
 		}, ""},

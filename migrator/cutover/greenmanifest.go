@@ -231,15 +231,25 @@ func apiserverContainer(pod *corev1.Pod) *corev1.Container {
 	return nil
 }
 
-// flagValue is the value of a flag in a command line ("--f=v" or "--f v"), "" if absent.
+// flagValue is the value of a flag in a command line ("--f=v" or "--f v"), "" if absent; the
+// last one given, as kube-apiserver's flag parsing takes it.
 func flagValue(args []string, flag string) string {
+	vs := flagValues(args, flag)
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[len(vs)-1]
+}
+
+// flagValues is every value a flag is given in a command line, in order (a list flag's add up).
+func flagValues(args []string, flag string) []string {
+	var out []string
 	for i, a := range args {
 		if v, ok := strings.CutPrefix(a, flag+"="); ok {
-			return v
-		}
-		if a == flag && i+1 < len(args) {
-			return args[i+1]
+			out = append(out, v)
+		} else if a == flag && i+1 < len(args) {
+			out = append(out, args[i+1])
 		}
 	}
-	return ""
+	return out
 }

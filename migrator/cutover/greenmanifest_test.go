@@ -87,6 +87,9 @@ func TestGreenManifestFitsBlueNode(t *testing.T) {
 			[]string{"--endpoint-reconciler-type=none", "kubernetes Service"}},
 		{"endpoint reconciler lease", greenFromKubeadm(renamed, probes, [2]string{"--endpoint-reconciler-type=none", "--endpoint-reconciler-type=lease"}), "https://127.0.0.1:7443",
 			[]string{"--endpoint-reconciler-type=lease"}},
+		{"endpoint reconciler none, then lease (the last counts)", greenFromKubeadm(renamed, probes, [2]string{"--endpoint-reconciler-type=none", "--endpoint-reconciler-type=none\n    - --endpoint-reconciler-type=lease"}), "https://127.0.0.1:7443",
+			[]string{"--endpoint-reconciler-type=lease"}},
+		{"endpoint reconciler lease, then none", greenFromKubeadm(renamed, probes, [2]string{"--endpoint-reconciler-type=none", "--endpoint-reconciler-type=lease\n    - --endpoint-reconciler-type=none"}), "https://127.0.0.1:7443", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, dir := validPlan(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -336,6 +337,7 @@ func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
 type startedAPIServer struct {
 	field string
 	args  []string
+	inPod bool // its paths are the container's, which may be mounted elsewhere on this host
 }
 
 // startedHere is each green apiserver this host starts, and why a manifest could not be read.
@@ -356,7 +358,7 @@ func (p *Plan) startedHere() ([]startedAPIServer, []error) {
 			}
 		}
 		if len(args) > 0 {
-			out = append(out, startedAPIServer{field, args})
+			out = append(out, startedAPIServer{field, args, a.StaticPod != nil})
 		}
 	}
 	return out, errs
@@ -381,6 +383,8 @@ func checkGreenEtcdIdentity(p *Plan) error {
 		}
 		cn, err := certCN(file)
 		switch {
+		case err != nil && a.inPod && errors.Is(err, fs.ErrNotExist):
+			// A path inside the pod, mounted from elsewhere on this host: not judged.
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s's --etcd-certfile: %w", a.field, err))
 		case cn != p.Green.APIServer.EtcdUser:
@@ -487,25 +491,28 @@ func etcdServers(args []string) []string {
 // (group/resource#server;server, comma separated).
 func etcdOverrideServers(args []string) []string {
 	var out []string
-	for o := range strings.SplitSeq(flagValue(args, "--etcd-servers-overrides"), ",") {
-		if _, servers, ok := strings.Cut(o, "#"); ok {
-			out = append(out, strings.Split(servers, ";")...)
+	for _, v := range flagValues(args, "--etcd-servers-overrides") {
+		for o := range strings.SplitSeq(v, ",") {
+			if _, servers, ok := strings.Cut(o, "#"); ok {
+				out = append(out, strings.Split(servers, ";")...)
+			}
 		}
 	}
 	return out
 }
 
-// manifestArgs is the command and arguments of every container of a static pod manifest.
+// manifestArgs is the command and arguments of a static pod manifest's kube-apiserver container
+// (apiserverContainer), not a sidecar's.
 func manifestArgs(path string) ([]string, error) {
 	pod, err := readPod(path)
 	if err != nil {
 		return nil, err
 	}
-	var args []string
-	for _, c := range pod.Spec.Containers {
-		args = append(append(args, c.Command...), c.Args...)
+	c := apiserverContainer(pod)
+	if c == nil {
+		return nil, errors.New("no containers")
 	}
-	return args, nil
+	return append(append([]string{}, c.Command...), c.Args...), nil
 }
 
 // etcdDefaultQuota is etcd's --quota-backend-bytes when none is given (or 0).
