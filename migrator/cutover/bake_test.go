@@ -732,3 +732,16 @@ func TestRollbackAbortOnALastingMismatchSaysFinish(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishFailingAfterTheBakeStoppedSaysResume: a finish that fails once it holds the state
+// dir (the baking process asked to stop) says to run 'cutover --resume' to keep blue in step, as
+// a rollback does: a bare error left a bake nobody runs.
+func TestFinishFailingAfterTheBakeStoppedSaysResume(t *testing.T) {
+	p, _ := bakingCutover(t, func(http.ResponseWriter, *http.Request) {})
+	missing := filepath.Join(t.TempDir(), "missing.crt")
+	p.Proxies = []ProxyRef{{AdminAddress: "https://10.0.0.11:9446", CertFile: missing, KeyFile: missing, CAFile: missing}}
+	_, err := Finish(t.Context(), Options{Plan: p})
+	if err == nil || !strings.Contains(err.Error(), "kubefence cutover --resume") {
+		t.Fatalf("finish failing after the bake stopped: %v; want the way to keep blue in step named", err)
+	}
+}
