@@ -173,6 +173,9 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 	if err := sameAt(listCtx, ri, nb, rv, oldest); err != nil {
 		return nil, err
 	}
+	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
+		return nil, errors.New("its timeoutSeconds passed while the proxy listed")
+	}
 	resp, err := reissue(ri, nb, oldest)
 	if err != nil {
 		return nil, err
