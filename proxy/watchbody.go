@@ -81,6 +81,9 @@ type watchBody struct {
 	takenOff bool
 	takenRV  string
 	takenTo  *backend
+	// takenPending: takeOff counted the watch pending on takenTo (not while its goroutine was
+	// still writing to its client: resumeOn counts it then).
+	takenPending bool
 	// ended: Read returned an error before any drain asked the watch to move, or Close ran: a
 	// drain does not take it off (takeOff).
 	ended bool
@@ -165,10 +168,10 @@ func (w *watchBody) Close() error {
 	w.mu.Lock()
 	rc := w.rc
 	w.ended = true
-	if w.takenOff { // taken off by a drain and never resumed (its client left): not pending
-		w.takenOff = false
+	if w.takenOff && w.takenPending { // taken off by a drain, never resumed (its client left)
 		w.takenTo.resumesPending.Add(-1)
 	}
+	w.takenOff, w.takenPending = false, false
 	w.mu.Unlock()
 	if w.resume != nil {
 		w.resume.untrack()

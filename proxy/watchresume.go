@@ -156,7 +156,13 @@ func (w *watchBody) takeOff(nb *backend) {
 		return
 	}
 	nb.noteDelivered(w.rv.rv)
-	nb.resumesPending.Add(1) // consumed by resumeOn, or by Close if the client leaves first
+	// Pending on nb (consumed by resumeOn, or by Close if the client leaves first) only when
+	// its goroutine is free to ask nb: one still writing to a client that stopped reading would
+	// hold the count, and the unfence waiting for it, as long as its client does not read.
+	w.takenPending = !w.out
+	if w.takenPending {
+		nb.resumesPending.Add(1)
+	}
 	ri.on.tookOff.Add(1)
 	w.takenOff, w.takenRV, w.takenTo = true, rv, nb
 }
@@ -180,8 +186,10 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 	if !takenOff {
 		rv, ok = w.rv.from()
 		nb.noteDelivered(w.rv.rv) // before the hand-off: the switch returns with it noted
+	} else if !w.takenPending {
+		nb.resumesPending.Add(1) // taken off while its client was still being written to
 	}
-	w.takenOff = false
+	w.takenOff, w.takenPending = false, false
 	w.mu.Unlock()
 	from := ri.on
 	// Made only once the watch has left from: the switch waits for every watch to, and a
