@@ -90,11 +90,15 @@ func (ri *resumeInfo) turn(from, nb *backend, log *slog.Logger) bool {
 	return true
 }
 
+// maxTimeoutSeconds is the largest timeoutSeconds a resumed watch is held to (a century): a
+// larger one is as good as none, and would overflow a Duration.
+const maxTimeoutSeconds = 100 * 365 * 24 * 3600
+
 // timeoutLeft is what is left of the watch's timeoutSeconds, in whole seconds (rounded down:
 // the client sees its watch end no later than it asked), and whether it asked for one.
 func (ri *resumeInfo) timeoutLeft() (int64, bool) {
 	n, err := strconv.ParseInt(ri.req.URL.Query().Get("timeoutSeconds"), 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || n > maxTimeoutSeconds {
 		return 0, false
 	}
 	return int64((time.Duration(n)*time.Second - time.Since(ri.started)) / time.Second), true

@@ -337,7 +337,9 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	fenced := (len(at.down) > 0 || at.fenced) && (!r.j.FencedAt.IsZero() || refenced)
 	unfence := func() error {
 		if fenced {
-			// Right before the unfence, so that a proxy coming back meanwhile is looked at too.
+			// Right before the unfence, so that a proxy coming back meanwhile is looked at too;
+			// not one found silent above (one wait for it is enough: unlooked at, it stays
+			// fenced, the unfence expecting blue).
 			if err := r.proxiesBack(ctx, at.down); err != nil {
 				return err
 			}

@@ -70,11 +70,12 @@ func (p *Plan) validateProxies(ps *problems) {
 	}
 }
 
-// proxyAnswerTimeout bounds one proxy's answer to a call that waits for nothing on the proxy
-// (its status, fence off, a switch back), and, added to the barrier's wait, to fence on: a
-// proxy that takes the connection and never answers (its disk stalled in an fsync of its
-// state file, its process stopped, its host gone without a reset) must hold neither the other
-// proxies' calls nor what comes after them. A variable for the tests.
+// proxyAnswerTimeout bounds one proxy's answer to a change that waits for nothing on the proxy
+// (fence off), and, added to the barrier's wait, to fence on: a proxy that takes the connection
+// and never answers (its disk stalled in an fsync of its state file, its process stopped, its
+// host gone without a reset) must hold neither the other proxies' calls nor what comes after
+// them. Status has its own bound (statusAnswerTimeout), a switch back too (switchBackTimeout).
+// A variable for the tests.
 var proxyAnswerTimeout = 10 * time.Second
 
 // statusAnswerTimeout bounds one proxy's answer to a status request, which takes it
@@ -105,9 +106,10 @@ func fenceOf(ctx context.Context, c proxyAdmin, req admin.FenceRequest) (admin.F
 	return c.Fence(ctx, req)
 }
 
-// switchBackOf switches one proxy back, within switchBackTimeout, even once ctx has ended: the
-// proxies that acknowledged a switch another did not must not stay on the new backend because
-// the switch's own time ran out waiting for that one.
+// switchBackOf switches one proxy back (or, before the window's unfence, one restarted on its
+// --upstream to the target), within switchBackTimeout, even once ctx has ended: the proxies
+// that acknowledged a switch another did not must not stay on the new backend because the
+// switch's own time ran out waiting for that one.
 func switchBackOf(ctx context.Context, c proxyAdmin, req admin.BackendRequest) (admin.BackendResponse, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), switchBackTimeout)
 	defer cancel()

@@ -333,7 +333,7 @@ func checkGreenEtcdServers(ctx context.Context, p *Plan) error {
 }
 
 // startedAPIServer is a green apiserver this host starts: its field in the plan and its command
-// line (its command, or its static pod manifest's containers').
+// line (its command, or its static pod's kube-apiserver container's).
 type startedAPIServer struct {
 	field string
 	args  []string
