@@ -3,6 +3,9 @@ package cutover
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -234,5 +238,49 @@ func TestUnfenceOpensTheOthersAtOnceWhileAProxyHangs(t *testing.T) {
 		if w.st.Fenced || openedAfter > 500*time.Millisecond {
 			t.Errorf("abort %v: proxy a fenced %v, opened %s after the start (one silent proxy's status waits 300ms)", abort, w.st.Fenced, openedAfter)
 		}
+	}
+}
+
+// TestNoRebuildWithGreenAPIServersOnOtherHosts: a green rebuilt from a new snapshot runs
+// without etcd auth until its auth step, and green apiservers their own hosts started (which
+// kubefence does not stop) reconnect to it and write their leases first: the auth step then
+// finds green written and aborts anyway, later and less clearly. Such a plan is not rebuilt:
+// the compaction aborts the cutover at once.
+func TestNoRebuildWithGreenAPIServersOnOtherHosts(t *testing.T) {
+	p := replicatePlan(t)
+	r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{}}).forward()
+	compacted := fmt.Errorf("replicating: %w", replicate.ErrCompacted)
+	if !r.rebuildable(compacted) {
+		t.Fatal("a plan whose green apiservers this host starts is not rebuilt")
+	}
+	p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://host2:6443"}}}
+	if r.rebuildable(compacted) {
+		t.Fatal("rebuilt with a green apiserver another host runs, which would write to the new green before its auth")
+	}
+}
+
+// TestRebuildWaitsForTheStaticPodToStop: the rebuild removes green's static pod manifest and
+// must not restore a new green while that apiserver still runs (the kubelet gives it its grace
+// period): it would reconnect to the new green, which has no auth yet, and write. Still
+// answering after the wait, the rebuild fails (an abort).
+func TestRebuildWaitsForTheStaticPodToStop(t *testing.T) {
+	was := staticPodGone
+	staticPodGone = 300 * time.Millisecond
+	t.Cleanup(func() { staticPodGone = was })
+	green := httptest.NewTLSServer(http.NotFoundHandler())
+	defer green.Close()
+	w := newDecisionWorld(t, false, "", false)
+	dir := t.TempDir()
+	placed := writeFile(t, dir, "kube-apiserver-green.yaml", "x")
+	w.r.p.Green.APIServer.URL = green.URL
+	w.r.p.Green.APIServer.Command = nil
+	w.r.p.Green.APIServer.StaticPod = &StaticPod{Manifest: placed, ManifestDir: dir}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	w.r.j.StaticPodPlaced = placed
+	err := w.r.rebuildGreen(errors.New("compacted"))
+	if err == nil || !strings.Contains(err.Error(), green.URL) {
+		t.Fatalf("rebuild with green's apiserver still answering: %v; want it refused, naming the URL", err)
 	}
 }

@@ -1,14 +1,20 @@
 package cutover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
@@ -23,8 +29,54 @@ const maxRebuilds = 2
 
 // rebuildable says whether a failed step's error is answered by rebuilding green: blue
 // compacted what replication needed, before the fence, with rebuilds left.
+// Not with green apiservers their own hosts run (kubefence does not stop them): a new green has
+// no etcd auth until its auth step, and they would reconnect and write their leases first.
 func (r *runner) rebuildable(err error) bool {
-	return r.p.Replicating() && errors.Is(err, replicate.ErrCompacted) && r.j.FencedAt.IsZero() && r.j.Rebuilds < maxRebuilds
+	return r.p.Replicating() && errors.Is(err, replicate.ErrCompacted) && r.j.FencedAt.IsZero() && r.j.Rebuilds < maxRebuilds && len(r.p.greenAPIServersOnOtherHosts()) == 0
+}
+
+// noRebuild says why a compaction before the fence is not answered by a rebuild, when that is
+// the green apiservers other hosts run ("" otherwise).
+func (r *runner) noRebuild(err error) string {
+	hosts := r.p.greenAPIServersOnOtherHosts()
+	if !errors.Is(err, replicate.ErrCompacted) || len(hosts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("not rebuilt from a new snapshot: green apiservers their own hosts run (%s) would write to a new green before its auth step; stop them there, then run the cutover again", strings.Join(hosts, ", "))
+}
+
+// greenAPIServersOnOtherHosts are the URLs of green.apiservers without a command.
+func (p *Plan) greenAPIServersOnOtherHosts() []string {
+	var urls []string
+	for _, a := range p.Green.APIServers {
+		if len(a.Command) == 0 {
+			urls = append(urls, a.URL)
+		}
+	}
+	return urls
+}
+
+// staticPodGone bounds the rebuild's wait for green's static pod apiserver to stop once its
+// manifest is removed (the kubelet gives it its grace period); a variable for the tests.
+var staticPodGone = 2 * time.Minute
+
+// awaitStaticPodGone waits until green's apiserver URL takes no connection, after its static
+// pod manifest was removed: a new green, without etcd auth until its auth step, must not be
+// restored while that apiserver may still reconnect and write.
+func (r *runner) awaitStaticPodGone(url string) error {
+	addr := proc.HostPort(url)
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, staticPodGone, true, func(context.Context) (bool, error) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return true, nil
+		}
+		c.Close()
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("green's apiserver %s still answers %s after its static pod manifest was removed: a new green could be written by it before its auth step; stop it (the kubelet, or crictl), then run the cutover again", url, staticPodGone)
+	}
+	return nil
 }
 
 // rebuildGreen stops replication and green, removes green's data dirs (only those this cutover
@@ -35,8 +87,14 @@ func (r *runner) rebuildGreen(cause error) error {
 	}
 	r.closeAuthClients() // the fence step connects again, to the green built next
 	r.releaseGreenHold()
+	staticPod := r.j.StaticPodPlaced != ""
 	if _, err := r.stopGreen(); err != nil {
 		return err
+	}
+	if staticPod {
+		if err := r.awaitStaticPodGone(r.p.Green.APIServer.URL); err != nil {
+			return err
+		}
 	}
 	if _, err := r.removeRestored(); err != nil {
 		return err

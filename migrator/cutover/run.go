@@ -316,6 +316,8 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 				continue
 			}
 			serr.Err = fmt.Errorf("%w; rebuilding green from a new snapshot failed: %w", serr.Err, rerr)
+		} else if why := r.noRebuild(serr.Err); why != "" {
+			serr.Err = fmt.Errorf("%w; %s", serr.Err, why)
 		}
 		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
