@@ -504,6 +504,9 @@ spec:
 		{"blue's etcd given last", func(_ *testing.T, p *Plan) {
 			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers=https://10.0.0.1:2379")
 		}, "green.apiserver's --etcd-servers names https://10.0.0.1:2379"},
+		{"blue's etcd given first, green's after (a list: both count)", func(_ *testing.T, p *Plan) {
+			p.Green.APIServer.Command = append(p.Green.APIServer.Command[:1], "--etcd-servers=https://10.0.0.1:2379", "--etcd-servers=http://127.0.0.1:2479")
+		}, "green.apiserver's --etcd-servers names https://10.0.0.1:2379"},
 		{"an override on an events etcd of its own", func(_ *testing.T, p *Plan) {
 			p.Green.APIServer.Command = append(p.Green.APIServer.Command, "--etcd-servers-overrides", "/events#https://127.0.0.1:2482,apps/deployments#https://127.0.0.1:2483")
 		}, ""},

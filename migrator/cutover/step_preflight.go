@@ -478,13 +478,14 @@ func (g greenEndpoints) typo(raw string) bool {
 	return slices.ContainsFunc(hosts, func(h string) bool { return g.hosts[h] })
 }
 
-// etcdServers is the value of --etcd-servers in a command line ("--etcd-servers=a,b" or
-// "--etcd-servers a,b"), split at commas.
+// etcdServers are the values of --etcd-servers in a command line ("--etcd-servers=a,b" or
+// "--etcd-servers a,b", each time it is given), split at commas.
 func etcdServers(args []string) []string {
-	if v := flagValue(args, "--etcd-servers"); v != "" {
-		return strings.Split(v, ",")
+	var out []string
+	for _, v := range flagValues(args, "--etcd-servers") { // a list flag: every one counts
+		out = append(out, strings.Split(v, ",")...)
 	}
-	return nil
+	return out
 }
 
 // etcdOverrideServers are the servers of --etcd-servers-overrides in args
