@@ -338,6 +338,13 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		if rep, err = plan(ctx, op, opts); err != nil {
 			return rep, err
 		}
+		// A new run with something to do, dry or not; not a resumed one, whose members a swap
+		// may already have made another cluster's (a rebuild's new IDs).
+		if len(rep.Steps) > 0 {
+			if err := checkWholeCluster(opts.DataDirs); err != nil {
+				return rep, err
+			}
+		}
 	} else {
 		if err := checkResumedVersions(rep); err != nil {
 			return rep, err
@@ -370,9 +377,6 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		}
 	}
 	if _, err := checkOwners(opts.DataDirs...); err != nil {
-		return rep, err
-	}
-	if err := checkWholeCluster(opts.DataDirs); err != nil {
 		return rep, err
 	}
 	if err := os.MkdirAll(opts.BackupDir, 0o700); err != nil {

@@ -492,7 +492,7 @@ func TestBackupsOfSameNamedDataDirs(t *testing.T) {
 func TestDryRunChangesNothing(t *testing.T) {
 	parent := t.TempDir()
 	d := filepath.Join(parent, "m1")
-	writeMember(t, d, testPeers[0], 5)
+	writeMemberWith(t, d, testPeers[0], 5, testPeers[:1]) // a cluster of one: the whole of it
 	writeTree(t, oldPath(d), map[string]string{"x": "the member before a finished swap"})
 	// The binaries the plan names, so that the dry run plans the whole upgrade and does not stop
 	// at the first binary missing (which would leave .old untouched whatever a dry run does).
@@ -725,6 +725,11 @@ func TestRunNeedsTheWholeCluster(t *testing.T) {
 	_, err := Run(t.Context(), OpUpgrade, opts)
 	if err == nil || !strings.Contains(err.Error(), "m2") || !strings.Contains(err.Error(), "not among the data dirs given") {
 		t.Fatalf("upgrade of one member of three: %v; want a refusal naming the members left out", err)
+	}
+	dry := opts
+	dry.DryRun = true
+	if _, err := Run(t.Context(), OpUpgrade, dry); err == nil || !strings.Contains(err.Error(), "m2") {
+		t.Fatalf("dry run of one member of three: %v; want the same refusal as the real run", err)
 	}
 	if exists(opts.journalPath()) {
 		t.Fatal("the refused run left a journal")
