@@ -376,8 +376,21 @@ func TestRollbackResumeLeavesTheBake(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
+	exited := startBakingHolder(ctx, t, p.StateDir)
+	var err error
+	_, err = Rollback(ctx, Options{Plan: p, Resume: true})
+	if err == nil || !strings.Contains(err.Error(), "nothing to resume") {
+		t.Fatalf("rollback --resume without a rollback: %v", err)
+	}
+	stillBaking(t, exited)
+}
+
+// startBakingHolder starts this test binary as a baking process holding stateDir's lock (as
+// the cutover does while it bakes); the channel gets its exit.
+func startBakingHolder(ctx context.Context, t *testing.T, stateDir string) chan error {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, os.Args[0])
-	cmd.Env = append(os.Environ(), "KUBEFENCE_TEST_BAKING_HOLDER="+p.StateDir)
+	cmd.Env = append(os.Environ(), "KUBEFENCE_TEST_BAKING_HOLDER="+stateDir)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -388,18 +401,20 @@ func TestRollbackResumeLeavesTheBake(t *testing.T) {
 	exited := make(chan error, 1)
 	line, _ := bufio.NewReader(out).ReadString('\n')
 	go func() { exited <- cmd.Wait() }()
-	defer func() { _ = cmd.Process.Kill(); <-exited }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	if line != "holding\n" {
 		t.Fatalf("helper said %q", line)
 	}
-	_, err = Rollback(ctx, Options{Plan: p, Resume: true})
-	if err == nil || !strings.Contains(err.Error(), "nothing to resume") {
-		t.Fatalf("rollback --resume without a rollback: %v", err)
-	}
+	return exited
+}
+
+// stillBaking fails the test if the baking process exited (a refusal must not stop it).
+func stillBaking(t *testing.T, exited chan error) {
+	t.Helper()
 	select {
 	case err := <-exited:
-		exited <- err // for the deferred wait
-		t.Fatalf("the baking process was stopped (%v) by a rollback that then refused", err)
+		exited <- err // for the cleanup's wait
+		t.Fatalf("the baking process was stopped (%v) by a command that then refused", err)
 	case <-time.After(200 * time.Millisecond):
 	}
 }
@@ -733,15 +748,16 @@ func TestRollbackAbortOnALastingMismatchSaysFinish(t *testing.T) {
 	}
 }
 
-// TestFinishFailingAfterTheBakeStoppedSaysResume: a finish that fails once it holds the state
-// dir (the baking process asked to stop) says to run 'cutover --resume' to keep blue in step, as
-// a rollback does: a bare error left a bake nobody runs.
-func TestFinishFailingAfterTheBakeStoppedSaysResume(t *testing.T) {
+// TestFinishRefusesBeforeStoppingTheBake: what a finish can refuse (a proxy's admin credentials
+// that do not load) it refuses before it asks the baking process to stop: after, nothing keeps
+// blue in step, and 'cutover --resume' would fail the same way.
+func TestFinishRefusesBeforeStoppingTheBake(t *testing.T) {
 	p, _ := bakingCutover(t, func(http.ResponseWriter, *http.Request) {})
 	missing := filepath.Join(t.TempDir(), "missing.crt")
 	p.Proxies = []ProxyRef{{AdminAddress: "https://10.0.0.11:9446", CertFile: missing, KeyFile: missing, CAFile: missing}}
-	_, err := Finish(t.Context(), Options{Plan: p})
-	if err == nil || !strings.Contains(err.Error(), "kubefence cutover --resume") {
-		t.Fatalf("finish failing after the bake stopped: %v; want the way to keep blue in step named", err)
+	exited := startBakingHolder(t.Context(), t, p.StateDir)
+	if _, err := Finish(t.Context(), Options{Plan: p}); err == nil || !strings.Contains(err.Error(), "missing.crt") {
+		t.Fatalf("finish with a proxy's credentials missing: %v", err)
 	}
+	stillBaking(t, exited)
 }

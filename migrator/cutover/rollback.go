@@ -248,6 +248,12 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 // Finish ends a bake: blue stops following green (the process that kept it in step is asked
 // to stop) and the cutover is done.
 func Finish(ctx context.Context, o Options) (*Report, error) {
+	// What can be refused is refused before the baking process is stopped (takeOver): once it
+	// has, nothing keeps blue in step with green.
+	r, err := newRunner(o, nil)
+	if err != nil {
+		return nil, err
+	}
 	lock, main, err := takeOver(ctx, o.Plan)
 	if err != nil {
 		return nil, err
@@ -256,10 +262,7 @@ func Finish(ctx context.Context, o Options) (*Report, error) {
 	if main.State != StateBaking {
 		return nil, fmt.Errorf("cutover %s is %s: finish ends a bake", main.ID, main.State)
 	}
-	r, err := newRunner(o, main)
-	if err != nil {
-		return nil, fmt.Errorf("%w; %s", err, bakeNotRunning)
-	}
+	r.j = main
 	main.State, main.Bake.Ended = StateDone, time.Now().UTC()
 	if err := r.saveJournal(); err != nil {
 		return nil, fmt.Errorf("%w; %s", err, bakeNotRunning)
