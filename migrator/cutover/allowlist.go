@@ -65,7 +65,8 @@ const switchBackCATimeout = 10 * time.Second
 // abort after it, a rollback) sends no CA, which keeps the proxy's current one, green's; unless
 // that verifies blue's serving certificate too (one cluster CA, kubeadm's), the proxies would
 // refuse blue and stay fenced. Checked at the preflight, not when the plan is read: abort,
-// rollback, finish and --resume must still read the plan of a cutover under way.
+// rollback, finish and --resume must still read the plan of a cutover under way. It checks
+// blue.apiserver.url from this host; the proxies' own blueURLs (HA) are theirs to check.
 func checkSwitchBackCA(ctx context.Context, p *Plan) error {
 	if p.Green.APIServer.CAFile == "" || p.Blue.APIServer.CAFile != "" {
 		return nil
@@ -75,8 +76,8 @@ func checkSwitchBackCA(ctx context.Context, p *Plan) error {
 		return fmt.Errorf("green.apiserver.caFile: %w", err)
 	}
 	u, err := url.Parse(p.Blue.APIServer.URL)
-	if err != nil {
-		return err
+	if err != nil || u.Scheme != "https" {
+		return err // plain http: no certificate to verify
 	}
 	ctx, cancel := context.WithTimeout(ctx, switchBackCATimeout)
 	defer cancel()

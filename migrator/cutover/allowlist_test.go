@@ -74,10 +74,14 @@ func TestPreflightChecksTheSwitchBackCA(t *testing.T) {
 		{"green's CA does not verify blue", other, "", "blue.apiserver.caFile"},
 		{"blue's CA given", other, bluesCA, ""},
 		{"no CA given", "", "", ""},
+		{"blue on plain http", other, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)
 			p.Blue.APIServer.URL = blue.URL
+			if tc.name == "blue on plain http" {
+				p.Blue.APIServer.URL = strings.Replace(blue.URL, "https:", "http:", 1)
+			}
 			p.Green.APIServer.CAFile, p.Blue.APIServer.CAFile = tc.greenCA, tc.blueCA
 			err := checkSwitchBackCA(t.Context(), p)
 			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {

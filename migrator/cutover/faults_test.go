@@ -120,12 +120,16 @@ func TestUnfenceLooksAtEveryProxyFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		bFenced      bool
+		bOnGreen     string // b's backend as it reports it, when on green
 		wantErr      string
 		wantOpen     bool
 		wantBOnGreen bool
 	}{
-		{"restarted fenced on blue", true, "", true, true},
-		{"restarted open on blue", false, "proxy b", false, false},
+		{"restarted fenced on blue", true, "", "", true, true},
+		{"restarted open on blue", false, "", "proxy b", false, false},
+		// A --resume after a partial unfence: b open on green already, its URL as its
+		// --upstream gives it (a trailing /): not "open elsewhere".
+		{"open on green already", false, "/", "", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newDecisionWorld(t, false, "", false)
@@ -133,6 +137,9 @@ func TestUnfenceLooksAtEveryProxyFirst(t *testing.T) {
 			w.st.Backend, w.st.Fenced, w.st.Generation = green, true, 7
 			var callsB []string
 			stB := &admin.Status{Backend: w.r.p.Blue.APIServer.URL, Fenced: tc.bFenced}
+			if tc.bOnGreen != "" {
+				stB.Backend = strings.TrimSuffix(green, "/") + tc.bOnGreen
+			}
 			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: memProxy(stB, &callsB)}}}
 			w.r.j = &Journal{ID: "x", State: StateRunning, GreenPIDs: map[string]int{}, PlanHash: w.r.p.hash, FencedAt: time.Now().UTC(), FenceGeneration: 6}
 			_, err := unfenceStep{}.run(t.Context(), w.r)
@@ -142,7 +149,7 @@ func TestUnfenceLooksAtEveryProxyFirst(t *testing.T) {
 			if w.st.Fenced == tc.wantOpen {
 				t.Errorf("proxy a fenced %v, want open %v", w.st.Fenced, tc.wantOpen)
 			}
-			if (stB.Backend == green) != tc.wantBOnGreen || tc.wantOpen && stB.Fenced {
+			if (sameURL(stB.Backend) == sameURL(green)) != tc.wantBOnGreen || tc.wantOpen && stB.Fenced {
 				t.Errorf("proxy b %+v", *stB)
 			}
 		})

@@ -413,10 +413,11 @@ func (g *proxyGroup) putFencedOn(ctx context.Context, a APIServerRef, skip []str
 	ask := slices.DeleteFunc(slices.Clone(g.proxies), func(p admin.Target[proxyAdmin]) bool { return slices.Contains(skip, p.Name) })
 	res, err := admin.Each(ctx, ask, func(ctx context.Context, c proxyAdmin) (string, error) {
 		st, err := statusOf(ctx, c)
+		on := sameURL(st.Backend) == want
 		switch {
-		case err != nil, st.Fenced && st.Backend == want && !st.Unconfirmed:
+		case err != nil, st.Fenced && on && !st.Unconfirmed:
 			return "", nil
-		case !st.Fenced && st.Backend != want:
+		case !st.Fenced && !on:
 			return st.Backend, nil
 		case !st.Fenced:
 			return "", nil
