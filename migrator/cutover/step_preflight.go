@@ -42,7 +42,8 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkSwitchBackCA(ctx, p), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), checkGreenEtcdIdentity(p), checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
+	identityNote, identityErr := checkGreenEtcdIdentity(p)
+	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkSwitchBackCA(ctx, p), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), identityErr, checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -79,7 +80,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("blue ready, etcd db %.1f MB%s; proxy open on blue; green etcd %s, ports free, space enough; %s", float64(blueDB)/1e6, listsNote, p.Green.Etcd.Version, bypass), nil
+	return fmt.Sprintf("blue ready, etcd db %.1f MB%s; proxy open on blue; green etcd %s, ports free, space enough; %s%s", float64(blueDB)/1e6, listsNote, p.Green.Etcd.Version, bypass, identityNote), nil
 }
 
 // checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and
@@ -369,13 +370,15 @@ func (p *Plan) startedHere() ([]startedAPIServer, []error) {
 // keeps read-only until the switch: as another user it would write to green before the switch
 // (kubefence's own: root; replication then stops on a mismatch) or never become ready (no such
 // user: the cutover aborts after timeouts.greenAPIServer). A manifest that cannot be read is
-// checkGreenEtcdServers' to report.
-func checkGreenEtcdIdentity(p *Plan) error {
+// checkGreenEtcdServers' to report. The note names a certificate it could not look at (a path
+// inside a static pod, not found on this host).
+func checkGreenEtcdIdentity(p *Plan) (string, error) {
 	if !p.Replicating() {
-		return nil
+		return "", nil
 	}
 	started, _ := p.startedHere()
 	var errs []error
+	var unchecked []string
 	for _, a := range started {
 		file := flagValue(a.args, "--etcd-certfile")
 		if file == "" {
@@ -384,14 +387,19 @@ func checkGreenEtcdIdentity(p *Plan) error {
 		cn, err := certCN(file)
 		switch {
 		case err != nil && a.inPod && errors.Is(err, fs.ErrNotExist):
-			// A path inside the pod, mounted from elsewhere on this host: not judged.
+			// A path inside the pod, mounted from elsewhere on this host: not judged, said.
+			unchecked = append(unchecked, fmt.Sprintf("%s's --etcd-certfile %s", a.field, file))
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s's --etcd-certfile: %w", a.field, err))
 		case cn != p.Green.APIServer.EtcdUser:
 			errs = append(errs, fmt.Errorf("%s's --etcd-certfile %s has CN %q, not green.apiserver.etcdUser %q, whom the write gate keeps read-only until the switch: as %[3]q green's apiserver would write before it, or not be let in at all; give it a certificate with that CN (kubeadm's apiserver-etcd-client) or set etcdUser to its CN (not kubefence's own)", a.field, file, cn, p.Green.APIServer.EtcdUser))
 		}
 	}
-	return errors.Join(errs...)
+	note := ""
+	if len(unchecked) > 0 {
+		note = fmt.Sprintf("; NOTE: %s not found on this host (a path inside the pod?): its CN, which must be green.apiserver.etcdUser %q, was not checked", strings.Join(unchecked, ", "), p.Green.APIServer.EtcdUser)
+	}
+	return note, errors.Join(errs...)
 }
 
 // endpointOf is an etcd URL's scheme and port, and its host with each address the host resolves
