@@ -453,17 +453,7 @@ func TestStaticPodWaitsForReadyz(t *testing.T) {
 // refuses it.
 func TestGreenAPIServerNotOnBlueEtcd(t *testing.T) {
 	manifest := func(t *testing.T, servers string) *StaticPod {
-		dir := t.TempDir()
-		m := writeFile(t, dir, "kube-apiserver-green.yaml", `apiVersion: v1
-kind: Pod
-metadata: {name: kube-apiserver-green, namespace: kube-system}
-spec:
-  containers:
-  - name: kube-apiserver
-    image: registry.k8s.io/kube-apiserver:v1.36.0
-    command: [kube-apiserver, --advertise-address=10.0.0.2, "--etcd-servers=`+servers+`"]
-`)
-		return &StaticPod{Manifest: m, ManifestDir: t.TempDir()}
+		return apiserverPod(t, "--advertise-address=10.0.0.2", "--etcd-servers="+servers)
 	}
 	for _, tc := range []struct {
 		name string
@@ -591,4 +581,23 @@ func TestSpaceCountedPerFilesystem(t *testing.T) {
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "together") || !strings.Contains(errs[0].Error(), green) {
 		t.Fatalf("two locations on one filesystem: %v, want one refusal naming both", errs)
 	}
+}
+
+// apiserverPod is a green static pod whose kube-apiserver container runs with args.
+func apiserverPod(t *testing.T, args ...string) *StaticPod {
+	t.Helper()
+	command := "kube-apiserver"
+	for _, a := range args {
+		command += fmt.Sprintf(", %q", a)
+	}
+	m := writeFile(t, t.TempDir(), "kube-apiserver-green.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: kube-apiserver-green, namespace: kube-system}
+spec:
+  containers:
+  - name: kube-apiserver
+    image: registry.k8s.io/kube-apiserver:v1.36.0
+    command: [`+command+`]
+`)
+	return &StaticPod{Manifest: m, ManifestDir: t.TempDir()}
 }

@@ -184,16 +184,7 @@ func TestGreenAPIServerEtcdIdentity(t *testing.T) {
 func TestGreenAPIServerEtcdIdentityInAPod(t *testing.T) {
 	p := replicatePlan(t)
 	p.Green.APIServer.EtcdUser = DefaultGreenEtcdUser
-	dir := t.TempDir()
-	m := writeFile(t, dir, "kube-apiserver-green.yaml", `apiVersion: v1
-kind: Pod
-metadata: {name: kube-apiserver-green, namespace: kube-system}
-spec:
-  containers:
-  - name: kube-apiserver
-    command: [kube-apiserver, --etcd-certfile=/in/the/pod/apiserver-etcd-client.crt]
-`)
-	p.Green.APIServer.Command, p.Green.APIServer.StaticPod = nil, &StaticPod{Manifest: m, ManifestDir: t.TempDir()}
+	p.Green.APIServer.Command, p.Green.APIServer.StaticPod = nil, apiserverPod(t, "--etcd-certfile=/in/the/pod/apiserver-etcd-client.crt")
 	note, err := checkGreenEtcdIdentity(p)
 	if err != nil || !strings.Contains(note, "/in/the/pod/apiserver-etcd-client.crt") || !strings.Contains(note, "not checked") {
 		t.Fatalf("checkGreenEtcdIdentity = %q, %v; want no refusal and a note that the CN was not checked", note, err)

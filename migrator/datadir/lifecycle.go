@@ -330,34 +330,9 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 			return nil, err
 		}
 	}
-	rep, err := loadJournal(opts.journalPath(), op, opts)
+	rep, err := planOrResume(ctx, op, opts)
 	if err != nil {
-		return nil, err
-	}
-	if rep == nil {
-		if rep, err = plan(ctx, op, opts); err != nil {
-			return rep, err
-		}
-		// A new run with something to do, dry or not; not a resumed one, whose members a swap
-		// may already have made another cluster's (a rebuild's new IDs).
-		if len(rep.Steps) > 0 {
-			if err := checkWholeCluster(opts.DataDirs); err != nil {
-				return rep, err
-			}
-		}
-	} else {
-		if err := checkResumedVersions(rep); err != nil {
-			return rep, err
-		}
-		// The binaries may have moved since the journal was written: check them again.
-		for _, s := range rep.Steps {
-			if s.Binary != "" && !s.Done {
-				v, _ := ParseVersion(s.Version)
-				if err := checkBinary(ctx, Binary{Path: s.Binary, Version: v}); err != nil {
-					return rep, err
-				}
-			}
-		}
+		return rep, err
 	}
 	if err := checkReplaceable(rep); err != nil {
 		return rep, err
@@ -393,6 +368,41 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	}
 	rep.Done, rep.Duration = true, time.Since(start)
 	return rep, e.save()
+}
+
+// planOrResume is the run journaled for these data dirs, its binaries checked again, or a new
+// plan, refused unless the data dirs are one whole cluster.
+func planOrResume(ctx context.Context, op Operation, opts Options) (*Report, error) {
+	rep, err := loadJournal(opts.journalPath(), op, opts)
+	if err != nil {
+		return nil, err
+	}
+	if rep == nil {
+		if rep, err = plan(ctx, op, opts); err != nil {
+			return rep, err
+		}
+		// A new run with something to do, dry or not; not a resumed one, whose members a swap
+		// may already have made another cluster's (a rebuild's new IDs).
+		if len(rep.Steps) > 0 {
+			if err := checkWholeCluster(opts.DataDirs); err != nil {
+				return rep, err
+			}
+		}
+	} else {
+		if err := checkResumedVersions(rep); err != nil {
+			return rep, err
+		}
+		// The binaries may have moved since the journal was written: check them again.
+		for _, s := range rep.Steps {
+			if s.Binary != "" && !s.Done {
+				v, _ := ParseVersion(s.Version)
+				if err := checkBinary(ctx, Binary{Path: s.Binary, Version: v}); err != nil {
+					return rep, err
+				}
+			}
+		}
+	}
+	return rep, nil
 }
 
 // loadJournal returns the unfinished run journaled for these data dirs, or nil. Without a
