@@ -54,8 +54,8 @@ var bakeSteps = []step{
 
 // Blue must take any revision of green as one txn, as green takes blue's (replicationEtcdArgs):
 // nested, as replication sends it, it needs etcd's default --max-txn-ops, and requests as large
-// as green takes.
-const blueMinRequestSize = 8 << 20
+// as green takes (its --max-request-bytes, less the probe's own framing).
+const blueMinRequestSize = greenMaxRequestBytes - 64<<10
 
 // blueAuthStep turns etcd auth on in blue, before the fence: kubefence's client certificate is
 // root, blue apiserver's user reads and writes as before (the gate after the switch takes
@@ -68,8 +68,8 @@ func (blueAuthStep) timeout(p *Plan) time.Duration { return p.Timeouts.Preflight
 func (blueAuthStep) pastNoReturn() bool            { return false }
 
 func (blueAuthStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("check blue etcd takes txns of %d operations and %d MiB; blue etcd auth: users root and kubefence's client certificate CN with role root, user %s (blue apiserver) with role %s; auth enable; check blue's apiserver is still ready (else auth disable)",
-		replicate.TxnOps, blueMinRequestSize>>20, r.p.Blue.APIServer.EtcdUser, readWriteRole)
+	return fmt.Sprintf("check blue etcd takes txns of %d operations and of %d bytes; blue etcd auth: users root and kubefence's client certificate CN with role root, user %s (blue apiserver) with role %s; auth enable; check blue's apiserver is still ready (else auth disable)",
+		replicate.TxnOps, blueMinRequestSize, r.p.Blue.APIServer.EtcdUser, readWriteRole)
 }
 
 func (blueAuthStep) run(ctx context.Context, r *runner) (string, error) {
@@ -234,7 +234,7 @@ func checkTxnLimits(ctx context.Context, cli *clientv3.Client) error {
 	// etcd refuses a request above --max-request-bytes itself, or gRPC does, above that plus
 	// etcd's allowance for framing ("received message larger than max"): both are the flag.
 	if errors.Is(rpctypes.Error(err), rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted {
-		return fmt.Errorf("blue etcd refuses a request of %d MiB: run it with --max-request-bytes %d (or more) so that it can take any green revision as one txn while it follows green", blueMinRequestSize>>20, greenMaxRequestBytes)
+		return fmt.Errorf("blue etcd refuses a request of %d bytes: run it with --max-request-bytes %d (green's, or more) so that it can take any green revision as one txn while it follows green", blueMinRequestSize, greenMaxRequestBytes)
 	}
 	if err != nil {
 		return fmt.Errorf("blue etcd: %w", err)

@@ -642,6 +642,9 @@ func TestCheckTxnLimits(t *testing.T) {
 	}{
 		{"etcd's defaults", func(*embed.Config) {}, "--max-request-bytes 10485760"},
 		{"as the runbook asks", func(c *embed.Config) { c.MaxRequestBytes = 10 << 20 }, ""},
+		// Green takes requests of 10 MiB: a blue that takes 8 refuses green's larger revisions
+		// during the bake, and the way back is lost.
+		{"8 MiB, below green's", func(c *embed.Config) { c.MaxRequestBytes = 8 << 20 }, "--max-request-bytes 10485760"},
 		{"max-txn-ops lowered", func(c *embed.Config) { c.MaxRequestBytes, c.MaxTxnOps = 10<<20, 64 }, "--max-txn-ops 128 (etcd's default)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -182,7 +182,7 @@ type cutoverCleanupOptions struct {
 func newCutoverCleanupCommand(g *globals) *cobra.Command {
 	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
 	o.shapeOnly = true
-	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted cutover or a rehearsal left (never a cutover in progress or done)")
+	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted, rehearsed or rolled-back cutover left (never one in progress, baking, rolling back or done)")
 	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker)")
 	return cmd
 }
