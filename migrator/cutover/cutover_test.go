@@ -71,6 +71,11 @@ func TestParsePlan(t *testing.T) {
 			p.Migration.Mode = "magic"
 		}, []string{"stateDir is required", `blue.apiserver.url "10.0.0.1:6443"`, "members: 2 given, want 1 or 3", "is used twice", "give command", `migration.mode "magic"`}},
 		{"v2 without a member dir", func(p *Plan) { p.Migration.Mode = "v2-to-v3" }, []string{"needs blue.etcd.dataDir"}},
+		// The journal keeps green's pids by name: a member named as the apiserver's entry
+		// lost its pid to it, and an abort or cleanup left that etcd running and removed its
+		// data dir under it.
+		{"a member named apiserver", func(p *Plan) { p.Green.Etcd.Members[0].Name = "apiserver" }, []string{`name "apiserver"`, "green apiserver"}},
+		{"a member named apiservers-0", func(p *Plan) { p.Green.Etcd.Members[0].Name = "apiservers-0" }, []string{`name "apiservers-0"`}},
 		{"bad conflict rule", func(p *Plan) {
 			p.Migration.Mode, p.Blue.Etcd.DataDir, p.Migration.OnConflict = "auto", p.StateDir, "mine"
 		}, []string{`onConflict "mine"`}},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,6 +75,17 @@ type greenAPIServerProc struct {
 
 // greenAPIServerProcesses are the green apiservers kubefence starts as processes: green.apiserver
 // unless it is a static pod, and those of green.apiservers with a command.
+// greenAPIServerPIDName says whether name is one the journal keeps a green apiserver's pid by
+// ("apiserver", "apiservers-N"), which etcd members share a map with.
+func greenAPIServerPIDName(name string) bool {
+	if name == "apiserver" {
+		return true
+	}
+	n, ok := strings.CutPrefix(name, "apiservers-")
+	_, err := strconv.Atoi(n)
+	return ok && err == nil
+}
+
 func (p *Plan) greenAPIServerProcesses() []greenAPIServerProc {
 	var out []greenAPIServerProc
 	for i, a := range p.greenAPIServers() {
