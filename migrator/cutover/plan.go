@@ -461,9 +461,6 @@ func (p *Plan) validateGreenEtcd(ps *problems) {
 	for i, m := range g.Members {
 		f := fmt.Sprintf("green.etcd.members[%d]", i)
 		ps.required(f+".name", m.Name)
-		if greenAPIServerPIDName(m.Name) {
-			ps.add("%s.name %q is what the journal names a green apiserver's process by: its pid would be taken for the apiserver's (an abort or cleanup would leave that etcd running and remove its data dir); give the member another name", f, m.Name)
-		}
 		if m.DataDir == "" {
 			ps.add("%s.dataDir is required", f)
 		} else if !filepath.IsAbs(m.DataDir) {

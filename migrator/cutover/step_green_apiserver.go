@@ -86,6 +86,20 @@ func greenAPIServerPIDName(name string) bool {
 	return ok && err == nil
 }
 
+// checkMemberNames refuses (at the preflight: a plan already under way must still be read by
+// abort and cleanup) a green etcd member named as the journal names a green apiserver's
+// process: its pid would be taken for the apiserver's, and an abort or cleanup would leave that
+// etcd running and remove its data dir under it.
+func checkMemberNames(p *Plan) error {
+	var errs []error
+	for i, m := range p.Green.Etcd.Members {
+		if greenAPIServerPIDName(m.Name) {
+			errs = append(errs, fmt.Errorf("green.etcd.members[%d].name %q is what the journal names a green apiserver's process by: give the member another name", i, m.Name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (p *Plan) greenAPIServerProcesses() []greenAPIServerProc {
 	var out []greenAPIServerProc
 	for i, a := range p.greenAPIServers() {
