@@ -349,6 +349,12 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 			}
 			fenced = false
+			// Journaled at once: the abort may not get to its end (a green process that will
+			// not stop), and status must not say writes are fenced meanwhile.
+			r.j.UnfencedAt = time.Now().UTC()
+			if err := r.saveJournal(); err != nil && r.o.Log != nil {
+				r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
+			}
 		}
 		return nil
 	}

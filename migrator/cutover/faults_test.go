@@ -291,3 +291,32 @@ func TestRebuildWaitsForTheStaticPodToStop(t *testing.T) {
 		t.Fatalf("rebuild with green's apiserver still answering: %v; want it refused, naming the URL", err)
 	}
 }
+
+// TestStatusAfterAnAbortThatReopenedWrites: an abort that reopened writes on blue and then could
+// not finish (a green process that outlives its stop) leaves the journal running; status must
+// not say writes are fenced: the abort journals when it lifted the fence.
+func TestStatusAfterAnAbortThatReopenedWrites(t *testing.T) {
+	w := newDecisionWorld(t, false, StepCopy, false)
+	stop := w.r.procs.stop
+	w.r.procs.stop = func(pid int, argv []string, grace time.Duration) {
+		if pid != 101 { // green etcd survives
+			stop(pid, argv, grace)
+		}
+	}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ := w.r.run(t.Context()); rep == nil || !strings.Contains(rep.Error, "still running") {
+		t.Fatalf("report %+v; want the abort incomplete, an etcd still running", rep)
+	}
+	if w.st.Fenced {
+		t.Fatal("the abort did not reopen writes")
+	}
+	st, err := Status(t.Context(), w.r.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.WindowOpenSince.IsZero() {
+		t.Fatalf("status says writes fenced since %s after the abort reopened them", st.WindowOpenSince)
+	}
+}
