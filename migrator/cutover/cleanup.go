@@ -2,7 +2,10 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 )
 
 // CleanupReport is what `kubefence cutover cleanup` did.
@@ -15,6 +18,8 @@ type CleanupReport struct {
 	// when none was there); RemovedDirs names them.
 	RemovedDataDirs bool     `json:"removedDataDirs"`
 	RemovedDirs     []string `json:"removedDirs,omitempty"`
+	// RemovedSnapshot is blue's snapshot in the state dir, removed with the data dirs.
+	RemovedSnapshot string `json:"removedSnapshot,omitempty"`
 	// LeftOnHosts names the green processes other hosts started, which cleanup does not stop.
 	LeftOnHosts []string `json:"leftOnHosts,omitempty"`
 }
@@ -63,6 +68,14 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 			return rep, err
 		}
 		rep.RemovedDataDirs = len(rep.RemovedDirs) > 0
+		// Blue's snapshot, its Secrets too, goes with the data dirs restored from it (a
+		// rehearsal or a run that stopped before its end left it).
+		switch err := os.Remove(r.snapshotPath()); {
+		case err == nil:
+			rep.RemovedSnapshot = r.snapshotPath()
+		case !errors.Is(err, fs.ErrNotExist):
+			return rep, fmt.Errorf("removing blue's snapshot: %w", err)
+		}
 	}
 	return rep, nil
 }

@@ -73,6 +73,13 @@ func TestCleanup(t *testing.T) {
 				}
 			}
 			r := (&runner{p: p, j: j, procs: procs}).forward()
+			// Blue's snapshot (its Secrets too) goes with green's data dirs.
+			if err := os.MkdirAll(filepath.Dir(r.snapshotPath()), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(r.snapshotPath(), []byte("blue"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			rep, err := r.cleanup(tc.remove)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -93,6 +100,9 @@ func TestCleanup(t *testing.T) {
 			}
 			if _, err := os.Stat(dir); os.IsNotExist(err) != tc.wantDirGone {
 				t.Errorf("data dir gone: %v, want %v", os.IsNotExist(err), tc.wantDirGone)
+			}
+			if _, err := os.Stat(r.snapshotPath()); os.IsNotExist(err) != (tc.wantErr == "" && tc.remove) {
+				t.Errorf("blue's snapshot gone: %v, want %v", os.IsNotExist(err), tc.wantErr == "" && tc.remove)
 			}
 		})
 	}

@@ -183,7 +183,7 @@ func newCutoverCleanupCommand(g *globals) *cobra.Command {
 	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
 	o.shapeOnly = true
 	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted, rehearsed or rolled-back cutover left (never one in progress, baking, rolling back or done)")
-	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker)")
+	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker) and blue's snapshot in the state dir (it holds blue's Secrets too)")
 	return cmd
 }
 
@@ -204,6 +204,9 @@ func (o *cutoverCleanupOptions) Run(ctx context.Context) error {
 			fmt.Fprintf(w, "green data dirs it restored: removed %s\n", strings.Join(rep.RemovedDirs, ", "))
 		case o.removeDataDirs:
 			fmt.Fprintln(w, "green data dirs it restored: none was there")
+		}
+		if rep.RemovedSnapshot != "" {
+			fmt.Fprintf(w, "blue's snapshot: removed %s\n", rep.RemovedSnapshot)
 		}
 		if len(rep.LeftOnHosts) > 0 {
 			fmt.Fprintf(w, "their hosts started %s, which kubefence does not stop: stop them there\n", strings.Join(rep.LeftOnHosts, ", "))
