@@ -550,6 +550,9 @@ func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
 	if got := strings.Join(callsB, ","); got != "backend "+green+",fence off" {
 		t.Errorf("proxy b was asked %q; want it back on green before it is unfenced", got)
 	}
+	if r.j.UnfencedAt.IsZero() {
+		t.Error("the rollback's journal does not say when writes reopened (status would say they are fenced)")
+	}
 }
 
 // TestBackToLeavesOpenProxiesAlone: a proxy that is not fenced was not switched by this run

@@ -70,17 +70,15 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	if j.State == StateRunning && j.done(StepSwitch) && !j.done(StepUnfence) {
 		st.FinishByHand = finishByHand(p, j)
 	}
-	if j.State == StateRunning && !j.FencedAt.IsZero() && j.UnfencedAt.IsZero() {
-		if j.done(StepFence) {
-			st.WindowOpenSince = j.FencedAt
-		} else {
-			st.FenceStartedAt = j.FencedAt
-		}
-	}
+	st.WindowOpenSince, st.FenceStartedAt = fenceTimes(j)
 	// The rollback dir's journal may be an earlier cutover's (rolled back, then a new cutover):
 	// only the one this cutover's journal names is its rollback.
 	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil && j.Bake != nil && rj.ID == j.Bake.Rollback {
 		st.Rollback = fmt.Sprintf("%s (%s, last step %s)", rj.ID, rj.State, lastStep(rj))
+		if j.State == StateRollingBack {
+			// The rollback fences through its own journal.
+			st.WindowOpenSince, st.FenceStartedAt = fenceTimes(rj)
+		}
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
 			st.FinishByHand = finishRollbackByHand(p, rj)
 		}
@@ -99,6 +97,18 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 		}
 	}
 	return st, nil
+}
+
+// fenceTimes is a running journal's open window (its fence step done, its fence not lifted
+// since) or, the fence step not done, when its fence was being turned on.
+func fenceTimes(j *Journal) (windowOpenSince, fenceStartedAt time.Time) {
+	if j.State != StateRunning || j.FencedAt.IsZero() || !j.UnfencedAt.IsZero() {
+		return time.Time{}, time.Time{}
+	}
+	if j.done(StepFence) {
+		return j.FencedAt, time.Time{}
+	}
+	return time.Time{}, j.FencedAt
 }
 
 // readRevisions reads blue's and then green's revision: blue follows, so read in this order

@@ -82,3 +82,27 @@ func TestStatusNamesOnlyItsOwnRollback(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusOfARollbacksOpenWindow: a rollback fences through its own journal; killed inside its
+// window, it leaves every proxy holding writes, and status says so from that journal as it does
+// for a cutover's (it showed no open window at all).
+func TestStatusOfARollbacksOpenWindow(t *testing.T) {
+	p := replicatePlan(t)
+	rdir := filepath.Join(p.StateDir, "rollback")
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fenced := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+	main := &Journal{Version: 1, ID: "c1", State: StateRollingBack, Bake: &BakeRecord{Revision: 5, Rollback: "rb"}}
+	if err := main.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	rb := &Journal{Version: 1, ID: "rb", State: StateRunning, FencedAt: fenced, Done: []StepRecord{{Step: StepFence}}}
+	if err := rb.save(rdir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Status(t.Context(), p)
+	if err != nil || !st.WindowOpenSince.Equal(fenced) {
+		t.Fatalf("status %+v, %v: want the rollback's window open since %s", st, err, fenced)
+	}
+}
