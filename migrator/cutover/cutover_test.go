@@ -471,16 +471,23 @@ func TestDryRunPerProxyCommands(t *testing.T) {
 }
 
 // TestDryRunRehearsal: the dry run of a rehearsal lists what a rehearsal does: the steps up to
-// the fence and the measured drain, no fence, switch or unfence.
+// the fence and the measured drain, no fence, switch or unfence, and then its teardown, which
+// stops processes and removes data (it was not listed).
 func TestDryRunRehearsal(t *testing.T) {
 	p, _ := validPlan(t)
 	p.Migration.Mode = ModeReplicate
 	var names []string
-	for _, s := range DryRunRehearsal(p) {
+	planned := DryRunRehearsal(p)
+	for _, s := range planned {
 		names = append(names, s.Step)
 	}
-	if slices.Contains(names, StepFence) || slices.Contains(names, StepSwitch) || slices.Contains(names, StepUnfence) || names[len(names)-1] != rehearseSteps[len(rehearseSteps)-1].name() {
+	n := len(names)
+	if slices.Contains(names, StepFence) || slices.Contains(names, StepSwitch) || slices.Contains(names, StepUnfence) || names[n-2] != rehearseSteps[len(rehearseSteps)-1].name() {
 		t.Fatalf("rehearsal dry run %v: want the steps before the fence, then the measured drain", names)
+	}
+	last := planned[n-1]
+	if last.Step != StepTeardown || !strings.Contains(last.Action, p.Green.Etcd.Members[0].DataDir) || !strings.Contains(last.Action, "blue-snapshot.db") {
+		t.Fatalf("rehearsal dry run ends with %+v: want the teardown, naming green's data dirs and blue's snapshot", last)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -261,6 +262,21 @@ func medianTook(ws []admin.ForwardedWrite) time.Duration {
 }
 
 // finishRehearsal tears green down after a rehearsal and reports what it predicted.
+// StepTeardown names, in a rehearsal's dry run, what finishRehearsal does (not a journaled step).
+const StepTeardown = "teardown"
+
+// teardownAction is what a rehearsal's teardown does, for its dry run.
+func teardownAction(p *Plan) string {
+	r := (&runner{p: p}).forward()
+	var dirs []string
+	for _, m := range p.Green.Etcd.Members {
+		if !m.External {
+			dirs = append(dirs, m.DataDir)
+		}
+	}
+	return fmt.Sprintf("stop replication and green's processes this host started (SIGTERM, then SIGKILL after 30 s), remove green's data dirs the rehearsal restored (%s: only those carrying its marker) and blue's snapshot %s%s; writes are never fenced", strings.Join(dirs, ", "), r.snapshotPath(), p.leftOnHosts())
+}
+
 func (r *runner) finishRehearsal() (*Report, error) {
 	_, _ = r.stopReplication()
 	_, err := r.stopGreen()

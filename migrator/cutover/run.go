@@ -493,8 +493,11 @@ type PlannedStep struct {
 // DryRun returns the steps the plan would run, with their exact actions; it changes nothing.
 func DryRun(p *Plan) []PlannedStep { return dryRun(p, stepsFor(p)) }
 
-// DryRunRehearsal is DryRun for --rehearse: the steps up to the fence, then the measured drain.
-func DryRunRehearsal(p *Plan) []PlannedStep { return dryRun(p, rehearseSteps) }
+// DryRunRehearsal is DryRun for --rehearse: the steps up to the fence, then the measured drain,
+// then the teardown (finishRehearsal).
+func DryRunRehearsal(p *Plan) []PlannedStep {
+	return append(dryRun(p, rehearseSteps), PlannedStep{Step: StepTeardown, Action: teardownAction(p)})
+}
 
 func dryRun(p *Plan, steps []step) []PlannedStep {
 	r := (&runner{p: p, j: &Journal{ID: "dry-run"}, steps: steps}).forward()
