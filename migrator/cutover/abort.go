@@ -349,12 +349,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 			}
 			fenced = false
-			// Journaled at once: the abort may not get to its end (a green process that will
-			// not stop), and status must not say writes are fenced meanwhile.
-			r.j.UnfencedAt = time.Now().UTC()
-			if err := r.saveJournal(); err != nil && r.o.Log != nil {
-				r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
-			}
+			r.journalUnfenced()
 		}
 		return nil
 	}
@@ -398,6 +393,16 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 		return &refusal{fmt.Sprintf("%s; an abort is under way, but green was restored with revisions above blue's, which clients reading through the proxies may hold: going back would hand them resourceVersions blue has not reached. Go forward (start green's etcd and apiserver again, then on each proxy 'kubefence backend set %[2]s' if it is not on green, and 'kubefence fence off --expect-backend %[2]s'), or back by hand ('kubefence backend set %[3]s', then 'kubefence fence off --expect-backend %[3]s' on each proxy) and restart the clients that watch", reached, r.p.Green.APIServer.URL, r.from.api.URL)}
 	}
 	return nil
+}
+
+// journalUnfenced journals, at once, that an abort reopened writes: the abort may not get to its
+// end (a green process that will not stop), and status must not say writes are fenced
+// meanwhile. A failed save is logged: the abort goes on.
+func (r *runner) journalUnfenced() {
+	r.j.UnfencedAt = time.Now().UTC()
+	if err := r.saveJournal(); err != nil && r.o.Log != nil {
+		r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
+	}
 }
 
 // proxiesBack puts every proxy back on the side the run came from before an abort unfences

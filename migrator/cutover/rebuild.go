@@ -63,7 +63,7 @@ var staticPodGone = 2 * time.Minute
 // awaitStaticPodGone waits until green's apiserver URL takes no connection, after its static
 // pod manifest was removed: a new green, without etcd auth until its auth step, must not be
 // restored while that apiserver may still reconnect and write.
-func (r *runner) awaitStaticPodGone(url string) error {
+func awaitStaticPodGone(url string) error {
 	addr := proc.HostPort(url)
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, staticPodGone, true, func(context.Context) (bool, error) {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -92,7 +92,7 @@ func (r *runner) rebuildGreen(cause error) error {
 		return err
 	}
 	if staticPod {
-		if err := r.awaitStaticPodGone(r.p.Green.APIServer.URL); err != nil {
+		if err := awaitStaticPodGone(r.p.Green.APIServer.URL); err != nil {
 			return err
 		}
 	}

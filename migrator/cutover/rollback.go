@@ -203,12 +203,7 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
 			return fmt.Errorf("unfence: %w", err)
 		}
-		// Journaled at once, as the cutover's abort does: status must not say writes are
-		// fenced if what follows fails.
-		r.j.UnfencedAt = time.Now().UTC()
-		if err := r.saveJournal(); err != nil && r.o.Log != nil {
-			r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
-		}
+		r.journalUnfenced()
 	}
 	r.main.State = StateBaking
 	if err := r.main.save(r.p.StateDir); err != nil {
