@@ -2,7 +2,10 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -30,6 +33,11 @@ func (copyStep) describe(r *runner, _ bool) string {
 }
 
 func (copyStep) run(ctx context.Context, r *runner) (string, error) {
+	// A run that ended after the snapshot's rename but before the journal said so took it; a
+	// snapshot never replaces a file, so this step's own goes first.
+	if err := os.Remove(r.snapshotPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
 	info, err := datadir.TakeSnapshot(ctx, r.p.Blue.Etcd.EtcdClientSpec, r.snapshotPath())
 	if err != nil {
 		return "", err

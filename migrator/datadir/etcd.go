@@ -251,6 +251,8 @@ func CheckMembers(ctx context.Context, spec ConnSpec) (uint64, error) {
 }
 
 // SnapshotFrom streams a snapshot from one member into dst, verified and renamed into place.
+// It never replaces a file: dst must not exist when the stream ends (a caller that retakes
+// its own snapshot removes the old one first).
 func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (SnapshotInfo, error) {
 	one, err := NewClient(spec, endpoint)
 	if err != nil {
@@ -262,11 +264,11 @@ func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (Sna
 		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w", endpoint, err)
 	}
 	defer rc.Close()
-	tmp := dst + ".part"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".part-*")
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	tmp := f.Name()
 	n, err := io.Copy(f, rc)
 	if err == nil {
 		err = f.Sync()
@@ -282,8 +284,9 @@ func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (Sna
 		os.Remove(tmp)
 		return SnapshotInfo{}, err
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return SnapshotInfo{}, err
+	if err := atomicfile.RenameNoReplace(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w: it appeared while the snapshot streamed and is left as it is", endpoint, err)
 	}
 	if err := atomicfile.SyncDir(filepath.Dir(dst)); err != nil {
 		return SnapshotInfo{}, err

@@ -2,71 +2,27 @@ package datadir
 
 import (
 	"context"
-	"os/exec"
+	"errors"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
-	"github.com/kubefence/kubefence/internal/proc"
-	"github.com/kubefence/kubefence/internal/testenv"
+	"github.com/kubefence/kubefence/internal/testetcd"
 )
 
-// startSystemEtcd starts the etcd on PATH (Debian's etcd-server is 3.4) as a one-member
-// cluster on free loopback ports and returns its client URL and version, once it answers.
+// startSystemEtcd starts the etcd on PATH as a one-member cluster (testetcd.Start) and
+// returns its client URL and version.
 func startSystemEtcd(t *testing.T) (string, Version) {
 	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		testenv.SkipOrFail(t, "no etcd on PATH: run 'make e2e-deps' (Debian etcd-server)")
-	}
-	out, err := exec.Command(bin, "--version").Output()
+	url, version := testetcd.Start(t)
+	v, err := ParseVersion(version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, _, _ := strings.Cut(strings.TrimPrefix(string(out), "etcd Version: "), "\n")
-	v, err := ParseVersion(line)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var urls [2]string
-	for i := range urls {
-		port, err := proc.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		urls[i] = "http://127.0.0.1:" + strconv.Itoa(port)
-	}
-	cmd := exec.Command(bin, "--name", "m1", "--data-dir", t.TempDir(),
-		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
-		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1])
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	cli, err := NewClient(ConnSpec{}, urls[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		st, err := cli.Status(sctx, urls[0])
-		return err == nil && st.Leader != 0, nil
-	})
-	if err != nil {
-		t.Fatalf("etcd %s on %s did not become healthy: %v", v, urls[0], err)
-	}
-	// A key, so the snapshot's revision is the store's (etcdutl's status reads it from the
-	// newest key: 0 for an empty store).
-	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
-		t.Fatal(err)
-	}
-	return urls[0], v
+	return url, v
 }
 
 // TestSnapshotOfAV2ClusterWarns: the maintenance snapshot holds the v3 backend only, so a
@@ -115,5 +71,32 @@ func TestSnapshotWarnings(t *testing.T) {
 				t.Errorf("%v: warnings %q; member %d (etcd %s) named: %t", tc.versions, got, i, v, named)
 			}
 		}
+	}
+}
+
+// TestSnapshotNeverReplaces: the CLI checks --snapshot is absent before a stream that can take
+// minutes; a file created at that path (or at its name plus ".part") meanwhile is someone
+// else's and stays as it was: the snapshot fails with os.ErrExist instead of replacing it.
+func TestSnapshotNeverReplaces(t *testing.T) {
+	url, _ := startSystemEtcd(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dst := filepath.Join(t.TempDir(), "snap.db")
+	for _, f := range []string{dst, dst + ".part"} {
+		if err := os.WriteFile(f, []byte("theirs"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := TakeSnapshot(ctx, ConnSpec{Endpoints: []string{url}}, dst)
+	if !errors.Is(err, os.ErrExist) {
+		t.Fatalf("snapshot onto an existing file: err %v, want os.ErrExist", err)
+	}
+	for _, f := range []string{dst, dst + ".part"} {
+		if b, err := os.ReadFile(f); err != nil || string(b) != "theirs" {
+			t.Errorf("%s now holds %d bytes (err %v): it was replaced", f, len(b), err)
+		}
+	}
+	if m, _ := filepath.Glob(dst + ".part*"); len(m) != 1 {
+		t.Errorf("files left beside the snapshot: %v", m)
 	}
 }

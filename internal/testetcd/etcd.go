@@ -1,0 +1,67 @@
+// Package testetcd starts a real etcd for the tests that need one.
+package testetcd
+
+import (
+	"context"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/internal/testenv"
+)
+
+// Start starts the etcd on PATH (Debian's etcd-server is 3.4) as a one-member cluster on
+// free loopback ports, data in a t.TempDir, stopped at the test's end, and returns its client
+// URL and version ("3.4.23") once it has a leader. It puts one key, /registry/k, so a snapshot's
+// revision is the store's (etcdutl's status reads it from the newest key: 0 for an empty store).
+func Start(t *testing.T) (url, version string) {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		testenv.SkipOrFail(t, "no etcd on PATH: run 'make e2e-deps' (Debian etcd-server)")
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, _, _ = strings.Cut(strings.TrimPrefix(string(out), "etcd Version: "), "\n")
+	var urls [2]string
+	for i := range urls {
+		port, err := proc.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls[i] = "http://127.0.0.1:" + strconv.Itoa(port)
+	}
+	cmd := exec.Command(bin, "--name", "m1", "--data-dir", t.TempDir(),
+		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
+		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1])
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: urls[:1], DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		st, err := cli.Status(sctx, urls[0])
+		return err == nil && st.Leader != 0, nil
+	})
+	if err != nil {
+		t.Fatalf("etcd %s on %s did not become healthy: %v", version, urls[0], err)
+	}
+	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	return urls[0], version
+}
