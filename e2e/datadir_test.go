@@ -253,7 +253,7 @@ func snapshotValues(t *testing.T, snap, dir string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := datadir.CopyFile(snap, filepath.Join(dir, "member", "snap", "db"), st.Size()-32); err != nil {
+	if err := datadir.CopyFile(t.Context(), snap, filepath.Join(dir, "member", "snap", "db"), st.Size()-32); err != nil {
 		t.Fatal(err)
 	}
 	return backendValues(t, dir)
@@ -299,7 +299,7 @@ func TestMigrateCopyLiveMember(t *testing.T) {
 		t.Fatalf("live copy exited %d", code)
 	}
 	started := w.started.Load()
-	if _, err := datadir.VerifyManifest(cp); err != nil {
+	if _, err := datadir.VerifyManifest(t.Context(), cp); err != nil {
 		t.Fatal(err)
 	}
 	snaps, _ := filepath.Glob(filepath.Join(cp, "member", "snap", "*.snap"))
@@ -439,12 +439,12 @@ func TestMigrateUpgradeDowngrade(t *testing.T) {
 	sameMaps(t, "etcd 3.5 after the downgrade", startOn(t, env, framework.Etcd35, "down35", src), want)
 
 	// 3.5 -> 3.4 is what etcd cannot do: refused with the reason, nothing changed.
-	before, _ := datadir.HashDir(src)
+	before, _ := datadir.HashDir(t.Context(), src)
 	_, stderr, code := kf(t, "migrate", "downgrade", "--data-dir", src, "--target-version", framework.Etcd34, "--bin-dir", framework.BinDir(), "--backup-dir", backups)
 	if code == 0 || !strings.Contains(stderr, "3.6 to 3.5 only") {
 		t.Fatalf("downgrade to 3.4: exit %d, %s", code, stderr)
 	}
-	after, _ := datadir.HashDir(src)
+	after, _ := datadir.HashDir(t.Context(), src)
 	if err := datadir.Compare(before.Map(), after); err != nil {
 		t.Fatalf("a refused downgrade changed the data dir: %v", err)
 	}
@@ -478,14 +478,14 @@ func TestMigrateBadInputs(t *testing.T) {
 	env := newEnv(t)
 	src := v2Fixture(t, env, "bad")
 	dir := t.TempDir()
-	manifest, err := datadir.HashDir(src)
+	manifest, err := datadir.HashDir(t.Context(), src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	digest := dirDigest(t, src)
 	intact := func(what string) {
 		t.Helper()
-		now, err := datadir.HashDir(src)
+		now, err := datadir.HashDir(t.Context(), src)
 		if err != nil {
 			t.Fatal(err)
 		}

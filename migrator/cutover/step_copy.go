@@ -53,7 +53,7 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 		r.j.Mode = ModeReplicate
 	}
 	if r.v2Possible() {
-		m, err := r.copyV2Member(info.Path, info.ClusterID)
+		m, err := r.copyV2Member(ctx, info.Path, info.ClusterID)
 		if err != nil {
 			return "", err
 		}

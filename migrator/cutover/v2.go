@@ -29,12 +29,12 @@ func (r *runner) memberCopyPath() string { return filepath.Join(r.p.StateDir, "b
 
 // copyV2Member copies blue's member files next to the v3 snapshot (which becomes the copy's
 // member/snap/db) and decides, for mode auto, whether the member holds v2 content.
-func (r *runner) copyV2Member(snapshotDB string, blueCluster uint64) (string, error) {
+func (r *runner) copyV2Member(ctx context.Context, snapshotDB string, blueCluster uint64) (string, error) {
 	e := r.p.Blue.Etcd
 	dst := r.memberCopyPath()
 	var last error
 	for try := 1; try <= datadir.LiveAttempts; try++ {
-		if err := copyLiveMember(e.DataDir, e.WALDir, snapshotDB, dst); errors.Is(err, datadir.ErrRaced) {
+		if err := copyLiveMember(ctx, e.DataDir, e.WALDir, snapshotDB, dst); errors.Is(err, datadir.ErrRaced) {
 			last = err
 			continue
 		} else if err != nil {
@@ -69,12 +69,12 @@ func copyMode(planned string, found v2v3.V2Findings) string {
 
 // copyLiveMember copies the running member's files with the v3 snapshot (without the sha256
 // etcd appends) as its backend, into dst (replacing an earlier attempt).
-func copyLiveMember(dataDir, walDir, snapshotDB, dst string) error {
+func copyLiveMember(ctx context.Context, dataDir, walDir, snapshotDB, dst string) error {
 	if err := os.RemoveAll(dst); err != nil {
 		return err
 	}
 	_, err := datadir.BuildDir(dst, func(tmp string) (datadir.Manifest, error) {
-		return datadir.CopyMemberFiles(dataDir, walDir, tmp, func() (string, int64, error) {
+		return datadir.CopyMemberFiles(ctx, dataDir, walDir, tmp, func() (string, int64, error) {
 			st, err := os.Stat(snapshotDB)
 			if err != nil {
 				return "", 0, err

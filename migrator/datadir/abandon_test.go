@@ -25,7 +25,7 @@ func failedUpgrade(t *testing.T) (Options, string) {
 	if err := opts.defaults(); err != nil {
 		t.Fatal(err)
 	}
-	br, err := Backup(d, opts.BackupDir, "3.4.23", time.Unix(1800000000, 0))
+	br, err := Backup(t.Context(), d, opts.BackupDir, "3.4.23", time.Unix(1800000000, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func failedUpgrade(t *testing.T) (Options, string) {
 func TestRestoreAbandonsTheJournal(t *testing.T) {
 	opts, backup := failedUpgrade(t)
 	journal := opts.journalPath()
-	if _, err := RestoreBackup(backup, opts.DataDirs[0], time.Unix(1800000100, 0)); err != nil {
+	if _, err := RestoreBackup(t.Context(), backup, opts.DataDirs[0], time.Unix(1800000100, 0)); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := loadJournal(journal, OpUpgrade, opts)
@@ -82,7 +82,7 @@ func TestResumeChecksTheDataVersion(t *testing.T) {
 	if err := os.RemoveAll(d); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := copyTree(backup, d, nil); err != nil {
+	if _, err := copyTree(t.Context(), backup, d, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err := Run(t.Context(), OpUpgrade, opts)

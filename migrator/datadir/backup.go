@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,8 +27,8 @@ type BackupReport struct {
 // <data dir name>-<version>-<UTC time>, with a sha256 manifest and a note of where it was
 // taken from (BackupInfoName). A backup is never overwritten: the complete copy is renamed
 // into place only if that name is free.
-func Backup(dataDir, root, version string, now time.Time) (BackupReport, error) {
-	return backupTo(dataDir, root, backupPath(filepath.Base(filepath.Clean(dataDir)), root, version, now))
+func Backup(ctx context.Context, dataDir, root, version string, now time.Time) (BackupReport, error) {
+	return backupTo(ctx, dataDir, root, backupPath(filepath.Base(filepath.Clean(dataDir)), root, version, now))
 }
 
 // backupPath is where the backup of a data dir labelled label (its name, or more when another
@@ -57,7 +58,7 @@ func backupOrigin(dir string) string {
 }
 
 // backupTo is Backup into dst, a new dir under root.
-func backupTo(dataDir, root, dst string) (BackupReport, error) {
+func backupTo(ctx context.Context, dataDir, root, dst string) (BackupReport, error) {
 	start := time.Now()
 	rep := BackupReport{DataDir: dataDir}
 	if err := apart("the backup dir", root, "the data dir", dataDir); err != nil {
@@ -72,7 +73,7 @@ func backupTo(dataDir, root, dst string) (BackupReport, error) {
 	}
 	defer lock.Close()
 	m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
-		m, err := copyTree(dataDir, tmp, nil)
+		m, err := copyTree(ctx, dataDir, tmp, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -108,12 +109,12 @@ type RestoreReport struct {
 // copy, and puts it in place. A data dir already there is kept, renamed to
 // <data dir>.replaced-<UTC time>; it must not be in use by a running etcd. It holds the lock an
 // upgrade or downgrade holds beside the data dir, so it never runs between their steps.
-func RestoreBackup(backup, dataDir string, now time.Time) (RestoreReport, error) {
-	return restoreBackup(backup, dataDir, now, os.Rename)
+func RestoreBackup(ctx context.Context, backup, dataDir string, now time.Time) (RestoreReport, error) {
+	return restoreBackup(ctx, backup, dataDir, now, os.Rename)
 }
 
 // restoreBackup is RestoreBackup, its last rename (the verified copy into place) done by place.
-func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataDir string) error) (RestoreReport, error) {
+func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, place func(copy, dataDir string) error) (RestoreReport, error) {
 	start := time.Now()
 	rep := RestoreReport{Backup: backup, DataDir: dataDir}
 	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
@@ -125,7 +126,7 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 	if err := pathguard.CheckReplaceable("the data dir", dataDir); err != nil {
 		return rep, err
 	}
-	want, err := verifiedBackup(backup)
+	want, err := verifiedBackup(ctx, backup)
 	if err != nil {
 		return rep, err
 	}
@@ -151,7 +152,7 @@ func restoreBackup(backup, dataDir string, now time.Time, place func(copy, dataD
 	if err != nil {
 		return rep, err
 	}
-	files, err := copyVerified(backup, tmp, want)
+	files, err := copyVerified(ctx, backup, tmp, want)
 	if err != nil {
 		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
 	}
@@ -212,12 +213,12 @@ func checkSameMember(backup, dataDir string) error {
 }
 
 // verifiedBackup is the backup's manifest, once the backup's files are checked against it.
-func verifiedBackup(backup string) (map[string]string, error) {
+func verifiedBackup(ctx context.Context, backup string) (map[string]string, error) {
 	want, err := ReadManifest(backup)
 	if err != nil {
 		return nil, err
 	}
-	got, err := HashDir(backup)
+	got, err := HashDir(ctx, backup)
 	if err != nil {
 		return nil, err
 	}
@@ -244,11 +245,11 @@ func lockForRestore(dataDir string) (*flock.Lock, error) {
 
 // copyVerified copies the backup to tmp (replacing what an earlier attempt left) and checks
 // the copy against want, returning how many files it copied; on any error tmp is removed.
-func copyVerified(backup, tmp string, want map[string]string) (int, error) {
+func copyVerified(ctx context.Context, backup, tmp string, want map[string]string) (int, error) {
 	if err := os.RemoveAll(tmp); err != nil {
 		return 0, err
 	}
-	m, err := copyTree(backup, tmp, nil)
+	m, err := copyTree(ctx, backup, tmp, nil)
 	if err == nil {
 		err = Compare(want, m)
 	}

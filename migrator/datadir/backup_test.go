@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"os"
@@ -24,7 +25,7 @@ func TestBackupRestore(t *testing.T) {
 	root := filepath.Join(parent, "backups")
 	now := time.Date(2025, 3, 4, 5, 6, 7, 0, time.FixedZone("CET", 3600))
 
-	rep, err := Backup(dataDir, root, "3.5.9", now)
+	rep, err := Backup(t.Context(), dataDir, root, "3.5.9", now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestBackupRestore(t *testing.T) {
 	if !maps.Equal(backupFiles, memberDir) {
 		t.Fatalf("backup holds %v, want %v", backupFiles, memberDir)
 	}
-	if _, err := VerifyManifest(backup); err != nil {
+	if _, err := VerifyManifest(t.Context(), backup); err != nil {
 		t.Fatalf("the backup's manifest: %v", err)
 	}
 	if got := dirNames(t, root); !slices.Equal(got, []string{filepath.Base(backup)}) {
@@ -58,7 +59,7 @@ func TestBackupRestore(t *testing.T) {
 	// The same name again is refused and the first backup is kept as it was.
 	before := readTree(t, backup)
 	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "wal bytes, grown"})
-	_, err = Backup(dataDir, root, "3.5.9", now)
+	_, err = Backup(t.Context(), dataDir, root, "3.5.9", now)
 	assertErrContains(t, err, backup+": file already exists", "never overwritten")
 	assertTree(t, backup, before)
 	if got := dirNames(t, root); !slices.Equal(got, []string{filepath.Base(backup)}) {
@@ -68,7 +69,7 @@ func TestBackupRestore(t *testing.T) {
 	// Restore over the (since changed) data dir: the current one is kept aside.
 	current := readTree(t, dataDir)
 	restoredAt := time.Date(2025, 3, 5, 0, 0, 0, 0, time.UTC)
-	rr, err := RestoreBackup(backup, dataDir, restoredAt)
+	rr, err := RestoreBackup(t.Context(), backup, dataDir, restoredAt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,14 +89,14 @@ func TestRestoreIntoMissingDir(t *testing.T) {
 	parent := t.TempDir()
 	dataDir := filepath.Join(parent, "data")
 	writeTree(t, dataDir, memberDir)
-	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(dataDir); err != nil {
 		t.Fatal(err)
 	}
-	rr, err := RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	rr, err := RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,13 +139,13 @@ func TestRestoreRefusesALinkOrAMountPoint(t *testing.T) {
 			parent := t.TempDir()
 			real := filepath.Join(parent, "real")
 			writeTree(t, real, memberDir)
-			rep, err := Backup(real, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+			rep, err := Backup(t.Context(), real, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
 			dataDir := filepath.Join(parent, "data")
 			tc.make(t, real, dataDir)
-			_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+			_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(0, 0))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("restore: %v, want a refusal saying it %s", err, tc.want)
 			}
@@ -166,11 +167,11 @@ func TestRestoreRefusesAnotherMembersBackup(t *testing.T) {
 	m1, m2 := filepath.Join(parent, "m1"), filepath.Join(parent, "m2")
 	writeMember(t, m1, testPeers[0], 5)
 	writeMember(t, m2, testPeers[1], 5)
-	rep, err := Backup(m1, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
+	rep, err := Backup(t.Context(), m1, filepath.Join(parent, "backups"), "3.6.16", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = RestoreBackup(rep.Backup, m2, time.Unix(0, 0))
+	_, err = RestoreBackup(t.Context(), rep.Backup, m2, time.Unix(0, 0))
 	if err == nil || !strings.Contains(err.Error(), "member 1") || !strings.Contains(err.Error(), "member 2") || !strings.Contains(err.Error(), "move "+m2+" away") {
 		t.Fatalf("restore of m1's backup into m2: %v, want a refusal naming both members and the way to do it on purpose", err)
 	}
@@ -183,13 +184,13 @@ func TestRestoreRefusesAnotherMembersBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeMember(t, m1, testPeers[2], 5)
-	if _, err := RestoreBackup(rep.Backup, m1, time.Unix(0, 0)); err != nil {
+	if _, err := RestoreBackup(t.Context(), rep.Backup, m1, time.Unix(0, 0)); err != nil {
 		t.Fatalf("restore into the data dir it was taken from: %v", err)
 	}
 	if err := os.Rename(m2, m2+".moved"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := RestoreBackup(rep.Backup, m2, time.Unix(0, 0)); err != nil {
+	if _, err := RestoreBackup(t.Context(), rep.Backup, m2, time.Unix(0, 0)); err != nil {
 		t.Fatalf("restore into m2's place once m2 was moved away: %v", err)
 	}
 }
@@ -225,7 +226,7 @@ func TestRestoreDamagedBackup(t *testing.T) {
 			parent := t.TempDir()
 			dataDir := filepath.Join(parent, "data")
 			writeTree(t, dataDir, memberDir)
-			rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(1700000000, 0))
+			rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(1700000000, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -233,7 +234,7 @@ func TestRestoreDamagedBackup(t *testing.T) {
 			writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "newer wal"})
 			want := readTree(t, dataDir)
 
-			_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(1800000000, 0))
+			_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(1800000000, 0))
 			assertErrContains(t, err, tc.wantErr...)
 			assertTree(t, dataDir, want)
 			if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
@@ -247,12 +248,12 @@ func TestRestoreInUse(t *testing.T) {
 	parent := t.TempDir()
 	dataDir := filepath.Join(parent, "data")
 	writeTree(t, dataDir, memberDir)
-	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lockExclusive(t, filepath.Join(dataDir, "member", "snap", "db"))
-	_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(0, 0))
 	assertErrContains(t, err, dataDir+" is in use by a running etcd")
 	assertTree(t, dataDir, memberDir)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
@@ -265,11 +266,11 @@ func TestBackupRefusals(t *testing.T) {
 	dataDir := filepath.Join(parent, "data")
 	writeTree(t, dataDir, memberDir)
 
-	_, err := Backup(dataDir, filepath.Join(dataDir, "backups"), "3.5.9", time.Unix(0, 0))
+	_, err := Backup(t.Context(), dataDir, filepath.Join(dataDir, "backups"), "3.5.9", time.Unix(0, 0))
 	assertErrContains(t, err, "must not be inside the data dir "+dataDir)
 
 	lockExclusive(t, filepath.Join(dataDir, "member", "snap", "db"))
-	_, err = Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	_, err = Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
 	assertErrContains(t, err, "is in use by a running etcd")
 	if names := dirNames(t, filepath.Join(parent, "backups")); len(names) != 0 {
 		t.Fatalf("a refused backup left %v", names)
@@ -331,11 +332,11 @@ func TestCopiesFollowSymlinks(t *testing.T) {
 				var err error
 				if kind == "backup" {
 					var rep BackupReport
-					rep, err = Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+					rep, err = Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
 					out = rep.Backup
 				} else {
 					out = filepath.Join(parent, "copy")
-					_, err = CopyStopped(dataDir, "", out)
+					_, err = CopyStopped(t.Context(), dataDir, "", out)
 				}
 				if c.wantErr != "" {
 					assertErrContains(t, err, c.wantErr)
@@ -360,7 +361,7 @@ func TestCopiesFollowSymlinks(t *testing.T) {
 				if !maps.Equal(got, c.want) {
 					t.Fatalf("%s holds %v, want %v", kind, got, c.want)
 				}
-				if _, err := VerifyManifest(out); err != nil {
+				if _, err := VerifyManifest(t.Context(), out); err != nil {
 					t.Fatalf("the %s's manifest: %v", kind, err)
 				}
 			})
@@ -385,7 +386,7 @@ func TestRestoreAfterAnInterruptedSwap(t *testing.T) {
 	parent := t.TempDir()
 	d := filepath.Join(parent, "m1")
 	writeTree(t, d, memberDir)
-	br, err := Backup(d, filepath.Join(parent, "bk"), "3.4.23", time.Now())
+	br, err := Backup(t.Context(), d, filepath.Join(parent, "bk"), "3.4.23", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +396,7 @@ func TestRestoreAfterAnInterruptedSwap(t *testing.T) {
 	if err := os.Rename(d, oldPath(d)); err != nil { // killed between the swap's two renames
 		t.Fatal(err)
 	}
-	rr, err := RestoreBackup(br.Backup, d, time.Now())
+	rr, err := RestoreBackup(t.Context(), br.Backup, d, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,13 +415,13 @@ func TestRestoreFailsToPlaceTheCopy(t *testing.T) {
 	parent := t.TempDir()
 	dataDir := filepath.Join(parent, "data")
 	writeTree(t, dataDir, memberDir)
-	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "newer wal bytes"})
 	current := readTree(t, dataDir)
-	_, err = restoreBackup(rep.Backup, dataDir, time.Unix(1800000000, 0), func(string, string) error { return errors.New("injected rename failure") })
+	_, err = restoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(1800000000, 0), func(string, string) error { return errors.New("injected rename failure") })
 	replaced, restored := dataDir+".replaced-20270115T080000Z", dataDir+".kubefence-restore"
 	assertErrContains(t, err, "injected rename failure", replaced, restored, "rename one of them to "+dataDir)
 	assertTree(t, replaced, current)
@@ -433,7 +434,7 @@ func TestRestoreWaitsForAnUpgrade(t *testing.T) {
 	parent := t.TempDir()
 	dataDir := filepath.Join(parent, "data")
 	writeTree(t, dataDir, memberDir)
-	rep, err := Backup(dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,11 +442,43 @@ func TestRestoreWaitsForAnUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = RestoreBackup(rep.Backup, dataDir, time.Unix(0, 0))
+	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(0, 0))
 	upgrade.ReleaseRemove()
 	assertErrContains(t, err, "pid "+strconv.Itoa(os.Getpid()), dirLockPath(dataDir))
 	assertTree(t, dataDir, memberDir)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
 		t.Fatalf("after the refused restore the parent holds %v", got)
+	}
+}
+
+// TestBackupAndRestoreStopAtASignal: the first Ctrl-C (the context every command runs with)
+// stops a backup or a restore, however many gigabytes are left, leaving what it would leave
+// after a crash: no backup under its name, the data dir as it was, no copy beside it.
+func TestBackupAndRestoreStopAtASignal(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "member-a")
+	writeTree(t, dataDir, memberDir)
+	root := filepath.Join(parent, "backups")
+	rep, err := Backup(t.Context(), dataDir, root, "3.5.9", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "since the backup"})
+	current := readTree(t, dataDir)
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+
+	if _, err := Backup(cancelled, dataDir, root, "3.5.9", time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
+		t.Errorf("backup after the signal: err %v, want context.Canceled", err)
+	}
+	if got := dirNames(t, root); !slices.Equal(got, []string{filepath.Base(rep.Backup)}) {
+		t.Errorf("after the stopped backup the root holds %v", got)
+	}
+	if _, err := RestoreBackup(cancelled, rep.Backup, dataDir, time.Now()); !errors.Is(err, context.Canceled) {
+		t.Errorf("restore after the signal: err %v, want context.Canceled", err)
+	}
+	assertTree(t, dataDir, current)
+	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
+		t.Errorf("after the stopped restore %s holds %v", parent, got)
 	}
 }

@@ -83,7 +83,7 @@ func holdStopped(dataDir string) (io.Closer, error) {
 // empty; the copy is built next to it and renamed into place when complete. With a separate
 // WAL dir, the data dir's own member/wal is left out, as CopyMemberFiles does: etcd reads the
 // WAL dir only, and what is there is stale (or a link to the WAL dir, copied twice).
-func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
+func CopyStopped(ctx context.Context, dataDir, walDir, dst string) (CopyReport, error) {
 	start := time.Now()
 	rep := CopyReport{Source: dataDir, WALDir: walDir, Output: dst}
 	if err := checkOutput(dst, dataDir, walDir); err != nil {
@@ -100,11 +100,11 @@ func CopyStopped(dataDir, walDir, dst string) (CopyReport, error) {
 		notWAL = func(rel string) bool { return !strings.HasPrefix(rel, memberWAL) }
 	}
 	m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
-		m, err := copyTree(dataDir, tmp, notWAL)
+		m, err := copyTree(ctx, dataDir, tmp, notWAL)
 		if err != nil || walDir == "" {
 			return m, err
 		}
-		w, err := copyTree(walDir, filepath.Join(tmp, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
+		w, err := copyTree(ctx, walDir, filepath.Join(tmp, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
 		for _, e := range w {
 			e.Path = filepath.ToSlash(filepath.Join("member", "wal", e.Path))
 			m = append(m, e)
@@ -166,7 +166,7 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec ConnSpec, e
 		m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
 			viaAPI := tmp + ".backend"
 			defer os.Remove(viaAPI)
-			m, err := CopyMemberFiles(dataDir, walDir, tmp, func() (string, int64, error) {
+			m, err := CopyMemberFiles(ctx, dataDir, walDir, tmp, func() (string, int64, error) {
 				var err error
 				snap, err = SnapshotFrom(ctx, spec, endpoint, viaAPI)
 				return viaAPI, snap.Bytes - sha256.Size, err
@@ -223,14 +223,14 @@ func (e *errRetry) Error() string { return e.err.Error() }
 // CopyMemberFiles copies a running member's files into dir in the order that makes them a
 // prefix of its log (see above): its snapshot files; then its backend, which must come from the
 // maintenance API — the first n bytes of the file backend returns; then its WAL segments.
-func CopyMemberFiles(dataDir, walDir, dir string, backend func() (path string, n int64, err error)) (Manifest, error) {
+func CopyMemberFiles(ctx context.Context, dataDir, walDir, dir string, backend func() (path string, n int64, err error)) (Manifest, error) {
 	if walDir == "" {
 		walDir = filepath.Join(dataDir, "member", "wal")
 	}
 	if wals, _ := filepath.Glob(filepath.Join(walDir, "*.wal")); len(wals) == 0 {
 		return nil, fmt.Errorf("no WAL files in %s: is this a member's data dir (or its --wal-dir)?", walDir)
 	}
-	m, err := copyTree(filepath.Join(dataDir, "member", "snap"), filepath.Join(dir, "member", "snap"), func(rel string) bool { return strings.HasSuffix(rel, ".snap") })
+	m, err := copyTree(ctx, filepath.Join(dataDir, "member", "snap"), filepath.Join(dir, "member", "snap"), func(rel string) bool { return strings.HasSuffix(rel, ".snap") })
 	if err != nil {
 		return nil, err
 	}
@@ -239,10 +239,10 @@ func CopyMemberFiles(dataDir, walDir, dir string, backend func() (path string, n
 	if err != nil {
 		return nil, err
 	}
-	if err := copyOne(src, filepath.Join(dir, "member", "snap", "db"), n, &m, "member/snap/db"); err != nil {
+	if err := copyOne(ctx, src, filepath.Join(dir, "member", "snap", "db"), n, &m, "member/snap/db"); err != nil {
 		return nil, err
 	}
-	w, err := copyTree(walDir, filepath.Join(dir, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
+	w, err := copyTree(ctx, walDir, filepath.Join(dir, "member", "wal"), func(rel string) bool { return strings.HasSuffix(rel, ".wal") })
 	if err != nil {
 		return nil, err
 	}
@@ -375,7 +375,7 @@ func diskHint(err error, dir string) error {
 // copyTree copies the regular files under src (those keep accepts, by path relative to src;
 // all when keep is nil; never kubefence's own, ownFile) into dst, syncing each file and directory, and returns their manifest.
 // Symlinks are followed (see walkFollow): the copy holds what they point to.
-func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
+func copyTree(ctx context.Context, src, dst string, keep func(rel string) bool) (Manifest, error) {
 	var m Manifest
 	err := walkFollow(src, func(rel string) error {
 		return os.MkdirAll(filepath.Join(dst, rel), 0o700)
@@ -383,7 +383,7 @@ func copyTree(src, dst string, keep func(rel string) bool) (Manifest, error) {
 		if ownFile(rel) || (keep != nil && !keep(rel)) {
 			return nil
 		}
-		return gone(copyOne(path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel)))
+		return gone(copyOne(ctx, path, filepath.Join(dst, rel), -1, &m, filepath.ToSlash(rel)))
 	})
 	if err != nil {
 		return nil, err
@@ -453,7 +453,7 @@ func walkFollowAt(path, rel string, ancestors map[string]bool, dir func(string) 
 
 // copyOne copies src (its first n bytes when n >= 0) to dst, syncs it, and adds it to m as rel.
 // A file that grows while copied is copied as far as it was read.
-func copyOne(src, dst string, n int64, m *Manifest, rel string) error {
+func copyOne(ctx context.Context, src, dst string, n int64, m *Manifest, rel string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -466,9 +466,9 @@ func copyOne(src, dst string, n int64, m *Manifest, rel string) error {
 	if err != nil {
 		return err
 	}
-	var r io.Reader = in
+	var r io.Reader = ctxReader{ctx, in}
 	if n >= 0 {
-		r = io.LimitReader(in, n)
+		r = io.LimitReader(r, n)
 	}
 	h := sha256.New()
 	size, err := io.Copy(io.MultiWriter(out, h), r)
@@ -489,7 +489,20 @@ func prefix(m Manifest, dir string) {
 }
 
 // CopyFile copies src (its first n bytes when n >= 0) to a new file dst and syncs it.
-func CopyFile(src, dst string, n int64) error {
+func CopyFile(ctx context.Context, src, dst string, n int64) error {
 	var m Manifest
-	return copyOne(src, dst, n, &m, "")
+	return copyOne(ctx, src, dst, n, &m, "")
+}
+
+// ctxReader reads r until ctx ends: a copy or hash of gigabytes stops at the first signal.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, context.Cause(c.ctx)
+	}
+	return c.r.Read(p)
 }

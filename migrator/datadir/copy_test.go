@@ -76,7 +76,7 @@ func TestCopyStoppedRefusals(t *testing.T) {
 				}
 			}
 
-			rep, err := CopyStopped(src, "", dst)
+			rep, err := CopyStopped(t.Context(), src, "", dst)
 			assertErrContains(t, err, tc.wantErr...)
 			if rep.Files != 0 || rep.Detection != nil {
 				t.Errorf("a refused copy reports %+v", rep)
@@ -149,7 +149,7 @@ func TestCopyMemberFilesRacesTheMember(t *testing.T) {
 	if err := os.WriteFile(backend, []byte("db"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := CopyMemberFiles(data, "", filepath.Join(t.TempDir(), "copy"), func() (string, int64, error) { return backend, 2, nil })
+	_, err := CopyMemberFiles(t.Context(), data, "", filepath.Join(t.TempDir(), "copy"), func() (string, int64, error) { return backend, 2, nil })
 	if !errors.Is(err, ErrRaced) {
 		t.Fatalf("CopyMemberFiles = %v, want ErrRaced", err)
 	}
@@ -186,11 +186,11 @@ func TestCopyStoppedWithWALDir(t *testing.T) {
 			writeTree(t, dataDir, map[string]string{"member/snap/db": "backend", "member/snap/1.snap": "snap", VersionFileName: "3.4.23/etcd2\n"})
 			writeTree(t, walDir, wal)
 			tc.memberWAL(t, dataDir, walDir)
-			if _, err := CopyStopped(dataDir, walDir, dst); err != nil {
+			if _, err := CopyStopped(t.Context(), dataDir, walDir, dst); err != nil {
 				t.Fatal(err)
 			}
 			assertTree(t, filepath.Join(dst, "member", "wal"), wal)
-			if _, err := VerifyManifest(dst); err != nil {
+			if _, err := VerifyManifest(t.Context(), dst); err != nil {
 				t.Errorf("the copy's manifest: %v", err)
 			}
 		})

@@ -85,7 +85,7 @@ func CopyMembers(ctx context.Context, m MemberCopies) ([]CopyReport, error) {
 		if m.Live {
 			rep, err = CopyLive(ctx, d, m.WALDir, m.Output(d), m.Conn, m.Endpoints[i])
 		} else {
-			rep, err = CopyStopped(d, m.WALDir, m.Output(d))
+			rep, err = CopyStopped(ctx, d, m.WALDir, m.Output(d))
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", d, err))

@@ -28,7 +28,7 @@ func TestCopyMembers(t *testing.T) {
 		if !maps.Equal(got, memberDir) {
 			t.Errorf("copy of %s holds %v, want %v", d, got, memberDir)
 		}
-		if _, err := VerifyManifest(filepath.Join(out, d)); err != nil {
+		if _, err := VerifyManifest(t.Context(), filepath.Join(out, d)); err != nil {
 			t.Errorf("copy of %s: %v", d, err)
 		}
 	}

@@ -754,7 +754,7 @@ func (e *executor) save() error {
 // backup backs data dir d up once per run: where it goes is journaled first, so that a
 // resumed run keeps a backup that a killed one finished (its manifest verifies) and takes it
 // there otherwise.
-func (e *executor) backup(s *StepReport, d string) error {
+func (e *executor) backup(ctx context.Context, s *StepReport, d string) error {
 	if e.rep.Backups == nil {
 		e.rep.Backups = map[string]string{}
 	}
@@ -768,7 +768,7 @@ func (e *executor) backup(s *StepReport, d string) error {
 	dst, planned := e.rep.PlannedBackups[d]
 	note := ""
 	if planned {
-		_, err := VerifyManifest(dst)
+		_, err := VerifyManifest(ctx, dst)
 		switch origin := backupOrigin(dst); {
 		case err == nil && origin == d:
 			e.rep.Backups[d] = dst
@@ -787,7 +787,7 @@ func (e *executor) backup(s *StepReport, d string) error {
 			return err
 		}
 	}
-	br, err := backupTo(d, e.opts.BackupDir, dst)
+	br, err := backupTo(ctx, d, e.opts.BackupDir, dst)
 	if err != nil {
 		return err
 	}
@@ -809,7 +809,7 @@ func (e *executor) backup(s *StepReport, d string) error {
 // the backup: etcd's runs change them in place, rebuilds swap them and delete the old), every
 // journaled backup this run did not take itself: a resumed run's backups were taken maybe days
 // ago, and without them the steps ahead cannot be undone.
-func (e *executor) checkBackups(s *StepReport) error {
+func (e *executor) checkBackups(ctx context.Context, s *StepReport) error {
 	if e.backupsChecked {
 		return nil
 	}
@@ -820,7 +820,7 @@ func (e *executor) checkBackups(s *StepReport) error {
 		case !ok:
 			errs = append(errs, fmt.Errorf("%s has no backup in the journal", d))
 		case !e.taken[d]:
-			errs = append(errs, checkBackup(b, d))
+			errs = append(errs, checkBackup(ctx, b, d))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -832,11 +832,11 @@ func (e *executor) checkBackups(s *StepReport) error {
 }
 
 // checkBackup refuses backup b of data dir d unless it is there, whole, and taken from d.
-func checkBackup(b, d string) error {
+func checkBackup(ctx context.Context, b, d string) error {
 	if !exists(b) {
 		return fmt.Errorf("the backup of %s, %s, is missing", d, b)
 	}
-	if _, err := VerifyManifest(b); err != nil {
+	if _, err := VerifyManifest(ctx, b); err != nil {
 		return fmt.Errorf("the backup of %s, %s, is damaged: %w", d, b, err)
 	}
 	if o := backupOrigin(b); o != "" && o != d {
@@ -848,14 +848,14 @@ func checkBackup(b, d string) error {
 func (e *executor) do(ctx context.Context, s *StepReport) error {
 	s.Members = map[string]string{}
 	if s.Kind != StepBackup {
-		if err := e.checkBackups(s); err != nil {
+		if err := e.checkBackups(ctx, s); err != nil {
 			return err
 		}
 	}
 	switch s.Kind {
 	case StepBackup:
 		for _, d := range e.opts.DataDirs {
-			if err := e.backup(s, d); err != nil {
+			if err := e.backup(ctx, s, d); err != nil {
 				return err
 			}
 		}

@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -53,7 +54,7 @@ func (m Manifest) Write(dir string) error {
 func ownFile(rel string) bool { return rel == ManifestName || rel == BackupInfoName }
 
 // HashDir computes the manifest of every regular file under dir (kubefence's own files excepted).
-func HashDir(dir string) (Manifest, error) {
+func HashDir(ctx context.Context, dir string) (Manifest, error) {
 	var m Manifest
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
@@ -69,7 +70,7 @@ func HashDir(dir string) (Manifest, error) {
 		}
 		defer f.Close()
 		h := sha256.New()
-		n, err := io.Copy(h, f)
+		n, err := io.Copy(h, ctxReader{ctx, f})
 		if err != nil {
 			return err
 		}
@@ -101,12 +102,12 @@ func ReadManifest(dir string) (map[string]string, error) {
 
 // VerifyManifest checks that dir holds exactly the files its manifest lists, with their
 // sha256, and names every difference.
-func VerifyManifest(dir string) (Manifest, error) {
+func VerifyManifest(ctx context.Context, dir string) (Manifest, error) {
 	want, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
 	}
-	got, err := HashDir(dir)
+	got, err := HashDir(ctx, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func TestManifestWriteVerify(t *testing.T) {
 	dir := t.TempDir()
 	writeTree(t, dir, files)
 
-	m, err := HashDir(dir)
+	m, err := HashDir(t.Context(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestManifestWriteVerify(t *testing.T) {
 		t.Fatalf("ReadManifest = %v, %v", read, err)
 	}
 
-	got, err := VerifyManifest(dir)
+	got, err := VerifyManifest(t.Context(), dir)
 	if err != nil {
 		t.Fatalf("VerifyManifest of an unchanged dir: %v", err)
 	}
@@ -91,7 +91,7 @@ func TestManifestWriteVerify(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "member", "snap", "a.snap")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = VerifyManifest(dir)
+	_, err = VerifyManifest(t.Context(), dir)
 	assertErrContains(t, err,
 		"manifest check failed",
 		"member/wal/0.wal: sha256 "+fmt.Sprintf("%x", sha256.Sum256([]byte("first segment, changed"))),

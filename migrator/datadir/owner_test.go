@@ -66,12 +66,12 @@ func TestRestoreKeepsTheOwner(t *testing.T) {
 	parent := t.TempDir()
 	d := filepath.Join(parent, "etcd")
 	writeTree(t, d, memberDir)
-	br, err := Backup(d, filepath.Join(parent, "backups"), "3.5.35", time.Unix(0, 0))
+	br, err := Backup(t.Context(), d, filepath.Join(parent, "backups"), "3.5.35", time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	chownTree(t, d, nobody, nobody+1)
-	if _, err := RestoreBackup(br.Backup, d, time.Unix(1, 0)); err != nil {
+	if _, err := RestoreBackup(t.Context(), br.Backup, d, time.Unix(1, 0)); err != nil {
 		t.Fatal(err)
 	}
 	assertOwned(t, d, nobody, nobody+1)

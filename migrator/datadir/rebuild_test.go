@@ -442,7 +442,7 @@ func TestBackupsOfSameNamedDataDirs(t *testing.T) {
 		t.Helper()
 		for _, d := range dirs {
 			b := e.rep.Backups[d]
-			if _, err := VerifyManifest(b); err != nil {
+			if _, err := VerifyManifest(t.Context(), b); err != nil {
 				t.Fatalf("%s's backup %s: %v", d, b, err)
 			}
 			got := readTree(t, b)
@@ -472,7 +472,7 @@ func TestBackupsOfSameNamedDataDirs(t *testing.T) {
 		for _, d := range dirs {
 			// Another cluster's backup took the name first.
 			dst := filepath.Join(opts.BackupDir, fmt.Sprintf("%s-%s-planned", filepath.Base(filepath.Dir(d)), filepath.Base(d)))
-			if _, err := backupTo(other, opts.BackupDir, dst); err != nil {
+			if _, err := backupTo(t.Context(), other, opts.BackupDir, dst); err != nil {
 				t.Fatal(err)
 			}
 			e.rep.PlannedBackups[d] = dst

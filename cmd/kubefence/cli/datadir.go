@@ -447,8 +447,8 @@ func (o *restoreBackupOptions) Validate() error {
 	return nil
 }
 
-func (o *restoreBackupOptions) Run(context.Context) error {
-	rep, err := datadir.RestoreBackup(o.backup, o.dataDir, time.Now())
+func (o *restoreBackupOptions) Run(ctx context.Context) error {
+	rep, err := datadir.RestoreBackup(ctx, o.backup, o.dataDir, time.Now())
 	if err != nil {
 		return err
 	}
