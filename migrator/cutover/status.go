@@ -45,9 +45,12 @@ type BakeStatus struct {
 	Follower      int   `json:"follower"`
 	GreenRevision int64 `json:"greenRevision,omitempty"`
 	BlueRevision  int64 `json:"blueRevision,omitempty"`
-	// LagRevisions is how many of green's revisions blue has yet to apply.
-	LagRevisions int64  `json:"lagRevisions"`
-	Error        string `json:"error,omitempty"`
+	// LagRevisions is how many of green's revisions blue has yet to apply, while it follows.
+	LagRevisions int64 `json:"lagRevisions"`
+	// FollowingStopped: the rollback has stopped blue following green (its stop-replication
+	// step); blue leads from there, and there is no lag.
+	FollowingStopped bool   `json:"followingStopped,omitempty"`
+	Error            string `json:"error,omitempty"`
 }
 
 // statusTimeout bounds reading the two revisions.
@@ -71,6 +74,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 		st.FinishByHand = finishByHand(p, j)
 	}
 	st.WindowOpenSince, st.FenceStartedAt = fenceTimes(j)
+	stopped := false
 	// The rollback dir's journal may be an earlier cutover's (rolled back, then a new cutover):
 	// only the one this cutover's journal names is its rollback.
 	if rj, err := LoadJournal(filepath.Join(p.StateDir, "rollback")); err == nil && j.Bake != nil && rj.ID == j.Bake.Rollback {
@@ -79,6 +83,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 			// The rollback fences through its own journal.
 			st.WindowOpenSince, st.FenceStartedAt = fenceTimes(rj)
 		}
+		stopped = j.State == StateRollingBack && rj.done(StepStopReplication)
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
 			st.FinishByHand = finishRollbackByHand(p, rj)
 		}
@@ -86,7 +91,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	if j.Bake == nil {
 		return st, nil
 	}
-	b := &BakeStatus{BakeRecord: *j.Bake}
+	b := &BakeStatus{BakeRecord: *j.Bake, FollowingStopped: stopped}
 	st.Bake = b
 	if j.State == StateBaking || j.State == StateRollingBack {
 		b.Follower = st.Runner
@@ -128,7 +133,9 @@ func (b *BakeStatus) readRevisions(ctx context.Context, p *Plan) error {
 			return fmt.Errorf("%s etcd: %w", s.sd.name, err)
 		}
 	}
-	b.LagRevisions = b.GreenRevision - b.BlueRevision
+	if !b.FollowingStopped {
+		b.LagRevisions = b.GreenRevision - b.BlueRevision
+	}
 	return nil
 }
 

@@ -106,3 +106,34 @@ func TestStatusOfARollbacksOpenWindow(t *testing.T) {
 		t.Fatalf("status %+v, %v: want the rollback's window open since %s", st, err, fenced)
 	}
 }
+
+// TestStatusOnceTheRollbackStoppedFollowing: past the rollback's stop-replication blue no longer
+// follows green (it takes the writes once the rollback unfences): status says so instead of a
+// lag, which went below zero as blue moved ahead.
+func TestStatusOnceTheRollbackStoppedFollowing(t *testing.T) {
+	p := replicatePlan(t)
+	rdir := filepath.Join(p.StateDir, "rollback")
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	main := &Journal{Version: 1, ID: "c1", State: StateRollingBack, Bake: &BakeRecord{Revision: 5, Rollback: "rb"}}
+	if err := main.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		done    []StepRecord
+		stopped bool
+	}{
+		{[]StepRecord{{Step: StepFence}, {Step: StepDrain}, {Step: StepSwitch}}, false},
+		{[]StepRecord{{Step: StepFence}, {Step: StepDrain}, {Step: StepSwitch}, {Step: StepGateGreen}, {Step: StepStopReplication}}, true},
+	} {
+		rb := &Journal{Version: 1, ID: "rb", State: StateRunning, Done: tc.done}
+		if err := rb.save(rdir); err != nil {
+			t.Fatal(err)
+		}
+		st, err := Status(t.Context(), p)
+		if err != nil || st.Bake == nil || st.Bake.FollowingStopped != tc.stopped {
+			t.Fatalf("rollback done %v: status %+v, %v: want following stopped %v", tc.done, st.Bake, err, tc.stopped)
+		}
+	}
+}

@@ -133,10 +133,16 @@ func printBake(w io.Writer, state string, b *cutover.BakeStatus) {
 		fmt.Fprintf(w, "  bake: blue followed green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
 		return
 	}
-	fmt.Fprintf(w, "  bake: blue follows green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
+	if b.FollowingStopped {
+		fmt.Fprintf(w, "  bake: blue followed green from revision %d until the rollback stopped it; blue leads now\n", b.Revision)
+	} else {
+		fmt.Fprintf(w, "  bake: blue follows green from revision %d (since %s)\n", b.Revision, b.Started.Format(time.RFC3339))
+	}
 	switch {
 	case b.Error != "":
 		fmt.Fprintf(w, "  revisions: %s\n", b.Error)
+	case b.FollowingStopped && b.GreenRevision > 0:
+		fmt.Fprintf(w, "  blue at revision %d, green at %d\n", b.BlueRevision, b.GreenRevision)
 	case b.GreenRevision > 0:
 		fmt.Fprintf(w, "  green at revision %d, blue at %d: lag %d revisions\n", b.GreenRevision, b.BlueRevision, b.LagRevisions)
 	}

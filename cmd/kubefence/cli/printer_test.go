@@ -133,6 +133,11 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 		{"rolling back past its switch, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{},
 			FinishByHand: "if it cannot run, first 'etcdctl ... user grant-role kube-apiserver-etcd-client kubefence-readwrite'"},
 			[]string{"switched to blue", "rollback --resume", "grant-role kube-apiserver-etcd-client"}, []string{"cutover abort"}},
+		// Once the rollback stopped blue following green, blue leads (it takes the writes after
+		// the rollback's unfence): no lag, and no "follows".
+		{"rolling back after blue stopped following", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Runner: 42,
+			Bake: &cutover.BakeStatus{BakeRecord: cutover.BakeRecord{Revision: 7}, FollowingStopped: true, GreenRevision: 10, BlueRevision: 12}},
+			[]string{"blue followed green from revision 7 until the rollback stopped it", "blue at revision 12, green at 10"}, []string{"blue follows green", "lag"}},
 		{"a finished bake", cutover.StatusReport{ID: "x", State: cutover.StateDone, Bake: &cutover.BakeStatus{BakeRecord: cutover.BakeRecord{Revision: 7}}},
 			[]string{"bake: blue followed green from revision 7"}, []string{"blue follows green"}},
 	}
