@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -77,8 +78,16 @@ type Rehearsal struct {
 	// WatchMoveError says why the watches could not be timed (then WatchMove is 0 and left out
 	// of the prediction; the rehearsal goes on).
 	WatchMoveError string `json:"watchMoveError,omitempty"`
+	// GateRoundTrip (bake plans) is an auth request to blue etcd over a client connected
+	// beforehand, as gate-blue makes.
+	GateRoundTrip time.Duration `json:"gateRoundTripNanos,omitempty"`
+	// HandOver (bake plans) estimates the hand-over (reverse-replication): a client connected
+	// to blue and its leases listed, the check that green is at blue's revision, and the two
+	// clients of the bake's replication connected. Not in it: keeping blue's leases alive from
+	// there (one keep-alive each) and starting the replication's watch.
+	HandOver time.Duration `json:"handOverNanos,omitempty"`
 	// PredictedWindow is Barrier + Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip +
-	// (WindowSteps + 3) × StateSave.
+	// (WindowSteps + 3) × StateSave, plus GateRoundTrip + HandOver for a bake.
 	PredictedWindow time.Duration `json:"predictedWindowNanos"`
 }
 
@@ -92,7 +101,8 @@ const maxTrialWatches = 200
 const barrierSample = 2 * time.Second
 
 func (m *Rehearsal) predict() {
-	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave
+	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave +
+		m.GateRoundTrip + m.HandOver
 }
 
 // rehearseDrainStep measures what the window's steps cost, without the fence.
@@ -104,7 +114,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and predict the window from them; then time as many watches opened at once on green's apiserver as are open through the proxies (the switch moves them off blue; after the unfence they wait that long for green)"
+	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, for a bake an auth request to blue etcd (as gate-blue) and the hand-over's clients and leases list, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and predict the window from them; then time as many watches opened at once on green's apiserver as are open through the proxies (the switch moves them off blue; after the unfence they wait that long for green)"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -144,9 +154,17 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each); after the window, green answering the %d watch(es) open now %s; %s",
+	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each%s); after the window, green answering the %d watch(es) open now %s; %s",
 		rounds, prepared, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
-		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
+		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.BakeText("; "), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
+}
+
+// BakeText is what a bake adds to the predicted window ("" without one), each part after sep.
+func (m Rehearsal) BakeText(sep string) string {
+	if m.GateRoundTrip == 0 && m.HandOver == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%sblue etcd auth request (gate-blue) %s%shand-over %s", sep, m.GateRoundTrip.Round(time.Microsecond), sep, m.HandOver.Round(time.Microsecond))
 }
 
 // WatchMoveText is the rehearsal's estimate of green answering the moved watches after the
@@ -220,6 +238,11 @@ func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
 	}
 	m.StateSave = time.Since(start)
 	m.WindowSteps = windowSteps(stepsFor(r.p))
+	if r.p.Bake.Enabled {
+		if err := r.measureBakeCosts(ctx, m); err != nil {
+			return err
+		}
+	}
 	if m.WatchMove, err = r.timeWatchMove(ctx, m.Watches); err != nil {
 		m.WatchMove, m.WatchMoveError = 0, err.Error()
 	}
@@ -230,6 +253,42 @@ func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
 		}
 		m.Barrier = medianTook(ws.Writes)
 	}
+	return nil
+}
+
+// measureBakeCosts times, for a bake plan, what gate-blue and the hand-over do inside the
+// window, without changing blue: an auth request to blue etcd (a user that does not exist yet
+// answers as fast: blue's auth is set up only by a cutover), and the hand-over's clients, leases
+// list and check. m.Check and m.StateSave must be measured.
+func (r *runner) measureBakeCosts(ctx context.Context, m *Rehearsal) error {
+	cli, err := r.authClient(r.from)
+	if err != nil {
+		return err
+	}
+	if _, err := replicate.Revision(ctx, cli); err != nil { // connected, as warmAuthClients does
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	start := time.Now()
+	if _, err := cli.UserGet(ctx, r.from.api.EtcdUser); err != nil && !errors.Is(rpctypes.Error(err), rpctypes.ErrUserNotFound) {
+		return fmt.Errorf("blue etcd: %w", err)
+	}
+	m.GateRoundTrip = time.Since(start)
+	start = time.Now()
+	for i, sd := range []side{r.from, r.to, r.from} {
+		c, err := newEtcdClient(sd.etcd)
+		if err != nil {
+			return fmt.Errorf("%s etcd: %w", sd.name, err)
+		}
+		_, err = replicate.Revision(ctx, c)
+		if err == nil && i == 0 {
+			_, err = c.Leases(ctx)
+		}
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("%s etcd: %w", sd.name, err)
+		}
+	}
+	m.HandOver = time.Since(start) + m.Check + m.StateSave
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubefence/kubefence/internal/testetcd"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -45,6 +46,12 @@ func TestRehearsalPrediction(t *testing.T) {
 	// The moved watches ask green once the fence has lifted: outside the window.
 	if want := (9 + 2 + 1 + 3 + 4 + 9*2) * time.Millisecond; m.PredictedWindow != want {
 		t.Errorf("predicted %s, want %s", m.PredictedWindow, want)
+	}
+	// A bake's window also gates blue and hands replication over.
+	m.WindowSteps, m.GateRoundTrip, m.HandOver = 7, 3*time.Millisecond, 12*time.Millisecond
+	m.predict()
+	if want := (9 + 2 + 1 + 3 + 4 + 10*2 + 3 + 12) * time.Millisecond; m.PredictedWindow != want {
+		t.Errorf("bake: predicted %s, want %s", m.PredictedWindow, want)
 	}
 	m.WatchMoveError = "forbidden"
 	if got := m.WatchMoveText(); got != "not timed, left out (forbidden)" {
@@ -133,5 +140,25 @@ func TestJournalOfANewerKubefence(t *testing.T) {
 		if err := w.r.openJournal(); err == nil || !strings.Contains(err.Error(), "newer kubefence") {
 			t.Errorf("journal %+v: %v; want it refused as a newer kubefence's", j, err)
 		}
+	}
+}
+
+// TestRehearsalTimesTheBakeSteps: for a bake plan the rehearsal times gate-blue's auth request
+// to blue etcd (whose apiserver's user does not exist yet: blue's auth is set up only by the
+// cutover) and the hand-over's clients and leases list, and changes nothing in blue.
+func TestRehearsalTimesTheBakeSteps(t *testing.T) {
+	url, _ := testetcd.Start(t)
+	p := &Plan{StateDir: t.TempDir()}
+	p.Blue.Etcd.Endpoints = []string{url}
+	p.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"
+	p.Green.Etcd.Members = []GreenMember{{ClientURL: url}}
+	r := &runner{p: p, from: p.blueSide(), to: p.greenSide()}
+	defer r.closeAuthClients()
+	m := Rehearsal{Check: time.Millisecond, StateSave: time.Millisecond}
+	if err := r.measureBakeCosts(t.Context(), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.GateRoundTrip <= 0 || m.HandOver <= m.Check+m.StateSave {
+		t.Errorf("gate round trip %s, hand-over %s: want both timed", m.GateRoundTrip, m.HandOver)
 	}
 }

@@ -354,8 +354,8 @@ func printReport(w io.Writer, r *cutover.Report) {
 		}
 	}
 	if rh := r.Rehearsal; rh != nil {
-		fmt.Fprintf(w, "  rehearsal: predicted window %s = writes in flight %s + drain %s + check %s + 3 proxy round trips of %s + green etcd auth request %s + %d state saves of %s; after it, green answering the %d watches moved off blue %s\n",
-			rh.PredictedWindow.Round(time.Microsecond), rh.Barrier.Round(time.Microsecond), rh.Drain.Round(time.Microsecond), rh.Check.Round(time.Microsecond), rh.ProxyRoundTrip.Round(time.Microsecond), rh.EtcdRoundTrip.Round(time.Microsecond), rh.WindowSteps+3, rh.StateSave.Round(time.Microsecond), rh.Watches, rh.WatchMoveText())
+		fmt.Fprintf(w, "  rehearsal: predicted window %s = writes in flight %s + drain %s + check %s + 3 proxy round trips of %s + green etcd auth request %s + %d state saves of %s%s; after it, green answering the %d watches moved off blue %s\n",
+			rh.PredictedWindow.Round(time.Microsecond), rh.Barrier.Round(time.Microsecond), rh.Drain.Round(time.Microsecond), rh.Check.Round(time.Microsecond), rh.ProxyRoundTrip.Round(time.Microsecond), rh.EtcdRoundTrip.Round(time.Microsecond), rh.WindowSteps+3, rh.StateSave.Round(time.Microsecond), rh.BakeText(" + "), rh.Watches, rh.WatchMoveText())
 	}
 	if v := r.Verified; v != nil {
 		fmt.Fprintf(w, "  objects verified identical: %d across %d resource types\n", v.Objects, v.ResourceTypes)
