@@ -561,16 +561,42 @@ func TestBackendSetRefusedBeforeReading(t *testing.T) {
 		{"empty query", green.URL + "?", "", "query"},
 		{"allowed, CA file a directory", green.URL, dir, "regular file"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: tc.url, CAFile: tc.caFile})
-			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
-				t.Errorf("backend set %s (CA %q) = %v, want an error saying %q (and no password)", tc.url, tc.caFile, err, tc.want)
-			}
-			if st := p.Status(); st.Backend != blue.URL {
-				t.Fatalf("a refused switch changed the backend to %s", st.Backend)
-			}
-		})
+	// A FIFO would block the read for good (and /dev/zero fill memory): the CA bundle is read
+	// only as a regular file of bounded size, by backend prepare too.
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases = append(cases, struct{ name, url, caFile, want string }{"allowed, CA file a FIFO", green.URL, fifo, "regular file"})
+	calls := map[string]func(ctx context.Context, url, caFile string) error{
+		"set": func(ctx context.Context, url, caFile string) error {
+			_, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: url, CAFile: caFile})
+			return err
+		},
+		"prepare": func(ctx context.Context, url, caFile string) error {
+			_, err := p.admin.PrepareBackend(ctx, admin.PrepareRequest{URL: url, CAFile: caFile})
+			return err
+		},
+	}
+	for call, do := range calls {
+		for _, tc := range cases {
+			t.Run(call+" "+tc.name, func(t *testing.T) {
+				done := make(chan error, 1)
+				go func() { done <- do(t.Context(), tc.url, tc.caFile) }()
+				var err error
+				select {
+				case err = <-done:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("backend %s %s (CA %q) still reading after 5s", call, tc.url, tc.caFile)
+				}
+				if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
+					t.Errorf("backend %s %s (CA %q) = %v, want an error saying %q (and no password)", call, tc.url, tc.caFile, err, tc.want)
+				}
+				if st := p.Status(); st.Backend != blue.URL {
+					t.Fatalf("a refused switch changed the backend to %s", st.Backend)
+				}
+			})
+		}
 	}
 }
 

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
+	"net/url"
 	"sync"
 	"time"
 
+	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/proxy/admin"
 	"github.com/kubefence/kubefence/proxy/backendurl"
 )
@@ -35,6 +36,9 @@ type preparedBackend struct {
 func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (admin.PrepareResponse, error) {
 	start := time.Now()
 	caFile := s.caFileOr(req.CAFile)
+	if _, err := s.allowedURL(req.URL); err != nil {
+		return admin.PrepareResponse{}, err
+	}
 	// Read before the backend loads it: a file changed in between then differs from what a
 	// switch reads, and the switch loads it afresh.
 	caPEM, err := readCAFile(caFile)
@@ -57,11 +61,13 @@ func (s *Server) PrepareBackend(ctx context.Context, req admin.PrepareRequest) (
 	return admin.PrepareResponse{Backend: nb.url.String(), Connections: opened, Took: admin.Duration(took)}, nil
 }
 
+// readCAFile is the CA bundle's bytes, read as the backend reads it: a regular file of bounded
+// size (its path may come over the admin API).
 func readCAFile(caFile string) ([]byte, error) {
 	if caFile == "" {
 		return nil, nil
 	}
-	return os.ReadFile(caFile)
+	return tlsutil.ReadCABundle(caFile)
 }
 
 // put keeps p, closing the connections of the one it replaces.
@@ -125,16 +131,20 @@ func (s *Server) caFileOr(caFile string) string {
 	return caFile
 }
 
-// checkedBackend is a new backend for rawURL, verified with caFile (callers apply caFileOr):
-// allowed, and its TLS handshake verified, as every switch requires.
-func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*backend, error) {
-	// The URL and the allow-list first: nothing the request names (its CA file) is read for a
-	// backend that is not allowed.
+// allowedURL parses rawURL and checks it against the allow-list: done first, so that nothing a
+// request names (its CA file) is read for a backend that is not allowed.
+func (s *Server) allowedURL(rawURL string) (*url.URL, error) {
 	u, err := backendurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkAllowed(u); err != nil {
+	return u, s.checkAllowed(u)
+}
+
+// checkedBackend is a new backend for rawURL, verified with caFile (callers apply caFileOr):
+// allowed, and its TLS handshake verified, as every switch requires.
+func (s *Server) checkedBackend(ctx context.Context, rawURL, caFile string) (*backend, error) {
+	if _, err := s.allowedURL(rawURL); err != nil {
 		return nil, err
 	}
 	nb, err := newBackend(rawURL, caFile, s.cfg.backend)

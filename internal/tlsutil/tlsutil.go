@@ -15,7 +15,7 @@ const maxCABundleBytes = 1 << 20
 // The bundle must be a regular file of at most 1 MiB: its path may come over the admin API, and
 // a device such as /dev/zero would otherwise be read until memory runs out.
 func LoadCAPool(path string) (*x509.CertPool, error) {
-	pem, err := readCABundle(path)
+	pem, err := ReadCABundle(path)
 	if err != nil {
 		return nil, err
 	}
@@ -26,9 +26,9 @@ func LoadCAPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// readCABundle reads a regular file of at most maxCABundleBytes. It is checked before it is
-// opened (opening a FIFO would block) and again once open (it may have been replaced).
-func readCABundle(path string) ([]byte, error) {
+// ReadCABundle reads a regular file of at most 1 MiB. It is checked before it is opened
+// (opening a FIFO would block) and again once open (it may have been replaced).
+func ReadCABundle(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("read CA bundle: %w", err)
