@@ -448,3 +448,43 @@ func TestResumedWatchChecksTheCertificateAgain(t *testing.T) {
 		t.Fatalf("the new backend got watches as %q; want bob's only: alice's certificate expired before the switch", users)
 	}
 }
+
+// TestResumedWatchChecksTheCertificateWhenItAsks: a moved watch asks the new backend only once
+// the fence lifts; a client certificate that expired between the switch and then is not sent
+// on (the watch ends), though it still verified at the switch.
+func TestResumedWatchChecksTheCertificateWhenItAsks(t *testing.T) {
+	defer func(d time.Duration) { resumeDeferral = d }(resumeDeferral)
+	resumeDeferral = time.Hour // they wait for the fence
+	f := newIdentityFixture(t, func(o *Options, _ string) { o.AllowedBackends = []string{"https://127.0.0.1:*"} })
+	green := f.newBackend(t)
+	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(3*time.Second)) // NotAfter is in whole seconds: at least 2 s from now
+	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
+	for _, cert := range []*tls.Certificate{&alice, &bob} {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.proxyURL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1", nil)
+		resp, err := f.client(cert).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil || !strings.Contains(line, `"resourceVersion":"5"`) {
+			t.Fatalf("first event %q, %v", line, err)
+		}
+	}
+	switchTo(t, f.p, green.URL, true) // the fence stays on: the watches wait to ask green
+	if time.Now().After(alice.Leaf.NotAfter) {
+		t.Fatal("alice's certificate expired before the switch returned: the test needs a faster machine or a longer certificate")
+	}
+	time.Sleep(time.Until(alice.Leaf.NotAfter) + 100*time.Millisecond)
+	if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { st := f.p.Status(); return st.OpenWatches == 1 && st.OpenStreams == 1 })
+	var users []string
+	for _, r := range green.requests() {
+		users = append(users, r.header.Get("X-Remote-User"))
+	}
+	if !slices.Equal(users, []string{"bob"}) {
+		t.Fatalf("the new backend got watches as %q; want bob's only: alice's certificate expired before the watch asked it", users)
+	}
+}

@@ -168,6 +168,9 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 		return nil, errors.New("its client left, or the proxy switched away from the new backend")
 	}
 	defer func() { <-nb.checkSlots }()
+	if ri.lapsed() { // the lists and the watch go in the client's name: checked again after the wait
+		return nil, errors.New("the client's certificate no longer verifies")
+	}
 	listCtx, cancelList := context.WithTimeoutCause(ctx, resumeAnswerTimeout, fmt.Errorf("the lists took over %s", resumeAnswerTimeout))
 	defer cancelList()
 	if err := sameAt(listCtx, ri, nb, rv, oldest); err != nil {

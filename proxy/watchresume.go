@@ -75,8 +75,8 @@ func (ri *resumeInfo) untrack() { ri.on.untrack(ri.s) }
 
 // turn waits for the watch's turn to ask nb (awaitTurn: the caller gives the slot back) and
 // says whether to ask: not once its client left or the proxy left nb, nor once its
-// timeoutSeconds has passed meanwhile (its apiserver would have ended it; the slot is given
-// back here).
+// timeoutSeconds has passed meanwhile (its apiserver would have ended it), nor once the client's
+// certificate no longer verifies (the slot is given back here in both).
 func (ri *resumeInfo) turn(from, nb *backend, log *slog.Logger) bool {
 	if !awaitTurn(ri.req.Context(), from, nb) {
 		log.Info("watch not resumed: its client left, or the proxy switched away from the new backend first; ended")
@@ -85,6 +85,13 @@ func (ri *resumeInfo) turn(from, nb *backend, log *slog.Logger) bool {
 	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
 		<-nb.resumeSlots
 		log.Info("watch not resumed: its timeoutSeconds has passed; ended, as its apiserver would have ended it")
+		return false
+	}
+	if ri.lapsed() {
+		// Checked at the switch, and again now that the watch asks in the client's name: the
+		// wait may have lasted seconds.
+		<-nb.resumeSlots
+		log.Info("watch not resumed: the client's certificate no longer verifies; ended")
 		return false
 	}
 	return true
