@@ -4,6 +4,7 @@ package testetcd
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,11 +17,18 @@ import (
 	"github.com/kubefence/kubefence/internal/testenv"
 )
 
+// Etcd is a running etcd.
+type Etcd struct {
+	URL     string // client URL
+	Version string // "3.4.23"
+	DataDir string
+}
+
 // Start starts the etcd on PATH (Debian's etcd-server is 3.4) as a one-member cluster on
-// free loopback ports, data in a t.TempDir, stopped at the test's end, and returns its client
-// URL and version ("3.4.23") once it has a leader. It puts one key, /registry/k, so a snapshot's
-// revision is the store's (etcdutl's status reads it from the newest key: 0 for an empty store).
-func Start(t *testing.T) (url, version string) {
+// free loopback ports, data in a t.TempDir, stopped at the test's end, and returns it once it has
+// a leader. It puts one key, /registry/k, so a snapshot's revision is the store's (etcdutl's
+// status reads it from the newest key: 0 for an empty store).
+func Start(t *testing.T) Etcd {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
@@ -30,7 +38,7 @@ func Start(t *testing.T) (url, version string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	version, _, _ = strings.Cut(strings.TrimPrefix(string(out), "etcd Version: "), "\n")
+	version, _, _ := strings.Cut(strings.TrimPrefix(string(out), "etcd Version: "), "\n")
 	var urls [2]string
 	for i := range urls {
 		port, err := proc.FreePort()
@@ -39,7 +47,8 @@ func Start(t *testing.T) (url, version string) {
 		}
 		urls[i] = "http://127.0.0.1:" + strconv.Itoa(port)
 	}
-	cmd := exec.Command(bin, "--name", "m1", "--data-dir", t.TempDir(),
+	dataDir := filepath.Join(t.TempDir(), "m1")
+	cmd := exec.Command(bin, "--name", "m1", "--data-dir", dataDir,
 		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
 		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1])
 	if err := cmd.Start(); err != nil {
@@ -63,5 +72,5 @@ func Start(t *testing.T) (url, version string) {
 	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	return urls[0], version
+	return Etcd{URL: urls[0], Version: version, DataDir: dataDir}
 }

@@ -147,7 +147,7 @@ func TestJournalOfANewerKubefence(t *testing.T) {
 // to blue etcd (whose apiserver's user does not exist yet: blue's auth is set up only by the
 // cutover) and the hand-over's clients and leases list, and changes nothing in blue.
 func TestRehearsalTimesTheBakeSteps(t *testing.T) {
-	url, _ := testetcd.Start(t)
+	url := testetcd.Start(t).URL
 	p := &Plan{StateDir: t.TempDir()}
 	p.Blue.Etcd.Endpoints = []string{url}
 	p.Blue.APIServer.EtcdUser = "kube-apiserver-etcd-client"

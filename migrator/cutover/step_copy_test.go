@@ -11,7 +11,7 @@ import (
 // dir but before the journal recorded the copy runs the copy again on --resume; the snapshot
 // never replaces a file, so the step removes its own first instead of failing the resume.
 func TestCopyRetakesItsOwnSnapshot(t *testing.T) {
-	url, _ := testetcd.Start(t)
+	url := testetcd.Start(t).URL
 	p := &Plan{StateDir: t.TempDir(), Migration: Migration{Mode: "snapshot"}}
 	p.Blue.Etcd.Endpoints = []string{url}
 	r := &runner{p: p, j: &Journal{}}

@@ -164,7 +164,10 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec ConnSpec, e
 		var snap SnapshotInfo
 		var commit uint64
 		m, err := BuildDir(dst, func(tmp string) (Manifest, error) {
-			viaAPI := tmp + ".backend"
+			viaAPI := tmp + ".backend" // this copy's own: one a killed copy left goes first
+			if err := os.Remove(viaAPI); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
 			defer os.Remove(viaAPI)
 			m, err := CopyMemberFiles(ctx, dataDir, walDir, tmp, func() (string, int64, error) {
 				var err error

@@ -264,11 +264,11 @@ func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (Sna
 		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w", endpoint, err)
 	}
 	defer rc.Close()
-	f, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".part-*")
+	tmp := dst + ".part" // this snapshot's own: what a killed run left is replaced
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	tmp := f.Name()
 	n, err := io.Copy(f, rc)
 	if err == nil {
 		err = f.Sync()

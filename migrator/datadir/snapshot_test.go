@@ -17,7 +17,8 @@ import (
 // returns its client URL and version.
 func startSystemEtcd(t *testing.T) (string, Version) {
 	t.Helper()
-	url, version := testetcd.Start(t)
+	e := testetcd.Start(t)
+	url, version := e.URL, e.Version
 	v, err := ParseVersion(version)
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +76,9 @@ func TestSnapshotWarnings(t *testing.T) {
 }
 
 // TestSnapshotNeverReplaces: the CLI checks --snapshot is absent before a stream that can take
-// minutes; a file created at that path (or at its name plus ".part") meanwhile is someone
-// else's and stays as it was: the snapshot fails with os.ErrExist instead of replacing it.
+// minutes; a file created at that path meanwhile is someone else's and stays as it was: the
+// snapshot fails with os.ErrExist instead of replacing it. Its own temp file (the name plus
+// ".part", which a killed run may have left) is replaced, then removed.
 func TestSnapshotNeverReplaces(t *testing.T) {
 	url, _ := startSystemEtcd(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -91,12 +93,29 @@ func TestSnapshotNeverReplaces(t *testing.T) {
 	if !errors.Is(err, os.ErrExist) {
 		t.Fatalf("snapshot onto an existing file: err %v, want os.ErrExist", err)
 	}
-	for _, f := range []string{dst, dst + ".part"} {
-		if b, err := os.ReadFile(f); err != nil || string(b) != "theirs" {
-			t.Errorf("%s now holds %d bytes (err %v): it was replaced", f, len(b), err)
-		}
+	if b, err := os.ReadFile(dst); err != nil || string(b) != "theirs" {
+		t.Errorf("%s now holds %d bytes (err %v): it was replaced", dst, len(b), err)
 	}
-	if m, _ := filepath.Glob(dst + ".part*"); len(m) != 1 {
+	if m, _ := filepath.Glob(dst + ".part*"); len(m) != 0 {
 		t.Errorf("files left beside the snapshot: %v", m)
+	}
+}
+
+// TestLiveCopyAfterAKilledOne: a live copy killed while it copied the WAL leaves the backend it
+// streamed beside its temp dir; the next copy to the same output replaces it (its own), not
+// fails saying the file appeared while it streamed.
+func TestLiveCopyAfterAKilledOne(t *testing.T) {
+	e := testetcd.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dst := filepath.Join(t.TempDir(), "copy")
+	if err := os.WriteFile(partPath(dst)+".backend", []byte("the killed copy's backend"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CopyLive(ctx, e.DataDir, "", dst, ConnSpec{Endpoints: []string{e.URL}}, e.URL); err != nil {
+		t.Fatalf("live copy after a killed one: %v", err)
+	}
+	if m, _ := filepath.Glob(partPath(dst) + "*"); len(m) != 0 {
+		t.Errorf("left beside the copy: %v", m)
 	}
 }
