@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -58,20 +59,37 @@ func checkOwners(dirs ...string) (map[string]Owner, error) {
 	return owners, nil
 }
 
-// apply gives every file and dir under root to o, following symlinks as a backup does (a
-// member/wal linked to a WAL disk holds the segments etcd wrote in a step). Only root can, and
+// apply gives every file and dir under root to o. It follows one link only, member/wal's (a
+// member/wal linked to a WAL disk holds the segments etcd wrote in a step), and root itself when
+// it is a link; any other link is given, not what it leads to: the data dir's user can put links
+// in it, and kubefence as root following one to /root would hand that away. Only root can, and
 // only root needs to (checkAs refused any other user whose files would be another's).
 func (o Owner) apply(root string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	err := walkFollow(root, func(rel string) error {
-		return os.Chown(filepath.Join(root, rel), o.UID, o.GID)
-	}, func(path, _ string) error {
-		return os.Chown(path, o.UID, o.GID)
-	})
+	err := o.chownTree(root)
+	wal := filepath.Join(root, "member", "wal")
+	if fi, lerr := os.Lstat(wal); err == nil && lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		err = o.chownTree(wal)
+	}
 	if err != nil {
 		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", root, o.UID, o.GID, o.Dir, err)
 	}
 	return nil
+}
+
+// chownTree gives dir (what it leads to, when it is a link) and everything under it to o,
+// following no link under it.
+func (o Owner) chownTree(dir string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	return filepath.WalkDir(real, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, o.UID, o.GID)
+	})
 }

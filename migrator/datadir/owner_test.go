@@ -126,3 +126,22 @@ func TestOwnerFollowsTheWALLink(t *testing.T) {
 	assertOwned(t, wal, nobody, nobody)
 	assertOwned(t, d, nobody, nobody)
 }
+
+// TestOwnerFollowsNoOtherLink: the data dir's user (etcd, or whoever took it over) can put
+// links in it; kubefence as root must not give what they lead to away (a link to /root would
+// hand root's home to that user). Only member/wal's link, to the member's WAL disk, is followed.
+func TestOwnerFollowsNoOtherLink(t *testing.T) {
+	needRoot(t)
+	parent := t.TempDir()
+	d, outside := filepath.Join(parent, "etcd"), filepath.Join(parent, "outside")
+	writeTree(t, d, map[string]string{"member/snap/db": "x", "member/wal/0.wal": "segment"})
+	writeTree(t, outside, map[string]string{"secret": "root's"})
+	symlink(t, outside, filepath.Join(d, "member", "snap", "dir-link"))
+	symlink(t, filepath.Join(outside, "secret"), filepath.Join(d, "member", "file-link"))
+	if err := (Owner{Dir: d, UID: nobody, GID: nobody}).apply(d); err != nil {
+		t.Fatal(err)
+	}
+	assertOwned(t, outside, 0, 0)
+	assertOwned(t, filepath.Join(d, "member", "wal"), nobody, nobody)
+	assertOwned(t, filepath.Join(d, "member", "snap", "db"), nobody, nobody)
+}
