@@ -71,6 +71,15 @@ func readV3(path string) (*v3Data, error) {
 				return err
 			}
 		}
+		// etcd starts at the largest of the newest key's revision and the compactions': the
+		// newest writes may have been deletes, compacted away since.
+		if b := tx.Bucket([]byte("meta")); b != nil {
+			for _, name := range []string{"finishedCompactRev", "scheduledCompactRev"} {
+				if v := b.Get([]byte(name)); len(v) >= 8 {
+					d.maxRev = max(d.maxRev, int64(binary.BigEndian.Uint64(v[:8])))
+				}
+			}
+		}
 		if b := tx.Bucket([]byte("lease")); b != nil {
 			if err := b.ForEach(func(k, v []byte) error {
 				if len(k) == 8 {

@@ -173,3 +173,43 @@ func TestV3WritesInTheTail(t *testing.T) {
 		})
 	}
 }
+
+// TestRenumberAboveTheCompaction: etcd starts at the largest of the key bucket's newest revision
+// and the compactions' (its newest writes may have been deletes, compacted away since); the v2
+// keys go above that, not into revisions v3 clients have seen.
+func TestRenumberAboveTheCompaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		kb, err := tx.CreateBucket([]byte("key"))
+		if err != nil {
+			return err
+		}
+		mb, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		v, err := (&mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 2, ModRevision: 2, Version: 1}).Marshal()
+		if err != nil {
+			return err
+		}
+		return errors.Join(kb.Put(revBytes(2), v), mb.Put([]byte("finishedCompactRev"), revBytes(7)), mb.Put([]byte("scheduledCompactRev"), revBytes(9)))
+	})
+	if err = errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+	d, err := readV3(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kvs[0].ModRevision; got != 10 {
+		t.Errorf("the v2 key is at revision %d, want 10 (above the compaction scheduled at 9)", got)
+	}
+}
