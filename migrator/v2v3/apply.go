@@ -26,8 +26,7 @@ type ReplayStats struct {
 	Overlay int `json:"overlayNodes"`
 }
 
-// touchSet says which snapshot nodes the WAL replay can see or change: the paths its requests
-// name, everything under them, their ancestors, the membership tree, and (when the tail holds
+// touchSet says which snapshot nodes the WAL replay can change: the paths its writes name, everything under them, their ancestors, the membership tree, and (when the tail holds
 // a SYNC, which expires keys anywhere) every directory and every TTL node that expires by the
 // last SYNC's time (a SYNC deletes the nodes whose expiry is not after its time; a later one
 // no SYNC of the tail can reach). Only those nodes are loaded into a v2store for the replay;
@@ -43,6 +42,10 @@ type touchSet struct {
 func newTouchSet(reqs []*etcdserverpb.Request) *touchSet {
 	t := &touchSet{touched: map[string]bool{}, ancestors: map[string]bool{"/": true}}
 	for _, r := range reqs {
+		switch r.Method {
+		case "GET", "QGET", "HEAD": // reads change nothing (etcd 3.4's /health: a QGET of the root)
+			continue
+		}
 		if r.Method == "SYNC" {
 			if at := time.Unix(0, r.Time); !t.syncs || at.After(t.lastSync) {
 				t.lastSync = at
