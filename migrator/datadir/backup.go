@@ -135,10 +135,8 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 		return rep, err
 	}
 	defer lock.ReleaseRemove()
-	if busy, err := InUse(dataDir); err != nil {
+	if err := stoppedForRestore(dataDir); err != nil {
 		return rep, err
-	} else if busy {
-		return rep, fmt.Errorf("%s is in use by a running etcd: stop it before restoring", dataDir)
 	}
 	// An upgrade or downgrade killed in a swap left the member beside dataDir, not in it: put
 	// it back first, as their next run would, so that it is kept below like any data dir.
@@ -162,6 +160,12 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 			return rep, err
 		}
 	}
+	// Again: an etcd started while the backup was copied (systemd restarting it) would go on
+	// acknowledging writes into the dir renamed aside.
+	if err := stoppedForRestore(dataDir); err != nil {
+		os.RemoveAll(tmp)
+		return rep, err
+	}
 	if _, err := os.Stat(dataDir); err == nil {
 		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
 		if err := atomicfile.RenameNoReplace(dataDir, rep.Replaced); err != nil {
@@ -180,6 +184,15 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 	}
 	rep.Files, rep.Duration = files, time.Since(start)
 	return rep, nil
+}
+
+// stoppedForRestore refuses a data dir a running etcd uses.
+func stoppedForRestore(dataDir string) error {
+	busy, err := InUse(dataDir)
+	if err == nil && busy {
+		err = fmt.Errorf("%s is in use by a running etcd: stop it before restoring; nothing was restored", dataDir)
+	}
+	return err
 }
 
 // checkSameMember refuses to restore the backup of one member, taken from another data dir,

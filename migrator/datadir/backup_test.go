@@ -482,3 +482,43 @@ func TestBackupAndRestoreStopAtASignal(t *testing.T) {
 		t.Errorf("after the stopped restore %s holds %v", parent, got)
 	}
 }
+
+// TestRestoreChecksAgainBeforeTheRename: etcd started (systemd restarting it) while the backup
+// was copied: the restore refuses to rename its data dir aside under it, which would leave the
+// writes it acknowledges meanwhile in the dir renamed away.
+func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "member-a")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := readTree(t, dataDir)
+	var etcd *os.File
+	statHook = func(string) { // the restore's copy: etcd starts and locks its backend
+		if etcd != nil {
+			return
+		}
+		f, err := os.Open(filepath.Join(dataDir, "member", "snap", "db"))
+		if err == nil {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+		etcd = f
+	}
+	t.Cleanup(func() {
+		statHook = nil
+		if etcd != nil {
+			etcd.Close()
+		}
+	})
+	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Now())
+	assertErrContains(t, err, "in use by a running etcd")
+	assertTree(t, dataDir, before)
+	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
+		t.Errorf("after the refused restore %s holds %v", parent, got)
+	}
+}
