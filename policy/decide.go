@@ -59,6 +59,10 @@ var reviews = map[[3]string]bool{
 	{"authorization.k8s.io", "v1", "selfsubjectrulesreviews"}:   true,
 }
 
+// dryRunVerbs are the verbs kube-apiserver honours dryRun for: the storage writes (the legacy
+// /proxy/ path, verb proxy, ignores it).
+var dryRunVerbs = map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
+
 // isReview reports the create of a review kube-apiserver answers without persisting anything.
 func isReview(a *Attributes) bool {
 	return a.Verb == "create" && reviews[[3]string{a.APIGroup, a.APIVersion, a.Resource}]
@@ -86,7 +90,7 @@ func (p *Policy) Decide(a *Attributes) Decision {
 		if isReview(a) {
 			return Decision{Class: Write, Allow: true, Reason: "review"}
 		}
-		if a.DryRun {
+		if a.DryRun && dryRunVerbs[a.Verb] {
 			return Decision{Class: Write, Allow: true, Reason: "dry-run"}
 		}
 	}

@@ -169,6 +169,8 @@ func TestDefaultsSpecialCases(t *testing.T) {
 		{"dry run other key case", req("POST", "/api/v1/namespaces/ns/configmaps?dryrun=All"), false, "write"},
 		{"dry run bad query", req("POST", "/api/v1/namespaces/ns/configmaps?dryRun=All;x=1"), false, "write"},
 		{"dry run subresource", req("POST", "/api/v1/namespaces/ns/pods/p/eviction?dryRun=All"), false, "write"},
+		// The legacy proxy path: verb proxy, no subresource; dryRun means nothing to it.
+		{"dry run on the proxy path", req("POST", "/api/v1/proxy/namespaces/default/pods/foo/x?dryRun=All"), false, "write"},
 		// Non-resource paths.
 		{"healthz", req("GET", "/healthz"), true, "read"},
 		{"healthz check", req("GET", "/healthz/etcd"), true, "read"},
