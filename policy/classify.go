@@ -248,6 +248,18 @@ func (a *Attributes) BodyDecidesDryRun() bool {
 	return a.HasBody && (a.Verb == "delete" || a.Verb == "deletecollection")
 }
 
+// SetDryRunFromBody decides, once its body is read, the dry run of a request whose body
+// decides it (BodyDecidesDryRun): by the body's DeleteOptions (DeleteOptionsDryRun), or by the
+// query when the body, of a length unknown until read, is empty (kube-apiserver decodes
+// DeleteOptions from the body only when it has bytes).
+func (a *Attributes) SetDryRunFromBody(contentType string, body []byte, rawQuery string) {
+	if len(body) == 0 {
+		a.DryRun = isDryRunAll(rawQuery)
+		return
+	}
+	a.DryRun = DeleteOptionsDryRun(contentType, body)
+}
+
 // isUpgrade reports a protocol upgrade request (Connection: upgrade with an Upgrade header).
 func isUpgrade(h http.Header) bool {
 	if len(h["Upgrade"]) == 0 {

@@ -56,7 +56,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		}
 		defer res.release() // the body is kept until the request ends
 		if a.BodyDecidesDryRun() {
-			a.DryRun = policy.DeleteOptionsDryRun(r.Header.Get("Content-Type"), body)
+			a.SetDryRunFromBody(r.Header.Get("Content-Type"), body, r.URL.RawQuery)
 		}
 		id, fence := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
 		if fence != fenceIsOpen {
