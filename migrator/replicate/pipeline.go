@@ -499,7 +499,11 @@ func (p *pipeline) adopt(ctx context.Context, g int64) error {
 			top = t
 		}
 	}
-	diff, err := p.r.compareRevision(ctx, g, top.evs)
+	// Within what a revision's tries would take (ApplyTimeout, 10 times): a watch on a green
+	// that became unreachable waits for it without end.
+	cctx, cancel := context.WithTimeout(ctx, 10*p.r.cfg.ApplyTimeout)
+	defer cancel()
+	diff, err := p.r.compareRevision(cctx, g, top.evs)
 	if err != nil {
 		return fmt.Errorf("replicate: reading green's revision %d: %w", g, err)
 	}

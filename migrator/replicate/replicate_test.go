@@ -15,6 +15,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -1334,4 +1336,70 @@ func TestSourceRefusesWatch(t *testing.T) {
 			t.Errorf("%s: the check = %v, want ErrRefused saying %q", tc.name, err, tc.want)
 		}
 	}
+}
+
+// TestResyncBounded: a txn whose outcome is unknown (green answered Unavailable after applying
+// it) makes the pipeline read green's revision and check green's events at it; a green whose
+// watches then stall (unreachable, or hung with its connection open) stops Run with an error
+// within a bounded time, as the rest of Run's reads of green do, instead of hanging for ever.
+func TestResyncBounded(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	var cut atomic.Bool
+	cli.KV = &unknownKV{KV: cli.KV, cut: &cut}
+	cli.Watcher = &stalledWatcher{Watcher: cli.Watcher, cut: &cut}
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli; c.ApplyTimeout = 200 * time.Millisecond })
+	put(t, blue, "/a", "1")
+	if err := run.wait(t, 20*time.Second); err == nil {
+		t.Fatal("Run ended without an error, green's events unread")
+	}
+}
+
+// unknownKV applies its first txn, then answers Unavailable (the outcome unknown to the caller)
+// and sets cut.
+type unknownKV struct {
+	clientv3.KV
+	cut *atomic.Bool
+}
+
+func (kv *unknownKV) Txn(ctx context.Context) clientv3.Txn {
+	return &unknownTxn{Txn: kv.KV.Txn(ctx), kv: kv}
+}
+
+type unknownTxn struct {
+	clientv3.Txn
+	kv *unknownKV
+}
+
+func (t *unknownTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *unknownTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *unknownTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *unknownTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err == nil && t.kv.cut.CompareAndSwap(false, true) {
+		return nil, status.Error(codes.Unavailable, "connection reset after the txn was sent")
+	}
+	return resp, err
+}
+
+// stalledWatcher's watches, once cut is set, never deliver anything until their context ends.
+type stalledWatcher struct {
+	clientv3.Watcher
+	cut *atomic.Bool
+}
+
+func (w *stalledWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	if !w.cut.Load() {
+		return w.Watcher.Watch(ctx, key, opts...)
+	}
+	ch := make(chan clientv3.WatchResponse)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch
 }
