@@ -374,31 +374,41 @@ func (p *pipeline) stop() error {
 			p.r.applied(t.rev, t.evs)
 		case t.err != nil && definite(t.err, t.rev, t.evs) == nil:
 			return p.settleUnknown(t)
-		default:
-			// not applied (its guards failed, or green refused it), so neither is a later one
-			// (each is guarded on its predecessor); or applied as another revision, which
-			// settle reports
+		case t.err != nil:
+			// green refused it, so it changed nothing, and neither did a later one (each is
+			// guarded on its predecessor)
 			return nil
+		default:
+			// Applied as another revision (green moved on by itself), or its guards failed,
+			// where a later txn may still have applied (sent again by a resync after this
+			// one's first copy committed late): green's revision says which, and whether it
+			// is blue's (no settle runs after Run stopped).
+			return p.settleUnknown(t)
 		}
 	}
 	return nil
 }
 
-// settleUnknown learns green's revision after Run stopped with t's outcome unknown, within one
-// ApplyTimeout: a barrier (a txn that changes nothing, ordered in green's raft log after every
-// request green had proposed, t included) answers with green's revision g once each of those is
-// applied, and g is adopted (checked to be blue's revision g).
+// settleUnknown learns green's revision after Run stopped with t's outcome unknown, or t not
+// applied at its revision, within one ApplyTimeout: a barrier (a txn that changes nothing,
+// ordered in green's raft log after every request green had proposed, t included) answers with
+// green's revision g once each of those is applied, and g is adopted (checked to be blue's
+// revision g: one green made by itself is ErrRevisionMismatch).
 func (p *pipeline) settleUnknown(t *sentTxn) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.r.cfg.ApplyTimeout)
 	defer cancel()
 	g, err := barrier(ctx, p.r.cfg.Dest)
 	if err != nil {
-		return fmt.Errorf("replicate: stopped with green's revision unknown: blue's revision %d ended with %v and may still commit on green; reading green's revision through its raft log failed: %v", t.rev, t.err, err)
+		how := fmt.Sprintf("ended with %v and may still commit on green", t.err)
+		if t.err == nil {
+			how = fmt.Sprintf("did not apply as revision %d", t.rev)
+		}
+		return fmt.Errorf("replicate: stopped with green's revision unknown: blue's revision %d %s; reading green's revision through its raft log failed: %v", t.rev, how, err)
 	}
 	if err := p.adopt(ctx, g); err != nil {
 		return err
 	}
-	p.r.cfg.Log.Info("stopped with a txn's outcome unknown; green's revision read after it", "revision", t.rev, "err", t.err, "green", g)
+	p.r.cfg.Log.Info("stopped with a txn not known to be applied at its revision; green's revision read after it", "revision", t.rev, "err", t.err, "green", g)
 	return nil
 }
 

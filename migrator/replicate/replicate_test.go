@@ -1352,41 +1352,20 @@ func TestResyncBounded(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	var cut atomic.Bool
-	cli.KV = &unknownKV{KV: cli.KV, cut: &cut}
+	// The first txn applies, then answers Unavailable: its outcome unknown to the replicator.
+	cli.KV = &commitKV{KV: cli.KV, around: func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+		resp, err := commit()
+		if err == nil && cut.CompareAndSwap(false, true) {
+			return nil, status.Error(codes.Unavailable, "connection reset after the txn was sent")
+		}
+		return resp, err
+	}}
 	cli.Watcher = &stalledWatcher{Watcher: cli.Watcher, cut: &cut}
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli; c.ApplyTimeout = 200 * time.Millisecond })
 	put(t, blue, "/a", "1")
 	if err := run.wait(t, 20*time.Second); err == nil {
 		t.Fatal("Run ended without an error, green's events unread")
 	}
-}
-
-// unknownKV applies its first txn, then answers Unavailable (the outcome unknown to the caller)
-// and sets cut.
-type unknownKV struct {
-	clientv3.KV
-	cut *atomic.Bool
-}
-
-func (kv *unknownKV) Txn(ctx context.Context) clientv3.Txn {
-	return &unknownTxn{Txn: kv.KV.Txn(ctx), kv: kv}
-}
-
-type unknownTxn struct {
-	clientv3.Txn
-	kv *unknownKV
-}
-
-func (t *unknownTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *unknownTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
-func (t *unknownTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
-
-func (t *unknownTxn) Commit() (*clientv3.TxnResponse, error) {
-	resp, err := t.Txn.Commit()
-	if err == nil && t.kv.cut.CompareAndSwap(false, true) {
-		return nil, status.Error(codes.Unavailable, "connection reset after the txn was sent")
-	}
-	return resp, err
 }
 
 // stalledWatcher's watches, once cut is set, never deliver anything until their context ends.
@@ -1402,4 +1381,33 @@ func (w *stalledWatcher) Watch(ctx context.Context, key string, opts ...clientv3
 	ch := make(chan clientv3.WatchResponse)
 	go func() { <-ctx.Done(); close(ch) }()
 	return ch
+}
+
+// TestStopFindsAMismatch: Run stopped with a txn in flight that green applies after green moved
+// on by itself (a foreign write) does not return as a clean stop: green's revision, read through
+// its raft log, is not one replication made, and Run says so.
+func TestStopFindsAMismatch(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "/a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	var kv *heldKV
+	cli.KV, kv = holding(cli.KV)
+	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
+	put(t, blue, "/a", "1")
+	select {
+	case <-kv.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no txn reached green")
+	}
+	put(t, green, "/foreign", "x")
+	run.stop()
+	close(kv.release)
+	if err := run.wait(t, 30*time.Second); !errors.Is(err, ErrRevisionMismatch) {
+		t.Fatalf("Run returned %v; want ErrRevisionMismatch: green went on by itself", err)
+	}
 }
