@@ -107,7 +107,7 @@ type RestoreReport struct {
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
 // copy, and puts it in place. A data dir already there is kept, renamed to
-// <data dir>.replaced-<UTC time>; it must not be in use by a running etcd. It holds the lock an
+// <data dir>.replaced-<UTC time>; it must not be in use (InUse). It holds the lock an
 // upgrade or downgrade holds beside the data dir, so it never runs between their steps.
 func RestoreBackup(ctx context.Context, backup, dataDir string, now time.Time) (RestoreReport, error) {
 	return restoreBackup(ctx, backup, dataDir, now, os.Rename)
@@ -190,7 +190,7 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 func stoppedForRestore(dataDir string) error {
 	busy, err := InUse(dataDir)
 	if err == nil && busy {
-		err = fmt.Errorf("%s is in use by a running etcd: stop it before restoring; nothing was restored", dataDir)
+		err = inUseError(dataDir, "nothing was restored")
 	}
 	return err
 }

@@ -254,7 +254,7 @@ func TestRestoreInUse(t *testing.T) {
 	}
 	lockExclusive(t, filepath.Join(dataDir, "member", "snap", "db"))
 	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(0, 0))
-	assertErrContains(t, err, dataDir+" is in use by a running etcd")
+	assertErrContains(t, err, dataDir+" is in use: a running etcd holds its backend")
 	assertTree(t, dataDir, memberDir)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "data"}) {
 		t.Fatalf("after the refused restore the parent holds %v", got)
@@ -516,7 +516,7 @@ func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
 		}
 	})
 	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Now())
-	assertErrContains(t, err, "in use by a running etcd")
+	assertErrContains(t, err, "is in use: a running etcd holds its backend")
 	assertTree(t, dataDir, before)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
 		t.Errorf("after the refused restore %s holds %v", parent, got)

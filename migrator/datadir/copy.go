@@ -40,8 +40,9 @@ type CopyReport struct {
 	Duration    time.Duration `json:"durationNanos"`
 }
 
-// InUse reports whether a running etcd holds the data dir: etcd keeps an exclusive lock on its
-// backend file (member/snap/db) while it runs.
+// InUse reports whether something holds the data dir: a running etcd (it keeps an exclusive
+// lock on its backend file, member/snap/db, while it runs) or a kubefence copy or backup reading
+// it (a shared lock, holdStopped). The probe asks for an exclusive lock, which either refuses.
 func InUse(dataDir string) (bool, error) {
 	f, err := os.Open(filepath.Join(dataDir, "member", "snap", "db"))
 	if errors.Is(err, os.ErrNotExist) {
@@ -51,13 +52,18 @@ func InUse(dataDir string) (bool, error) {
 		return false, err
 	}
 	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return true, nil
 		}
 		return false, err
 	}
 	return false, nil
+}
+
+// inUseError says what to do about a data dir InUse found held, before doing what.
+func inUseError(dataDir, what string) error {
+	return fmt.Errorf("%s is in use: a running etcd holds its backend (stop the member first), or a kubefence copy or backup is reading it (wait for it to finish); %s", dataDir, what)
 }
 
 // holdStopped takes a shared lock on the member's backend, so an etcd started while kubefence

@@ -221,3 +221,22 @@ func TestBuildIntoLocksTheOutput(t *testing.T) {
 		t.Error("the lock file is left beside the output")
 	}
 }
+
+// TestInUseSeesACopy: a copy or backup of a stopped member holds its backend with a shared lock
+// while it reads; a restore or an upgrade must not rename or change the dir under it, so the
+// check they make sees that lock as it sees etcd's.
+func TestInUseSeesACopy(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "member-a")
+	writeTree(t, dataDir, memberDir)
+	copying, err := holdStopped(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := InUse(dataDir); err != nil || !busy {
+		t.Errorf("InUse while a copy reads the member = %v, %v; want true", busy, err)
+	}
+	copying.Close()
+	if busy, err := InUse(dataDir); err != nil || busy {
+		t.Errorf("InUse once the copy ended = %v, %v; want false", busy, err)
+	}
+}

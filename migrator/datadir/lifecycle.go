@@ -348,7 +348,7 @@ func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 		if busy, err := InUse(d); err != nil {
 			return rep, err
 		} else if busy {
-			return rep, fmt.Errorf("%s is in use by a running etcd: stop the member first (kubefence %s works on stopped members)", d, op)
+			return rep, inUseError(d, fmt.Sprintf("kubefence %s works on stopped members, and nothing was changed", op))
 		}
 	}
 	if _, err := checkOwners(opts.DataDirs...); err != nil {

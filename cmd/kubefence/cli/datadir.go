@@ -430,7 +430,8 @@ func newMigrateRestoreBackupCommand(g *globals) *cobra.Command {
 		Short: "Put a backup back in place of a data dir, verified against its sha256 manifest",
 		Long: `Verify the backup against its manifest (a damaged backup restores nothing), copy it next to
 --data-dir, verify the copy, and rename it into place. A data dir already there is kept,
-renamed to <data dir>.replaced-<time>; it must not be in use by a running etcd.`,
+renamed to <data dir>.replaced-<time>; it must not be in use by a running etcd, nor read by a
+kubefence copy or backup (checked before the copy and again before the rename).`,
 		Args: args(cobra.NoArgs),
 		RunE: runE(o),
 	}
