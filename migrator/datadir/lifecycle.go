@@ -593,9 +593,9 @@ var Min35For36 = Version{3, 5, 26}
 // planUpgrade lists the steps from cur to opts.Target: one run step per minor after the
 // data's; the data's own minor too when the target is a newer patch of it (or the patch is
 // unknown), or when its v2 content must go first, or when it is 3.5 data on its way to 3.6 not
-// known to have run on Min35For36 or later or whose WAL tail holds v2 requests 3.6 refuses to
-// replay (replay, without v2 content: its 3.5 run snapshots past them). None when the data is
-// there already.
+// known to have run on Min35For36 or later, whose WAL tail holds v2 requests 3.6 refuses to
+// replay (replay, without v2 content: its 3.5 run snapshots past them), or that holds v2 content
+// (its 3.5 run applies the WAL to the backend first). None when the data is there already.
 func planUpgrade(ctx context.Context, opts Options, cur Detection, v2, replay bool) ([]*StepReport, error) {
 	if opts.Target.Minor < cur.Version.Minor {
 		return nil, fmt.Errorf("the data is at %s, newer than --target-version %s: use kubefence migrate downgrade", cur.VersionText(), opts.Target)
@@ -611,7 +611,10 @@ func planUpgrade(ctx context.Context, opts Options, cur Detection, v2, replay bo
 		first = cur.Version.Minor // an inferred 3.5 has no known patch: assume an older one
 	}
 	snapshotPast := replay && !v2 && opts.Target.Minor >= 6 // a v2 migration rebuilds the WAL
-	if snapshotPast && cur.Version.SameMinor(Min35For36) {
+	// With v2 content, a 3.5 run first also applies the WAL to the v3 backend: the v2 migration
+	// carries the backend over as it is and refuses v3 writes of a member stopped uncleanly
+	// that only its WAL holds, which running the same command again would not change.
+	if (snapshotPast || v2 && opts.Target.Minor >= 6) && cur.Version.SameMinor(Min35For36) {
 		first = cur.Version.Minor
 	}
 	var steps []*StepReport

@@ -66,7 +66,9 @@ func TestPlanUpgrade(t *testing.T) {
 		{"3.4.23/etcd2", "3.6.16", []string{"backup@3.4.23", "run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
 		{"3.4.23/etcd2", "3.5.9", []string{"backup@3.4.23", "run@3.5.9"}},
 		{"3.5.9/etcd3", "3.5.35", []string{"backup@3.5.9", "run@3.5.35"}},
-		{"3.5.35/etcd2", "3.6.16", []string{"backup@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		// v2 content from 3.5: a 3.5 run first applies the WAL to the backend (a member stopped
+		// uncleanly has v3 writes there the v2 migration would refuse to lose).
+		{"3.5.35/etcd2", "3.6.16", []string{"backup@3.5.35", "run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
 		{"3.6.16/etcd2", "3.6.16", []string{"backup@3.6.16", "migrate-v2@3.6.16", "run@3.6.16"}},
 		{"3.5.35/etcd3", "3.5.35", nil},
 		{"3.5.35/etcd3", "3.5.9", nil}, // a newer patch of the target's minor: nothing to do
@@ -162,7 +164,7 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 		{"3.5 inferred", Detection{Version: Version{3, 5, 0}, Storage: StorageV2, Source: "inferred"},
 			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
 		{"3.5.26 in version.txt", Detection{Version: Version{3, 5, 26}, Storage: StorageV2, Source: VersionFileName},
-			[]string{"migrate-v2@3.5.26", "run@3.6.16"}},
+			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			steps, err := planUpgrade(t.Context(), opts, tc.cur, true, false)
