@@ -19,10 +19,32 @@ var ErrBackendNotAllowed = errors.New("backend not allowed")
 // the proxy forwards clients' bearer tokens, so it must never be pointed at an arbitrary server.
 func (s *Server) checkAllowed(u *url.URL) error {
 	if backendurl.Allowed(s.cfg.opts.Upstream, s.cfg.opts.AllowedBackends, u) {
-		return nil
+		return s.checkNotSelf(u)
 	}
 	return fmt.Errorf("%w: %s is not --upstream and matches no --allowed-backends %v; restart the proxy with --allowed-backends=%s to allow it",
 		ErrBackendNotAllowed, u, s.cfg.opts.AllowedBackends, u)
+}
+
+// checkNotSelf refuses u when it is this proxy's own API listener, by address (an allow-list
+// of any port on the node's address, where the apiserver was, matches it): requests sent there
+// would come back to the proxy. A listener on every address is matched by a loopback backend.
+func (s *Server) checkNotSelf(u *url.URL) error {
+	if s.apiLn == nil {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(s.apiLn.Addr().String())
+	if err != nil || backendurl.EffectivePort(u) != port {
+		return nil
+	}
+	ln, b := net.ParseIP(host), net.ParseIP(u.Hostname())
+	self := u.Hostname() == host || (ln != nil && b != nil && ln.Equal(b))
+	if ln != nil && ln.IsUnspecified() {
+		self = self || u.Hostname() == "localhost" || (b != nil && (b.IsLoopback() || b.IsUnspecified()))
+	}
+	if self {
+		return fmt.Errorf("backend %s is this proxy's own --listen address %s: its requests would come back to the proxy; give the apiserver's address", u, s.apiLn.Addr())
+	}
+	return nil
 }
 
 // probeTLS checks that an https backend answers a TLS handshake whose certificate verifies with

@@ -568,6 +568,9 @@ func TestBackendSetRefusedBeforeReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases = append(cases, struct{ name, url, caFile, want string }{"allowed, CA file a FIFO", green.URL, fifo, "regular file"})
+	// Its own listen address matches --allowed-backends (the stacked recipe allows any port on
+	// the node's address, where the apiserver was): the requests would come back to it.
+	cases = append(cases, struct{ name, url, caFile, want string }{"itself", "http://" + p.Addr().String(), "", "this proxy's own --listen"})
 	calls := map[string]func(ctx context.Context, url, caFile string) error{
 		"set": func(ctx context.Context, url, caFile string) error {
 			_, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: url, CAFile: caFile})
