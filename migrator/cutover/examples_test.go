@@ -24,10 +24,10 @@ var examplePaths = withGreenTLS(map[string]map[string]string{
 		"green.apiservers[1].kubeconfig": "/etc/kubernetes/admin-green-12.conf",
 		"proxies[1].certFile":            "/etc/kubefence/admin-client.crt",
 		"proxies[1].keyFile":             "/etc/kubefence/admin-client.key",
-		"proxies[1].caFile":              "/etc/kubefence/proxy-ca.crt",
+		"proxies[1].caFile":              "/etc/kubernetes/pki/ca.crt",
 		"proxies[2].certFile":            "/etc/kubefence/admin-client.crt",
 		"proxies[2].keyFile":             "/etc/kubefence/admin-client.key",
-		"proxies[2].caFile":              "/etc/kubefence/proxy-ca.crt",
+		"proxies[2].caFile":              "/etc/kubernetes/pki/ca.crt",
 	}),
 	"cutover-plan-v2-source.yaml": {
 		"blue.apiserver.kubeconfig":             "/etc/kubernetes/admin-blue.conf",
