@@ -39,6 +39,36 @@ func Start(t *testing.T) Etcd {
 		t.Fatal(err)
 	}
 	version, _, _ := strings.Cut(strings.TrimPrefix(string(out), "etcd Version: "), "\n")
+	dataDir := filepath.Join(t.TempDir(), "m1")
+	cmd, url := Command(t.Context(), t, bin, dataDir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		st, err := cli.Status(sctx, url)
+		return err == nil && st.Leader != 0, nil
+	})
+	if err != nil {
+		t.Fatalf("etcd %s on %s did not become healthy: %v", version, url, err)
+	}
+	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	return Etcd{URL: url, Version: version, DataDir: dataDir}
+}
+
+// Command is bin on data dir dir as a one-member cluster named m1, on free loopback ports, and
+// its client URL.
+func Command(ctx context.Context, t *testing.T, bin, dir string) (*exec.Cmd, string) {
+	t.Helper()
 	var urls [2]string
 	for i := range urls {
 		port, err := proc.FreePort()
@@ -47,30 +77,7 @@ func Start(t *testing.T) Etcd {
 		}
 		urls[i] = "http://127.0.0.1:" + strconv.Itoa(port)
 	}
-	dataDir := filepath.Join(t.TempDir(), "m1")
-	cmd := exec.Command(bin, "--name", "m1", "--data-dir", dataDir,
+	return exec.CommandContext(ctx, bin, "--name", "m1", "--data-dir", dir,
 		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
-		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1])
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: urls[:1], DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		st, err := cli.Status(sctx, urls[0])
-		return err == nil && st.Leader != 0, nil
-	})
-	if err != nil {
-		t.Fatalf("etcd %s on %s did not become healthy: %v", version, urls[0], err)
-	}
-	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
-		t.Fatal(err)
-	}
-	return Etcd{URL: urls[0], Version: version, DataDir: dataDir}
+		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1]), urls[0]
 }

@@ -6,8 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/e2e/framework"
-	"github.com/kubefence/kubefence/internal/proc"
+	"github.com/kubefence/kubefence/internal/testetcd"
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/v2v3"
 )
@@ -54,7 +52,8 @@ func TestUpgradeOfA34MemberProbedForHealth(t *testing.T) {
 		runEtcd(t, framework.BinPath("etcd", framework.Etcd35), cp, func(string) {})
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
-		out, err := etcdCommand(ctx, t, framework.BinPath("etcd", framework.Etcd36), cp).CombinedOutput()
+		cmd, _ := testetcd.Command(ctx, t, framework.BinPath("etcd", framework.Etcd36), cp)
+		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "detected disallowed v2 WAL") {
 			t.Fatalf("etcd 3.6 after a plain 3.5 run: %v, want its panic on the v2 WAL; the end of its log:\n%s", err, tail(out))
 		}
@@ -82,28 +81,11 @@ func TestUpgradeOfA34MemberProbedForHealth(t *testing.T) {
 	}
 }
 
-// etcdCommand is bin on data dir dir as a one-member cluster named m1, on free loopback ports.
-func etcdCommand(ctx context.Context, t *testing.T, bin, dir string) *exec.Cmd {
-	t.Helper()
-	var urls [2]string
-	for i := range urls {
-		port, err := proc.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		urls[i] = "http://127.0.0.1:" + strconv.Itoa(port)
-	}
-	return exec.CommandContext(ctx, bin, "--name", "m1", "--data-dir", dir,
-		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
-		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1])
-}
-
 // runEtcd starts bin on dir (made if need be), waits until it has a leader, calls use with its
 // client URL, and stops it with SIGTERM.
 func runEtcd(t *testing.T, bin, dir string, use func(url string)) {
 	t.Helper()
-	cmd := etcdCommand(t.Context(), t, bin, dir)
-	url := cmd.Args[slices.Index(cmd.Args, "--listen-client-urls")+1]
+	cmd, url := testetcd.Command(t.Context(), t, bin, dir)
 	log, err := os.Create(dir + ".log")
 	if err != nil {
 		t.Fatal(err)

@@ -890,11 +890,7 @@ type reversingKV struct {
 // reversingClient is a second client of green whose txns go through a reversingKV.
 func reversingClient(t *testing.T, green *member) *reversingKV {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := newClient(t, green)
 	kv := &reversingKV{KV: cli.KV, cli: cli}
 	cli.KV = kv
 	return kv
@@ -1085,11 +1081,7 @@ func TestStopCountsWhatWasInFlight(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := newClient(t, green)
 	var kv *heldKV
 	cli.KV, kv = holding(cli.KV)
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
@@ -1160,11 +1152,7 @@ func TestStopAdoptsLateCommit(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := newClient(t, green)
 	kv := &lateKV{KV: cli.KV, after: 300 * time.Millisecond, arrived: make(chan struct{}, 1), release: make(chan struct{}), landed: make(chan struct{})}
 	cli.KV = kv
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
@@ -1346,11 +1334,7 @@ func TestResyncBounded(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := newClient(t, green)
 	var cut atomic.Bool
 	// The first txn applies, then answers Unavailable: its outcome unknown to the replicator.
 	cli.KV = &commitKV{KV: cli.KV, around: func(commit func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
@@ -1390,11 +1374,7 @@ func TestStopFindsAMismatch(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "/a", "0")
 	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: green.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := newClient(t, green)
 	var kv *heldKV
 	cli.KV, kv = holding(cli.KV)
 	run := start(t, blue, green, s, func(c *Config) { c.Dest = cli })
