@@ -424,18 +424,7 @@ func TestResumedWatchChecksTheCertificateAgain(t *testing.T) {
 	green := f.newBackend(t)
 	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(2*time.Second))
 	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
-	for _, cert := range []*tls.Certificate{&alice, &bob} {
-		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.proxyURL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1", nil)
-		resp, err := f.client(cert).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		line, err := bufio.NewReader(resp.Body).ReadString('\n')
-		if err != nil || !strings.Contains(line, `"resourceVersion":"5"`) {
-			t.Fatalf("first event %q, %v", line, err)
-		}
-	}
+	f.openWatches(t, &alice, &bob)
 	time.Sleep(time.Until(alice.Leaf.NotAfter) + 100*time.Millisecond)
 	switchTo(t, f.p, green.URL, true)
 	// The switch returns once both left blue; then alice's watch ends and bob's goes on on green.
@@ -459,18 +448,7 @@ func TestResumedWatchChecksTheCertificateWhenItAsks(t *testing.T) {
 	green := f.newBackend(t)
 	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(3*time.Second)) // NotAfter is in whole seconds: at least 2 s from now
 	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
-	for _, cert := range []*tls.Certificate{&alice, &bob} {
-		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.proxyURL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1", nil)
-		resp, err := f.client(cert).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		line, err := bufio.NewReader(resp.Body).ReadString('\n')
-		if err != nil || !strings.Contains(line, `"resourceVersion":"5"`) {
-			t.Fatalf("first event %q, %v", line, err)
-		}
-	}
+	f.openWatches(t, &alice, &bob)
 	switchTo(t, f.p, green.URL, true) // the fence stays on: the watches wait to ask green
 	if time.Now().After(alice.Leaf.NotAfter) {
 		t.Fatal("alice's certificate expired before the switch returned: the test needs a faster machine or a longer certificate")
@@ -486,5 +464,23 @@ func TestResumedWatchChecksTheCertificateWhenItAsks(t *testing.T) {
 	}
 	if !slices.Equal(users, []string{"bob"}) {
 		t.Fatalf("the new backend got watches as %q; want bob's only: alice's certificate expired before the watch asked it", users)
+	}
+}
+
+// openWatches opens a watch through the proxy as each of certs, open until the test ends, and
+// reads its first event.
+func (f *identityFixture) openWatches(t *testing.T, certs ...*tls.Certificate) {
+	t.Helper()
+	for _, cert := range certs {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.proxyURL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1", nil)
+		resp, err := f.client(cert).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil || !strings.Contains(line, `"resourceVersion":"5"`) {
+			t.Fatalf("first event %q, %v", line, err)
+		}
 	}
 }

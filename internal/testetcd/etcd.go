@@ -3,6 +3,7 @@ package testetcd
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -25,9 +26,8 @@ type Etcd struct {
 }
 
 // Start starts the etcd on PATH (Debian's etcd-server is 3.4) as a one-member cluster on
-// free loopback ports, data in a t.TempDir, stopped at the test's end, and returns it once it has
-// a leader. It puts one key, /registry/k, so a snapshot's revision is the store's (etcdutl's
-// status reads it from the newest key: 0 for an empty store).
+// free loopback ports, data in a t.TempDir, stopped at the test's end, and returns it once
+// Ready.
 func Start(t *testing.T) Etcd {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
@@ -45,22 +45,8 @@ func Start(t *testing.T) Etcd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		st, err := cli.Status(sctx, url)
-		return err == nil && st.Leader != 0, nil
-	})
-	if err != nil {
-		t.Fatalf("etcd %s on %s did not become healthy: %v", version, url, err)
-	}
-	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
-		t.Fatal(err)
+	if err := Ready(t.Context(), url); err != nil {
+		t.Fatalf("etcd %s: %v", version, err)
 	}
 	return Etcd{URL: url, Version: version, DataDir: dataDir}
 }
@@ -80,4 +66,26 @@ func Command(ctx context.Context, t *testing.T, bin, dir string) (*exec.Cmd, str
 	return exec.CommandContext(ctx, bin, "--name", "m1", "--data-dir", dir,
 		"--listen-client-urls", urls[0], "--advertise-client-urls", urls[0],
 		"--listen-peer-urls", urls[1], "--initial-advertise-peer-urls", urls[1], "--initial-cluster", "m1="+urls[1]), urls[0]
+}
+
+// Ready waits until the etcd at url has a leader (30 s at most), then puts one key,
+// /registry/k, so a snapshot's revision is the store's (etcdutl's status reads it from the
+// newest key: 0 for an empty store).
+func Ready(ctx context.Context, url string) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		st, err := cli.Status(sctx, url)
+		return err == nil && st.Leader != 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s did not become healthy: %w", url, err)
+	}
+	_, err = cli.Put(ctx, "/registry/k", "v")
+	return err
 }

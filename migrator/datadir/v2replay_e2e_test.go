@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/internal/testetcd"
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -96,23 +94,9 @@ func runEtcd(t *testing.T, bin, dir string, use func(url string)) {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	cli, err := datadir.NewClient(datadir.ConnSpec{}, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		st, err := cli.Status(sctx, url)
-		return err == nil && st.Leader != 0, nil
-	})
-	if err != nil {
+	if err := testetcd.Ready(t.Context(), url); err != nil {
 		b, _ := os.ReadFile(dir + ".log")
-		t.Fatalf("%s on %s did not become healthy: %v\n%s", bin, dir, err, tail(b))
-	}
-	if _, err := cli.Put(t.Context(), "/registry/k", "v"); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s on %s: %v\n%s", bin, dir, err, tail(b))
 	}
 	use(url)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
