@@ -279,9 +279,15 @@ func (handOverStep) describe(*runner, bool) string {
 
 func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 	if r.j.NoBake != "" {
-		last := r.applyBlueLast(ctx)
+		// As stop-replication: blue's last revisions go to green first (picked up again after
+		// a --resume), then replication stops.
+		picked, ok := r.pickUpAfterSwitch(ctx)
+		last := ""
+		if ok {
+			last = r.applyBlueLast(ctx)
+		}
 		_, _ = r.stopReplication()
-		return "skipped, NO WAY BACK: " + r.j.NoBake + "; replication stopped" + last, nil
+		return withNote(picked, "skipped, NO WAY BACK: "+r.j.NoBake+"; replication stopped"+last), nil
 	}
 	if r.j.Bake != nil {
 		// Handed over before the process stopped (startBake journaled it; the step was not

@@ -196,6 +196,36 @@ func TestResumedStopReplicationBringsBlueLast(t *testing.T) {
 	}
 }
 
+// TestResumedHandOverWithoutABakeBringsBlueLast: a bake given up (gate-blue failed) leaves the
+// hand-over step to stop replication as stop-replication would; resumed in a process that does
+// not replicate, it picks replication up first, so blue's revisions after the drain reach green
+// as they do without a bake.
+func TestResumedHandOverWithoutABakeBringsBlueLast(t *testing.T) {
+	p, blue := bothSidesPlan(t, false)
+	put, err := blue.Put(t.Context(), "lease", "blue's apiserver, after the drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := journalThrough(p, bakeSteps, StepGateBlue, time.Now().UTC().Add(-time.Minute))
+	j.NoBake = "gate-blue failed"
+	var calls []string
+	st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 3}
+	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, j: j, adm: memProxy(st, &calls), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: bakeSteps}).forward()
+	detail, err := handOverStep{}.run(t.Context(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	green, err := newEtcdClient(p.greenConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	got, err := green.Get(t.Context(), "lease")
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != put.Header.Revision {
+		t.Errorf("reverse-replication %q; green has %v, %v: want blue's write of revision %d", detail, got, err, put.Header.Revision)
+	}
+}
+
 // TestResumeAfterTheHandOverKeepsTheBake: a --resume after the process died once the hand-over
 // was journaled (the bake's revision) but before the step was recorded does not hand over
 // again: green has written since (its apiserver's master lease, no longer kept alive by blue's

@@ -83,18 +83,9 @@ func (stopReplicationStep) describe(*runner, bool) string {
 }
 
 func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
-	picked := ""
-	if r.repl == nil {
-		// The process that replicated died after the switch: pick it up (green's apiserver may
-		// not write yet, so green is still blue change for change unless it expired a lease by
-		// itself) to bring over blue's last revisions, as the run that did not die does.
-		wctx, cancel := r.bakeContext(ctx)
-		var err error
-		picked, err = r.ensureReplication(wctx)
-		cancel()
-		if err != nil {
-			return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any (its apiserver's own leases), are not on green, and a watch the switch moved from one of them may miss green's events there", err), nil
-		}
+	picked, ok := r.pickUpAfterSwitch(ctx)
+	if !ok {
+		return picked, nil
 	}
 	last := r.applyBlueLast(ctx)
 	prog, err := r.stopReplication()
@@ -105,6 +96,24 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 		return fmt.Sprintf("stopped (it had failed after the switch: %v)%s: %s", err, last, r.progressLine(prog)), nil
 	}
 	return withNote(picked, "stopped"+last+": "+r.progressLine(prog)), nil
+}
+
+// pickUpAfterSwitch picks replication up when the process that replicated died after the
+// switch (green's apiserver may not write yet, so green is still blue change for change unless
+// it expired a lease by itself), to bring over blue's last revisions as the run that did not die
+// does. It returns a note of what it did ("" when replication runs in this process) and false,
+// with why, when it could not.
+func (r *runner) pickUpAfterSwitch(ctx context.Context) (string, bool) {
+	if r.repl != nil {
+		return "", true
+	}
+	wctx, cancel := r.bakeContext(ctx)
+	defer cancel()
+	picked, err := r.ensureReplication(wctx)
+	if err != nil {
+		return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any (its apiserver's own leases), are not on green, and a watch the switch moved from one of them may miss green's events there", err), false
+	}
+	return picked, true
 }
 
 // applyBlueLast waits, up to lastRevisionPatience, for the replicator to apply blue's revision
