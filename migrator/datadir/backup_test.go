@@ -478,6 +478,16 @@ func TestBackupAndRestoreStopAtASignal(t *testing.T) {
 		t.Errorf("restore after the signal: err %v, want context.Canceled", err)
 	}
 	assertTree(t, dataDir, current)
+	// The signal while the restore copies the backup next to the data dir.
+	copying, stop := context.WithCancel(t.Context())
+	defer stop()
+	statHook = func(string) { stop() }
+	t.Cleanup(func() { statHook = nil })
+	if _, err := RestoreBackup(copying, rep.Backup, dataDir, time.Now()); !errors.Is(err, context.Canceled) {
+		t.Errorf("restore stopped while it copied: err %v, want context.Canceled", err)
+	}
+	statHook = nil
+	assertTree(t, dataDir, current)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
 		t.Errorf("after the stopped restore %s holds %v", parent, got)
 	}
@@ -520,5 +530,24 @@ func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
 	assertTree(t, dataDir, before)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
 		t.Errorf("after the refused restore %s holds %v", parent, got)
+	}
+}
+
+// TestBackupCheckStoppedIsNotDamage: a signal while a resumed upgrade checks its backups stops
+// the check; it says so, not that the backup is damaged (whose advice is to move the journal
+// away and back up again).
+func TestBackupCheckStoppedIsNotDamage(t *testing.T) {
+	parent := t.TempDir()
+	dataDir := filepath.Join(parent, "member-a")
+	writeTree(t, dataDir, memberDir)
+	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err = checkBackup(ctx, rep.Backup, dataDir)
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "damaged") {
+		t.Errorf("checking a backup after a signal: %v; want context.Canceled, not damaged", err)
 	}
 }

@@ -826,7 +826,9 @@ func (e *executor) checkBackups(ctx context.Context, s *StepReport) error {
 			errs = append(errs, checkBackup(ctx, b, d))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(errs...); err != nil && ctx.Err() != nil {
+		return err // stopped (a signal): nothing is known to be wrong with the backups
+	} else if err != nil {
 		return fmt.Errorf("%w\nthe backups are the way back to the data before this %s, and step %q changes the data dirs, so nothing was changed: put each backup back where the journal %s says. If one is lost and no step is half done (one the journal marks started, not done), move the journal away and run the same command again: it backs up the data dirs as they are now and goes on from there",
 			err, e.rep.Operation, s.Name, e.rep.Journal)
 	}
@@ -840,6 +842,9 @@ func checkBackup(ctx context.Context, b, d string) error {
 		return fmt.Errorf("the backup of %s, %s, is missing", d, b)
 	}
 	if _, err := VerifyManifest(ctx, b); err != nil {
+		if ctx.Err() != nil {
+			return err // stopped (a signal), not damaged
+		}
 		return fmt.Errorf("the backup of %s, %s, is damaged: %w", d, b, err)
 	}
 	if o := backupOrigin(b); o != "" && o != d {
