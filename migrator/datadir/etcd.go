@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -264,8 +265,13 @@ func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (Sna
 		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w", endpoint, err)
 	}
 	defer rc.Close()
-	tmp := dst + ".part" // this snapshot's own: what a killed run left is replaced
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	// This snapshot's own temp file: what a killed run left there (a file, or a link, never
+	// written through) is removed, and a new file made.
+	tmp := dst + ".part"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return SnapshotInfo{}, err
+	}
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}

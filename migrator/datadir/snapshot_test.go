@@ -99,6 +99,23 @@ func TestSnapshotNeverReplaces(t *testing.T) {
 	if m, _ := filepath.Glob(dst + ".part*"); len(m) != 0 {
 		t.Errorf("files left beside the snapshot: %v", m)
 	}
+	// A link at the temp file's name is replaced, never written through.
+	outside, dst2 := filepath.Join(t.TempDir(), "outside"), filepath.Join(filepath.Dir(dst), "snap2.db")
+	if err := os.WriteFile(outside, []byte("theirs"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dst2+".part"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := TakeSnapshot(ctx, ConnSpec{Endpoints: []string{url}}, dst2); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "theirs" {
+		t.Errorf("the file a link at %s.part led to now holds %d bytes (err %v)", dst2, len(b), err)
+	}
+	if fi, err := os.Lstat(dst2); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("the snapshot %s: %v, %v; want a regular file", dst2, fi, err)
+	}
 }
 
 // TestLiveCopyAfterAKilledOne: a live copy killed while it copied the WAL leaves the backend it
