@@ -752,3 +752,23 @@ func TestRunRefusesTLSPeers(t *testing.T) {
 		t.Fatalf("checkWholeCluster of members with https peers: %v; want a refusal naming the peer URL", err)
 	}
 }
+
+// TestRebuildRefusesADirInUse: a copy or backup started after the upgrade's own check (during
+// its backup or a run) may read a data dir when the rebuild swaps it; the swap checks each dir
+// again and swaps none while one is read, which would mix two dirs' files in the copy.
+func TestRebuildRefusesADirInUse(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	copying, err := holdStopped(f.dirs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copying.Close()
+	err = e.rebuild(s, f.build)
+	assertErrContains(t, err, f.dirs[1]+" is in use")
+	for _, d := range f.dirs {
+		if exists(filepath.Join(d, builtFrom)) {
+			t.Errorf("%s was swapped while %s was in use", d, f.dirs[1])
+		}
+	}
+}

@@ -730,8 +730,17 @@ func markedFrom(dir string, src RebuildSource) bool {
 	return json.Unmarshal(b, &got) == nil && got.same(src)
 }
 
-// swap puts each dir's ready new dir in its place, in order.
+// swap puts each dir's ready new dir in its place, in order, once none is in use: a copy or
+// backup started after the run's own check may be reading one (renamed under it, it would mix
+// two dirs' files).
 func (e *executor) swap(dirs []string) error {
+	for _, d := range dirs {
+		if busy, err := InUse(d); err != nil {
+			return err
+		} else if busy {
+			return inUseError(d, "nothing more was swapped; run the same command again once it is not")
+		}
+	}
 	for _, d := range dirs {
 		if err := os.Rename(d, oldPath(d)); err != nil {
 			return err
