@@ -287,7 +287,11 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 			last = r.applyBlueLast(ctx)
 		}
 		_, _ = r.stopReplication()
-		return withNote(picked, "skipped, NO WAY BACK: "+r.j.NoBake+"; replication stopped"+last), nil
+		detail := "skipped, NO WAY BACK: " + r.j.NoBake + "; replication stopped" + last
+		if picked != "" {
+			detail += "; " + picked
+		}
+		return detail, nil
 	}
 	if r.j.Bake != nil {
 		// Handed over before the process stopped (startBake journaled it; the step was not
