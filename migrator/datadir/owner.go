@@ -59,9 +59,9 @@ func checkOwners(dirs ...string) (map[string]Owner, error) {
 	return owners, nil
 }
 
-// apply gives every file and dir under root to o. It follows one link only, member/wal's (a
-// member/wal linked to a WAL disk holds the segments etcd wrote in a step), and root itself when
-// it is a link; any other link is given, not what it leads to: the data dir's user can put links
+// apply gives every file and dir under root to o. It follows one link only, member/wal's to a
+// directory o's user owns (a member/wal linked to its WAL disk holds the segments etcd wrote in
+// a step), and root itself when it is a link; any other link is given, not what it leads to: the data dir's user can put links
 // in it, and kubefence as root following one to /root would hand that away. Only root can, and
 // only root needs to (checkAs refused any other user whose files would be another's).
 func (o Owner) apply(root string) error {
@@ -69,14 +69,28 @@ func (o Owner) apply(root string) error {
 		return nil
 	}
 	err := o.chownTree(root)
-	wal := filepath.Join(root, "member", "wal")
-	if fi, lerr := os.Lstat(wal); err == nil && lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+	if wal := filepath.Join(root, "member", "wal"); err == nil && o.ownsLinkTarget(wal) {
 		err = o.chownTree(wal)
 	}
 	if err != nil {
 		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", root, o.UID, o.GID, o.Dir, err)
 	}
 	return nil
+}
+
+// ownsLinkTarget says whether path is a link to a directory o's user owns: a member's WAL disk
+// is its user's; anything else a link there leads to (the user can replace it) is not given.
+func (o Owner) ownsLinkTarget(path string) bool {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return false
+	}
+	target, err := os.Stat(path)
+	if err != nil || !target.IsDir() {
+		return false
+	}
+	st, ok := target.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == o.UID
 }
 
 // chownTree gives dir (what it leads to, when it is a link) and everything under it to o,

@@ -118,7 +118,10 @@ func TestOwnerFollowsTheWALLink(t *testing.T) {
 	parent := t.TempDir()
 	d, wal := filepath.Join(parent, "etcd"), filepath.Join(parent, "wal-disk", "wal")
 	writeTree(t, d, map[string]string{"member/snap/db": "x"})
-	writeTree(t, wal, map[string]string{"0.wal": "segment"})
+	writeTree(t, wal, map[string]string{"0.wal": "segment"}) // written by etcd run as root in a step
+	if err := os.Chown(wal, nobody, nobody); err != nil {       // the member's WAL disk is its user's
+		t.Fatal(err)
+	}
 	symlink(t, wal, filepath.Join(d, "member", "wal"))
 	if err := (Owner{Dir: d, UID: nobody, GID: nobody}).apply(d); err != nil {
 		t.Fatal(err)
@@ -144,4 +147,14 @@ func TestOwnerFollowsNoOtherLink(t *testing.T) {
 	assertOwned(t, outside, 0, 0)
 	assertOwned(t, filepath.Join(d, "member", "wal"), nobody, nobody)
 	assertOwned(t, filepath.Join(d, "member", "snap", "db"), nobody, nobody)
+	// Nor member/wal's link, when what it leads to is not the member's user's (its WAL disk is):
+	// that user can replace the link.
+	if err := os.RemoveAll(filepath.Join(d, "member", "wal")); err != nil {
+		t.Fatal(err)
+	}
+	symlink(t, outside, filepath.Join(d, "member", "wal"))
+	if err := (Owner{Dir: d, UID: nobody, GID: nobody}).apply(d); err != nil {
+		t.Fatal(err)
+	}
+	assertOwned(t, outside, 0, 0)
 }
