@@ -27,7 +27,7 @@ func (s *Server) checkAllowed(u *url.URL) error {
 
 // checkNotSelf refuses u when it is this proxy's own API listener, by address (an allow-list
 // of any port on the node's address, where the apiserver was, matches it): requests sent there
-// would come back to the proxy. A listener on every address is matched by a loopback backend.
+// would come back to the proxy. A listener on every address is matched by any of the host's.
 func (s *Server) checkNotSelf(u *url.URL) error {
 	if s.apiLn == nil {
 		return nil
@@ -39,12 +39,23 @@ func (s *Server) checkNotSelf(u *url.URL) error {
 	ln, b := net.ParseIP(host), net.ParseIP(u.Hostname())
 	self := u.Hostname() == host || (ln != nil && b != nil && ln.Equal(b))
 	if ln != nil && ln.IsUnspecified() {
-		self = self || u.Hostname() == "localhost" || (b != nil && (b.IsLoopback() || b.IsUnspecified()))
+		self = self || u.Hostname() == "localhost" || (b != nil && (b.IsUnspecified() || isLocal(b)))
 	}
 	if self {
 		return fmt.Errorf("backend %s is this proxy's own --listen address %s: its requests would come back to the proxy; give the apiserver's address", u, s.apiLn.Addr())
 	}
 	return nil
+}
+
+// isLocal says whether ip is one of this host's addresses: whether a socket can be bound to it
+// (no netlink socket needed, which a hardened unit may not allow).
+func isLocal(ip net.IP) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // probeTLS checks that an https backend answers a TLS handshake whose certificate verifies with

@@ -1035,3 +1035,38 @@ func TestBarrierEndsWhenTheBackendAnswers(t *testing.T) {
 		t.Fatalf("switch with a slow reader of a finished write: %v", err)
 	}
 }
+
+// TestNoSwitchToItselfOnEveryAddress: a proxy listening on every address (--listen :6443, the
+// default) is reached at any of the host's addresses; a switch to one of them at its port is
+// refused as a switch to itself, loopback or not.
+func TestNoSwitchToItselfOnEveryAddress(t *testing.T) {
+	blue := newRecordingAPI(t)
+	hosts := []string{"127.0.0.1"}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+				hosts = append(hosts, n.IP.String())
+				break
+			}
+		}
+	}
+	var patterns []string
+	for _, h := range hosts {
+		patterns = append(patterns, "http://"+h+":*")
+	}
+	p := startProxy(t, blue.URL, func(o *Options) { o.Listen, o.AllowedBackends = ":0", patterns })
+	fenceOn(t, p, time.Second)
+	_, port, err := net.SplitHostPort(p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		_, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: "http://" + net.JoinHostPort(h, port)})
+		if err == nil || !strings.Contains(err.Error(), "this proxy's own --listen") {
+			t.Errorf("backend set to %s at the proxy's port: %v; want it refused as the proxy itself", h, err)
+		}
+	}
+	if len(hosts) == 1 {
+		t.Log("no IPv4 address but loopback on this host: only loopback checked")
+	}
+}
