@@ -171,15 +171,19 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	return ExitFailure
 }
 
-// signalContext is the one signal handler: SIGINT and SIGTERM cancel the context every command
-// runs with. A running proxy then shuts down gracefully; an offline operation stops where it is
+// signalContext is the one signal handler: SIGINT, SIGTERM and SIGHUP (a closed terminal, a
+// dropped SSH session) cancel the context every command runs with. A running proxy then shuts down gracefully; an offline operation stops where it is
 // (any etcd it started is killed with it, as after a crash) and the same command resumes it; a
 // cutover past its switch finishes the window's last steps first. A second signal exits at
 // once (exit), as kill -9 would, for whoever cannot wait for that. stop releases the signals.
 func signalContext(errOut io.Writer, exit func(int)) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	// A reader of stdout or stderr that went away (a '| tee' closed with the terminal) makes
+	// writes fail with EPIPE instead of killing the process, whatever it is in the middle of.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -197,6 +201,7 @@ func signalContext(errOut io.Writer, exit func(int)) (context.Context, func()) {
 	}()
 	return ctx, func() {
 		signal.Stop(sigs)
+		signal.Stop(pipe)
 		close(done)
 		cancel(nil)
 	}

@@ -1,8 +1,13 @@
 package cli
 
 import (
+	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -86,5 +91,56 @@ func TestSecondSignalExits(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the second SIGINT did not exit in 10s")
+	}
+}
+
+// TestHangupIsAStop: a closed terminal or a dropped SSH session (SIGHUP) stops a command as
+// Ctrl-C does, through its context: a cutover then aborts, or finishes its window, instead of
+// dying with writes fenced.
+func TestHangupIsAStop(t *testing.T) {
+	var errOut strings.Builder
+	ctx, stop := signalContext(&errOut, func(int) {})
+	defer stop()
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+		if cause := context.Cause(ctx); !strings.Contains(cause.Error(), "hangup") {
+			t.Errorf("cause %v, want the hangup named", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGHUP did not cancel the context in 10s")
+	}
+}
+
+// TestBrokenPipeIsAnError: output piped into a reader that went away (`| tee log` whose tee was
+// killed with the terminal) makes writes fail, not the process die of SIGPIPE in the middle of a
+// cutover's window.
+func TestBrokenPipeIsAnError(t *testing.T) {
+	if os.Getenv("KUBEFENCE_TEST_BROKEN_PIPE") == "1" {
+		_, stop := signalContext(io.Discard, os.Exit)
+		defer stop()
+		for range 100 {
+			if _, err := os.Stdout.Write([]byte("a line\n")); err != nil {
+				os.Exit(3)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		os.Exit(4)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // nobody reads
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPipeIsAnError$")
+	cmd.Env = append(os.Environ(), "KUBEFENCE_TEST_BROKEN_PIPE=1")
+	cmd.Stdout = w
+	err = cmd.Run()
+	w.Close()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("the command writing to a broken pipe ended with %v; want exit 3 (its write failed), not death by SIGPIPE", err)
 	}
 }
