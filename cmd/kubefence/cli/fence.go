@@ -227,12 +227,16 @@ func each[T any](ctx context.Context, proxies admin.Group, b bound, f func(conte
 		cctx, cancel := context.WithTimeout(ctx, b.limit)
 		defer cancel()
 		v, err := f(cctx, c)
-		if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		switch {
+		case err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded):
 			msg := fmt.Sprintf("no answer within %s (%s): the proxy may be stuck, see its log", b.limit, b.flags)
 			if b.unknown != "" {
 				msg += "; " + b.unknown + " is unknown: check with 'kubefence fence status'"
 			}
 			err = errors.New(msg)
+		case err != nil && ctx.Err() != nil && b.unknown != "":
+			// Not "cannot reach": the request may have arrived and the proxy acted on it.
+			err = fmt.Errorf("%v before the proxy answered: %s is unknown: check with 'kubefence fence status'", context.Cause(ctx), b.unknown)
 		}
 		return v, err
 	})
