@@ -275,6 +275,9 @@ func (o *Options) validateLimits() []error {
 	if o.DrainTimeout <= 0 {
 		errs = append(errs, errors.New("--drain-timeout must be positive"))
 	}
+	if o.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("--shutdown-timeout must be positive (0 would cut every request in flight at SIGTERM)"))
+	}
 	if o.MaxWriteBodyBytes <= 0 {
 		errs = append(errs, errors.New("--max-write-body-bytes must be positive"))
 	}

@@ -76,6 +76,12 @@ func TestExitCodes(t *testing.T) {
 		{"backend set needs url", []string{"backend", "set"}, ExitUsage, "", "accepts 1 arg"},
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"backend prepare bad url", []string{"backend", "prepare", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
+		// Each proxy counts its own generation: one number for several would switch some.
+		{"one --expect-generation for several proxies", []string{"backend", "set", "https://x:6443", "--expect-generation", "7", "--admin-socket", "/run/a.sock", "--admin-socket", "/run/b.sock"}, ExitUsage, "", "--expect-generation is one proxy's generation"},
+		// Negative durations are refused before anything runs.
+		{"negative --step-timeout", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16", "--bin-dir", binDir, "--step-timeout", "-1s"}, ExitUsage, "", "--step-timeout must be positive"},
+		{"zero copy --timeout", []string{"migrate", "copy", "--endpoints", "https://127.0.0.1:1", "--snapshot", snap, "--timeout", "0s"}, ExitUsage, "", "--timeout must be positive"},
+		{"negative --shutdown-timeout", []string{"proxy", "--upstream", "https://x:6443", "--shutdown-timeout", "-1s"}, ExitUsage, "", "--shutdown-timeout"},
 		{"bad log level", []string{"-v", "loud", "version"}, ExitUsage, "", "unknown log level"},
 		{"proxy without tls", []string{"proxy", "--upstream", "https://x:6443"}, ExitUsage, "", "--tls-cert-file and --tls-key-file are required"},
 		{"cutover without a plan", []string{"cutover"}, ExitUsage, "", "--plan is required"},

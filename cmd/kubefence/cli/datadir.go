@@ -106,6 +106,9 @@ func (o *copyOptions) validateSnapshot() error {
 	if o.snapshot == "" {
 		return UsageErrorf("--snapshot FILE is required with --endpoints")
 	}
+	if o.timeout <= 0 {
+		return UsageErrorf("--timeout must be positive (it bounds the whole copy, the snapshot stream included)")
+	}
 	if _, err := os.Stat(o.snapshot); err == nil {
 		return UsageErrorf("--snapshot %s exists: refusing to overwrite it", o.snapshot)
 	}
@@ -321,6 +324,8 @@ func (o *lifecycleOptions) Validate() error {
 		return UsageErrorf("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
 	case o.target == "":
 		return UsageErrorf("--target-version is required (e.g. 3.6.16)")
+	case o.opts.StepTimeout <= 0:
+		return UsageErrorf("--step-timeout must be positive (how long each etcd may take to become healthy)")
 	}
 	// --bin-dir is not required here: a resumed run takes the binaries its journal names, and
 	// data already at the target needs none; the plan says when one is missing.

@@ -576,6 +576,17 @@ watch cache (it began when that apiserver started): 'fence status' counts those.
 	return cmd
 }
 
+func (o *backendSetOptions) Validate() error {
+	if err := o.backendURLOptions.Validate(); err != nil {
+		return err
+	}
+	if o.expectGen != 0 && len(o.proxies) > 1 {
+		// Each proxy counts its own generation: one number would switch only those at it.
+		return UsageErrorf("--expect-generation is one proxy's generation, and %d proxies are named: switch each with its own (as its 'fence status' prints it), or leave the flag out", len(o.proxies))
+	}
+	return nil
+}
+
 func (o *backendSetOptions) Run(ctx context.Context) error {
 	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches, ExpectGeneration: o.expectGen}
 	b := bound{o.timeout, "--timeout", "whether it switched the backend"}
