@@ -123,7 +123,19 @@ fi
 # The framework runs etcd-<Etcd34> exactly (e2e/framework/bins.go): a link under another 3.4
 # patch's name would leave every test that needs it skipped, or failed under CI, for a binary
 # "missing" that is installed.
-want34=$(sed -n 's/^[[:space:]]*Etcd34[[:space:]]*=[[:space:]]*"\(.*\)"$/\1/p' "$root/e2e/framework/bins.go")
+# pinned CONST is CONST's value in e2e/framework/bins.go: the version the tests run.
+pinned() { sed -n "s/^[[:space:]]*$1[[:space:]]*=[[:space:]]*\"\(.*\)\"\$/\1/p" "$root/e2e/framework/bins.go"; }
+# check_pinned CONST VERSION MODDIR stops unless the tools module MODDIR builds the version the
+# tests run: a binary built under another name would leave the tests on a stale cached one.
+check_pinned() {
+  local want
+  want=$(pinned "$1")
+  if [ "$want" != "$2" ]; then
+    say "$3/go.mod builds $2, but the tests run $1 = ${want:-unreadable} (e2e/framework/bins.go): change one to match the other" >&2
+    exit 1
+  fi
+}
+want34=$(pinned Etcd34)
 if [ -z "$want34" ]; then
   say "cannot read the pinned Etcd34 from e2e/framework/bins.go" >&2
   exit 1
@@ -165,12 +177,14 @@ build_tools() {
 for m in 3.5 3.6; do
   v=$(version_of "e2e/tools/etcd-$m" go.etcd.io/etcd/server/v3)
   v=${v#v}
+  check_pinned "Etcd${m/./}" "$v" "e2e/tools/etcd-$m"
   build_tools "e2e/tools/etcd-$m" "$v" "" \
     etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3 etcdutl=go.etcd.io/etcd/etcdutl/v3
 done
 
 kv=$(version_of e2e/tools/kube k8s.io/kubernetes)
 kv=${kv#v}
+check_pinned Kube136 "$kv" e2e/tools/kube
 # Stamp the version the way Kubernetes' own build does, so /version and kubectl report 1.36.x.
 kldflags="-X k8s.io/component-base/version.gitVersion=v$kv -X k8s.io/component-base/version.gitMajor=${kv%%.*}"
 kldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$kv" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"

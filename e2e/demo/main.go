@@ -34,7 +34,7 @@ func main() {
 	flag.IntVar(&o.objects, "objects", 200, "configmaps of ~2 KB to create before the cutover (rehearse at the size of your cluster)")
 	flag.IntVar(&o.writeRate, "write-rate", -1, "the client-go writer's writes per second through the proxy during the move; 0 for none, -1 as fast as the API lets it")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP) // a closed terminal too: green is stopped on the way out
 	defer stop()
 	if o.kubefence != "" {
 		if abs, err := filepath.Abs(o.kubefence); err == nil {
