@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -27,6 +28,20 @@ type Result[T any] struct {
 	Value T      `json:"result"`
 	Err   error  `json:"-"`
 	Error string `json:"error,omitempty"`
+}
+
+// MarshalJSON writes a proxy that did not answer with a null result: its zero value
+// ("fenced": false, ...) would read as an answer.
+func (r Result[T]) MarshalJSON() ([]byte, error) {
+	out := struct {
+		Proxy string `json:"proxy"`
+		Value *T     `json:"result"`
+		Error string `json:"error,omitempty"`
+	}{Proxy: r.Proxy, Error: r.Error}
+	if r.Err == nil && r.Error == "" {
+		out.Value = &r.Value
+	}
+	return json.Marshal(out)
 }
 
 // Each runs f on every proxy of g at once and returns their results in g's order. The error

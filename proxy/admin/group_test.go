@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -48,5 +49,28 @@ func TestOlderProxyNamedInTheError(t *testing.T) {
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Code != http.StatusBadRequest || !strings.Contains(err.Error(), "unknown field") || !strings.Contains(err.Error(), "older admin API") || !strings.Contains(err.Error(), "upgrade the proxy") {
 		t.Fatalf("error %v, want the 400 saying the proxy is older and what to do", err)
+	}
+}
+
+// TestFailedResultIsNull: in -o json, a proxy that did not answer has no result, not a zero
+// one ("fenced": false would read as an answer in a pipeline that ignores the exit code).
+func TestFailedResultIsNull(t *testing.T) {
+	rs := []Result[Status]{
+		{Proxy: "a.sock", Value: Status{Fenced: true}},
+		{Proxy: "gone.sock", Err: errors.New("no such socket"), Error: "no such socket"},
+	}
+	b, err := json.Marshal(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got[1]["result"] != nil || got[1]["error"] != "no such socket" {
+		t.Errorf("the failed proxy as JSON: %s; want result null and its error", b)
+	}
+	if r, ok := got[0]["result"].(map[string]any); !ok || r["fenced"] != true {
+		t.Errorf("the proxy that answered as JSON: %s; want its result", b)
 	}
 }
