@@ -329,7 +329,7 @@ func (o *fenceOffOptions) Validate() error {
 
 func (o *fenceOffOptions) Run(ctx context.Context) error {
 	expect := func(*admin.Client) string { return o.expectBackend }
-	if o.expectBackend == "" && len(o.proxies) > 1 {
+	if o.expectBackend == "" && (len(o.proxies) > 1 || o.eachOwn) {
 		var err error
 		if expect, err = o.agreedBackend(ctx); err != nil {
 			return err

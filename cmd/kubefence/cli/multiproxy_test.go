@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,4 +176,38 @@ func twoFencedProxies(t *testing.T, backendA, backendB string) (a, b *proxy.Serv
 		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
 	}
 	return a, b, both
+}
+
+// TestEachOwnBackendWithOneProxy: --each-own-backend with one proxy still reads its backend and
+// opens it only if it is still there (as with several), instead of opening on whatever backend.
+func TestEachOwnBackendWithOneProxy(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var fenceBody string
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodGet {
+			_ = json.NewEncoder(w).Encode(admin.Status{Fenced: true, Backend: "https://10.0.0.2:6443", APILevel: admin.APILevel})
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		fenceBody = string(b)
+		mu.Unlock()
+		_ = json.NewEncoder(w).Encode(admin.FenceResponse{Status: admin.Status{Backend: "https://10.0.0.2:6443"}})
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	if code, out, errOut := runCLI("fence", "off", "--each-own-backend", "--admin-socket", sock); code != ExitOK {
+		t.Fatalf("fence off --each-own-backend = %d\n%s%s", code, out, errOut)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(fenceBody, `"expectBackend":"https://10.0.0.2:6443"`) {
+		t.Errorf("fence off sent %s; want it to expect the backend it read", fenceBody)
+	}
 }
