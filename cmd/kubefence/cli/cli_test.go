@@ -76,6 +76,7 @@ func TestExitCodes(t *testing.T) {
 		{"backend set needs url", []string{"backend", "set"}, ExitUsage, "", "accepts 1 arg"},
 		{"backend set bad url", []string{"backend", "set", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
 		{"backend prepare bad url", []string{"backend", "prepare", "10.0.0.1:6443"}, ExitUsage, "", "give the apiserver as https://"},
+		{"copy of a stopped member with etcd's TLS flags", []string{"migrate", "copy", "--data-dir", dataDir, "--output-dir", copyOut, "--cacert", "/etc/etcd/ca.crt"}, ExitUsage, "", "--cacert, --cert and --key are for talking to etcd"},
 		// Each proxy counts its own generation: one number for several would switch some.
 		{"one --expect-generation for several proxies", []string{"backend", "set", "https://x:6443", "--expect-generation", "7", "--admin-socket", "/run/a.sock", "--admin-socket", "/run/b.sock"}, ExitUsage, "", "--expect-generation is one proxy's generation"},
 		// Negative durations are refused before anything runs.
@@ -463,5 +464,15 @@ func TestPlanHintsKeepTheTerminal(t *testing.T) {
 	withPlanHints(&s, "plan.yaml")
 	if terminal(s.Out) != tty {
 		t.Fatal("behind the plan's hints the terminal is not seen: no status line of the running step")
+	}
+}
+
+// TestDryRunOfAResume: the dry run lists a new cutover's steps and reads no journal, so with
+// --resume it is refused, pointing at status, rather than listing steps already done as to do.
+func TestDryRunOfAResume(t *testing.T) {
+	plan, _ := writeLoadablePlan(t)
+	code, _, errOut := runCLI("cutover", "--plan", plan, "--dry-run", "--resume")
+	if code != ExitUsage || !strings.Contains(errOut, "cutover status") {
+		t.Errorf("cutover --dry-run --resume = %d, stderr %q; want %d, pointing at cutover status", code, errOut, ExitUsage)
 	}
 }

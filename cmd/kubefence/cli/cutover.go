@@ -150,6 +150,9 @@ func (o *cutoverRunOptions) Validate() error {
 	switch {
 	case o.rehearse && o.resume:
 		return UsageErrorf("--rehearse and --resume do not go together: a rehearsal is not resumed; run the rehearsal again, with --rehearse alone")
+	case o.dryRun && o.resume:
+		// The dry run lists a new cutover's steps; it reads no journal.
+		return UsageErrorf("--dry-run shows a new cutover's steps and does not read the journal a --resume continues: 'kubefence cutover status --plan PLAN' shows where that one stands")
 	case o.rehearse && !o.plan.Replicating():
 		return usage(cutover.ErrRehearseNeedsReplication)
 	}

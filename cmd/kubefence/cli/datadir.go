@@ -130,6 +130,8 @@ func (o *copyOptions) validateDataDirs() error {
 		return UsageErrorf("--wal-dir goes with a single --data-dir")
 	case !o.live && len(o.memberEPs) > 0:
 		return UsageErrorf("--endpoint is used only with --live: give --live to copy a running member through its snapshot API, or leave --endpoint out for a stopped member")
+	case !o.live && (o.conn.CAFile != "" || o.conn.CertFile != "" || o.conn.KeyFile != ""):
+		return UsageErrorf("--cacert, --cert and --key are for talking to etcd, which a copy of a stopped member does not: give --live with --endpoint to copy a running one, or leave them out")
 	case o.live && len(o.memberEPs) != len(o.dataDirs):
 		return UsageErrorf("--live needs one --endpoint per --data-dir (the running member's client URL): its backend can only be copied consistently through etcd's snapshot API")
 	}
