@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -318,5 +319,46 @@ func TestStatusAfterAnAbortThatReopenedWrites(t *testing.T) {
 	}
 	if !st.WindowOpenSince.IsZero() {
 		t.Fatalf("status says writes fenced since %s after the abort reopened them", st.WindowOpenSince)
+	}
+}
+
+// TestResumeFinishesARebuild: a rebuild stops green and removes its data dirs before it rewinds
+// the journal; a run that died in between (here: green's static pod still answering past its
+// wait) left a journal that says green is started. The rebuild is journaled before it begins,
+// and --resume finishes it, starting again from the copy, not from a green that is gone.
+func TestResumeFinishesARebuild(t *testing.T) {
+	was := staticPodGone
+	staticPodGone = 300 * time.Millisecond
+	t.Cleanup(func() { staticPodGone = was })
+	green := httptest.NewTLSServer(http.NotFoundHandler())
+	w := newDecisionWorld(t, false, "", false)
+	dir := t.TempDir()
+	placed := writeFile(t, dir, "kube-apiserver-green.yaml", "x")
+	w.r.p.Green.APIServer.URL = green.URL
+	w.r.p.Green.APIServer.Command = nil
+	w.r.p.Green.APIServer.StaticPod = &StaticPod{Manifest: placed, ManifestDir: dir}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd} { // as replicating, before the fence
+		w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
+	}
+	w.r.j.StaticPodPlaced = placed
+	if err := w.r.j.save(w.r.p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.r.rebuildGreen(errors.New("compacted")); err == nil {
+		t.Fatal("the rebuild went through with green's apiserver answering")
+	}
+	green.Close() // the kubelet stopped it at last
+	w.r.o.Resume, w.r.j, w.ran = true, nil, nil
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := w.r.run(t.Context()); err != nil || rep.Result != ResultDone {
+		t.Fatalf("resumed: %+v, %v", rep, err)
+	}
+	if !slices.Contains(w.ran, StepCopy) || !slices.Contains(w.ran, StepGreenEtcd) || w.r.j.Rebuilds != 1 {
+		t.Errorf("resumed run ran %v with %d rebuild(s); want it to copy and start green again, one rebuild", w.ran, w.r.j.Rebuilds)
 	}
 }

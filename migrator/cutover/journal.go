@@ -115,6 +115,9 @@ type Journal struct {
 	// Rebuilds counts how often green was rebuilt from a new snapshot because blue compacted
 	// what replication still needed (rebuild.go).
 	Rebuilds int `json:"rebuilds,omitempty"`
+	// Rebuilding is why a rebuild of green began, until it rewound the journal: a run that
+	// stopped in between (green stopped, data dirs half removed) has --resume finish it.
+	Rebuilding string `json:"rebuilding,omitempty"`
 	// Bake (bake.enabled) is the way back after the switch (bake.go).
 	Bake *BakeRecord `json:"bake,omitempty"`
 	// NoBake (bake.enabled) says why the cutover went on without a way back: a bake step past

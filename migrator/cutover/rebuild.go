@@ -82,6 +82,12 @@ func awaitStaticPodGone(url string) error {
 // rebuildGreen stops replication and green, removes green's data dirs (only those this cutover
 // restored: they hold its marker) and rewinds the journal to just after the preflight.
 func (r *runner) rebuildGreen(cause error) error {
+	if r.j.Rebuilding == "" { // journaled first: a --resume finishes what this begins
+		r.j.Rebuilding, r.j.Rebuilds = cause.Error(), r.j.Rebuilds+1
+		if err := r.j.save(r.p.StateDir); err != nil {
+			return err
+		}
+	}
 	if _, err := r.stopReplication(); err != nil && r.o.Log != nil {
 		r.o.Log.Info("replication stopped", "err", err)
 	}
@@ -105,7 +111,7 @@ func (r *runner) rebuildGreen(cause error) error {
 	j.GreenPIDs = map[string]int{}
 	j.StaticPodPlaced = ""
 	j.Verified = nil
-	j.Rebuilds++
+	j.Rebuilding = ""
 	if err := j.save(r.p.StateDir); err != nil {
 		return err
 	}

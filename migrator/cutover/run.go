@@ -304,6 +304,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	defer func() { _, _ = r.stopReplication() }()
 	defer r.releaseGreenHold()
 	defer r.closeAuthClients()
+	if r.j.Rebuilding != "" { // begun by a run that stopped: green is gone, or partly
+		if err := r.rebuildGreen(errors.New(r.j.Rebuilding)); err != nil {
+			return nil, fmt.Errorf("finishing the rebuild of green that a stopped run began (%s): %w; blue serves unfenced: fix that, then --resume again, or 'kubefence cutover abort'", r.j.Rebuilding, err)
+		}
+	}
 	for {
 		err := r.walk(ctx)
 		var serr *steprun.Error
