@@ -119,7 +119,7 @@ func TestOwnerFollowsTheWALLink(t *testing.T) {
 	d, wal := filepath.Join(parent, "etcd"), filepath.Join(parent, "wal-disk", "wal")
 	writeTree(t, d, map[string]string{"member/snap/db": "x"})
 	writeTree(t, wal, map[string]string{"0.wal": "segment"}) // written by etcd run as root in a step
-	if err := os.Chown(wal, nobody, nobody); err != nil {       // the member's WAL disk is its user's
+	if err := os.Chown(wal, nobody, nobody); err != nil {    // the member's WAL disk is its user's
 		t.Fatal(err)
 	}
 	symlink(t, wal, filepath.Join(d, "member", "wal"))
