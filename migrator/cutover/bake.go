@@ -317,12 +317,12 @@ const bakeStepFloor = 2 * time.Second
 
 // bakeContext bounds a step past the switch that only keeps the way back (gate-blue,
 // reverse-replication, the rollback's last catch-up) by the window's budget from the fence, but
-// at least bakeStepFloor from now; in a resumed run, whose crash kept writes fenced anyway, at
-// least one more timeouts.window, so that a resume does not give the way back up only for
-// coming late.
+// at least bakeStepFloor from now; in a run resumed inside its window (resumedFenced: the stop
+// kept writes fenced anyway), at least one more timeouts.window, so that a resume does not give
+// the way back up only for coming late.
 func (r *runner) bakeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	least := bakeStepFloor
-	if r.o.Resume {
+	if r.resumedFenced {
 		least = r.p.Timeouts.Window.D()
 	}
 	deadline := r.j.FencedAt.Add(r.p.Timeouts.Window.D())

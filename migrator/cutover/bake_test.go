@@ -764,3 +764,48 @@ func TestFinishRefusesBeforeStoppingTheBake(t *testing.T) {
 	}
 	stillBaking(t, exited)
 }
+
+// TestBakeBudgetOfAWindowThisRunOpened: a resumed run gives the bake's steps a whole window
+// more only when the run that stopped had opened the window (its crash kept writes fenced). A
+// run resumed before the fence opens the window itself: its bake steps keep the budget of any
+// run, at least bakeStepFloor from now, not timeouts.window.
+func TestBakeBudgetOfAWindowThisRunOpened(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fenced   bool // the journal the resume found had the fence
+		wantMost time.Duration
+	}{
+		{"resumed before the fence", false, bakeStepFloor + time.Second},
+		{"resumed inside the window", true, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.Timeouts.Window = Duration(time.Minute)
+			if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			j := journalThrough(p, bakeSteps, StepVerify, time.Time{})
+			if tc.fenced {
+				j = journalThrough(p, bakeSteps, StepSwitch, time.Now().UTC().Add(-59*time.Second))
+			}
+			if err := j.save(p.StateDir); err != nil {
+				t.Fatal(err)
+			}
+			r := (&runner{o: Options{Plan: p, Resume: true}, p: p, steps: bakeSteps}).forward()
+			if err := r.openJournal(); err != nil {
+				t.Fatal(err)
+			}
+			r.j.FencedAt = time.Now().UTC().Add(-59 * time.Second) // this run's fence, then drain and switch
+			ctx, cancel := r.bakeContext(t.Context())
+			defer cancel()
+			dl, _ := ctx.Deadline()
+			left := time.Until(dl)
+			if tc.fenced && left < 30*time.Second {
+				t.Errorf("%s left for a bake step after a resume inside the window; want a window more", left)
+			}
+			if !tc.fenced && left > tc.wantMost {
+				t.Errorf("%s left for a bake step of a window this run opened; want at most %s", left, tc.wantMost)
+			}
+		})
+	}
+}

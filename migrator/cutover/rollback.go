@@ -139,6 +139,7 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 		return nil, err
 	}
 	if o.Resume {
+		r.resumedFenced = !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero()
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming rollback %s after step %q", r.j.ID, lastStep(r.j))})
 	}
 	return r, nil

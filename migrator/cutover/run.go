@@ -132,9 +132,12 @@ type runner struct {
 	kept *Journal
 	// signalNoted: the note that a signal past the switch waits for the window's end is out.
 	signalNoted bool
-	adm         proxyAdmin
-	procs       processes
-	steps       []step
+	// resumedFenced: this run resumed one that had journaled its fence and not its unfence (its
+	// stop may have kept writes fenced, and it may have made changes this run makes again).
+	resumedFenced bool
+	adm           proxyAdmin
+	procs         processes
+	steps         []step
 	// repl is the replicator this process runs (mode replicate), from the replicate step to
 	// stop-replication or the abort.
 	repl *replication
@@ -248,6 +251,7 @@ func (r *runner) openJournal() error {
 		return fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): resume with the same plan", j.ID, p.hash, j.PlanHash)
 	case j.State == StateRunning:
 		r.j = j
+		r.resumedFenced = !j.FencedAt.IsZero() && j.UnfencedAt.IsZero()
 		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("resuming cutover %s after step %q", j.ID, lastStep(j))})
 		r.verifyAgainOnResume()
 	case j.State == StateBaking && o.Resume:

@@ -127,10 +127,10 @@ func (r *runner) awaitResumes(ctx context.Context, st admin.Status) admin.Status
 // changesByHand counts the changes of the proxies' state since the fence beyond this cutover's
 // own switch and unfence (one each per proxy), given the generation after the unfence. The
 // switch refuses a change made before it (its expected generation); one after it, such as a
-// fence off by hand, reopened writes before green's apiserver could write. A resumed run may
-// repeat a change itself: it counts none.
+// fence off by hand, reopened writes before green's apiserver could write. A run resumed inside
+// the window may repeat a change itself: it counts none.
 func (r *runner) changesByHand(after uint64) int64 {
-	if r.o.Resume || r.j.FenceGeneration == 0 {
+	if r.resumedFenced || r.j.FenceGeneration == 0 {
 		return 0
 	}
 	return int64(after) - int64(r.j.FenceGeneration) - 2*int64(len(r.p.proxyRefs()))
