@@ -192,11 +192,20 @@ func signalContext(errOut io.Writer, exit func(int)) (context.Context, func()) {
 		case <-done:
 			return
 		}
-		select {
-		case sig := <-sigs:
-			fmt.Fprintf(errOut, "error: a second %v signal: exiting at once\n", sig)
-			exit(ExitFailure)
-		case <-done:
+		for {
+			select {
+			case sig := <-sigs:
+				if sig == syscall.SIGHUP {
+					// A closed terminal sends its job SIGHUP more than once (the shell, then
+					// the kernel): only an operator's second Ctrl-C or SIGTERM exits at once.
+					continue
+				}
+				fmt.Fprintf(errOut, "error: a second %v signal: exiting at once\n", sig)
+				exit(ExitFailure)
+				return
+			case <-done:
+				return
+			}
 		}
 	}()
 	return ctx, func() {

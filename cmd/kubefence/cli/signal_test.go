@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -132,7 +133,8 @@ func TestSecondSignalExits(t *testing.T) {
 // dying with writes fenced.
 func TestHangupIsAStop(t *testing.T) {
 	var errOut strings.Builder
-	ctx, stop := signalContext(&errOut, func(int) {})
+	var exited atomic.Bool
+	ctx, stop := signalContext(&errOut, func(int) { exited.Store(true) })
 	defer stop()
 	if err := syscall.Kill(syscall.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -144,6 +146,14 @@ func TestHangupIsAStop(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("SIGHUP did not cancel the context in 10s")
+	}
+	// The kernel's SIGHUP after the shell's: not an operator's second signal.
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if exited.Load() {
+		t.Error("a second SIGHUP exited at once; want only a second SIGINT or SIGTERM to")
 	}
 }
 
