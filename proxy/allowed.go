@@ -47,15 +47,17 @@ func (s *Server) checkNotSelf(u *url.URL) error {
 	return nil
 }
 
-// isLocal says whether ip is one of this host's addresses: whether a socket can be bound to it
-// (no netlink socket needed, which a hardened unit may not allow).
+// isLocal says whether ip is one of this host's addresses: a route to it is through the local
+// table, with ip itself as the source (a UDP socket "connected" to it: no packet is sent, and no
+// netlink socket, which a hardened unit may not allow, is needed). Not whether it can be bound:
+// with net.ipv4.ip_nonlocal_bind, set on keepalived and HAProxy hosts, any address can be.
 func isLocal(ip net.IP) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	c, err := net.DialUDP("udp", nil, &net.UDPAddr{IP: ip, Port: 9})
 	if err != nil {
 		return false
 	}
-	_ = l.Close()
-	return true
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.Equal(ip)
 }
 
 // probeTLS checks that an https backend answers a TLS handshake whose certificate verifies with
