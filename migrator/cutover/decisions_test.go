@@ -639,6 +639,11 @@ func TestFenceJournaledButNeverSent(t *testing.T) {
 	if final, err := LoadJournal(w.r.p.StateDir); err != nil || final.FencedAt.Before(start) || final.RefusedAtFence != 0 {
 		t.Errorf("journal after the resume: %+v, %v; want the fence journaled afresh", final, err)
 	}
+	// The window is this run's own: its bake steps get no window more, and a change by hand
+	// during it is counted (resumedFenced).
+	if w.r.resumedFenced {
+		t.Error("the run that fenced afresh still counts as resumed inside a window")
+	}
 }
 
 // TestPreflightFailureChangesNothing: the preflight changes nothing, so its failure must not

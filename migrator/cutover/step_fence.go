@@ -44,8 +44,10 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	if !r.j.FencedAt.IsZero() && !st.Fenced {
 		// A run before this one journaled the fence, but no proxy holds it (it died before
-		// sending it, or someone lifted it by hand): no window is open; start one afresh.
+		// sending it, or someone lifted it by hand): no window is open; start one afresh, as a
+		// run resumed before the fence does.
 		r.j.FencedAt, r.j.RefusedAtFence = time.Time{}, 0
+		r.resumedFenced = false
 	}
 	reason := r.p.Proxy.Reason
 	if reason == "" {
