@@ -1019,7 +1019,8 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 // TestUnfenceNoticesAHandMadeChange: a fence lifted by hand after the switch (the switch itself
 // refuses one made before it) opened writes before green's apiserver could write; the unfence
 // says the proxies changed more often than the cutover changed them, and that its window
-// ends later than writes reopened. A resumed run, which may repeat a change, says nothing.
+// ends later than writes reopened. A run resumed inside the window, which may repeat a change,
+// says nothing.
 func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -1028,7 +1029,7 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 	}{
 		{"nothing by hand", false, false, false},
 		{"fence off by hand", true, false, true},
-		{"resumed", true, true, false},
+		{"resumed inside the window", true, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := replicatePlan(t)
@@ -1037,7 +1038,7 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 			if tc.byHand {
 				st.Fenced, st.Generation = false, 12
 			}
-			r := (&runner{o: Options{Plan: p, Resume: tc.resume}, p: p, j: &Journal{FencedAt: time.Now(), FenceGeneration: 10}, adm: memProxy(st, &calls)}).forward()
+			r := (&runner{o: Options{Plan: p, Resume: tc.resume}, p: p, j: &Journal{FencedAt: time.Now(), FenceGeneration: 10}, adm: memProxy(st, &calls), resumedFenced: tc.resume}).forward()
 			detail, err := unfenceStep{}.run(t.Context(), r)
 			if err != nil {
 				t.Fatal(err)
