@@ -61,16 +61,25 @@ func checkOwners(dirs ...string) (map[string]Owner, error) {
 
 // apply gives every file and dir under root to o. It follows one link only, member/wal's to a
 // directory o's user owns (a member/wal linked to its WAL disk holds the segments etcd wrote in
-// a step), and root itself when it is a link; any other link is given, not what it leads to: the data dir's user can put links
-// in it, and kubefence as root following one to /root would hand that away. Only root can, and
-// only root needs to (checkAs refused any other user whose files would be another's).
+// a step), and root itself when it is a link; any other link is given, not what it leads to: the
+// data dir's user can put links in it, and kubefence as root following one to /root would hand
+// that away. Each link is resolved once, and what was checked is what is walked. Only root can,
+// and only root needs to (checkAs refused any other user whose files would be another's).
 func (o Owner) apply(root string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	err := o.chownTree(root)
-	if wal := filepath.Join(root, "member", "wal"); err == nil && o.ownsLinkTarget(wal) {
-		err = o.chownTree(wal)
+	real, err := filepath.EvalSymlinks(root)
+	if err == nil {
+		err = o.chownTree(real)
+	}
+	if err == nil {
+		if wal, ok := o.ownedLinkTarget(filepath.Join(real, "member", "wal")); ok {
+			if ownerHook != nil {
+				ownerHook(real)
+			}
+			err = o.chownTree(wal)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", root, o.UID, o.GID, o.Dir, err)
@@ -78,29 +87,34 @@ func (o Owner) apply(root string) error {
 	return nil
 }
 
-// ownsLinkTarget says whether path is a link to a directory o's user owns: a member's WAL disk
-// is its user's; anything else a link there leads to (the user can replace it) is not given.
-func (o Owner) ownsLinkTarget(path string) bool {
+// ownerHook, when set (tests), runs between the check of member/wal's link and the walk of
+// where it led.
+var ownerHook func(root string)
+
+// ownedLinkTarget is where the link at path leads, resolved once, when that is a directory o's
+// user owns: a member's WAL disk is its user's; anything else a link there leads to (the user
+// can replace it) is not given.
+func (o Owner) ownedLinkTarget(path string) (string, bool) {
 	fi, err := os.Lstat(path)
 	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-		return false
+		return "", false
 	}
-	target, err := os.Stat(path)
-	if err != nil || !target.IsDir() {
-		return false
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", false
 	}
-	st, ok := target.Sys().(*syscall.Stat_t)
-	return ok && int(st.Uid) == o.UID
+	ti, err := os.Lstat(target)
+	if err != nil || !ti.IsDir() {
+		return "", false
+	}
+	st, ok := ti.Sys().(*syscall.Stat_t)
+	return target, ok && int(st.Uid) == o.UID
 }
 
-// chownTree gives dir (what it leads to, when it is a link) and everything under it to o,
-// following no link under it.
+// chownTree gives dir and everything under it to o, following no link (dir included: the
+// caller resolved it).
 func (o Owner) chownTree(dir string) error {
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return err
-	}
-	return filepath.WalkDir(real, func(p string, _ fs.DirEntry, err error) error {
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}

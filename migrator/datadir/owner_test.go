@@ -158,3 +158,31 @@ func TestOwnerFollowsNoOtherLink(t *testing.T) {
 	}
 	assertOwned(t, outside, 0, 0)
 }
+
+// TestOwnerWalksTheLinkItChecked: the member's user may re-point member/wal between the check
+// of where it leads and the walk; what is walked is what was checked.
+func TestOwnerWalksTheLinkItChecked(t *testing.T) {
+	needRoot(t)
+	parent := t.TempDir()
+	d, wal, outside := filepath.Join(parent, "etcd"), filepath.Join(parent, "wal-disk", "wal"), filepath.Join(parent, "outside")
+	writeTree(t, d, map[string]string{"member/snap/db": "x"})
+	writeTree(t, wal, map[string]string{"0.wal": "segment"})
+	writeTree(t, outside, map[string]string{"secret": "root's"})
+	if err := os.Chown(wal, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(d, "member", "wal")
+	symlink(t, wal, link)
+	ownerHook = func(string) {
+		if err := os.Remove(link); err != nil {
+			t.Error(err)
+		}
+		symlink(t, outside, link)
+	}
+	t.Cleanup(func() { ownerHook = nil })
+	if err := (Owner{Dir: d, UID: nobody, GID: nobody}).apply(d); err != nil {
+		t.Fatal(err)
+	}
+	assertOwned(t, outside, 0, 0)
+	assertOwned(t, wal, nobody, nobody)
+}
