@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -770,5 +771,29 @@ func TestRebuildRefusesADirInUse(t *testing.T) {
 		if exists(filepath.Join(d, builtFrom)) {
 			t.Errorf("%s was swapped while %s was in use", d, f.dirs[1])
 		}
+	}
+}
+
+// TestRebuildHoldsTheDirsWhileSwapping: a copy starting on a dir while an earlier one is being
+// swapped finds it in use (the swap holds every dir's backend until it is done), instead of the
+// dir being renamed under it a moment later.
+func TestRebuildHoldsTheDirsWhileSwapping(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	var copyErr error
+	e.afterSwap = func(d string) error {
+		if d == f.dirs[0] {
+			var l io.Closer
+			if l, copyErr = holdStopped(f.dirs[1]); l != nil {
+				l.Close()
+			}
+		}
+		return nil
+	}
+	if err := e.rebuild(s, f.build); err != nil {
+		t.Fatal(err)
+	}
+	if copyErr == nil || !strings.Contains(copyErr.Error(), "in use") {
+		t.Errorf("a copy of %s while the swap ran: %v; want it refused, the dir in use", f.dirs[1], copyErr)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
 	"github.com/kubefence/kubefence/internal/proc"
@@ -734,13 +736,15 @@ func markedFrom(dir string, src RebuildSource) bool {
 // backup started after the run's own check may be reading one (renamed under it, it would mix
 // two dirs' files).
 func (e *executor) swap(dirs []string) error {
-	for _, d := range dirs {
-		if busy, err := InUse(d); err != nil {
-			return err
-		} else if busy {
-			return inUseError(d, "nothing more was swapped; run the same command again once it is not")
-		}
+	locks, err := lockForSwap(dirs)
+	if err != nil {
+		return err
 	}
+	defer func() {
+		for _, l := range locks {
+			l.Close()
+		}
+	}()
 	for _, d := range dirs {
 		if err := os.Rename(d, oldPath(d)); err != nil {
 			return err
@@ -761,6 +765,35 @@ func (e *executor) swap(dirs []string) error {
 		}
 	}
 	return nil
+}
+
+// lockForSwap takes an exclusive lock on each dir's backend, as etcd does, held until the swaps
+// are done: a copy or backup (a shared lock) cannot start on a dir between the check and its
+// rename. A dir whose backend is locked already is in use: nothing is swapped.
+func lockForSwap(dirs []string) ([]*os.File, error) {
+	var locks []*os.File
+	for _, d := range dirs {
+		f, err := os.Open(filepath.Join(d, "member", "snap", "db"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no backend: nothing can hold it
+		}
+		if err == nil {
+			if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			for _, l := range locks {
+				l.Close()
+			}
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				err = inUseError(d, "nothing more was swapped; run the same command again once it is not")
+			}
+			return nil, err
+		}
+		locks = append(locks, f)
+	}
+	return locks, nil
 }
 
 // clearMarkers removes the ready markers from the swapped-in data dirs once all are swapped.
