@@ -267,16 +267,16 @@ func TestNoRebuildWithGreenAPIServersOnOtherHosts(t *testing.T) {
 	}
 }
 
-// TestRebuildWaitsForTheStaticPodToStop: the rebuild removes green's static pod manifest and
-// must not restore a new green while that apiserver still runs (the kubelet gives it its grace
-// period): it would reconnect to the new green, which has no auth yet, and write. Still
-// answering after the wait, the rebuild fails (an abort).
-func TestRebuildWaitsForTheStaticPodToStop(t *testing.T) {
+// staticPodWorld is a decision world whose green apiserver is a static pod this cutover placed,
+// answering at green (closed by the caller), with its journal open; a rebuild waits 300 ms for
+// it to stop.
+func staticPodWorld(t *testing.T) (*decisionWorld, *httptest.Server, string) {
+	t.Helper()
 	was := staticPodGone
 	staticPodGone = 300 * time.Millisecond
 	t.Cleanup(func() { staticPodGone = was })
 	green := httptest.NewTLSServer(http.NotFoundHandler())
-	defer green.Close()
+	t.Cleanup(green.Close)
 	w := newDecisionWorld(t, false, "", false)
 	dir := t.TempDir()
 	placed := writeFile(t, dir, "kube-apiserver-green.yaml", "x")
@@ -286,6 +286,16 @@ func TestRebuildWaitsForTheStaticPodToStop(t *testing.T) {
 	if err := w.r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
+	return w, green, placed
+}
+
+// TestRebuildWaitsForTheStaticPodToStop: the rebuild removes green's static pod manifest and
+// must not restore a new green while that apiserver still runs (the kubelet gives it its grace
+// period): it would reconnect to the new green, which has no auth yet, and write. Still
+// answering after the wait, the rebuild fails (an abort).
+func TestRebuildWaitsForTheStaticPodToStop(t *testing.T) {
+	w, green, placed := staticPodWorld(t)
+	defer green.Close()
 	w.r.j.StaticPodPlaced = placed
 	err := w.r.rebuildGreen(errors.New("compacted"))
 	if err == nil || !strings.Contains(err.Error(), green.URL) {
@@ -327,19 +337,7 @@ func TestStatusAfterAnAbortThatReopenedWrites(t *testing.T) {
 // wait) left a journal that says green is started. The rebuild is journaled before it begins,
 // and --resume finishes it, starting again from the copy, not from a green that is gone.
 func TestResumeFinishesARebuild(t *testing.T) {
-	was := staticPodGone
-	staticPodGone = 300 * time.Millisecond
-	t.Cleanup(func() { staticPodGone = was })
-	green := httptest.NewTLSServer(http.NotFoundHandler())
-	w := newDecisionWorld(t, false, "", false)
-	dir := t.TempDir()
-	placed := writeFile(t, dir, "kube-apiserver-green.yaml", "x")
-	w.r.p.Green.APIServer.URL = green.URL
-	w.r.p.Green.APIServer.Command = nil
-	w.r.p.Green.APIServer.StaticPod = &StaticPod{Manifest: placed, ManifestDir: dir}
-	if err := w.r.openJournal(); err != nil {
-		t.Fatal(err)
-	}
+	w, green, placed := staticPodWorld(t)
 	for _, s := range []string{StepPreflight, StepCopy, StepMigrate, StepGreenEtcd} { // as replicating, before the fence
 		w.r.j.Done = append(w.r.j.Done, StepRecord{Step: s})
 	}

@@ -185,14 +185,20 @@ func TestResumedStopReplicationBringsBlueLast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantOnGreen(t, p, "lease", put.Header.Revision, "stop-replication "+detail)
+}
+
+// wantOnGreen fails unless green holds key at revision rev; what says what brought it.
+func wantOnGreen(t *testing.T, p *Plan, key string, rev int64, what string) {
+	t.Helper()
 	green, err := newEtcdClient(p.greenConn())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer green.Close()
-	got, err := green.Get(t.Context(), "lease")
-	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != put.Header.Revision {
-		t.Errorf("stop-replication %q; green has %v, %v: want blue's write of revision %d", detail, got, err, put.Header.Revision)
+	got, err := green.Get(t.Context(), key)
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != rev {
+		t.Errorf("%s; green has %v, %v: want blue's write of revision %d", what, got, err, rev)
 	}
 }
 
@@ -215,15 +221,7 @@ func TestResumedHandOverWithoutABakeBringsBlueLast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	green, err := newEtcdClient(p.greenConn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer green.Close()
-	got, err := green.Get(t.Context(), "lease")
-	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != put.Header.Revision {
-		t.Errorf("reverse-replication %q; green has %v, %v: want blue's write of revision %d", detail, got, err, put.Header.Revision)
-	}
+	wantOnGreen(t, p, "lease", put.Header.Revision, "reverse-replication "+detail)
 }
 
 // TestResumeAfterTheHandOverKeepsTheBake: a --resume after the process died once the hand-over

@@ -44,10 +44,8 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	if !r.j.FencedAt.IsZero() && !st.Fenced {
 		// A run before this one journaled the fence, but no proxy holds it (it died before
-		// sending it, or someone lifted it by hand): no window is open; start one afresh, as a
-		// run resumed before the fence does.
-		r.j.FencedAt, r.j.RefusedAtFence = time.Time{}, 0
-		r.resumedFenced = false
+		// sending it, or someone lifted it by hand): no window is open; this run opens its own.
+		r.j.FencedAt, r.j.RefusedAtFence, r.resumedFenced = time.Time{}, 0, false
 	}
 	reason := r.p.Proxy.Reason
 	if reason == "" {

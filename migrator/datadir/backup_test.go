@@ -455,14 +455,8 @@ func TestRestoreWaitsForAnUpgrade(t *testing.T) {
 // stops a backup or a restore, however many gigabytes are left, leaving what it would leave
 // after a crash: no backup under its name, the data dir as it was, no copy beside it.
 func TestBackupAndRestoreStopAtASignal(t *testing.T) {
-	parent := t.TempDir()
-	dataDir := filepath.Join(parent, "member-a")
-	writeTree(t, dataDir, memberDir)
+	parent, dataDir, rep := backedUpMember(t)
 	root := filepath.Join(parent, "backups")
-	rep, err := Backup(t.Context(), dataDir, root, "3.5.9", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "since the backup"})
 	current := readTree(t, dataDir)
 	cancelled, cancel := context.WithCancel(t.Context())
@@ -497,13 +491,7 @@ func TestBackupAndRestoreStopAtASignal(t *testing.T) {
 // was copied: the restore refuses to rename its data dir aside under it, which would leave the
 // writes it acknowledges meanwhile in the dir renamed away.
 func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
-	parent := t.TempDir()
-	dataDir := filepath.Join(parent, "member-a")
-	writeTree(t, dataDir, memberDir)
-	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	parent, dataDir, rep := backedUpMember(t)
 	before := readTree(t, dataDir)
 	var etcd *os.File
 	statHook = func(string) { // the restore's copy: etcd starts and locks its backend
@@ -525,7 +513,7 @@ func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
 			etcd.Close()
 		}
 	})
-	_, err = RestoreBackup(t.Context(), rep.Backup, dataDir, time.Now())
+	_, err := RestoreBackup(t.Context(), rep.Backup, dataDir, time.Now())
 	assertErrContains(t, err, "is in use: a running etcd holds its backend")
 	assertTree(t, dataDir, before)
 	if got := dirNames(t, parent); !slices.Equal(got, []string{"backups", "member-a"}) {
@@ -537,17 +525,24 @@ func TestRestoreChecksAgainBeforeTheRename(t *testing.T) {
 // the check; it says so, not that the backup is damaged (whose advice is to move the journal
 // away and back up again).
 func TestBackupCheckStoppedIsNotDamage(t *testing.T) {
-	parent := t.TempDir()
-	dataDir := filepath.Join(parent, "member-a")
+	_, dataDir, rep := backedUpMember(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := checkBackup(ctx, rep.Backup, dataDir)
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "damaged") {
+		t.Errorf("checking a backup after a signal: %v; want context.Canceled, not damaged", err)
+	}
+}
+
+// backedUpMember is a member's data dir, PARENT/member-a, and its backup in PARENT/backups.
+func backedUpMember(t *testing.T) (parent, dataDir string, rep BackupReport) {
+	t.Helper()
+	parent = t.TempDir()
+	dataDir = filepath.Join(parent, "member-a")
 	writeTree(t, dataDir, memberDir)
 	rep, err := Backup(t.Context(), dataDir, filepath.Join(parent, "backups"), "3.5.9", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	err = checkBackup(ctx, rep.Backup, dataDir)
-	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "damaged") {
-		t.Errorf("checking a backup after a signal: %v; want context.Canceled, not damaged", err)
-	}
+	return parent, dataDir, rep
 }
