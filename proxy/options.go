@@ -145,7 +145,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
 	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")
 	fs.IntVar(&o.HoldReleaseConcurrency, "hold-release-concurrency", o.HoldReleaseConcurrency, "in hold mode, held writes forwarded at once when the fence lifts (the rest wait their turn, in arrival order), so that the backend sees a pool of connections, not a storm")
-	fs.Uint32Var(&o.MaxConcurrentStreams, "http2-max-streams-per-connection", o.MaxConcurrentStreams, "HTTP/2 streams a client connection may open at once (kube-apiserver's default is 1000); in hold mode at most half of them may be held writes, so reads on the connection go on")
+	fs.Uint32Var(&o.MaxConcurrentStreams, "http2-max-streams-per-connection", o.MaxConcurrentStreams, "HTTP/2 streams a client connection may open at once (kube-apiserver allows 100 unless set); in hold mode at most half of them may be held writes, so reads on the connection go on")
 	fs.DurationVar(&o.WriteBodyTimeout, "write-body-timeout", o.WriteBodyTimeout, "time a client has to send a write's body (408 beyond); a write is admitted, and counted by the fence's barrier, only once its body is in")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a backend switch waits for watches on the old backend to end cleanly before cutting them")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long SIGTERM waits for requests to finish")
