@@ -601,3 +601,57 @@ spec:
 `)
 	return &StaticPod{Manifest: m, ManifestDir: t.TempDir()}
 }
+
+// TestPlanChecksForTheWindow: plans the parser takes but that would fail late, inside the
+// window or past the point of no return, are refused by the preflight, before anything is
+// fenced: one proxy named twice (fenced twice, its generation then never what the switch
+// expects), a member URL with a path (etcd refuses it when the restore or green starts), a
+// state dir inside blue's data dir (the snapshot written into blue), and a CA file a proxy
+// would open relative to its own working directory.
+func TestPlanChecksForTheWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(p *Plan, dir string)
+		want string
+	}{
+		{"fine", func(*Plan, string) {}, ""},
+		{"one socket twice", func(p *Plan, dir string) {
+			s := filepath.Join(dir, "admin.sock")
+			p.Proxies = []ProxyRef{{AdminSocket: s}, {AdminSocket: s + "/."}}
+		}, "named twice"},
+		{"one address twice", func(p *Plan, _ string) {
+			p.Proxies = []ProxyRef{{AdminAddress: "https://10.0.0.11:9446"}, {AdminAddress: "https://10.0.0.11:9446/"}}
+		}, "named twice"},
+		{"a member URL with a path", func(p *Plan, _ string) { p.Green.Etcd.Members[0].PeerURL += "/" }, "must have no path"},
+		{"the state dir in blue's data dir", func(p *Plan, dir string) {
+			p.Blue.Etcd.DataDir = filepath.Join(dir, "blue-etcd")
+			p.StateDir = filepath.Join(p.Blue.Etcd.DataDir, "kubefence")
+		}, "stateDir"},
+		{"a relative CA file for the proxies", func(p *Plan, _ string) { p.Green.APIServer.CAFile = "green-ca.crt" }, "absolute path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, dir := validPlan(t)
+			tc.edit(p, dir)
+			err := checkPlanForTheWindow(p)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("checkPlanForTheWindow: %v; want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBarrierWithinTheWindow: in mode replicate the fence's barrier is part of the window's
+// budget (timeouts.window, 5 s by default): it waits at most that long, not proxy.waitTimeout
+// (30 s by default), after which the drain would have found the budget spent anyway.
+func TestBarrierWithinTheWindow(t *testing.T) {
+	p := replicatePlan(t)
+	p.Proxy.WaitTimeout, p.Timeouts.Window = Duration(30*time.Second), Duration(5*time.Second)
+	if got := p.barrierWait(); got != 5*time.Second {
+		t.Errorf("replicating: barrier waits %s; want the window, 5s", got)
+	}
+	s, _ := validPlan(t)
+	s.Proxy.WaitTimeout = Duration(30 * time.Second)
+	if got := s.barrierWait(); got != 30*time.Second {
+		t.Errorf("snapshot mode: barrier waits %s; want proxy.waitTimeout, 30s", got)
+	}
+}

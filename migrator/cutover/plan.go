@@ -237,6 +237,18 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 const DefaultRevisionBump = 1_000_000_000
 
 func (p *Plan) setDefaults() {
+	// The apiserver URLs as a proxy keeps them (Go writes scheme and host in lower case), so
+	// that the cutover's comparisons and expectations match what the proxies report.
+	for _, u := range []*string{&p.Blue.APIServer.URL, &p.Green.APIServer.URL} {
+		*u = canonicalURL(*u)
+	}
+	for i := range p.Green.APIServers {
+		p.Green.APIServers[i].URL = canonicalURL(p.Green.APIServers[i].URL)
+	}
+	for i := range p.Proxies {
+		pr := &p.Proxies[i]
+		pr.BlueURL, pr.GreenURL = canonicalURL(pr.BlueURL), canonicalURL(pr.GreenURL)
+	}
 	if p.Proxy.AdminSocket == "" {
 		p.Proxy.AdminSocket = "/run/kubefence/admin.sock"
 	}

@@ -23,7 +23,7 @@ func (fenceStep) timeout(p *Plan) time.Duration {
 }
 
 func (fenceStep) describe(r *runner, _ bool) string {
-	fence := fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.Proxy.WaitTimeout.D())
+	fence := fmt.Sprintf("kubefence fence on --mode %s (wait up to %s for in-flight writes)", r.p.Proxy.FenceMode, r.p.barrierWait())
 	if !r.p.Replicating() {
 		return fence
 	}
@@ -91,12 +91,12 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	// The window starts when the fence request is sent, not when the proxies have answered:
 	// the barrier (waiting for writes admitted before the flip) is part of it.
 	sent := time.Now().UTC()
-	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.Proxy.WaitTimeout)})
+	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.barrierWait())})
 	if err != nil {
 		return "", err
 	}
 	if !resp.Barrier.Complete {
-		return "", barrierError(resp.Barrier, r.p.Proxy.WaitTimeout.D())
+		return "", barrierError(resp.Barrier, r.p.barrierWait())
 	}
 	if first {
 		r.j.FencedAt = sent
@@ -138,4 +138,14 @@ func (r *runner) prepareSwitch(ctx context.Context) string {
 		return fmt.Sprintf("connections to %s's apiserver not opened ahead of the switch (%v): the switch opens them; ", r.to.name, err)
 	}
 	return fmt.Sprintf("connections to %s's apiserver opened ahead of the switch (%d, in %s); ", r.to.name, resp.Connections, time.Duration(resp.Took).Round(time.Microsecond))
+}
+
+// barrierWait is how long the fence waits for the writes admitted before it: proxy.waitTimeout,
+// and in mode replicate at most timeouts.window, which the barrier is part of (a longer wait
+// would keep writes fenced past the budget, only for the drain to find it spent).
+func (p *Plan) barrierWait() time.Duration {
+	if p.Replicating() {
+		return min(p.Proxy.WaitTimeout.D(), p.Timeouts.Window.D())
+	}
+	return p.Proxy.WaitTimeout.D()
 }

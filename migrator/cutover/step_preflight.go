@@ -37,7 +37,7 @@ func (preflightStep) describe(r *runner, _ bool) string {
 
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
-	errs := []error{p.CheckFiles(), checkMemberNames(p)}
+	errs := []error{p.CheckFiles(), checkMemberNames(p), checkPlanForTheWindow(p)}
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}

@@ -1,0 +1,71 @@
+package cutover
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+
+	"github.com/kubefence/kubefence/internal/pathguard"
+)
+
+// checkPlanForTheWindow refuses what the plan's parser takes but what would fail late, inside
+// the window or past the point of no return. In the preflight, not the parser: a cutover in
+// flight, whose abort, rollback or resume read the plan again, is never locked out by it.
+func checkPlanForTheWindow(p *Plan) error {
+	errs := []error{checkProxiesOnce(p)}
+	for i, m := range p.Green.Etcd.Members {
+		for _, u := range []struct{ field, url string }{{"clientURL", m.ClientURL}, {"peerURL", m.PeerURL}, {"metricsURL", m.MetricsURL}} {
+			if pu, err := url.Parse(u.url); err == nil && pu.Path != "" {
+				errs = append(errs, fmt.Errorf("green.etcd.members[%d].%s %q must have no path (etcd refuses it when the member is restored or started): write %s://%s", i, u.field, u.url, pu.Scheme, pu.Host))
+			}
+		}
+	}
+	for _, d := range []string{p.Blue.Etcd.DataDir, p.Blue.Etcd.WALDir} {
+		if d == "" {
+			continue
+		}
+		if err := pathguard.CheckApart("stateDir", p.StateDir, "blue's etcd", d); err != nil {
+			errs = append(errs, fmt.Errorf("%w: the state dir holds blue's snapshot and the journal; put it outside blue's data dirs", err))
+		}
+	}
+	for field, f := range map[string]string{"green.apiserver.caFile": p.Green.APIServer.CAFile, "blue.apiserver.caFile": p.Blue.APIServer.CAFile} {
+		if f != "" && !filepath.IsAbs(f) {
+			errs = append(errs, fmt.Errorf("%s %q must be an absolute path: the proxies open it themselves (at the switch, or a switch back), from their own working directory, and on their own hosts", field, f))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkProxiesOnce refuses a proxy named twice (a socket path, or an admin address, as written
+// differently): fenced twice at once, its generation is then never what the switch expects.
+func checkProxiesOnce(p *Plan) error {
+	seen := map[string]int{}
+	var errs []error
+	for i, pr := range p.proxyRefs() {
+		key := "socket " + filepath.Clean(pr.AdminSocket)
+		if pr.AdminAddress != "" {
+			key = "address " + strings.TrimSuffix(canonicalURL(pr.AdminAddress), "/")
+		} else if real, err := filepath.EvalSymlinks(pr.AdminSocket); err == nil {
+			key = "socket " + real
+		}
+		if j, ok := seen[key]; ok {
+			errs = append(errs, fmt.Errorf("proxies[%d] and proxies[%d] are one proxy (%s) named twice: list each proxy once", j, i, pr.name()))
+			continue
+		}
+		seen[key] = i
+	}
+	return errors.Join(errs...)
+}
+
+// canonicalURL is raw as url.URL writes it (the scheme and host in lower case), or raw when it
+// does not parse.
+func canonicalURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	return u.String()
+}
