@@ -655,3 +655,28 @@ func TestBarrierWithinTheWindow(t *testing.T) {
 		t.Errorf("snapshot mode: barrier waits %s; want proxy.waitTimeout, 30s", got)
 	}
 }
+
+// TestGreenExtraArgsKeepKubefencesFlags: green.etcd.extraArgs come last on green etcd's command
+// line, where etcd takes the last value: one of the flags kubefence sets and checks (the data
+// dir, the URLs, TLS; in mode replicate a smaller --max-request-bytes than replication needs)
+// would undo it, so the preflight refuses it; other flags pass.
+func TestGreenExtraArgsKeepKubefencesFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--quota-backend-bytes=8589934592", "--snapshot-count", "10000"}, ""},
+		{[]string{"--max-request-bytes=20971520"}, ""},
+		{[]string{"--data-dir=/var/lib/etcd"}, "--data-dir"},
+		{[]string{"--listen-client-urls", "https://0.0.0.0:2379"}, "--listen-client-urls"},
+		{[]string{"-cert-file=/etc/etcd/server.crt"}, "--cert-file"},
+		{[]string{"--max-request-bytes=1572864"}, "--max-request-bytes"},
+	} {
+		p := replicatePlan(t)
+		p.Green.Etcd.ExtraArgs = tc.args
+		err := checkGreenExtraArgs(p)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("extraArgs %v: %v; want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
@@ -14,7 +15,7 @@ import (
 // the window or past the point of no return. In the preflight, not the parser: a cutover in
 // flight, whose abort, rollback or resume read the plan again, is never locked out by it.
 func checkPlanForTheWindow(p *Plan) error {
-	errs := []error{checkProxiesOnce(p)}
+	errs := []error{checkProxiesOnce(p), checkGreenExtraArgs(p)}
 	for i, m := range p.Green.Etcd.Members {
 		for _, u := range []struct{ field, url string }{{"clientURL", m.ClientURL}, {"peerURL", m.PeerURL}, {"metricsURL", m.MetricsURL}} {
 			if pu, err := url.Parse(u.url); err == nil && pu.Path != "" {
@@ -68,4 +69,45 @@ func canonicalURL(raw string) string {
 	}
 	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
 	return u.String()
+}
+
+// checkGreenExtraArgs refuses a green.etcd.extraArgs flag that kubefence sets itself: they come
+// last on the command line, where etcd takes the last value, and would undo what the cutover
+// set and checked (the data dir, the URLs, TLS). --max-request-bytes may only grow.
+func checkGreenExtraArgs(p *Plan) error {
+	if len(p.Green.Etcd.Members) == 0 {
+		return nil
+	}
+	m := p.Green.Etcd.Members[0]
+	extra := p.Green.Etcd.ExtraArgs
+	own := map[string]bool{}
+	cmd := etcdCommand(p, m)
+	for _, a := range cmd[1 : len(cmd)-len(extra)] {
+		if name, ok := flagName(a); ok {
+			own[name] = true
+		}
+	}
+	var errs []error
+	for _, a := range extra {
+		name, ok := flagName(a)
+		if !ok || !own[name] {
+			continue
+		}
+		if _, v, _ := strings.Cut(a, "="); name == "max-request-bytes" && v != "" {
+			if n, err := strconv.Atoi(v); err == nil && n >= greenMaxRequestBytes {
+				continue
+			}
+		}
+		errs = append(errs, fmt.Errorf("green.etcd.extraArgs %q: kubefence sets --%s itself, and one given last would undo it (etcd takes the last value): leave it out", a, name))
+	}
+	return errors.Join(errs...)
+}
+
+// flagName is the name of a command-line flag (-x, --x, --x=v), and whether a is one.
+func flagName(a string) (string, bool) {
+	if !strings.HasPrefix(a, "-") {
+		return "", false
+	}
+	name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+	return name, name != ""
 }
