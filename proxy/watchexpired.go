@@ -80,10 +80,11 @@ const metaListAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 
 // resumePastExpiry is Read's answer to an *expiredError: it compares the watched collection at
 // the watch's resourceVersion and at oldest on the new backend, and when they match re-issues
-// the watch from oldest and makes its body the stream's (invariant watch-resume-past-expiry). Meanwhile the watch is tracked nowhere,
-// as a moved watch is before the new backend answers it: a switch away from the new backend
-// neither waits for it nor moves it (it ends). It returns true when Read should go on (the watch
-// re-issued, or a switch began to move it before this started), false when the watch ends.
+// the watch from oldest and makes its body the stream's (invariant watch-resume-past-expiry).
+// Meanwhile the watch is tracked nowhere, as a moved watch is before the new backend answers
+// it: a switch away from the new backend neither waits for it nor moves it (it ends). It
+// returns true when Read should go on (the watch re-issued, or a switch began to move it before
+// this started), false when the watch ends.
 func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	oldest := exp.oldest
 	ri := w.resume
