@@ -26,9 +26,10 @@ type ReplayStats struct {
 	Overlay int `json:"overlayNodes"`
 }
 
-// touchSet says which snapshot nodes the WAL replay can change: the paths its writes name, everything under them, their ancestors, the membership tree, and (when the tail holds
-// a SYNC, which expires keys anywhere) every directory and every TTL node that expires by the
-// last SYNC's time (a SYNC deletes the nodes whose expiry is not after its time; a later one
+// touchSet says which snapshot nodes the WAL replay can change: the paths its writes name,
+// everything under them, their ancestors, the membership tree, and (when the tail holds a SYNC,
+// which expires keys anywhere) every directory and every TTL node that expires by the last
+// SYNC's time (a SYNC deletes the nodes whose expiry is not after its time; a later one
 // no SYNC of the tail can reach). Only those nodes are loaded into a v2store for the replay;
 // every other node is final as the snapshot has it.
 type touchSet struct {

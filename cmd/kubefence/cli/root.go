@@ -172,9 +172,10 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 }
 
 // signalContext is the one signal handler: SIGINT, SIGTERM and SIGHUP (a closed terminal, a
-// dropped SSH session) cancel the context every command runs with. A running proxy then shuts down gracefully; an offline operation stops where it is
-// (any etcd it started is killed with it, as after a crash) and the same command resumes it; a
-// cutover past its switch finishes the window's last steps first. A second SIGINT or SIGTERM
+// dropped SSH session) cancel the context every command runs with. A running proxy then shuts
+// down gracefully; an offline operation stops where it is (any etcd it started is killed with
+// it, as after a crash) and the same command resumes it; a cutover past its switch finishes the
+// window's last steps first. A second SIGINT or SIGTERM
 // exits at once (exit), as kill -9 would, for whoever cannot wait for that (a second SIGHUP
 // does not: a closing terminal sends two). stop releases the signals.
 func signalContext(errOut io.Writer, exit func(int)) (context.Context, func()) {
