@@ -220,19 +220,11 @@ func (r *runner) timeWatchMove(ctx context.Context, n int) (time.Duration, error
 // green etcd as the ungate makes it (on the client it uses, connected), a journal save, and the
 // latency of the writes the proxies forwarded lately.
 func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
-	cli, err := r.authClient(r.to)
-	if err != nil {
+	var err error
+	if m.EtcdRoundTrip, err = r.timeAuthRequests(ctx, r.to, 1); err != nil {
 		return err
 	}
-	if _, err := replicate.Revision(ctx, cli); err != nil { // connected, as warmAuthClients does
-		return fmt.Errorf("green etcd: %w", err)
-	}
 	start := time.Now()
-	if _, err := cli.UserGet(ctx, r.to.api.EtcdUser); err != nil {
-		return fmt.Errorf("green etcd: %w", err)
-	}
-	m.EtcdRoundTrip = time.Since(start)
-	start = time.Now()
 	if err := r.saveJournal(); err != nil {
 		return err
 	}
@@ -261,21 +253,11 @@ func (r *runner) measureWindowCosts(ctx context.Context, m *Rehearsal) error {
 // answers as fast: blue's auth is set up only by a cutover), and the hand-over's clients, leases
 // list and check. m.Check and m.StateSave must be measured.
 func (r *runner) measureBakeCosts(ctx context.Context, m *Rehearsal) error {
-	cli, err := r.authClient(r.from)
-	if err != nil {
+	var err error
+	if m.GateRoundTrip, err = r.timeAuthRequests(ctx, r.from, 3); err != nil { // grant, revoke, check
 		return err
 	}
-	if _, err := replicate.Revision(ctx, cli); err != nil { // connected, as warmAuthClients does
-		return fmt.Errorf("blue etcd: %w", err)
-	}
 	start := time.Now()
-	for range 3 { // gate-blue's grant, revoke and check, one after the other
-		if _, err := cli.UserGet(ctx, r.from.api.EtcdUser); err != nil && !errors.Is(rpctypes.Error(err), rpctypes.ErrUserNotFound) {
-			return fmt.Errorf("blue etcd: %w", err)
-		}
-	}
-	m.GateRoundTrip = time.Since(start)
-	start = time.Now()
 	for i, sd := range []side{r.from, r.to, r.from} {
 		c, err := newEtcdClient(sd.etcd)
 		if err != nil {
@@ -292,6 +274,27 @@ func (r *runner) measureBakeCosts(ctx context.Context, m *Rehearsal) error {
 	}
 	m.HandOver = time.Since(start) + m.Check + m.StateSave
 	return nil
+}
+
+// timeAuthRequests times n auth requests to sd's etcd, one after the other, on the client the
+// window's gate and ungate use, connected first as warmAuthClients leaves it (etcd puts each
+// through raft, as a role grant or revoke). A user that does not exist yet (blue's, before a
+// cutover sets its auth up) answers as fast.
+func (r *runner) timeAuthRequests(ctx context.Context, sd side, n int) (time.Duration, error) {
+	cli, err := r.authClient(sd)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := replicate.Revision(ctx, cli); err != nil {
+		return 0, fmt.Errorf("%s etcd: %w", sd.name, err)
+	}
+	start := time.Now()
+	for range n {
+		if _, err := cli.UserGet(ctx, sd.api.EtcdUser); err != nil && !errors.Is(rpctypes.Error(err), rpctypes.ErrUserNotFound) {
+			return 0, fmt.Errorf("%s etcd: %w", sd.name, err)
+		}
+	}
+	return time.Since(start), nil
 }
 
 // windowSteps counts the steps from the fence to the unfence in table.

@@ -38,39 +38,11 @@ func mixedMember(t *testing.T, etcd35 bool, tail ...*etcdserverpb.InternalRaftRe
 		t.Fatal(err)
 	}
 	writeSnap(t, filepath.Join(snapDir, "0000000000000001-0000000000000100.snap"), data, 0x100, false)
-	db, err := bolt.Open(filepath.Join(snapDir, "db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
+	meta := map[string][]byte{"consistent_index": binary.BigEndian.AppendUint64(nil, 0x100)}
+	if etcd35 {
+		meta["term"] = binary.BigEndian.AppendUint64(nil, 1)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		kb, err := tx.CreateBucket([]byte("key"))
-		if err != nil {
-			return err
-		}
-		mb, err := tx.CreateBucket([]byte("meta"))
-		if err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucket([]byte("lease")); err != nil {
-			return err
-		}
-		v, err := (&mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 1, ModRevision: 1, Version: 1}).Marshal()
-		if err != nil {
-			return err
-		}
-		if err := kb.Put(revBytes(1), v); err != nil {
-			return err
-		}
-		if etcd35 {
-			if err := mb.Put([]byte("term"), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
-				return err
-			}
-		}
-		return mb.Put([]byte("consistent_index"), binary.BigEndian.AppendUint64(nil, 0x100))
-	})
-	if err = errors.Join(err, db.Close()); err != nil {
-		t.Fatal(err)
-	}
+	writeBackend(t, filepath.Join(snapDir, "db"), &mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 1, ModRevision: 1, Version: 1}, meta)
 	w, err := wal.Create(zap.NewNop(), filepath.Join(dir, "member", "wal"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +151,25 @@ func TestV3WritesInTheTail(t *testing.T) {
 // keys go above that, not into revisions v3 clients have seen.
 func TestRenumberAboveTheCompaction(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "db")
+	writeBackend(t, path, &mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 2, ModRevision: 2, Version: 1},
+		map[string][]byte{"finishedCompactRev": revBytes(7), "scheduledCompactRev": revBytes(9)})
+	d, err := readV3(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kvs[0].ModRevision; got != 10 {
+		t.Errorf("the v2 key is at revision %d, want 10 (above the compaction scheduled at 9)", got)
+	}
+}
+
+// writeBackend writes a v3 backend at path holding kv at its mod revision, meta in the meta
+// bucket, and an empty lease bucket.
+func writeBackend(t *testing.T, path string, kv *mvccpb.KeyValue, meta map[string][]byte) {
+	t.Helper()
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -192,24 +183,24 @@ func TestRenumberAboveTheCompaction(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		v, err := (&mvccpb.KeyValue{Key: []byte("/a"), Value: []byte("1"), CreateRevision: 2, ModRevision: 2, Version: 1}).Marshal()
+		if _, err := tx.CreateBucket([]byte("lease")); err != nil {
+			return err
+		}
+		v, err := kv.Marshal()
 		if err != nil {
 			return err
 		}
-		return errors.Join(kb.Put(revBytes(2), v), mb.Put([]byte("finishedCompactRev"), revBytes(7)), mb.Put([]byte("scheduledCompactRev"), revBytes(9)))
+		if err := kb.Put(revBytes(kv.ModRevision), v); err != nil {
+			return err
+		}
+		for k, v := range meta {
+			if err := mb.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err = errors.Join(err, db.Close()); err != nil {
 		t.Fatal(err)
-	}
-	d, err := readV3(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kvs, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := kvs[0].ModRevision; got != 10 {
-		t.Errorf("the v2 key is at revision %d, want 10 (above the compaction scheduled at 9)", got)
 	}
 }
