@@ -392,11 +392,15 @@ func TestMismatchAdvice(t *testing.T) {
 }
 
 // TestListableTargets: what verify lists is what etcd stores: the APIs an aggregated server
-// answers (metrics.k8s.io from metrics-server: made up at each request) are left out, and their
+// answers (metrics.k8s.io from metrics-server: made up at each request) and componentstatuses
+// (probed at each request) are left out, and their
 // discovery failing (an APIService unavailable) does not stop verify; another group's does.
 func TestListableTargets(t *testing.T) {
 	lists := []*metav1.APIResourceList{
-		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "configmaps", Verbs: []string{"list"}}, {Name: "pods/status", Verbs: []string{"get"}}, {Name: "bindings", Verbs: []string{"create"}}}},
+		// componentstatuses: listable, but each apiserver probes the scheduler, the controller
+		// manager and its etcd when asked; nothing of it is stored (a probe that failed on one
+		// apiserver and not the other aborted a cutover's verify).
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "configmaps", Verbs: []string{"list"}}, {Name: "pods/status", Verbs: []string{"get"}}, {Name: "bindings", Verbs: []string{"create"}}, {Name: "componentstatuses", Verbs: []string{"get", "list"}}}},
 		{GroupVersion: "metrics.k8s.io/v1beta1", APIResources: []metav1.APIResource{{Name: "pods", Verbs: []string{"list"}}}},
 	}
 	aggregated := map[schema.GroupVersion]bool{{Group: "metrics.k8s.io", Version: "v1beta1"}: true, {Group: "custom.metrics.k8s.io", Version: "v1beta2"}: true}

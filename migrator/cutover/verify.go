@@ -156,7 +156,7 @@ func listableResources(ctx context.Context, blue *rest.Config, hc *http.Client) 
 }
 
 // listableTargets picks from discovery's lists the resource types to compare: listable, no
-// subresource, not served by an aggregated server. A discovery failure (discErr) is tolerated
+// subresource, stored (notStored), not served by an aggregated server. A discovery failure (discErr) is tolerated
 // only for aggregated APIs: an unavailable APIService (a stale metrics.k8s.io) stores nothing.
 func listableTargets(lists []*metav1.APIResourceList, discErr error, aggregated map[schema.GroupVersion]bool) ([]schema.GroupVersionResource, error) {
 	if discErr != nil {
@@ -180,7 +180,7 @@ func listableTargets(lists []*metav1.APIResourceList, discErr error, aggregated 
 			continue
 		}
 		for _, r := range l.APIResources {
-			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") {
+			if strings.Contains(r.Name, "/") || !contains(r.Verbs, "list") || notStored(gv, r.Name) {
 				continue
 			}
 			targets = append(targets, gv.WithResource(r.Name))
@@ -188,6 +188,13 @@ func listableTargets(lists []*metav1.APIResourceList, discErr error, aggregated 
 	}
 	sort.Slice(targets, func(i, j int) bool { return targets[i].String() < targets[j].String() })
 	return targets, nil
+}
+
+// notStored says whether a listable resource is made up by the apiserver when asked, not read
+// from etcd: componentstatuses (core v1) probe the scheduler, the controller manager and etcd at
+// each request, and two apiservers' probes may answer differently.
+func notStored(gv schema.GroupVersion, resource string) bool {
+	return gv.Group == "" && resource == "componentstatuses"
 }
 
 // apiServices are the kube-aggregator's registrations.
