@@ -236,6 +236,17 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // DefaultRevisionBump is what Kubernetes' own etcd restore guidance uses.
 const DefaultRevisionBump = 1_000_000_000
 
+// canonicalURL is raw as url.URL writes it (the scheme and host in lower case), or raw when it
+// does not parse.
+func canonicalURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	return u.String()
+}
+
 func (p *Plan) setDefaults() {
 	// The apiserver URLs as a proxy keeps them (Go writes scheme and host in lower case), so
 	// that the cutover's comparisons and expectations match what the proxies report.

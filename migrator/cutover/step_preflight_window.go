@@ -60,17 +60,6 @@ func checkProxiesOnce(p *Plan) error {
 	return errors.Join(errs...)
 }
 
-// canonicalURL is raw as url.URL writes it (the scheme and host in lower case), or raw when it
-// does not parse.
-func canonicalURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
-	return u.String()
-}
-
 // checkGreenExtraArgs refuses a green.etcd.extraArgs flag that kubefence sets itself: they come
 // last on the command line, where etcd takes the last value, and would undo what the cutover
 // set and checked (the data dir, the URLs, TLS). --max-request-bytes may only grow.

@@ -44,21 +44,32 @@ type CopyReport struct {
 // lock on its backend file, member/snap/db, while it runs) or a kubefence copy or backup reading
 // it (a shared lock, holdStopped). The probe asks for an exclusive lock, which either refuses.
 func InUse(dataDir string) (bool, error) {
-	f, err := os.Open(filepath.Join(dataDir, "member", "snap", "db"))
+	f, busy, err := lockBackend(dataDir, unix.LOCK_EX)
+	if f != nil {
+		f.Close()
+	}
+	return busy, err
+}
+
+// lockBackend takes the lock how (unix.LOCK_EX or LOCK_SH) on dataDir's backend file without
+// waiting, and returns it held (close to release); busy when another holds a lock that excludes
+// it. A data dir without a backend gives no file, not busy: nothing can hold it.
+func lockBackend(dataDir string, how int) (f *os.File, busy bool, err error) {
+	f, err = os.Open(filepath.Join(dataDir, "member", "snap", "db"))
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB); err != nil {
+		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return true, nil
+			return nil, true, nil
 		}
-		return false, err
+		return nil, false, err
 	}
-	return false, nil
+	return f, false, nil
 }
 
 // inUseError says what to do about a data dir InUse found held, before doing what.
@@ -69,17 +80,14 @@ func inUseError(dataDir, what string) error {
 // holdStopped takes a shared lock on the member's backend, so an etcd started while kubefence
 // works on the dir waits for it instead of changing files under it. The lock goes with close.
 func holdStopped(dataDir string) (io.Closer, error) {
-	p := filepath.Join(dataDir, "member", "snap", "db")
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, fmt.Errorf("%s is not an etcd member data dir: %w", dataDir, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s is in use by a running etcd (member/snap/db is locked): stop the member first, or copy it while it runs with --live --endpoint <its client URL>", dataDir)
-		}
+	f, busy, err := lockBackend(dataDir, unix.LOCK_SH)
+	switch {
+	case err != nil:
 		return nil, err
+	case busy:
+		return nil, fmt.Errorf("%s is in use by a running etcd (member/snap/db is locked): stop the member first, or copy it while it runs with --live --endpoint <its client URL>", dataDir)
+	case f == nil:
+		return nil, fmt.Errorf("%s is not an etcd member data dir: %w", dataDir, os.ErrNotExist)
 	}
 	return f, nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -773,25 +772,19 @@ func (e *executor) swap(dirs []string) error {
 func lockForSwap(dirs []string) ([]*os.File, error) {
 	var locks []*os.File
 	for _, d := range dirs {
-		f, err := os.Open(filepath.Join(d, "member", "snap", "db"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // no backend: nothing can hold it
-		}
-		if err == nil {
-			if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-				f.Close()
-			}
+		f, busy, err := lockBackend(d, unix.LOCK_EX)
+		if err == nil && busy {
+			err = inUseError(d, "nothing more was swapped; run the same command again once it is not")
 		}
 		if err != nil {
 			for _, l := range locks {
 				l.Close()
 			}
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				err = inUseError(d, "nothing more was swapped; run the same command again once it is not")
-			}
 			return nil, err
 		}
-		locks = append(locks, f)
+		if f != nil {
+			locks = append(locks, f)
+		}
 	}
 	return locks, nil
 }
