@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // Lock is a held lock.
@@ -43,12 +45,12 @@ func (e *HeldError) Who() string {
 	return who
 }
 
-// Take takes the lock on path (created 0600 if missing) without waiting: a *HeldError if
+// Take takes the lock on path (created 0600 if missing; never a link: pathguard.OpenOwn) without waiting: a *HeldError if
 // another process holds it. A lock file its holder removed (ReleaseRemove) between this open
 // and this flock is no lock: then it opens path again.
 func Take(path string) (*Lock, error) {
 	for attempt := 1; ; attempt++ {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := pathguard.OpenOwn(path, os.O_RDWR)
 		if err != nil {
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}

@@ -35,3 +35,35 @@ func TestTake(t *testing.T) {
 	}
 	l3.Release()
 }
+
+// TestTakeFollowsNothing: a lock file is only ever one kubefence made. One that another user
+// with write access to the directory put there as a link (to /etc/shadow, say) or a hard link
+// is refused, and what it leads to is left as it was: Take truncates and writes a lock file.
+func TestTakeFollowsNothing(t *testing.T) {
+	cases := []struct {
+		name  string
+		plant func(target, path string) error
+	}{
+		{"symbolic link", os.Symlink},
+		{"hard link", os.Link},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			target, path := filepath.Join(dir, "secret"), filepath.Join(dir, "lock")
+			if err := os.WriteFile(target, []byte("secret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.plant(target, path); err != nil {
+				t.Fatal(err)
+			}
+			if l, err := Take(path); err == nil {
+				l.Release()
+				t.Error("Take locked a planted link")
+			}
+			if got, _ := os.ReadFile(target); string(got) != "secret\n" {
+				t.Errorf("the link's target now holds %q", got)
+			}
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // CheckApart returns an error when output and source overlap: output is source, is inside it,
@@ -231,4 +232,36 @@ func unescapeMountPath(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// OpenOwn opens (creating it 0600 if missing) a file kubefence keeps for itself in a directory
+// another user may write to (a data dir's parent, a backup dir): never through a link that user
+// put at path, nor a hard link to someone else's file, nor a FIFO or device. Lock files and step
+// logs are opened so; anything else there is refused with what was found.
+func OpenOwn(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s is a symbolic link, not a file kubefence made: remove it (check who put it there) and try again", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || st == nil || st.Nlink != 1 {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a file kubefence made (%s, %d links): remove it (check who put it there) and try again", path, fi.Mode().Type(), linkCount(st))
+	}
+	return f, nil
+}
+
+func linkCount(st *syscall.Stat_t) uint64 {
+	if st == nil {
+		return 0
+	}
+	return uint64(st.Nlink)
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // Start starts argv (binary first) with its output appended to logPath, after a line saying
@@ -26,7 +28,7 @@ func Start(argv []string, logPath, who string, attr *syscall.SysProcAttr) (*exec
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := pathguard.OpenOwn(logPath, os.O_WRONLY|os.O_APPEND)
 	if err != nil {
 		return nil, err
 	}

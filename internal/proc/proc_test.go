@@ -147,3 +147,24 @@ func TestDaemonRefusesAScript(t *testing.T) {
 		t.Fatalf("error %v: want it to say the program is a script", err)
 	}
 }
+
+// TestStartWritesNoLinkedLog: a step's log is appended to, never through a link another user
+// put at its path (in a backup dir that user can write): the start is refused and what the link
+// leads to is left as it was.
+func TestStartWritesNoLinkedLog(t *testing.T) {
+	dir := t.TempDir()
+	target, logPath := filepath.Join(dir, "secret"), filepath.Join(dir, "step.log")
+	if err := os.WriteFile(target, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, logPath); err != nil {
+		t.Fatal(err)
+	}
+	if cmd, err := Start([]string{"/bin/true"}, logPath, "test", nil); err == nil {
+		_ = cmd.Wait()
+		t.Error("Start appended its log through a link")
+	}
+	if got, _ := os.ReadFile(target); string(got) != "secret\n" {
+		t.Errorf("the link's target now holds %q", got)
+	}
+}
