@@ -900,3 +900,13 @@ func TestAdminListenNeedsItsCAWithoutValidate(t *testing.T) {
 		t.Fatalf("Complete: %v, want it to name --admin-client-ca-file", err)
 	}
 }
+
+// TestStatusSaysItsDrainTimeout: the status says how long a switch may wait for the watches
+// (--drain-timeout), over the admin API: a cutover bounds its switch call to each proxy by it.
+func TestStatusSaysItsDrainTimeout(t *testing.T) {
+	p := startProxy(t, "http://127.0.0.1:1", func(o *Options) { o.DrainTimeout = 7 * time.Second })
+	st, err := p.admin.Status(t.Context())
+	if err != nil || time.Duration(st.DrainTimeout) != 7*time.Second {
+		t.Fatalf("status %+v %v: want drainTimeout 7s", st, err)
+	}
+}

@@ -191,7 +191,8 @@ func (s *Server) Status() admin.Status {
 	return admin.Status{
 		APILevel: admin.APILevel, Version: version.Version,
 		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Unchecked: st.Unchecked, Backend: st.Backend,
-		Switchable: &admin.Switchable{Upstream: s.cfg.opts.Upstream, AllowedBackends: s.cfg.opts.AllowedBackends}, Generation: st.Generation, ChangedAt: st.ChangedAt,
+		Switchable: &admin.Switchable{Upstream: s.cfg.opts.Upstream, AllowedBackends: s.cfg.opts.AllowedBackends}, DrainTimeout: admin.Duration(s.cfg.opts.DrainTimeout),
+		Generation: st.Generation, ChangedAt: st.ChangedAt,
 		InflightWrites: s.gate.inflight.len(), OpenWatches: s.openWatches.Load(), OpenStreams: b.openStreams(), ResumedThenEnded: b.resumedThenEnded.Load(), ResumedPastExpiry: b.resumedPastExpiry.Load(), ResumesPending: b.resumesPending.Load(),
 		RefusedWrites: s.refusals.total.Load(), RetryAfterSeconds: s.cfg.opts.RetryAfter,
 		Mode: st.Mode, Hold: s.holder.status(), Now: time.Now().UTC(),

@@ -360,3 +360,34 @@ func TestResumeFinishesARebuild(t *testing.T) {
 		t.Errorf("resumed run ran %v with %d rebuild(s); want it to copy and start green again, one rebuild", w.ran, w.r.j.Rebuilds)
 	}
 }
+
+// TestSwitchBoundedWhileAProxyHangs: a proxy that answers its status but never its switch (its
+// state file's fsync stalled, its host gone between the two calls) holds the switch only as long
+// as that proxy's drain may take and an answer after it, not the switch step's whole timeout
+// (a minute, every other proxy fenced, or switched and fenced, all along); the others go back.
+func TestSwitchBoundedWhileAProxyHangs(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	g, sts, _ := threeProxies(-1)
+	for _, s := range sts {
+		s.Fenced = true
+		s.DrainTimeout = admin.Duration(300 * time.Millisecond)
+	}
+	b := g.proxies[1].Client.(funcProxy)
+	b.setBackend = hanging().setBackend
+	g.proxies[1].Client = b
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := g.SetBackend(ctx, admin.BackendRequest{URL: greenURL, ExpectGeneration: 10 + 20 + 30})
+	if err == nil || !strings.Contains(err.Error(), "proxy b") {
+		t.Fatalf("switch with proxy b silent: %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the switch waited %s for a proxy that never answered (its drain 300ms, an answer 200ms)", took)
+	}
+	for _, i := range []int{0, 2} {
+		if sts[i].Backend != blueURL {
+			t.Errorf("proxy %d left on %s", i, sts[i].Backend)
+		}
+	}
+}

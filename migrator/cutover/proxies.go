@@ -284,6 +284,8 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 		return admin.BackendResponse{}, err
 	}
 	res, err := admin.Each(ctx, calls, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
+		ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.drain, defaultDrainTimeout)+proxyAnswerTimeout)
+		defer cancel()
 		return c.p.SetBackend(ctx, c.req)
 	})
 	if err != nil {
@@ -335,7 +337,15 @@ func prepareBackend(ctx context.Context, c proxyAdmin, req admin.PrepareRequest)
 type backendCall struct {
 	p   proxyAdmin
 	req admin.BackendRequest
+	// drain is how long the proxy's switch may wait for its watches (its status says; 0 when
+	// not read, or from a proxy too old to say).
+	drain time.Duration
 }
+
+// defaultDrainTimeout is the proxy's --drain-timeout default, for a proxy whose drain bound
+// is not known: a switch call to one proxy waits for its drain and an answer after it
+// (proxyAnswerTimeout), not the switch step's whole timeout, while every other proxy is fenced.
+const defaultDrainTimeout = 10 * time.Second
 
 // expectEach is each proxy's switch request. When req expects a generation of the group, the
 // proxies' generations are read and must add up to it (generations only grow, so an equal sum
@@ -358,6 +368,7 @@ func (g *proxyGroup) expectEach(ctx context.Context, req admin.BackendRequest) (
 	}
 	for i, r := range res {
 		calls[i].Client.req.ExpectGeneration = r.Value.Generation
+		calls[i].Client.drain = time.Duration(r.Value.DrainTimeout)
 	}
 	return calls, nil
 }
@@ -463,6 +474,7 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 		out.Hold = addHold(out.Hold, st.Hold)
 		out.Mode = cmp.Or(out.Mode, st.Mode)
 		out.RetryAfterSeconds = max(out.RetryAfterSeconds, st.RetryAfterSeconds)
+		out.DrainTimeout = max(out.DrainTimeout, st.DrainTimeout)
 		if out.Reason == "" {
 			out.Reason = st.Reason
 		}

@@ -52,8 +52,11 @@ type Status struct {
 	Backend   string `json:"backend"`
 	// Switchable is what 'backend set' may switch to (nil from a proxy too old to say).
 	Switchable *Switchable `json:"switchable,omitempty"`
-	Generation uint64      `json:"generation"`
-	ChangedAt  time.Time   `json:"changedAt"`
+	// DrainTimeout is the longest a switch on this proxy waits for its watches to leave the old
+	// backend (--drain-timeout); 0 from a proxy too old to say.
+	DrainTimeout Duration  `json:"drainTimeout,omitempty"`
+	Generation   uint64    `json:"generation"`
+	ChangedAt    time.Time `json:"changedAt"`
 	// InflightWrites are writes forwarded and not yet answered.
 	InflightWrites int `json:"inflightWrites"`
 	// OpenWatches are watches open through the proxy; OpenStreams counts watches and upgraded
