@@ -73,6 +73,9 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 				// Lasting: a resume of the bake would fail the same way.
 				rep.Next = "green serves as before and writes are open; " + r.noPickup
 			}
+			if r.othersFence {
+				rep.Next = strings.Replace(rep.Next, "writes are open", "writes stay fenced, as they were before the rollback fenced them ('kubefence fence off' reopens them on green)", 1)
+			}
 		}
 	}
 	r.emit(Event{Type: EventReport, Report: rep})

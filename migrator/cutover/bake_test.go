@@ -449,6 +449,7 @@ func TestFailedRollbackAbortAdvice(t *testing.T) {
 		},
 	}
 	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepDrain })
+	r.j.FencedAt = time.Now().UTC() // the drain comes after the rollback's fence
 	rep, _ := r.fail(t.Context(), r.steps[i], errors.New("drain missed the window"))
 	if rep == nil || strings.Contains(rep.Next+rep.Error, "cutover abort") || strings.Contains(rep.Next+rep.Error, "'kubefence fence off'") || !strings.Contains(rep.Next, "rollback --resume") {
 		t.Fatalf("report %+v: want the advice to run 'cutover rollback --resume' once every proxy answers", rep)

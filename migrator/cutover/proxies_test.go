@@ -537,7 +537,7 @@ func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
 	stA, stB := &admin.Status{Backend: green, Fenced: true}, &admin.Status{Backend: blue, Fenced: true}
 	var callsA, callsB []string
 	r := &runner{p: p, o: Options{Plan: p}, adm: &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(stA, &callsA)}, {Name: "b", Client: memProxy(stB, &callsB)}}},
-		main: &Journal{ID: "c", State: StateRollingBack}, j: &Journal{ID: "r"}, from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback")}
+		main: &Journal{ID: "c", State: StateRollingBack}, j: &Journal{ID: "r", FencedAt: time.Now().UTC()}, from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback")}
 	if err := os.MkdirAll(r.journalDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -552,6 +552,27 @@ func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
 	}
 	if r.j.UnfencedAt.IsZero() {
 		t.Error("the rollback's journal does not say when writes reopened (status would say they are fenced)")
+	}
+}
+
+// TestRollbackAbortLeavesAnOperatorsFence: a rollback that fails before its own fence (blue's
+// tip unreadable, blue etcd unreachable) lifts no fence: one on already is the operator's, put
+// on to stop a misbehaving green before rolling back, and writes stay fenced on green.
+func TestRollbackAbortLeavesAnOperatorsFence(t *testing.T) {
+	p, _ := validPlan(t)
+	green := p.Green.APIServer.URL
+	st := &admin.Status{Backend: green, Fenced: true, Reason: "operator: green misbehaves"}
+	var calls []string
+	r := &runner{p: p, o: Options{Plan: p}, adm: &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(st, &calls)}}},
+		main: &Journal{ID: "c", State: StateRollingBack}, j: &Journal{ID: "r"}, from: p.greenSide(), to: p.blueSide(), journalDir: filepath.Join(p.StateDir, "rollback")}
+	if err := os.MkdirAll(r.journalDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.abortRollback(t.Context(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Fenced || st.Backend != green || slices.Contains(calls, "fence off") {
+		t.Fatalf("after the rollback's abort: %+v, calls %v; want the operator's fence left on green", st, calls)
 	}
 }
 

@@ -135,9 +135,12 @@ type runner struct {
 	// resumedFenced: this run resumed one that had journaled its fence and not its unfence (its
 	// stop may have kept writes fenced, and it may have made changes this run makes again).
 	resumedFenced bool
-	adm           proxyAdmin
-	procs         processes
-	steps         []step
+	// othersFence: an aborted rollback found the proxies fenced by someone else (before its own
+	// fence) and left them so; the report says writes stay fenced.
+	othersFence bool
+	adm         proxyAdmin
+	procs       processes
+	steps       []step
 	// repl is the replicator this process runs (mode replicate), from the replicate step to
 	// stop-replication or the abort.
 	repl *replication
