@@ -96,7 +96,8 @@ func (m *muxTransport) handshaker(dial dialFunc) dialFunc {
 		c := tls.Client(raw, cfg)
 		if err := c.HandshakeContext(ctx); err != nil {
 			raw.Close()
-			return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+			// A dial's error: no request was sent on it (upstreamError then tells the client to retry).
+			return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("TLS handshake with %s: %w", addr, err)}
 		}
 		return c, nil
 	}

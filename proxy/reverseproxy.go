@@ -101,15 +101,16 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			w.WriteHeader(499)
 			return
 		}
+		var op *net.OpError
+		neverSent := errors.As(err, &op) && op.Op == "dial" // refused, or timed out: either way nothing left
 		var ne net.Error
-		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		if !neverSent && (errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())) {
 			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
 			writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver timed out", 0)
 			return
 		}
 		retry := 0
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
+		if neverSent {
 			retry = 1
 		}
 		log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"crypto/x509"
+	"errors"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -185,6 +189,42 @@ func TestBackendErrorsTellClientsNothing(t *testing.T) {
 			log := logs.String()
 			if !strings.Contains(log, host) || !strings.Contains(log, "path=/api/v1/namespaces") || strings.Contains(log, "s3cret") {
 				t.Errorf("log %q: want the backend and the path, not the query", log)
+			}
+		})
+	}
+}
+
+// timeoutErr is a network error that timed out, as a dial to a host that drops SYNs gives.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestFailedDialIsRetried: a request whose connection was never made was sent nowhere, so it is
+// answered with Retry-After (client-go sends it again), whether the dial was refused or timed
+// out (a green host behind a firewall that drops SYNs); one that timed out after it left is not.
+func TestFailedDialIsRetried(t *testing.T) {
+	u, _ := url.Parse("https://10.0.0.9:6443")
+	cases := []struct {
+		name       string
+		err        error
+		code       int
+		retryAfter string
+	}{
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, http.StatusBadGateway, "1"},
+		{"dial timed out", &net.OpError{Op: "dial", Net: "tcp", Err: timeoutErr{}}, http.StatusBadGateway, "1"},
+		{"timed out after it was sent", &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, http.StatusGatewayTimeout, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &reqState{backend: &backend{url: u}}
+			r := httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/default/configmaps", nil)
+			r = r.WithContext(withReqState(r.Context(), st))
+			w := httptest.NewRecorder()
+			upstreamError(slog.New(slog.DiscardHandler))(w, r, tc.err)
+			if w.Code != tc.code || w.Header().Get("Retry-After") != tc.retryAfter {
+				t.Errorf("answer %d Retry-After=%q, want %d Retry-After=%q", w.Code, w.Header().Get("Retry-After"), tc.code, tc.retryAfter)
 			}
 		})
 	}
