@@ -43,7 +43,8 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	blueDB, listsNote, err := r.checkBlueEtcd(ctx)
 	identityNote, identityErr := checkGreenEtcdIdentity(p)
-	errs = append(errs, err, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkSwitchBackCA(ctx, p), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), identityErr, checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
+	systemdNote, systemdErr := r.systemdNote(ctx)
+	errs = append(errs, err, systemdErr, r.checkProxyOnBlue(ctx), r.checkProxiesAllowSwitch(ctx), checkSwitchBackCA(ctx, p), checkGreenKubeconfig(ctx, p), checkGreenEtcdServers(ctx, p), identityErr, checkGreenTLS(p), checkBlueBakeCert(p), checkBlueTxnLimits(ctx, p), checkGreenQuota(p, blueDB))
 	if err := datadir.CheckBinaryVersion(ctx, p.Green.Etcd.Binary, p.Green.Etcd.Version); err != nil {
 		errs = append(errs, fmt.Errorf("green.etcd.binary is not etcd %s: %w", p.Green.Etcd.Version, err))
 	}
@@ -80,7 +81,7 @@ func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("blue ready, etcd db %.1f MB%s; proxy open on blue; green etcd %s, ports free, space enough; %s%s", float64(blueDB)/1e6, listsNote, p.Green.Etcd.Version, bypass, identityNote), nil
+	return fmt.Sprintf("blue ready, etcd db %.1f MB%s; proxy open on blue; green etcd %s, ports free, space enough; %s%s%s", float64(blueDB)/1e6, listsNote, p.Green.Etcd.Version, bypass, identityNote, systemdNote), nil
 }
 
 // checkBlueEtcd checks every blue endpoint answers and they are exactly blue's members, and
