@@ -11,6 +11,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // leaseMirror holds green's copies of blue's leases: same IDs, blue's granted TTLs, kept alive
@@ -19,6 +20,9 @@ import (
 type leaseMirror struct {
 	cfg Config
 	ctx context.Context // Run's; the keepalives live as long as it
+	// hold: HoldLeases' mirror, which keeps every lease it found while a replication beside it
+	// revokes those the source dropped: a lease gone is their end, not a loss.
+	hold bool
 
 	mu   sync.Mutex
 	kept map[clientv3.LeaseID]context.CancelFunc
@@ -100,7 +104,9 @@ func (m *leaseMirror) grant(ctx context.Context, id clientv3.LeaseID, green int6
 	default:
 		ttl = src.GrantedTTL
 	}
-	resp, err := pb.NewLeaseClient(m.cfg.Dest.ActiveConnection()).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: ttl})
+	// Waiting for the connection, as clientv3's own calls (and the txns) do: without it each try
+	// fails at once while green is down, and the tries run out in seconds.
+	resp, err := pb.NewLeaseClient(m.cfg.Dest.ActiveConnection()).LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: int64(id), TTL: ttl}, grpc.WaitForReady(true))
 	switch {
 	case err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist):
 		// Green has it but did not when the replicator started: something else granted it
@@ -159,8 +165,12 @@ func (m *leaseMirror) renew(ctx context.Context, id clientv3.LeaseID, ch <-chan 
 		l, err := m.cfg.Dest.TimeToLive(ctx, id)
 		if err == nil && l.TTL == -1 {
 			// Green expired or revoked it by itself; if it held keys, green's revision moved
-			// and the next apply says so.
-			m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", lease)
+			// and the next apply says so. Under a hold, the replication revoked it.
+			if m.hold {
+				m.cfg.Log.Info("a held lease is gone (revoked by the replication beside the hold, or expired); no longer kept alive", "lease", lease)
+			} else {
+				m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", lease)
+			}
 			m.mu.Lock()
 			delete(m.kept, id)
 			m.mu.Unlock()
@@ -301,6 +311,7 @@ func HoldLeases(ctx, listCtx context.Context, cli *clientv3.Client, log *slog.Lo
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := newLeaseMirror(Config{Dest: cli, Log: log})
+	m.hold = true
 	if err := m.adoptDest(ctx, listCtx); err != nil {
 		cancel()
 		m.stopAll()

@@ -144,8 +144,11 @@ func (p *pipeline) submit(ctx context.Context, rev int64, evs []*clientv3.Event)
 		return fmt.Errorf("%w: blue's stream holds revision %d next but green is at %d: a revision would be skipped or applied twice", ErrRevisionMismatch, rev, last)
 	}
 	if p.needsLease(evs) {
-		// A lease grant must see green at a known revision: nothing in flight.
-		p.r.drained(false)
+		// A lease grant must see green at a known revision: nothing in flight (counted when
+		// something was).
+		if len(p.flight) > 0 {
+			p.r.drained(false)
+		}
 		if err := p.flush(ctx); err != nil {
 			return err
 		}

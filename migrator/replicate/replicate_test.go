@@ -1178,8 +1178,10 @@ func TestStopAdoptsLateCommit(t *testing.T) {
 }
 
 // TestLeaseGrantRetried: a put that names a lease green does not keep yet makes the replicator
-// grant it on green first. Green restarting then is ridden out as for a txn (ApplyTimeout a
-// try, 10 tries), not the end of replication.
+// grant it on green first. Green down then for longer than the grant's own backoff (about 9 s
+// over its 10 tries: a grant that does not wait for the connection fails each try at once) is
+// ridden out as for a txn (ApplyTimeout a try, each waiting for green), not the end of
+// replication.
 func TestLeaseGrantRetried(t *testing.T) {
 	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
 	put(t, blue, "a", "1")
@@ -1191,7 +1193,7 @@ func TestLeaseGrantRetried(t *testing.T) {
 	// would end only that goroutine and leave the test waiting for it.
 	restarted := make(chan error, 1)
 	logDir := t.TempDir()
-	go func() { restarted <- green.restartIn(logDir, 1500*time.Millisecond) }()
+	go func() { restarted <- green.restartIn(logDir, 12*time.Second) }()
 	time.Sleep(200 * time.Millisecond) // green is down
 	put(t, blue, "leased", "x", clientv3.WithLease(id))
 	select {
@@ -1389,5 +1391,63 @@ func TestStopFindsAMismatch(t *testing.T) {
 	close(kv.release)
 	if err := run.wait(t, 30*time.Second); !errors.Is(err, ErrRevisionMismatch) {
 		t.Fatalf("Run returned %v; want ErrRevisionMismatch: green went on by itself", err)
+	}
+}
+
+// TestLeaseWaitsCountsDrains: LeaseWaits counts the pipeline drained for a lease grant, not
+// every new lease: a put with a new lease while nothing is in flight waits for nothing.
+func TestLeaseWaitsCountsDrains(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "1")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	run := start(t, blue, green, s, nil)
+	catchUp(t, run, blue)
+	id := grant(t, blue, 60)
+	put(t, blue, "leased", "x", clientv3.WithLease(id))
+	last := catchUp(t, run, blue)
+	sameHistory(t, blue, green, s, last)
+	if w := run.r.Progress().LeaseWaits; w != 0 {
+		t.Errorf("LeaseWaits %d after one leased put with nothing in flight, want 0", w)
+	}
+}
+
+// lockedBuf is a log sink goroutines share.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestHeldLeaseRevokedIsNoError: a lease the hold keeps alive that is then revoked (by the
+// replication running beside it, which revokes what blue dropped) is let go without an ERROR:
+// the hold keeps every lease it finds, and their end is the stream's to say, not a loss.
+func TestHeldLeaseRevokedIsNoError(t *testing.T) {
+	m := startEtcd(t, "hold", t.TempDir(), etcdOpts{})
+	id := grant(t, m, 6) // renewed every 2 s: the hold learns of the revoke at the next renewal
+	var logs lockedBuf
+	release, err := HoldLeases(t.Context(), t.Context(), m.cli, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if _, err := m.cli.Revoke(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(logs.String(), "lease="), nil
+	})
+	if err != nil || strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("after a held lease was revoked (%v), the hold logged:\n%s", err, logs.String())
 	}
 }
