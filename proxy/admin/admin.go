@@ -379,6 +379,10 @@ func (e *APIError) Error() string { return e.Message }
 // ErrUnreachable wraps a failure to reach the admin socket at all.
 var ErrUnreachable = errors.New("cannot reach the kubefence admin API")
 
+// ErrNoAnswer wraps a failure after the connection was made: the request may have reached the
+// proxy, which may have acted on it (saved a fence or a backend) before the connection closed.
+var ErrNoAnswer = errors.New("the kubefence admin API gave no answer")
+
 // maxAnswer bounds an admin answer: the largest, the writes log (65,536 entries of a few
 // hundred bytes each, names up to 253 characters), stays well below it.
 const maxAnswer = 256 << 20
@@ -401,8 +405,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if errors.Is(err, os.ErrPermission) {
 		return fmt.Errorf("%w: permission denied: the admin socket is 0600, owned by the user the proxy runs as (root with the shipped manifests): run this command as that user: %v", ErrUnreachable, err)
 	}
-	if err != nil {
+	var dial *net.OpError
+	if err != nil && errors.As(err, &dial) && dial.Op == "dial" {
 		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same?): %v", ErrUnreachable, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (the proxy may have acted on the request): %v", ErrNoAnswer, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -474,5 +475,31 @@ func TestDryRunOfAResume(t *testing.T) {
 	code, _, errOut := runCLI("cutover", "--plan", plan, "--dry-run", "--resume")
 	if code != ExitUsage || !strings.Contains(errOut, "cutover status") {
 		t.Errorf("cutover --dry-run --resume = %d, stderr %q; want %d, pointing at cutover status", code, errOut, ExitUsage)
+	}
+}
+
+// TestAnswerLostIsUnknown: a proxy that took a change and closed the connection before it
+// answered (restarted after it saved the new state) may have acted on it: the command says the
+// outcome is unknown and how to check, not that the proxy could not be reached (an operator
+// who believes nothing changed may reopen writes on the wrong side).
+func TestAnswerLostIsUnknown(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	for _, args := range [][]string{{"fence", "off"}, {"fence", "on"}, {"backend", "set", "https://10.0.0.2:6443"}} {
+		code, _, errOut := runCLI(append(args, "--admin-socket", sock)...)
+		if code != ExitFailure || !strings.Contains(errOut, "unknown") || !strings.Contains(errOut, "fence status") || strings.Contains(errOut, "running") {
+			t.Errorf("kubefence %v against a proxy that closed without an answer = %d\n%s\nwant the outcome unknown, not 'is the proxy running'", args, code, errOut)
+		}
 	}
 }

@@ -237,6 +237,8 @@ func each[T any](ctx context.Context, proxies admin.Group, b bound, f func(conte
 		case err != nil && ctx.Err() != nil && b.unknown != "":
 			// Not "cannot reach": the request may have arrived and the proxy acted on it.
 			err = fmt.Errorf("%v before the proxy answered: %s is unknown: check with 'kubefence fence status'", context.Cause(ctx), b.unknown)
+		case errors.Is(err, admin.ErrNoAnswer) && b.unknown != "":
+			err = fmt.Errorf("%w; %s is unknown: check with 'kubefence fence status'", err, b.unknown)
 		}
 		return v, err
 	})
