@@ -18,12 +18,17 @@ type writeLog struct {
 	ring []admin.ForwardedWrite
 	next int  // the slot the next write goes into
 	full bool // the ring has wrapped: the oldest entry is at next
+	// started is when the log began (the proxy's start): the writes it forwarded before a
+	// restart are not in it.
+	started time.Time
 }
 
 // writeLogSize is how many forwarded writes the proxy remembers (about a minute at 1,000 writes/s).
 const writeLogSize = 1 << 16
 
-func newWriteLog(size int) *writeLog { return &writeLog{ring: make([]admin.ForwardedWrite, size)} }
+func newWriteLog(size int) *writeLog {
+	return &writeLog{ring: make([]admin.ForwardedWrite, size), started: time.Now()}
+}
 
 // add logs a write a answered at at, took after it was forwarded.
 func (l *writeLog) add(a *policy.Attributes, at time.Time, took time.Duration) {
@@ -37,7 +42,8 @@ func (l *writeLog) add(a *policy.Attributes, at time.Time, took time.Duration) {
 }
 
 // since returns the writes forwarded at or after t, oldest first, and whether the log still
-// reaches back to t (false: older writes were dropped, the answer may be missing some).
+// reaches back to t (false: older writes were dropped, or the proxy started after t: the answer
+// may be missing some).
 func (l *writeLog) since(t time.Time) admin.WritesResponse {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -47,7 +53,9 @@ func (l *writeLog) since(t time.Time) admin.WritesResponse {
 	} else {
 		ordered = l.ring[:l.next]
 	}
-	resp := admin.WritesResponse{Complete: !l.full || (len(ordered) > 0 && !ordered[0].At.After(t))}
+	// Complete when nothing was dropped since t: the ring has not wrapped and the log began by
+	// t (a proxy restarted since t has not the writes of before), or its oldest is from by t.
+	resp := admin.WritesResponse{Complete: (!l.full && !t.Before(l.started)) || (len(ordered) > 0 && !ordered[0].At.After(t))}
 	for _, w := range ordered {
 		if !w.At.Before(t) {
 			resp.Writes = append(resp.Writes, w)

@@ -21,16 +21,21 @@ func TestWriteLog(t *testing.T) {
 		since        int
 		want         []string
 		wantComplete bool
+		started      int // the proxy started at t0+started
 	}{
-		{"empty", 0, 0, nil, true},
-		{"not wrapped", 3, 1, []string{"w1", "w2"}, true},
-		{"wrapped, reaches back", 6, 3, []string{"w3", "w4", "w5"}, true},
-		{"wrapped, dropped some", 6, 0, []string{"w2", "w3", "w4", "w5"}, false},
+		{"empty", 0, 0, nil, true, 0},
+		{"not wrapped", 3, 1, []string{"w1", "w2"}, true, 0},
+		{"wrapped, reaches back", 6, 3, []string{"w3", "w4", "w5"}, true, 0},
+		{"wrapped, dropped some", 6, 0, []string{"w2", "w3", "w4", "w5"}, false, 0},
+		// A proxy restarted since: what it forwarded before is not in its log.
+		{"asked from before the proxy started", 3, 0, []string{"w1", "w2"}, false, 1},
+		{"empty, asked from before the proxy started", 0, 0, nil, false, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newWriteLog(4)
-			for i := range tc.writes {
+			l.started = at(tc.started)
+			for i := tc.started; i < tc.writes; i++ {
 				l.add(&policy.Attributes{Verb: "create", Resource: "configmaps", Name: "w" + string(rune('0'+i))}, at(i), time.Millisecond)
 			}
 			resp := l.since(at(tc.since))

@@ -428,7 +428,7 @@ func (r *runner) checkBypass(ctx context.Context) (string, error) {
 		problems = append(problems, b.String())
 	}
 	if !fw.Complete {
-		problems = append(problems, "a proxy's log of forwarded writes did not reach back to the watch's start (over 65,536 writes in it): the comparison may be wrong")
+		problems = append(problems, "a proxy's log of forwarded writes did not reach back to the watch's start (over 65,536 writes in it, or the proxy restarted during the watch): the comparison may be wrong; run the cutover again")
 	}
 	epProblems, epNotes := r.checkServiceEndpoints(ctx)
 	problems = append(problems, epProblems...)
