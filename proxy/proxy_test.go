@@ -582,6 +582,9 @@ func TestCorruptStateServesNothing(t *testing.T) {
 		// safe (as unconfirmed and unchecked were added): not ignored.
 		"unknown field": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7,"aFutureSafetyFlag":true}`,
 		"trailing data": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7}{"fenced":true}`,
+		// json.Decoder.More says no more values before a closing delimiter: still trailing data.
+		"trailing brace":   `{"version":1,"fenced":false,"backend":"BACKEND","generation":7}}`,
+		"trailing bracket": `{"version":1,"fenced":false,"backend":"BACKEND","generation":7}]junk`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			api := newFakeAPI(t, "blue")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -70,7 +71,8 @@ func (s *stateStore) load() (State, error) {
 	if err := dec.Decode(&st); err != nil {
 		return st, fmt.Errorf("state file %s is corrupt, or from a newer kubefence: %w", s.path, err)
 	}
-	if dec.More() {
+	// Only white space may follow (More is false before a stray '}' or ']').
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return st, fmt.Errorf("state file %s is corrupt: more than one JSON value", s.path)
 	}
 	if st.Version != stateVersion {
