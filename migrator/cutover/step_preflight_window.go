@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // checkPlanForTheWindow refuses what the plan's parser takes but what would fail late, inside
@@ -45,12 +46,7 @@ func checkProxiesOnce(p *Plan) error {
 	seen := map[string]int{}
 	var errs []error
 	for i, pr := range p.proxyRefs() {
-		key := "socket " + filepath.Clean(pr.AdminSocket)
-		if pr.AdminAddress != "" {
-			key = "address " + strings.TrimSuffix(canonicalURL(pr.AdminAddress), "/")
-		} else if real, err := filepath.EvalSymlinks(pr.AdminSocket); err == nil {
-			key = "socket " + real
-		}
+		key := admin.ProxyKey(pr.AdminSocket, pr.AdminAddress)
 		if j, ok := seen[key]; ok {
 			errs = append(errs, fmt.Errorf("proxies[%d] and proxies[%d] are one proxy (%s) named twice: list each proxy once", j, i, pr.name()))
 			continue

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 )
 
@@ -71,4 +73,17 @@ func Each[C, T any](ctx context.Context, g []Target[C], f func(context.Context, 
 		return out, fmt.Errorf("%d of %d proxies did not acknowledge: %w", len(errs), len(g), errors.Join(errs...))
 	}
 	return out, nil
+}
+
+// ProxyKey names one proxy's admin API however it is written: an address (admin set) in lower
+// case without a trailing slash, a socket by the file its path resolves to. Two names with one
+// key are one proxy: fenced twice at once, its generation is never what a switch expects.
+func ProxyKey(socket, address string) string {
+	if address != "" {
+		return "address " + strings.TrimSuffix(strings.ToLower(address), "/")
+	}
+	if real, err := filepath.EvalSymlinks(socket); err == nil {
+		return "socket " + real
+	}
+	return "socket " + filepath.Clean(socket)
 }

@@ -103,6 +103,10 @@ func TestExitCodes(t *testing.T) {
 		{"empty --admin-socket, backend set", []string{"backend", "set", "https://x:6443", "--admin-socket="}, ExitUsage, "", "no proxy named"},
 		{"empty entry in --admin-socket", []string{"fence", "status", "--admin-socket", "/run/a.sock,"}, ExitUsage, "", "--admin-socket has an empty entry"},
 		{"zero --timeout", []string{"fence", "off", "--timeout", "0s"}, ExitUsage, "", "--timeout must be positive"},
+		// One proxy named twice: fenced twice at once, the second flip makes the first's
+		// barrier answer 409 'the fence changed', every time.
+		{"one socket twice", []string{"fence", "on", "--admin-socket", "/run/kf/admin.sock,/run/kf/../kf/admin.sock"}, ExitUsage, "", "named twice"},
+		{"one address twice", []string{"fence", "on", "--admin-address", "https://LB1:7443", "--admin-address", "https://lb1:7443/"}, ExitUsage, "", "named twice"},
 		{"upgrade without --data-dir", []string{"migrate", "upgrade", "--target-version", "3.6.16", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"detect --wal-dir with several data dirs", []string{"migrate", "detect", "--data-dir", "/var/lib/etcd-a", "--data-dir", "/var/lib/etcd-b", "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir goes with a single --data-dir"},

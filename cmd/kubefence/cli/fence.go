@@ -93,7 +93,7 @@ func (o *adminOptions) Complete([]string) error {
 }
 
 // checkProxyNames refuses a command line that names no proxy (--admin-socket "" would otherwise
-// act on none and succeed having done nothing) or an empty one among others.
+// act on none and succeed having done nothing), an empty one among others, or one proxy twice.
 func checkProxyNames(sockets, addresses []string) error {
 	if len(sockets) == 0 && len(addresses) == 0 {
 		return UsageErrorf("no proxy named: --admin-socket and --admin-address are empty; give a proxy's admin socket or address, or leave both out for $%s, $%s or %s", envAdminSocket, envAdminAddress, admin.DefaultSocket)
@@ -104,6 +104,24 @@ func checkProxyNames(sockets, addresses []string) error {
 	}
 	if slices.ContainsFunc(addresses, empty) {
 		return UsageErrorf("--admin-address has an empty entry in %q: name every proxy", strings.Join(addresses, ","))
+	}
+	seen := map[string]string{} // admin.ProxyKey -> the name first given
+	check := func(name, key string) error {
+		if first, ok := seen[key]; ok {
+			return UsageErrorf("%s and %s are one proxy named twice: name each proxy once", first, name)
+		}
+		seen[key] = name
+		return nil
+	}
+	for _, s := range sockets {
+		if err := check(s, admin.ProxyKey(s, "")); err != nil {
+			return err
+		}
+	}
+	for _, a := range addresses {
+		if err := check(a, admin.ProxyKey("", a)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
