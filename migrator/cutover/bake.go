@@ -146,10 +146,17 @@ func blueReadyWithAuth(ctx context.Context, cli *clientv3.Client, kubeconfig, us
 
 // abortBlueAuth turns blue etcd's auth off again if this cutover turned it on (an abort before
 // the switch: blue goes on as it was).
+// blueAuthAbortTimeout bounds an abort's turning blue etcd's auth off: it runs after writes
+// reopened, often as an operator's abort with no deadline of its own, and a blue etcd that
+// takes the connection and never answers must not keep it waiting. A variable for the tests.
+var blueAuthAbortTimeout = 30 * time.Second
+
 func (r *runner) abortBlueAuth(ctx context.Context) error {
 	if !r.j.BlueAuthEnabled {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, blueAuthAbortTimeout)
+	defer cancel()
 	cli, err := newEtcdClient(r.p.Blue.Etcd.EtcdClientSpec)
 	if err != nil {
 		return err

@@ -2,8 +2,10 @@ package cutover
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -389,5 +391,43 @@ func TestSwitchBoundedWhileAProxyHangs(t *testing.T) {
 		if sts[i].Backend != blueURL {
 			t.Errorf("proxy %d left on %s", i, sts[i].Backend)
 		}
+	}
+}
+
+// TestAbortBoundedWhileBlueEtcdIsSilent: an operator's abort (no deadline of its own) that must
+// turn blue etcd's auth off again, with blue etcd taking connections and never answering (its
+// host rebooting, a stalled disk), returns within a bound saying what is left, instead of
+// waiting for the connection for good after writes reopened.
+func TestAbortBoundedWhileBlueEtcdIsSilent(t *testing.T) {
+	wasBound := blueAuthAbortTimeout
+	blueAuthAbortTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { blueAuthAbortTimeout = wasBound })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() { // takes connections, says nothing
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "ca")
+	cert, key := ca.issue(t, dir, "kubefence", "kubefence", nil, x509.ExtKeyUsageClientAuth)
+	r := &runner{p: bakePlan(t), j: &Journal{ID: "x", BlueAuthEnabled: true}}
+	r.p.Blue.Etcd.Endpoints = []string{"https://" + ln.Addr().String()}
+	r.p.Blue.Etcd.CAFile, r.p.Blue.Etcd.CertFile, r.p.Blue.Etcd.KeyFile = ca.file, cert, key
+	start := time.Now()
+	err = r.abortBlueAuth(context.Background())
+	if err == nil || !r.j.BlueAuthEnabled {
+		t.Errorf("abortBlueAuth with blue etcd silent = %v; want an error, auth still to turn off", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("abortBlueAuth waited %s for a silent blue etcd", took)
 	}
 }
