@@ -289,12 +289,12 @@ func (handOverStep) run(ctx context.Context, r *runner) (string, error) {
 		// As stop-replication: blue's last revisions go to green first (picked up again after
 		// a --resume), then replication stops.
 		picked, ok := r.pickUpAfterSwitch(ctx)
-		last := ""
+		detail := "skipped, NO WAY BACK: " + r.j.NoBake + "; replication "
 		if ok {
-			last = r.applyBlueLast(ctx)
+			detail += r.stoppedAfterSwitch(r.applyBlueLast(ctx))
+		} else {
+			detail += "not running"
 		}
-		_, _ = r.stopReplication()
-		detail := "skipped, NO WAY BACK: " + r.j.NoBake + "; replication stopped" + last
 		if picked != "" {
 			detail += "; " + picked
 		}

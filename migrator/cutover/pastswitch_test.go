@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -252,5 +253,32 @@ func TestResumeAfterTheHandOverKeepsTheBake(t *testing.T) {
 	_, _ = r.stopReplication()
 	if err != nil || r.j.Bake == nil || r.j.Bake.Revision != rev || strings.Contains(detail, "NO WAY BACK") {
 		t.Fatalf("reverse-replication resumed after its hand-over: %q, %v, bake %+v; want the bake kept at revision %d", detail, err, r.j.Bake, rev)
+	}
+}
+
+// TestHandOverWithoutABakeSaysHowReplicationStopped: with the bake given up, the hand-over
+// stops replication as stop-replication does: an error the stop itself finds (a txn of unknown
+// outcome, green's revision unknown) is in the step's detail and the stop's progress journaled
+// (replication.atStop); it was dropped, and green's apiserver ungated with no word of it.
+func TestHandOverWithoutABakeSaysHowReplicationStopped(t *testing.T) {
+	p := bakePlan(t)
+	r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{ID: "x", NoBake: "gate-blue failed"}}).forward()
+	blue, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	green, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2"}, DialTimeout: time.Second})
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		<-ctx.Done()
+		rp.err = errors.New("green's revision unknown after a txn of unknown outcome")
+		close(rp.done)
+	}()
+	r.repl = rp
+	detail, err := handOverStep{}.run(t.Context(), r)
+	if err != nil || !strings.Contains(detail, "revision unknown") || r.j.ReplicationAtStop == nil {
+		t.Fatalf("hand-over without a bake: %q, %v, atStop %v; want the stop's error in the detail and its progress journaled", detail, err, r.j.ReplicationAtStop)
 	}
 }

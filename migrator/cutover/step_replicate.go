@@ -87,15 +87,21 @@ func (stopReplicationStep) run(ctx context.Context, r *runner) (string, error) {
 	if !ok {
 		return picked, nil
 	}
-	last := r.applyBlueLast(ctx)
+	return withNote(picked, r.stoppedAfterSwitch(r.applyBlueLast(ctx))), nil
+}
+
+// stoppedAfterSwitch stops replication past the switch (last: applyBlueLast's say), journals
+// how far it got (replication.atStop) and says how it ended; an error is said, not returned:
+// past the switch nothing can be undone.
+func (r *runner) stoppedAfterSwitch(last string) string {
 	prog, err := r.stopReplication()
 	r.j.ReplicationAtStop = &prog
 	if err != nil {
 		// The switch happened with green at blue's revision; what the replicator did after is
 		// blue's apiserver's own writes (leases), which green's apiserver writes again itself.
-		return fmt.Sprintf("stopped (it had failed after the switch: %v)%s: %s", err, last, r.progressLine(prog)), nil
+		return fmt.Sprintf("stopped (it had failed after the switch: %v)%s: %s", err, last, r.progressLine(prog))
 	}
-	return withNote(picked, "stopped"+last+": "+r.progressLine(prog)), nil
+	return "stopped" + last + ": " + r.progressLine(prog)
 }
 
 // pickUpAfterSwitch picks replication up when the process that replicated died after the
