@@ -79,6 +79,12 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		}
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
+	switch {
+	case errors.As(abortErr, &refused):
+		return rep, fmt.Errorf("cutover failed at step %s: %w; no way back: %s", s.name(), err, refused.msg)
+	case abortErr != nil:
+		return rep, fmt.Errorf("cutover failed at step %s: %w; the abort did not complete: %w", s.name(), err, abortErr)
+	}
 	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
 }
 

@@ -237,7 +237,8 @@ func TestFailureDecisions(t *testing.T) {
 }
 
 // TestAbortFailsAndSaysSo: an abort that cannot complete (the proxy does not answer) leaves the
-// journal running and says to check and abort again.
+// journal running and says to check and abort again, in the report and in the error the command
+// ends with (it said "cutover aborted", the abort's failure only in the report).
 func TestAbortFailsAndSaysSo(t *testing.T) {
 	w := newDecisionWorld(t, false, StepCopy, false)
 	if err := w.r.openJournal(); err != nil {
@@ -258,6 +259,9 @@ func TestAbortFailsAndSaysSo(t *testing.T) {
 	}
 	if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateRunning {
 		t.Errorf("journal %s, want running", j.State)
+	}
+	if msg := err.Error(); strings.Contains(msg, "cutover aborted") || !strings.Contains(msg, "copy broke") || !strings.Contains(msg, "the abort did not complete") || !strings.Contains(msg, "connection refused") {
+		t.Errorf("error %q: want the step's failure and the abort's, not 'aborted'", msg)
 	}
 }
 
