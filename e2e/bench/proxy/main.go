@@ -211,7 +211,7 @@ func (b *bench) reads(ctx context.Context, out io.Writer) error {
 	rows = append(rows, row{"kubefence+cert", cert[0].r})
 	printGets(out, "Reads (HTTP/1.1 GET of the 4 KB list, 200):", rows)
 	kf, kc, direct := rows[1].r, rows[3].r, rows[0].r
-	fmt.Fprintf(out, "kubefence with client certificates (verified once per connection, identity forwarded): throughput %.2fx, added p99 %.2fx of kubefence without (target: within 10%%)\n\n",
+	fmt.Fprintf(out, "kubefence with client certificates (verified once per connection, identity forwarded): throughput %.2fx, added p99 %s of kubefence without (target: within 10%%)\n\n",
 		kc.rps()/kf.rps(), ratio(kc.p(99)-direct.p(99), kf.p(99)-direct.p(99)))
 	return nil
 }
@@ -290,7 +290,7 @@ func printGets(out io.Writer, title string, rows []row) {
 	}
 	tw.Flush()
 	kf, ha := rows[1].r, rows[2].r
-	fmt.Fprintf(out, "kubefence vs haproxy: throughput %.2fx (target >= 1.0x), added p99 %.2fx (target <= 1.0x), CPU/req %.2fx (target <= 1.0x)\n",
+	fmt.Fprintf(out, "kubefence vs haproxy: throughput %.2fx (target >= 1.0x), added p99 %s (target <= 1.0x), CPU/req %s (target <= 1.0x)\n",
 		kf.rps()/ha.rps(), ratio(kf.p(99)-direct.p(99), ha.p(99)-direct.p(99)), ratio(kf.cpuPerReq(), ha.cpuPerReq()))
 }
 
@@ -330,7 +330,7 @@ func (b *bench) refusals(ctx context.Context, out io.Writer) error {
 	}
 	tw.Flush()
 	kf, ha := refusals[0].r, refusals[1].r
-	fmt.Fprintf(out, "kubefence vs haproxy: refusals/s %.2fx (target >= 1.0x), CPU/req %.2fx\n\n", kf.rps()/ha.rps(), ratio(kf.cpuPerReq(), ha.cpuPerReq()))
+	fmt.Fprintf(out, "kubefence vs haproxy: refusals/s %.2fx (target >= 1.0x), CPU/req %s\n\n", kf.rps()/ha.rps(), ratio(kf.cpuPerReq(), ha.cpuPerReq()))
 	return nil
 }
 
@@ -347,11 +347,14 @@ func (b *bench) flips(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-func ratio(a, b time.Duration) float64 {
-	if b <= 0 {
-		return 0
+// ratio is a/b as printed beside a target ("1.50x"), or "n/a" with why when either is not
+// positive: an added latency at or below zero (the direct path slower in that run) makes no
+// ratio, and 0.00x or a negative one would read as a target met.
+func ratio(a, b time.Duration) string {
+	if a < 0 || b <= 0 {
+		return "n/a (an added figure at or below zero: compare the columns)"
 	}
-	return float64(a) / float64(b)
+	return fmt.Sprintf("%.2fx", float64(a)/float64(b))
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/1e6) }
