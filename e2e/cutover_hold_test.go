@@ -223,7 +223,17 @@ func checkHoldWrites(t *testing.T, f *cutoverFixture, j *cutover.Journal, hw *ho
 	for _, cm := range cms.Items {
 		onGreen[cm.Name] = true
 	}
-	bump := j.SnapshotRevision + f.green.Plan.Migration.RevisionBump
+	// The bump as kubefence read the plan (its default filled in), not the framework's struct,
+	// where it is 0 and the check could not fail: every write blue answered after the snapshot
+	// is above the snapshot's revision too.
+	plan, err := cutover.ReadPlan(f.green.PlanPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bump := j.SnapshotRevision + plan.Migration.RevisionBump
+	if bump < j.SnapshotRevision+cutover.DefaultRevisionBump {
+		t.Fatalf("revision bump %d: this test needs green's revisions far above blue's", plan.Migration.RevisionBump)
+	}
 	for writer, ws := range hw.writes {
 		var failed, inWindow int
 		var longest time.Duration
