@@ -35,7 +35,8 @@ func main() {
 		os.Exit(2)
 	}
 	gen := &genConfig{keys: *keys, maxRSS: int64(*maxRSS * (1 << 30)), memLimit: int64(*memLimit * (1 << 30)), out: os.Stdout}
-	if err := run(context.Background(), *bin, gen, *cache, os.Stdout); err != nil {
+	// Ctrl-C cancels the run, so that its temporary dirs (copies of a store of gigabytes) go.
+	if err := framework.UntilInterrupted(func(ctx context.Context) error { return run(ctx, *bin, gen, *cache, os.Stdout) }); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-migrate:", err)
 		os.Exit(1)
 	}
