@@ -28,7 +28,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo failed: %v (logs in %s/logs)", err, dir)
 	}
 	defer os.RemoveAll(dir)
-	if sum.WriterErrors != 0 || sum.PlainErrors != 0 || sum.PlainAcked == 0 || sum.ReadErr != 0 || len(sum.Missing) != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
+	if sum.WriterErrors != 0 || sum.PlainErrors != 0 || sum.PlainAcked == 0 || sum.ReadErr != 0 || sum.Verified < 100 || sum.WritesAcked == 0 {
 		t.Errorf("summary = %+v", sum)
 	}
 	if len(sum.Leaders) != 2 || sum.Predicted <= 0 || sum.Window <= 0 || sum.Rollback <= 0 || sum.Again <= 0 {
