@@ -202,6 +202,9 @@ func (p *etcdProc) waitStatus(ctx context.Context, cli *clientv3.Client, what st
 		if last = err; last == nil {
 			return true, nil
 		}
+		if alarm := (*alarmError)(nil); errors.As(err, &alarm) {
+			return false, fmt.Errorf("etcd on %s: %w; see %s", p.clientURL, err, p.logPath)
+		}
 		select {
 		case <-p.done:
 			return false, p.exited()
@@ -217,12 +220,29 @@ func (p *etcdProc) waitStatus(ctx context.Context, cli *clientv3.Client, what st
 
 // waitHealthy waits until the member answers a status with a leader elected.
 func (p *etcdProc) waitHealthy(ctx context.Context, cli *clientv3.Client) error {
-	return p.waitStatus(ctx, cli, "healthy", func(st *clientv3.StatusResponse) error {
-		if st.Leader == 0 || len(st.Errors) > 0 {
-			return fmt.Errorf("no leader yet (errors: %v)", st.Errors)
+	return p.waitStatus(ctx, cli, "healthy", healthyStatus)
+}
+
+// alarmError is a member that answers with an alarm raised (NOSPACE, CORRUPT): stored in its
+// backend, no wait ends it.
+type alarmError struct{ msg string }
+
+func (e *alarmError) Error() string { return e.msg }
+
+// healthyStatus is nil for a member with a leader and no alarm; an *alarmError for an alarm.
+func healthyStatus(st *clientv3.StatusResponse) error {
+	for _, e := range st.Errors {
+		switch {
+		case strings.Contains(e, "alarm:NOSPACE"):
+			return &alarmError{fmt.Sprintf("it holds etcd's NOSPACE alarm (%s): its database reached its quota (--quota-backend-bytes) and it takes no writes until the alarm is disarmed: compact and defragment it (etcdctl compact, etcdctl defrag), then 'etcdctl alarm disarm', and run this again", strings.TrimSpace(e))}
+		case strings.Contains(e, "alarm:CORRUPT"):
+			return &alarmError{fmt.Sprintf("it holds etcd's CORRUPT alarm (%s): its data differs from its peers'; restore the member from a backup", strings.TrimSpace(e))}
 		}
-		return nil
-	})
+	}
+	if st.Leader == 0 || len(st.Errors) > 0 {
+		return fmt.Errorf("no leader yet (errors: %v)", st.Errors)
+	}
+	return nil
 }
 
 // waitStorageVersion waits until etcd 3.6+ reports the storage version of its minor (its

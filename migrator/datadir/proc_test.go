@@ -2,11 +2,14 @@ package datadir
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // fakeEtcd writes binDir/etcd-<name> as a script whose --version says reports.
@@ -132,5 +135,34 @@ func TestLogTailKeepsWhyEtcdDied(t *testing.T) {
 	}
 	if tail := logTail(path, 12); strings.Contains(tail, "disallowed") {
 		t.Errorf("tail %q quotes an earlier run's panic", tail)
+	}
+}
+
+// TestHealthyStatus: a member holding a NOSPACE or CORRUPT alarm is answered at once with what
+// to do (no wait ends an alarm stored in its backend; it waited the whole step timeout and said
+// "no leader yet"); a member without a leader yet is waited for.
+func TestHealthyStatus(t *testing.T) {
+	cases := []struct {
+		name      string
+		st        clientv3.StatusResponse
+		wantErr   string
+		wantAlarm bool
+	}{
+		{"healthy", clientv3.StatusResponse{Leader: 1}, "", false},
+		{"no leader yet", clientv3.StatusResponse{}, "no leader yet", false},
+		{"NOSPACE", clientv3.StatusResponse{Leader: 1, Errors: []string{"memberID:1 alarm:NOSPACE "}}, "alarm disarm", true},
+		{"CORRUPT", clientv3.StatusResponse{Leader: 1, Errors: []string{"memberID:1 alarm:CORRUPT "}}, "CORRUPT", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := healthyStatus(&tc.st)
+			if (tc.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("healthyStatus = %v, want %q", err, tc.wantErr)
+			}
+			var alarm *alarmError
+			if errors.As(err, &alarm) != tc.wantAlarm {
+				t.Errorf("healthyStatus = %v: an alarm is %v, want %v", err, !tc.wantAlarm, tc.wantAlarm)
+			}
+		})
 	}
 }
