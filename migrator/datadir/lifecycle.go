@@ -873,7 +873,7 @@ func (e *executor) do(ctx context.Context, s *StepReport) error {
 	case StepMigrateV2:
 		return e.migrateV2(ctx, s)
 	case StepDowngrade:
-		return e.downgradeStorage(s)
+		return e.downgradeStorage(ctx, s)
 	}
 	return fmt.Errorf("unknown step kind %q", s.Kind)
 }

@@ -1,9 +1,12 @@
 package datadir
 
 import (
+	"context"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -86,7 +89,7 @@ func TestRebuildKeepsTheOwner(t *testing.T) {
 		chownTree(t, d, nobody-i, nobody)
 	}
 	e, s := f.start()
-	if err := e.rebuild(s, f.build); err != nil {
+	if err := e.rebuild(t.Context(), s, f.build); err != nil {
 		t.Fatal(err)
 	}
 	for i, d := range f.dirs {
@@ -185,4 +188,51 @@ func TestOwnerWalksTheLinkItChecked(t *testing.T) {
 	}
 	assertOwned(t, outside, 0, 0)
 	assertOwned(t, wal, nobody, nobody)
+}
+
+// TestRebuildRefusesANewDirSwapped: the new dir of a member is built next to its data dir, in a
+// directory the etcd user owns; swapped for a link while it is built (etcd's restore follows
+// it), it is refused before it is given to the member's user: giving it would chown what the
+// link leads to (a root-owned directory on root's PATH) to that user.
+func TestRebuildRefusesANewDirSwapped(t *testing.T) {
+	needRoot(t)
+	f := newRebuildFixture(t)
+	for _, d := range f.dirs {
+		chownTree(t, d, nobody, nobody)
+	}
+	decoy := t.TempDir() // root's
+	e, s := f.start()
+	err := e.rebuild(t.Context(), s, func(src, tmp string, ms Membership) (string, error) {
+		// The etcd user's move, between kubefence's removal of tmp and the restore into it.
+		if err := os.RemoveAll(tmp); err != nil {
+			return "", err
+		}
+		if err := os.Symlink(decoy, tmp); err != nil {
+			return "", err
+		}
+		return f.build(src, tmp, ms)
+	})
+	if err == nil || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("rebuild with its new dir swapped for a link: %v; want it refused", err)
+	}
+	assertOwned(t, decoy, 0, 0)
+}
+
+// TestRebuildStopsAtASignal: a rebuild whose context is cancelled (Ctrl-C, SIGTERM) between
+// members builds no more and swaps nothing in: it went on restoring every member and swapped
+// them all.
+func TestRebuildStopsAtASignal(t *testing.T) {
+	f := newRebuildFixture(t)
+	e, s := f.start()
+	ctx, cancel := context.WithCancel(t.Context())
+	built := 0
+	err := e.rebuild(ctx, s, func(src, tmp string, ms Membership) (string, error) {
+		if built++; built == 1 {
+			cancel()
+		}
+		return f.build(src, tmp, ms)
+	})
+	if !errors.Is(err, context.Canceled) || built != 1 || s.Swapped {
+		t.Fatalf("rebuild cancelled while building: %v, built %d, swapped %v; want it stopped after the first", err, built, s.Swapped)
+	}
 }

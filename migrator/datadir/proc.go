@@ -212,6 +212,9 @@ func (p *etcdProc) waitStatus(ctx context.Context, cli *clientv3.Client, what st
 			return false, nil
 		}
 	})
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) { // a signal, not a timeout
+		return fmt.Errorf("etcd on %s: stopped waiting for it to be %s: %w", p.clientURL, what, context.Cause(ctx))
+	}
 	if err != nil && ctx.Err() != nil {
 		return fmt.Errorf("etcd on %s: %s not reached in time (%v); see %s", p.clientURL, what, last, p.logPath)
 	}

@@ -198,11 +198,11 @@ func TestRebuildResumesFromJournaledSource(t *testing.T) {
 			f := newRebuildFixture(t)
 			e, s := f.start()
 			e.afterSwap = crashAfter(swapsBeforeCrash)
-			if err := e.rebuild(s, f.build); err == nil {
+			if err := e.rebuild(t.Context(), s, f.build); err == nil {
 				t.Fatal("the injected crash did not stop the step")
 			}
 			e, s = f.start()
-			if err := e.rebuild(s, f.build); err != nil {
+			if err := e.rebuild(t.Context(), s, f.build); err != nil {
 				t.Fatalf("resumed rebuild: %v", err)
 			}
 			for i, got := range f.builtFrom() {
@@ -227,7 +227,7 @@ var interruptedRebuilds = []struct {
 }{
 	{"killed while building the second new dir", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
 		built := 0
-		return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+		return e.rebuild(t.Context(), s, func(src, tmp string, ms Membership) (string, error) {
 			if built++; built == 2 {
 				return "", errors.New("killed")
 			}
@@ -237,7 +237,7 @@ var interruptedRebuilds = []struct {
 	{"every new dir ready, the first swap failed", func(t *testing.T, f *rebuildFixture, e *executor, s *StepReport) error {
 		// A non-empty dir where the first member's old dir goes: its rename fails.
 		writeTree(t, oldPath(f.dirs[0]), map[string]string{"x": "in the way"})
-		return e.rebuild(s, f.build)
+		return e.rebuild(t.Context(), s, f.build)
 	}},
 }
 
@@ -287,7 +287,7 @@ func TestRebuildRefusesChangedSource(t *testing.T) {
 					}
 				}
 				e, s = f.start()
-				err := e.rebuild(s, f.build)
+				err := e.rebuild(t.Context(), s, f.build)
 				assertErrContains(t, err, c.want...)
 				for d, names := range before {
 					if exists(filepath.Join(d, builtFrom)) || strings.Join(dirNames(t, filepath.Join(d, "member", "wal")), ",") != names {
@@ -303,7 +303,7 @@ func TestRebuildRefusesChangedSource(t *testing.T) {
 					}
 				}
 				e, s = f.start()
-				if err := e.rebuild(s, f.build); err != nil {
+				if err := e.rebuild(t.Context(), s, f.build); err != nil {
 					t.Fatalf("after the stale new dirs were removed: %v", err)
 				}
 				for i, got := range f.builtFrom() {
@@ -323,12 +323,12 @@ func TestRebuildRefusesChangedMemberAfterASwap(t *testing.T) {
 	f := newRebuildFixture(t)
 	e, s := f.start()
 	e.afterSwap = crashAfter(1)
-	if err := e.rebuild(s, f.build); err == nil {
+	if err := e.rebuild(t.Context(), s, f.build); err == nil {
 		t.Fatal("the injected crash did not stop the step")
 	}
 	rewriteMember(t, f.dirs[2], testPeers[2], 21)
 	e, s = f.start()
-	err := e.rebuild(s, f.build)
+	err := e.rebuild(t.Context(), s, f.build)
 	assertErrContains(t, err, "m3", "commit index 21", "nothing more was swapped", f.dirs[0], "restore-backup")
 	for _, d := range f.dirs[1:] {
 		if exists(filepath.Join(d, builtFrom)) {
@@ -344,7 +344,7 @@ func TestRebuildOlderJournalWithoutStates(t *testing.T) {
 	f := newRebuildFixture(t)
 	e, s := f.start()
 	e.afterSwap = crashAfter(1)
-	if err := e.rebuild(s, f.build); err == nil {
+	if err := e.rebuild(t.Context(), s, f.build); err == nil {
 		t.Fatal("the injected crash did not stop the step")
 	}
 	e, s = f.start()
@@ -352,7 +352,7 @@ func TestRebuildOlderJournalWithoutStates(t *testing.T) {
 	if err := e.save(); err != nil {
 		t.Fatal(err)
 	}
-	err := e.rebuild(s, f.build)
+	err := e.rebuild(t.Context(), s, f.build)
 	assertErrContains(t, err, "older kubefence", "m3.kubefence-new", "m2.kubefence-new", "remove them")
 	for _, d := range f.dirs[1:] {
 		if exists(filepath.Join(d, builtFrom)) {
@@ -363,7 +363,7 @@ func TestRebuildOlderJournalWithoutStates(t *testing.T) {
 		}
 	}
 	e, s = f.start()
-	if err := e.rebuild(s, f.build); err != nil {
+	if err := e.rebuild(t.Context(), s, f.build); err != nil {
 		t.Fatalf("after the unchecked new dirs were removed: %v", err)
 	}
 	for i, got := range f.builtFrom() {
@@ -541,7 +541,7 @@ func TestRebuildNeedsTheWholeCluster(t *testing.T) {
 			tc.edit(t, f)
 			f.opts.DataDirs = f.dirs
 			e, s := f.start()
-			err := e.rebuild(s, f.build)
+			err := e.rebuild(t.Context(), s, f.build)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("rebuild = %v, want a refusal naming %q", err, tc.want)
 			}
@@ -587,7 +587,7 @@ func TestResumeRefusesChangedOptions(t *testing.T) {
 			f := newRebuildFixture(t)
 			e, s := f.start()
 			built := 0
-			if err := e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+			if err := e.rebuild(t.Context(), s, func(src, tmp string, ms Membership) (string, error) {
 				if built++; built == 2 {
 					return "", errors.New("killed")
 				}
@@ -640,7 +640,7 @@ func TestResumeOlderJournalWithoutOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newRebuildFixture(t)
 			e, s := f.start()
-			if err := e.rebuild(s, tc.crash(f, e)); err == nil {
+			if err := e.rebuild(t.Context(), s, tc.crash(f, e)); err == nil {
 				t.Fatal("the injected crash did not stop the step")
 			}
 			var journal map[string]any
@@ -765,7 +765,7 @@ func TestRebuildRefusesADirInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer copying.Close()
-	err = e.rebuild(s, f.build)
+	err = e.rebuild(t.Context(), s, f.build)
 	assertErrContains(t, err, f.dirs[1]+" is in use")
 	for _, d := range f.dirs {
 		if exists(filepath.Join(d, builtFrom)) {
@@ -790,7 +790,7 @@ func TestRebuildHoldsTheDirsWhileSwapping(t *testing.T) {
 		}
 		return nil
 	}
-	if err := e.rebuild(s, f.build); err != nil {
+	if err := e.rebuild(t.Context(), s, f.build); err != nil {
 		t.Fatal(err)
 	}
 	if copyErr == nil || !strings.Contains(copyErr.Error(), "in use") {

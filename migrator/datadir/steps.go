@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/coreos/go-semver/semver"
@@ -331,7 +332,7 @@ func oneWholeCluster(dirs []string, all map[string]Membership, best string) erro
 // journaled with the source (a clock per build would keep a key expiring between two builds
 // on one member and drop it on the other).
 func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
-	return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+	return e.rebuild(ctx, s, func(src, tmp string, ms Membership) (string, error) {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			DataDir: src, OutputDir: tmp,
 			Member:     v2v3.Membership{Name: ms.Self.Name, InitialCluster: ms.InitialCluster(), InitialAdvertisePeerURLs: ms.Self.PeerURLs, InitialClusterToken: e.opts.ClusterToken},
@@ -364,13 +365,13 @@ func (e *executor) migrateV2(ctx context.Context, s *StepReport) error {
 // member with the same name and peer URLs, then etcd's schema migration of the new backend to
 // 3.5, refused when the WAL holds entries 3.5 cannot read. The restore is what drops the 3.6
 // cluster version the v2 store kept, which etcd 3.5 refuses to start under.
-func (e *executor) downgradeStorage(s *StepReport) error {
+func (e *executor) downgradeStorage(ctx context.Context, s *StepReport) error {
 	target, err := ParseVersion(s.Version)
 	if err != nil {
 		return err
 	}
 	var walv wal.Version
-	return e.rebuild(s, func(src, tmp string, ms Membership) (string, error) {
+	return e.rebuild(ctx, s, func(src, tmp string, ms Membership) (string, error) {
 		if walv == nil {
 			if walv, err = walVersion(src); err != nil {
 				return "", err
@@ -442,12 +443,13 @@ func (r RebuildSource) String() string {
 type buildFunc func(src, tmp string, ms Membership) (string, error)
 
 // rebuild builds a new data dir for every member with build, marks each ready, and swaps them
-// in, the source's last: until every other member is swapped, the source's data is still there
+// in, the source's last (ctx is checked before each build and before the swaps: a member's
+// build, etcd's restore of a whole backend, is not stopped halfway): until every other member is swapped, the source's data is still there
 // to build from. A repeated step keeps what the interrupted one finished: members swapped in
 // and new dirs marked ready from the same source. Every data dir still to be swapped must be
 // as it was when the source was chosen, checked before the builds and again right before the
 // first swap, whether or not anything is left to build.
-func (e *executor) rebuild(s *StepReport, build buildFunc) error {
+func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) error {
 	if s.Swapped {
 		return e.clearMarkers() // killed after the last swap: only the markers are left
 	}
@@ -468,9 +470,15 @@ func (e *executor) rebuild(s *StepReport, build buildFunc) error {
 		return err
 	}
 	for _, d := range todo {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if err := e.buildMember(s, src, d, build); err != nil {
 			return err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if err := e.checkUnchanged(src, swapped, todo); err != nil { // the builds took a while
 		return err
@@ -506,6 +514,9 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, d string, build
 	}
 	what, err := build(src.DataDir, tmp, ms)
 	if err == nil {
+		err = builtHere(tmp)
+	}
+	if err == nil {
 		err = owner.apply(tmp)
 	}
 	if err != nil {
@@ -514,6 +525,21 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, d string, build
 	}
 	s.Members[d] = what
 	return markReady(tmp, src)
+}
+
+// builtHere fails unless path, just built, is a directory of this process's user, not a link:
+// its parent is the etcd user's, who could put a link at path for the build to follow, and what
+// it leads to must not be given to that user (owner.apply follows a link at the root).
+func builtHere(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s was replaced (by a %s) while it was built: someone with write access to %s is at work there; nothing was swapped in", path, fi.Mode().Type(), filepath.Dir(path))
+	}
+	return nil
 }
 
 // chooseSource journals the most advanced member as the step's source, with every member's
