@@ -69,6 +69,9 @@ type watchBody struct {
 	rv *rvTracker
 	// resumeTo is the backend a resuming switch moves the watch to, at the next boundary.
 	resumeTo *backend
+	// asked is the resourceVersion the watch was last re-issued from (its delivered one, or the
+	// one before when it moved in the middle of a revision's events: rvTracker.batch).
+	asked string
 	// interrupted is set when the switch closed rc to wake an idle Read: bytes of an event
 	// that was cut by it are not passed on (the new backend sends that event again).
 	interrupted bool

@@ -95,6 +95,7 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 		return true
 	}
 	rv, ok := w.rv.from()
+	asked := w.asked
 	ri.untrack()
 	w.mu.Unlock()
 	log := ri.log.With("path", ri.req.URL.Path, "to", nb.url.String(), "resourceVersion", rv, "oldest", oldest)
@@ -105,8 +106,8 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	switch {
 	case !ok:
 		err = errors.New(w.rv.why())
-	case exp.asked != rv:
-		err = fmt.Errorf("the 410 names resourceVersion %s, not the watch's", exp.asked)
+	case exp.asked != asked:
+		err = fmt.Errorf("the 410 names resourceVersion %s, not the one the watch asked from (%s)", exp.asked, asked)
 	case ri.lapsed():
 		err = errors.New("the client's certificate no longer verifies")
 	default:

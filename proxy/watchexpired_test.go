@@ -23,8 +23,10 @@ func statusFrame(t *testing.T, fr framing, code int32, msg string) []byte {
 	return frameOf(t, fr, "ERROR", "Status", st)
 }
 
-// tooOld is kube-apiserver's message for a watch from 10 when its cache begins at 15.
-const tooOld = "too old resource version: 10 (15)"
+// tooOld is kube-apiserver's message for a watch from 9 when its cache begins at 15: the
+// watches here delivered one event, at 10, and go on from the revision before it (the rest of
+// revision 10's events, if any, come again: rvTracker.batch).
+const tooOld = "too old resource version: 9 (15)"
 
 // metaList is one page of a list as kube-apiserver answers it in metadata form; items are
 // "name@resourceVersion" in namespace default.
@@ -98,9 +100,9 @@ func TestResumePastExpiry(t *testing.T) {
 		{name: "history compacted", lists: pages("410", at15a, at15b), code: 410, msg: tooOld, listed: true},
 		{name: "list not at the revision asked", lists: pages(metaList("15", "", "a@10", "b@7"), at15a, at15b), code: 410, msg: tooOld, listed: true},
 		{name: "expired again", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, againExpired: true, listed: true},
-		{name: "410 without the cache's revision", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 10"},
+		{name: "410 without the cache's revision", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 9"},
 		{name: "another error", lists: pages(at10, at15a, at15b), code: 500, msg: tooOld},
-		{name: "410 for another resourceVersion", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 9 (15)"},
+		{name: "410 for another resourceVersion", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 8 (15)"},
 		{name: "cache begins after what blue delivered", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, busy: "12"},
 	}
 	for _, fr := range framings {
@@ -185,7 +187,7 @@ func (a *watchAPI) watchWith(t *testing.T, selector string, n int) *apiWatch {
 		}
 		return wt != nil
 	})
-	if want := map[int]string{1: "10", 2: "15"}[n]; wt.query.Get("resourceVersion") != want {
+	if want := map[int]string{1: "9", 2: "15"}[n]; wt.query.Get("resourceVersion") != want {
 		t.Fatalf("watch %d with %s asked from %q, want %s", n, selector, wt.query.Get("resourceVersion"), want)
 	}
 	return wt

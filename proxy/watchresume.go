@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -201,7 +202,12 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		nb.resumesPending.Add(1) // taken off while its client was still being written to
 	}
 	w.takenOff, w.takenPending = false, false
+	// Nothing more of the old backend is observed from here (taken off, or about to be).
+	bfrom, skip := w.rv.batch()
 	w.mu.Unlock()
+	if skip != nil && ok {
+		rv = bfrom
+	}
 	from := ri.on
 	// Made only once the watch has left from: the switch waits for every watch to, and a
 	// logger's attributes are formatted when it is made.
@@ -258,12 +264,24 @@ func (w *watchBody) resumeOn(nb *backend) bool {
 		log.Info("watch not resumed: the proxy switched away from the new backend before it answered; ended")
 		return false
 	}
-	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, pastExpiry: true}
+	w.goOnWith(resp.Body, skip, nb, log)
+	w.asked = rv
+	log.Debug("watch resumed", "resourceVersion", rv)
+	return true
+}
+
+// goOnWith makes body, nb's answer to the re-issued watch, this stream's: past the events its
+// client has (skip, when it asked from the revision before theirs), checked at its first event.
+// Called with w.mu held.
+func (w *watchBody) goOnWith(body io.ReadCloser, skip *batchSkip, nb *backend, log *slog.Logger) {
+	if skip != nil {
+		skip.rc, skip.fr = body, w.fr
+		body = skip
+	}
+	w.rc = &firstEventGuard{rc: body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, pastExpiry: true}
 	w.draining, w.interrupted = false, false
 	w.boundary, w.hdrSeen, w.due = true, 0, 0
 	w.rv.cur, w.rv.ahead = w.rv.cur[:0], &nb.readAhead
-	log.Debug("watch resumed", "resourceVersion", rv)
-	return true
 }
 
 // acceptable checks the new backend's answer to a re-issued watch: 200, in the content type the
@@ -369,6 +387,88 @@ func takeSlot(ctx context.Context, nb *backend, slots chan struct{}) bool {
 	<-slots
 	return false
 }
+
+// batchSkip is the body of a watch re-issued from the revision before rv, whose client has the
+// events at rv of the objects in skip: those are dropped, the rest passed on. It looks at whole
+// events until one comes after rv (or one it cannot judge), then passes everything through.
+type batchSkip struct {
+	rc   io.ReadCloser
+	fr   framing
+	rv   int64
+	skip []eventKey
+	buf  []byte // read, not passed on: whole events to pass (the first pass bytes), then the head of one
+	pass int
+	done bool
+	err  error // the inner body's, returned once buf is passed on
+}
+
+func (s *batchSkip) Read(p []byte) (int, error) {
+	for {
+		switch {
+		case s.pass > 0:
+			n := copy(p, s.buf[:s.pass])
+			s.buf, s.pass = s.buf[n:], s.pass-n
+			return n, nil
+		case s.done && len(s.buf) > 0:
+			n := copy(p, s.buf)
+			s.buf = s.buf[n:]
+			return n, nil
+		case s.err != nil:
+			return 0, s.err
+		case s.done:
+			return s.rc.Read(p)
+		}
+		var chunk [4096]byte
+		n, err := s.rc.Read(chunk[:])
+		s.buf, s.err = append(s.buf, chunk[:n]...), err
+		s.sift()
+		if s.err != nil || len(s.buf)-s.pass > maxTrackedEvent {
+			s.done = true // what is left passes on as it is, then the error
+		}
+	}
+}
+
+// sift drops the whole events at buf's start (after pass) that the client has, and counts the
+// others in pass, until one comes after rv.
+func (s *batchSkip) sift() {
+	for !s.done {
+		end := firstEventEnd(s.fr, s.buf[s.pass:])
+		if end == 0 {
+			return
+		}
+		if s.drop(s.buf[s.pass : s.pass+end]) {
+			s.buf = append(s.buf[:s.pass], s.buf[s.pass+end:]...)
+			continue
+		}
+		s.pass += end
+	}
+}
+
+// drop says whether the client has ev already; an event after rv, or one that does not parse
+// (an ERROR, which firstEventGuard judges), ends the sifting.
+func (s *batchSkip) drop(ev []byte) bool {
+	var e eventMeta
+	rv, err := int64(0), parseEvent(s.fr, &e, ev, false)
+	if err == nil && e.typ != "ERROR" {
+		rv, err = strconv.ParseInt(e.rv, 10, 64)
+	}
+	switch {
+	case err != nil || e.typ == "ERROR" || rv > s.rv:
+		s.done = true
+		return false
+	case rv < s.rv: // a bookmark before the revision: the client is past it
+		return true
+	case e.typ == "BOOKMARK":
+		return false
+	}
+	i := slices.Index(s.skip, e.key)
+	if i >= 0 {
+		s.skip = slices.Delete(s.skip, i, i+1)
+	}
+	return i >= 0
+}
+
+func (s *batchSkip) Close() error { return s.rc.Close() }
 
 // firstEventGuard is a resumed watch's new body: it passes nothing on until the first event is
 // whole, and ends the stream cleanly (io.EOF, at the boundary the resume left) if that event is
@@ -498,6 +598,14 @@ type rvTracker struct {
 	broken bool
 	err    error
 	cur    []byte // the bytes of an event that began in an earlier read
+	// atRV are the objects of the events delivered at rv, when atRVKnown: every event since
+	// the one that brought rv was parsed (read ahead), or rv came with a BOOKMARK (every event
+	// up to it delivered: none to skip). One revision may carry many events (a lease's expiry
+	// deletes all its keys in one); a watch moved in the middle of them asks from the revision
+	// before and skips these (batch). gap: an event passed unparsed since the last parse.
+	atRV      []eventKey
+	atRVKnown bool
+	gap       bool
 }
 
 // maxKeptEvent is the largest event the tracker copies rather than parses at once.
@@ -578,8 +686,20 @@ func (t *rvTracker) observe(b []byte, ends []int) {
 	for ; i < len(ends) && t.initialPending; i++ {
 		t.take(event(i))
 	}
-	if i < len(ends) {
-		if ev := event(len(ends) - 1); len(ev) > maxKeptEvent || t.ahead != nil && t.ahead.Load() != 0 {
+	switch {
+	case i == len(ends):
+	case t.ahead != nil && t.ahead.Load() != 0:
+		// A switch is expected: every event parsed, so that the events of the last revision
+		// delivered are known (batch).
+		t.gap = t.gap || len(t.last) > 0
+		t.last = t.last[:0]
+		for ; i < len(ends); i++ {
+			t.take(event(i))
+		}
+	default:
+		// Events before the last pass unparsed, and a kept one replaced: a gap.
+		t.gap = t.gap || len(t.last) > 0 || i < len(ends)-1
+		if ev := event(len(ends) - 1); len(ev) > maxKeptEvent {
 			t.last = t.last[:0]
 			t.take(ev)
 		} else {
@@ -609,11 +729,43 @@ func (t *rvTracker) take(ev []byte) {
 	case e.rv == "":
 		t.fail(fmt.Errorf("a %s event without a resourceVersion", e.typ))
 	default:
+		t.noteKey(&e)
 		t.rv = e.rv
 		if t.initialPending && e.typ == "BOOKMARK" && e.initialEnd {
 			t.initialPending = false
 		}
 	}
+}
+
+// noteKey keeps the objects of the events delivered at the revision of e, while every event of
+// that revision was parsed (batch).
+func (t *rvTracker) noteKey(e *eventMeta) {
+	switch {
+	case e.typ == "BOOKMARK": // everything up to it delivered
+		t.atRV, t.atRVKnown = t.atRV[:0], true
+	case t.gap || e.rv == t.rv && !t.atRVKnown:
+		t.atRV, t.atRVKnown = t.atRV[:0], false
+	case e.rv != t.rv:
+		t.atRV, t.atRVKnown = append(t.atRV[:0], e.key), true
+	default:
+		t.atRV = append(t.atRV, e.key)
+	}
+	t.gap = false
+}
+
+// batch is how to go on from a revision whose events may be delivered in part: from the
+// revision before it, skipping the events of that revision the client has (skip, its body to
+// be set). skip is nil when there is none to skip (the last event a BOOKMARK, none delivered
+// yet) or they are not known (not read ahead: from() goes on from the revision itself).
+func (t *rvTracker) batch() (from string, skip *batchSkip) {
+	if t.settle(); t.broken || !t.atRVKnown || len(t.atRV) == 0 {
+		return "", nil
+	}
+	rv, err := strconv.ParseInt(t.rv, 10, 64)
+	if err != nil || rv < 2 {
+		return "", nil
+	}
+	return strconv.FormatInt(rv-1, 10), &batchSkip{rv: rv, skip: slices.Clone(t.atRV)}
 }
 
 func (t *rvTracker) fail(err error) {
@@ -623,14 +775,20 @@ func (t *rvTracker) fail(err error) {
 // eventMeta is what the tracker needs of one watch event.
 type eventMeta struct {
 	typ, rv    string
+	key        eventKey
 	initialEnd bool // a bookmark annotated k8s.io/initial-events-end: "true"
 }
+
+// eventKey is the object an event is about: one revision has at most one event per object.
+type eventKey struct{ namespace, name string }
 
 type jsonEvent struct {
 	Type   string `json:"type"`
 	Object struct {
 		Metadata struct {
 			ResourceVersion string `json:"resourceVersion"`
+			Namespace       string `json:"namespace"`
+			Name            string `json:"name"`
 		} `json:"metadata"`
 	} `json:"object"`
 }
@@ -640,6 +798,8 @@ type jsonEventAnnotated struct {
 	Object struct {
 		Metadata struct {
 			ResourceVersion string            `json:"resourceVersion"`
+			Namespace       string            `json:"namespace"`
+			Name            string            `json:"name"`
 			Annotations     map[string]string `json:"annotations"`
 		} `json:"metadata"`
 	} `json:"object"`
@@ -653,15 +813,17 @@ func (e *eventMeta) parseJSON(ev []byte, annotations bool) error {
 		if err := json.Unmarshal(ev, &v); err != nil {
 			return fmt.Errorf("watch event: %w", err)
 		}
-		e.typ, e.rv = v.Type, v.Object.Metadata.ResourceVersion
-		e.initialEnd = v.Object.Metadata.Annotations[initialEventsEnd] == "true"
+		md := v.Object.Metadata
+		e.typ, e.rv, e.key = v.Type, md.ResourceVersion, eventKey{md.Namespace, md.Name}
+		e.initialEnd = md.Annotations[initialEventsEnd] == "true"
 		return nil
 	}
 	var v jsonEvent
 	if err := json.Unmarshal(ev, &v); err != nil {
 		return fmt.Errorf("watch event: %w", err)
 	}
-	e.typ, e.rv = v.Type, v.Object.Metadata.ResourceVersion
+	md := v.Object.Metadata
+	e.typ, e.rv, e.key = v.Type, md.ResourceVersion, eventKey{md.Namespace, md.Name}
 	return nil
 }
 
@@ -676,6 +838,8 @@ const (
 	fieldUnknownRaw       = 2 // runtime.Unknown.raw
 	fieldUnknownEncoding  = 3 // runtime.Unknown.contentEncoding
 	fieldObjectMeta       = 1 // every object's metadata
+	fieldName             = 1 // metav1.ObjectMeta.name
+	fieldNamespace        = 3 // metav1.ObjectMeta.namespace
 	fieldResourceVersion  = 6 // metav1.ObjectMeta.resourceVersion
 	fieldAnnotations      = 12
 	fieldMapKey           = 1
@@ -713,6 +877,15 @@ func (e *eventMeta) parseProtobuf(frame []byte, annotations bool) error {
 		return err
 	}
 	e.rv = string(rv)
+	name, _, err := protoField(meta, fieldName)
+	if err != nil {
+		return err
+	}
+	ns, _, err := protoField(meta, fieldNamespace)
+	if err != nil {
+		return err
+	}
+	e.key = eventKey{string(ns), string(name)}
 	if annotations {
 		e.initialEnd, err = protoMapHas(meta, fieldAnnotations, initialEventsEnd, "true")
 	}
