@@ -7,8 +7,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,7 +145,7 @@ func TestCutover(t *testing.T) {
 	ctx := t.Context()
 	cs := f.proxyClient(t, 1000)
 	seedCutover(t, cs)
-	ld := startCutoverLoad(t, cs)
+	ld := startCutoverLoad(t, attemptsClient(t, f.px.Kubeconfig))
 	// Informers on configmaps and namespaces.
 	infCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
@@ -198,7 +200,7 @@ func TestCutover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkBlueAtFence(t, j, blueCMs.Items, times)
+	checkBlueAtFence(t, j, blueCMs.Items, times, ld.attempts())
 	checkInformerKeys(t, cmInf.GetStore(), greenKeys)
 	gns, err := gcs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -266,6 +268,7 @@ type cutoverLoad struct {
 	mu               sync.Mutex
 	want             map[string]string
 	times            map[string]*writeTimes
+	tried            []time.Time // every write attempt the writer sent
 	writeErrs        []error
 	reads, readFails atomic.Int64
 	stopping         atomic.Bool
@@ -304,34 +307,73 @@ func startCutoverLoad(t *testing.T, cs *kubernetes.Clientset) *cutoverLoad {
 	return ld
 }
 
-// write creates w-<i> and updates w-<i-1>, recording each outcome.
+// write creates w-<i> and updates w-<i-1>, recording each outcome and when each attempt of each
+// was sent (client-go sends a refused write again after Retry-After).
 func (ld *cutoverLoad) write(ctx context.Context, cs *kubernetes.Clientset, i int) {
 	name := fmt.Sprintf("w-%05d", i)
-	sent := time.Now()
-	_, err := cs.CoreV1().ConfigMaps("load").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
+	var tried []time.Time
+	_, err := cs.CoreV1().ConfigMaps("load").Create(withAttempts(ctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
 	ld.mu.Lock()
+	ld.tried = append(ld.tried, tried...)
 	if err != nil {
 		ld.writeErrs = append(ld.writeErrs, err)
 	} else {
 		ld.want[name] = "created"
-		ld.times[name] = &writeTimes{createSent: sent, createAcked: time.Now()}
+		ld.times[name] = &writeTimes{createSent: tried[len(tried)-1], createAcked: time.Now()}
 	}
 	ld.mu.Unlock()
 	if i == 0 {
 		return
 	}
 	prev := fmt.Sprintf("w-%05d", i-1)
-	sent = time.Now()
-	_, err = cs.CoreV1().ConfigMaps("load").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
+	tried = nil
+	_, err = cs.CoreV1().ConfigMaps("load").Update(withAttempts(ctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
+	ld.tried = append(ld.tried, tried...)
 	if err != nil {
 		ld.writeErrs = append(ld.writeErrs, err)
 	} else if wt := ld.times[prev]; wt != nil {
 		ld.want[prev] = "updated"
-		wt.updateSent, wt.updateAcked = sent, time.Now()
+		wt.updateSent, wt.updateAcked = tried[len(tried)-1], time.Now()
 	}
 }
+
+// attemptsKey carries, in a request's context, where attemptsClient's transport records when
+// each attempt of the request was sent.
+type attemptsKey struct{}
+
+func withAttempts(ctx context.Context, tried *[]time.Time) context.Context {
+	return context.WithValue(ctx, attemptsKey{}, tried)
+}
+
+// attemptsClient is a clientset for kubeconfig whose transport records each attempt of a
+// request made withAttempts (client-go's retries go through it again, in the caller's goroutine).
+func attemptsClient(t *testing.T, kubeconfig string) *kubernetes.Clientset {
+	t.Helper()
+	_, cfg, err := framework.ClientsetFor(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = 1000, 1000
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(r *http.Request) (*http.Response, error) {
+			if tried, ok := r.Context().Value(attemptsKey{}).(*[]time.Time); ok {
+				*tried = append(*tried, time.Now())
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // stop ends the loops, waits for their last requests and returns what the writer recorded. A
 // second call returns the same.
@@ -342,6 +384,13 @@ func (ld *cutoverLoad) stop() (want map[string]string, times map[string]*writeTi
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
 	return ld.want, ld.times, ld.writeErrs
+}
+
+// attempts is every write attempt the writer sent (its retries of refused writes among them).
+func (ld *cutoverLoad) attempts() []time.Time {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return slices.Clone(ld.tried)
 }
 
 // checkInformerKeys checks an informer's store ends with exactly the keys green has, once the
@@ -370,8 +419,9 @@ func checkInformerKeys(t *testing.T, store cache.Store, greenKeys map[string]boo
 	}
 }
 
-// writeTimes is when the writer sent a configmap's create and update, and when each was
-// acknowledged (zero: not sent or not acknowledged).
+// writeTimes is when the writer sent the attempt of a configmap's create and update that was
+// acknowledged (client-go's last: those before it were refused), and when each was acknowledged
+// (zero: not sent or not acknowledged).
 type writeTimes struct {
 	createSent, createAcked time.Time
 	updateSent, updateAcked time.Time
@@ -380,8 +430,9 @@ type writeTimes struct {
 // checkBlueAtFence checks, by name and time, that blue holds exactly the writer's writes of
 // before the fence: every write acknowledged before the fence step began is on blue, and no
 // write sent after the fence was on (refused, retried, and after the switch sent to green)
-// reached blue. One leaked write fails it.
-func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap, times map[string]*writeTimes) {
+// reached blue: a write is on blue only if the attempt acknowledged was sent before the fence.
+// One leaked write fails it; a window in which the writer sent no attempt proves nothing.
+func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap, times map[string]*writeTimes, tried []time.Time) {
 	t.Helper()
 	// fencedAt is when the fence was surely on: when the fence step ended (its request
 	// returned after the flip). The journal's FencedAt is saved before the request is sent
@@ -411,11 +462,13 @@ func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap,
 			t.Errorf("the update of load/%s reached blue: sent at %s, after the fence was on (%s)", cm.Name, wt.updateSent.Format(time.RFC3339Nano), fencedAt.Format(time.RFC3339Nano))
 		}
 	}
-	after := 0
-	for name, wt := range times {
-		if !wt.createSent.Before(fencedAt) {
-			after++
+	inWindow := 0
+	for _, at := range tried {
+		if !at.Before(fencedAt) && at.Before(j.UnfencedAt) {
+			inWindow++
 		}
+	}
+	for name, wt := range times {
 		if wt.createAcked.Before(fenceBegan) && onBlue[name] == "" {
 			t.Errorf("load/%s, acknowledged at %s before the fence began (%s), is not on blue", name, wt.createAcked.Format(time.RFC3339Nano), fenceBegan.Format(time.RFC3339Nano))
 		}
@@ -423,10 +476,10 @@ func checkBlueAtFence(t *testing.T, j *cutover.Journal, blue []corev1.ConfigMap,
 			t.Errorf("load/%s on blue is %q; its update was acknowledged before the fence began", name, onBlue[name])
 		}
 	}
-	if after == 0 {
-		t.Errorf("the writer sent no create after the fence: the check proves nothing")
+	if inWindow == 0 {
+		t.Errorf("the writer sent no write while the fence was on: the check proves nothing")
 	}
-	t.Logf("blue holds %d of the writer's configmaps; %d were created after the fence (on green only)", len(onBlue), after)
+	t.Logf("blue holds %d of the writer's configmaps; the writer sent %d attempts while the fence was on (refused, none on blue)", len(onBlue), inWindow)
 }
 
 // TestCutoverAbort: a green apiserver that never gets ready aborts the cutover; blue serves,
