@@ -265,3 +265,49 @@ func linkCount(st *syscall.Stat_t) uint64 {
 	}
 	return uint64(st.Nlink)
 }
+
+// CheckTrustedDir refuses dir unless no other user can change what kubefence finds in it: dir
+// must belong to this process's user (or root) and be writable by nobody else, and so must
+// every directory above it, up to /, where a root-owned one with the sticky bit (/tmp) is
+// enough (no one else can rename entries in it). It is checked as the path resolves and as
+// the directory holding its last link, if any. kubefence keeps there what it reads back and
+// acts on as root (a journal naming the binaries it runs, step logs it appends to): in a
+// directory the etcd user can write to, that user could plant them.
+func CheckTrustedDir(role, dir string) error {
+	for _, p := range []string{dir, filepath.Dir(filepath.Clean(dir))} {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", role, dir, err)
+		}
+		for q, last := real, true; ; q, last = filepath.Dir(q), false {
+			if err := trustedDir(q, last && p == dir); err != nil {
+				return fmt.Errorf("%s %s: %w: give a directory that only root (or this user) can write to, nor any directory above it (e.g. /var/lib/kubefence-backups)", role, dir, err)
+			}
+			if q == filepath.Dir(q) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// trustedDir checks one directory of CheckTrustedDir's chain; self is the directory itself
+// (a sticky one is not enough there: anyone could create its files first).
+func trustedDir(q string, self bool) error {
+	fi, err := os.Lstat(q)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no owner to check", q)
+	}
+	if uid := int(st.Uid); uid != 0 && uid != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d", q, uid)
+	}
+	sticky := fi.Mode()&os.ModeSticky != 0 && st.Uid == 0 && !self
+	if fi.Mode().Perm()&0o022 != 0 && !sticky {
+		return fmt.Errorf("others can write to %s (mode %s)", q, fi.Mode().Perm())
+	}
+	return nil
+}

@@ -141,3 +141,56 @@ func TestCheckFreshMountPoint(t *testing.T) {
 		t.Fatalf("CheckFresh(an empty mount point) = %v, want it refused as a mount point", err)
 	}
 }
+
+// TestCheckTrustedDir: a directory kubefence keeps what it reads back and runs (a backup dir:
+// journals naming binaries, step logs) must be out of other users' reach, up to /: one under a
+// directory the etcd user owns (kubeadm-less distros: /var/lib/etcd) is refused, as is one
+// that user could write, or a link placed there by them; a root-owned sticky one (/tmp) counts
+// as out of reach.
+func TestCheckTrustedDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "giving directories to another user needs root")
+	}
+	const nobody = 65534
+	root := t.TempDir()
+	mk := func(rel string, uid int, mode os.FileMode) string {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ok := mk("ok/backups", 0, 0o700)
+	etcdOwned := mk("etcd", nobody, 0o700)
+	under := mk("etcd/kubefence-backups", 0, 0o700)
+	writable := mk("open", 0, 0o777)
+	sticky := mk("sticky", 0, 0o777|os.ModeSticky)
+	inSticky := mk("sticky/backups", 0, 0o700)
+	linked := filepath.Join(etcdOwned, "linked")
+	if err := os.Symlink(ok, linked); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		dir, want string
+	}{
+		{ok, ""},
+		{inSticky, ""},
+		{sticky, "others can write"}, // they could put a journal there before kubefence does
+		{under, "belongs to uid 65534"},
+		{etcdOwned, "belongs to uid 65534"},
+		{writable, "others can write"},
+		{linked, "belongs to uid 65534"},
+	}
+	for _, tc := range cases {
+		err := CheckTrustedDir("--backup-dir", tc.dir)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckTrustedDir(%s) = %v, want %q", tc.dir, err, tc.want)
+		}
+	}
+}

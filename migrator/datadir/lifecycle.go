@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -270,6 +271,17 @@ func (l *runLock) release(removeJournal bool) {
 	}
 }
 
+// trustBackupDir refuses a backup dir (or, not made yet, the directory it would be made in)
+// another user could write to: kubefence, often as root, reads its journal back (which names
+// the etcd binaries it runs) and appends to its step logs. The default, beside the data dirs,
+// is in a directory the etcd user owns on distros that run etcd as its own user.
+func trustBackupDir(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return pathguard.CheckTrustedDir("the backup dir's parent (--backup-dir)", filepath.Dir(dir))
+	}
+	return pathguard.CheckTrustedDir("--backup-dir", dir)
+}
+
 // dirLockPath is the lock beside data dir d, whatever the backup dir or the other members named.
 // migrate v2-to-v3 takes the same name beside its output (v2v3's lockPath, which cannot import
 // this package), so a run to an output and one here on a data dir at that path exclude each other.
@@ -280,6 +292,9 @@ func dirLockPath(d string) string { return filepath.Clean(d) + ".kubefence-lock"
 // or remove the dir it is building. The data dirs' locks are taken in sorted order.
 func (o *Options) lock() (*runLock, error) {
 	if err := os.MkdirAll(o.BackupDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := trustBackupDir(o.BackupDir); err != nil {
 		return nil, err
 	}
 	l := &runLock{}
@@ -312,6 +327,9 @@ func (o *Options) lock() (*runLock, error) {
 func Run(ctx context.Context, op Operation, opts Options) (*Report, error) {
 	start := time.Now()
 	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	if err := trustBackupDir(opts.BackupDir); err != nil { // before its journal is read
 		return nil, err
 	}
 	if !opts.DryRun {

@@ -236,3 +236,31 @@ func TestRebuildStopsAtASignal(t *testing.T) {
 		t.Fatalf("rebuild cancelled while building: %v, built %d, swapped %v; want it stopped after the first", err, built, s.Swapped)
 	}
 }
+
+// TestBackupDirOutOfTheEtcdUsersReach: a data dir in a directory the etcd user owns (Debian's
+// /var/lib/etcd) has its default backup dir there too, where that user could plant a journal
+// naming a binary kubefence, as root, then runs: refused before anything in it is read (a dry
+// run too), with a backup dir to give instead.
+func TestBackupDirOutOfTheEtcdUsersReach(t *testing.T) {
+	needRoot(t)
+	parent := filepath.Join(t.TempDir(), "etcd")
+	d := filepath.Join(parent, "m1")
+	writeMemberWith(t, d, testPeers[0], 5, testPeers[:1])
+	chownTree(t, parent, nobody, nobody)
+	bin := filepath.Join(t.TempDir(), "bin")
+	writeTree(t, bin, nil)
+	fakeEtcd(t, bin, "3.5.35", "3.5.35")
+	fakeEtcd(t, bin, "3.6.16", "3.6.16")
+	for _, dry := range []bool{true, false} {
+		_, err := Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: dry, Target: Version{3, 6, 16}, BinDir: bin})
+		if err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") || !strings.Contains(err.Error(), "--backup-dir") {
+			t.Errorf("upgrade (dry run %v) with its backup dir in the etcd user's directory: %v; want it refused", dry, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(parent, "kubefence-backups")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused upgrade made its backup dir (%v)", err)
+	}
+	if _, err := Run(t.Context(), OpUpgrade, Options{DataDirs: []string{d}, DryRun: true, Target: Version{3, 6, 16}, BinDir: bin, BackupDir: filepath.Join(t.TempDir(), "backups")}); err != nil {
+		t.Errorf("dry run with a backup dir of root's: %v", err)
+	}
+}

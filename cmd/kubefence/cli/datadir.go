@@ -294,7 +294,7 @@ Journaled and resumable like upgrade.`
 	f.StringSliceVar(&o.opts.DataDirs, "data-dir", nil, "member data dir (repeatable: all members of a multi-member cluster, started together)")
 	f.StringVar(&o.target, "target-version", "", "etcd version to end at, e.g. 3.6.16")
 	f.StringVar(&o.opts.BinDir, "bin-dir", "", "dir holding etcd-<version> binaries")
-	f.StringVar(&o.opts.BackupDir, "backup-dir", "", "where backups, the journal and etcd's logs go (default: kubefence-backups next to the first data dir)")
+	f.StringVar(&o.opts.BackupDir, "backup-dir", "", "where backups, the journal and etcd's logs go (default: kubefence-backups next to the first data dir); it and the directories above it must be writable by no user but root or this one")
 	f.BoolVar(&o.opts.DryRun, "dry-run", false, "print the plan and change nothing")
 	f.DurationVar(&o.opts.StepTimeout, "step-timeout", 2*time.Minute, "how long each etcd may take to become healthy")
 	f.StringVar(&o.opts.ClusterToken, "initial-cluster-token", "etcd-cluster", "token for members rebuilt by a restore (v2 migration, downgrade)")
