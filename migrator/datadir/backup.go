@@ -155,7 +155,7 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
 	}
 	if o, ok := owners[dataDir]; ok {
-		if err := o.apply(tmp); err != nil {
+		if err := o.applyBuilt(tmp); err != nil {
 			os.RemoveAll(tmp)
 			return rep, err
 		}

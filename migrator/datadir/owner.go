@@ -59,9 +59,10 @@ func checkOwners(dirs ...string) (map[string]Owner, error) {
 	return owners, nil
 }
 
-// apply gives every file and dir under root to o. It follows one link only, member/wal's to a
-// directory o's user owns (a member/wal linked to its WAL disk holds the segments etcd wrote in
-// a step), and root itself when it is a link; any other link is given, not what it leads to: the
+// apply gives every file and dir under root to o. It follows two links only, to a directory o's
+// user owns: member/wal's (a member/wal linked to its WAL disk holds the segments etcd wrote in
+// a step) and root itself (a data dir linked to its disk; the user can swap the data dir in
+// its parent for a link, to /etc, which is not given); any other link is given, not what it leads to: the
 // data dir's user can put links in it, and kubefence as root following one to /root would hand
 // that away. Each link is resolved once, and what was checked is what is walked. Only root can,
 // and only root needs to (checkAs refused any other user whose files would be another's).
@@ -69,10 +70,15 @@ func (o Owner) apply(root string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	real, err := filepath.EvalSymlinks(root)
-	if err == nil {
-		err = o.chownTree(real)
+	real := root
+	if fi, err := os.Lstat(root); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		target, ok := o.ownedLinkTarget(root)
+		if !ok {
+			return fmt.Errorf("%s is a link to what uid %d does not own (the data dir swapped for a link?): not given to that user", root, o.UID)
+		}
+		real = target
 	}
+	err := o.chownTree(real)
 	if err == nil {
 		if wal, ok := o.ownedLinkTarget(filepath.Join(real, "member", "wal")); ok {
 			if ownerHook != nil {
@@ -83,6 +89,40 @@ func (o Owner) apply(root string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", root, o.UID, o.GID, o.Dir, err)
+	}
+	return nil
+}
+
+// applyBuilt gives dir, which kubefence built (a rebuilt member, a restored copy), to o: dir is
+// in a directory the data dir's user can write to, who could swap it for a link while it was
+// built (what was built then went where the link led) and, given, what it leads to would be
+// theirs. So dir must be a directory of this process's user, not a link, and is walked as it
+// is (a link found at its place by the walk is given, not followed), and no link in it is
+// followed: kubefence made none.
+func (o Owner) applyBuilt(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	if err := builtHere(dir); err != nil {
+		return err
+	}
+	if err := o.chownTree(dir); err != nil {
+		return fmt.Errorf("give %s to uid %d, gid %d (the owner of %s): %w", dir, o.UID, o.GID, o.Dir, err)
+	}
+	return nil
+}
+
+// builtHere fails unless path, just built, is a directory of this process's user, not a link:
+// its parent is the etcd user's, who could put a link at path for the build to follow, and what
+// it leads to must not be given to that user (owner.apply follows a link at the root).
+func builtHere(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s was replaced (by a %s) while it was built: someone with write access to %s is at work there; nothing was swapped in", path, fi.Mode().Type(), filepath.Dir(path))
 	}
 	return nil
 }

@@ -264,3 +264,60 @@ func TestBackupDirOutOfTheEtcdUsersReach(t *testing.T) {
 		t.Errorf("dry run with a backup dir of root's: %v", err)
 	}
 }
+
+// TestRestoreRefusesItsCopySwapped: the restore's copy is built beside the data dir, in a
+// directory the etcd user can write to; swapped for a link while it is copied (the copy then
+// goes where the link leads), it is refused, and what the link leads to is not given to that
+// user.
+func TestRestoreRefusesItsCopySwapped(t *testing.T) {
+	needRoot(t)
+	_, dataDir, rep := backedUpMember(t)
+	chownTree(t, dataDir, nobody, nobody)
+	decoy := t.TempDir() // root's
+	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
+	swapped := false
+	statHook = func(string) { // the etcd user's move, once the copy began
+		if swapped || !exists(tmp) {
+			return
+		}
+		swapped = true
+		if err := os.Rename(tmp, tmp+".aside"); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(decoy, tmp); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { statHook = nil })
+	_, err := RestoreBackup(t.Context(), rep.Backup, dataDir, time.Now())
+	if !swapped || err == nil || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("restore with its copy swapped for a link (swapped %v): %v; want it refused", swapped, err)
+	}
+	assertOwned(t, decoy, 0, 0)
+}
+
+// TestOwnerFollowsTheRootLinkOnlyToTheUsers: a data dir that is a link is followed only to a
+// directory its user owns (a data dir on its own disk); one the user swapped for a link to a
+// root-owned directory (/etc) is refused, and that directory is not given away.
+func TestOwnerFollowsTheRootLinkOnlyToTheUsers(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	decoy, theirs := filepath.Join(dir, "decoy"), filepath.Join(dir, "theirs")
+	writeTree(t, decoy, map[string]string{"f": "root's"})
+	writeTree(t, theirs, map[string]string{"f": "theirs"})
+	chownTree(t, theirs, nobody, nobody)
+	o := Owner{UID: nobody, GID: nobody, Dir: "the data dir"}
+	toDecoy, toTheirs := filepath.Join(dir, "to-decoy"), filepath.Join(dir, "to-theirs")
+	for link, target := range map[string]string{toDecoy: decoy, toTheirs: theirs} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := o.apply(toDecoy); err == nil {
+		t.Error("apply followed a link to a root-owned directory")
+	}
+	assertOwned(t, decoy, 0, 0)
+	if err := o.apply(toTheirs); err != nil {
+		t.Errorf("apply on a link to the user's own directory: %v", err)
+	}
+}
