@@ -39,9 +39,9 @@ func hanging() funcProxy {
 // shortProxyAnswers makes one proxy's answer due within d for the test.
 func shortProxyAnswers(t *testing.T, d time.Duration) {
 	t.Helper()
-	was, wasStatus := proxyAnswerTimeout, statusAnswerTimeout
-	proxyAnswerTimeout, statusAnswerTimeout = d, d
-	t.Cleanup(func() { proxyAnswerTimeout, statusAnswerTimeout = was, wasStatus })
+	was, wasStatus, wasSlack := proxyAnswerTimeout, statusAnswerTimeout, switchSlack
+	proxyAnswerTimeout, statusAnswerTimeout, switchSlack = d, d, d
+	t.Cleanup(func() { proxyAnswerTimeout, statusAnswerTimeout, switchSlack = was, wasStatus, wasSlack })
 }
 
 // TestPartialSwitchGoesBackAfterATimeout: a switch that one proxy never answers, until the
@@ -429,5 +429,35 @@ func TestAbortBoundedWhileBlueEtcdIsSilent(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("abortBlueAuth waited %s for a silent blue etcd", took)
+	}
+}
+
+// TestSwitchWaitsForAnOldProxy: a proxy too old to say its --drain-timeout (no drainTimeout in
+// its status) gets the switch step's own time, as before: a bound guessed for it cut off a
+// switch its longer drain made legitimately slow, and aborted the cutover in its window.
+func TestSwitchWaitsForAnOldProxy(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	g, sts, _ := threeProxies(-1)
+	for _, s := range sts {
+		s.Fenced = true
+	}
+	b := g.proxies[1].Client.(funcProxy)
+	set := b.setBackend
+	b.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+		select { // its drain: longer than any bound guessed from the others
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return admin.BackendResponse{}, ctx.Err()
+		}
+		return set(ctx, req)
+	}
+	g.proxies[1].Client = b
+	if _, err := g.SetBackend(t.Context(), admin.BackendRequest{URL: greenURL, ExpectGeneration: 10 + 20 + 30}); err != nil {
+		t.Fatalf("switch with an old proxy slow to drain: %v", err)
+	}
+	for i, s := range sts {
+		if s.Backend != greenURL {
+			t.Errorf("proxy %d on %s", i, s.Backend)
+		}
 	}
 }

@@ -284,8 +284,11 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 		return admin.BackendResponse{}, err
 	}
 	res, err := admin.Each(ctx, calls, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
-		ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.drain, defaultDrainTimeout)+proxyAnswerTimeout)
-		defer cancel()
+		if c.drain > 0 { // else a proxy too old to say: the step's own timeout
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.drain+switchSlack+proxyAnswerTimeout)
+			defer cancel()
+		}
 		return c.p.SetBackend(ctx, c.req)
 	})
 	if err != nil {
@@ -342,10 +345,12 @@ type backendCall struct {
 	drain time.Duration
 }
 
-// defaultDrainTimeout is the proxy's --drain-timeout default, for a proxy whose drain bound
-// is not known: a switch call to one proxy waits for its drain and an answer after it
-// (proxyAnswerTimeout), not the switch step's whole timeout, while every other proxy is fenced.
-const defaultDrainTimeout = 10 * time.Second
+// switchSlack is what a proxy's switch may take beyond its --drain-timeout: the grace a parked
+// watch gets (5 s), a ping of a prepared connection and a TLS probe of the new backend (up to
+// 5 s each). A switch call to one proxy waits for that and an answer after it
+// (proxyAnswerTimeout), not the switch step's whole timeout, while every other proxy is
+// fenced. A variable for the tests.
+var switchSlack = 15 * time.Second
 
 // expectEach is each proxy's switch request. When req expects a generation of the group, the
 // proxies' generations are read and must add up to it (generations only grow, so an equal sum
