@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -383,6 +384,20 @@ var ErrUnreachable = errors.New("cannot reach the kubefence admin API")
 // proxy, which may have acted on it (saved a fence or a backend) before the connection closed.
 var ErrNoAnswer = errors.New("the kubefence admin API gave no answer")
 
+// notSent says whether err came before the request could reach the proxy: the connection not
+// made, or its TLS handshake failed (the proxy's certificate not verified, ours refused: a TLS
+// alert, which with TLS 1.3 may come once the request is written, but before the proxy reads
+// it).
+func notSent(err error) bool {
+	var op *net.OpError
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error") ||
+		errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &host) || errors.As(err, &invalid)
+}
+
 // maxAnswer bounds an admin answer: the largest, the writes log (65,536 entries of a few
 // hundred bytes each, names up to 253 characters), stays well below it.
 const maxAnswer = 256 << 20
@@ -405,9 +420,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if errors.Is(err, os.ErrPermission) {
 		return fmt.Errorf("%w: permission denied: the admin socket is 0600, owned by the user the proxy runs as (root with the shipped manifests): run this command as that user: %v", ErrUnreachable, err)
 	}
-	var dial *net.OpError
-	if err != nil && errors.As(err, &dial) && dial.Op == "dial" {
-		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same?): %v", ErrUnreachable, err)
+	if err != nil && notSent(err) {
+		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same, with the certificates it trusts?): %v", ErrUnreachable, err)
 	}
 	if err != nil {
 		return fmt.Errorf("%w (the proxy may have acted on the request): %v", ErrNoAnswer, err)

@@ -1,7 +1,10 @@
 package admin
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -67,3 +70,36 @@ func TestPermissionDeniedSaysWho(t *testing.T) {
 type roundTrip func(*http.Request) (*http.Response, error)
 
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestFailedHandshakeIsUnreachable: an admin address whose certificate does not verify (a wrong
+// --admin-ca-file) was never sent the request: "cannot reach", not "gave no answer, may have
+// acted" (whose advice, check with fence status, fails the same way); a proxy that took the
+// request and closed the connection without an answer may have acted.
+func TestFailedHandshakeIsUnreachable(t *testing.T) {
+	untrusted := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer untrusted.Close()
+	hangUp := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+	}))
+	defer hangUp.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(hangUp.Certificate())
+	cases := []struct {
+		name string
+		c    *Client
+		want error
+	}{
+		{"certificate not verified", NewTLSClient(untrusted.URL, &tls.Config{RootCAs: x509.NewCertPool()}), ErrUnreachable},
+		{"closed without an answer", NewTLSClient(hangUp.URL, &tls.Config{RootCAs: pool}), ErrNoAnswer},
+	}
+	for _, tc := range cases {
+		_, err := tc.c.Fence(t.Context(), FenceRequest{Fenced: true})
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}

@@ -415,7 +415,7 @@ type fenceStatusOptions struct{ adminOptions }
 func newFenceStatusCommand(g *globals) *cobra.Command {
 	o := &fenceStatusOptions{adminOptions{printOptions: printOptions{Streams: g.streams}}}
 	return o.command(&cobra.Command{Use: "status", Short: "Show the fence state, backend and live counters", Args: args(cobra.NoArgs)}, o,
-		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then is shown as unreachable and fails the command")
+		defaultAdminTimeout, "how long to wait for each proxy's answer; a proxy that has not answered by then fails the command (for a change: its outcome unknown)")
 }
 
 func (o *fenceStatusOptions) Run(ctx context.Context) error {
