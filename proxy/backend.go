@@ -177,7 +177,7 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 		Proxy:                 nil,
 		DialContext:           dial,
 		TLSClientConfig:       tlsConfig.Clone(),
-		TLSHandshakeTimeout:   10 * time.Second,
+		TLSHandshakeTimeout:   upstreamHandshakeTimeout,
 		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -191,6 +191,9 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 		DisableCompression: true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
 }
+
+// upstreamHandshakeTimeout bounds a TLS handshake with a backend. A variable for the tests.
+var upstreamHandshakeTimeout = 10 * time.Second
 
 // transportFor picks the connections for a request: identity-forwarding requests must carry
 // the front-proxy certificate, and no other request may; then watches, writes (not upgrades)

@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"strings"
 	"sync"
 	"time"
 
@@ -101,21 +103,30 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			w.WriteHeader(499)
 			return
 		}
-		var op *net.OpError
-		neverSent := errors.As(err, &op) && op.Op == "dial" // refused, or timed out: either way nothing left
+		unsent := neverSent(err)
 		var ne net.Error
-		if !neverSent && (errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())) {
+		if !unsent && (errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())) {
 			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
 			writeStatus(w, http.StatusGatewayTimeout, "Timeout", "kubefence: the backend apiserver timed out", 0)
 			return
 		}
 		retry := 0
-		if neverSent {
+		if unsent {
 			retry = 1
 		}
 		log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)
 		writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver is unreachable (the proxy's log says why)", retry)
 	}
+}
+
+// neverSent says whether a backend error came before the request left: the dial failed (refused,
+// or timed out), or the TLS handshake did (net/http's HTTP/1.1 transport says so only in its
+// timeout's text; the HTTP/2 one's handshakes are dials: muxTransport.handshaker).
+func neverSent(err error) bool {
+	var op *net.OpError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &verify) ||
+		strings.Contains(err.Error(), "net/http: TLS handshake timeout")
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)

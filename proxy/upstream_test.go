@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -225,6 +226,39 @@ func TestFailedDialIsRetried(t *testing.T) {
 			upstreamError(slog.New(slog.DiscardHandler))(w, r, tc.err)
 			if w.Code != tc.code || w.Header().Get("Retry-After") != tc.retryAfter {
 				t.Errorf("answer %d Retry-After=%q, want %d Retry-After=%q", w.Code, w.Header().Get("Retry-After"), tc.code, tc.retryAfter)
+			}
+		})
+	}
+}
+
+// TestHandshakeTimeoutIsRetried: a backend that takes the connection and never answers its TLS
+// handshake (a host half up) was sent nothing, over HTTP/1.1 as over HTTP/2: the client gets 502
+// with Retry-After (client-go sends it again), not 504 without.
+func TestHandshakeTimeoutIsRetried(t *testing.T) {
+	defer func(d time.Duration) { upstreamHandshakeTimeout = d }(upstreamHandshakeTimeout)
+	upstreamHandshakeTimeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // takes connections, says nothing
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("http2=%v", h2), func(t *testing.T) {
+			p := startProxy(t, "https://"+ln.Addr().String(), func(o *Options) { o.UpstreamHTTP2 = h2 })
+			for _, m := range []string{"GET", "POST"} {
+				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps")
+				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {
+					t.Errorf("%s to a backend that never finishes its handshake: %d Retry-After=%q %s; want 502 with Retry-After: 1", m, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+				}
 			}
 		})
 	}
