@@ -5,6 +5,7 @@ package flock
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -55,7 +56,7 @@ func Take(path string) (*Lock, error) {
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			holder, _ := os.ReadFile(path)
+			holder, _ := io.ReadAll(io.LimitReader(f, 4096)) // the file locked, not what path leads to now
 			f.Close()
 			if errors.Is(err, syscall.EWOULDBLOCK) {
 				return nil, &HeldError{Path: path, Holder: strings.TrimSpace(string(holder))}

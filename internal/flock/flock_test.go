@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -66,4 +67,28 @@ func TestTakeFollowsNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTakeRacingRelease: takers racing holders that remove the lock file as they release it
+// (ReleaseRemove) only ever find it held, never "not a file kubefence made" (a file removed
+// between its open and its check has no link left).
+func TestTakeRacingRelease(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 500 {
+				l, err := Take(path)
+				var held *HeldError
+				switch {
+				case err == nil:
+					l.ReleaseRemove()
+				case !errors.As(err, &held):
+					t.Errorf("Take: %v; want it taken or held", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

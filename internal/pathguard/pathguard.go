@@ -252,7 +252,9 @@ func OpenOwn(path string, flag int) (*os.File, error) {
 		return nil, err
 	}
 	st, _ := fi.Sys().(*syscall.Stat_t)
-	if !fi.Mode().IsRegular() || st == nil || st.Nlink != 1 {
+	// No links beside this one; none at all is a file its holder removed since it was opened
+	// (a lock released: flock.Take opens it again).
+	if !fi.Mode().IsRegular() || st == nil || st.Nlink > 1 {
 		f.Close()
 		return nil, fmt.Errorf("%s is not a file kubefence made (%s, %d links): remove it (check who put it there) and try again", path, fi.Mode().Type(), linkCount(st))
 	}
