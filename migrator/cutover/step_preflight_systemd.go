@@ -14,10 +14,14 @@ import (
 // service, and how systemd stops it: variables for the tests.
 var (
 	cgroupFile = "/proc/self/cgroup"
-	killModeOf = func(ctx context.Context, unit string) (string, error) {
+	killModeOf = func(ctx context.Context, unit string, user bool) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, "systemctl", "show", "--property=KillMode", "--value", unit).Output()
+		args := []string{"show", "--property=KillMode", "--value", unit}
+		if user { // a unit of a user's own manager (user@UID.service)
+			args = append([]string{"--user"}, args...)
+		}
+		out, err := exec.CommandContext(ctx, "systemctl", args...).Output()
 		return strings.TrimSpace(string(out)), err
 	}
 )
@@ -31,18 +35,18 @@ func checkSystemdKillMode(ctx context.Context, p *Plan) (note string, err error)
 	if !startsProcessesHere(p) {
 		return "", nil
 	}
-	unit := serviceUnit(cgroupFile)
+	unit, user := serviceUnit(cgroupFile)
 	if unit == "" {
 		return "", nil
 	}
-	mode, err := killModeOf(ctx, unit)
+	mode, err := killModeOf(ctx, unit, user)
 	if err != nil || mode == "" {
 		return fmt.Sprintf("kubefence runs in systemd unit %s, whose KillMode could not be read (%v): unless it is KillMode=process, systemd kills the green processes kubefence starts when this command ends or the unit stops", unit, err), nil
 	}
 	if mode != "control-group" && mode != "mixed" {
 		return "", nil
 	}
-	return "", fmt.Errorf("kubefence runs in systemd unit %s with KillMode=%s: when this command ends (done, or a bake finished) or the unit is stopped, systemd kills every process in its control group, the green etcd and apiserver kubefence starts among them, and the cluster green serves goes down: run it with 'systemd-run --unit kubefence-cutover -p KillMode=process kubefence cutover ...' (or KillMode=process in its unit), or in tmux or screen", unit, mode)
+	return "", fmt.Errorf("kubefence runs in systemd unit %s with KillMode=%s: when this command ends (done, or a bake finished) or the unit is stopped, systemd kills every process in its control group, the green etcd and apiserver kubefence starts among them, and the cluster green serves goes down: run it with 'systemd-run --unit kubefence-cutover -p KillMode=process --same-dir kubefence cutover --plan PLAN' (or KillMode=process in its unit), or in tmux or screen", unit, mode)
 }
 
 // systemdNote is checkSystemdKillMode for a run that leaves green serving (a rehearsal stops
@@ -76,11 +80,12 @@ func startsProcessesHere(p *Plan) bool {
 
 // serviceUnit is the systemd service whose control group this process is in ("" if none: a
 // terminal's session scope, a container, no systemd), read from file (/proc/self/cgroup): the
-// unified hierarchy's line, else the named systemd one.
-func serviceUnit(file string) string {
+// unified hierarchy's line, else the named systemd one; user says it is a unit of a user's own
+// manager (under user@UID.service).
+func serviceUnit(file string) (unit string, user bool) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return ""
+		return "", false
 	}
 	group := ""
 	for _, line := range strings.Split(string(data), "\n") {
@@ -93,7 +98,7 @@ func serviceUnit(file string) string {
 		}
 	}
 	if leaf := path.Base(group); strings.HasSuffix(leaf, ".service") {
-		return leaf
+		return leaf, strings.Contains(path.Dir(group), "/user@")
 	}
-	return ""
+	return "", false
 }

@@ -23,6 +23,7 @@ func TestSystemdKillsGreen(t *testing.T) {
 		{"a service killed as a group", "0::/system.slice/kubefence-cutover.service\n", "control-group", nil, false, "KillMode=control-group", ""},
 		{"mixed", "0::/system.slice/run-r1.service\n", "mixed", nil, false, "KillMode=mixed", ""},
 		{"cgroup v1", "9:name=systemd:/system.slice/kubefence-cutover.service\n4:memory:/x\n", "control-group", nil, false, "KillMode=control-group", ""},
+		{"a user manager's unit", "0::/user.slice/user-0.slice/user@0.service/app.slice/kc.service\n", "process", nil, false, "", ""},
 		{"KillMode=process", "0::/system.slice/kubefence-cutover.service\n", "process", nil, false, "", ""},
 		{"a terminal's scope", "0::/user.slice/user-1000.slice/session-3.scope\n", "control-group", nil, false, "", ""},
 		{"no systemd", "0::/\n", "", nil, false, "", ""},
@@ -38,7 +39,12 @@ func TestSystemdKillsGreen(t *testing.T) {
 			wasFile, wasMode := cgroupFile, killModeOf
 			t.Cleanup(func() { cgroupFile, killModeOf = wasFile, wasMode })
 			cgroupFile = file
-			killModeOf = func(context.Context, string) (string, error) { return tc.mode, tc.modeErr }
+			killModeOf = func(_ context.Context, unit string, user bool) (string, error) {
+				if user != strings.Contains(tc.cgroup, "user@") {
+					t.Errorf("unit %s asked of the user manager: %v", unit, user)
+				}
+				return tc.mode, tc.modeErr
+			}
 			p, _ := validPlan(t)
 			if tc.external {
 				p.Green.Etcd.Members = nil
