@@ -167,7 +167,7 @@ func (m *leaseMirror) renew(ctx context.Context, id clientv3.LeaseID, ch <-chan 
 			// Green expired or revoked it by itself; if it held keys, green's revision moved
 			// and the next apply says so. Under a hold, the replication revoked it.
 			if m.hold {
-				m.cfg.Log.Info("a held lease is gone (revoked by the replication beside the hold, or expired); no longer kept alive", "lease", lease)
+				m.cfg.Log.Info("a lease the hold kept alive is gone: revoked by the replication beside the hold (it drops what the source dropped), or expired, which a revision mismatch then shows; no longer kept alive", "lease", lease)
 			} else {
 				m.cfg.Log.Error("green lost a lease the replicator kept alive", "lease", lease)
 			}
