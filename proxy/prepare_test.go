@@ -569,3 +569,32 @@ func TestMovedWatchKeepsTheRestOfARevision(t *testing.T) {
 		})
 	}
 }
+
+// TestMovedWatchAfterABookmarkInARevision: kube-apiserver may send a BOOKMARK in the middle of a
+// revision's events; those delivered before it are not known then, so the watch goes on from
+// the revision itself, as before (asked from the one before, they would come twice).
+func TestMovedWatchAfterABookmarkInARevision(t *testing.T) {
+	fr := framingJSON
+	blue, green := newWatchAPI(t, "blue", fr), newTLSWatchAPI(t, "green", fr)
+	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = append(o.AllowedBackends, "https://127.0.0.1:*") })
+	ctx := t.Context()
+	c := openWatch(t, p, fr, "resourceVersion=5&allowWatchBookmarks=true")
+	if _, err := p.admin.PrepareBackend(ctx, admin.PrepareRequest{URL: green.URL, CAFile: green.caFile}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []testEvent{{"DELETED", "a", "10"}, {"BOOKMARK", "", "10"}, {"DELETED", "b", "10"}} {
+		sendOne(t, blue, 1, c, fr, ev)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, CAFile: green.caFile, ResumeWatches: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	if got := green.watch(t, 1).query.Get("resourceVersion"); got != "10" {
+		t.Fatalf("green asked from %q, want 10: a@10 came before the bookmark, and is not known to skip", got)
+	}
+}

@@ -139,6 +139,7 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	_ = w.rc.Close() // the 410's body
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, undo: &nb.resumedPastExpiry}
 	w.rv.rv, w.rv.cur = oldest, w.rv.cur[:0]
+	w.rv.atRV, w.rv.atRVKnown, w.rv.bookmarked = w.rv.atRV[:0], true, true // as after a BOOKMARK at oldest
 	nb.resumedPastExpiry.Add(1)
 	log.Info("watch resumed from the revision the new backend's watch cache begins at: the watched collection is the same there as at the watch's resourceVersion")
 	return true
@@ -149,6 +150,12 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Response, error) {
 	from, err1 := strconv.ParseUint(rv, 10, 64)
 	to, err2 := strconv.ParseUint(oldest, 10, 64)
+	if err1 == nil && err2 == nil && from == to {
+		// Asked from the revision before the watch's (a revision's events known, batch) of a
+		// cache that begins at the watch's own: from there, as before (the rest of its
+		// revision's events, if the move split them, are not sent).
+		return reissueChecked(ri, nb, rv)
+	}
 	if err1 != nil || err2 != nil || from >= to {
 		return nil, fmt.Errorf("the backend's cache begins at %q, not at a revision after the watch's resourceVersion %q", oldest, rv)
 	}
@@ -181,7 +188,12 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
 		return nil, errors.New("its timeoutSeconds passed while the proxy listed")
 	}
-	resp, err := reissue(ri, nb, oldest)
+	return reissueChecked(ri, nb, oldest)
+}
+
+// reissueChecked re-issues the watch ri to nb from rv and checks nb's answer.
+func reissueChecked(ri *resumeInfo, nb *backend, rv string) (*http.Response, error) {
+	resp, err := reissue(ri, nb, rv)
 	if err != nil {
 		return nil, err
 	}

@@ -285,3 +285,31 @@ func TestSwitchAwayDuringThePastExpiryLists(t *testing.T) {
 		t.Fatalf("green counted %d ended, %d resumed; third asked %d watches: want only the busy one (the proxy left green)", gb.resumedThenEnded.Load(), gb.resumedPastExpiry.Load(), third.count())
 	}
 }
+
+// TestResumeWhereTheCacheBegins: a watch that asked the new backend from the revision before
+// its last event's (the rest of that revision's events come again) finds the backend's cache
+// beginning at that very revision (410 "R-1 (R)"): it goes on from R, as a watch asking from R
+// did before, rather than end (and relist) for want of lists to compare.
+func TestResumeWhereTheCacheBegins(t *testing.T) {
+	for _, fr := range framings {
+		t.Run(fr.String(), func(t *testing.T) {
+			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+			p := startProxy(t, blue.URL)
+			c := openWatch(t, p, fr, "resourceVersion=5")
+			sendOne(t, blue, 1, c, fr, testEvent{"ADDED", "a", "10"})
+			switchTo(t, p, green.URL, true)
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			if got := green.watch(t, 1).query.Get("resourceVersion"); got != "9" {
+				t.Fatalf("green asked from %q, want 9", got)
+			}
+			green.watch(t, 1).last <- statusFrame(t, fr, 410, "too old resource version: 9 (10)")
+			if got := green.watch(t, 2).query.Get("resourceVersion"); got != "10" {
+				t.Fatalf("after the 410, green asked from %q, want 10 (where its cache begins: the watch's own)", got)
+			}
+			green.watch(t, 2).feed <- frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
+			c.expect(t, testEvent{"ADDED", "b", "11"})
+		})
+	}
+}

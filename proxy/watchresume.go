@@ -606,6 +606,9 @@ type rvTracker struct {
 	atRV      []eventKey
 	atRVKnown bool
 	gap       bool
+	// bookmarked: the last event parsed was a BOOKMARK. kube-apiserver may send one in the
+	// middle of a revision's events: those delivered before it are then not in atRV.
+	bookmarked bool
 }
 
 // maxKeptEvent is the largest event the tracker copies rather than parses at once.
@@ -743,14 +746,14 @@ func (t *rvTracker) noteKey(e *eventMeta) {
 	switch {
 	case e.typ == "BOOKMARK": // everything up to it delivered
 		t.atRV, t.atRVKnown = t.atRV[:0], true
-	case t.gap || e.rv == t.rv && !t.atRVKnown:
+	case t.gap || e.rv == t.rv && (!t.atRVKnown || t.bookmarked):
 		t.atRV, t.atRVKnown = t.atRV[:0], false
 	case e.rv != t.rv:
 		t.atRV, t.atRVKnown = append(t.atRV[:0], e.key), true
 	default:
 		t.atRV = append(t.atRV, e.key)
 	}
-	t.gap = false
+	t.gap, t.bookmarked = false, e.typ == "BOOKMARK"
 }
 
 // batch is how to go on from a revision whose events may be delivered in part: from the
