@@ -271,18 +271,43 @@ func linkCount(st *syscall.Stat_t) uint64 {
 // CheckTrustedDir refuses dir unless no other user can change what kubefence finds in it: dir
 // must belong to this process's user (or root) and be writable by nobody else, and so must
 // every directory above it, up to /, where a root-owned one with the sticky bit (/tmp) is
-// enough (no one else can rename entries in it). It is checked as the path resolves and as
-// the directory holding its last link, if any. kubefence keeps there what it reads back and
-// acts on as root (a journal naming the binaries it runs, step logs it appends to): in a
-// directory the etcd user can write to, that user could plant them.
-func CheckTrustedDir(role, dir string) error {
-	for _, p := range []string{dir, filepath.Dir(filepath.Clean(dir))} {
+// enough (no one else can rename entries in it). It is checked as the path resolves, and so is
+// each directory holding a link on the way (whoever can write there can point the link
+// elsewhere). kubefence keeps there what it reads back and acts on as root (a journal naming
+// the binaries it runs, step logs it appends to): in a directory the etcd user can write to,
+// that user could plant them.
+func CheckTrustedDir(role, dir string) error { return checkTrusted(role, dir, true) }
+
+// CheckTrustedParent is CheckTrustedDir for a directory to be made: its nearest existing
+// ancestor must be out of other users' reach as a directory above it is (a root-owned sticky
+// one, /tmp, will do).
+func CheckTrustedParent(role, dir string) error {
+	p := filepath.Clean(dir)
+	for {
+		if _, err := os.Lstat(p); err == nil || p == filepath.Dir(p) {
+			break
+		}
+		p = filepath.Dir(p)
+	}
+	return checkTrusted(role, p, p == filepath.Clean(dir))
+}
+
+// checkTrusted is CheckTrustedDir; strict holds dir itself to its rule (not a sticky one).
+func checkTrusted(role, dir string, strict bool) error {
+	dir = filepath.Clean(dir)
+	chains := []string{dir}
+	for p := dir; p != filepath.Dir(p); p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			chains = append(chains, filepath.Dir(p))
+		}
+	}
+	for _, p := range chains {
 		real, err := filepath.EvalSymlinks(p)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", role, dir, err)
 		}
 		for q, last := real, true; ; q, last = filepath.Dir(q), false {
-			if err := trustedDir(q, last && p == dir); err != nil {
+			if err := trustedDir(q, strict && last && p == dir); err != nil {
 				return fmt.Errorf("%s %s: %w: give a directory that only root (or this user) can write to, nor any directory above it (e.g. /var/lib/kubefence-backups)", role, dir, err)
 			}
 			if q == filepath.Dir(q) {

@@ -176,6 +176,7 @@ func TestCheckTrustedDir(t *testing.T) {
 	if err := os.Symlink(ok, linked); err != nil {
 		t.Fatal(err)
 	}
+	mk("ok/backups/x", 0, 0o700) // reached through linked, a link the etcd user may repoint
 	cases := []struct {
 		dir, want string
 	}{
@@ -186,11 +187,47 @@ func TestCheckTrustedDir(t *testing.T) {
 		{etcdOwned, "belongs to uid 65534"},
 		{writable, "others can write"},
 		{linked, "belongs to uid 65534"},
+		{filepath.Join(linked, "x"), "belongs to uid 65534"},
 	}
 	for _, tc := range cases {
 		err := CheckTrustedDir("--backup-dir", tc.dir)
 		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("CheckTrustedDir(%s) = %v, want %q", tc.dir, err, tc.want)
+		}
+	}
+}
+
+// TestCheckTrustedParent: a backup dir not made yet is judged by the nearest directory above it
+// that exists, as a directory above one is: under /tmp (root's, sticky) or several levels deep
+// in root's directories it may be made; under the etcd user's it may not.
+func TestCheckTrustedParent(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "giving directories to another user needs root")
+	}
+	root := t.TempDir()
+	sticky := filepath.Join(root, "sticky")
+	etcd := filepath.Join(root, "etcd")
+	for _, d := range []string{sticky, etcd} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(etcd, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ dir, want string }{
+		{filepath.Join(sticky, "kubefence-backups"), ""},
+		{filepath.Join(root, "a", "b", "c"), ""},
+		{filepath.Join(etcd, "kubefence-backups"), "belongs to uid 65534"},
+		{filepath.Join(etcd, "x", "y"), "belongs to uid 65534"},
+	}
+	for _, tc := range cases {
+		err := CheckTrustedParent("--backup-dir", tc.dir)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckTrustedParent(%s) = %v, want %q", tc.dir, err, tc.want)
 		}
 	}
 }

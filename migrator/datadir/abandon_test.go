@@ -91,3 +91,27 @@ func TestResumeChecksTheDataVersion(t *testing.T) {
 		t.Fatalf("version.txt %q after the refused resume", got)
 	}
 }
+
+// TestRestoreLeavesJournalsOutOfReach: a journal in a backup dir another user can write to (the
+// default one under Debian's /var/lib/etcd, the etcd user's) is not read, renamed or rewritten
+// by restore-backup as root: that user could have planted it, and swapped the dir under the
+// rename. No run resumes from such a dir (it refuses it), so none needs abandoning there.
+func TestRestoreLeavesJournalsOutOfReach(t *testing.T) {
+	needRoot(t)
+	opts, backup := failedUpgrade(t)
+	journal := opts.journalPath()
+	before, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := filepath.Dir(opts.DataDirs[0])
+	if err := os.Chown(parent, nobody, nobody); err != nil { // the etcd user's /var/lib/etcd
+		t.Fatal(err)
+	}
+	if _, err := RestoreBackup(t.Context(), backup, opts.DataDirs[0], time.Unix(1800000100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := os.ReadFile(journal); err != nil || string(after) != string(before) {
+		t.Errorf("restore-backup changed the journal in a backup dir the etcd user can write to: %v", err)
+	}
+}

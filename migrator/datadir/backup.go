@@ -286,13 +286,20 @@ func notPlaced(err error, dataDir, copy, replaced string) error {
 }
 
 // abandonRuns abandons the unfinished runs of dataDir journaled in the backup's dir or in the
-// default backup dir beside dataDir (abandonJournals).
+// default backup dir beside dataDir (abandonJournals), of those out of other users' reach: a
+// run refuses any other (trustBackupDir), so none it could resume is there, and what another
+// user put there is not read, renamed or written by root.
 func abandonRuns(backup, dataDir string, now time.Time) ([]string, error) {
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
 		return nil, err
 	}
-	backupDirs := []string{filepath.Dir(filepath.Clean(backup)), filepath.Join(filepath.Dir(abs), "kubefence-backups")}
+	var backupDirs []string
+	for _, d := range []string{filepath.Dir(filepath.Clean(backup)), filepath.Join(filepath.Dir(abs), "kubefence-backups")} {
+		if pathguard.CheckTrustedDir("a backup dir", d) == nil {
+			backupDirs = append(backupDirs, d)
+		}
+	}
 	why := fmt.Sprintf("restore-backup put %s back in %s at %s", backup, abs, now.UTC().Format(time.RFC3339))
 	kept, err := abandonJournals(abs, backupDirs, why, now)
 	if err != nil {

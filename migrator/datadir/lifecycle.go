@@ -271,13 +271,13 @@ func (l *runLock) release(removeJournal bool) {
 	}
 }
 
-// trustBackupDir refuses a backup dir (or, not made yet, the directory it would be made in)
-// another user could write to: kubefence, often as root, reads its journal back (which names
-// the etcd binaries it runs) and appends to its step logs. The default, beside the data dirs,
-// is in a directory the etcd user owns on distros that run etcd as its own user.
+// trustBackupDir refuses a backup dir another user could write to: kubefence, often as root,
+// reads its journal back (which names the etcd binaries it runs) and appends to its step logs.
+// The default, beside the data dirs, is in a directory the etcd user owns on distros that run
+// etcd as its own user. For one not made yet, the directory it would be made in.
 func trustBackupDir(dir string) error {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return pathguard.CheckTrustedDir("the backup dir's parent (--backup-dir)", filepath.Dir(dir))
+		return pathguard.CheckTrustedParent("--backup-dir", dir) // checked again once made (lock)
 	}
 	return pathguard.CheckTrustedDir("--backup-dir", dir)
 }
