@@ -298,6 +298,10 @@ func checkTrusted(role, dir string, strict bool) error {
 	chains := []string{dir}
 	for p := dir; p != filepath.Dir(p); p = filepath.Dir(p) {
 		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			// Its owner may repoint it, even in a sticky directory.
+			if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+				return fmt.Errorf("%s %s: the link %s on the way belongs to another user: give a path without it", role, dir, p)
+			}
 			chains = append(chains, filepath.Dir(p))
 		}
 	}

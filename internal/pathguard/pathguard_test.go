@@ -177,6 +177,13 @@ func TestCheckTrustedDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	mk("ok/backups/x", 0, 0o700) // reached through linked, a link the etcd user may repoint
+	theirLink := filepath.Join(sticky, "kb") // in /tmp, say: its owner may repoint it
+	if err := os.Symlink(ok, theirLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(theirLink, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		dir, want string
 	}{
@@ -188,6 +195,7 @@ func TestCheckTrustedDir(t *testing.T) {
 		{writable, "others can write"},
 		{linked, "belongs to uid 65534"},
 		{filepath.Join(linked, "x"), "belongs to uid 65534"},
+		{theirLink, "belongs to another user"},
 	}
 	for _, tc := range cases {
 		err := CheckTrustedDir("--backup-dir", tc.dir)

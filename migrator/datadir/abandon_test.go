@@ -108,10 +108,14 @@ func TestRestoreLeavesJournalsOutOfReach(t *testing.T) {
 	if err := os.Chown(parent, nobody, nobody); err != nil { // the etcd user's /var/lib/etcd
 		t.Fatal(err)
 	}
-	if _, err := RestoreBackup(t.Context(), backup, opts.DataDirs[0], time.Unix(1800000100, 0)); err != nil {
+	rep, err := RestoreBackup(t.Context(), backup, opts.DataDirs[0], time.Unix(1800000100, 0))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if after, err := os.ReadFile(journal); err != nil || string(after) != string(before) {
 		t.Errorf("restore-backup changed the journal in a backup dir the etcd user can write to: %v", err)
+	}
+	if len(rep.Unread) != 1 || rep.Unread[0] != journal {
+		t.Errorf("report's unread journals %v, want %s named (a run of the etcd user's may be journaled there)", rep.Unread, journal)
 	}
 }

@@ -100,9 +100,12 @@ type RestoreReport struct {
 	Replaced string `json:"replaced,omitempty"`
 	// Abandoned are the journals of unfinished upgrades and downgrades of the data dir, renamed
 	// aside: their next run plans afresh from the restored data.
-	Abandoned []string      `json:"abandonedJournals,omitempty"`
-	Files     int           `json:"files"`
-	Duration  time.Duration `json:"durationNanos"`
+	Abandoned []string `json:"abandonedJournals,omitempty"`
+	// Unread are journals found in a backup dir other users can write to (trusted by the user
+	// who ran there, perhaps): not read, nor abandoned; a run they journal would resume.
+	Unread   []string      `json:"unreadJournals,omitempty"`
+	Files    int           `json:"files"`
+	Duration time.Duration `json:"durationNanos"`
 }
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
@@ -179,7 +182,7 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
 		return rep, err
 	}
-	if rep.Abandoned, err = abandonRuns(backup, dataDir, now); err != nil {
+	if rep.Abandoned, rep.Unread, err = abandonRuns(backup, dataDir, now); err != nil {
 		return rep, err
 	}
 	rep.Files, rep.Duration = files, time.Since(start)
@@ -286,24 +289,30 @@ func notPlaced(err error, dataDir, copy, replaced string) error {
 }
 
 // abandonRuns abandons the unfinished runs of dataDir journaled in the backup's dir or in the
-// default backup dir beside dataDir (abandonJournals), of those out of other users' reach: a
-// run refuses any other (trustBackupDir), so none it could resume is there, and what another
-// user put there is not read, renamed or written by root.
-func abandonRuns(backup, dataDir string, now time.Time) ([]string, error) {
+// default backup dir beside dataDir (abandonJournals), of those out of other users' reach:
+// what another user could have put in the others is not read, renamed or written by root, only
+// named (unread: a run of the user who could write there may be journaled in it).
+func abandonRuns(backup, dataDir string, now time.Time) (kept, unread []string, err error) {
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var backupDirs []string
-	for _, d := range []string{filepath.Dir(filepath.Clean(backup)), filepath.Join(filepath.Dir(abs), "kubefence-backups")} {
+	candidates := []string{filepath.Dir(filepath.Clean(backup)), filepath.Join(filepath.Dir(abs), "kubefence-backups")}
+	if candidates[0] == candidates[1] {
+		candidates = candidates[:1]
+	}
+	for _, d := range candidates {
 		if pathguard.CheckTrustedDir("a backup dir", d) == nil {
 			backupDirs = append(backupDirs, d)
+		} else if names, _ := filepath.Glob(filepath.Join(d, "journal-*.json")); len(names) > 0 {
+			unread = append(unread, names...)
 		}
 	}
 	why := fmt.Sprintf("restore-backup put %s back in %s at %s", backup, abs, now.UTC().Format(time.RFC3339))
-	kept, err := abandonJournals(abs, backupDirs, why, now)
+	kept, err = abandonJournals(abs, backupDirs, why, now)
 	if err != nil {
-		return kept, fmt.Errorf("the backup is restored in %s, but: %w", dataDir, err)
+		return kept, unread, fmt.Errorf("the backup is restored in %s, but: %w", dataDir, err)
 	}
-	return kept, nil
+	return kept, unread, nil
 }

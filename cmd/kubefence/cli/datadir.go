@@ -468,5 +468,8 @@ func (o *restoreBackupOptions) Run(ctx context.Context) error {
 		for _, j := range rep.Abandoned {
 			fmt.Fprintf(w, "the unfinished upgrade or downgrade of this data dir is abandoned (its journal kept at %s): the next one plans afresh from the restored data\n", j)
 		}
+		for _, j := range rep.Unread {
+			fmt.Fprintf(w, "WARNING: %s is in a backup dir other users can write to, so it was not read: if it journals an unfinished upgrade or downgrade of this data dir, rename it away before the next one, which would resume it on the restored data\n", j)
+		}
 	})
 }
