@@ -176,7 +176,7 @@ func TestCheckTrustedDir(t *testing.T) {
 	if err := os.Symlink(ok, linked); err != nil {
 		t.Fatal(err)
 	}
-	mk("ok/backups/x", 0, 0o700) // reached through linked, a link the etcd user may repoint
+	mk("ok/backups/x", 0, 0o700)             // reached through linked, a link the etcd user may repoint
 	theirLink := filepath.Join(sticky, "kb") // in /tmp, say: its owner may repoint it
 	if err := os.Symlink(ok, theirLink); err != nil {
 		t.Fatal(err)

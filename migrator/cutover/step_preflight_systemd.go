@@ -46,7 +46,7 @@ func checkSystemdKillMode(ctx context.Context, p *Plan) (note string, err error)
 	if mode != "control-group" && mode != "mixed" {
 		return "", nil
 	}
-	return "", fmt.Errorf("kubefence runs in systemd unit %s with KillMode=%s: when this command ends (done, or a bake finished) or the unit is stopped, systemd kills every process in its control group, the green etcd and apiserver kubefence starts among them, and the cluster green serves goes down: run it with 'systemd-run --unit kubefence-cutover -p KillMode=process -p WorkingDirectory="$PWD" kubefence cutover --plan PLAN' (or KillMode=process in its unit), or in tmux or screen", unit, mode)
+	return "", fmt.Errorf("kubefence runs in systemd unit %s with KillMode=%s: when this command ends (done, or a bake finished) or the unit is stopped, systemd kills every process in its control group, the green etcd and apiserver kubefence starts among them, and the cluster green serves goes down: run it with 'systemd-run --unit kubefence-cutover -p KillMode=process -p WorkingDirectory=\"$PWD\" kubefence cutover --plan PLAN' (or KillMode=process in its unit), or in tmux or screen", unit, mode)
 }
 
 // systemdNote is checkSystemdKillMode for a run that leaves green serving (a rehearsal stops
