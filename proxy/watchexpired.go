@@ -137,6 +137,12 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 		return false
 	}
 	_ = w.rc.Close() // the 410's body
+	// No lists when the cache begins at the watch's own revision: a resume, not past expiry.
+	if oldest == rv {
+		w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded}
+		log.Info("watch resumed from its own resourceVersion, where the new backend's watch cache begins")
+		return true
+	}
 	w.rc = &firstEventGuard{rc: resp.Body, fr: w.fr, log: log, ended: &nb.resumedThenEnded, undo: &nb.resumedPastExpiry}
 	w.rv.rv, w.rv.cur = oldest, w.rv.cur[:0]
 	w.rv.atRV, w.rv.atRVKnown, w.rv.bookmarked = w.rv.atRV[:0], true, true // as after a BOOKMARK at oldest

@@ -310,6 +310,9 @@ func TestResumeWhereTheCacheBegins(t *testing.T) {
 			}
 			green.watch(t, 2).feed <- frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
 			c.expect(t, testEvent{"ADDED", "b", "11"})
+			if st := p.Status(); st.ResumedPastExpiry != 0 || st.ResumedThenEnded != 0 {
+				t.Errorf("status %d resumed past expiry, %d ended: nothing was listed, nothing ended", st.ResumedPastExpiry, st.ResumedThenEnded)
+			}
 		})
 	}
 }
