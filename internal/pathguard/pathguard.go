@@ -294,24 +294,26 @@ func CheckTrustedParent(role, dir string) error {
 
 // checkTrusted is CheckTrustedDir; strict holds dir itself to its rule (not a sticky one).
 func checkTrusted(role, dir string, strict bool) error {
-	dir = filepath.Clean(dir)
-	chains := []string{dir}
-	for p := dir; p != filepath.Dir(p); p = filepath.Dir(p) {
-		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			// Its owner may repoint it, even in a sticky directory.
-			if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-				return fmt.Errorf("%s %s: the link %s on the way belongs to another user: give a path without it", role, dir, p)
-			}
-			chains = append(chains, filepath.Dir(p))
-		}
+	real, links, err := resolve(dir)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", role, dir, err)
 	}
-	for _, p := range chains {
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", role, dir, err)
+	type chain struct {
+		dir  string
+		self bool
+	}
+	chains := []chain{{real, strict}}
+	for _, l := range links {
+		// Its owner may repoint it, even in a sticky directory; whoever can write to the
+		// directory holding it may replace it.
+		if l.uid != 0 && l.uid != os.Geteuid() {
+			return fmt.Errorf("%s %s: the link %s on the way belongs to uid %d: give a path without it", role, dir, l.path, l.uid)
 		}
-		for q, last := real, true; ; q, last = filepath.Dir(q), false {
-			if err := trustedDir(q, strict && last && p == dir); err != nil {
+		chains = append(chains, chain{filepath.Dir(l.path), false})
+	}
+	for _, c := range chains {
+		for q := c.dir; ; q = filepath.Dir(q) {
+			if err := trustedDir(q, c.self && q == c.dir); err != nil {
 				return fmt.Errorf("%s %s: %w: give a directory that only root (or this user) can write to, nor any directory above it (e.g. /var/lib/kubefence-backups)", role, dir, err)
 			}
 			if q == filepath.Dir(q) {
@@ -320,6 +322,61 @@ func checkTrusted(role, dir string, strict bool) error {
 		}
 	}
 	return nil
+}
+
+// linkMet is a symbolic link met resolving a path: where it is (its directory resolved) and
+// whose it is.
+type linkMet struct {
+	path string
+	uid  int
+}
+
+// resolve resolves p as the kernel does, a component at a time, and returns where it leads and
+// every link met on the way, also those in a link's target.
+func resolve(p string) (string, []linkMet, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", nil, err
+	}
+	todo := strings.Split(strings.TrimPrefix(abs, "/"), "/")
+	cur, links := "/", []linkMet(nil)
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, c)
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "", nil, err
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if len(links) == 40 {
+			return "", nil, fmt.Errorf("%s: too many links", p)
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return "", nil, err
+		}
+		uid := -1
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			uid = int(st.Uid)
+		}
+		links = append(links, linkMet{next, uid})
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return cur, links, nil
 }
 
 // trustedDir checks one directory of CheckTrustedDir's chain; self is the directory itself

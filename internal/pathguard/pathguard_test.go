@@ -176,7 +176,11 @@ func TestCheckTrustedDir(t *testing.T) {
 	if err := os.Symlink(ok, linked); err != nil {
 		t.Fatal(err)
 	}
-	mk("ok/backups/x", 0, 0o700)             // reached through linked, a link the etcd user may repoint
+	mk("ok/backups/x", 0, 0o700) // reached through linked, a link the etcd user may repoint
+	relay := filepath.Join(root, "relay")
+	if err := os.Symlink(linked, relay); err != nil {
+		t.Fatal(err)
+	}
 	theirLink := filepath.Join(sticky, "kb") // in /tmp, say: its owner may repoint it
 	if err := os.Symlink(ok, theirLink); err != nil {
 		t.Fatal(err)
@@ -195,7 +199,8 @@ func TestCheckTrustedDir(t *testing.T) {
 		{writable, "others can write"},
 		{linked, "belongs to uid 65534"},
 		{filepath.Join(linked, "x"), "belongs to uid 65534"},
-		{theirLink, "belongs to another user"},
+		{theirLink, "belongs to uid 65534"},
+		{relay, "belongs to uid 65534"}, // root's link to the etcd user's link: they repoint theirs
 	}
 	for _, tc := range cases {
 		err := CheckTrustedDir("--backup-dir", tc.dir)
