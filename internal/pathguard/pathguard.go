@@ -123,32 +123,22 @@ func sameDirAbove(path, dir string) bool {
 // resolved before the next component (so "link/.." is the link target's parent, not "."), and
 // the part that does not exist yet appended lexically.
 func Resolve(p string) string {
-	if !filepath.IsAbs(p) {
-		wd, err := os.Getwd()
-		if err != nil {
-			return filepath.Clean(p)
-		}
-		p = wd + string(filepath.Separator) + p
+	abs, err := absolute(p)
+	if err != nil {
+		return filepath.Clean(p)
 	}
-	cur := string(filepath.Separator)
-	parts := strings.Split(p, string(filepath.Separator))
-	for i, part := range parts {
-		switch part {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, part)
-		r, err := filepath.EvalSymlinks(next)
-		if err != nil {
-			// next does not exist (or cannot be read): the rest is taken as written.
-			return filepath.Join(append([]string{next}, parts[i+1:]...)...)
-		}
-		cur = r
+	r, _, _ := walk(abs)
+	return r
+}
+
+// absolute is p made absolute without cleaning it: "link/.." must go up from where the link
+// leads, as the kernel goes, not cancel out as filepath.Abs would have it.
+func absolute(p string) (string, error) {
+	if filepath.IsAbs(p) {
+		return p, nil
 	}
-	return cur
+	wd, err := os.Getwd()
+	return wd + string(filepath.Separator) + p, err
 }
 
 // CheckFresh returns an error unless output is free to be made: it does not exist, or it is an
@@ -294,7 +284,11 @@ func CheckTrustedParent(role, dir string) error {
 
 // checkTrusted is CheckTrustedDir; strict holds dir itself to its rule (not a sticky one).
 func checkTrusted(role, dir string, strict bool) error {
-	real, links, err := resolve(dir)
+	abs, err := absolute(dir)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", role, dir, err)
+	}
+	real, links, err := walk(abs)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", role, dir, err)
 	}
@@ -331,14 +325,16 @@ type linkMet struct {
 	uid  int
 }
 
-// resolve resolves p as the kernel does, a component at a time, and returns where it leads and
-// every link met on the way, also those in a link's target.
-func resolve(p string) (string, []linkMet, error) {
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return "", nil, err
-	}
-	todo := strings.Split(strings.TrimPrefix(abs, "/"), "/")
+// maxLinks is how many symbolic links a walk follows (the kernel's limit) before it takes the
+// path for a loop.
+const maxLinks = 40
+
+// walk resolves the absolute path p as the kernel does, a component at a time, and returns
+// where it leads and every symbolic link met on the way, also those in a link's target. At a
+// component it cannot go past (missing, unreadable, a loop), err says why and the path is what
+// was resolved with the rest appended as written.
+func walk(p string) (string, []linkMet, error) {
+	todo := strings.Split(strings.TrimPrefix(p, "/"), "/")
 	cur, links := "/", []linkMet(nil)
 	for len(todo) > 0 {
 		c := todo[0]
@@ -352,19 +348,19 @@ func resolve(p string) (string, []linkMet, error) {
 		}
 		next := filepath.Join(cur, c)
 		fi, err := os.Lstat(next)
+		if err == nil && fi.Mode()&os.ModeSymlink != 0 && len(links) == maxLinks {
+			err = fmt.Errorf("%s: more than %d links", p, maxLinks)
+		}
 		if err != nil {
-			return "", nil, err
+			return filepath.Join(append([]string{next}, todo...)...), links, err
 		}
 		if fi.Mode()&os.ModeSymlink == 0 {
 			cur = next
 			continue
 		}
-		if len(links) == 40 {
-			return "", nil, fmt.Errorf("%s: too many links", p)
-		}
 		target, err := os.Readlink(next)
 		if err != nil {
-			return "", nil, err
+			return filepath.Join(append([]string{next}, todo...)...), links, err
 		}
 		uid := -1
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
