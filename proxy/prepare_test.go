@@ -547,15 +547,7 @@ func TestMovedWatchKeepsTheRestOfARevision(t *testing.T) {
 			blue.watch(t, 1).feed <- append(frame(t, fr, testEvent{"DELETED", "a", "10"}, nil), frame(t, fr, testEvent{"DELETED", "b", "10"}, nil)...)
 			c.expect(t, testEvent{"DELETED", "a", "10"})
 			c.expect(t, testEvent{"DELETED", "b", "10"})
-			if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := p.admin.SetBackend(ctx, admin.BackendRequest{URL: green.URL, CAFile: green.caFile, ResumeWatches: true}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
-				t.Fatal(err)
-			}
+			moveTo(t, p, green)
 			gw := green.watch(t, 1)
 			if got := gw.query.Get("resourceVersion"); got != "9" {
 				t.Fatalf("green was asked from resourceVersion %q, want 9: the revision before the one whose events were delivered in part", got)
@@ -585,6 +577,17 @@ func TestMovedWatchAfterABookmarkInARevision(t *testing.T) {
 	for _, ev := range []testEvent{{"DELETED", "a", "10"}, {"BOOKMARK", "", "10"}, {"DELETED", "b", "10"}} {
 		sendOne(t, blue, 1, c, fr, ev)
 	}
+	moveTo(t, p, green)
+	if got := green.watch(t, 1).query.Get("resourceVersion"); got != "10" {
+		t.Fatalf("green asked from %q, want 10: a@10 came before the bookmark, and is not known to skip", got)
+	}
+}
+
+// moveTo fences p, switches it to green resuming its watches, and lifts the fence, so that the
+// moved watches ask green.
+func moveTo(t *testing.T, p *testProxy, green *tlsWatchAPI) {
+	t.Helper()
+	ctx := t.Context()
 	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -593,8 +596,5 @@ func TestMovedWatchAfterABookmarkInARevision(t *testing.T) {
 	}
 	if _, err := p.admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 		t.Fatal(err)
-	}
-	if got := green.watch(t, 1).query.Get("resourceVersion"); got != "10" {
-		t.Fatalf("green asked from %q, want 10: a@10 came before the bookmark, and is not known to skip", got)
 	}
 }
