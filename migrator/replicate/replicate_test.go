@@ -1187,6 +1187,10 @@ func TestLeaseGrantRetried(t *testing.T) {
 	put(t, blue, "a", "1")
 	green, s := greenFrom(t, blue, etcdOpts{})
 	run := start(t, blue, green, s, func(c *Config) { c.ApplyTimeout = time.Second })
+	// A revision applied says Run is past its start (green's revision read, its leases listed,
+	// within 10 ApplyTimeouts): catching up to s alone returns at once, and on a loaded machine
+	// the restart below then took green down under Run's start, which rightly gave up.
+	put(t, blue, "b", "1")
 	catchUp(t, run, blue)
 	id := grant(t, blue, 60)
 	// The restart runs beside the put, so it reports over a channel: t.Fatal in its goroutine
