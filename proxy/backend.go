@@ -173,7 +173,7 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 	if conns != nil {
 		dial = conns.dialer(dial)
 	}
-	return &http.Transport{
+	tr := &http.Transport{
 		Proxy:                 nil,
 		DialContext:           dial,
 		TLSClientConfig:       tlsConfig.Clone(),
@@ -190,6 +190,12 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 			MaxReceiveBufferPerStream: upstreamStreamWindow},
 		DisableCompression: true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
+	if !http2 {
+		// The handshake as part of the dial, so that its failure says nothing was sent (an
+		// HTTP/2 transport's is muxTransport.handshaker's).
+		tr.DialTLSContext = tlsutil.HandshakeDialer(dial, func() *tls.Config { return tr.TLSClientConfig }, upstreamHandshakeTimeout)
+	}
+	return tr
 }
 
 // upstreamHandshakeTimeout bounds a TLS handshake with a backend. A variable for the tests.

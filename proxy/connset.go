@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"sync"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // connSet is the connections one transport dialled and has not closed yet. A resuming switch
@@ -29,7 +31,7 @@ func (c *setConn) Close() error {
 	return c.Conn.Close()
 }
 
-type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+type dialFunc = tlsutil.DialFunc
 
 // dialer wraps dial: every connection it makes is in s until it is closed.
 func (s *connSet) dialer(dial dialFunc) dialFunc {

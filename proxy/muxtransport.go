@@ -4,12 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // muxTransport carries a backend's writes, or its watches, over HTTP/2, many to a connection,
@@ -77,30 +78,10 @@ func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 }
 
 // handshaker dials with dial and makes the TLS handshake with h2's configuration (which
-// net/http gives HTTP/2's protocol names on first use), within h2's TLSHandshakeTimeout.
+// net/http gives HTTP/2's protocol names on first use), within h2's TLSHandshakeTimeout; a
+// failed handshake is a dial's error (upstreamError then tells the client to retry).
 func (m *muxTransport) handshaker(dial dialFunc) dialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		raw, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cfg := m.h2.TLSClientConfig.Clone()
-		if cfg.ServerName == "" {
-			cfg.ServerName, _, _ = net.SplitHostPort(addr)
-		}
-		if t := m.h2.TLSHandshakeTimeout; t > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, t)
-			defer cancel()
-		}
-		c := tls.Client(raw, cfg)
-		if err := c.HandshakeContext(ctx); err != nil {
-			raw.Close()
-			// A dial's error: no request was sent on it (upstreamError then tells the client to retry).
-			return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("TLS handshake with %s: %w", addr, err)}
-		}
-		return c, nil
-	}
+	return tlsutil.HandshakeDialer(dial, func() *tls.Config { return m.h2.TLSClientConfig }, m.h2.TLSHandshakeTimeout)
 }
 
 // dialer wraps h2's dial (with its handshake): the dials queued behind the one that found

@@ -2,17 +2,17 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // newReverseProxy is the innermost handler: it forwards to the backend withBackend chose, with
@@ -103,7 +103,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			w.WriteHeader(499)
 			return
 		}
-		unsent := neverSent(err)
+		unsent := tlsutil.NotSent(err)
 		var ne net.Error
 		if !unsent && (errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())) {
 			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)
@@ -117,16 +117,6 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 		log.Warn("backend unreachable", "backend", backendURL, "path", r.URL.Path, "err", err)
 		writeStatus(w, http.StatusBadGateway, "ServiceUnavailable", "kubefence: the backend apiserver is unreachable (the proxy's log says why)", retry)
 	}
-}
-
-// neverSent says whether a backend error came before the request left: the dial failed (refused,
-// or timed out), or the TLS handshake did (net/http's HTTP/1.1 transport says so only in its
-// timeout's text; the HTTP/2 one's handshakes are dials: muxTransport.handshaker).
-func neverSent(err error) bool {
-	var op *net.OpError
-	var verify *tls.CertificateVerificationError
-	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &verify) ||
-		strings.Contains(err.Error(), "net/http: TLS handshake timeout")
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)

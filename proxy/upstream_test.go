@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -258,6 +260,34 @@ func TestHandshakeTimeoutIsRetried(t *testing.T) {
 				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps")
 				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {
 					t.Errorf("%s to a backend that never finishes its handshake: %d Retry-After=%q %s; want 502 with Retry-After: 1", m, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusedHandshakeIsRetried: a backend that refuses the proxy's client certificate (or its
+// lack of one) ends the TLS handshake with an alert, which with TLS 1.3 arrives after the client
+// has written the request, but before the backend read any of it: nothing was sent, so the client
+// gets 502 with Retry-After, over HTTP/1.1 as over HTTP/2.
+func TestRefusedHandshakeIsRetried(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("http2=%v", h2), func(t *testing.T) {
+			var conns atomic.Int64
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				t.Error("the backend served a request from a client it refused")
+			}))
+			caFile := startCountingTLS(t, srv, &conns, func(s *httptest.Server) {
+				s.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert}
+			})
+			p := startProxy(t, srv.URL, func(o *Options) {
+				o.UpstreamHTTP2, o.UpstreamCAFile = h2, caFile
+				o.AllowedBackends = append(o.AllowedBackends, "https://127.0.0.1:*")
+			})
+			for _, m := range []string{"GET", "POST"} {
+				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps")
+				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {
+					t.Errorf("%s to a backend that refused the handshake: %d Retry-After=%q %s; want 502 with Retry-After: 1", m, resp.StatusCode, resp.Header.Get("Retry-After"), body)
 				}
 			}
 		})

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +23,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/tlsutil"
 )
 
 // DefaultSocket is where the proxy listens for admin requests unless --admin-socket says otherwise.
@@ -330,9 +331,19 @@ func NewClient(socket string) *Client {
 // https://host:port, tlsConfig carries the client certificate and the CA of the proxy's serving
 // certificate.
 func NewTLSClient(address string, tlsConfig *tls.Config) *Client {
-	tr := &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true}
+	var d net.Dialer
+	tr := &http.Transport{
+		TLSClientConfig:   tlsConfig,
+		DisableKeepAlives: true,
+		// The handshake bounded, as a dial: a proxy host that takes the connection and never
+		// answers is unreachable, not a request that may have been acted on.
+		DialTLSContext: tlsutil.HandshakeDialer(d.DialContext, func() *tls.Config { return tlsConfig }, handshakeTimeout),
+	}
 	return &Client{hc: &http.Client{Transport: tr}, base: strings.TrimSuffix(address, "/")}
 }
+
+// handshakeTimeout bounds an admin client's TLS handshake. A variable for the tests.
+var handshakeTimeout = 10 * time.Second
 
 // Status returns the proxy's state.
 func (c *Client) Status(ctx context.Context) (Status, error) {
@@ -384,20 +395,6 @@ var ErrUnreachable = errors.New("cannot reach the kubefence admin API")
 // proxy, which may have acted on it (saved a fence or a backend) before the connection closed.
 var ErrNoAnswer = errors.New("the kubefence admin API gave no answer")
 
-// notSent says whether err came before the request could reach the proxy: the connection not
-// made, or its TLS handshake failed (the proxy's certificate not verified, ours refused: a TLS
-// alert, which with TLS 1.3 may come once the request is written, but before the proxy reads
-// it).
-func notSent(err error) bool {
-	var op *net.OpError
-	var verify *tls.CertificateVerificationError
-	var unknownCA x509.UnknownAuthorityError
-	var host x509.HostnameError
-	var invalid x509.CertificateInvalidError
-	return errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error") ||
-		errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &host) || errors.As(err, &invalid)
-}
-
 // maxAnswer bounds an admin answer: the largest, the writes log (65,536 entries of a few
 // hundred bytes each, names up to 253 characters), stays well below it.
 const maxAnswer = 256 << 20
@@ -420,7 +417,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if errors.Is(err, os.ErrPermission) {
 		return fmt.Errorf("%w: permission denied: the admin socket is 0600, owned by the user the proxy runs as (root with the shipped manifests): run this command as that user: %v", ErrUnreachable, err)
 	}
-	if err != nil && notSent(err) {
+	if err != nil && tlsutil.NotSent(err) {
 		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same, with the certificates it trusts?): %v", ErrUnreachable, err)
 	}
 	if err != nil {

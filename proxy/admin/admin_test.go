@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -101,5 +102,34 @@ func TestFailedHandshakeIsUnreachable(t *testing.T) {
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestSilentHandshakeIsUnreachable: an admin address that takes the connection and never answers
+// the TLS handshake (a host half up) fails within the handshake's bound, not the caller's
+// deadline, and as "cannot reach": nothing was sent.
+func TestSilentHandshakeIsUnreachable(t *testing.T) {
+	defer func(d time.Duration) { handshakeTimeout = d }(handshakeTimeout)
+	handshakeTimeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // takes connections, says nothing
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	c := NewTLSClient("https://"+ln.Addr().String(), &tls.Config{RootCAs: x509.NewCertPool()})
+	_, err = c.Status(ctx)
+	if !errors.Is(err, ErrUnreachable) || ctx.Err() != nil {
+		t.Fatalf("status from an address that never answers its handshake: %v (caller's deadline passed: %v), want %v within the handshake's bound", err, ctx.Err() != nil, ErrUnreachable)
 	}
 }
