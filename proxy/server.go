@@ -16,7 +16,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -29,6 +28,7 @@ import (
 	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // Server is a running proxy. Build it with New, then Start (or Run).
@@ -162,7 +162,7 @@ func (s *Server) logResumed(st State) {
 	if st.Unconfirmed {
 		log.Error("the state file says the backend is still unconfirmed (it was unusable at an earlier start-up): serving nothing (503) until 'kubefence backend set URL' names the backend to use")
 	}
-	if o.Upstream != "" && st.Backend != o.Upstream {
+	if o.Upstream != "" && !backendurl.Same(st.Backend, o.Upstream) {
 		log.Warn("state file names a different backend than --upstream; using the state file's (it was switched while running)", "stateBackend", st.Backend, "upstream", o.Upstream)
 	}
 }
@@ -243,7 +243,7 @@ func (s *Server) FenceOff(expect string) (admin.FenceResponse, error) {
 		if s.unconfirmed.Load() {
 			return ErrUnconfirmed
 		}
-		if expect != "" && strings.TrimSuffix(expect, "/") != strings.TrimSuffix(st.Backend, "/") {
+		if expect != "" && !backendurl.Same(expect, st.Backend) {
 			return fmt.Errorf("%w: it is on %s, not %s; writes stay fenced", ErrWrongBackend, st.Backend, expect)
 		}
 		if st.Unchecked && expect == "" {

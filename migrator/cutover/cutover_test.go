@@ -509,7 +509,7 @@ func TestMemberNamesApartFromTheAPIServers(t *testing.T) {
 	}
 }
 
-// TestPlanURLsAsTheProxySeesThem: a proxy keeps the URL it was switched to as Go writes it (scheme
+// TestPlanURLsAsTheProxySeesThem: a proxy keeps the URL it was switched to as backendurl.Parse writes it (scheme
 // and host in lower case); a plan's "HTTPS://..." was then never the proxy's backend at the
 // unfence (switched again, its moved watches ended; its fence off expecting the plan's spelling
 // refused for good). The plan's URLs are read in that form.
@@ -528,6 +528,6 @@ func TestPlanURLsAsTheProxySeesThem(t *testing.T) {
 	}
 	if got.Green.APIServer.URL != "https://green.example:7443" || got.Blue.APIServer.URL != "https://blue.example:6443" ||
 		got.Proxies[0].GreenURL != "https://green.example:7443" || got.Proxies[0].BlueURL != "https://blue.example:6443" {
-		t.Errorf("plan URLs %q %q %q %q; want them as Go writes them", got.Green.APIServer.URL, got.Blue.APIServer.URL, got.Proxies[0].GreenURL, got.Proxies[0].BlueURL)
+		t.Errorf("plan URLs %q %q %q %q; want them as a proxy keeps them", got.Green.APIServer.URL, got.Blue.APIServer.URL, got.Proxies[0].GreenURL, got.Proxies[0].BlueURL)
 	}
 }

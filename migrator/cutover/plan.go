@@ -236,8 +236,8 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // DefaultRevisionBump is what Kubernetes' own etcd restore guidance uses.
 const DefaultRevisionBump = 1_000_000_000
 
-// canonicalURL is raw as url.URL writes it (the scheme and host in lower case), or raw when it
-// does not parse.
+// canonicalURL is raw as a proxy keeps a backend's URL (backendurl.Parse: the scheme and host
+// in lower case), or raw when it does not parse.
 func canonicalURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -248,7 +248,7 @@ func canonicalURL(raw string) string {
 }
 
 func (p *Plan) setDefaults() {
-	// The apiserver URLs as a proxy keeps them (Go writes scheme and host in lower case), so
+	// The apiserver URLs as a proxy keeps them (scheme and host in lower case), so
 	// that the cutover's comparisons and expectations match what the proxies report.
 	for _, u := range []*string{&p.Blue.APIServer.URL, &p.Green.APIServer.URL} {
 		*u = canonicalURL(*u)

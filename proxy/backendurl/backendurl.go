@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// Parse parses a backend's URL: a scheme and a host (with a port) only. A user name or
+// Parse parses a backend's URL: a scheme and a host (with a port) only, both in lower case. A user name or
 // password is refused (the proxy forwards clients' own credentials, and the URL is saved in the
 // state file, shown by status and logged), and so are a path, a query and a fragment.
 func Parse(raw string) (*url.URL, error) {
@@ -36,7 +36,21 @@ func Parse(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("backend URL %q: give scheme and host only, no fragment", shown)
 	}
 	u.Path = ""
+	// Host names are case-insensitive (as IPv6 hex is): one spelling, so that a backend is
+	// the same URL in the state file, the status, --allowed-backends and a cutover's plan.
+	u.Host = strings.ToLower(u.Host)
 	return u, nil
+}
+
+// Same reports whether a and b are one backend's URL, however spelled (case of the scheme and
+// host, a trailing slash); a URL that does not parse is the same only as itself.
+func Same(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ua, erra := Parse(a)
+	ub, errb := Parse(b)
+	return erra == nil && errb == nil && ua.String() == ub.String()
 }
 
 // Redact hides what may be a password in a URL that does not parse.
@@ -96,7 +110,7 @@ func EffectivePort(u *url.URL) string {
 // patterns lets 'backend set' switch to u (parsed with Parse).
 func Allowed(upstream string, patterns []string, u *url.URL) bool {
 	if upstream != "" {
-		if pu, err := Parse(upstream); err == nil && pu.String() == u.String() {
+		if Same(upstream, u.String()) {
 			return true
 		}
 	}

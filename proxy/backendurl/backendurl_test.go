@@ -11,6 +11,9 @@ func TestParse(t *testing.T) {
 	}{
 		{raw: "https://10.0.0.1:6443", want: "https://10.0.0.1:6443"},
 		{raw: "https://10.0.0.1:6443/", want: "https://10.0.0.1:6443"},
+		// Host names are case-insensitive: one spelling, the one a cutover plan is read in.
+		{raw: "HTTPS://CP1.Corp.Example:6443", want: "https://cp1.corp.example:6443"},
+		{raw: "https://[FE80::1]:6443", want: "https://[fe80::1]:6443"},
 		{raw: "ftp://x", err: "scheme must be https"},
 		{raw: "https://", err: "has no host"},
 		{raw: "https://admin:s3cret@10.0.0.1", err: "user name or password"},
@@ -54,6 +57,9 @@ func TestAllowed(t *testing.T) {
 		if got := Allowed(upstream, patterns, u); got != tc.want {
 			t.Errorf("Allowed(%s) = %v, want %v", tc.url, got, tc.want)
 		}
+	}
+	if u, _ := Parse("https://cp1.example:6443"); !Allowed("https://CP1.Example:6443", nil, u) {
+		t.Error("--upstream https://CP1.Example:6443: want https://cp1.example:6443 (the same host) allowed")
 	}
 	u, _ := Parse("https://10.0.0.10:6443")
 	if !Allowed("https://10.0.0.10:6443", nil, u) || Allowed("", nil, u) {
