@@ -565,6 +565,27 @@ func TestStateBackendNotAllowedWithoutUpstream(t *testing.T) {
 	}
 }
 
+// TestMissingStateWithoutUpstream: a proxy given a state file that is not there (a copy that
+// landed elsewhere) and no --upstream has no backend to start on; it says so, naming the file
+// and the flag, rather than that an empty URL has the wrong scheme.
+func TestMissingStateWithoutUpstream(t *testing.T) {
+	o := NewOptions()
+	o.Listen, o.InsecureListen, o.MetricsListen = "127.0.0.1:0", true, "127.0.0.1:0"
+	dir := t.TempDir()
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+	if errs := o.Validate(); len(errs) > 0 {
+		t.Fatalf("options: %v", errs)
+	}
+	cfg, err := o.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(cfg, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), o.StateFile) || !strings.Contains(err.Error(), "--upstream") {
+		t.Fatalf("New = %v; want an error naming the missing state file and --upstream", err)
+	}
+}
+
 // TestCorruptStateServesNothing: a proxy whose state file cannot be read does not know which
 // backend it was on, so it serves nothing, reads included (503 + Retry-After), and cannot be
 // unfenced until 'backend set' names the backend; then reads flow, still fenced.

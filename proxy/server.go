@@ -134,6 +134,8 @@ func (s *Server) initialState() (State, *backend, error) {
 		// Readable, but its backend cannot be used (a CA file removed since, not allowed): as
 		// unreadable.
 		err = fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr)
+	case errors.Is(err, errNoState) && cfg.opts.Upstream == "":
+		return State{}, nil, fmt.Errorf("there is no state file %s, and no --upstream to start on: give the path of the state file this proxy saved (a copy of it, to start it elsewhere), or --upstream with the apiserver writes must go to now", cfg.opts.StateFile)
 	case errors.Is(err, errNoState):
 		st = State{Version: stateVersion, Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, ChangedAt: time.Now().UTC()}
 		if cfg.opts.StartFenced {
