@@ -550,6 +550,10 @@ func TestGreenQuotaFitsBlue(t *testing.T) {
 		{"1.9 GiB under 8 GiB", []string{"--quota-backend-bytes=8589934592"}, 19 * gib / 10, ""},
 		{"flag and value apart", []string{"--quota-backend-bytes", "1073741824"}, gib, "1.0 GiB"},
 		{"no quota", []string{"--quota-backend-bytes=-1"}, 100 * gib, ""},
+		// etcd parses its flags with Go's flag package: one dash is as good as two.
+		{"no quota, value apart", []string{"--quota-backend-bytes", "-1"}, 100 * gib, ""},
+		{"one dash", []string{"-quota-backend-bytes=8589934592"}, 19 * gib / 10, ""},
+		{"one dash, value apart", []string{"-quota-backend-bytes", "8589934592"}, 19 * gib / 10, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := validPlan(t)
@@ -671,6 +675,9 @@ func TestGreenExtraArgsKeepKubefencesFlags(t *testing.T) {
 		{[]string{"--listen-client-urls", "https://0.0.0.0:2379"}, "--listen-client-urls"},
 		{[]string{"-cert-file=/etc/etcd/server.crt"}, "--cert-file"},
 		{[]string{"--max-request-bytes=1572864"}, "--max-request-bytes"},
+		{[]string{"--max-request-bytes", "20971520"}, ""},
+		{[]string{"-max-request-bytes", "20971520"}, ""},
+		{[]string{"--max-request-bytes", "1572864"}, "--max-request-bytes"},
 	} {
 		p := replicatePlan(t)
 		p.Green.Etcd.ExtraArgs = tc.args

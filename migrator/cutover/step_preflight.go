@@ -533,13 +533,8 @@ const etcdDefaultQuota = 2 << 30
 // refuse writes (NOSPACE) soon after.
 func checkGreenQuota(p *Plan, blueDB int64) error {
 	quota, set := int64(etcdDefaultQuota), false
-	args := etcdCommand(p, p.Green.Etcd.Members[0])
-	for i, a := range args {
-		v, ok := strings.CutPrefix(a, "--quota-backend-bytes=")
-		if !ok && a == "--quota-backend-bytes" && i+1 < len(args) {
-			v, ok = args[i+1], true
-		}
-		if n, err := strconv.ParseInt(v, 10, 64); ok && err == nil && n != 0 {
+	for _, f := range etcdFlags(etcdCommand(p, p.Green.Etcd.Members[0])) {
+		if n, err := strconv.ParseInt(f.value, 10, 64); f.name == "quota-backend-bytes" && err == nil && n != 0 {
 			quota, set = n, true
 		}
 	}

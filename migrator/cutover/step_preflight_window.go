@@ -67,32 +67,42 @@ func checkGreenExtraArgs(p *Plan) error {
 	extra := p.Green.Etcd.ExtraArgs
 	own := map[string]bool{}
 	cmd := etcdCommand(p, m)
-	for _, a := range cmd[1 : len(cmd)-len(extra)] {
-		if name, ok := flagName(a); ok {
-			own[name] = true
-		}
+	for _, f := range etcdFlags(cmd[1 : len(cmd)-len(extra)]) {
+		own[f.name] = true
 	}
 	var errs []error
-	for _, a := range extra {
-		name, ok := flagName(a)
-		if !ok || !own[name] {
+	for _, f := range etcdFlags(extra) {
+		if !own[f.name] {
 			continue
 		}
-		if _, v, _ := strings.Cut(a, "="); name == "max-request-bytes" && v != "" {
-			if n, err := strconv.Atoi(v); err == nil && n >= greenMaxRequestBytes {
-				continue
-			}
+		if n, err := strconv.Atoi(f.value); f.name == "max-request-bytes" && err == nil && n >= greenMaxRequestBytes {
+			continue
 		}
-		errs = append(errs, fmt.Errorf("green.etcd.extraArgs %q: kubefence sets --%s itself, and one given last would undo it (etcd takes the last value): leave it out", a, name))
+		errs = append(errs, fmt.Errorf("green.etcd.extraArgs %q: kubefence sets --%s itself, and one given last would undo it (etcd takes the last value): leave it out", f.arg, f.name))
 	}
 	return errors.Join(errs...)
 }
 
-// flagName is the name of a command-line flag (-x, --x, --x=v), and whether a is one.
-func flagName(a string) (string, bool) {
-	if !strings.HasPrefix(a, "-") {
-		return "", false
+// etcdFlag is one flag of an etcd command line: as given (arg), its name and its value.
+type etcdFlag struct{ arg, name, value string }
+
+// etcdFlags are the flags of an etcd command line, as etcd's flag parsing (Go's flag package)
+// reads them: one dash or two, the value after "=" or in the next argument (which may begin
+// with a dash: "-1").
+func etcdFlags(args []string) []etcdFlag {
+	var out []etcdFlag
+	for i, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, value, eq := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if name == "" {
+			continue
+		}
+		if !eq && i+1 < len(args) { // a boolean flag's value is never read here
+			value = args[i+1]
+		}
+		out = append(out, etcdFlag{arg: a, name: name, value: value})
 	}
-	name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-	return name, name != ""
+	return out
 }
