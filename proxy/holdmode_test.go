@@ -314,7 +314,9 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 		want    int  // the second write's answer (0: none, the client left)
 	}{
 		{name: "client gone", timeout: 4 * time.Second, cancel: true},
-		{name: "hold timeout", timeout: time.Second, want: 429},
+		// Long enough that the fence is off before it passes (the polls and the state file's
+		// fsyncs before that take their time on a loaded machine).
+		{name: "hold timeout", timeout: 3 * time.Second, want: 429},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			unblock := make(chan struct{})
@@ -362,8 +364,8 @@ func TestHoldReleaseSlotWaitKeepsTheBounds(t *testing.T) {
 				if a.at.Before(opened) {
 					t.Fatalf("the second write ended (%+v) before the fence opened: the wait for a slot was not tested", a)
 				}
-			case <-time.After(3 * time.Second):
-				t.Fatalf("second write unanswered 3s after fence off, with a hold timeout of %s: it waits for a release slot past its bounds", tc.timeout)
+			case <-time.After(tc.timeout + 3*time.Second):
+				t.Fatalf("second write unanswered %s after fence off, with a hold timeout of %s: it waits for a release slot past its bounds", tc.timeout+3*time.Second, tc.timeout)
 			}
 			time.Sleep(100 * time.Millisecond) // a forward of the second write would happen now
 			release()

@@ -396,7 +396,7 @@ func TestAdminClientCertExpiryPerRequest(t *testing.T) {
 		adminCA = newTestCA(t, dir, "admin-ca")
 		o.AdminListen, o.AdminClientCAFile = "127.0.0.1:0", adminCA.pem
 	})
-	short, _, _ := adminCA.issueUntil(t, f.dir, "short-op", "operator", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(1500*time.Millisecond))
+	short, _, _ := adminCA.issueUntil(t, f.dir, "short-op", "operator", nil, x509.ExtKeyUsageClientAuth, time.Now().Truncate(time.Second).Add(4*time.Second)) // NotAfter is in whole seconds: 3-4 s from now
 	hc := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: f.serverCAs,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &short, nil }}}}
 	defer hc.CloseIdleConnections()
@@ -422,7 +422,7 @@ func TestAdminClientCertExpiryPerRequest(t *testing.T) {
 func TestResumedWatchChecksTheCertificateAgain(t *testing.T) {
 	f := newIdentityFixture(t, func(o *Options, _ string) { o.AllowedBackends = []string{"https://127.0.0.1:*"} })
 	green := f.newBackend(t)
-	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(2*time.Second))
+	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Truncate(time.Second).Add(4*time.Second)) // 3-4 s from now
 	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
 	f.openWatches(t, &alice, &bob)
 	time.Sleep(time.Until(alice.Leaf.NotAfter) + 100*time.Millisecond)
@@ -446,7 +446,7 @@ func TestResumedWatchChecksTheCertificateWhenItAsks(t *testing.T) {
 	resumeDeferral = time.Hour // they wait for the fence
 	f := newIdentityFixture(t, func(o *Options, _ string) { o.AllowedBackends = []string{"https://127.0.0.1:*"} })
 	green := f.newBackend(t)
-	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Add(3*time.Second)) // NotAfter is in whole seconds: at least 2 s from now
+	alice, _, _ := f.clientCA.issueUntil(t, f.dir, "alice", "alice", nil, x509.ExtKeyUsageClientAuth, time.Now().Truncate(time.Second).Add(5*time.Second)) // NotAfter is in whole seconds: 4-5 s from now
 	bob, _, _ := f.clientCA.issue(t, f.dir, "bob", "bob", nil, x509.ExtKeyUsageClientAuth)
 	f.openWatches(t, &alice, &bob)
 	switchTo(t, f.p, green.URL, true) // the fence stays on: the watches wait to ask green
