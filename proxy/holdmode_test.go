@@ -119,7 +119,7 @@ func TestHoldRefusesWhatItCannotTell(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			api := newFakeAPI(t, "blue")
-			p := startProxy(t, api.URL, func(o *Options) { o.HoldTimeout = 2 * time.Second })
+			p := startProxy(t, api.URL) // held, they would get 429 at the 4 s hold timeout
 			fenceHold(t, p)
 			req, _ := http.NewRequestWithContext(t.Context(), tc.method, p.url+tc.path, nil)
 			if tc.upgrade {
@@ -132,8 +132,8 @@ func TestHoldRefusesWhatItCannotTell(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			if resp.StatusCode != http.StatusTooManyRequests || time.Since(start) > time.Second {
-				t.Fatalf("%s after %s, want 429 at once", resp.Status, time.Since(start))
+			if resp.StatusCode != http.StatusTooManyRequests || time.Since(start) > 2*time.Second || p.Status().Hold.TimedOut != 0 {
+				t.Fatalf("%s after %s (hold %+v), want 429 at once, not at the hold timeout", resp.Status, time.Since(start), p.Status().Hold)
 			}
 			if h := p.Status().Hold; h.Held != 0 || h.TimedOut != 0 || len(api.requests()) != 0 {
 				t.Fatalf("hold %+v, backend saw %q: want nothing held, nothing forwarded", h, api.requests())
@@ -174,8 +174,8 @@ func TestHoldBoundsRefuseAtOnce(t *testing.T) {
 	a2 := postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
 	waitFor(t, func() bool { return p.Status().Hold.Held == 2 })
 	start := time.Now()
-	if a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps"); a.code != 429 || time.Since(start) > time.Second {
-		t.Fatalf("write beyond the bound: %+v after %s, want an immediate 429", a, time.Since(start))
+	if a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps"); a.code != 429 || time.Since(start) > 2*time.Second || p.Status().Hold.TimedOut != 0 {
+		t.Fatalf("write beyond the bound: %+v after %s (hold %+v), want an immediate 429, not one at the hold timeout", a, time.Since(start), p.Status().Hold)
 	}
 	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps"); resp.StatusCode != 200 {
 		t.Fatalf("read while holding = %d", resp.StatusCode)
@@ -269,8 +269,8 @@ func TestHoldByteBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 429 || time.Since(start) > time.Second {
-		t.Fatalf("a write over the byte bound: %d after %s, want an immediate 429", resp.StatusCode, time.Since(start))
+	if resp.StatusCode != 429 || time.Since(start) > 2*time.Second || p.Status().Hold.TimedOut != 0 {
+		t.Fatalf("a write over the byte bound: %d after %s (hold %+v), want an immediate 429, not one at the hold timeout", resp.StatusCode, time.Since(start), p.Status().Hold)
 	}
 	if h := p.Status().Hold; h.Full != 1 || h.Held != 1 || h.HeldBytes != int64(len(`{"kind":"ConfigMap"}`)) {
 		t.Fatalf("hold status %+v", h)

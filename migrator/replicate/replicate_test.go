@@ -624,7 +624,17 @@ func TestTip(t *testing.T) {
 	}
 	run := start(t, blue, green, s, nil)
 	put(t, blue, "/b", "2")
-	short := grant(t, blue, 2)
+	// Kept alive on blue throughout; on green only by the replicator, and after it stops green
+	// expires it within its TTL: long enough for the Tip below to come first on a loaded machine.
+	short := grant(t, blue, 6)
+	ka, err := blue.cli.KeepAlive(t.Context(), short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
 	put(t, blue, "/leased", "x", clientv3.WithLease(short))
 	caught := catchUp(t, run, blue)
 	run.stop()
@@ -634,14 +644,11 @@ func TestTip(t *testing.T) {
 	}
 	// Blue moves on, and green, left alone, expires the short lease: its own revision.
 	put(t, blue, "/c", "3")
-	if _, err := blue.cli.KeepAliveOnce(t.Context(), short); err != nil {
-		t.Fatal(err)
-	}
 	deadline := time.Now().Add(20 * time.Second)
 	for revision(t, green) == caught && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 	}
-	_, err := Tip(t.Context(), blue.cli, green.cli)
+	_, err = Tip(t.Context(), blue.cli, green.cli)
 	if !errors.Is(err, ErrRevisionMismatch) {
 		t.Fatalf("Tip after green expired a lease by itself = %v, want ErrRevisionMismatch", err)
 	}
@@ -827,14 +834,16 @@ func TestUpdateThenDeleteInFlight(t *testing.T) {
 // after release the cluster expires it by itself again.
 func TestHoldLeases(t *testing.T) {
 	m := startEtcd(t, "hold", t.TempDir(), etcdOpts{})
-	id := grant(t, m, 2)
+	// 4 s: the client renews at a third of the TTL, looking every 500 ms; a loaded machine's
+	// late renewal must not pass for an expiry.
+	id := grant(t, m, 4)
 	put(t, m, "/held", "v", clientv3.WithLease(id))
 	rev := revision(t, m)
 	release, err := HoldLeases(t.Context(), t.Context(), m.cli, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(4 * time.Second)
+	time.Sleep(8 * time.Second) // twice the TTL
 	if got := revision(t, m); got != rev {
 		t.Fatalf("revision %d while the lease was held, want %d (it expired)", got, rev)
 	}

@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
 )
@@ -40,17 +43,38 @@ func openPTY(t *testing.T) (master, tty *os.File) {
 // writes the plain lines only.
 func TestLiveView(t *testing.T) {
 	master, tty := openPTY(t)
+	var mu sync.Mutex
+	var seen strings.Builder
 	got := make(chan string, 1)
 	go func() {
-		b, _ := io.ReadAll(master) // ends with EIO once the tty side is closed: not a failure
-		got <- string(b)
+		buf := make([]byte, 4096)
+		for { // ends with EIO once the tty side is closed: not a failure
+			n, err := master.Read(buf)
+			mu.Lock()
+			seen.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got <- seen.String()
 	}()
 	ep := newEventPrinter(tty, printer{})
 	emit := ep.emit
 	emit(cutover.Event{Type: "step-start", Step: cutover.StepFence, Detail: "fence on"})
 	emit(cutover.Event{Type: "step-end", Step: cutover.StepFence, Detail: "fenced"})
 	emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
-	time.Sleep(700 * time.Millisecond)
+	// The status line, drawn by its ticker, before the step ends (however slow the machine).
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(seen.String(), "... copy running"), nil
+	})
+	if err != nil {
+		t.Fatalf("no status line drawn under the running step within 10 s: %v", err)
+	}
 	emit(cutover.Event{Type: "step-end", Step: cutover.StepCopy, Duration: 700 * time.Millisecond, Detail: "copied"})
 	time.Sleep(300 * time.Millisecond) // no status line after the step ended
 	ep.close()
