@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 
 	"k8s.io/apiserver/pkg/authentication/user"
 
@@ -48,6 +49,8 @@ type reqState struct {
 	// stillVerified checks the client's certificate again, as of now, when the request is sent
 	// anew later (a watch a switch resumes on another backend); set with identity, for watches.
 	stillVerified func() bool
+	// bodyTimedOut: a read's body did not all arrive within --write-body-timeout (boundReadBody).
+	bodyTimedOut atomic.Bool
 }
 
 // What kubefence_requests_total's decision label says of a request the proxy answered itself.

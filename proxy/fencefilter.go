@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -26,6 +29,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
 		if a.Class() != policy.Write {
+			boundReadBody(w, r, limits.timeout)
 			if !g.fenced() {
 				next.ServeHTTP(w, r)
 				return
@@ -45,7 +49,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			// Fenced in refuse mode, and the body cannot change the decision: decide now,
 			// without buffering a body that would only be refused.
 			if d := pol.Decide(a); !d.Allow {
-				refuseUnread(w, r, st, d, rf, limits)
+				rf.refuse(w, r, st, d)
 				return
 			}
 		}
@@ -97,16 +101,37 @@ func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Hand
 	next.ServeHTTP(w, r)
 }
 
-// refuseUnread refuses a write whose body was not read. Over HTTP/1.1 the server discards up to
-// 256 KiB of that body (without keeping it) before it answers, so that the connection can carry
-// the client's retry, and closes the connection after the answer when more is left; the read
-// deadline bounds how long a client trickling it keeps the connection, as when it is read. Over
-// HTTP/2 the stream is reset after the answer.
-func refuseUnread(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision, rf *refusals, limits bodyLimits) {
-	if st.attrs.HasBody {
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(limits.timeout))
+// boundReadBody bounds a body a read carries (kube-apiserver reads none, and the proxy streams
+// it on as it comes): its client has timeout (--write-body-timeout) from the request's start to
+// send it all. Otherwise one that stops in the middle held the forward, and the connection, for
+// ever: the backend's answer does not end a body's copy. Once it has all come, the connection's
+// read deadline is lifted again (a watch's must stay readable).
+func boundReadBody(w http.ResponseWriter, r *http.Request, timeout time.Duration) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
+		return
 	}
-	rf.refuse(w, r, st, d)
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(timeout)) != nil {
+		return
+	}
+	r.Body = &boundedBody{ReadCloser: r.Body, rc: rc, timedOut: &reqStateFrom(r.Context()).bodyTimedOut}
+}
+
+type boundedBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	timedOut *atomic.Bool // the request's reqState.bodyTimedOut
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		_ = b.rc.SetReadDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		b.timedOut.Store(true)
+	}
+	return n, err
 }
 
 // refusals answers the requests the fence refuses (429 + Retry-After + the current fence's
@@ -115,13 +140,14 @@ type refusals struct {
 	body            atomic.Pointer[[]byte] // the current fence's 429 body: built once per fence change, not per request
 	retryAfter      int                    // --retry-after
 	retryAfterValue string                 // the Retry-After header, formatted once
+	bodyTimeout     time.Duration          // --write-body-timeout
 	total           atomic.Uint64
 	counter         prometheus.Counter // kubefence_refused_writes_total
 	log             *slog.Logger
 }
 
-func newRefusals(retryAfter int, counter prometheus.Counter, log *slog.Logger) *refusals {
-	return &refusals{retryAfter: retryAfter, retryAfterValue: strconv.Itoa(retryAfter), counter: counter, log: log}
+func newRefusals(retryAfter int, bodyTimeout time.Duration, counter prometheus.Counter, log *slog.Logger) *refusals {
+	return &refusals{retryAfter: retryAfter, retryAfterValue: strconv.Itoa(retryAfter), bodyTimeout: bodyTimeout, counter: counter, log: log}
 }
 
 // setReason builds the 429 body for a fence put on for reason.
@@ -130,7 +156,15 @@ func (rf *refusals) setReason(reason string) {
 	rf.body.Store(&body)
 }
 
+// refuse answers 429. A body not read yet is not: over HTTP/1.1 the server discards up to
+// 256 KiB of it before it answers (so that the connection can carry the client's retry) and
+// closes the connection after the answer when more is left; the read deadline bounds how long a
+// client trickling it keeps the connection, as when a write's body is read. Over HTTP/2 the
+// stream is reset after the answer.
 func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
+	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(rf.bodyTimeout))
+	}
 	st.answered = decisionRefused
 	rf.counter.Inc()
 	rf.total.Add(1)

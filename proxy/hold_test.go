@@ -308,7 +308,7 @@ func TestHoldModeReadWithTheFence(t *testing.T) {
 	o := NewOptions()
 	o.HoldTimeout = time.Minute
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rf := newRefusals(1, prometheus.NewCounter(prometheus.CounterOpts{Name: "refused"}), log)
+	rf := newRefusals(1, time.Second, prometheus.NewCounter(prometheus.CounterOpts{Name: "refused"}), log)
 	rf.setReason("test")
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if done := reqStateFrom(r.Context()).answeredBy; done != nil {

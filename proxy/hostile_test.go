@@ -507,3 +507,59 @@ func exchangeWhileWriting(t *testing.T, addr, payload string, quiet time.Duratio
 		}
 	}
 }
+
+// TestTricklingBodyBounded: a body its client stops sending in the middle holds the connection
+// no longer than --write-body-timeout, on every path that does not read it as a write's:
+// a write to a path the proxy could not parse (refused while fenced, unread), a session refused
+// while fenced, and a read that carries a body (forwarded; the backend answers without reading
+// it, and the proxy's forward of it waited for the rest for ever).
+func TestTricklingBodyBounded(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK) // never reads the body, as kube-apiserver does not a GET's
+	}))
+	defer api.Close()
+	cases := []struct {
+		name, head string
+		fenced     bool
+		want       string
+	}{
+		{"unparsed write path, fenced", "POST //api/v1/namespaces/default/configmaps HTTP/1.1", true, "429"},
+		{"session, fenced", "POST /api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1", true, "429"},
+		{"read with a body", "GET /api/v1/namespaces HTTP/1.1", false, "408"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = time.Second })
+			if tc.fenced {
+				fenceOn(t, p, time.Second)
+			}
+			start := time.Now()
+			resp, closed := rawExchange(t, p.Addr().String(), tc.head+"\r\nHost: k\r\nContent-Length: 100\r\n\r\n{", 0, 10*time.Second)
+			if codes := statusCodes(resp); len(codes) != 1 || codes[0] != tc.want || !closed || time.Since(start) > 5*time.Second {
+				t.Fatalf("a body stopped after its first byte: answers %v, closed %v, after %s; want one %s and the connection closed within the 1 s body timeout (and some)", codes, closed, time.Since(start), tc.want)
+			}
+		})
+	}
+	// A read's whole body, then another request on the connection past the body timeout: the
+	// deadline was lifted once the body had come.
+	p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = 500 * time.Millisecond })
+	c, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i, req := range []string{"GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\nContent-Length: 2\r\n\r\n{}", "GET /api/v1/namespaces HTTP/1.1\r\nHost: k\r\n\r\n"} {
+		if i == 1 {
+			time.Sleep(time.Second)
+		}
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d on a connection whose first read carried a whole body: %v, %v; want 200", i+1, resp, err)
+		}
+		resp.Body.Close()
+	}
+}

@@ -97,6 +97,13 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "kubefence: the proxy switched backends before the backend apiserver answered; send the request again", 1)
 			return
 		}
+		if st.bodyTimedOut.Load() {
+			// A read whose client stopped sending its body (boundReadBody): the proxy ended it.
+			st.answered = decisionRejected
+			closeHTTP1(w, r)
+			writeStatus(w, http.StatusRequestTimeout, "Timeout", "kubefence: the request body did not arrive within --write-body-timeout", 0)
+			return
+		}
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			log.Debug("client went away before the backend answered", "path", r.URL.Path, "backend", backendURL)
 			st.answered = decisionForwarded // it reached the backend, which may have acted on it

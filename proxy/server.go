@@ -88,7 +88,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes, cfg.authn != nil)
 	s.writes = newWriteLog(writeLogSize)
 	s.metrics = newMetrics(s)
-	s.refusals = newRefusals(cfg.opts.RetryAfter, s.metrics.refusedWrites, log)
+	s.refusals = newRefusals(cfg.opts.RetryAfter, cfg.opts.WriteBodyTimeout, s.metrics.refusedWrites, log)
 	s.gate.now = time.Now
 	if cfg.opts.StateFile != "" {
 		s.gate.store = &stateStore{path: cfg.opts.StateFile}

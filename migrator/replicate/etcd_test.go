@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+
+	"github.com/kubefence/kubefence/internal/proc"
 )
 
 // member is one in-process etcd and a client of it.
@@ -35,11 +37,17 @@ type etcdOpts struct {
 	fsync     bool // false: --unsafe-no-fsync, for speed
 }
 
-// startEtcd starts a single-member etcd on dir (restored data is used as it is) on ports the
-// kernel picks, and stops it when the test ends.
+// startEtcd starts a single-member etcd on dir (restored data is used as it is), and stops it
+// when the test ends. Its ports are outside the kernel's ephemeral range (proc.FreePorts): a
+// member restarted on them finds them free, where one the kernel picked may meanwhile have been
+// handed to another test's listener.
 func startEtcd(t *testing.T, name, dir string, o etcdOpts) *member {
 	t.Helper()
-	e := launch(t, name, dir, o, "http://127.0.0.1:0", "http://127.0.0.1:0")
+	ports, err := proc.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := launch(t, name, dir, o, fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1]))
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{e.Clients[0].Addr().String()},
 		DialTimeout: 5 * time.Second,
