@@ -221,6 +221,10 @@ func TestFenceProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ecli.Close()
+	before, err := px.Admin.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, errOut, err = px.CLI(ctx, "fence", "on", "--reason", "e2e under load")
 	if err != nil {
 		t.Fatalf("fence on under load: %v\n%s%s", err, out, errOut)
@@ -229,6 +233,12 @@ func TestFenceProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The barrier ends when blue answered the last write admitted, maybe before the writer
+	// took in that answer; the writer is sequential, so its first refusal says it did.
+	waitForT(t, 10*time.Second, "the writer refused once", func() bool {
+		st, err := px.Admin.Status(ctx)
+		return err == nil && st.RefusedWrites > before.RefusedWrites
+	})
 	ackedAtFence := w.count()
 	// Every configmap write after the barrier would show up here.
 	leaks := watchEtcd(ctx, ecli, "/registry/configmaps/e2e/", rev+1)

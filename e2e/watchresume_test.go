@@ -185,6 +185,12 @@ func TestWatchResume(t *testing.T) {
 		})
 	}
 	seenAll("kubectl and the informers see the first configmaps")
+	// kubectl prints its list before it asks for the watch: all four watches open, by the
+	// proxy's count, before the switch that must move them.
+	waitForT(t, 30*time.Second, "the four watches open at the proxy", func() bool {
+		st, err := px.Admin.Status(ctx)
+		return err == nil && st.OpenStreams >= 4
+	})
 	before := map[string][2]int32{}
 	for _, i := range informers {
 		before[i.name] = [2]int32{i.lw.lists.Load(), i.lw.watches.Load()}

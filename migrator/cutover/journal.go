@@ -87,6 +87,9 @@ type Journal struct {
 	Mode string `json:"mode,omitempty"`
 	// V2Prefixes counts the keys the v2 migration wrote per prefix (green etcd is checked for them).
 	V2Prefixes map[string]int `json:"v2Prefixes,omitempty"`
+	// V2Leased counts, of those, the keys with a TTL (a lease on green, which may run out before
+	// the count).
+	V2Leased map[string]int `json:"v2Leased,omitempty"`
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name; 0 for
 	// one it was starting when it last saved the journal.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`

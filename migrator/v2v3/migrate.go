@@ -96,7 +96,9 @@ type Report struct {
 	Leases       int            `json:"leases"`
 	// Prefixes counts keys per top-level prefix (/registry/<resource> for Kubernetes data).
 	Prefixes map[string]int `json:"prefixes"`
-	Verified int            `json:"verified"`
+	// LeasedPrefixes counts, of those, the keys with a TTL (a lease), per prefix.
+	LeasedPrefixes map[string]int `json:"leasedPrefixes,omitempty"`
+	Verified       int            `json:"verified"`
 	// V2Index is the v2 store's index after the replay: the last one v2 clients could see.
 	V2Index uint64 `json:"v2Index"`
 	// Warnings say what the migration did that a reader must act on.
@@ -292,7 +294,7 @@ func (m *migration) transform(ctx context.Context) (err error) {
 	if m.v3 == nil {
 		m.warnIndexGap()
 	}
-	m.rep.Prefixes = prefixCounts(m.kvs)
+	m.rep.Prefixes, m.rep.LeasedPrefixes = prefixCounts(m.kvs)
 	m.clock.lap("transform")
 	return nil
 }
@@ -345,13 +347,18 @@ func (m *migration) verify(context.Context) error {
 	return err
 }
 
-// prefixCounts counts keys per /registry/<resource> (or per first path segment elsewhere).
-func prefixCounts(kvs []KV) map[string]int {
-	out := map[string]int{}
+// prefixCounts counts keys per /registry/<resource> (or per first path segment elsewhere), and
+// of those the keys with a lease.
+func prefixCounts(kvs []KV) (all, leased map[string]int) {
+	all, leased = map[string]int{}, map[string]int{}
 	for _, kv := range kvs {
-		out[topPrefix(string(kv.Key))]++
+		p := topPrefix(string(kv.Key))
+		all[p]++
+		if kv.Lease != 0 {
+			leased[p]++
+		}
 	}
-	return out
+	return all, leased
 }
 
 func topPrefix(k string) string {
