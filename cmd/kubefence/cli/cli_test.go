@@ -97,6 +97,10 @@ func TestExitCodes(t *testing.T) {
 		{"migrate without flags", []string{"migrate", "v2-to-v3"}, ExitUsage, "", "--data-dir is required"},
 		{"migrate bad conflict policy", []string{"migrate", "v2-to-v3", "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both"`},
 		{"migrate bad clock", []string{"migrate", "v2-to-v3", "--ttl-clock", "yesterday"}, ExitUsage, "", "--ttl-clock"},
+		// Each member built against its own now would keep a TTL key expiring in between on
+		// one and not the other: their revisions apart for good at the lease's revoke.
+		{"migrate one of several members without a clock", []string{"migrate", "v2-to-v3", "--name", "a", "--initial-cluster", "a=https://10.0.0.1:2380,b=https://10.0.0.2:2380,a=https://[::1]:2380"},
+			ExitUsage, "", "--initial-cluster names 2 members: build every one with the same --ttl-clock"},
 		{"empty --admin-socket", []string{"fence", "on", "--admin-socket", ""}, ExitUsage, "", "no proxy named"},
 		{"empty --admin-socket=", []string{"fence", "status", "--admin-socket="}, ExitUsage, "", "no proxy named"},
 		{"empty --admin-address", []string{"fence", "off", "--admin-address", ""}, ExitUsage, "", "no proxy named"},

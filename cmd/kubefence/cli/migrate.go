@@ -71,7 +71,7 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.peerURLs, "initial-advertise-peer-urls", "", "the new member's peer URLs")
 	f.StringVar(&o.cfg.Member.InitialClusterToken, "initial-cluster-token", "etcd-cluster", "the new cluster's token")
 	f.BoolVar(&o.cfg.NoTTL, "no-ttl", false, "drop keys that have a TTL instead of giving them leases")
-	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339) instead of now, for repeatable runs")
+	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339) instead of now, for repeatable runs; required, the same for each, when --initial-cluster names several members")
 	f.BoolVar(&o.cfg.IncludeHidden, "include-hidden", false, "migrate hidden v2 keys (a path segment starting with _) too")
 	f.StringVar(&o.cfg.OnConflict, "on-conflict", "", "for a key in both the v2 and the v3 store: v3 keeps the v3 key, v2 writes the v2 value over it (default: refuse)")
 	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store (with --mark-compacted, as etcdutl snapshot restore)")
@@ -100,7 +100,25 @@ func (o *migrateV2Options) Complete([]string) error {
 	return nil
 }
 
-func (o *migrateV2Options) Validate() error { return o.cfg.Validate() }
+func (o *migrateV2Options) Validate() error {
+	if n := clusterMembers(o.cfg.Member.InitialCluster); n > 1 && o.clock == "" && !o.cfg.NoTTL {
+		return UsageErrorf("--initial-cluster names %d members: build every one with the same --ttl-clock (RFC 3339, e.g. the time of the first: --ttl-clock %s), or each measures TTLs against its own now, keeps a key expiring in between that another dropped, and the members' revisions part for good at its lease's revoke; or --no-ttl",
+			n, time.Now().UTC().Format(time.RFC3339))
+	}
+	return o.cfg.Validate()
+}
+
+// clusterMembers counts the members an --initial-cluster names (NAME=PEER-URL,...; a member
+// with several peer URLs is named once for each).
+func clusterMembers(initialCluster string) int {
+	names := map[string]bool{}
+	for _, m := range strings.Split(initialCluster, ",") {
+		if name, _, ok := strings.Cut(m, "="); ok {
+			names[name] = true
+		}
+	}
+	return len(names)
+}
 
 func (o *migrateV2Options) Run(ctx context.Context) error {
 	progress, clear := terminalProgress(o.ErrOut)
@@ -142,6 +160,9 @@ func printMigrateReport(w io.Writer, r *v2v3.Report) {
 		fmt.Fprintf(w, ", %d hidden keys (%d left out; --include-hidden keeps them)", k.Hidden, k.HiddenSkipped)
 	}
 	fmt.Fprintf(w, "\n  verified: %d of %d keys read back identical\n", r.Verified, k.Keys)
+	if k.TTLKeys > 0 || k.ExpiredDropped > 0 {
+		fmt.Fprintf(w, "  TTLs measured against %s (--ttl-clock)\n", r.Now.UTC().Format(time.RFC3339Nano))
+	}
 	if r.V3 != nil {
 		fmt.Fprintf(w, "  v3 store carried over: %d live keys, %d revisions; v2 keys renumbered above it; %d key(s) in both\n",
 			r.V3.V3Keys, r.V3.V3Revisions, len(r.V3.Conflicts))
