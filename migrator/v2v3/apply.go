@@ -230,19 +230,36 @@ func (a *v2Auth) noteStore(st v2store.Store) {
 }
 
 // warning says what becomes of v2 auth, "" when there was none (the flag off and nothing else,
-// as etcd 3.5 with --enable-v2 writes it).
-func (a *v2Auth) warning() string {
+// as etcd 3.5 with --enable-v2 writes it). v3Kept says whether the source's v3 store (its auth
+// with it) is carried over, enabled whether its v3 auth is on.
+func (a *v2Auth) warning(v3Kept, enabled bool) string {
 	if !a.enabled && len(a.users) == 0 && len(a.roles) == 0 {
 		return ""
 	}
-	state := "off"
-	if a.enabled {
-		state = "on"
-	}
 	slices.Sort(a.users)
 	slices.Sort(a.roles)
-	return fmt.Sprintf("v2 auth was %s (users: %s; roles: %s) and is not carried over: v3 has an auth store of its own, and on the migrated member v3 auth is off, so any client that reaches etcd reads and writes every key. Set up v3 auth before it serves (etcdctl user add, role add, user grant-role, auth enable)",
-		state, listOrNone(a.users), listOrNone(a.roles))
+	head := fmt.Sprintf("v2 auth was %s (users: %s; roles: %s) and is not carried over: v3 has an auth store of its own", onOff(a.enabled), listOrNone(a.users), listOrNone(a.roles))
+	if v3Kept && enabled {
+		return head + ", carried over from the source's v3 store with v3 auth on: check that its users and roles give v2's their access"
+	}
+	return head + ", and on the migrated member v3 auth is off, so any client that reaches etcd reads and writes every key. Set up v3 auth before it serves (etcdctl user add, role add, user grant-role, auth enable)"
+}
+
+// v3AuthWarning says that the source's v3 auth is not carried over, "" when it holds none or
+// is (v3Kept: the source's v3 store, which holds keys, is the base of the output).
+func v3AuthWarning(a v3AuthState, v3Kept bool) string {
+	if v3Kept || !a.set() {
+		return ""
+	}
+	return fmt.Sprintf("the source's v3 auth was %s (%d users, %d roles) but its v3 store holds no keys, so the output's v3 store is built afresh (keeping the v2 revisions) without it: on the migrated member v3 auth is off, and any client that reaches etcd reads and writes every key. Set up v3 auth again before it serves (etcdctl user add, role add, user grant-role, auth enable)",
+		onOff(a.enabled), a.users, a.roles)
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }
 
 func listOrNone(names []string) string {

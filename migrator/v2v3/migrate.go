@@ -230,8 +230,10 @@ func (m *migration) replay(context.Context) (err error) {
 		return err
 	}
 	m.rep.Replay = m.res.replay
-	if w := m.res.auth.warning(); w != "" {
-		m.rep.Warnings = append(m.rep.Warnings, w)
+	for _, w := range []string{m.res.auth.warning(m.v3 != nil, m.src.v3Auth.enabled), v3AuthWarning(m.src.v3Auth, m.v3 != nil)} {
+		if w != "" {
+			m.rep.Warnings = append(m.rep.Warnings, w)
+		}
 	}
 	if err := m.checkV3Tail(); err != nil {
 		return err

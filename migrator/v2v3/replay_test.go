@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
@@ -184,4 +185,46 @@ func TestV2AuthWarned(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestV3AuthWithoutKeysWarned: a v2 member whose v3 store holds no keys is migrated onto a
+// v3 store built afresh (its v2 revisions kept), so v3 auth set up on it (users, roles, auth
+// on) is not carried over: the report says so, and that the migrated member's v3 auth is off.
+func TestV3AuthWithoutKeysWarned(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	src := smallMember(t, now)
+	db, err := bolt.Open(filepath.Join(src, "member", "snap", "db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for bucket, kv := range map[string][2]string{"auth": {"authEnabled", "\x01"}, "authUsers": {"root", "x"}, "authRoles": {"root", "x"}, "key": {}} {
+			b, err := tx.CreateBucketIfNotExists([]byte(bucket))
+			if err != nil {
+				return err
+			}
+			if kv[0] != "" {
+				if err := b.Put([]byte(kv[0]), []byte(kv[1])); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(testConfig(t, src, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range rep.Warnings {
+		if strings.Contains(w, "v3 auth was on (1 users, 1 roles)") && strings.Contains(w, "v3 auth is off") {
+			return
+		}
+	}
+	t.Fatalf("warnings %q: want one saying the source's v3 auth (on, 1 user, 1 role) is not carried over", rep.Warnings)
 }

@@ -6,6 +6,7 @@
 package v2v3
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ type Source struct {
 	NodeID, ClusterID uint64
 	// V3Keys counts keys in the member's v3 backend (member/snap/db).
 	V3Keys int
+	// v3Auth is what the v3 backend's auth store holds (carried over with the backend when it
+	// holds keys, V3Keys > 0).
+	v3Auth v3AuthState
 	// consistentIndex is the last WAL entry the v3 backend applied, as far as it tells:
 	// etcd 3.5 and later (a backend with a term) save it with every backend commit, 3.4 only
 	// with a write that changed keys. lastV3KeyWrite and lastV3Write are the last entries of
@@ -70,9 +74,11 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 		walDir = filepath.Join(member, "wal")
 	}
 	src := &Source{}
-	if src.V3Keys, src.consistentIndex, src.indexEveryEntry, err = readBackendMeta(filepath.Join(member, "snap", "db")); err != nil {
+	meta, err := readBackendMeta(filepath.Join(member, "snap", "db"))
+	if err != nil {
 		return nil, err
 	}
+	src.V3Keys, src.consistentIndex, src.indexEveryEntry, src.v3Auth = meta.keys, meta.consistentIndex, meta.hasTerm, meta.auth
 	if err := src.loadSnapshot(filepath.Join(member, "snap")); err != nil {
 		return nil, err
 	}
@@ -337,35 +343,58 @@ func (sf *snapFile) readRaftSnapshot(inner []byte) error {
 	return nil
 }
 
-// readBackendMeta counts the keys of the v3 backend and reads its consistent index (the last
-// WAL entry it applied) and whether it keeps a term (etcd 3.5 and later, which save the index
-// with every commit), read-only. A live etcd holds the file's lock, so failing to get it in
-// time means the data dir is in use.
-func readBackendMeta(path string) (keys int, consistentIndex uint64, hasTerm bool, _ error) {
+// v3AuthState is what a v3 backend's auth store holds.
+type v3AuthState struct {
+	enabled      bool
+	users, roles int
+}
+
+func (a v3AuthState) set() bool { return a.enabled || a.users > 0 || a.roles > 0 }
+
+// backendMeta is what readBackendMeta finds in a v3 backend.
+type backendMeta struct {
+	keys            int
+	consistentIndex uint64 // the last WAL entry it applied
+	hasTerm         bool   // etcd 3.5 and later, which save the index with every commit
+	auth            v3AuthState
+}
+
+// readBackendMeta counts the keys of the v3 backend, reads its consistent index and whether it
+// keeps a term, and what its auth store holds, read-only. A live etcd holds the file's lock, so
+// failing to get it in time means the data dir is in use.
+func readBackendMeta(path string) (m backendMeta, _ error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return 0, 0, false, nil
+		return m, nil
 	}
 	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return 0, 0, false, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
+		return m, fmt.Errorf("%s is locked: a running etcd uses this data dir; stop it, or migrate a copy", path)
 	}
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("open v3 backend %s: %w", path, err)
+		return m, fmt.Errorf("open v3 backend %s: %w", path, err)
 	}
 	defer db.Close()
-	err = db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket([]byte("key")); b != nil {
-			keys = b.Stats().KeyN
+	count := func(tx *bolt.Tx, bucket string) int {
+		if b := tx.Bucket([]byte(bucket)); b != nil {
+			return b.Stats().KeyN
 		}
+		return 0
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		m.keys = count(tx, "key")
 		if b := tx.Bucket([]byte("meta")); b != nil {
 			if v := b.Get([]byte("consistent_index")); len(v) == 8 {
-				consistentIndex = binary.BigEndian.Uint64(v)
+				m.consistentIndex = binary.BigEndian.Uint64(v)
 			}
-			hasTerm = b.Get([]byte("term")) != nil
+			m.hasTerm = b.Get([]byte("term")) != nil
 		}
+		if b := tx.Bucket([]byte("auth")); b != nil {
+			m.auth.enabled = bytes.Equal(b.Get([]byte("authEnabled")), []byte{1})
+		}
+		m.auth.users, m.auth.roles = count(tx, "authUsers"), count(tx, "authRoles")
 		return nil
 	})
-	return keys, consistentIndex, hasTerm, err
+	return m, err
 }
 
 // noteV3Write records a committed tail entry that writes v3 state.
