@@ -142,7 +142,8 @@ func Run(c Config) (*Report, error) {
 	return RunContext(context.Background(), c)
 }
 
-// RunContext is Run with a context for the transformer program.
+// RunContext is Run with a context: for the transformer program, and checked between the
+// phases (a long read, replay or write runs to its end), so that a run stopped places nothing.
 func RunContext(ctx context.Context, c Config) (*Report, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -163,6 +164,9 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 		name string
 		run  func(context.Context) error
 	}{{"read", m.read}, {"replay", m.replay}, {"transform", m.transform}, {"write", m.write}, {"verify", m.verify}} {
+		if err := context.Cause(ctx); err != nil { // stopped: between phases, nothing placed
+			return nil, fmt.Errorf("v2-to-v3 stopped before its %s phase (nothing was written to %s): %w", ph.name, c.OutputDir, err)
+		}
 		t := time.Now()
 		if err := ph.run(ctx); err != nil {
 			if ph.name == "verify" {

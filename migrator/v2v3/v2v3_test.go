@@ -1,6 +1,8 @@
 package v2v3
 
 import (
+	"context"
+	"errors"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -425,5 +427,22 @@ func TestSnapshotTheWALDoesNotRecord(t *testing.T) {
 	defer s.Close()
 	if s.Meta.Index != 0x100 || len(s.Skipped) != 1 || !strings.Contains(s.Skipped[0], "0200.snap") || !strings.Contains(s.Skipped[0], "WAL") {
 		t.Fatalf("loaded index %#x, skipped %q: want 0x100, and the unrecorded one skipped as such", s.Meta.Index, s.Skipped)
+	}
+}
+
+// TestCancelledRunPlacesNothing: a run whose context ends (Ctrl-C, SIGTERM, a cutover's stop)
+// stops between its phases, and places no output: it went on to the end and renamed it into
+// place.
+func TestCancelledRunPlacesNothing(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	c := testConfig(t, smallMember(t, now), now)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	rep, err := RunContext(ctx, c)
+	if !errors.Is(err, context.Canceled) || rep != nil {
+		t.Fatalf("RunContext on an ended context = %+v, %v; want context.Canceled and no report", rep, err)
+	}
+	if _, err := os.Stat(c.OutputDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("output %s after a cancelled run: %v; want none", c.OutputDir, err)
 	}
 }
