@@ -35,9 +35,13 @@ func (preflightStep) describe(r *runner, _ bool) string {
 		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir, p.Preflight.BypassWatch.D())
 }
 
+// CheckPlan is the preflight's checks of the plan alone (no cluster, no file read): what the
+// parser takes but a cutover would fail on. A dry run makes them too.
+func CheckPlan(p *Plan) error { return errors.Join(checkMemberNames(p), checkPlanForTheWindow(p)) }
+
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
-	errs := []error{p.CheckFiles(), checkMemberNames(p), checkPlanForTheWindow(p)}
+	errs := []error{p.CheckFiles(), CheckPlan(p)}
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}

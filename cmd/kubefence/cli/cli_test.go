@@ -392,6 +392,17 @@ func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
 	if code, out, errOut := runCLI("cutover", "--plan", plan, "--dry-run"); code != ExitOK {
 		t.Fatalf("the test plan does not load: cutover --dry-run = %d\n%s%s", code, out, errOut)
 	}
+	// The preflight's checks of the plan alone, in the dry run too: a proxy listed twice.
+	data, err := os.ReadFile(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twice := filepath.Join(filepath.Dir(plan), "twice-plan.yaml")
+	writeFile(t, twice, strings.Replace(string(data), "proxy:\n  adminSocket: "+filepath.Dir(plan)+"/admin.sock\n",
+		"proxies:\n  - adminSocket: "+filepath.Dir(plan)+"/admin.sock\n  - adminSocket: "+filepath.Dir(plan)+"/./admin.sock\n", 1), 0o600)
+	if code, _, errOut := runCLI("cutover", "--plan", twice, "--dry-run"); code != ExitUsage || !strings.Contains(errOut, "named twice") {
+		t.Errorf("cutover --dry-run of a plan listing a proxy twice = %d, stderr %q; want %d naming it", code, errOut, ExitUsage)
+	}
 	code, _, errOut := runCLI("cutover", "--plan", plan, "--rehearse", "--resume")
 	if code != ExitUsage || !strings.Contains(errOut, "--rehearse and --resume do not go together") {
 		t.Errorf("cutover --rehearse --resume = %d, stderr %q; want %d", code, errOut, ExitUsage)
@@ -400,10 +411,6 @@ func TestCutoverFlagsRefusedBeforeAnything(t *testing.T) {
 		t.Errorf("a refused command line made the state dir %s (%v)", stateDir, err)
 	}
 	// The same plan copying under the fence (mode snapshot) has nothing to rehearse.
-	data, err := os.ReadFile(plan)
-	if err != nil {
-		t.Fatal(err)
-	}
 	copyPlan := filepath.Join(filepath.Dir(plan), "copy-plan.yaml")
 	writeFile(t, copyPlan, strings.Replace(string(data), "mode: replicate", "mode: snapshot", 1), 0o600)
 	code, _, errOut = runCLI("cutover", "--plan", copyPlan, "--rehearse")

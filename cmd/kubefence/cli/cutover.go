@@ -155,6 +155,10 @@ func (o *cutoverRunOptions) Validate() error {
 		return UsageErrorf("--dry-run shows a new cutover's steps and does not read the journal a --resume continues: 'kubefence cutover status --plan PLAN' shows where that one stands")
 	case o.rehearse && !o.plan.Replicating():
 		return usage(cutover.ErrRehearseNeedsReplication)
+	case o.dryRun:
+		if err := cutover.CheckPlan(o.plan); err != nil {
+			return usage(fmt.Errorf("plan %s: %w", o.planFile, err))
+		}
 	}
 	return nil
 }
