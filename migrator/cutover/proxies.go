@@ -84,8 +84,15 @@ var proxyAnswerTimeout = 10 * time.Second
 var statusAnswerTimeout = 3 * time.Second
 
 // switchBackTimeout bounds one proxy's switch back to where it was (a partial switch undone, an
-// abort putting a proxy back): it drains the watches it had just moved, as a switch does.
-const switchBackTimeout = time.Minute
+// abort putting a proxy back): it drains the watches it had just moved, as a switch does, so
+// it is at least what its switch gets (switchBound). A variable for the tests.
+var switchBackTimeout = time.Minute
+
+// switchBound is how long a proxy with drain timeout drain gets to answer a switch: its drain,
+// then switchSlack (parked watches' grace, a ping, a TLS probe) and an answer.
+func switchBound(drain time.Duration) time.Duration {
+	return drain + switchSlack + proxyAnswerTimeout
+}
 
 // statusOf is one proxy's status, within statusAnswerTimeout.
 func statusOf(ctx context.Context, c proxyAdmin) (admin.Status, error) {
@@ -107,11 +114,12 @@ func fenceOf(ctx context.Context, c proxyAdmin, req admin.FenceRequest) (admin.F
 }
 
 // switchBackOf switches one proxy back (or, before the window's unfence, one restarted on its
-// --upstream to the target), within switchBackTimeout, even once ctx has ended: the proxies
-// that acknowledged a switch another did not must not stay on the new backend because the
-// switch's own time ran out waiting for that one.
-func switchBackOf(ctx context.Context, c proxyAdmin, req admin.BackendRequest) (admin.BackendResponse, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), switchBackTimeout)
+// --upstream to the target), within switchBackTimeout or its switchBound (drain: its drain
+// timeout, 0 when it does not say), even once ctx has ended: the proxies that acknowledged a
+// switch another did not must not stay on the new backend because the switch's own time ran
+// out waiting for that one.
+func switchBackOf(ctx context.Context, c proxyAdmin, req admin.BackendRequest, drain time.Duration) (admin.BackendResponse, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(switchBackTimeout, switchBound(drain)))
 	defer cancel()
 	return c.SetBackend(ctx, req)
 }
@@ -286,7 +294,7 @@ func (g *proxyGroup) SetBackend(ctx context.Context, req admin.BackendRequest) (
 	res, err := admin.Each(ctx, calls, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
 		if c.drain > 0 { // else a proxy too old to say: the step's own timeout
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, c.drain+switchSlack+proxyAnswerTimeout)
+			ctx, cancel = context.WithTimeout(ctx, switchBound(c.drain))
 			defer cancel()
 		}
 		return c.p.SetBackend(ctx, c.req)
@@ -398,11 +406,11 @@ func (g *proxyGroup) switchBack(ctx context.Context, res []admin.Result[admin.Ba
 			// No answer: it may have switched all the same. An abort looks at it again.
 			unknown = append(unknown, fmt.Errorf("proxy %s may have switched to %s (no answer); 'kubefence fence status' shows where it is", r.Proxy, g.targetOf(res)))
 		case r.Err == nil:
-			back = append(back, admin.Target[backendCall]{Name: r.Proxy, Client: backendCall{p: g.proxies[i].Client, req: admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}}})
+			back = append(back, admin.Target[backendCall]{Name: r.Proxy, Client: backendCall{p: g.proxies[i].Client, req: admin.BackendRequest{URL: r.Value.Previous, CAFile: g.backCA}, drain: time.Duration(r.Value.Status.DrainTimeout)}})
 		}
 	}
 	backRes, _ := admin.Each(ctx, back, func(ctx context.Context, c backendCall) (admin.BackendResponse, error) {
-		return switchBackOf(ctx, c.p, c.req)
+		return switchBackOf(ctx, c.p, c.req, c.drain)
 	})
 	var failed []error
 	for i, r := range backRes {
@@ -438,7 +446,7 @@ func (g *proxyGroup) putFencedOn(ctx context.Context, a APIServerRef, skip []str
 		case !st.Fenced:
 			return "", nil
 		}
-		if _, err := switchBackOf(ctx, c, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}); err != nil {
+		if _, err := switchBackOf(ctx, c, admin.BackendRequest{URL: a.URL, CAFile: a.CAFile}, time.Duration(st.DrainTimeout)); err != nil {
 			return "", fmt.Errorf("on %s and could not be switched to %s: %w", st.Backend, a.URL, err)
 		}
 		return "", nil

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // preflightStep checks everything the cutover needs before it changes anything: blue serves,
@@ -148,7 +149,18 @@ func (r *runner) checkProxyOnBlue(ctx context.Context) error {
 		return fmt.Errorf("the proxy's backend is %s, not blue's %s", st.Backend, r.p.Blue.APIServer.URL)
 	}
 	r.j.BlueBackend = st.Backend
-	return nil
+	return checkSwitchFitsDrain(r.p, st)
+}
+
+// checkSwitchFitsDrain refuses a timeouts.switch shorter than what the proxies' switch may take
+// (st: their status, merged: the longest drain timeout): the step would end while a proxy still
+// drains, switched, with writes fenced until an operator resumes.
+func checkSwitchFitsDrain(p *Plan, st admin.Status) error {
+	drain := time.Duration(st.DrainTimeout)
+	if drain == 0 || switchBound(drain) <= p.Timeouts.Switch.D() {
+		return nil
+	}
+	return fmt.Errorf("a proxy waits for its watches up to --drain-timeout %s before it answers a switch, %s with the rest, more than timeouts.switch (%s): raise timeouts.switch above %s, or lower the proxies' --drain-timeout", drain, switchBound(drain), p.Timeouts.Switch.D(), switchBound(drain))
 }
 
 // checkGreenKubeconfig refuses a green kubeconfig that reaches something other than green, for
