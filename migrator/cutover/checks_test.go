@@ -632,6 +632,10 @@ func TestPlanChecksForTheWindow(t *testing.T) {
 			p.StateDir = filepath.Join(p.Blue.Etcd.DataDir, "kubefence")
 		}, "stateDir"},
 		{"a relative CA file for the proxies", func(p *Plan, _ string) { p.Green.APIServer.CAFile = "green-ca.crt" }, "absolute path"},
+		// The abort removes green's manifest from it, maybe run from another directory.
+		{"a relative kubelet manifest dir", func(p *Plan, _ string) {
+			p.Green.APIServer.StaticPod = &StaticPod{Manifest: "/srv/green.yaml", ManifestDir: "manifests"}
+		}, "green.apiserver.staticPod.manifestDir \"manifests\" must be an absolute path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, dir := validPlan(t)

@@ -37,6 +37,9 @@ func checkPlanForTheWindow(p *Plan) error {
 			errs = append(errs, fmt.Errorf("%s %q must be an absolute path: the proxies open it themselves (at the switch, or a switch back), from their own working directory, and on their own hosts", field, f))
 		}
 	}
+	if sp := p.Green.APIServer.StaticPod; sp != nil && !filepath.IsAbs(sp.ManifestDir) {
+		errs = append(errs, fmt.Errorf("green.apiserver.staticPod.manifestDir %q must be an absolute path (the kubelet's, e.g. /etc/kubernetes/manifests): an abort or a cleanup run from another directory would not find green's manifest there to remove it", sp.ManifestDir))
+	}
 	return errors.Join(errs...)
 }
 
