@@ -4,12 +4,16 @@ package logging
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // ParseLevel turns a --log-level value into a slog level.
@@ -80,4 +84,62 @@ func (b *BufferedWriter) Close() error {
 	close(b.stop)
 	<-b.done
 	return b.Flush()
+}
+
+// maxValue is the most of one value a line carries from a library logging through klog.
+const maxValue = 256
+
+// RouteKlog sends what the Kubernetes libraries log with klog (kube-apiserver's request info,
+// the x509 authenticator, client-go) through log, in its format, each value cut to maxValue
+// bytes: much of it a client chooses (a request's whole query), which klog wrote to stderr whole.
+func RouteKlog(log *slog.Logger) {
+	klog.SetSlogLogger(slog.New(clipHandler{log.Handler()}))
+}
+
+// clipHandler cuts every attribute's value to maxValue bytes.
+type clipHandler struct{ h slog.Handler }
+
+func (c clipHandler) Enabled(ctx context.Context, l slog.Level) bool { return c.h.Enabled(ctx, l) }
+
+func (c clipHandler) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, clip(r.Message), r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(clipAttr(a))
+		return true
+	})
+	return c.h.Handle(ctx, out)
+}
+
+func (c clipHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	clipped := make([]slog.Attr, len(as))
+	for i, a := range as {
+		clipped[i] = clipAttr(a)
+	}
+	return clipHandler{c.h.WithAttrs(clipped)}
+}
+
+func (c clipHandler) WithGroup(name string) slog.Handler { return clipHandler{c.h.WithGroup(name)} }
+
+func clipAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	if v.Kind() == slog.KindGroup {
+		g := v.Group()
+		clipped := make([]any, len(g))
+		for i, ga := range g {
+			clipped[i] = clipAttr(ga)
+		}
+		return slog.Group(a.Key, clipped...)
+	}
+	if v.Kind() == slog.KindString || v.Kind() == slog.KindAny {
+		return slog.String(a.Key, clip(v.String()))
+	}
+	return slog.Attr{Key: a.Key, Value: v}
+}
+
+// clip cuts s to maxValue bytes, saying how long it was.
+func clip(s string) string {
+	if len(s) <= maxValue {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxValue], "") + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }

@@ -100,6 +100,7 @@ func (g *globals) logger() *slog.Logger {
 		level, _ := logging.ParseLevel(g.logLevel) // validated in PersistentPreRunE
 		g.logOut = logging.NewBufferedWriter(g.streams.ErrOut, 100*time.Millisecond)
 		g.log = logging.New(g.logOut, level)
+		logging.RouteKlog(g.log) // the Kubernetes libraries' lines too, in one format
 	}
 	return g.log
 }
