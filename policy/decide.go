@@ -97,6 +97,23 @@ func (p *Policy) Decide(a *Attributes) Decision {
 	return Decision{Class: Write, Reason: "write"}
 }
 
+// Warnings names rules that never match on a proxy that forwards (identity) a client
+// certificate's user and groups, or does not: a rule naming users or groups needs that
+// identity, and none gets system:authenticated, which kube-apiserver adds after the proxy.
+func (p *Policy) Warnings(identity bool) []string {
+	var out []string
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		switch {
+		case !identity && (len(r.Users) > 0 || len(r.Groups) > 0):
+			out = append(out, fmt.Sprintf("fence policy rule %s names users or groups, and without --client-ca-file the proxy knows no client's: it never matches", r.label(i)))
+		case slices.Contains(r.Groups, "system:authenticated"):
+			out = append(out, fmt.Sprintf("fence policy rule %s: group system:authenticated is added by kube-apiserver, after the proxy, which knows a client certificate's organizations only: it never matches on that group", r.label(i)))
+		}
+	}
+	return out
+}
+
 func (r *Rule) label(i int) string {
 	if r.Name != "" {
 		return fmt.Sprintf("%q", r.Name)

@@ -57,6 +57,13 @@ func Parse(data []byte) (*Policy, error) {
 
 var knownVerbs = map[string]bool{"*": true, "get": true, "list": true, "watch": true, "create": true, "update": true, "patch": true, "delete": true, "deletecollection": true, "proxy": true, "head": true, "post": true, "put": true, "options": true}
 
+// resourceVerbs are the verbs of resource requests (kube-apiserver's request info), and
+// nonResourceVerbs those of non-resource requests: the HTTP method, in lower case.
+var (
+	resourceVerbs    = map[string]bool{"*": true, "get": true, "list": true, "watch": true, "create": true, "update": true, "patch": true, "delete": true, "deletecollection": true, "proxy": true}
+	nonResourceVerbs = map[string]bool{"*": true, "get": true, "head": true, "post": true, "put": true, "patch": true, "delete": true, "options": true}
+)
+
 func (r *Rule) validate(i int) []error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -69,9 +76,15 @@ func (r *Rule) validate(i int) []error {
 	default:
 		bad("action %q: use allow or refuse", r.Action)
 	}
+	resourceRule := len(r.APIGroups) > 0 || len(r.Resources) > 0 || len(r.Namespaces) > 0
 	for _, v := range r.Verbs {
-		if !knownVerbs[v] {
+		switch {
+		case !knownVerbs[v]:
 			bad("verb %q is not a Kubernetes verb (get, list, watch, create, update, patch, delete, deletecollection, proxy, or * )", v)
+		case resourceRule && !resourceVerbs[v]:
+			bad("verb %q is not a verb of resource requests, and the rule would never match: use get, list, watch, create, update, patch, delete, deletecollection, proxy or *", v)
+		case len(r.NonResourceURLs) > 0 && !nonResourceVerbs[v]:
+			bad("verb %q is not a verb of non-resource requests (their HTTP method), and the rule would never match: use get, head, post, put, patch, delete, options or *", v)
 		}
 	}
 	if len(r.NonResourceURLs) > 0 && (len(r.APIGroups) > 0 || len(r.Resources) > 0 || len(r.Namespaces) > 0) {
@@ -83,8 +96,12 @@ func (r *Rule) validate(i int) []error {
 		}
 	}
 	for _, res := range r.Resources {
-		if res == "" || strings.Count(res, "/") > 1 {
+		name, sub, hasSub := strings.Cut(res, "/")
+		switch {
+		case res == "" || strings.Count(res, "/") > 1 || name == "" || hasSub && sub == "":
 			bad("resource %q: use resource, resource/subresource or resource/*", res)
+		case name == "*" && hasSub:
+			bad("resource %q: a subresource is matched per resource (pods/status), or every subresource of one (pods/*), not of every resource as RBAC's */status: list the resources", res)
 		}
 	}
 	return errs

@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -289,6 +291,11 @@ func TestParseErrors(t *testing.T) {
 		{"bad rules", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- action: permit\n- name: x\n  action: allow\n  verbs: [frobnicate]\n- action: refuse\n  resources: [a/b/c]\n  nonResourceURLs: [healthz]\n",
 			[]string{`line 4: rule #1: action "permit"`, `line 5: rule "x": verb "frobnicate"`, `line 8: rule #3: nonResourceURLs cannot`, `line 8: rule #3: nonResourceURL "healthz"`, `line 8: rule #3: resource "a/b/c"`}},
 		{"missing action", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- verbs: [get]\n", []string{"line 4: rule #1: action is missing"}},
+		// Rules that can never match: RBAC's */status (kubefence matches resource/sub or
+		// resource/*), a resource with an empty part, an HTTP verb on resources and a
+		// Kubernetes verb on non-resource URLs.
+		{"dead rules", "apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- action: allow\n  resources: [\"*/status\"]\n- action: allow\n  resources: [pods/]\n- action: refuse\n  verbs: [post]\n  resources: [pods]\n- action: refuse\n  verbs: [create]\n  nonResourceURLs: [/metrics]\n",
+			[]string{`line 4: rule #1: resource "*/status"`, `line 6: rule #2: resource "pods/"`, `line 8: rule #3: verb "post" is not a verb of resource requests`, `line 11: rule #4: verb "create" is not a verb of non-resource requests`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -522,4 +529,41 @@ func TestOptions(t *testing.T) {
 		{"lower-case options", req("options", "/api/v1/namespaces", preflight...), false, "unrecognised: method options has no Kubernetes verb"},
 	}
 	checkDecisions(t, cases)
+}
+
+// TestIdentityRulesWarned: a rule naming users or groups never matches on a proxy that forwards
+// no identity (no --client-ca-file); nor does one naming system:authenticated, which the proxy's
+// certificate authentication does not add (kube-apiserver does, after it).
+func TestIdentityRulesWarned(t *testing.T) {
+	p := &Policy{Rules: []Rule{
+		{Name: "ci", Action: Refuse, Users: []string{"ci-bot"}},
+		{Name: "everyone", Action: Allow, Groups: []string{"system:authenticated"}},
+		{Name: "plain", Action: Allow, Resources: []string{"leases"}},
+	}}
+	without := strings.Join(p.Warnings(false), "\n")
+	for _, want := range []string{`rule "ci" names users or groups`, `rule "everyone" names users or groups`} {
+		if !strings.Contains(without, want) {
+			t.Errorf("warnings without identity %q: want %q", without, want)
+		}
+	}
+	with := strings.Join(p.Warnings(true), "\n")
+	if strings.Contains(with, `"ci"`) || !strings.Contains(with, `rule "everyone": group system:authenticated`) || strings.Contains(with, `"plain"`) {
+		t.Errorf("warnings with identity %q: want only the system:authenticated one", with)
+	}
+}
+
+// TestShippedExampleParses: deploy/examples/policy.yaml is a policy the proxy takes, with no
+// warning on a proxy that forwards identities.
+func TestShippedExampleParses(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "examples", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Parse(data)
+	if err != nil {
+		t.Fatalf("deploy/examples/policy.yaml: %v", err)
+	}
+	if w := p.Warnings(true); len(w) > 0 {
+		t.Errorf("deploy/examples/policy.yaml: %q", w)
+	}
 }

@@ -82,7 +82,11 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
 	s.holder = newHolder(&cfg.opts, log)
-	for _, w := range cfg.opts.Warnings() {
+	warnings := cfg.opts.Warnings()
+	if cfg.policy != nil {
+		warnings = append(warnings, cfg.policy.Warnings(cfg.authn != nil)...)
+	}
+	for _, w := range warnings {
 		log.Warn(w)
 	}
 	s.bodyBudget = newBodyBudget(cfg.opts.MaxBufferedWriteBytes, cfg.opts.MaxWriteBodyBytes, cfg.authn != nil)
