@@ -139,6 +139,7 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 type refusals struct {
 	body            atomic.Pointer[[]byte] // the current fence's 429 body: built once per fence change, not per request
 	retryAfter      int                    // --retry-after
+	reason          atomic.Pointer[string] // the current fence's reason
 	retryAfterValue string                 // the Retry-After header, formatted once
 	bodyTimeout     time.Duration          // --write-body-timeout
 	total           atomic.Uint64
@@ -154,6 +155,7 @@ func newRefusals(retryAfter int, bodyTimeout time.Duration, counter prometheus.C
 func (rf *refusals) setReason(reason string) {
 	body := refusalBody(reason, rf.retryAfter)
 	rf.body.Store(&body)
+	rf.reason.Store(&reason)
 }
 
 // refuse answers 429. A body not read yet is not: over HTTP/1.1 the server discards up to
@@ -169,8 +171,17 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	rf.counter.Inc()
 	rf.total.Add(1)
 	a := &st.attrs
-	rf.log.Info("refused write: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
 	body := *rf.body.Load()
+	if d.Class == policy.Read { // a read a policy rule refuses: the fence's body says reads work
+		rf.log.Info("refused read: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
+		reason := ""
+		if p := rf.reason.Load(); p != nil {
+			reason = *p
+		}
+		body = readRefusalBody(reason, d.Reason, rf.retryAfter)
+	} else {
+		rf.log.Info("refused write: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
+	}
 	h := w.Header()
 	h["Content-Type"] = []string{"application/json"}
 	h["Retry-After"] = []string{rf.retryAfterValue}

@@ -1074,3 +1074,22 @@ func TestNoSwitchToItselfOnEveryAddress(t *testing.T) {
 		t.Log("no IPv4 address but loopback on this host: only loopback checked")
 	}
 }
+
+// TestRefusedReadSaysSo: a read a policy rule refuses while fenced gets a 429 that names the
+// rule, not the fence's usual message that reads still work.
+func TestRefusedReadSaysSo(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte("apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- name: no-secret-reads\n  action: refuse\n  resources: [secrets]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, api.URL, func(o *Options) { o.PolicyFile = pol })
+	fenceOn(t, p, time.Second)
+	resp, body := do(t, "GET", p.url+"/api/v1/namespaces/default/secrets/s")
+	if resp.StatusCode != http.StatusTooManyRequests || strings.Contains(body, "Reads and watches still work") || !strings.Contains(body, `rule \"no-secret-reads\"`) {
+		t.Fatalf("a read the policy refuses: %d %s; want 429 naming the rule, not saying reads work", resp.StatusCode, body)
+	}
+	if resp, body := do(t, "PUT", p.url+"/api/v1/namespaces/default/configmaps/c"); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "Reads and watches still work") {
+		t.Fatalf("a write while fenced: %d %s; want the fence's 429", resp.StatusCode, body)
+	}
+}

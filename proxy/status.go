@@ -39,6 +39,16 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, me
 	_, _ = w.Write(statusBody(code, reason, message, retryAfter))
 }
 
+// readRefusalBody is the 429 body for a read the fence policy refuses (rule: which one).
+func readRefusalBody(reason, rule string, retryAfter int) []byte {
+	why := ""
+	if reason != "" {
+		why = " (" + reason + ")"
+	}
+	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced for a control-plane migration%s, and the fence policy (%s) refuses this request while it is; retry in %ds.", why, rule, retryAfter)
+	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
+}
+
 // refusalBody is the 429 body for the current fence: built once per fence change, not per request.
 func refusalBody(reason string, retryAfter int) []byte {
 	why := ""
