@@ -46,9 +46,13 @@ func kf(t *testing.T, args ...string) (string, string, int) {
 	return out.String(), errb.String(), code
 }
 
-// seqWriter writes key prefix+%06d, one after another, and counts what was acknowledged.
+// seqWriter writes key prefix+%06d, one after another, and counts what was acknowledged. A put
+// that fails (etcd's client does not retry a put on "leader changed" or a timeout, which a
+// starved 3-member cluster gives) is sent again, the same key with the same value: a writer that
+// stopped at its first error would leave a live copy taken of a quiet cluster, proving nothing.
 type seqWriter struct {
 	acked, started atomic.Int64
+	lastErr        atomic.Pointer[error]
 	stop           context.CancelFunc
 	done           chan struct{}
 }
@@ -58,12 +62,20 @@ func startSeqWriter(ctx context.Context, put func(ctx context.Context, i int64) 
 	w := &seqWriter{stop: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		for i := int64(0); ctx.Err() == nil; i++ {
+		for i := int64(0); ctx.Err() == nil; {
 			w.started.Store(i + 1)
 			if err := put(ctx, i); err != nil {
-				return // the key may or may not be written; it is never counted as acknowledged
+				// The key may or may not be written; it counts as acknowledged only once a
+				// retry is.
+				w.lastErr.Store(&err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+				continue
 			}
 			w.acked.Store(i + 1)
+			i++
 		}
 	}()
 	return w
@@ -75,7 +87,11 @@ func (w *seqWriter) waitAcked(t *testing.T, n int64) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); w.acked.Load() < n; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("writer acknowledged only %d writes", w.acked.Load())
+			var last error
+			if e := w.lastErr.Load(); e != nil {
+				last = *e
+			}
+			t.Fatalf("writer acknowledged only %d writes (its last error: %v)", w.acked.Load(), last)
 		}
 	}
 }

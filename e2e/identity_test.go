@@ -14,6 +14,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -131,6 +132,14 @@ func TestIdentity(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// RBAC authorizes from an informer's cache: the binding counts once the apiserver says so.
+	waitForT(t, 30*time.Second, "the apiserver's RBAC to see robot's binding", func() bool {
+		r, err := blue.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:ident:robot",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "ident", Verb: "get", Resource: "configmaps"},
+		}}, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed
+	})
 	tok, err := blue.cs.CoreV1().ServiceAccounts("ident").CreateToken(ctx, "robot", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
