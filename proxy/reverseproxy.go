@@ -110,7 +110,7 @@ func upstreamError(log *slog.Logger) func(http.ResponseWriter, *http.Request, er
 			w.WriteHeader(499)
 			return
 		}
-		unsent := tlsutil.NotSent(err)
+		unsent := tlsutil.NotSent(err, false) // a backend connection carries many requests
 		var ne net.Error
 		if !unsent && (errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())) {
 			log.Warn("backend timed out", "backend", backendURL, "path", r.URL.Path, "err", err)

@@ -45,15 +45,17 @@ func HandshakeDialer(dial DialFunc, config func() *tls.Config, timeout time.Dura
 
 // NotSent says whether err, from sending a request, came before the peer could read any of it:
 // the connection was not made (a dial's error, which HandshakeDialer makes of a failed
-// handshake), the peer's certificate did not verify, or the peer refused the handshake with an
-// alert (ours not trusted: with TLS 1.3 that alert arrives once the request is written, but the
-// peer read none of it). Such a request may be sent again, as it is.
-func NotSent(err error) bool {
+// handshake), or the peer's certificate did not verify. fresh says the request was the first on
+// its connection (a client that never reuses one): then a fatal alert from the peer (ours not
+// trusted: with TLS 1.3 that alert arrives once the request is written, but the peer read none
+// of it) counts too. On a connection that carried other requests an alert may come after the
+// peer acted on this one. Such a request may be sent again, as it is.
+func NotSent(err error, fresh bool) bool {
 	var op *net.OpError
 	var verify *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
-	return errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error") ||
+	return errors.As(err, &op) && (op.Op == "dial" || fresh && op.Op == "remote error") ||
 		errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &host) || errors.As(err, &invalid)
 }

@@ -417,7 +417,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if errors.Is(err, os.ErrPermission) {
 		return fmt.Errorf("%w: permission denied: the admin socket is 0600, owned by the user the proxy runs as (root with the shipped manifests): run this command as that user: %v", ErrUnreachable, err)
 	}
-	if err != nil && tlsutil.NotSent(err) {
+	if err != nil && tlsutil.NotSent(err, true) {
 		return fmt.Errorf("%w (is 'kubefence proxy' running, and is --admin-socket or --admin-address the same, with the certificates it trusts?): %v", ErrUnreachable, err)
 	}
 	if err != nil {
