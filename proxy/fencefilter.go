@@ -104,8 +104,10 @@ func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Hand
 // boundReadBody bounds a body a read carries (kube-apiserver reads none, and the proxy streams
 // it on as it comes): its client has timeout (--write-body-timeout) from the request's start to
 // send it all. Otherwise one that stops in the middle held the forward, and the connection, for
-// ever: the backend's answer does not end a body's copy. Once it has all come, the connection's
-// read deadline is lifted again (a watch's must stay readable).
+// ever: the backend's answer does not end a body's copy. Once it has all come, the deadline
+// holds nothing up: net/http lifts it at the body's end (HTTP/1.1: its background read), and an
+// HTTP/2 stream whose body ended ignores it. (Lifting it here would be from the transport's
+// goroutine, maybe after the handler returned, when the ResponseWriter must not be used.)
 func boundReadBody(w http.ResponseWriter, r *http.Request, timeout time.Duration) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
 		return
@@ -114,21 +116,18 @@ func boundReadBody(w http.ResponseWriter, r *http.Request, timeout time.Duration
 	if rc.SetReadDeadline(time.Now().Add(timeout)) != nil {
 		return
 	}
-	r.Body = &boundedBody{ReadCloser: r.Body, rc: rc, timedOut: &reqStateFrom(r.Context()).bodyTimedOut}
+	r.Body = &boundedBody{ReadCloser: r.Body, timedOut: &reqStateFrom(r.Context()).bodyTimedOut}
 }
 
+// boundedBody notes a read of the body that hit boundReadBody's deadline.
 type boundedBody struct {
 	io.ReadCloser
-	rc       *http.ResponseController
 	timedOut *atomic.Bool // the request's reqState.bodyTimedOut
 }
 
 func (b *boundedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	switch {
-	case err == io.EOF:
-		_ = b.rc.SetReadDeadline(time.Time{})
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		b.timedOut.Store(true)
 	}
 	return n, err

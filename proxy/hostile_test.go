@@ -541,7 +541,7 @@ func TestTricklingBodyBounded(t *testing.T) {
 		})
 	}
 	// A read's whole body, then another request on the connection past the body timeout: the
-	// deadline was lifted once the body had come.
+	// deadline holds nothing up once the body has come (net/http lifts it).
 	p := startProxy(t, api.URL, func(o *Options) { o.WriteBodyTimeout = 500 * time.Millisecond })
 	c, err := net.Dial("tcp", p.Addr().String())
 	if err != nil {
