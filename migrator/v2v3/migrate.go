@@ -169,7 +169,7 @@ func RunContext(ctx context.Context, c Config) (*Report, error) {
 		}
 		t := time.Now()
 		if err := ph.run(ctx); err != nil {
-			if ph.name == "verify" {
+			if ph.name == "verify" && ctx.Err() == nil {
 				return m.rep, err
 			}
 			return nil, err
@@ -341,11 +341,14 @@ func (m *migration) write(context.Context) (err error) {
 }
 
 // verify reads the new backend back against what was meant to be written, then renames the
-// member into place.
-func (m *migration) verify(context.Context) error {
+// member into place, unless ctx ended meanwhile.
+func (m *migration) verify(ctx context.Context) error {
 	n, err := verifyOutput(m.dbPath, expected{data: m.data, release: m.src.snap.release, v3: m.v3, kvs: m.kvs, leases: m.leases, marker: m.marker}, m.c.Progress)
 	if err != nil {
 		return fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", m.c.OutputDir, err)
+	}
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("v2-to-v3 stopped before placing its output (nothing was written to %s): %w", m.c.OutputDir, err)
 	}
 	m.rep.Verified = n
 	err = finish(m.member, m.c.OutputDir)

@@ -446,3 +446,23 @@ func TestCancelledRunPlacesNothing(t *testing.T) {
 		t.Fatalf("output %s after a cancelled run: %v; want none", c.OutputDir, err)
 	}
 }
+
+// TestStoppedDuringVerifyPlacesNothing: the verify phase ends by renaming the output into
+// place; a run stopped while it reads the output back does not place it.
+func TestStoppedDuringVerifyPlacesNothing(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	c := testConfig(t, smallMember(t, now), now)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	c.Progress = func(phase string, _, _ int64) {
+		if phase == "verify" {
+			cancel()
+		}
+	}
+	if rep, err := RunContext(ctx, c); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunContext stopped during verify = %+v, %v; want context.Canceled", rep, err)
+	}
+	if _, err := os.Stat(c.OutputDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("output %s after a run stopped during verify: %v; want none", c.OutputDir, err)
+	}
+}
