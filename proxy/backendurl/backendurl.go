@@ -36,9 +36,14 @@ func Parse(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("backend URL %q: give scheme and host only, no fragment", shown)
 	}
 	u.Path = ""
-	// Host names are case-insensitive (as IPv6 hex is): one spelling, so that a backend is
-	// the same URL in the state file, the status, --allowed-backends and a cutover's plan.
-	u.Host = strings.ToLower(u.Host)
+	// Host names are case-insensitive (as IPv6 hex is; an IPv6 zone, an interface's name,
+	// is not): one spelling, so that a backend is the same URL in the state file, the status,
+	// --allowed-backends and a cutover's plan.
+	host, zone, hasZone := strings.Cut(u.Host, "%") // u.Host is decoded: the zone's "%25" is "%"
+	u.Host = strings.ToLower(host)
+	if hasZone {
+		u.Host += "%" + zone
+	}
 	return u, nil
 }
 

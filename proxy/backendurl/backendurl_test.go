@@ -14,6 +14,7 @@ func TestParse(t *testing.T) {
 		// Host names are case-insensitive: one spelling, the one a cutover plan is read in.
 		{raw: "HTTPS://CP1.Corp.Example:6443", want: "https://cp1.corp.example:6443"},
 		{raw: "https://[FE80::1]:6443", want: "https://[fe80::1]:6443"},
+		{raw: "https://[FE80::1%25Eth0]:6443", want: "https://[fe80::1%25Eth0]:6443"},
 		{raw: "ftp://x", err: "scheme must be https"},
 		{raw: "https://", err: "has no host"},
 		{raw: "https://admin:s3cret@10.0.0.1", err: "user name or password"},
