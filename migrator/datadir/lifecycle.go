@@ -425,8 +425,43 @@ func planOrResume(ctx context.Context, op Operation, opts Options) (*Report, err
 
 // loadJournal returns the unfinished run journaled for these data dirs, or nil. Without a
 // journal at path, an older kubefence's unfinished one of these data dirs is resumed (and kept
-// where it is); one of other data dirs there is another cluster's, not a refusal.
+// where it is); one of other data dirs there is another cluster's, not a refusal. Without
+// either, an unfinished run of any of these data dirs journaled under another name (the same
+// dirs in another order, some of them) is refused: a new plan would start over a cluster that
+// run left half done.
 func loadJournal(path string, op Operation, opts Options) (*Report, error) {
+	rep, err := loadOwnJournal(path, op, opts)
+	if rep != nil || err != nil {
+		return rep, err
+	}
+	return nil, unfinishedOverlap(path, opts)
+}
+
+// unfinishedOverlap is an otherRunError for an unfinished run, journaled in the backup dir
+// other than at own, of one of opts' data dirs; nil when there is none.
+func unfinishedOverlap(own string, opts Options) error {
+	paths, err := filepath.Glob(filepath.Join(opts.BackupDir, "journal-*.json"))
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if p == own || err != nil {
+			continue
+		}
+		var rep Report
+		if json.Unmarshal(b, &rep) != nil || rep.Done {
+			continue
+		}
+		if slices.ContainsFunc(rep.DataDirs, func(d string) bool { return slices.Contains(opts.DataDirs, d) }) {
+			return &otherRunError{rep: rep, path: p}
+		}
+	}
+	return nil
+}
+
+// loadOwnJournal is loadJournal from path, or the older kubefence's journal of these data dirs.
+func loadOwnJournal(path string, op Operation, opts Options) (*Report, error) {
 	if !exists(path) && exists(opts.olderJournalPath()) {
 		rep, err := readJournal(opts.olderJournalPath(), op, opts)
 		var other *otherRunError

@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -186,4 +187,30 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 	opts.BinDir = old
 	_, err := planUpgrade(t.Context(), opts, Detection{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName}, true, false)
 	assertErrContains(t, err, "etcd-3.5.9", "3.5.26", "upgrade_3_6")
+}
+
+// TestUnfinishedRunOfTheSameDataDirsFound: a run's journal is named after its data dirs in the
+// order given; the same dirs in another order, or some of them, find no journal at their own
+// name, and planned afresh over a half-upgraded cluster (new backups of it). An unfinished run
+// journaled for any of them is refused, naming it.
+func TestUnfinishedRunOfTheSameDataDirsFound(t *testing.T) {
+	root := t.TempDir()
+	backups := filepath.Join(root, "backups")
+	x, y, z := filepath.Join(root, "x"), filepath.Join(root, "y"), filepath.Join(root, "z")
+	first := Options{DataDirs: []string{x, y}, BackupDir: backups, Target: Version{3, 6, 16}}
+	writeTree(t, backups, map[string]string{filepath.Base(first.journalPath()): `{"operation":"upgrade","target":"3.6.16","dataDirs":["` + x + `","` + y + `"],"steps":[]}`})
+	for _, dirs := range [][]string{{y, x}, {y}} {
+		o := first
+		o.DataDirs = dirs
+		_, err := loadJournal(o.journalPath(), OpUpgrade, o)
+		var other *otherRunError
+		if !errors.As(err, &other) || !strings.Contains(err.Error(), first.journalPath()) {
+			t.Errorf("%v with an unfinished run of %v journaled: %v; want it refused, naming that journal", dirs, first.DataDirs, err)
+		}
+	}
+	o := first
+	o.DataDirs = []string{z}
+	if rep, err := loadJournal(o.journalPath(), OpUpgrade, o); err != nil || rep != nil {
+		t.Errorf("other data dirs beside it: %+v, %v; want a fresh plan", rep, err)
+	}
 }
