@@ -46,8 +46,11 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/...
 
+# The files git tracks; without git (a tarball) or with none listed it fails rather than check
+# nothing (gofmt -l with no file reads stdin).
 fmt-check:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@files=$$(git ls-files '*.go') && [ -n "$$files" ] || { echo "fmt-check: git ls-files listed no Go files (not a git checkout?)"; exit 1; }; \
+	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # The alerting rules shipped in deploy/prometheus/: promtool checks them and runs their tests
 # (the unit test TestAlertRulesNameRealMetrics checks they read metrics the proxy exports).
@@ -80,8 +83,11 @@ demo: e2e-deps build
 	exec $(BIN_DIR)/demo --kubefence $(KUBEFENCE) $(if $(KEEP),--keep) $(if $(MANUAL),--manual) $(if $(OBJECTS),--objects $(OBJECTS)) $(if $(WRITE_RATE),--write-rate $(WRITE_RATE))
 
 # Proxy throughput and latency: direct, kubefence, HAProxy; see docs/benchmarks.md.
+# The benches are built, then exec'd, as the demo is: go run would leave one running without a
+# parent when make is signalled.
 bench-proxy: bench-deps build
-	$(GO) run ./e2e/bench/proxy --kubefence $(KUBEFENCE)
+	$(GO) build -o $(BIN_DIR)/bench-proxy ./e2e/bench/proxy
+	exec $(BIN_DIR)/bench-proxy --kubefence $(KUBEFENCE)
 
 clean:
 	rm -rf $(BIN_DIR)
@@ -89,9 +95,11 @@ clean:
 # Cutover write-unavailability window (and the rollback's) at 1k/10k/50k/200k objects, or
 # OBJECTS=1000,50000 WRITE_RATES=0,200 RUNS=3 WATCHES=500 QUIET_WATCHES=500; see docs/benchmarks.md.
 bench-cutover: e2e-deps build
-	$(GO) run ./e2e/bench/cutover --kubefence $(KUBEFENCE) $(if $(OBJECTS),-objects $(OBJECTS)) $(if $(WRITE_RATES),-write-rates $(WRITE_RATES)) $(if $(RUNS),-runs $(RUNS)) $(if $(WATCHES),-watches $(WATCHES)) $(if $(QUIET_WATCHES),-quiet-watches $(QUIET_WATCHES))
+	$(GO) build -o $(BIN_DIR)/bench-cutover ./e2e/bench/cutover
+	exec $(BIN_DIR)/bench-cutover --kubefence $(KUBEFENCE) $(if $(OBJECTS),-objects $(OBJECTS)) $(if $(WRITE_RATES),-write-rates $(WRITE_RATES)) $(if $(RUNS),-runs $(RUNS)) $(if $(WATCHES),-watches $(WATCHES)) $(if $(QUIET_WATCHES),-quiet-watches $(QUIET_WATCHES))
 
 # v2 -> v3 migration: kubefence vs etcdctl migrate, wall time and peak RSS. KEYS=1000000 by
 # default (generating that store takes ~20 minutes the first time; it is cached).
 bench-migrate: e2e-deps build
-	$(GO) run ./e2e/bench/migrate --kubefence $(KUBEFENCE) $(if $(KEYS),--keys $(KEYS))
+	$(GO) build -o $(BIN_DIR)/bench-migrate ./e2e/bench/migrate
+	exec $(BIN_DIR)/bench-migrate --kubefence $(KUBEFENCE) $(if $(KEYS),--keys $(KEYS))

@@ -115,6 +115,12 @@ if [ "$only_promtool" = 1 ]; then
   exit 0
 fi
 
+# A C compiler: make test's go test -race needs cgo, which Go turns off without one.
+if ! command -v gcc >/dev/null 2>&1; then
+  apt_install gcc libc6-dev
+  say "installed Debian gcc, libc6-dev (go test -race needs cgo)"
+fi
+
 # etcd 3.4 from Debian.
 if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
   apt_install etcd-server etcd-client
