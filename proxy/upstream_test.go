@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/testnet"
 )
 
 // TestUpstreamProtocols: to a backend that offers HTTP/2, writes and watches go over HTTP/2, with
@@ -241,23 +243,10 @@ func TestFailedDialIsRetried(t *testing.T) {
 func TestHandshakeTimeoutIsRetried(t *testing.T) {
 	defer func(d time.Duration) { upstreamHandshakeTimeout = d }(upstreamHandshakeTimeout)
 	upstreamHandshakeTimeout = 300 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // takes connections, says nothing
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	addr := testnet.Silent(t)
 	for _, h2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("http2=%v", h2), func(t *testing.T) {
-			p := startProxy(t, "https://"+ln.Addr().String(), func(o *Options) { o.UpstreamHTTP2 = h2 })
+			p := startProxy(t, "https://"+addr, func(o *Options) { o.UpstreamHTTP2 = h2 })
 			for _, m := range []string{"GET", "POST"} {
 				resp, body := do(t, m, p.url+"/api/v1/namespaces/default/configmaps")
 				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {

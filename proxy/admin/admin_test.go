@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/internal/testnet"
 )
 
 // TestLargeWritesAnswer: the writes answer holds up to 65,536 entries, which with long names
@@ -111,24 +113,11 @@ func TestFailedHandshakeIsUnreachable(t *testing.T) {
 func TestSilentHandshakeIsUnreachable(t *testing.T) {
 	defer func(d time.Duration) { handshakeTimeout = d }(handshakeTimeout)
 	handshakeTimeout = 300 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // takes connections, says nothing
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	addr := testnet.Silent(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	c := NewTLSClient("https://"+ln.Addr().String(), &tls.Config{RootCAs: x509.NewCertPool()})
-	_, err = c.Status(ctx)
+	c := NewTLSClient("https://"+addr, &tls.Config{RootCAs: x509.NewCertPool()})
+	_, err := c.Status(ctx)
 	if !errors.Is(err, ErrUnreachable) || ctx.Err() != nil {
 		t.Fatalf("status from an address that never answers its handshake: %v (caller's deadline passed: %v), want %v within the handshake's bound", err, ctx.Err() != nil, ErrUnreachable)
 	}
