@@ -463,6 +463,10 @@ func (d *demo) verdict(st admin.Status, plainErrs []error) error {
 		return fmt.Errorf("the plain HTTP writer saw %d failed writes: %v", d.sum.PlainErrors, plainErrs[0])
 	case d.sum.ReadErr > 0:
 		return fmt.Errorf("the reader saw %d failed lists of %d", d.sum.ReadErr, d.sum.Reads)
+	case d.o.writeRate < 0 && d.sum.Held == 0:
+		// A writer as fast as it can has writes in every window: none held means the windows
+		// showed nothing of hold mode (or the writes went around the fence).
+		return fmt.Errorf("no write was held in any window, with the writer writing as fast as it can: %+v", st.Hold)
 	}
 	return nil
 }
