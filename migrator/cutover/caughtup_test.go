@@ -3,6 +3,8 @@ package cutover
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -252,4 +254,82 @@ func TestFenceRechecksReplication(t *testing.T) {
 	if !errors.Is(err, replicate.ErrRevisionMismatch) || fp.status().Fenced || !r.j.FencedAt.IsZero() {
 		t.Fatalf("fence step: %v, proxy fenced %v, fence journaled %v; want the mismatch, nothing fenced or journaled", err, fp.status().Fenced, !r.j.FencedAt.IsZero())
 	}
+}
+
+// TestCaughtUpUnderSteadyWrites: with blue written steadily (the node heartbeats the fence
+// policy lets through a window: 500 a second at 5,000 nodes) and blue's changes reaching green a
+// while later (a green across hosts), green is always a few revisions behind: caught up is green
+// having applied what blue had when asked, not an instant at which the two numbers are equal,
+// which may never come before the window ends.
+func TestCaughtUpUnderSteadyWrites(t *testing.T) {
+	blue, green := startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	src, err := clientv3.New(clientv3.Config{Endpoints: blue.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	src.Watcher = delayedWatcher{src.Watcher, 30 * time.Millisecond}
+	rep, err := replicate.New(replicate.Config{Source: src, Dest: green, FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
+	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
+	wctx, stopWriters := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; wctx.Err() == nil; i++ {
+				_, _ = blue.Put(wctx, fmt.Sprintf("/registry/leases/kube-node-lease/node-%d-%d", w, i%250), strconv.Itoa(i))
+				time.Sleep(5 * time.Millisecond) // some hundreds a second in all
+			}
+		})
+	}
+	t.Cleanup(func() { stopWriters(); wg.Wait(); cancel(); <-rp.done })
+	time.Sleep(500 * time.Millisecond) // the writers going, green behind
+	asked := revisionOf(t, blue)
+	r := &runner{from: side{name: "blue"}, to: side{name: "green"}, repl: rp}
+	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+	defer ccancel()
+	rev, err := r.waitCaughtUp(cctx)
+	if err != nil || rev < asked || rep.Progress().Applied < rev {
+		t.Fatalf("caught up under steady writes = %d, %v (blue was at %d when asked, green applied %d); want blue's revision as asked, or later, applied", rev, err, asked, rep.Progress().Applied)
+	}
+}
+
+// delayedWatcher hands each watch response on d after it arrived, in order: blue's changes
+// reach the replicator late, but as fast as they come.
+type delayedWatcher struct {
+	clientv3.Watcher
+	d time.Duration
+}
+
+func (w delayedWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	in := w.Watcher.Watch(ctx, key, opts...)
+	out := make(chan clientv3.WatchResponse, 1024)
+	type stamped struct {
+		resp clientv3.WatchResponse
+		at   time.Time
+	}
+	queue := make(chan stamped, 1<<16)
+	go func() {
+		defer close(queue)
+		for resp := range in {
+			queue <- stamped{resp, time.Now()}
+		}
+	}()
+	go func() {
+		defer close(out)
+		for s := range queue {
+			time.Sleep(time.Until(s.at.Add(w.d)))
+			select {
+			case out <- s.resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
 }

@@ -372,9 +372,8 @@ func (r *runner) stopReplicationLogged() {
 	}
 }
 
-// caughtUp waits until dst (green in a cutover) is at src's revision: src's revision R
-// (linearizable), the replicator applied it, dst's revision equals src's read again after it
-// (src's own apiserver may write meanwhile: then once more), and the replicator applied that one. It returns that revision. A
+// caughtUp waits until dst (green in a cutover) has src's revision as of the call (read
+// linearizable), applied by the replicator (waitCaughtUp), and returns dst's revision then. A
 // dst whose lag grows through catchUpPatience fails it at once (notCatchingUpError).
 func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	if err := r.replicationAlive(); err != nil {
@@ -399,38 +398,39 @@ func (r *runner) caughtUp(ctx context.Context) (int64, error) {
 	return rev, err
 }
 
-// waitCaughtUp is caughtUp's wait, without the watch on the lag.
+// waitCaughtUp is caughtUp's wait, without the watch on the lag: blue's revision, read now
+// (linearizable), applied to green; it returns green's revision then, d, at least that, and
+// applied by the replicator too. Not an instant at which the two revisions are equal: blue
+// written steadily (the node heartbeats a fence policy lets through the window) keeps green a
+// few revisions behind, and such an instant may not come within the window. Blue's later
+// revisions are the replicator's too, until it stops (stop-replication takes blue's last).
 func (r *runner) waitCaughtUp(ctx context.Context) (int64, error) {
 	rp := r.repl
-	for {
-		target, err := replicate.Revision(ctx, rp.src)
-		if err != nil {
-			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
-		}
-		if err := rp.rep.WaitFor(ctx, target); err != nil {
-			return 0, err
-		}
-		d, err := replicate.Revision(ctx, rp.dst)
-		if err != nil {
-			return 0, fmt.Errorf("%s's revision: %w", r.to.name, err)
-		}
-		s, err := replicate.Revision(ctx, rp.src)
-		if err != nil {
-			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
-		}
-		if d == s {
-			// Equal numbers are not yet the same data: something else may have written to dst
-			// while blue moved on. The replicator checks dst's revision after each revision it
-			// applies, so once it has applied d, d is its own (or it stopped on the mismatch).
-			if err := rp.rep.WaitFor(ctx, d); err != nil {
-				return 0, err
-			}
-			return d, nil
-		}
-		if d > s {
-			return 0, fmt.Errorf("%w: %s is at revision %d, past %s's %d: something wrote to %s", replicate.ErrRevisionMismatch, r.to.name, d, r.from.name, s, r.to.name)
-		}
+	target, err := replicate.Revision(ctx, rp.src)
+	if err != nil {
+		return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
 	}
+	if err := rp.rep.WaitFor(ctx, target); err != nil {
+		return 0, err
+	}
+	d, err := replicate.Revision(ctx, rp.dst)
+	if err != nil {
+		return 0, fmt.Errorf("%s's revision: %w", r.to.name, err)
+	}
+	s, err := replicate.Revision(ctx, rp.src)
+	if err != nil {
+		return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
+	}
+	if d > s {
+		return 0, fmt.Errorf("%w: %s is at revision %d, past %s's %d: something wrote to %s", replicate.ErrRevisionMismatch, r.to.name, d, r.from.name, s, r.to.name)
+	}
+	// d may not be the replicator's: something else may have written to green as blue moved
+	// on. The replicator checks green's revision after each revision it applies, so once it
+	// has applied d, d is its own (or it stopped on the mismatch).
+	if err := rp.rep.WaitFor(ctx, d); err != nil {
+		return 0, err
+	}
+	return d, nil
 }
 
 // progressLine says where replication from r.from into r.to stands.

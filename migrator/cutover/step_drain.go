@@ -41,7 +41,7 @@ func (drainStep) timeout(p *Plan) time.Duration { return p.Timeouts.Window.D() +
 func (drainStep) pastNoReturn() bool            { return false }
 
 func (drainStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("read %[1]s's revision (linearizable), wait until %[2]s applied it and %[2]s's revision equals %[1]s's; within timeouts.window (%[3]s) from the fence, else unfence %[1]s and abort", r.from.name, r.to.name, r.p.Timeouts.Window.D())
+	return fmt.Sprintf("read %[1]s's revision (linearizable), wait until %[2]s applied it (and %[2]s's revision is one replication made); within timeouts.window (%[3]s) from the fence, else unfence %[1]s and abort", r.from.name, r.to.name, r.p.Timeouts.Window.D())
 }
 
 func (drainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -71,7 +71,7 @@ func (replicaSwitchStep) timeout(p *Plan) time.Duration { return p.Timeouts.Swit
 func (replicaSwitchStep) pastNoReturn() bool            { return true }
 
 func (replicaSwitchStep) describe(r *runner, _ bool) string {
-	return fmt.Sprintf("check %s's revision equals %s's and (in a cutover) that every change since the full verify is the same in both etcds' histories (within timeouts.window), then %s", r.to.name, r.from.name, strings.Join(r.p.proxyCommands("backend set --resume-watches", r.to.api.URL), "; "))
+	return fmt.Sprintf("check %s has %s's revision of now, applied, and (in a cutover) that every change since the full verify is the same in both etcds' histories (within timeouts.window), then %s", r.to.name, r.from.name, strings.Join(r.p.proxyCommands("backend set --resume-watches", r.to.api.URL), "; "))
 }
 
 func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
@@ -114,7 +114,7 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if resp.Prepared {
 		over = " over connections opened before the fence"
 	}
-	return withNote(picked, fmt.Sprintf("%s and %s at revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d moved to %s%s, %d ended, off %s in %s%s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond), awaitedWrites(d, r.from.name))), nil
+	return withNote(picked, fmt.Sprintf("%s at %s's revision %d%s; proxy backend %s; of %d watch(es) and stream(s) on %s, %d moved to %s%s, %d ended, off %s in %s%s", r.to.name, r.from.name, rev, checked, resp.Status.Backend, d.Streams, r.from.name, d.Resumed, r.to.name, over, d.Ended, r.from.name, time.Duration(d.Duration).Round(time.Microsecond), awaitedWrites(d, r.from.name))), nil
 }
 
 // awaitedWrites says which writes the fence's policy let through the switch waited for (they
