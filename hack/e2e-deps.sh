@@ -115,8 +115,9 @@ if [ "$only_promtool" = 1 ]; then
   exit 0
 fi
 
-# A C compiler: make test's go test -race needs cgo, which Go turns off without one.
-if ! command -v gcc >/dev/null 2>&1; then
+# A C compiler: make test's go test -race needs cgo, which Go turns off without one ($CC, else
+# gcc: go env CC says which).
+if ! command -v "$(go env CC 2>/dev/null || echo gcc)" >/dev/null 2>&1; then
   apt_install gcc libc6-dev
   say "installed Debian gcc, libc6-dev (go test -race needs cgo)"
 fi

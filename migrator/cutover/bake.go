@@ -363,7 +363,7 @@ func (r *runner) handOver(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	hold := func() { release(); blueCli.Close() }
-	rev, err := r.caughtUp(ctx)
+	rev, err := r.caughtUpQuiet(ctx)
 	if err != nil {
 		hold()
 		return 0, err
@@ -378,6 +378,25 @@ func (r *runner) handOver(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("replication of blue into green, stopping: %w", err)
 	}
 	return rev, r.startBake(ctx, rev, hold)
+}
+
+// caughtUpQuiet is caughtUp on a blue nothing writes any more (gated), where replication stops
+// at a revision blue is at: until blue's revision, read again, is the one green caught up with
+// (a lease blue expired before the hold is revoked on blue a moment later), within ctx.
+func (r *runner) caughtUpQuiet(ctx context.Context) (int64, error) {
+	for {
+		rev, err := r.caughtUp(ctx)
+		if err != nil {
+			return 0, err
+		}
+		s, err := replicate.Revision(ctx, r.repl.src)
+		if err != nil {
+			return 0, fmt.Errorf("%s's revision: %w", r.from.name, err)
+		}
+		if s == rev {
+			return rev, nil
+		}
+	}
 }
 
 // startBake starts replicating green into blue from rev, records the bake in the journal, and

@@ -79,8 +79,9 @@ type Journal struct {
 	Snapshot         string `json:"snapshot,omitempty"`
 	SnapshotRevision int64  `json:"snapshotRevision,omitempty"`
 	SnapshotBytes    int64  `json:"snapshotBytes,omitempty"`
-	// DrainRevision and SwitchRevision (mode replicate) are the revision green and blue were
-	// both at after the drain, and when the proxy was switched.
+	// DrainRevision and SwitchRevision (mode replicate) are green's revision, one blue had too
+	// (blue may have gone on: replication carries that over), after the drain, and when the
+	// proxy was switched.
 	DrainRevision  int64 `json:"drainRevision,omitempty"`
 	SwitchRevision int64 `json:"switchRevision,omitempty"`
 	// Mode is the migration the copy chose (auto resolves to snapshot or v2-to-v3).

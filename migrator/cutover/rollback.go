@@ -243,7 +243,7 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 	prog, err := r.stopReplication()
 	r.j.ReplicationAtStop = &prog
 	if err = errors.Join(cerr, err); err != nil {
-		// The switch happened with both at one revision; what is missing is the gated
+		// The switch happened with green having blue's revision of then; what is missing is the gated
 		// apiserver's own writes (its leases), which the other apiserver writes itself.
 		return fmt.Sprintf("stopped without catching up (%v): %s", err, r.progressLine(prog)), nil
 	}

@@ -77,8 +77,8 @@ type Report struct {
 	RefusedWrites    uint64        `json:"refusedWrites"`
 	SnapshotRevision int64         `json:"snapshotRevision,omitempty"`
 	SnapshotBytes    int64         `json:"snapshotBytes,omitempty"`
-	// SwitchRevision (mode replicate) is the etcd revision blue and green were both at when the
-	// proxy was switched.
+	// SwitchRevision (mode replicate) is green's etcd revision, with everything of blue's up to
+	// it, when the proxy was switched.
 	SwitchRevision int64 `json:"switchRevision,omitempty"`
 	// Replication (mode replicate) is where replication stood just before the fence (the lag
 	// the window drained) and when it stopped after the switch; Rebuilds counts the times green

@@ -32,8 +32,8 @@ func (r *runner) windowOpen(ctx context.Context) bool {
 	return err != nil || st.Fenced
 }
 
-// drainStep (mode replicate, fenced) waits until green has applied blue's current revision and
-// is at blue's revision.
+// drainStep (mode replicate, fenced) waits until green has applied blue's current revision
+// (caughtUp).
 type drainStep struct{}
 
 func (drainStep) name() string                  { return StepDrain }
@@ -56,7 +56,7 @@ func (drainStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("%s at %s's revision %d after %s", r.to.name, r.from.name, rev, time.Since(start).Round(time.Microsecond)), nil
 }
 
-// replicaSwitchStep (mode replicate) checks once more that green is at blue's revision, within
+// replicaSwitchStep (mode replicate) checks once more that green has blue's revision, within
 // the window, and points the proxy at green with the open watches resumed there (the same
 // revisions mean the same resourceVersions).
 type replicaSwitchStep struct {

@@ -172,7 +172,7 @@ func (o *Options) defaults() error {
 		o.DataDirs[i] = abs
 	}
 	if o.BackupDir == "" {
-		o.BackupDir = filepath.Join(filepath.Dir(o.DataDirs[0]), "kubefence-backups")
+		o.BackupDir = defaultBackupDir(o.DataDirs[0])
 	}
 	abs, err := filepath.Abs(o.BackupDir)
 	if err != nil {
@@ -437,12 +437,30 @@ func loadJournal(path string, op Operation, opts Options) (*Report, error) {
 	return nil, unfinishedOverlap(path, opts)
 }
 
-// unfinishedOverlap is an otherRunError for an unfinished run, journaled in the backup dir
-// other than at own, of one of opts' data dirs; nil when there is none.
+// defaultBackupDir is where a run of data dirs whose first is dataDir keeps its backups and
+// journal without --backup-dir.
+func defaultBackupDir(dataDir string) string {
+	return filepath.Join(filepath.Dir(dataDir), "kubefence-backups")
+}
+
+// unfinishedOverlap is an otherRunError for an unfinished run of one of opts' data dirs,
+// journaled other than at own: in the backup dir, or in the default one beside any of the data
+// dirs (the same dirs given in another order default to another); nil when there is none. A
+// default dir another user could write to is not read (trustBackupDir).
 func unfinishedOverlap(own string, opts Options) error {
-	paths, err := filepath.Glob(filepath.Join(opts.BackupDir, "journal-*.json"))
-	if err != nil {
-		return err
+	dirs := []string{opts.BackupDir}
+	for _, d := range opts.DataDirs {
+		if b := defaultBackupDir(d); !slices.Contains(dirs, b) && trustBackupDir(b) == nil {
+			dirs = append(dirs, b)
+		}
+	}
+	var paths []string
+	for _, d := range dirs {
+		found, err := filepath.Glob(filepath.Join(d, "journal-*.json"))
+		if err != nil {
+			return err
+		}
+		paths = append(paths, found...)
 	}
 	for _, p := range paths {
 		b, err := os.ReadFile(p)

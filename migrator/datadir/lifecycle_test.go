@@ -214,3 +214,28 @@ func TestUnfinishedRunOfTheSameDataDirsFound(t *testing.T) {
 		t.Errorf("other data dirs beside it: %+v, %v; want a fresh plan", rep, err)
 	}
 }
+
+// TestUnfinishedRunInAnotherDefaultBackupDir: the backup dir defaults to one beside the first
+// data dir, so the same dirs given in another order default to another: the unfinished run
+// journaled beside the first order's first dir is found all the same.
+func TestUnfinishedRunInAnotherDefaultBackupDir(t *testing.T) {
+	root := t.TempDir()
+	x, y := filepath.Join(root, "a", "etcd"), filepath.Join(root, "b", "etcd")
+	first := Options{DataDirs: []string{x, y}, Target: Version{3, 6, 16}}
+	if err := first.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, first.BackupDir, map[string]string{filepath.Base(first.journalPath()): `{"operation":"upgrade","target":"3.6.16","dataDirs":["` + x + `","` + y + `"],"steps":[]}`})
+	again := Options{DataDirs: []string{y, x}, Target: Version{3, 6, 16}}
+	if err := again.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if again.BackupDir == first.BackupDir {
+		t.Fatalf("both orders default to %s: the test shows nothing", again.BackupDir)
+	}
+	_, err := loadJournal(again.journalPath(), OpUpgrade, again)
+	var other *otherRunError
+	if !errors.As(err, &other) || !strings.Contains(err.Error(), first.journalPath()) {
+		t.Fatalf("%v with an unfinished run of %v journaled in %s: %v; want it refused, naming that journal", again.DataDirs, first.DataDirs, first.BackupDir, err)
+	}
+}
