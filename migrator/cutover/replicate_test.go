@@ -3,11 +3,9 @@ package cutover
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kubefence/kubefence/internal/testnet"
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -404,38 +403,6 @@ func TestPickupAdvice(t *testing.T) {
 	}
 }
 
-// silentEndpoint is a TCP address that accepts connections and never answers: an etcd that
-// hangs.
-func silentEndpoint(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestResumeAfterTheWindowAbortsAtOnce: a resume after the cutover process died inside the
 // window, its budget spent by then, must not hold writes fenced while it tries to pick
 // replication up from etcds that hang (30 s): the budget bounds that too.
@@ -445,7 +412,7 @@ func TestResumeAfterTheWindowAbortsAtOnce(t *testing.T) {
 	var calls []string
 	proxies := &admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true}
 	r := (&runner{o: Options{Plan: p, Resume: true}, p: p, adm: memProxy(proxies, &calls), j: &Journal{FencedAt: time.Now().Add(-time.Minute)}}).forward()
-	silent := silentEndpoint(t)
+	silent := testnet.Silent(t)
 	r.from.etcd = datadir.ConnSpec{Endpoints: []string{silent}}
 	r.to.etcd = datadir.ConnSpec{Endpoints: []string{silent}}
 	start := time.Now()
