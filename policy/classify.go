@@ -211,7 +211,8 @@ func NewClassifier() *Classifier {
 
 // Classify reads the request line and headers (never the body) and returns its attributes.
 func (c *Classifier) Classify(r *http.Request) Attributes {
-	a := Attributes{Path: r.URL.Path, Method: r.Method, Upgrade: isUpgrade(r.Header)}
+	a := Attributes{Path: r.URL.Path, Method: r.Method, Upgrade: isUpgrade(r.Header),
+		HasBody: r.ContentLength != 0 || len(r.TransferEncoding) > 0}
 	if why := oddPath(r.URL); why != "" {
 		a.Unknown = why
 		return a
@@ -233,7 +234,6 @@ func (c *Classifier) Classify(r *http.Request) Attributes {
 		// RequestInfoFactory has no verb for OPTIONS on a resource path either: Class knows it.
 		a.Unknown = "method " + r.Method + " has no Kubernetes verb"
 	}
-	a.HasBody = r.ContentLength != 0 || len(r.TransferEncoding) > 0
 	if !a.BodyDecidesDryRun() {
 		a.DryRun = isDryRunAll(r.URL.RawQuery)
 	}

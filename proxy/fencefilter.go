@@ -10,10 +10,10 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kubefence/kubefence/internal/logging"
 	"github.com/kubefence/kubefence/policy"
 )
 
@@ -29,7 +29,9 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		st := reqStateFrom(r.Context())
 		a := &st.attrs
 		if a.Class() != policy.Write {
-			boundReadBody(w, r, limits.timeout)
+			if a.HasBody {
+				boundReadBody(w, r, limits.timeout)
+			}
 			if !g.fenced() {
 				next.ServeHTTP(w, r)
 				return
@@ -109,11 +111,10 @@ func decide(w http.ResponseWriter, r *http.Request, st *reqState, next http.Hand
 // HTTP/2 stream whose body ended ignores it. (Lifting it here would be from the transport's
 // goroutine, maybe after the handler returned, when the ResponseWriter must not be used.)
 func boundReadBody(w http.ResponseWriter, r *http.Request, timeout time.Duration) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
+	if r.Body == nil || r.Body == http.NoBody {
 		return
 	}
-	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(timeout)) != nil {
+	if http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout)) != nil {
 		return
 	}
 	r.Body = &boundedBody{ReadCloser: r.Body, timedOut: &reqStateFrom(r.Context()).bodyTimedOut}
@@ -163,24 +164,19 @@ func (rf *refusals) setReason(reason string) {
 // client trickling it keeps the connection, as when a write's body is read. Over HTTP/2 the
 // stream is reset after the answer.
 func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision) {
-	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+	if st.attrs.HasBody {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(rf.bodyTimeout))
 	}
 	st.answered = decisionRefused
 	rf.counter.Inc()
 	rf.total.Add(1)
 	a := &st.attrs
-	body := *rf.body.Load()
+	body, msg := *rf.body.Load(), "refused write: fence is on"
 	if d.Class == policy.Read { // a read a policy rule refuses: the fence's body says reads work
-		rf.log.Info("refused read: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
-		reason := ""
-		if p := rf.reason.Load(); p != nil {
-			reason = *p
-		}
-		body = readRefusalBody(reason, d.Reason, rf.retryAfter)
-	} else {
-		rf.log.Info("refused write: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
+		msg = "refused read: fence is on"
+		body = readRefusalBody(*rf.reason.Load(), d.Reason, rf.retryAfter)
 	}
+	rf.log.Info(msg, fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
 	h := w.Header()
 	h["Content-Type"] = []string{"application/json"}
 	h["Retry-After"] = []string{rf.retryAfterValue}
@@ -202,21 +198,8 @@ func fencedWriteLogArgs(a *policy.Attributes, userAgent string, more ...any) []a
 	return append(args, more...)
 }
 
-// clipField cuts s to maxLoggedField bytes, at a character's start, saying how long it was.
-func clipField(s string) string {
-	if len(s) <= maxLoggedField {
-		return s
-	}
-	// Back to the start of the character the limit cuts, if s is UTF-8 there.
-	cut := maxLoggedField
-	for cut > maxLoggedField-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	if !utf8.RuneStart(s[cut]) {
-		cut = maxLoggedField
-	}
-	return s[:cut] + "...(" + strconv.Itoa(len(s)) + " bytes)"
-}
+// clipField cuts s to maxLoggedField bytes (logging.Clip).
+func clipField(s string) string { return logging.Clip(s, maxLoggedField) }
 
 // resourceString names a request's target for logs and the barrier's report:
 // resource.group/subresource, or the path of a non-resource request.

@@ -41,21 +41,21 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, me
 
 // readRefusalBody is the 429 body for a read the fence policy refuses (rule: which one).
 func readRefusalBody(reason, rule string, retryAfter int) []byte {
-	why := ""
-	if reason != "" {
-		why = " (" + reason + ")"
-	}
-	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced for a control-plane migration%s, and the fence policy (%s) refuses this request while it is; retry in %ds.", why, rule, retryAfter)
+	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced for a control-plane migration%s, and the fence policy (%s) refuses this request while it is; retry in %ds.", fenceWhy(reason), rule, retryAfter)
 	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
+}
+
+// fenceWhy is a fence's reason as a 429's message carries it.
+func fenceWhy(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return " (" + reason + ")"
 }
 
 // refusalBody is the 429 body for the current fence: built once per fence change, not per request.
 func refusalBody(reason string, retryAfter int) []byte {
-	why := ""
-	if reason != "" {
-		why = " (" + reason + ")"
-	}
 	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced read-only for a control-plane migration%s; "+
-		"writes are refused, retry in %ds (client-go retries by itself). Reads and watches still work.", why, retryAfter)
+		"writes are refused, retry in %ds (client-go retries by itself). Reads and watches still work.", fenceWhy(reason), retryAfter)
 	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/klog/v2"
 )
@@ -102,7 +103,7 @@ type clipHandler struct{ h slog.Handler }
 func (c clipHandler) Enabled(ctx context.Context, l slog.Level) bool { return c.h.Enabled(ctx, l) }
 
 func (c clipHandler) Handle(ctx context.Context, r slog.Record) error {
-	out := slog.NewRecord(r.Time, r.Level, clip(r.Message), r.PC)
+	out := slog.NewRecord(r.Time, r.Level, Clip(r.Message, maxValue), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(clipAttr(a))
 		return true
@@ -131,15 +132,23 @@ func clipAttr(a slog.Attr) slog.Attr {
 		return slog.Group(a.Key, clipped...)
 	}
 	if v.Kind() == slog.KindString || v.Kind() == slog.KindAny {
-		return slog.String(a.Key, clip(v.String()))
+		return slog.String(a.Key, Clip(v.String(), maxValue))
 	}
 	return slog.Attr{Key: a.Key, Value: v}
 }
 
-// clip cuts s to maxValue bytes, saying how long it was.
-func clip(s string) string {
-	if len(s) <= maxValue {
+// Clip cuts s to max bytes, at a character's start (if s is UTF-8 there), saying how long it
+// was: for a log line carrying a string someone else chose.
+func Clip(s string, max int) string {
+	if len(s) <= max {
 		return s
 	}
-	return strings.ToValidUTF8(s[:maxValue], "") + "...(" + strconv.Itoa(len(s)) + " bytes)"
+	cut := max
+	for cut > max-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	if !utf8.RuneStart(s[cut]) {
+		cut = max
+	}
+	return s[:cut] + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }

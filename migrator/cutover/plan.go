@@ -26,6 +26,7 @@ import (
 	"github.com/kubefence/kubefence/internal/strictyaml"
 	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
+	"github.com/kubefence/kubefence/proxy/backendurl"
 )
 
 // Plan API version and kind.
@@ -237,13 +238,13 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 const DefaultRevisionBump = 1_000_000_000
 
 // canonicalURL is raw as a proxy keeps a backend's URL (backendurl.Parse: the scheme and host
-// in lower case), or raw when it does not parse.
+// in lower case, no trailing slash), or raw when it is not a backend's URL (the plan's checks
+// say why).
 func canonicalURL(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := backendurl.Parse(raw)
 	if err != nil {
 		return raw
 	}
-	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
 	return u.String()
 }
 
