@@ -491,19 +491,23 @@ func (b *backend) ask(s *stream, resumeOn *backend, park bool) bool {
 	s.mu.Lock()
 	body := s.body
 	s.mu.Unlock()
-	switch {
-	case body == nil:
+	if body == nil {
 		s.cancel()
-	case resumeOn != nil:
-		parked, ok := body.moveTo(resumeOn, park)
-		if !ok {
-			s.cancel()
-		}
-		return parked
-	case !body.endAtBoundary():
-		s.cancel()
+		return false
 	}
-	return false
+	var d departure
+	if resumeOn != nil {
+		d = body.moveTo(resumeOn, park)
+	} else {
+		d = body.endAtBoundary()
+	}
+	switch d {
+	case departCut:
+		s.cancel()
+	case departGone:
+		b.untrack(s) // a no-op when moveTo took it off (takeOff), counted resumed
+	}
+	return d == departParked
 }
 
 // awaitLeft waits until none of ss is open on b any more. When ctx ends first, it cuts those

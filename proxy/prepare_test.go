@@ -495,13 +495,42 @@ func TestMoveTakesOffAWatchStillWriting(t *testing.T) {
 	for _, out := range []bool{true, false} {
 		b, nb, w := watchToMove(t)
 		w.out = out
-		if parked, ok := w.moveTo(nb, false); parked || !ok {
-			t.Fatalf("out %v: parked %v ok %v", out, parked, ok)
+		if d := w.moveTo(nb, false); d != map[bool]departure{true: departGone, false: departs}[out] {
+			t.Fatalf("out %v: departure %v", out, d)
 		}
 		if w.takenOff != out || b.openStreams() != map[bool]int{false: 1}[out] {
 			t.Errorf("out %v: taken off %v, %d stream(s) left on the old backend", out, w.takenOff, b.openStreams())
 		}
 		_ = w.Close()
+	}
+}
+
+// TestEndingWatchStillWritingLeavesAtOnce: a watch a switch ends rather than moves (it cannot
+// be resumed, or the switch does not resume watches), at a boundary while its goroutine is still
+// writing what it read last to its client, is taken off the old backend by the switch itself:
+// it reads nothing more there (its next Read ends it), and a client that stopped reading (a
+// paused 'kubectl get -w | less') would otherwise hold the switch, and the fence, for
+// --drain-timeout. One whose goroutine waits in Read is woken and leaves itself, as before.
+func TestEndingWatchStillWritingLeavesAtOnce(t *testing.T) {
+	for _, resume := range []bool{true, false} {
+		for _, out := range []bool{true, false} {
+			b, nb, w := watchToMove(t)
+			w.rv.unanchored = true // started without a resourceVersion: not resumable
+			w.out = out
+			s := w.resume.s
+			s.body = w
+			to := map[bool]*backend{true: nb}[resume]
+			if parked := b.ask(s, to, false); parked {
+				t.Fatalf("resume %v out %v: parked", resume, out)
+			}
+			if got, want := b.openStreams(), map[bool]int{false: 1}[out]; got != want {
+				t.Errorf("resume %v out %v: %d stream(s) left on the old backend, want %d", resume, out, got, want)
+			}
+			if n, err := w.Read(make([]byte, 64)); n != 0 || err != io.EOF {
+				t.Errorf("resume %v out %v: next Read = %d, %v; want the watch ended", resume, out, n, err)
+			}
+			_ = w.Close()
+		}
 	}
 }
 

@@ -420,7 +420,7 @@ func TestWatchBodyEndsAtEventBoundary(t *testing.T) {
 			if err != nil || n != len(tc.chunks[0]) {
 				t.Fatalf("first read %d, %v", n, err)
 			}
-			if !wb.endAtBoundary() {
+			if wb.endAtBoundary() == departCut {
 				t.Fatal("endAtBoundary refused a known framing")
 			}
 			rest, err := io.ReadAll(wb)

@@ -96,24 +96,49 @@ func newWatchBody(rc io.ReadCloser, cancel context.CancelFunc, fr framing) *watc
 	return &watchBody{rc: rc, cancel: cancel, fr: fr, boundary: true}
 }
 
-// endAtBoundary asks the stream to end at the next event boundary. It returns false when the
-// framing is unknown, so the caller must cut the stream instead.
-func (w *watchBody) endAtBoundary() bool {
+// departure is how a watch asked to leave its backend goes.
+type departure uint8
+
+const (
+	// departs: it leaves by itself, at its next event boundary; the drain waits for it.
+	departs departure = iota
+	// departParked: parked at a boundary, for the drain to wake by closing the backend's
+	// watch connections (moveTo).
+	departParked
+	// departGone: it reads nothing more from the backend and need not be waited for: at a
+	// boundary while its goroutine writes what it read last to its client (which may read
+	// slowly, or not at all: a paused 'kubectl get -w | less'), its next Read ends it. The
+	// caller takes it off the backend, unless moveTo did (takeOff).
+	departGone
+	// departCut: the framing is unknown, there is no boundary to wait for: the caller cuts it.
+	departCut
+)
+
+// endAtBoundary asks the stream to end at the next event boundary.
+func (w *watchBody) endAtBoundary() departure {
 	if w.fr == framingUnknown {
-		return false
+		return departCut
 	}
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.draining = true
-	at := w.boundary
-	// A Read blocked in the body may return the head of a new event before it sees the
-	// cancel: what it returns is then cut back to its last whole event, as after a close.
-	w.interrupted = w.interrupted || at
-	w.mu.Unlock()
-	if at {
-		// Interrupt a Read blocked on an idle watch; Read turns the error into a clean EOF.
-		w.cancel()
+	if !w.boundary {
+		return departs
 	}
-	return true
+	return w.endHere()
+}
+
+// endHere ends a draining stream at the boundary it is at: a Read blocked in the body is
+// interrupted (Read turns the error into a clean EOF; if it returns the head of a new event
+// before it sees the cancel, that is cut back to its last whole event, as after a close), and
+// the next Read reads nothing more. Called with w.mu held.
+func (w *watchBody) endHere() departure {
+	w.interrupted = true
+	w.cancel()
+	if w.out {
+		return departGone
+	}
+	return departs
 }
 
 func (w *watchBody) Read(p []byte) (int, error) {

@@ -113,44 +113,47 @@ func (ri *resumeInfo) timeoutLeft() (int64, bool) {
 }
 
 // moveTo asks the watch to go on on nb from its next event boundary, or to end there when it
-// cannot be resumed. ok is false when the framing is unknown: the caller must cut it. A watch
-// idle at a boundary is woken by closing its old body; with park it is left parked instead, for
-// the caller to wake by closing the old backend's watch connections (backend.drain), and taken
-// off the old backend at once when it can be (takeOff).
-func (w *watchBody) moveTo(nb *backend, park bool) (parked, ok bool) {
+// cannot be resumed. A watch idle at a boundary is woken by closing its old body; with park it
+// is left parked instead (departParked), for the caller to wake by closing the old backend's
+// watch connections (backend.drain), and taken off the old backend at once when it can be
+// (takeOff).
+func (w *watchBody) moveTo(nb *backend, park bool) departure {
 	if w.fr == framingUnknown {
-		return false, false
+		return departCut
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.draining = true
 	if w.resume == nil || !w.rv.resumable() {
 		if w.boundary {
-			w.interrupted = true
-			w.cancel() // as endAtBoundary
+			return w.endHere() // as endAtBoundary
 		}
-		return false, true
+		return departs
 	}
 	w.resumeTo = nb
 	if !w.boundary {
-		return false, true
+		return departs
 	}
 	// From here no byte of a new event reaches the client (advance cuts it back): a Read that
 	// returns some moves the watch at once, and the old body may be closed under it any time.
 	w.interrupted = true
 	if park || w.out {
 		// Parked; or its goroutine is still writing what the last Read returned to a client
-		// that may read slowly (or not at all: a paused 'kubectl get -w | less'), and comes
-		// back to Read only once that is written: taken off here, the switch waits for neither.
+		// that may read slowly (or not at all): taken off here, the switch waits for neither.
 		w.takeOff(nb)
 	}
-	if park {
-		return true, true
+	switch {
+	case w.out:
+		// Taken off; or takeOff left it (it will end: not resumable after all, or its
+		// certificate no longer verifies), and it reads nothing more there either.
+		return departGone
+	case park:
+		return departParked
 	}
 	// Wake a Read blocked on an idle watch by closing the old body, not by cancelling the
 	// request's context: that context also carries the re-issued watch.
 	_ = w.rc.Close()
-	return false, true
+	return departs
 }
 
 // takeOff takes a watch at a boundary off its backend for nb, as resumeOn would, without

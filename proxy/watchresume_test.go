@@ -916,9 +916,9 @@ func busyFeed(t *testing.T, fr framing, w *apiWatch) chan struct{} {
 // event first. Those bytes are not passed on: the client gets a clean end, not a cut event (its
 // re-watch gets that event again).
 func TestWatchEndRacingAnEvent(t *testing.T) {
-	ends := map[string]func(*watchBody) bool{
+	ends := map[string]func(*watchBody) departure{
 		"end":                        (*watchBody).endAtBoundary,
-		"resuming switch, no resume": func(w *watchBody) bool { _, ok := w.moveTo(nil, false); return ok }, // a watch that cannot be resumed ends
+		"resuming switch, no resume": func(w *watchBody) departure { return w.moveTo(nil, false) }, // a watch that cannot be resumed ends
 	}
 	for _, fr := range framings {
 		for how, end := range ends {
@@ -927,7 +927,7 @@ func TestWatchEndRacingAnEvent(t *testing.T) {
 	}
 }
 
-func watchEndRacingAnEvent(t *testing.T, fr framing, end func(*watchBody) bool) {
+func watchEndRacingAnEvent(t *testing.T, fr framing, end func(*watchBody) departure) {
 	ev := frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
 	arrived, release := make(chan struct{}), make(chan struct{})
 	rc := &gatedReader{arrived: arrived, release: release, data: ev[:len(ev)/2]}
@@ -938,7 +938,7 @@ func watchEndRacingAnEvent(t *testing.T, fr framing, end func(*watchBody) bool) 
 		got <- b
 	}()
 	<-arrived // the Read is in the backend's body, the watch idle at a boundary
-	if !end(w) {
+	if end(w) == departCut {
 		t.Fatal("refused a known framing")
 	}
 	close(release) // the head of an event comes out before the cancel is noticed
