@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -96,6 +97,10 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	}
 	rv, ok := w.rv.from()
 	asked := w.asked
+	var had []eventKey // asked from the revision before rv: the events of rv the client has
+	if ok && asked != rv {
+		had = slices.Clone(w.rv.atRV)
+	}
 	ri.untrack()
 	w.mu.Unlock()
 	log := ri.log.With("path", ri.req.URL.Path, "to", nb.url.String(), "resourceVersion", rv, "oldest", oldest)
@@ -111,7 +116,7 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 	case ri.lapsed():
 		err = errors.New("the client's certificate no longer verifies")
 	default:
-		resp, err = reissuePastExpiry(ri, nb, rv, oldest)
+		resp, err = reissuePastExpiry(ri, nb, rv, oldest, had)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -152,23 +157,22 @@ func (w *watchBody) resumePastExpiry(exp *expiredError) bool {
 }
 
 // reissuePastExpiry takes one of nb's check slots, checks that the collection ri watches is
-// the same on nb at rv and at oldest, and re-issues the watch from oldest.
-func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Response, error) {
+// the same on nb at rv and at oldest, and re-issues the watch from oldest. had, when the watch
+// asked from the revision before rv (it moved after some of rv's events: rvTracker.batch),
+// are the objects whose events at rv its client has: the lists must show they are all rv
+// changed, else the rest of rv's events, which no watch from oldest sends, would be lost.
+func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string, had []eventKey) (*http.Response, error) {
 	from, err1 := strconv.ParseUint(rv, 10, 64)
 	to, err2 := strconv.ParseUint(oldest, 10, 64)
-	if err1 == nil && err2 == nil && from == to {
-		// Asked from the revision before the watch's (a revision's events known, batch) of a
-		// cache that begins at the watch's own: from there, as before (the rest of its
-		// revision's events, if the move split them, are not sent).
-		return reissueChecked(ri, nb, rv)
-	}
-	if err1 != nil || err2 != nil || from >= to {
+	switch {
+	case err1 != nil || err2 != nil || from > to:
 		return nil, fmt.Errorf("the backend's cache begins at %q, not at a revision after the watch's resourceVersion %q", oldest, rv)
-	}
-	if bound := nb.deliveredBefore.Load(); to > bound {
+	case from == to && had == nil:
+		return reissueChecked(ri, nb, rv) // nothing to compare: the watch's own revision
+	case from < to && to > nb.deliveredBefore.Load():
 		// Its cache began (or began again) after what the old backend is known to have
 		// delivered before the switch: events between may have reached no watch.
-		return nil, fmt.Errorf("the backend's cache begins at %s, after %d, the newest revision the old backend delivered to a moved watch", oldest, bound)
+		return nil, fmt.Errorf("the backend's cache begins at %s, after %d, the newest revision the old backend delivered to a moved watch", oldest, nb.deliveredBefore.Load())
 	}
 	ctx, cancel := context.WithCancel(ri.req.Context())
 	defer cancel()
@@ -188,13 +192,27 @@ func reissuePastExpiry(ri *resumeInfo, nb *backend, rv, oldest string) (*http.Re
 	}
 	listCtx, cancelList := context.WithTimeoutCause(ctx, resumeAnswerTimeout, fmt.Errorf("the lists took over %s", resumeAnswerTimeout))
 	defer cancelList()
-	if err := sameAt(listCtx, ri, nb, rv, oldest); err != nil {
+	if err := comparePastExpiry(listCtx, ri, nb, from, to, had); err != nil {
 		return nil, err
 	}
 	if left, ok := ri.timeoutLeft(); ok && left <= 0 {
 		return nil, errors.New("its timeoutSeconds passed while the proxy listed")
 	}
 	return reissueChecked(ri, nb, oldest)
+}
+
+// comparePastExpiry makes the lists reissuePastExpiry needs: at rv-1 and rv when had is set
+// (rv changed only objects in had), then at rv and oldest (the same there) when they differ.
+func comparePastExpiry(ctx context.Context, ri *resumeInfo, nb *backend, rv, oldest uint64, had []eventKey) error {
+	if had != nil {
+		if err := revisionHad(ctx, ri, nb, rv, had); err != nil {
+			return err
+		}
+	}
+	if rv == oldest {
+		return nil
+	}
+	return sameAt(ctx, ri, nb, strconv.FormatUint(rv, 10), strconv.FormatUint(oldest, 10))
 }
 
 // reissueChecked re-issues the watch ri to nb from rv and checks nb's answer.
@@ -240,21 +258,10 @@ type metaPage struct {
 // sameAt lists the collection ri watches on nb exactly at a and at b, page by page (both in
 // key order), and returns nil when the two hold the same objects at the same resourceVersions.
 func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error {
-	if legacyWatchPath(ri.req.URL.Path) {
-		return errors.New("a watch on the legacy /watch/ path: no collection to list")
+	then, now, err := collectionAt(ctx, ri, nb, a, b)
+	if err != nil {
+		return err
 	}
-	base := url.Values{"limit": {strconv.Itoa(metaPageLimit)}}
-	q := ri.req.URL.Query()
-	for _, k := range []string{"labelSelector", "fieldSelector", "shardSelector"} {
-		if v := q.Get(k); v != "" {
-			base.Set(k, v)
-		}
-	}
-	get := func(q url.Values) (*metaPage, error) { return listPage(ctx, ri, nb, q) }
-	at := func(rv string) *listCursor {
-		return &listCursor{get: get, base: base, rv: rv, first: url.Values{"resourceVersion": {rv}, "resourceVersionMatch": {"Exact"}}}
-	}
-	then, now := at(a), at(b)
 	for {
 		x, more, err := then.next()
 		if err != nil {
@@ -271,6 +278,75 @@ func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error
 			return nil
 		}
 	}
+}
+
+// revisionHad lists the collection ri watches on nb exactly at rv-1 and at rv, page by page
+// (both in etcd's key order), and returns nil when every object revision rv created, changed
+// or deleted there is one of had.
+func revisionHad(ctx context.Context, ri *resumeInfo, nb *backend, rv uint64, had []eventKey) error {
+	a, b := strconv.FormatUint(rv-1, 10), strconv.FormatUint(rv, 10)
+	then, now, err := collectionAt(ctx, ri, nb, a, b)
+	if err != nil {
+		return err
+	}
+	x, more, err := then.next()
+	if err != nil {
+		return fmt.Errorf("list at %s: %w", a, err)
+	}
+	y, moreNow, err := now.next()
+	if err != nil {
+		return fmt.Errorf("list at %s: %w", b, err)
+	}
+	for more || moreNow {
+		c := compareKeys(x, y, more, moreNow)
+		changed := c != 0 || x.ResourceVersion != y.ResourceVersion
+		if k := map[bool]metaItem{true: x, false: y}[c < 0]; changed && !slices.Contains(had, eventKey{k.Namespace, k.Name}) {
+			return fmt.Errorf("revision %d changed %s/%s, whose event at %d the watch had not delivered when it moved", rv, k.Namespace, k.Name, rv)
+		}
+		if c <= 0 {
+			if x, more, err = then.next(); err != nil {
+				return fmt.Errorf("list at %s: %w", a, err)
+			}
+		}
+		if c >= 0 {
+			if y, moreNow, err = now.next(); err != nil {
+				return fmt.Errorf("list at %s: %w", b, err)
+			}
+		}
+	}
+	return nil
+}
+
+// compareKeys orders two items of lists in etcd's key order (namespace, "/", name), an item
+// past the end of its list (ok false) after every other: negative when x comes first.
+func compareKeys(x, y metaItem, xok, yok bool) int {
+	switch {
+	case !yok:
+		return -1
+	case !xok:
+		return 1
+	}
+	return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
+}
+
+// collectionAt is a cursor over the collection ri watches on nb listed exactly at a, and one
+// at b, with the watch's selectors.
+func collectionAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) (*listCursor, *listCursor, error) {
+	if legacyWatchPath(ri.req.URL.Path) {
+		return nil, nil, errors.New("a watch on the legacy /watch/ path: no collection to list")
+	}
+	base := url.Values{"limit": {strconv.Itoa(metaPageLimit)}}
+	q := ri.req.URL.Query()
+	for _, k := range []string{"labelSelector", "fieldSelector", "shardSelector"} {
+		if v := q.Get(k); v != "" {
+			base.Set(k, v)
+		}
+	}
+	get := func(q url.Values) (*metaPage, error) { return listPage(ctx, ri, nb, q) }
+	at := func(rv string) *listCursor {
+		return &listCursor{get: get, base: base, rv: rv, first: url.Values{"resourceVersion": {rv}, "resourceVersionMatch": {"Exact"}}}
+	}
+	return at(a), at(b), nil
 }
 
 // legacyWatchPath reports a path of the deprecated form /api/v1/watch/... or

@@ -44,10 +44,16 @@ func metaList(rv, cont string, items ...string) string {
 	return b.String()
 }
 
-// pages answers the lists of the collection exactly at 10 (in one page) and at 15 (in two:
-// the second asked with the continue token "next", without a resourceVersion, as
-// kube-apiserver requires); "410" answers Expired, as for a compacted revision.
+// pages answers the lists of the collection exactly at 9 (before revision 10: only b, which
+// revision 10 did not change; see withAt9), at 10 (in one page) and at 15 (in two: the second
+// asked with the continue token "next", without a resourceVersion, as kube-apiserver requires);
+// "410" answers Expired, as for a compacted revision.
 func pages(at10, at15a, at15b string) func(r *http.Request) (int, string) {
+	return withAt9(metaList("9", "", "b@7"), at10, at15a, at15b)
+}
+
+// withAt9 is pages with the list at 9 given.
+func withAt9(at9, at10, at15a, at15b string) func(r *http.Request) (int, string) {
 	return func(r *http.Request) (int, string) {
 		q := r.URL.Query()
 		page := ""
@@ -55,6 +61,8 @@ func pages(at10, at15a, at15b string) func(r *http.Request) (int, string) {
 		case q.Get("continue") == "next" && !q.Has("resourceVersion") && !q.Has("resourceVersionMatch"):
 			page = at15b
 		case q.Get("resourceVersionMatch") != "Exact" || q.Has("continue"):
+		case q.Get("resourceVersion") == "9":
+			page = at9
 		case q.Get("resourceVersion") == "10":
 			page = at10
 		case q.Get("resourceVersion") == "15":
@@ -104,6 +112,11 @@ func TestResumePastExpiry(t *testing.T) {
 		{name: "another error", lists: pages(at10, at15a, at15b), code: 500, msg: tooOld},
 		{name: "410 for another resourceVersion", lists: pages(at10, at15a, at15b), code: 410, msg: "too old resource version: 8 (15)"},
 		{name: "cache begins after what blue delivered", lists: pages(at10, at15a, at15b), code: 410, msg: tooOld, busy: "12"},
+		// The watch moved after a@10, its only event delivered at 10, and asked from 9: the
+		// lists at 9 and 10 must show that a is all revision 10 changed, else the client lacks
+		// the rest of it (here c's deletion), which nothing would send it.
+		{name: "the rest of revision 10 not delivered", lists: withAt9(metaList("9", "", "b@7", "c@8"), at10, at15a, at15b), code: 410, msg: tooOld, listed: true},
+		{name: "revision 10 cannot be listed", lists: withAt9("410", at10, at15a, at15b), code: 410, msg: tooOld, listed: true},
 	}
 	for _, fr := range framings {
 		for _, tc := range cases {
@@ -289,30 +302,47 @@ func TestSwitchAwayDuringThePastExpiryLists(t *testing.T) {
 // TestResumeWhereTheCacheBegins: a watch that asked the new backend from the revision before
 // its last event's (the rest of that revision's events come again) finds the backend's cache
 // beginning at that very revision (410 "R-1 (R)"): it goes on from R, as a watch asking from R
-// did before, rather than end (and relist) for want of lists to compare.
+// did before, rather than end (and relist), when the lists at R-1 and R show that its client
+// has every event of R; when R changed an object whose event it had not delivered (the move
+// split the revision), the watch ends: from R the new backend would never send that event.
 func TestResumeWhereTheCacheBegins(t *testing.T) {
+	cases := []struct {
+		name    string
+		at9     string
+		resumed bool
+	}{
+		{name: "revision 10 delivered whole", at9: metaList("9", "", "b@7"), resumed: true},
+		{name: "the rest of revision 10 not delivered", at9: metaList("9", "", "b@7", "c@8")},
+	}
 	for _, fr := range framings {
-		t.Run(fr.String(), func(t *testing.T) {
-			blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
-			p := startProxy(t, blue.URL)
-			c := openWatch(t, p, fr, "resourceVersion=5")
-			sendOne(t, blue, 1, c, fr, testEvent{"ADDED", "a", "10"})
-			switchTo(t, p, green.URL, true)
-			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
-				t.Fatal(err)
-			}
-			if got := green.watch(t, 1).query.Get("resourceVersion"); got != "9" {
-				t.Fatalf("green asked from %q, want 9", got)
-			}
-			green.watch(t, 1).last <- statusFrame(t, fr, 410, "too old resource version: 9 (10)")
-			if got := green.watch(t, 2).query.Get("resourceVersion"); got != "10" {
-				t.Fatalf("after the 410, green asked from %q, want 10 (where its cache begins: the watch's own)", got)
-			}
-			green.watch(t, 2).feed <- frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
-			c.expect(t, testEvent{"ADDED", "b", "11"})
-			if st := p.Status(); st.ResumedPastExpiry != 0 || st.ResumedThenEnded != 0 {
-				t.Errorf("status %d resumed past expiry, %d ended: nothing was listed, nothing ended", st.ResumedPastExpiry, st.ResumedThenEnded)
-			}
-		})
+		for _, tc := range cases {
+			t.Run(fr.String()+"/"+tc.name, func(t *testing.T) {
+				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+				green.lists = withAt9(tc.at9, metaList("10", "", "a@10", "b@7"), "", "")
+				p := startProxy(t, blue.URL)
+				c := openWatch(t, p, fr, "resourceVersion=5")
+				sendOne(t, blue, 1, c, fr, testEvent{"ADDED", "a", "10"})
+				switchTo(t, p, green.URL, true)
+				if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+					t.Fatal(err)
+				}
+				if got := green.watch(t, 1).query.Get("resourceVersion"); got != "9" {
+					t.Fatalf("green asked from %q, want 9", got)
+				}
+				green.watch(t, 1).last <- statusFrame(t, fr, 410, "too old resource version: 9 (10)")
+				if !tc.resumed {
+					expectEnded(t, p, c)
+					return
+				}
+				if got := green.watch(t, 2).query.Get("resourceVersion"); got != "10" {
+					t.Fatalf("after the 410, green asked from %q, want 10 (where its cache begins: the watch's own)", got)
+				}
+				green.watch(t, 2).feed <- frame(t, fr, testEvent{"ADDED", "b", "11"}, nil)
+				c.expect(t, testEvent{"ADDED", "b", "11"})
+				if st := p.Status(); st.ResumedPastExpiry != 0 || st.ResumedThenEnded != 0 {
+					t.Errorf("status %d resumed past expiry, %d ended: want it resumed from its own revision", st.ResumedPastExpiry, st.ResumedThenEnded)
+				}
+			})
+		}
 	}
 }
