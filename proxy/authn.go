@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,20 +34,23 @@ func (n RequestHeaderNames) first(list []string) string {
 	return list[0]
 }
 
-// stripList is every header name (exact) and prefix (ending in "-") a client must not send.
-// The X-Remote- prefix is always included, whatever the configured names, and so is X-Real-Ip,
-// which kube-apiserver takes as the client's address in audit logs.
-func (n RequestHeaderNames) stripList() []string {
-	out := []string{"X-Remote-", "X-Real-Ip"}
-	out = append(out, n.Username...)
-	out = append(out, n.Group...)
-	out = append(out, n.UID...)
-	for _, p := range n.ExtraPrefix {
-		if !strings.HasSuffix(p, "-") {
-			p += "-"
-		}
-		out = append(out, p)
-	}
+// stripNames are the identity headers a client must not send: names, matched whole, and
+// prefixes, matched at the start; both case-insensitively, and each exactly as configured, as
+// kube-apiserver matches them (a prefix given without a trailing "-" is a prefix without one:
+// "X-Auth-Extra" makes "X-Auth-Extrascopes" an extra). The X-Remote- prefix is always included,
+// whatever the configured names, and so is X-Real-Ip, which kube-apiserver takes as the
+// client's address in audit logs.
+type stripNames struct {
+	names    []string
+	prefixes []string
+}
+
+func (n RequestHeaderNames) stripList() stripNames {
+	out := stripNames{names: []string{"X-Real-Ip"}, prefixes: []string{"X-Remote-"}}
+	out.names = append(out.names, n.Username...)
+	out.names = append(out.names, n.Group...)
+	out.names = append(out.names, n.UID...)
+	out.prefixes = append(out.prefixes, n.ExtraPrefix...)
 	return out
 }
 

@@ -100,18 +100,18 @@ func withAccounting(next http.Handler, requests *prometheus.CounterVec, openWatc
 	})
 }
 
-// withIdentityHeaders removes client-supplied identity headers, matching names case-insensitively
-// (a name ending in "-" is a prefix). The apiserver trusts them only from its front proxy; a
-// client must never choose them, with or without a certificate.
-func withIdentityHeaders(next http.Handler, names []string) http.Handler {
+// withIdentityHeaders removes client-supplied identity headers, matching names and prefixes
+// case-insensitively. The apiserver trusts them only from its front proxy; a client must never
+// choose them, with or without a certificate.
+func withIdentityHeaders(next http.Handler, strip stripNames) http.Handler {
 	exact := map[string]bool{}
+	for _, n := range strip.names {
+		exact[http.CanonicalHeaderKey(n)] = true // the server canonicalizes what clients send
+	}
 	var prefixes []string
-	for _, n := range names {
-		c := http.CanonicalHeaderKey(n)
-		if strings.HasSuffix(n, "-") {
-			prefixes = append(prefixes, strings.ToLower(n))
-		} else {
-			exact[c] = true
+	for _, p := range strip.prefixes {
+		if p != "" {
+			prefixes = append(prefixes, p)
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -484,3 +484,42 @@ func (f *identityFixture) openWatches(t *testing.T, certs ...*tls.Certificate) {
 		}
 	}
 }
+
+// TestIdentityHeadersStrippedByPrefixAsConfigured: kube-apiserver matches
+// --requestheader-extra-headers-prefix as configured, without adding a dash; a prefix given
+// without one must be stripped from clients the same way, or a client sends extras of its own.
+func TestIdentityHeadersStrippedByPrefixAsConfigured(t *testing.T) {
+	f := newIdentityFixture(t, func(o *Options, _ string) {
+		o.RequestHeaderUsername, o.RequestHeaderGroup = []string{"X-Auth-User"}, []string{"X-Auth-Group"}
+		o.RequestHeaderExtraPrefix = []string{"X-Auth-Extra"}
+	})
+	alice, _, _ := f.clientCA.issue(t, f.dir, "alice", "alice", []string{"dev"}, x509.ExtKeyUsageClientAuth)
+	cases := []struct{ name, header string }{
+		{"extra without a dash", "X-Auth-Extrascopes"},
+		{"extra with a dash", "X-Auth-Extra-Scopes"},
+		{"extra in another case", "x-auth-extrafoo"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", f.proxyURL+"/api/v1/namespaces", nil)
+			req.Header.Set(tc.header, "*")
+			req.Header.Set("X-Auth-User", "root")
+			resp, err := f.client(&alice).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			reqs := f.backend.requests()
+			if resp.StatusCode != 200 || len(reqs) == 0 {
+				t.Fatalf("GET = %d, backend saw %d requests", resp.StatusCode, len(reqs))
+			}
+			got := reqs[len(reqs)-1].header
+			if v := got.Values(tc.header); len(v) != 0 {
+				t.Errorf("client-sent %s reached the backend: %v", tc.header, v)
+			}
+			if u := got.Values("X-Auth-User"); strings.Join(u, ",") != "alice" {
+				t.Errorf("X-Auth-User = %v, want [alice]", u)
+			}
+		})
+	}
+}
