@@ -21,6 +21,9 @@ type Decision struct {
 	Allow bool
 	// Reason says which rule or default decided, for logs and metrics.
 	Reason string
+	// ByRule is set when a rule of the policy file decided, not a default: a rule's refusal
+	// is the operator's word, final while the fence is on (hold mode does not hold it).
+	ByRule bool
 }
 
 // Rule matches requests; an empty list matches anything. Values are exact, except "*" which
@@ -80,7 +83,7 @@ func (p *Policy) Decide(a *Attributes) Decision {
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if r.matches(a) {
-			return Decision{Class: class, Allow: r.Action == Allow, Reason: "rule " + r.label(i)}
+			return Decision{Class: class, Allow: r.Action == Allow, Reason: "rule " + r.label(i), ByRule: true}
 		}
 	}
 	if class == Read {

@@ -23,7 +23,7 @@ import (
 // never sent anywhere (invariant refused-never-forwarded). A write's body is read whole first,
 // within limits (see writebody.go), unless the fence is on in refuse mode and the body cannot
 // change the decision: then the write is refused from its headers. In hold mode a write the
-// policy would refuse is held instead (see hold.go).
+// defaults would refuse is held instead (see hold.go); one a `refuse` rule matches is refused.
 func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits, rf *refusals, hd *holder, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := reqStateFrom(r.Context())
@@ -71,7 +71,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				// As an admitted write, it is waited for on the backend whatever the client does.
 				st.letThrough = true
 				next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
-			case fence == fenceHolding && holdable(a):
+			case fence == fenceHolding && holdable(a) && !d.ByRule:
 				hd.hold(w, r, st, next, g, rf, int64(len(body)))
 			default:
 				rf.refuse(w, r, st, d)
@@ -172,9 +172,11 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	rf.total.Add(1)
 	a := &st.attrs
 	body, msg := *rf.body.Load(), "refused write: fence is on"
-	if d.Class == policy.Read { // a read a policy rule refuses: the fence's body says reads work
+	if d.ByRule { // the fence's body says reads work and writes only wait: name the rule instead
+		body = ruleRefusalBody(*rf.reason.Load(), d.Reason, rf.retryAfter)
+	}
+	if d.Class == policy.Read {
 		msg = "refused read: fence is on"
-		body = readRefusalBody(*rf.reason.Load(), d.Reason, rf.retryAfter)
 	}
 	rf.log.Info(msg, fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
 	h := w.Header()

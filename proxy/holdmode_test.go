@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -139,6 +140,40 @@ func TestHoldRefusesWhatItCannotTell(t *testing.T) {
 				t.Fatalf("hold %+v, backend saw %q: want nothing held, nothing forwarded", h, api.requests())
 			}
 		})
+	}
+}
+
+// TestHoldRefusesWhatARuleRefuses: in hold mode a write an explicit `refuse` rule matches gets
+// the rule's 429 at once, as it would in refuse mode; it is never held, nor forwarded when the
+// fence lifts. Writes no rule matches are held as before.
+func TestHoldRefusesWhatARuleRefuses(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte("apiVersion: kubefence.io/v1alpha1\nkind: FencePolicy\nrules:\n- name: no-configmap-creates\n  action: refuse\n  verbs: [create]\n  resources: [configmaps]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, api.URL, func(o *Options) { o.PolicyFile = pol }) // held, it would get 429 at the 4 s hold timeout
+	fenceHold(t, p)
+	held := postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/secrets")
+	waitFor(t, func() bool { return p.Status().Hold.Held == 1 })
+	start := time.Now()
+	a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
+	if a.code != http.StatusTooManyRequests || time.Since(start) > 2*time.Second || !strings.Contains(a.body, `rule \"no-configmap-creates\"`) {
+		t.Fatalf("a write a refuse rule matches, in hold mode: %+v after %s; want 429 at once naming the rule", a, time.Since(start))
+	}
+	if h := p.Status().Hold; h.Held != 1 || h.TimedOut != 0 {
+		t.Fatalf("hold %+v: want only the secret write held", h)
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-held; a.code != 200 {
+		t.Fatalf("held write: %+v", a)
+	}
+	for _, r := range api.requests() {
+		if strings.Contains(r, "configmaps") {
+			t.Fatalf("the refused write reached the backend: %q", api.requests())
+		}
 	}
 }
 

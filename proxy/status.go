@@ -39,8 +39,9 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, me
 	_, _ = w.Write(statusBody(code, reason, message, retryAfter))
 }
 
-// readRefusalBody is the 429 body for a read the fence policy refuses (rule: which one).
-func readRefusalBody(reason, rule string, retryAfter int) []byte {
+// ruleRefusalBody is the 429 body for a request a rule of the fence policy refuses (rule: which
+// one), read or write: not the fence's own, which says writes wait and reads work.
+func ruleRefusalBody(reason, rule string, retryAfter int) []byte {
 	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced for a control-plane migration%s, and the fence policy (%s) refuses this request while it is; retry in %ds.", fenceWhy(reason), rule, retryAfter)
 	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
 }
