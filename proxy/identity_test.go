@@ -356,6 +356,7 @@ func TestAdminOverMutualTLS(t *testing.T) {
 	inter := adminCA.intermediate(t, "admin-intermediate")
 	viaInter, _, _ := inter.issue(t, f.dir, "operator2", "operator2", nil, x509.ExtKeyUsageClientAuth)
 	viaInter = inter.chained(viaInter)
+	sansOnly, _, _ := adminCA.issue(t, f.dir, "operator3", "", nil, x509.ExtKeyUsageClientAuth) // cert-manager without commonName
 	addr := "https://" + f.p.AdminAddr().String()
 	cases := []struct {
 		name string
@@ -365,6 +366,8 @@ func TestAdminOverMutualTLS(t *testing.T) {
 		{"admin client certificate", &operator, true},
 		// The handshake accepts the chain it is sent; the per-request check refused it (401).
 		{"admin client certificate from an intermediate CA, chain sent", &viaInter, true},
+		// The admin check needs the chain only; the CN was asked for, and its absence was a 401.
+		{"admin client certificate without a common name, SANs only", &sansOnly, true},
 		{"no certificate", nil, false},
 		{"API client certificate from another CA", &alice, false},
 	}

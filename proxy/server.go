@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
+	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
@@ -420,13 +421,17 @@ func (s *Server) serveAll() {
 
 // verifyAdminClient checks the admin client's certificate chain against cas on every request,
 // with the same x509 authenticator as the API listener's clients: the handshake checked it
-// once, and a keep-alive connection may outlive the certificate.
+// once, and a keep-alive connection may outlive the certificate. Any certificate cas signs may
+// use the admin API: unlike an API client's, its common name is not asked for (one with SANs
+// only, as cert-manager issues without a commonName, is as good).
 func verifyAdminClient(cas *x509.CertPool, next http.Handler) http.Handler {
-	authn := newClientAuthenticator(func() (x509.VerifyOptions, bool) {
+	authn := x509request.NewDynamic(func() (x509.VerifyOptions, bool) {
 		// No Intermediates: the authenticator then takes those the client sent, as the
 		// handshake did (an empty pool made it refuse every chain through one).
 		return x509.VerifyOptions{Roots: cas, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, true
-	})
+	}, x509request.UserConversionFunc(func(chain []*x509.Certificate) (*authenticator.Response, bool, error) {
+		return &authenticator.Response{User: &user.DefaultInfo{Name: chain[0].Subject.String()}}, true, nil
+	}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, ok, err := authn.AuthenticateRequest(r)
 		if !ok || err != nil {
