@@ -338,6 +338,32 @@ func TestHoldWarmsTheBackend(t *testing.T) {
 	}
 }
 
+// TestHoldWarmsNoUnconfirmedBackend: a proxy that started unconfirmed on a backend its flags no
+// longer allow never uses it, warm-up included: 'fence on --mode hold' sends it nothing. The
+// backend 'backend set' then names is warmed as usual.
+func TestHoldWarmsNoUnconfirmedBackend(t *testing.T) {
+	blue, green := newFakeAPI(t, "blue"), newFakeAPI(t, "green")
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte(`{"version":1,"fenced":false,"backend":"`+green.URL+`","generation":4}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, "", func(o *Options) {
+		o.StateFile, o.AllowedBackends, o.HoldReleaseConcurrency = state, []string{blue.URL}, 4
+	})
+	if st := p.Status(); !st.Unconfirmed {
+		t.Fatalf("status = %+v, want unconfirmed", st)
+	}
+	fenceHold(t, p)
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: blue.URL}); err != nil {
+		t.Fatal(err)
+	}
+	// Warmed after the fence's warm-up would have begun: by now that one would have been seen.
+	waitFor(t, func() bool { return blue.warmed.Load() == 4 })
+	if n := green.warmed.Load(); n != 0 || len(green.requests()) != 0 {
+		t.Fatalf("the disallowed, unconfirmed backend was sent %d warm-ups and %q", n, green.requests())
+	}
+}
+
 // TestHoldReleaseSlotWaitKeepsTheBounds: a released write waiting for one of
 // --hold-release-concurrency's slots is still held: a client that leaves meanwhile is never
 // forwarded, and one still waiting at --hold-timeout gets 429 and is never forwarded.

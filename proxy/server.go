@@ -228,7 +228,7 @@ func (s *Server) FenceOn(ctx context.Context, reason, mode string, waitTimeout t
 	}
 	flip := time.Since(start)
 	s.metrics.fenceChanges.Inc()
-	if mode == admin.ModeHold {
+	if mode == admin.ModeHold && !s.unconfirmed.Load() { // an unconfirmed backend is never used: not even warmed
 		go s.active.Load().warm(context.WithoutCancel(ctx), s.cfg.opts.HoldReleaseConcurrency, false, s.log)
 	}
 	barrier := s.gate.waitWrites(ctx, waitTimeout)
