@@ -569,6 +569,34 @@ func TestStateBackendNotAllowedWithoutUpstream(t *testing.T) {
 	}
 }
 
+// TestStateBackendCAGoneWithoutUpstream: a state file whose backend's CA file is gone, on a
+// proxy without --upstream, starts it fenced and unconfirmed, as a backend no longer allowed
+// does: it serves nothing (503) and forwards nothing until 'backend set' names the backend;
+// it did not start at all ("no --upstream to fall back to"), a crash loop under a supervisor.
+func TestStateBackendCAGoneWithoutUpstream(t *testing.T) {
+	green := newFakeAPI(t, "green")
+	dir := t.TempDir()
+	state, gone := filepath.Join(dir, "state.json"), filepath.Join(dir, "gone-ca.crt")
+	if err := os.WriteFile(state, []byte(`{"version":1,"fenced":false,"backend":"`+green.URL+`","backendCAFile":"`+gone+`","generation":4}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, "", func(o *Options) { o.StateFile, o.AllowedBackends = state, []string{green.URL} })
+	st := p.Status()
+	if !st.Fenced || !st.Unconfirmed || st.Generation < 4 || !strings.Contains(st.Reason, gone) {
+		t.Fatalf("status = %+v, want fenced and unconfirmed, the generation kept, the reason naming the CA file", st)
+	}
+	if resp, _ := do(t, "GET", p.url+"/api/v1/namespaces/default/configmaps/x"); resp.StatusCode != 503 || len(green.requests()) != 0 {
+		t.Fatalf("read = %d, green saw %q: want 503, nothing forwarded", resp.StatusCode, green.requests())
+	}
+	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err == nil {
+		t.Fatal("fence off on an unconfirmed backend succeeded")
+	}
+	// A backend set naming no CA file keeps the state's, which is gone: not the system's roots.
+	if _, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL}); err == nil || !strings.Contains(err.Error(), gone) {
+		t.Fatalf("backend set without a CA file: %v, want an error naming %s", err, gone)
+	}
+}
+
 // TestMissingStateWithoutUpstream: a proxy given a state file that is not there (a copy that
 // landed elsewhere) and no --upstream has no backend to start on; it says so, naming the file
 // and the flag, rather than that an empty URL has the wrong scheme.

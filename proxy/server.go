@@ -131,10 +131,12 @@ func (s *Server) initialState() (State, *backend, error) {
 				s.logResumed(st)
 				return st, b, nil
 			}
-			if cfg.opts.Upstream == "" {
-				// Nothing to fall back to: on it, unconfirmed, it is never used.
-				return unconfirmedState(st, fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr), log), b, nil
-			}
+		} else if cfg.opts.Upstream == "" {
+			b = unusedBackend(st, cfg.backend) // its CA file is gone
+		}
+		if cfg.opts.Upstream == "" && b != nil {
+			// Nothing to fall back to: on it, unconfirmed, it is never used.
+			return unconfirmedState(st, fmt.Errorf("its backend %s cannot be used: %w", st.Backend, berr), log), b, nil
 		}
 		// Readable, but its backend cannot be used (a CA file removed since, not allowed): as
 		// unreadable.
@@ -160,6 +162,20 @@ func (s *Server) initialState() (State, *backend, error) {
 	st = unconfirmedState(State{Backend: cfg.opts.Upstream, BackendCAFile: cfg.opts.UpstreamCAFile, Generation: st.Generation}, err, log)
 	b, err := newBackend(st.Backend, st.BackendCAFile, cfg.backend)
 	return st, b, err
+}
+
+// unusedBackend is the backend an unconfirmed proxy sits on when its state file's backend
+// cannot be built with its CA file (gone, unreadable): never used (every request gets 503 until
+// 'backend set' names one), it keeps the state's URL and CA file path, so that a 'backend set'
+// naming no CA file reads that file again rather than trusting the system's roots. Nil when
+// even the URL does not parse.
+func unusedBackend(st State, topts TransportOptions) *backend {
+	b, err := newBackend(st.Backend, "", topts)
+	if err != nil {
+		return nil
+	}
+	b.caFile = st.BackendCAFile
+	return b
 }
 
 // logResumed says what the proxy resumes from its state file.
