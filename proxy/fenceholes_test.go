@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -495,6 +496,61 @@ func TestAdminSocketDirNoSymlink(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(tmp, "later")); err == nil {
 		t.Errorf("a directory was made through a dangling link")
+	}
+}
+
+// TestAdminSocketDirAncestors: a directory above the admin socket's that another user owns, or
+// may write to, is refused before anything is made or tightened: its owner could rename the
+// socket's directory away and put one holding a fake socket in its place (--admin-socket=
+// /home/ops/kf/admin.sock, the proxy root). A root-owned sticky one (/tmp) is enough.
+func TestAdminSocketDirAncestors(t *testing.T) {
+	tmp, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkdir := func(name string, mode os.FileMode, uid int) string {
+		d := filepath.Join(tmp, name)
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	me := os.Geteuid()
+	cases := []struct {
+		name, dir, want string // want "": accepted
+	}{
+		{"parent of another user", filepath.Join(mkdir("home/ops", 0o755, 12345), "kf"), "uid 12345"},
+		{"grandparent of another user, socket dir made", filepath.Join(mkdir("home2/ops", 0o755, 12345), "a", "kf"), "uid 12345"},
+		{"parent others may write to", filepath.Join(mkdir("open", 0o777, me), "kf"), "others can write"},
+		{"sticky parent of root", filepath.Join(mkdir("tmp", 0o777|os.ModeSticky, 0), "kf"), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.name, "made") {
+				if err := os.MkdirAll(tc.dir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := privateDirOf(tc.dir, me, nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("privateDir(%s) = %v, want accepted", tc.dir, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("privateDir(%s) = %v, want an error saying %q", tc.dir, err, tc.want)
+			}
+			if _, err := os.Lstat(tc.dir); !strings.Contains(tc.name, "made") && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("%s was made (%v) in a directory another user controls", tc.dir, err)
+			}
+		})
 	}
 }
 

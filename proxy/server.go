@@ -26,6 +26,7 @@ import (
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/user"
 
+	"github.com/kubefence/kubefence/internal/pathguard"
 	"github.com/kubefence/kubefence/internal/version"
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -553,7 +554,8 @@ var sharedDirs = map[string]bool{"/": true, "/run": true, "/var/run": true, "/tm
 func privateDir(dir string) error { return privateDirOf(dir, os.Geteuid(), sharedDirs) }
 
 // privateDirOf is privateDir for the user uid, shared being the directories never to tighten: a
-// directory another user owns is refused, since its owner could replace the socket in it.
+// directory another user owns is refused, since its owner could replace the socket in it, and
+// so is one below a directory another user owns or may write to (pathguard.CheckTrustedAbove).
 func privateDirOf(dir string, uid int, shared map[string]bool) error {
 	dir, err := filepath.Abs(dir) // a relative path is judged as the directory it names
 	if err != nil {
@@ -561,6 +563,12 @@ func privateDirOf(dir string, uid int, shared map[string]bool) error {
 	}
 	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		return errLinkedDir(dir)
+	}
+	// Before anything is made or tightened: whoever can rename an entry above dir could put a
+	// directory of theirs, holding a socket of theirs, in its place (or a link to /usr in a
+	// parent's place, which the chmod below would then tighten).
+	if err := pathguard.CheckTrustedAbove("--admin-socket's directory", dir, "/run/kubefence"); err != nil {
+		return err
 	}
 	if err = os.MkdirAll(dir, 0o700); err != nil {
 		return err

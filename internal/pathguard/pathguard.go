@@ -266,7 +266,7 @@ func linkCount(st *syscall.Stat_t) uint64 {
 // elsewhere). kubefence keeps there what it reads back and acts on as root (a journal naming
 // the binaries it runs, step logs it appends to): in a directory the etcd user can write to,
 // that user could plant them.
-func CheckTrustedDir(role, dir string) error { return checkTrusted(role, dir, true) }
+func CheckTrustedDir(role, dir string) error { return checkTrusted(role, dir, true, backupExample) }
 
 // CheckTrustedParent is CheckTrustedDir for a directory to be made: its nearest existing
 // ancestor must be out of other users' reach as a directory above it is (a root-owned sticky
@@ -279,11 +279,30 @@ func CheckTrustedParent(role, dir string) error {
 		}
 		p = filepath.Dir(p)
 	}
-	return checkTrusted(role, p, p == filepath.Clean(dir))
+	return checkTrusted(role, p, p == filepath.Clean(dir), backupExample)
 }
 
-// checkTrusted is CheckTrustedDir; strict holds dir itself to its rule (not a sticky one).
-func checkTrusted(role, dir string, strict bool) error {
+// CheckTrustedAbove is CheckTrustedDir for the directories above dir, not dir itself (which the
+// caller makes its own, or refuses): from its nearest existing ancestor but itself, up to /, a
+// root-owned sticky one (/tmp) will do. Whoever can rename an entry in one of them can put
+// another directory in dir's place. example is a directory to suggest instead.
+func CheckTrustedAbove(role, dir, example string) error {
+	p := filepath.Dir(filepath.Clean(dir))
+	for {
+		if _, err := os.Lstat(p); err == nil || p == filepath.Dir(p) {
+			break
+		}
+		p = filepath.Dir(p)
+	}
+	return checkTrusted(role, p, false, example)
+}
+
+// backupExample is the directory the backup dir's errors suggest.
+const backupExample = "/var/lib/kubefence-backups"
+
+// checkTrusted is CheckTrustedDir; strict holds dir itself to its rule (not a sticky one);
+// example is a directory the error suggests.
+func checkTrusted(role, dir string, strict bool, example string) error {
 	abs, err := absolute(dir)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", role, dir, err)
@@ -308,7 +327,7 @@ func checkTrusted(role, dir string, strict bool) error {
 	for _, c := range chains {
 		for q := c.dir; ; q = filepath.Dir(q) {
 			if err := trustedDir(q, c.self && q == c.dir); err != nil {
-				return fmt.Errorf("%s %s: %w: give a directory that only root (or this user) can write to, nor any directory above it (e.g. /var/lib/kubefence-backups)", role, dir, err)
+				return fmt.Errorf("%s %s: %w: give a directory that only root (or this user) can write to, nor any directory above it (e.g. %s)", role, dir, err, example)
 			}
 			if q == filepath.Dir(q) {
 				break
