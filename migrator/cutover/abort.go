@@ -521,6 +521,7 @@ func withJournal(o Options, none string, do func(*runner) error) error {
 	if j.GreenPIDs == nil {
 		j.GreenPIDs = map[string]int{}
 	}
+	o.wayBack = true
 	r, err := newRunner(o, j)
 	if err != nil {
 		return err

@@ -124,12 +124,17 @@ func switchBackOf(ctx context.Context, c proxyAdmin, req admin.BackendRequest, d
 	return c.SetBackend(ctx, req)
 }
 
-// newProxyGroup connects to every proxy of the plan.
-func newProxyGroup(p *Plan) (*proxyGroup, error) {
+// newProxyGroup connects to every proxy of the plan. One whose admin client certificate or CA
+// does not load is refused, unless wayBack (an abort, a cleanup): then it is a proxy that does
+// not answer, saying why, and the others go on.
+func newProxyGroup(p *Plan, wayBack bool) (*proxyGroup, error) {
 	g := &proxyGroup{backCA: p.Blue.APIServer.CAFile}
 	for _, pr := range p.proxyRefs() {
 		c, err := adminClient(pr)
-		if err != nil {
+		switch {
+		case err != nil && wayBack:
+			c = unloadable{fmt.Errorf("its admin client credentials do not load: %w", err)}
+		case err != nil:
 			return nil, fmt.Errorf("proxy %s: %w", pr.name(), err)
 		}
 		g.proxies = append(g.proxies, admin.Target[proxyAdmin]{Name: pr.name(), Client: routeProxy(c, p, pr)})
@@ -151,6 +156,19 @@ func adminClient(pr ProxyRef) (proxyAdmin, error) {
 		return nil, err
 	}
 	return admin.NewTLSClient(pr.AdminAddress, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}), nil
+}
+
+// unloadable is a proxy whose admin client could not be made: every call fails with why.
+type unloadable struct{ err error }
+
+func (u unloadable) Status(context.Context) (admin.Status, error) { return admin.Status{}, u.err }
+
+func (u unloadable) Fence(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+	return admin.FenceResponse{}, u.err
+}
+
+func (u unloadable) SetBackend(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+	return admin.BackendResponse{}, u.err
 }
 
 // routeProxy wraps c when the proxy's own blue or green apiserver is not the plan's.
@@ -540,7 +558,7 @@ func oldestProxies(res []admin.Result[admin.Status]) (int, string) {
 
 // proxiesSpeakOurs asks every proxy of the plan for its status and checks its admin API level.
 func proxiesSpeakOurs(ctx context.Context, p *Plan) error {
-	g, err := newProxyGroup(p)
+	g, err := newProxyGroup(p, false)
 	if err != nil {
 		return err
 	}

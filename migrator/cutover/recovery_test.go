@@ -124,3 +124,34 @@ func TestFinishRollbackByHand(t *testing.T) {
 		})
 	}
 }
+
+// TestWayBackWithAProxysCredentialsGone: abort and cleanup read the plan without checking the
+// files it names (runbook), so a proxy whose admin client certificate or CA is gone since (its
+// host rebuilt, the proxy decommissioned) must not keep them from running: cleanup talks to no
+// proxy, and the abort finds that proxy unreachable, saying why, and unfences the others.
+func TestWayBackWithAProxysCredentialsGone(t *testing.T) {
+	p, _ := validPlan(t)
+	missing := filepath.Join(t.TempDir(), "gone.crt")
+	p.Proxies = []ProxyRef{{AdminSocket: filepath.Join(t.TempDir(), "admin.sock")}, {AdminAddress: "https://10.0.0.11:9446", CertFile: missing, KeyFile: missing, CAFile: missing}}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := &Journal{Version: 1, ID: "x", PlanHash: p.hash, State: StateAborted, GreenPIDs: map[string]int{}}
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cleanup(t.Context(), Options{Plan: p}, false); err != nil {
+		t.Errorf("cleanup with a proxy's credentials gone: %v", err)
+	}
+	g, err := newProxyGroup(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.proxies[1].Client.Status(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "gone.crt") {
+		t.Errorf("status of the proxy whose credentials are gone: %v; want an error naming the file", err)
+	}
+	if _, err := newProxyGroup(p, false); err == nil || !strings.Contains(err.Error(), "gone.crt") {
+		t.Errorf("a cutover's own proxy group with a proxy's credentials gone: %v; want it refused, naming the file", err)
+	}
+}

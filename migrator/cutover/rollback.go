@@ -116,7 +116,7 @@ func newRollbackRunner(o Options, main *Journal) (*runner, error) {
 	if err := rollbackAllowed(main, o.Resume); err != nil {
 		return nil, err
 	}
-	g, err := newProxyGroup(o.Plan)
+	g, err := newProxyGroup(o.Plan, o.wayBack)
 	if err != nil {
 		return nil, err
 	}

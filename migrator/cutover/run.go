@@ -113,6 +113,10 @@ type Options struct {
 	// than one goroutine (replication progress is reported from its own).
 	Emit func(Event)
 	Log  *slog.Logger
+	// wayBack: an abort or a cleanup, which read the plan without checking the files it
+	// names: a proxy whose admin credentials do not load is one that does not answer
+	// (newProxyGroup), not a reason to leave the others fenced.
+	wayBack bool
 }
 
 // proxyAdmin is the proxy's admin API as a cutover uses it: an *admin.Client, or a fake in
@@ -172,7 +176,7 @@ type runner struct {
 var ErrRehearseNeedsReplication = errors.New("--rehearse needs a replicating plan (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): the fenced copy has nothing to rehearse without fencing")
 
 func newRunner(o Options, j *Journal) (*runner, error) {
-	g, err := newProxyGroup(o.Plan)
+	g, err := newProxyGroup(o.Plan, o.wayBack)
 	if err != nil {
 		return nil, err
 	}
