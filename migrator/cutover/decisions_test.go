@@ -1024,16 +1024,21 @@ func TestUnfenceSaysWhichResumesGreenEnded(t *testing.T) {
 // refuses one made before it) opened writes before green's apiserver could write; the unfence
 // says the proxies changed more often than the cutover changed them, and that its window
 // ends later than writes reopened. A run resumed inside the window, which may repeat a change,
-// says nothing.
+// says nothing; nor does one resumed after an unfence that was journaled (killed while it
+// waited for the moved watches): it sends the fence off again, and keeps the window's end
+// journaled then.
 func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		byHand       bool
 		resume, want bool
+		// journaled: an earlier run of the step unfenced (generation 12) and journaled it.
+		journaled bool
 	}{
-		{"nothing by hand", false, false, false},
-		{"fence off by hand", true, false, true},
-		{"resumed inside the window", true, true, false},
+		{"nothing by hand", false, false, false, false},
+		{"fence off by hand", true, false, true, false},
+		{"resumed inside the window", true, true, false, false},
+		{"resumed after the unfence was journaled", true, true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := replicatePlan(t)
@@ -1042,13 +1047,21 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 			if tc.byHand {
 				st.Fenced, st.Generation = false, 12
 			}
-			r := (&runner{o: Options{Plan: p, Resume: tc.resume}, p: p, j: &Journal{FencedAt: time.Now(), FenceGeneration: 10}, adm: memProxy(st, &calls), resumedFenced: tc.resume}).forward()
+			fenced := time.Now().Add(-time.Minute)
+			j := &Journal{FencedAt: fenced, FenceGeneration: 10}
+			if tc.journaled {
+				j.UnfencedAt, j.UnfenceGeneration = fenced.Add(50*time.Millisecond), 12
+			}
+			r := (&runner{o: Options{Plan: p, Resume: tc.resume}, p: p, j: j, adm: memProxy(st, &calls), resumedFenced: tc.resume && !tc.journaled}).forward()
 			detail, err := unfenceStep{}.run(t.Context(), r)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := strings.Contains(detail, "by hand"); got != tc.want {
 				t.Errorf("unfence detail %q: says a change by hand: %v, want %v", detail, got, tc.want)
+			}
+			if tc.journaled && (!r.j.UnfencedAt.Equal(fenced.Add(50*time.Millisecond)) || !strings.Contains(detail, "window 50ms")) {
+				t.Errorf("unfence detail %q, journaled end %s: want the window journaled first (50ms) kept", detail, r.j.UnfencedAt.Sub(fenced))
 			}
 		})
 	}

@@ -65,6 +65,10 @@ type Journal struct {
 	// grows with every change of the proxy's state, so a different one before the switch means
 	// someone changed the fence (fence off and on by hand) and writes may have reached blue.
 	FenceGeneration uint64 `json:"fenceGeneration,omitempty"`
+	// UnfenceGeneration is the proxies' state generation (summed) the unfence's fence off
+	// answered with, journaled with UnfencedAt: a resumed unfence, which sends it again, judges
+	// changes by hand during the window by it.
+	UnfenceGeneration uint64 `json:"unfenceGeneration,omitempty"`
 	// FenceBarrier is how long the fence waited for the writes admitted before it to be answered
 	// (the slowest of them across the proxies): part of the window that is blue's own write
 	// latency, not kubefence's steps.

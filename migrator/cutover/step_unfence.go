@@ -29,10 +29,15 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	r.j.UnfencedAt = time.Now().UTC()
-	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
+	if r.j.UnfencedAt.IsZero() {
+		// Once: a run of this step killed after journaling it (while it waited for the moved
+		// watches) is resumed with writes open since; its fence off, sent again, changes
+		// nothing, and the window ended then.
+		r.j.UnfencedAt, r.j.UnfenceGeneration = time.Now().UTC(), resp.Status.Generation
+		r.j.RefusedAtUnfence = resp.Status.RefusedWrites
+	}
 	detail := fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
-	if extra := r.changesByHand(resp.Status.Generation); extra > 0 {
+	if extra := r.changesByHand(r.j.UnfenceGeneration); extra > 0 {
 		detail += fmt.Sprintf("; WARNING: the proxies' state changed %d more time(s) since the fence than by this cutover's switch and unfence: a fence or backend command run by hand during the window? Writes may have reopened before this step (check each proxy's log for \"fence off\"); the window reported ends here", extra)
 	}
 	return detail + r.resumesEnded(ctx, resp.Status), nil
