@@ -342,8 +342,8 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	}
 	// Only a fence this run placed is lifted: its time is journaled before it is sent, so none
 	// journaled means one on now is someone else's (an operator's, around a rehearsal), unless
-	// this abort placed it (refenced).
-	fenced := (len(at.down) > 0 || at.fenced) && (!r.j.FencedAt.IsZero() || refenced)
+	// this abort placed it (refenced); so does one journaled as lifted (an abort run again).
+	fenced := (len(at.down) > 0 || at.fenced) && (r.ownFence() || refenced)
 	unfence := func() error {
 		if fenced {
 			// Right before the unfence, so that a proxy coming back meanwhile is looked at too;
@@ -403,6 +403,9 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 	}
 	return nil
 }
+
+// ownFence says a fence on now may be this run's: one was journaled, and not its lifting.
+func (r *runner) ownFence() bool { return !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() }
 
 // journalUnfenced journals, at once, that an abort reopened writes: the abort may not get to its
 // end (a green process that will not stop), and status must not say writes are fenced

@@ -964,6 +964,37 @@ func TestAbortPutsTheOneProxyBack(t *testing.T) {
 	}
 }
 
+// TestAbortAgainAfterItsUnfence: an abort that unfenced and journaled it, then could not finish
+// (a green process that would not stop), is run again: its fence is lifted already. A proxy
+// fenced now is someone else's (an operator's 'fence on' since) and stays fenced; one that does
+// not answer has no fence of this cutover's to lift and does not keep the abort from ending.
+func TestAbortAgainAfterItsUnfence(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		w := newDecisionWorld(t, false, "", false)
+		blue := w.r.p.Blue.APIServer.URL
+		*w.st = admin.Status{Backend: blue, Fenced: true, Generation: 9, Reason: "operator"}
+		if down {
+			w.st.Fenced = false
+			w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: memProxy(w.st, &w.calls)}, {Name: "b", Client: unreachable()}}}
+		}
+		fenced := time.Now().UTC().Add(-time.Minute)
+		w.r.j = &Journal{Version: 1, ID: "x", PlanHash: "plan-hash", State: StateRunning, PIDsWriteAhead: true, AbortReason: "step verify failed",
+			FencedAt: fenced, UnfencedAt: fenced.Add(time.Second), Done: []StepRecord{{Step: StepPreflight}, {Step: StepFence}}, GreenPIDs: map[string]int{}}
+		if err := w.r.saveJournal(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.r.abortByOperator(t.Context()); err != nil {
+			t.Errorf("down %v: abort again: %v (proxy asked %q)", down, err, w.calls)
+		}
+		if len(w.calls) > 0 || w.st.Fenced != !down {
+			t.Errorf("down %v: proxy %+v, asked %q; want it left as it is", down, *w.st, w.calls)
+		}
+		if j, _ := LoadJournal(w.r.p.StateDir); j.State != StateAborted {
+			t.Errorf("down %v: journal %s, want aborted", down, j.State)
+		}
+	}
+}
+
 // TestUnfenceSaysWhichResumesGreenEnded: watches the switch resumed on green but green then
 // ended at once (410: their resourceVersion older than its watch cache) are not reported as
 // going on: the unfence says how many, and that their clients relist.

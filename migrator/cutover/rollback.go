@@ -200,10 +200,10 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	if err := r.proxiesBack(ctx, at.down); err != nil {
 		return err
 	}
-	// Only a fence this rollback placed is lifted (its time is journaled before it is sent): one
-	// on before it is the operator's, put on to stop a misbehaving green, say.
-	r.othersFence = at.fenced && r.j.FencedAt.IsZero() && !refenced
-	if (at.fenced || len(at.down) > 0) && (!r.j.FencedAt.IsZero() || refenced) { // a silent proxy is waited for once
+	// Only a fence this rollback placed is lifted (its time is journaled before it is sent, its
+	// lifting too): one on before it is the operator's, put on to stop a misbehaving green, say.
+	r.othersFence = at.fenced && !r.ownFence() && !refenced
+	if (at.fenced || len(at.down) > 0) && (r.ownFence() || refenced) { // a silent proxy is waited for once
 		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
 			return fmt.Errorf("unfence: %w", err)
 		}
