@@ -715,6 +715,41 @@ func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
 	}
 }
 
+// TestResumedRollbackChecksBlueBeforeItsSwitch: a rollback killed before its switch is resumed
+// with 'rollback --resume', the only way on from "rolling-back"; blue's apiserver may have gone
+// not ready meanwhile (the guard before a new rollback skips a resume, which may be past its
+// switch). Its switch step looks again before it switches: it fails, and the rollback goes back
+// to green, rather than send every proxy to a blue that does not serve and open writes there.
+func TestResumedRollbackChecksBlueBeforeItsSwitch(t *testing.T) {
+	was := readyPatience
+	readyPatience = time.Second
+	t.Cleanup(func() { readyPatience = was })
+	p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
+	})
+	const gen = 7
+	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, FenceGeneration: gen, FencedAt: time.Now().UTC(),
+		Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}}, GreenPIDs: map[string]int{}}
+	if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := rj.save(p.StateDir + "/rollback"); err != nil {
+		t.Fatal(err)
+	}
+	main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
+	r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Fenced: true, Generation: gen}, &calls)
+	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepSwitch })
+	_, err = r.steps[i].run(t.Context(), r)
+	if err == nil || !strings.Contains(err.Error(), "/readyz") || slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, "backend") }) {
+		t.Fatalf("resumed rollback's switch onto a blue apiserver that is not ready: %v (proxy asked %q); want it refused before any switch", err, calls)
+	}
+}
+
 // TestRollbackFailingAfterTheBakeStoppedSaysResume: a rollback that fails once it has stopped
 // the baking process (its journal cannot be written: a full or read-only disk) says how to keep
 // blue in step again, 'cutover --resume': nothing does meanwhile, and a bare error left the

@@ -82,6 +82,9 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	if switched {
 		return fmt.Sprintf("the proxy was switched to %s before the process that ran the window stopped", r.to.name), nil
 	}
+	if err := r.resumedRollbackReady(ctx); err != nil {
+		return "", err
+	}
 	picked := ""
 	if s.pickUp {
 		if picked, err = r.ensureReplication(ctx); err != nil {
@@ -127,4 +130,19 @@ func awaitedWrites(d admin.Drain, from string) string {
 		return fmt.Sprintf("; %d write(s) the fence policy let through were answered by %s first", d.Writes, from)
 	}
 	return fmt.Sprintf("; of %d write(s) the fence policy let through, %d were not answered by %s within the proxy's --drain-timeout (%s may still commit them after replication stopped)", d.Writes, d.UnansweredWrites, from, from)
+}
+
+// resumedRollbackReady looks at blue's apiserver again before a resumed rollback's switch: the
+// check before a new rollback (blueServesForRollback) skips a resume, which may be past its
+// switch, and blue may have stopped serving since the run that stopped. Not ready, the step
+// fails and the rollback goes back to green, rather than open writes on a blue that does not
+// serve.
+func (r *runner) resumedRollbackReady(ctx context.Context) error {
+	if r.main == nil || !r.o.Resume {
+		return nil
+	}
+	if err := waitReady(ctx, r.to.api.Kubeconfig); err != nil {
+		return fmt.Errorf("%s's apiserver (blue.apiserver.kubeconfig) is not ready: %w; the rollback switches the proxies to it only once it is", r.to.name, err)
+	}
+	return nil
 }
