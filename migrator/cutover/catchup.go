@@ -248,7 +248,7 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error)
 			return nil, stopped
 		}
 		if time.Now().Before(deadline) {
-			return nil, fmt.Errorf("catching up with blue before the fence: %w", err)
+			return nil, fmt.Errorf("catching up with %s before the fence: %w", r.from.name, err)
 		}
 	}
 	return rounds, nil

@@ -673,3 +673,28 @@ func TestRefencedProxyGoesBack(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenProxyAtUnfenceNamesTheResume: the unfence refuses while a proxy is open away from
+// where the switch went (restarted without its state file), and says how to go on once it is
+// fenced and switched: a rollback's resume is 'cutover rollback --resume' ('cutover --resume'
+// refuses a cutover rolling back).
+func TestOpenProxyAtUnfenceNamesTheResume(t *testing.T) {
+	for _, rollback := range []bool{false, true} {
+		p := replicatePlan(t)
+		r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{FencedAt: time.Now()}}).forward()
+		want, not := "'kubefence cutover --resume'", "rollback --resume"
+		if rollback {
+			r.main, r.from, r.to = &Journal{ID: "x"}, p.greenSide(), p.blueSide()
+			want, not = "'kubefence cutover rollback --resume'", "'kubefence cutover --resume'"
+		}
+		var callsA, callsB []string
+		r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{
+			{Name: "a", Client: memProxy(&admin.Status{Backend: r.to.api.URL, Fenced: true, Generation: 4}, &callsA)},
+			{Name: "b", Client: memProxy(&admin.Status{Backend: r.from.api.URL, Generation: 2}, &callsB)},
+		}}
+		_, err := unfenceStep{}.run(t.Context(), r)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), not) {
+			t.Errorf("rollback %v: %v; want it to name %s", rollback, err, want)
+		}
+	}
+}

@@ -391,11 +391,7 @@ func (r *runner) pastSwitchContext(ctx context.Context) (context.Context, contex
 	}
 	if ctx.Err() != nil && !r.signalNoted {
 		r.signalNoted = true
-		resume := "'kubefence cutover --resume'"
-		if r.main != nil {
-			resume = "'kubefence cutover rollback --resume'"
-		}
-		r.emit(Event{Type: EventNote, Detail: "stopping after the window: past the switch its last steps still run, each within its timeout (a second signal exits at once; " + resume + " finishes then)"})
+		r.emit(Event{Type: EventNote, Detail: "stopping after the window: past the switch its last steps still run, each within its timeout (a second signal exits at once; " + r.resumeCommand() + " finishes then)"})
 	}
 	detached := context.WithoutCancel(ctx)
 	if deadline, ok := ctx.Deadline(); ok {

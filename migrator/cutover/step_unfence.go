@@ -52,7 +52,7 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 func (r *runner) proxiesOnTarget(ctx context.Context) error {
 	open, err := r.group().putFencedOn(ctx, r.to.api, nil)
 	if len(open) > 0 {
-		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), see what it let through to %s in its log, then 'kubefence cutover --resume'", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name)
+		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), see what it let through to %s in its log, then %s", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name, r.resumeCommand())
 	}
 	if err != nil {
 		return fmt.Errorf("before opening writes: %w", err)
@@ -139,4 +139,12 @@ func (r *runner) changesByHand(after uint64) int64 {
 		return 0
 	}
 	return int64(after) - int64(r.j.FenceGeneration) - 2*int64(len(r.p.proxyRefs()))
+}
+
+// resumeCommand is the command that resumes this run: a rollback's own, or the cutover's.
+func (r *runner) resumeCommand() string {
+	if r.main != nil {
+		return "'kubefence cutover rollback --resume'"
+	}
+	return "'kubefence cutover --resume'"
 }
