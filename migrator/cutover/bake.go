@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -430,7 +431,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	r.from, r.to = r.p.greenSide(), r.p.blueSide()
 	r.progressStep = "bake"
 	r.noPickup = "blue no longer follows green exactly, so a rollback would lose writes: run 'kubefence cutover finish' (green serves; blue stays as it was)"
-	r.retryPickup = "this is not known to be lasting: once both etcds answer, run 'kubefence cutover --resume --plan PLAN' soon (it checks that blue is still green change for change; nothing keeps blue's leases alive meanwhile); 'kubefence cutover finish' gives up the way back"
+	r.retryPickup = "this is not known to be lasting: once both etcds answer, run 'kubefence cutover --resume --plan PLAN' (it checks that blue is still green change for change) " + PickupHorizon + "; 'kubefence cutover finish' gives up the way back"
 	if r.j.State != StateBaking {
 		r.j.State = StateBaking
 		if err := r.saveJournal(); err != nil {
@@ -440,19 +441,9 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 		rep.Next = r.bakeAdvice() + r.rolesTakenAdvice()
 		r.emit(Event{Type: EventReport, Report: rep})
 	}
-	picked, err := r.ensureReplication(ctx)
-	r.lock.markBaking()
-	if err == nil {
-		r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.repl.line(r.repl.rep.Progress()))})
-		select {
-		case <-ctx.Done():
-		case <-r.repl.done:
-		}
-		var prog replicate.Progress
-		prog, err = r.stopReplication()
-		r.j.Bake.LastStop = &prog
-		err = errors.Join(err, r.saveJournal())
-	}
+	err := followGreen(ctx, r.followOnce, func(err error, d time.Duration) {
+		r.emit(Event{Type: EventNote, Step: "bake", Detail: fmt.Sprintf("blue stopped following green (%v); trying again in %s (and on, until it follows or an error is lasting); blue must follow again %s", err, d, PickupHorizon)})
+	})
 	if err != nil {
 		rep := r.report(ResultFailed, fmt.Errorf("blue stopped following green: %w", err))
 		rep.Next = r.pickupAdvice(err)
@@ -460,9 +451,66 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 		return rep, err
 	}
 	rep := r.report(ResultBaking, nil)
-	rep.Next = "this process stopped keeping blue in step with green (a signal: 'kubefence cutover rollback' and 'finish' stop it this way). Unless one of them runs now, run 'kubefence cutover --resume --plan PLAN' soon: nothing keeps blue's leases alive meanwhile"
+	rep.Next = "this process stopped keeping blue in step with green (a signal: 'kubefence cutover rollback' and 'finish' stop it this way). Unless one of them runs now, run 'kubefence cutover --resume --plan PLAN' " + PickupHorizon
 	r.emit(Event{Type: EventNote, Step: "bake", Detail: rep.Next})
 	return rep, nil
+}
+
+// PickupHorizon is how soon blue must follow green again once no process keeps it in step:
+// green's apiserver compacts green's history every --etcd-compaction-interval, and blue can be
+// picked up only from a revision green still holds.
+const PickupHorizon = "before green's apiserver compacts green past blue's revision (every --etcd-compaction-interval, 5 min by default), after which the way back is lost; nothing keeps blue's leases alive meanwhile either"
+
+// bakeRetryBase and bakeRetryCap are the first and the longest wait of the baking process
+// before it tries again to keep blue following green (followGreen). Variables for the tests.
+var bakeRetryBase, bakeRetryCap = time.Second, 30 * time.Second
+
+// followGreen keeps blue following green (once follows until ctx ends or replication stops)
+// until ctx ends (a signal: 'cutover rollback' and 'finish' stop the baking process so) or an
+// error is lasting (lastingPickup: blue no longer green change for change, green compacted past
+// blue). Any other error (blue's etcd restarting, its host rebooting, a partition) is tried
+// again, the waits doubling up to bakeRetryCap, each one noted: a bake of days rides it out, as
+// long as green still holds the history since blue's revision (PickupHorizon), which it would
+// not for long once this process had ended.
+func followGreen(ctx context.Context, once func(context.Context) error, note func(error, time.Duration)) error {
+	b := wait.Backoff{Duration: bakeRetryBase, Factor: 2, Cap: bakeRetryCap, Steps: math.MaxInt32}
+	for {
+		start := time.Now()
+		err := once(ctx)
+		if err == nil || ctx.Err() != nil || lastingPickup(err) {
+			return err
+		}
+		if time.Since(start) > bakeRetryCap { // it followed for a while: a new outage
+			b = wait.Backoff{Duration: bakeRetryBase, Factor: 2, Cap: bakeRetryCap, Steps: math.MaxInt32}
+		}
+		d := b.Step()
+		note(err, d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// followOnce picks replication of green into blue up (or finds it running) and waits until ctx
+// ends or it stops; the position it stopped at is journaled.
+func (r *runner) followOnce(ctx context.Context) error {
+	picked, err := r.ensureReplication(ctx)
+	r.lock.markBaking()
+	if err != nil {
+		return err
+	}
+	r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.repl.line(r.repl.rep.Progress()))})
+	select {
+	case <-ctx.Done():
+	case <-r.repl.done:
+	}
+	prog, err := r.stopReplication()
+	r.j.Bake.LastStop = &prog
+	return errors.Join(err, r.saveJournal())
 }
 
 // bakeAdvice says what an operator can do during the bake.

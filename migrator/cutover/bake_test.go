@@ -845,3 +845,59 @@ func TestBakeBudgetOfAWindowThisRunOpened(t *testing.T) {
 		})
 	}
 }
+
+// TestBakeRidesOutAnOutage: the baking process keeps blue following green for days; an error
+// that may pass (blue's etcd restarting, its host rebooting) is tried again, backing off, rather
+// than end the process: once it has ended, green's apiserver compacts the history blue needs
+// within minutes and the way back is lost. A lasting error (blue no longer green change for
+// change, green compacted past blue) ends it at once; so does a signal, while it waits.
+func TestBakeRidesOutAnOutage(t *testing.T) {
+	was := bakeRetryBase
+	bakeRetryBase = time.Millisecond
+	t.Cleanup(func() { bakeRetryBase = was })
+	blueDown := errors.New("dial tcp 10.0.0.1:2379: connect: connection refused")
+	for _, tc := range []struct {
+		name  string
+		errs  []error // what each attempt to follow returns; then it follows until the signal
+		tries int
+		want  error
+	}{
+		{"blue down twice, then back", []error{blueDown, blueDown}, 3, nil},
+		{"green compacted past blue", []error{blueDown, fmt.Errorf("picking replication up: %w", replicate.ErrCompacted)}, 2, replicate.ErrCompacted},
+		{"no longer change for change", []error{replicate.ErrRevisionMismatch}, 1, replicate.ErrRevisionMismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, signal := context.WithCancel(t.Context())
+			defer signal()
+			tries, notes := 0, 0
+			once := func(ctx context.Context) error {
+				if tries++; tries <= len(tc.errs) {
+					return tc.errs[tries-1]
+				}
+				signal() // following, until 'cutover rollback' or 'finish' stops the process
+				<-ctx.Done()
+				return nil
+			}
+			err := followGreen(ctx, once, func(err error, _ time.Duration) { notes++ })
+			if !errors.Is(err, tc.want) || err == nil && tc.want != nil || tries != tc.tries || notes != min(tries, len(tc.errs))-map[bool]int{true: 1}[tc.want != nil] {
+				t.Errorf("followGreen = %v after %d tries, %d notes; want %v after %d tries, a note per error tried again", err, tries, notes, tc.want, tc.tries)
+			}
+		})
+	}
+	t.Run("a signal while it waits", func(t *testing.T) {
+		bakeRetryBase = time.Hour
+		ctx, signal := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			done <- followGreen(ctx, func(context.Context) error { return blueDown }, func(error, time.Duration) { signal() })
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("signalled while waiting to try again: %v; want a clean stop", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the wait to try again did not end on the signal")
+		}
+	})
+}

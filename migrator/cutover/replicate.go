@@ -279,15 +279,22 @@ func (r *runner) ensureReplication(ctx context.Context) (string, error) {
 // not answer in time) may pass, and where the advice would give up the way back (a bake, a
 // rollback), trying again comes first.
 func (r *runner) pickupAdvice(err error) string {
-	for _, lasting := range []error{replicate.ErrRevisionMismatch, replicate.ErrCompacted, replicate.ErrTooManyOps, replicate.ErrRefused} {
-		if errors.Is(err, lasting) {
-			return r.noPickup
-		}
-	}
-	if r.retryPickup == "" {
+	if lastingPickup(err) || r.retryPickup == "" {
 		return r.noPickup
 	}
 	return r.retryPickup
+}
+
+// lastingPickup says err keeps replication from being picked up again for good: the two sides
+// no longer equal change for change, the history needed compacted, or a change the destination
+// refuses.
+func lastingPickup(err error) bool {
+	for _, lasting := range []error{replicate.ErrRevisionMismatch, replicate.ErrCompacted, replicate.ErrTooManyOps, replicate.ErrRefused} {
+		if errors.Is(err, lasting) {
+			return true
+		}
+	}
+	return false
 }
 
 // replicationAlive says why replication cannot be relied on, or nil while it runs.

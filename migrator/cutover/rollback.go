@@ -36,10 +36,10 @@ var rollbackSteps = []step{
 
 // bakeNotRunning is the advice when a rollback (or finish) fails once it holds the state dir, the baking
 // process stopped (or not running): nothing keeps blue in step with green.
-const bakeNotRunning = "no process keeps blue following green now (the baking process was asked to stop, or was not running): run 'kubefence cutover --resume --plan PLAN' soon (nothing keeps blue's leases alive meanwhile), and try again once the cause is fixed"
+const bakeNotRunning = "no process keeps blue following green now (the baking process was asked to stop, or was not running): run 'kubefence cutover --resume --plan PLAN' " + PickupHorizon + ", and try again once the cause is fixed"
 
 // afterRollbackAbort is the advice after a rollback went back to green.
-const afterRollbackAbort = "green serves as before and writes are open; blue no longer follows green until 'kubefence cutover --resume --plan PLAN' runs again: start it soon (nothing keeps blue's leases alive meanwhile)"
+const afterRollbackAbort = "green serves as before and writes are open; blue no longer follows green until 'kubefence cutover --resume --plan PLAN' runs again: start it " + PickupHorizon
 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.

@@ -147,6 +147,6 @@ func printBake(w io.Writer, state string, b *cutover.BakeStatus) {
 		fmt.Fprintf(w, "  green at revision %d, blue at %d: lag %d revisions\n", b.GreenRevision, b.BlueRevision, b.LagRevisions)
 	}
 	if state == cutover.StateBaking && b.Follower == 0 {
-		fmt.Fprintln(w, "  WARNING: no process keeps blue in step: run 'kubefence cutover --resume --plan PLAN' (blue's leases are not kept alive meanwhile)")
+		fmt.Fprintln(w, "  WARNING: no process keeps blue in step: run 'kubefence cutover --resume --plan PLAN' "+cutover.PickupHorizon)
 	}
 }
