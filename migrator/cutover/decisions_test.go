@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -500,7 +501,9 @@ func TestFencePreparesTheSwitch(t *testing.T) {
 
 // TestReportKeepsTheFenceBarrier: the time the fence waited for the writes admitted before it
 // (the slowest proxy's) is journaled and reported, so that a window can be split into blue's
-// own write latency and kubefence's steps.
+// own write latency and kubefence's steps. A cutover done removes blue's snapshot from the
+// state dir (a copy of blue's data, Secrets included, needed no more past the switch), and
+// says so; cleanup, which removed it, refuses a cutover done.
 func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	w := newFenceWorld(t, func(inner funcProxy, ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
 		resp, err := inner.fence(ctx, req)
@@ -512,9 +515,15 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	if err := w.r.openJournal(); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(w.r.snapshotPath(), []byte("blue"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := w.r.run(t.Context())
 	if err != nil || rep.Result != ResultDone {
 		t.Fatalf("report %+v, %v", rep, err)
+	}
+	if _, err := os.Stat(w.r.snapshotPath()); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(rep.Next, "snapshot") {
+		t.Errorf("blue's snapshot after a cutover done: %v; next %q: want it removed, and said", err, rep.Next)
 	}
 	for _, rec := range rep.Steps {
 		if strings.Contains(rec.Detail, "by hand") {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -340,8 +341,12 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if r.o.Rehearse {
 		return r.finishRehearsal()
 	}
+	dropped := r.dropSnapshot()
 	if r.p.Bake.Enabled && r.j.Bake != nil {
 		r.closeAuthClients() // the bake runs for days; a rollback is a run of its own
+		if dropped != "" {
+			r.emit(Event{Type: EventNote, Step: "bake", Detail: strings.TrimSpace(dropped)})
+		}
 		return r.bake(ctx)
 	}
 	r.j.State = StateDone
@@ -357,9 +362,23 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		}
 		rep.Next = "green serves behind the proxy, with NO WAY BACK: the bake could not start (" + why + "). To go back, run a new cutover from green; blue is left as it was at the switch (stop it when you no longer need it). " + greenForGood
 	}
-	rep.Next += r.rolesTakenAdvice()
+	rep.Next += r.rolesTakenAdvice() + dropped
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// dropSnapshot removes blue's snapshot from the state dir once the switch is behind (only a
+// rebuild of green before the fence reads it): it is a copy of blue's data, Secrets included.
+// It returns a sentence for the report ("" when there was none).
+func (r *runner) dropSnapshot() string {
+	switch err := os.Remove(r.snapshotPath()); {
+	case err == nil:
+		return " Blue's snapshot " + r.snapshotPath() + " (a copy of blue's data, Secrets included) is removed."
+	case errors.Is(err, fs.ErrNotExist):
+		return ""
+	default:
+		return fmt.Sprintf(" Remove blue's snapshot %s yourself (a copy of blue's data, Secrets included): %v.", r.snapshotPath(), err)
+	}
 }
 
 // walk runs the steps the journal has not finished.
