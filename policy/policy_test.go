@@ -271,8 +271,8 @@ rules:
 			a := c.Classify(tc.r)
 			a.User, a.Groups = tc.user, tc.groups
 			d := pol.Decide(&a)
-			if d.Allow != tc.allow || d.Reason != tc.reason {
-				t.Errorf("decision %+v, want allow=%v reason=%s", d, tc.allow, tc.reason)
+			if d.Allow != tc.allow || d.Reason != tc.reason || d.ByRule != strings.HasPrefix(tc.reason, "rule ") {
+				t.Errorf("decision %+v, want allow=%v reason=%s, by a rule of the file only when it names one", d, tc.allow, tc.reason)
 			}
 		})
 	}
