@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -19,18 +20,29 @@ import (
 // (its body already read, see writebody.go) until the fence lifts, then forwarded to the backend
 // active at that moment, in arrival order, at most once (invariant held-at-most-once). Bounds:
 // a hold timeout, after which it is refused as in refuse mode and never forwarded; a total of
-// held requests and bytes, beyond which new writes are refused at once; and, per HTTP/2
-// connection, a share of its streams, so that reads on the same connection do not starve.
+// held requests and bytes, beyond which new writes are refused at once; of these totals, as of
+// the write-body budget (writebody.go), a share that writes from clients whose certificate the
+// proxy did not verify may not take (any pod can reach the proxy, and bodiless writes on many
+// HTTP/2 streams cost it nothing), so that kubelets' and the control plane's writes are still
+// held; and, per HTTP/2 connection, a share of its streams, so that reads on the same connection
+// do not starve.
 
 // holdQueue is the waiting room: it orders held writes by arrival and enforces the totals.
 type holdQueue struct {
 	maxCount int
 	maxBytes int64
+	// split: the proxy verifies client certificates, and unverified writes may hold at most
+	// unverifiedMaxCount writes and unverifiedMaxBytes bytes of the totals.
+	split              bool
+	unverifiedMaxCount int
+	unverifiedMaxBytes int64
 
-	mu    sync.Mutex
-	last  *heldWrite // the newest write still waiting for its turn, or nil
-	count int
-	bytes int64
+	mu              sync.Mutex
+	last            *heldWrite // the newest write still waiting for its turn, or nil
+	count           int
+	bytes           int64
+	unverifiedCount int // of count, the writes from clients the proxy did not verify (when split)
+	unverifiedBytes int64
 
 	released, timedOut, abandoned, full atomic.Uint64
 }
@@ -39,36 +51,66 @@ type holdQueue struct {
 // it has started forwarding or has left (timed out, client gone); it closes its own turn channel
 // when it does either, so the next one may go.
 type heldWrite struct {
-	q     *holdQueue
-	prev  <-chan struct{} // nil for the first
-	turn  chan struct{}
-	once  sync.Once
-	size  int64
-	since time.Time
+	q          *holdQueue
+	prev       <-chan struct{} // nil for the first
+	turn       chan struct{}
+	once       sync.Once
+	size       int64
+	unverified bool // counted in the unverified writes' share
+	since      time.Time
 }
 
-var errHoldFull = errors.New("hold mode: too many writes held")
+var (
+	errHoldFull = errors.New("hold mode: too many writes held")
+	// errHoldUnverifiedFull: beyond what writes from clients the proxy did not verify may hold.
+	errHoldUnverifiedFull = fmt.Errorf("%w from clients without a verified certificate", errHoldFull)
+)
+
+// newHoldQueue is the waiting room for at most maxCount writes and maxBytes bytes. When the
+// proxy verifies client certificates (verifies), writes from the clients it verified have a
+// share of it that the others cannot take, as of the write-body budget (unverifiedShare).
+func newHoldQueue(maxCount int, maxBytes, maxBody int64, verifies bool) *holdQueue {
+	q := &holdQueue{maxCount: maxCount, maxBytes: maxBytes, split: verifies}
+	if verifies {
+		q.unverifiedMaxCount = int(unverifiedShare(int64(maxCount), 1))
+		q.unverifiedMaxBytes = unverifiedShare(maxBytes, maxBody)
+	}
+	return q
+}
 
 // leaderElectionRequestTimeout is the timeout of each request of client-go's leader-election
 // lock client: --hold-timeout should stay under it (a startup warning says so otherwise).
 const leaderElectionRequestTimeout = 5 * time.Second
 
-// enter puts a write of size body bytes in the waiting room, or refuses it (errHoldFull) when the
-// totals would be exceeded.
-func (q *holdQueue) enter(size int64, now time.Time) (*heldWrite, error) {
+// enter puts a write of size body bytes in the waiting room, or refuses it when the totals would
+// be exceeded (errHoldFull), or unverified writes' share of them (errHoldUnverifiedFull: the
+// write is from a client the proxy did not verify).
+func (q *holdQueue) enter(size int64, verified bool, now time.Time) (*heldWrite, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.count+1 > q.maxCount || q.bytes+size > q.maxBytes {
-		q.full.Add(1)
-		return nil, errHoldFull
+	unverified := q.split && !verified
+	var err error
+	switch {
+	case q.count+1 > q.maxCount || q.bytes+size > q.maxBytes:
+		err = errHoldFull
+	case unverified && (q.unverifiedCount+1 > q.unverifiedMaxCount || q.unverifiedBytes+size > q.unverifiedMaxBytes):
+		err = errHoldUnverifiedFull
 	}
-	h := &heldWrite{q: q, turn: make(chan struct{}), size: size, since: now}
+	if err != nil {
+		q.full.Add(1)
+		return nil, err
+	}
+	h := &heldWrite{q: q, turn: make(chan struct{}), size: size, unverified: unverified, since: now}
 	if q.last != nil {
 		h.prev = q.last.turn
 	}
 	q.last = h
 	q.count++
 	q.bytes += size
+	if unverified {
+		q.unverifiedCount++
+		q.unverifiedBytes += size
+	}
 	return h, nil
 }
 
@@ -98,6 +140,10 @@ func (h *heldWrite) pass() {
 	q.mu.Lock()
 	q.count--
 	q.bytes -= h.size
+	if h.unverified {
+		q.unverifiedCount--
+		q.unverifiedBytes -= h.size
+	}
 	q.mu.Unlock()
 	close(h.turn)
 }
@@ -201,7 +247,7 @@ func waitHeld(ctx context.Context, ready <-chan struct{}, deadline <-chan time.T
 
 // holder holds writes in hold mode: the waiting room, its bounds and its metrics.
 type holder struct {
-	q       holdQueue
+	q       *holdQueue
 	timeout time.Duration
 	// perConn bounds the held writes of one HTTP/2 connection: a share of its streams, so that
 	// reads on it are never starved of streams.
@@ -213,9 +259,11 @@ type holder struct {
 	log     *slog.Logger
 }
 
-func newHolder(o *Options, log *slog.Logger) *holder {
+// newHolder holds writes within o's bounds; verifies: the proxy verifies client certificates
+// (--client-ca-file), and keeps a share of the waiting room for the clients it verified.
+func newHolder(o *Options, verifies bool, log *slog.Logger) *holder {
 	return &holder{
-		q:       holdQueue{maxCount: o.MaxHeldRequests, maxBytes: o.MaxHeldBytes},
+		q:       newHoldQueue(o.MaxHeldRequests, o.MaxHeldBytes, o.MaxWriteBodyBytes, verifies),
 		timeout: o.HoldTimeout,
 		perConn: int32(o.MaxConcurrentStreams / 2),
 		release: make(chan struct{}, o.HoldReleaseConcurrency),
@@ -246,7 +294,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		defer n.Add(-1)
 	}
 	start := time.Now()
-	h, err := hd.q.enter(size, start)
+	h, err := hd.q.enter(size, st.identity != nil, start)
 	if err != nil {
 		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: err.Error()})
 		return

@@ -47,7 +47,7 @@ func TestHoldReleasesInArrivalOrder(t *testing.T) {
 	var wg sync.WaitGroup
 	held := make([]*heldWrite, n)
 	for i := range n {
-		h, err := q.enter(10, time.Now())
+		h, err := q.enter(10, false, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,18 +93,18 @@ func TestHoldReleasesInArrivalOrder(t *testing.T) {
 
 func TestHoldBounds(t *testing.T) {
 	q := &holdQueue{maxCount: 2, maxBytes: 100}
-	a, err := q.enter(60, time.Now())
+	a, err := q.enter(60, false, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.enter(50, time.Now()); !errors.Is(err, errHoldFull) {
+	if _, err := q.enter(50, false, time.Now()); !errors.Is(err, errHoldFull) {
 		t.Fatalf("over the byte bound: %v", err)
 	}
-	b, err := q.enter(40, time.Now())
+	b, err := q.enter(40, false, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.enter(0, time.Now()); !errors.Is(err, errHoldFull) {
+	if _, err := q.enter(0, false, time.Now()); !errors.Is(err, errHoldFull) {
 		t.Fatalf("over the count bound: %v", err)
 	}
 	a.leave()
@@ -118,14 +118,72 @@ func TestHoldBounds(t *testing.T) {
 	}
 }
 
+// TestHoldQueueShares: what writes from unverified clients may hold of the waiting room, and that
+// verified writes may take the rest, but no more than the totals.
+func TestHoldQueueShares(t *testing.T) {
+	cases := []struct {
+		name                  string
+		maxCount              int
+		maxBytes, maxBody     int64
+		verifies              bool
+		size                  int64 // each write's body
+		wantUnverified        int   // writes unverified clients may hold
+		wantVerifiedAfterward int   // writes verified clients may then still hold
+	}{
+		{"a quarter of the writes kept", 8, 1 << 20, 1 << 10, true, 0, 6, 2},
+		{"a quarter of the bytes kept", 100, 80, 10, true, 10, 6, 2},
+		{"one largest body for unverified clients at least", 100, 80, 70, true, 10, 7, 1},
+		{"one write for unverified clients at least", 1, 80, 10, true, 0, 1, 0},
+		{"no certificates verified: no share kept", 8, 1 << 20, 1 << 10, false, 0, 8, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q := newHoldQueue(tc.maxCount, tc.maxBytes, tc.maxBody, tc.verifies)
+			var held []*heldWrite
+			enter := func(n int, verified bool) error {
+				for range n {
+					h, err := q.enter(tc.size, verified, time.Now())
+					if err != nil {
+						return err
+					}
+					held = append(held, h)
+				}
+				return nil
+			}
+			if err := enter(tc.wantUnverified, false); err != nil {
+				t.Fatalf("unverified writes could not hold %d: %v", tc.wantUnverified, err)
+			}
+			err := enter(1, false)
+			if !errors.Is(err, errHoldFull) {
+				t.Fatalf("unverified writes held %d, want %d at most (err %v)", tc.wantUnverified+1, tc.wantUnverified, err)
+			}
+			if !tc.verifies && errors.Is(err, errHoldUnverifiedFull) {
+				t.Errorf("a proxy that verifies no certificate refused for the unverified clients' share: %v", err)
+			}
+			if err := enter(tc.wantVerifiedAfterward, true); err != nil {
+				t.Fatalf("verified writes could not hold the %d left: %v", tc.wantVerifiedAfterward, err)
+			}
+			if err := enter(1, true); !errors.Is(err, errHoldFull) || errors.Is(err, errHoldUnverifiedFull) {
+				t.Fatalf("a verified write beyond the totals: %v, want errHoldFull", err)
+			}
+			for _, h := range held {
+				h.leave()
+			}
+			if c, b := q.stats(); c != 0 || b != 0 || q.unverifiedCount != 0 || q.unverifiedBytes != 0 {
+				t.Fatalf("after leaving: %d held, %d bytes, unverified %d, %d bytes", c, b, q.unverifiedCount, q.unverifiedBytes)
+			}
+		})
+	}
+}
+
 // TestHoldTimeoutAndAbandon: a write whose hold times out, or whose client leaves, is never
 // admitted and passes its turn on.
 func TestHoldTimeoutAndAbandon(t *testing.T) {
 	g := newTestGate(t, true)
 	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
-	first, _ := q.enter(1, time.Now())
-	second, _ := q.enter(1, time.Now())
-	third, _ := q.enter(1, time.Now())
+	first, _ := q.enter(1, false, time.Now())
+	second, _ := q.enter(1, false, time.Now())
+	third, _ := q.enter(1, false, time.Now())
 
 	if _, out := g.awaitRelease(context.Background(), first, time.After(20*time.Millisecond), nil, testWrite()); out != holdTimedOut {
 		t.Fatalf("first: outcome %d, want timed out", out)
@@ -152,7 +210,7 @@ func TestHoldTimeoutAndAbandon(t *testing.T) {
 func TestHoldTimeoutDuringAdmission(t *testing.T) {
 	g := newTestGate(t, false)
 	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
-	h, _ := q.enter(1, time.Now())
+	h, _ := q.enter(1, false, time.Now())
 	deadline := make(chan time.Time)
 	slots := make(chan struct{}, 1)
 	slots <- struct{}{} // the release slots are taken: the write waits past the fence's checks
@@ -177,8 +235,8 @@ func TestHoldTimeoutDuringAdmission(t *testing.T) {
 func TestHoldRefenced(t *testing.T) {
 	g := newTestGate(t, true)
 	q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
-	first, _ := q.enter(1, time.Now())
-	second, _ := q.enter(1, time.Now())
+	first, _ := q.enter(1, false, time.Now())
+	second, _ := q.enter(1, false, time.Now())
 	setFence(t, g, false)
 	if _, out := g.awaitRelease(context.Background(), first, nil, nil, testWrite()); out != holdReleased {
 		t.Fatal("first not released")
@@ -211,11 +269,11 @@ func TestHoldLeaverKeepsTheOrder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newTestGate(t, false)
 			q := &holdQueue{maxCount: 10, maxBytes: 1 << 20}
-			w1, _ := q.enter(1, time.Now())
-			w2, _ := q.enter(1, time.Now())
+			w1, _ := q.enter(1, false, time.Now())
+			w2, _ := q.enter(1, false, time.Now())
 			var w3 *heldWrite
 			if !tc.enterAfter {
-				w3, _ = q.enter(1, time.Now())
+				w3, _ = q.enter(1, false, time.Now())
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
@@ -224,7 +282,7 @@ func TestHoldLeaverKeepsTheOrder(t *testing.T) {
 			}
 			w2.leave()
 			if tc.enterAfter {
-				w3, _ = q.enter(1, time.Now())
+				w3, _ = q.enter(1, false, time.Now())
 			}
 			if _, out := g.awaitRelease(context.Background(), w3, time.After(100*time.Millisecond), nil, testWrite()); out != holdTimedOut {
 				t.Fatalf("w3 released (outcome %d) while w1, before it, was still waiting", out)
@@ -246,13 +304,13 @@ func TestHoldLeaverKeepsTheOrder(t *testing.T) {
 // --max-held-requests. Once the head leaves, every place is freed.
 func TestAbandonedWritesStayCounted(t *testing.T) {
 	q := &holdQueue{maxCount: 3, maxBytes: 1 << 20}
-	head, err := q.enter(1, time.Now())
+	head, err := q.enter(1, false, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	accepted := 0
 	for range 10 {
-		h, err := q.enter(1, time.Now())
+		h, err := q.enter(1, false, time.Now())
 		if err != nil {
 			break
 		}
@@ -275,7 +333,7 @@ func TestHeldPastItsTimeoutNeverForwarded(t *testing.T) {
 	const n = 200
 	released := 0
 	for range n {
-		h, err := q.enter(1, time.Now())
+		h, err := q.enter(1, false, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +375,7 @@ func TestHoldModeReadWithTheFence(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	})
 	limits := bodyLimits{max: 1 << 20, timeout: time.Second, budget: newBodyBudget(1<<30, 1<<20, false), retryAfter: 1}
-	h := withAttributes(withFence(ok, g, &policy.Policy{}, limits, rf, newHolder(o, log), log), policy.NewClassifier())
+	h := withAttributes(withFence(ok, g, &policy.Policy{}, limits, rf, newHolder(o, false, log), log), policy.NewClassifier())
 	stop := make(chan struct{})
 	var refused, answered atomic.Int64
 	var wg sync.WaitGroup

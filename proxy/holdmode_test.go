@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,9 +34,19 @@ type answer struct {
 
 // postAsync sends a write and delivers its answer on the returned channel.
 func postAsync(ctx context.Context, c *http.Client, url string) <-chan answer {
+	return sendAsync(ctx, c, "POST", url, `{"kind":"ConfigMap"}`)
+}
+
+// sendAsync sends a write with body (none if empty) and delivers its answer on the returned
+// channel.
+func sendAsync(ctx context.Context, c *http.Client, method, url, body string) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"kind":"ConfigMap"}`))
+		var rd io.Reader = http.NoBody
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req, _ := http.NewRequestWithContext(ctx, method, url, rd)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
 		if err != nil {
@@ -276,6 +287,67 @@ func TestHoldPerConnectionShare(t *testing.T) {
 		if a := <-ch; a.code != 200 {
 			t.Fatalf("held write: %+v", a)
 		}
+	}
+}
+
+// TestHoldKeepsAShareForVerifiedClients: with --client-ca-file, writes from clients whose
+// certificate the proxy did not verify (anonymous, bearer tokens: any pod can reach the proxy)
+// may fill at most three quarters of the waiting room, in writes and in bytes, so that a node's
+// lease renewal is still held, and answered once the fence lifts, instead of getting 429: hold
+// mode would otherwise turn into refusing everyone whom an anonymous client outran.
+func TestHoldKeepsAShareForVerifiedClients(t *testing.T) {
+	const sent = 8 // anonymous writes, enough to fill the whole waiting room
+	cases := []struct {
+		name         string
+		bound        func(o *Options)
+		method, body string
+		wantHeld     int // of the anonymous writes
+	}{
+		{"--max-held-requests", func(o *Options) { o.MaxHeldRequests = sent }, "DELETE", "", 6},
+		{"--max-held-bytes", func(o *Options) { o.MaxHeldBytes, o.MaxWriteBodyBytes = sent*20, 64 }, "POST", `{"kind":"ConfigMap"}`, 6},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIdentityFixture(t, func(o *Options, _ string) { tc.bound(o) })
+			node, _, _ := f.clientCA.issue(t, f.dir, "node", "system:node:n1", []string{"system:nodes"}, x509.ExtKeyUsageClientAuth)
+			if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: true, Mode: admin.ModeHold}); err != nil {
+				t.Fatal(err)
+			}
+			anon := f.h2Client(nil)
+			var anons []<-chan answer
+			for range sent {
+				anons = append(anons, sendAsync(t.Context(), anon, tc.method, f.proxyURL+"/api/v1/namespaces/default/configmaps/a", tc.body))
+			}
+			waitForT(t, 10*time.Second, "every anonymous write held or refused", func() bool {
+				h := f.p.Status().Hold
+				return h.Held+int(h.Full) == sent
+			})
+			if h := f.p.Status().Hold; h.Held != tc.wantHeld {
+				t.Fatalf("anonymous writes held: %d of %d (hold %+v), want %d: a quarter of the room kept for verified clients", h.Held, sent, h, tc.wantHeld)
+			}
+			lease := sendAsync(t.Context(), f.h2Client(&node), "PUT", f.proxyURL+"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1", `{"kind":"Lease"}`)
+			waitForT(t, 10*time.Second, "the node's lease renewal held", func() bool {
+				select {
+				case a := <-lease:
+					t.Fatalf("the node's lease renewal answered while fenced: %+v, want it held", a)
+				default:
+				}
+				return f.p.Status().Hold.Held == tc.wantHeld+1
+			})
+			if _, err := f.p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			if a := <-lease; a.code != 200 {
+				t.Fatalf("the node's held lease renewal after fence off: %+v", a)
+			}
+			codes := map[int]int{}
+			for _, ch := range anons {
+				codes[(<-ch).code]++
+			}
+			if codes[200] != tc.wantHeld || codes[429] != sent-tc.wantHeld {
+				t.Fatalf("anonymous writes answered %v, want %d × 200 (held, then forwarded) and %d × 429", codes, tc.wantHeld, sent-tc.wantHeld)
+			}
+		})
 	}
 }
 

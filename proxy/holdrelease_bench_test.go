@@ -19,7 +19,7 @@ func BenchmarkHoldRelease(b *testing.B) {
 		q := &holdQueue{maxCount: n, maxBytes: 1 << 30}
 		var wg sync.WaitGroup
 		for range n {
-			h, err := q.enter(100, time.Now())
+			h, err := q.enter(100, false, time.Now())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -97,7 +97,7 @@ func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
 
 // holdMetrics are hold mode's: the waiting room now, and how holds ended.
 func holdMetrics(hd *holder) []prometheus.Collector {
-	q := &hd.q
+	q := hd.q
 	count := func(name, help string, v *atomic.Uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
@@ -110,7 +110,7 @@ func holdMetrics(hd *holder) []prometheus.Collector {
 		count("kubefence_hold_released_total", "Held writes forwarded after the fence lifted.", &q.released),
 		count("kubefence_hold_timed_out_total", "Held writes refused with 429 at --hold-timeout (never forwarded).", &q.timedOut),
 		count("kubefence_hold_abandoned_total", "Held writes whose client went away (never forwarded).", &q.abandoned),
-		count("kubefence_hold_full_total", "Writes refused at once because the waiting room (or the connection's share) was full.", &q.full),
+		count("kubefence_hold_full_total", "Writes refused at once because the waiting room (or the connection's share, or unverified clients' share) was full.", &q.full),
 	}
 }
 

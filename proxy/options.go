@@ -76,7 +76,8 @@ type Options struct {
 	MaxBufferedWriteBytes int64
 
 	// Hold mode bounds: how long a write may be held, and how many writes and body bytes may be
-	// held at once (per proxy, and per HTTP/2 connection as a share of its streams).
+	// held at once (per proxy, of which clients the proxy did not verify may take three quarters
+	// when it verifies client certificates, and per HTTP/2 connection as a share of its streams).
 	HoldTimeout          time.Duration
 	MaxHeldRequests      int
 	MaxHeldBytes         int64
@@ -142,8 +143,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.MaxWriteBodyBytes, "max-write-body-bytes", o.MaxWriteBodyBytes, "largest write body accepted (413 beyond), as kube-apiserver's own limit; the proxy reads a write's body whole before admitting it")
 	fs.Int64Var(&o.MaxBufferedWriteBytes, "max-buffered-write-bytes", o.MaxBufferedWriteBytes, "write body bytes being read or kept at once, over all clients and connections (reserved as they arrive, never ahead from a Content-Length, and released when the write ends; one client connection may hold a quarter of it, or one write of --max-write-body-bytes if more; with --client-ca-file, writes from clients without a certificate the proxy verified, bearer tokens and anonymous, may hold three quarters of it, or one write of --max-write-body-bytes if more, so that the rest is always there for certificate clients such as kubelets, kube-controller-manager and kube-scheduler); beyond, new writes get 429 + Retry-After at once, never forwarded")
 	fs.DurationVar(&o.HoldTimeout, "hold-timeout", o.HoldTimeout, "in hold mode, how long a write is held before it is refused with 429 (never forwarded); keep it under 5 s, the request timeout of client-go's leader election")
-	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once")
-	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once")
+	fs.IntVar(&o.MaxHeldRequests, "max-held-requests", o.MaxHeldRequests, "in hold mode, writes held at once; beyond, new writes get 429 at once (with --client-ca-file, writes from clients without a certificate the proxy verified may take three quarters of them, so that the rest is always there for certificate clients such as kubelets)")
+	fs.Int64Var(&o.MaxHeldBytes, "max-held-bytes", o.MaxHeldBytes, "in hold mode, body bytes held at once; beyond, new writes get 429 at once (with --client-ca-file, writes from clients without a certificate the proxy verified may take three quarters of them, or one write of --max-write-body-bytes if more)")
 	fs.IntVar(&o.HoldReleaseConcurrency, "hold-release-concurrency", o.HoldReleaseConcurrency, "in hold mode, held writes forwarded at once when the fence lifts (the rest wait their turn, in arrival order), so that the backend sees a pool of connections, not a storm")
 	fs.Uint32Var(&o.MaxConcurrentStreams, "http2-max-streams-per-connection", o.MaxConcurrentStreams, "HTTP/2 streams a client connection may open at once (kube-apiserver allows 100 unless set); in hold mode at most half of them may be held writes, so reads on the connection go on")
 	fs.DurationVar(&o.WriteBodyTimeout, "write-body-timeout", o.WriteBodyTimeout, "time a client has to send a write's body (408 beyond); a write is admitted, and counted by the fence's barrier, only once its body is in")

@@ -83,7 +83,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 	if cfg.authn != nil {
 		s.clientCA = cfg.certs.clientVerifyOptions
 	}
-	s.holder = newHolder(&cfg.opts, log)
+	s.holder = newHolder(&cfg.opts, cfg.authn != nil, log)
 	warnings := cfg.opts.Warnings()
 	if cfg.policy != nil {
 		warnings = append(warnings, cfg.policy.Warnings(cfg.authn != nil)...)

@@ -67,8 +67,16 @@ const connBudgetShare = 4
 
 // verifiedBudgetShare: writes from clients whose certificate the proxy verified have
 // 1/verifiedBudgetShare of the budget that other clients' writes may not take (unless that would
-// leave them less than one body of --max-write-body-bytes).
+// leave them less than one body of --max-write-body-bytes). Hold mode's waiting room keeps the
+// same share of its writes and bytes (hold.go).
 const verifiedBudgetShare = 4
+
+// unverifiedShare is what writes from clients the proxy did not verify may hold of total: all
+// but 1/verifiedBudgetShare of it, and at least least (one largest body, one write), if total
+// has that much.
+func unverifiedShare(total, least int64) int64 {
+	return max(total-total/verifiedBudgetShare, min(least, total))
+}
 
 // bodyBudget counts the write-body bytes reserved now, against max, and at most perConn of them
 // for the bodies of one client connection, and at most unverifiedMax of them (unverified) for
@@ -91,7 +99,7 @@ type bodyBudget struct {
 func newBodyBudget(total, maxBody int64, verifies bool) *bodyBudget {
 	b := &bodyBudget{max: total, perConn: max(total/connBudgetShare, maxBody), split: verifies}
 	if verifies {
-		b.unverifiedMax = max(total-total/verifiedBudgetShare, min(maxBody, total))
+		b.unverifiedMax = unverifiedShare(total, maxBody)
 	}
 	return b
 }
