@@ -715,38 +715,55 @@ func TestRollbackRefusesABlueApiserverNotReady(t *testing.T) {
 	}
 }
 
-// TestResumedRollbackChecksBlueBeforeItsSwitch: a rollback killed before its switch is resumed
-// with 'rollback --resume', the only way on from "rolling-back"; blue's apiserver may have gone
-// not ready meanwhile (the guard before a new rollback skips a resume, which may be past its
-// switch). Its switch step looks again before it switches: it fails, and the rollback goes back
-// to green, rather than send every proxy to a blue that does not serve and open writes there.
-func TestResumedRollbackChecksBlueBeforeItsSwitch(t *testing.T) {
+// TestResumedRollbackChecksBlue: a rollback killed before its switch is resumed with 'rollback
+// --resume', the only way on from "rolling-back"; blue's apiserver may have gone not ready
+// meanwhile (the guard before a new rollback skips a resume, which may be past its switch). The
+// resumed run looks again before it fences (its fence step; nothing fenced yet, so with the
+// usual patience) or, when the run that stopped had fenced, before its switch, within the
+// window's budget: the step fails and the rollback goes back to green, rather than send every
+// proxy to a blue that does not serve and open writes there.
+func TestResumedRollbackChecksBlue(t *testing.T) {
 	was := readyPatience
 	readyPatience = time.Second
 	t.Cleanup(func() { readyPatience = was })
-	p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
-	})
-	const gen = 7
-	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, FenceGeneration: gen, FencedAt: time.Now().UTC(),
-		Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}}, GreenPIDs: map[string]int{}}
-	if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := rj.save(p.StateDir + "/rollback"); err != nil {
-		t.Fatal(err)
-	}
-	main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
-	r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var calls []string
-	r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Fenced: true, Generation: gen}, &calls)
-	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepSwitch })
-	_, err = r.steps[i].run(t.Context(), r)
-	if err == nil || !strings.Contains(err.Error(), "/readyz") || slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, "backend") }) {
-		t.Fatalf("resumed rollback's switch onto a blue apiserver that is not ready: %v (proxy asked %q); want it refused before any switch", err, calls)
+	for _, tc := range []struct {
+		name   string
+		fenced bool // the run that stopped had fenced (and drained)
+		step   string
+		not    string // the call the step must not have made
+	}{
+		{"before its fence", false, StepFence, "fence on"},
+		{"inside its window", true, StepSwitch, "backend"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) {
+				http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
+			})
+			p.Timeouts.Window = Duration(5 * time.Second)
+			const gen = 7
+			rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, GreenPIDs: map[string]int{}}
+			if tc.fenced {
+				rj.FenceGeneration, rj.FencedAt, rj.Done = gen, time.Now().UTC(), []StepRecord{{Step: StepFence}, {Step: StepDrain}}
+			}
+			if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := rj.save(p.StateDir + "/rollback"); err != nil {
+				t.Fatal(err)
+			}
+			main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
+			r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls []string
+			r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Fenced: tc.fenced, Generation: gen}, &calls)
+			i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == tc.step })
+			_, err = r.steps[i].run(t.Context(), r)
+			if err == nil || !strings.Contains(err.Error(), "/readyz") || slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, tc.not) }) {
+				t.Fatalf("resumed rollback's %s with a blue apiserver that is not ready: %v (proxy asked %q); want it refused first", tc.step, err, calls)
+			}
+		})
 	}
 }
 

@@ -99,7 +99,7 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 // blueServesForRollback refuses a new rollback while blue's apiserver does not answer /readyz
 // (up to 15 s): the rollback's switch sends every proxy to it and its unfence opens writes
 // there, past which there is no going back to green but a new cutover. A resumed rollback goes
-// on: it may be past its switch (its switch step asks again when it is not:
+// on: it may be past its switch (before its fence or its switch it asks again:
 // resumedRollbackReady).
 func blueServesForRollback(ctx context.Context, o Options) error {
 	if o.Resume {

@@ -168,6 +168,8 @@ type runner struct {
 	// authClients are the etcd clients of the window's gate and ungate steps, by side name
 	// (authClient).
 	authClients map[string]*clientv3.Client
+	// blueReady: a resumed rollback found blue's apiserver ready (resumedRollbackReady).
+	blueReady bool
 	// greenHold ends what keeps green's restored leases alive from green's start until
 	// replication takes them over (holdGreenLeases), nil when nothing does.
 	greenHold func()

@@ -132,17 +132,24 @@ func awaitedWrites(d admin.Drain, from string) string {
 	return fmt.Sprintf("; of %d write(s) the fence policy let through, %d were not answered by %s within the proxy's --drain-timeout (%s may still commit them after replication stopped)", d.Writes, d.UnansweredWrites, from, from)
 }
 
-// resumedRollbackReady looks at blue's apiserver again before a resumed rollback's switch: the
-// check before a new rollback (blueServesForRollback) skips a resume, which may be past its
-// switch, and blue may have stopped serving since the run that stopped. Not ready, the step
-// fails and the rollback goes back to green, rather than open writes on a blue that does not
-// serve.
+// resumedRollbackReady looks at blue's apiserver again in a resumed rollback, before its fence
+// (the first step it runs: needsReplication) or, when the run that stopped had fenced, before its
+// switch: the check before a new rollback (blueServesForRollback) skips a resume, which may be
+// past its switch, and blue may have stopped serving since the run that stopped. Not ready, the
+// step fails and the rollback goes back to green, rather than open writes on a blue that does
+// not serve. With a fence journaled (writes may be held now) the window's budget bounds the look.
 func (r *runner) resumedRollbackReady(ctx context.Context) error {
-	if r.main == nil || !r.o.Resume {
+	if r.main == nil || !r.o.Resume || r.blueReady {
 		return nil
+	}
+	if !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = r.windowContext(ctx)
+		defer cancel()
 	}
 	if err := waitReady(ctx, r.to.api.Kubeconfig); err != nil {
 		return fmt.Errorf("%s's apiserver (blue.apiserver.kubeconfig) is not ready: %w; the rollback switches the proxies to it only once it is", r.to.name, err)
 	}
+	r.blueReady = true
 	return nil
 }

@@ -56,6 +56,9 @@ func withNote(note, detail string) string {
 type needsReplication struct{ step }
 
 func (s needsReplication) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.resumedRollbackReady(ctx); err != nil {
+		return "", err
+	}
 	picked, err := r.ensureReplication(ctx)
 	if err != nil {
 		return "", err
@@ -117,7 +120,7 @@ func (r *runner) pickUpAfterSwitch(ctx context.Context) (string, bool) {
 	defer cancel()
 	picked, err := r.ensureReplication(wctx)
 	if err != nil {
-		return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any (its apiserver's own leases), are not on green, and a watch the switch moved from one of them may miss green's events there", err), false
+		return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any, are not on green: its apiserver's own writes (its leases), and any write the fence's policy let through right at the switch (see the proxies' logs); a watch the switch moved from one of them may miss green's events there", err), false
 	}
 	return picked, true
 }
