@@ -60,7 +60,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 			answerBodyError(w, r, err, limits, log)
 			return
 		}
-		defer res.release() // the body is kept until the request ends
+		defer res.release() // the body is kept until the request ends (or until it is held)
 		if a.BodyDecidesDryRun() {
 			a.SetDryRunFromBody(r.Header.Get("Content-Type"), body, r.URL.RawQuery)
 		}
@@ -72,7 +72,7 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 				st.letThrough = true
 				next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 			case fence == fenceHolding && holdable(a) && !d.ByRule:
-				hd.hold(w, r, st, next, g, rf, int64(len(body)))
+				hd.hold(w, r, st, next, g, rf, int64(len(body)), &res)
 			default:
 				rf.refuse(w, r, st, d)
 			}
@@ -167,10 +167,6 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	if st.attrs.HasBody {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(rf.bodyTimeout))
 	}
-	st.answered = decisionRefused
-	rf.counter.Inc()
-	rf.total.Add(1)
-	a := &st.attrs
 	body, msg := *rf.body.Load(), "refused write: fence is on"
 	if d.ByRule { // the fence's body says reads work and writes only wait: name the rule instead
 		body = ruleRefusalBody(*rf.reason.Load(), d.Reason, rf.retryAfter)
@@ -178,7 +174,22 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	if d.Class == policy.Read {
 		msg = "refused read: fence is on"
 	}
-	rf.log.Info(msg, fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
+	rf.answer(w, r, st, d, msg, body)
+}
+
+// refuseFull answers 429 for a write hold mode would hold but cannot (its body is in): why names
+// the bound of the waiting room it is past (errHoldFull).
+func (rf *refusals) refuseFull(w http.ResponseWriter, r *http.Request, st *reqState, why error) {
+	rf.answer(w, r, st, policy.Decision{Class: policy.Write, Reason: why.Error()}, "refused write: fence is on",
+		holdFullBody(*rf.reason.Load(), why, rf.retryAfter))
+}
+
+// answer counts, logs (msg) and answers a refusal with its 429 body.
+func (rf *refusals) answer(w http.ResponseWriter, r *http.Request, st *reqState, d policy.Decision, msg string, body []byte) {
+	st.answered = decisionRefused
+	rf.counter.Inc()
+	rf.total.Add(1)
+	rf.log.Info(msg, fencedWriteLogArgs(&st.attrs, r.UserAgent(), "why", d.Reason)...)
 	h := w.Header()
 	h["Content-Type"] = []string{"application/json"}
 	h["Retry-After"] = []string{rf.retryAfterValue}

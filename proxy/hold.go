@@ -57,13 +57,20 @@ type heldWrite struct {
 	once       sync.Once
 	size       int64
 	unverified bool // counted in the unverified writes' share
+	// forwarding: the write was released, and its bytes stay counted until forwarded says the
+	// backend has answered it (its body is still in memory meanwhile).
+	forwarding bool
 	since      time.Time
 }
 
+// errHoldFull and the errors that wrap it say which bound of the waiting room a write is past;
+// enter and hold add the bound, so that the 429's message names the flag.
 var (
-	errHoldFull = errors.New("hold mode: too many writes held")
+	errHoldFull = errors.New("the waiting room of held writes is full")
 	// errHoldUnverifiedFull: beyond what writes from clients the proxy did not verify may hold.
-	errHoldUnverifiedFull = fmt.Errorf("%w from clients without a verified certificate", errHoldFull)
+	errHoldUnverifiedFull = fmt.Errorf("%w for clients without a certificate the proxy verified", errHoldFull)
+	// errHoldConnFull: beyond the connection's share of its streams.
+	errHoldConnFull = fmt.Errorf("%w on this connection", errHoldFull)
 )
 
 // newHoldQueue is the waiting room for at most maxCount writes and maxBytes bytes. When the
@@ -91,10 +98,14 @@ func (q *holdQueue) enter(size int64, verified bool, now time.Time) (*heldWrite,
 	unverified := q.split && !verified
 	var err error
 	switch {
-	case q.count+1 > q.maxCount || q.bytes+size > q.maxBytes:
-		err = errHoldFull
-	case unverified && (q.unverifiedCount+1 > q.unverifiedMaxCount || q.unverifiedBytes+size > q.unverifiedMaxBytes):
-		err = errHoldUnverifiedFull
+	case q.count+1 > q.maxCount:
+		err = fmt.Errorf("%w: more than --max-held-requests, %d writes", errHoldFull, q.maxCount)
+	case q.bytes+size > q.maxBytes:
+		err = fmt.Errorf("%w: more than --max-held-bytes, %d bytes", errHoldFull, q.maxBytes)
+	case unverified && q.unverifiedCount+1 > q.unverifiedMaxCount:
+		err = fmt.Errorf("%w: more than their share of --max-held-requests, %d writes", errHoldUnverifiedFull, q.unverifiedMaxCount)
+	case unverified && q.unverifiedBytes+size > q.unverifiedMaxBytes:
+		err = fmt.Errorf("%w: more than their share of --max-held-bytes, %d bytes", errHoldUnverifiedFull, q.unverifiedMaxBytes)
 	}
 	if err != nil {
 		q.full.Add(1)
@@ -134,18 +145,35 @@ func (h *heldWrite) leave() {
 	})
 }
 
-// pass frees the write's place and gives the turn to the write after it.
+// pass frees the write's place and gives the turn to the write after it; the bytes of a write
+// being forwarded stay counted (forwarded frees them).
 func (h *heldWrite) pass() {
 	q := h.q
 	q.mu.Lock()
 	q.count--
-	q.bytes -= h.size
 	if h.unverified {
 		q.unverifiedCount--
-		q.unverifiedBytes -= h.size
+	}
+	if !h.forwarding {
+		q.dropBytes(h)
 	}
 	q.mu.Unlock()
 	close(h.turn)
+}
+
+// forwarded frees the bytes of a released write once the backend has answered it.
+func (h *heldWrite) forwarded() {
+	h.q.mu.Lock()
+	h.q.dropBytes(h)
+	h.q.mu.Unlock()
+}
+
+// dropBytes stops counting h's bytes; q.mu is held.
+func (q *holdQueue) dropBytes(h *heldWrite) {
+	q.bytes -= h.size
+	if h.unverified {
+		q.unverifiedBytes -= h.size
+	}
 }
 
 // stats returns the writes and bytes held now.
@@ -282,13 +310,14 @@ type connHoldsKey struct{}
 // hold keeps a write that arrived while fenced in hold mode until the fence lifts, then forwards
 // it to the backend active at that moment; past the hold timeout, or beyond the bounds, it is
 // refused as in refuse mode and never forwarded. A client that leaves while held gets nothing
-// and nothing is forwarded.
-func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, next http.Handler, g *gate, rf *refusals, size int64) {
+// and nothing is forwarded. Once held, the write's size body bytes count against the waiting
+// room's bound (--max-held-bytes) instead of the write-body budget: body is given back.
+func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, next http.Handler, g *gate, rf *refusals, size int64, body *reservation) {
 	if n, _ := r.Context().Value(connHoldsKey{}).(*atomic.Int32); n != nil && r.ProtoMajor == 2 {
 		if n.Add(1) > hd.perConn {
 			n.Add(-1)
 			hd.q.full.Add(1)
-			rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: "hold: this connection's share of held streams is full"})
+			rf.refuseFull(w, r, st, fmt.Errorf("%w: more than half of --http2-max-streams-per-connection, %d streams", errHoldConnFull, hd.perConn))
 			return
 		}
 		defer n.Add(-1)
@@ -296,14 +325,16 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 	start := time.Now()
 	h, err := hd.q.enter(size, st.identity != nil, start)
 	if err != nil {
-		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: err.Error()})
+		rf.refuseFull(w, r, st, err)
 		return
 	}
+	body.release()
 	a := &st.attrs
 	hd.log.Info("held write: fence is on", fencedWriteLogArgs(a, r.UserAgent())...)
 	timer := time.NewTimer(hd.timeout)
 	defer timer.Stop()
 	id, out := g.awaitRelease(r.Context(), h, timer.C, hd.release, inflightWrite{attrs: a, userAgent: r.UserAgent(), start: start})
+	h.forwarding = out == holdReleased
 	h.leave()
 	hd.seconds.Observe(time.Since(start).Seconds())
 	switch out {
@@ -316,10 +347,11 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		w.WriteHeader(499) // nobody reads it: the client is gone
 	case holdReleased:
 		hd.q.released.Add(1)
-		// The registration and the release slot awaitRelease took end when the backend answers
-		// (or fails): a client slow to read its answer holds neither.
+		// The registration and the release slot awaitRelease took, and the body's bytes in the
+		// waiting room, end when the backend answers (or fails): a client slow to read its
+		// answer holds none of them.
 		var once sync.Once
-		done := func() { once.Do(func() { g.inflight.remove(id); <-hd.release }) }
+		done := func() { once.Do(func() { g.inflight.remove(id); <-hd.release; h.forwarded() }) }
 		st.answeredBy = done
 		defer done()
 		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,15 +98,15 @@ func TestHoldBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.enter(50, false, time.Now()); !errors.Is(err, errHoldFull) {
-		t.Fatalf("over the byte bound: %v", err)
+	if _, err := q.enter(50, false, time.Now()); !errors.Is(err, errHoldFull) || !strings.Contains(err.Error(), "--max-held-bytes, 100 bytes") {
+		t.Fatalf("over the byte bound: %v, want errHoldFull naming --max-held-bytes", err)
 	}
 	b, err := q.enter(40, false, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.enter(0, false, time.Now()); !errors.Is(err, errHoldFull) {
-		t.Fatalf("over the count bound: %v", err)
+	if _, err := q.enter(0, false, time.Now()); !errors.Is(err, errHoldFull) || !strings.Contains(err.Error(), "--max-held-requests, 2 writes") {
+		t.Fatalf("over the count bound: %v, want errHoldFull naming --max-held-requests", err)
 	}
 	a.leave()
 	a.leave() // harmless twice

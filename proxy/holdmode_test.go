@@ -393,6 +393,67 @@ func TestHoldByteBound(t *testing.T) {
 	}
 }
 
+// TestHeldBytesBoundByMaxHeldBytes: a held write's body counts against --max-held-bytes, not
+// --max-buffered-write-bytes: with both at 8 KiB, the write that would take the held bytes past
+// 8 KiB gets 429 at once naming --max-held-bytes, counted as the waiting room's refusal (fence
+// status, kubefence_hold_full_total), and raising --max-held-bytes holds more. The held bodies
+// kept the write-body budget full, so a 429 named --max-buffered-write-bytes instead, and
+// --max-held-bytes, the documented knob, changed nothing.
+func TestHeldBytesBoundByMaxHeldBytes(t *testing.T) {
+	const kib = 1 << 10
+	cases := []struct {
+		name     string
+		maxHeld  int64
+		wantHeld int // 1 KiB writes held before one gets 429
+	}{
+		{"--max-held-bytes as --max-buffered-write-bytes", 8 * kib, 8},
+		{"--max-held-bytes raised", 12 * kib, 12},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			api := newFakeAPI(t, "blue")
+			p := startProxy(t, api.URL, func(o *Options) {
+				o.MaxWriteBodyBytes, o.MaxBufferedWriteBytes, o.MaxHeldBytes = kib, 8*kib, tc.maxHeld
+			})
+			fenceHold(t, p)
+			url, body := p.url+"/api/v1/namespaces/default/configmaps", strings.Repeat("x", kib)
+			var held []<-chan answer
+			var refused answer
+			for i := 0; refused.code == 0 && i < 2*tc.wantHeld; i++ {
+				ch := sendAsync(t.Context(), http.DefaultClient, "POST", url, body)
+				waitFor(t, func() bool {
+					select {
+					case refused = <-ch:
+						return true
+					default:
+						return p.Status().Hold.Held == len(held)+1
+					}
+				})
+				if refused.code == 0 {
+					held = append(held, ch)
+				}
+			}
+			if refused.code != 429 || len(held) != tc.wantHeld {
+				t.Fatalf("after %d held writes: %+v, want 429 after %d", len(held), refused, tc.wantHeld)
+			}
+			if !strings.Contains(refused.body, "--max-held-bytes") {
+				t.Errorf("the 429 does not name --max-held-bytes: %s", refused.body)
+			}
+			if h := p.Status().Hold; h.Full < 1 {
+				t.Errorf("hold status %+v: the refusal is not counted as the waiting room's", h)
+			}
+			if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
+				t.Fatal(err)
+			}
+			for _, ch := range held {
+				if a := <-ch; a.code != 200 {
+					t.Fatalf("held write after fence off: %+v", a)
+				}
+			}
+		})
+	}
+}
+
 // TestHoldWarmsTheBackend: fencing in hold mode, and switching the backend while so fenced, open
 // connections to the backend that will receive the release (GET /livez, no write), as many as
 // --hold-release-concurrency over HTTP/1.1, so that the release pays no handshakes.

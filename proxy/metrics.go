@@ -82,7 +82,7 @@ func bodyBudgetMetrics(b *bodyBudget) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kubefence_buffered_write_bytes",
-			Help: "Write body bytes being read or kept now (reserved against --max-buffered-write-bytes).",
+			Help: "Write body bytes being read or kept now (reserved against --max-buffered-write-bytes; held writes' bodies count in kubefence_held_bytes instead).",
 		}, func() float64 { return float64(b.used.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kubefence_buffered_unverified_write_bytes",
@@ -105,7 +105,7 @@ func holdMetrics(hd *holder) []prometheus.Collector {
 		hd.seconds,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kubefence_held_writes", Help: "Writes held now (hold mode)."},
 			func() float64 { n, _ := q.stats(); return float64(n) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kubefence_held_bytes", Help: "Body bytes of the writes held now (hold mode)."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kubefence_held_bytes", Help: "Body bytes of the writes held now, and of released ones until the backend answers them (hold mode; counted against --max-held-bytes, not --max-buffered-write-bytes)."},
 			func() float64 { _, b := q.stats(); return float64(b) }),
 		count("kubefence_hold_released_total", "Held writes forwarded after the fence lifted.", &q.released),
 		count("kubefence_hold_timed_out_total", "Held writes refused with 429 at --hold-timeout (never forwarded).", &q.timedOut),

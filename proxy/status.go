@@ -39,6 +39,14 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, me
 	_, _ = w.Write(statusBody(code, reason, message, retryAfter))
 }
 
+// holdFullBody is the 429 body for a write hold mode would hold but cannot: why names the bound
+// of the waiting room it is past.
+func holdFullBody(reason string, why error, retryAfter int) []byte {
+	msg := fmt.Sprintf("kubefence: the Kubernetes API is fenced for a control-plane migration%s; writes are held until it lifts, "+
+		"but %s; retry in %ds (client-go retries by itself). Reads and watches still work.", fenceWhy(reason), why, retryAfter)
+	return statusBody(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, msg, retryAfter)
+}
+
 // ruleRefusalBody is the 429 body for a request a rule of the fence policy refuses (rule: which
 // one), read or write: not the fence's own, which says writes wait and reads work.
 func ruleRefusalBody(reason, rule string, retryAfter int) []byte {

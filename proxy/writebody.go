@@ -25,7 +25,8 @@ import (
 // as it grows, and it grows only once a byte arrives that it has no room for (from
 // initialWriteBuffer, by at most maxWriteChunk, never past the announced length), so that
 // announcing a Content-Length costs the budget nothing the client has not sent, and a body holds
-// at most maxWriteChunk more than it received; the reservation is released when the write ends.
+// at most maxWriteChunk more than it received; the reservation is released when the write ends,
+// or when hold mode holds it (a held body counts against --max-held-bytes instead, hold.go).
 // Beyond the budget a write gets 429 + Retry-After at once, and is never forwarded: without it,
 // anonymous clients opening many HTTP/2 streams, each sending all but the last byte of a body
 // near --max-write-body-bytes, would make the proxy hold gigabytes for --write-body-timeout.
@@ -186,7 +187,7 @@ func (res *reservation) shrink(n int64) {
 	}
 }
 
-// release gives back all the reservation holds.
+// release gives back all the reservation holds; then it holds nothing.
 func (res *reservation) release() {
 	if res.n == 0 {
 		return
@@ -195,6 +196,7 @@ func (res *reservation) release() {
 	if res.conn != nil {
 		res.conn.Add(-res.n)
 	}
+	res.n = 0
 }
 
 // maxWriteChunk is the most a body's buffer grows by at once: what a body may hold of the budget
