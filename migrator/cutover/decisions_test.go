@@ -1074,11 +1074,14 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 		resume, want bool
 		// journaled: an earlier run of the step unfenced (generation 12) and journaled it.
 		journaled bool
+		// fencedSince: an operator fenced the proxy after that (generation 13): it stays fenced.
+		fencedSince bool
 	}{
-		{"nothing by hand", false, false, false, false},
-		{"fence off by hand", true, false, true, false},
-		{"resumed inside the window", true, true, false, false},
-		{"resumed after the unfence was journaled", true, true, false, true},
+		{"nothing by hand", false, false, false, false, false},
+		{"fence off by hand", true, false, true, false, false},
+		{"resumed inside the window", true, true, false, false, false},
+		{"resumed after the unfence was journaled", true, true, false, true, false},
+		{"fenced by hand after the unfence was journaled", true, true, true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := replicatePlan(t)
@@ -1086,6 +1089,9 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 			st := &admin.Status{Backend: p.Green.APIServer.URL, Fenced: true, Generation: 11} // fenced at 10, switched: 11
 			if tc.byHand {
 				st.Fenced, st.Generation = false, 12
+			}
+			if tc.fencedSince {
+				st.Fenced, st.Generation = true, 13
 			}
 			fenced := time.Now().Add(-time.Minute)
 			j := &Journal{FencedAt: fenced, FenceGeneration: 10}
@@ -1102,6 +1108,9 @@ func TestUnfenceNoticesAHandMadeChange(t *testing.T) {
 			}
 			if tc.journaled && (!r.j.UnfencedAt.Equal(fenced.Add(50*time.Millisecond)) || !strings.Contains(detail, "window 50ms")) {
 				t.Errorf("unfence detail %q, journaled end %s: want the window journaled first (50ms) kept", detail, r.j.UnfencedAt.Sub(fenced))
+			}
+			if tc.journaled && (len(calls) > 0 || st.Fenced != tc.fencedSince) {
+				t.Errorf("proxy %+v, asked %q: an unfence every proxy acknowledged is not sent again (a fence on since is someone else's)", *st, calls)
 			}
 		})
 	}

@@ -128,7 +128,8 @@ func TestFinishRollbackByHand(t *testing.T) {
 // TestWayBackWithAProxysCredentialsGone: abort and cleanup read the plan without checking the
 // files it names (runbook), so a proxy whose admin client certificate or CA is gone since (its
 // host rebuilt, the proxy decommissioned) must not keep them from running: cleanup talks to no
-// proxy, and the abort finds that proxy unreachable, saying why, and unfences the others.
+// proxy, and to the abort that proxy is one that does not answer, saying why (an abort unfences
+// the others and reports itself incomplete then, as for a proxy that is down).
 func TestWayBackWithAProxysCredentialsGone(t *testing.T) {
 	p, _ := validPlan(t)
 	missing := filepath.Join(t.TempDir(), "gone.crt")

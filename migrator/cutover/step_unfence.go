@@ -22,6 +22,9 @@ func (unfenceStep) describe(r *runner, _ bool) string {
 }
 
 func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
+	if !r.j.UnfencedAt.IsZero() {
+		return r.unfencedBefore(ctx)
+	}
 	if err := r.proxiesOnTarget(ctx); err != nil {
 		return "", err
 	}
@@ -29,18 +32,30 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if r.j.UnfencedAt.IsZero() {
-		// Once: a run of this step killed after journaling it (while it waited for the moved
-		// watches) is resumed with writes open since; its fence off, sent again, changes
-		// nothing, and the window ended then.
-		r.j.UnfencedAt, r.j.UnfenceGeneration = time.Now().UTC(), resp.Status.Generation
-		r.j.RefusedAtUnfence = resp.Status.RefusedWrites
-	}
+	r.j.UnfencedAt, r.j.UnfenceGeneration = time.Now().UTC(), resp.Status.Generation
+	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
 	detail := fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
 	if extra := r.changesByHand(r.j.UnfenceGeneration); extra > 0 {
 		detail += fmt.Sprintf("; WARNING: the proxies' state changed %d more time(s) since the fence than by this cutover's switch and unfence: a fence or backend command run by hand during the window? Writes may have reopened before this step (check each proxy's log for \"fence off\"); the window reported ends here", extra)
 	}
 	return detail + r.resumesEnded(ctx, resp.Status), nil
+}
+
+// unfencedBefore is the unfence of a run resumed after this step journaled its fence off,
+// which every proxy had acknowledged (the run was killed while it waited for the moved
+// watches): the window ended then, and the fence off is not sent again: a fence on now is
+// someone else's (an operator's, since), as the abort holds too (ownFence). A change since is
+// named, and left as it is.
+func (r *runner) unfencedBefore(ctx context.Context) (string, error) {
+	st, err := r.adm.Status(ctx)
+	if err != nil {
+		return "", err
+	}
+	detail := fmt.Sprintf("writes opened on %s at %s, journaled by the run that stopped; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Format(time.RFC3339Nano), r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
+	if st.Fenced || r.j.UnfenceGeneration != 0 && st.Generation != r.j.UnfenceGeneration {
+		detail += fmt.Sprintf("; WARNING: the proxies changed since (state generation %d then, %d now; fenced now: %v): a fence or backend command run by hand? They are left as they are", r.j.UnfenceGeneration, st.Generation, st.Fenced)
+	}
+	return detail + r.resumesEnded(ctx, st), nil
 }
 
 // proxiesOnTarget readies the proxies for the unfence, each of which opens only on r.to: one
