@@ -492,17 +492,40 @@ func TestTakeOff(t *testing.T) {
 // once its client has taken the bytes, which a client that stopped reading never does. One
 // whose goroutine waits in Read is woken and moves itself, as before.
 func TestMoveTakesOffAWatchStillWriting(t *testing.T) {
-	for _, out := range []bool{true, false} {
-		b, nb, w := watchToMove(t)
-		w.out = out
-		if d := w.moveTo(nb, false); d != map[bool]departure{true: departGone, false: departs}[out] {
-			t.Fatalf("out %v: departure %v", out, d)
+	for _, park := range []bool{false, true} {
+		for _, out := range []bool{true, false} {
+			b, nb, w := watchToMove(t)
+			old := &closeRecorder{ReadCloser: w.rc}
+			w.rc, w.out = old, out
+			want := map[bool]departure{true: departGone, false: departs}[out]
+			if park && !out {
+				want = departParked
+			}
+			if d := w.moveTo(nb, park); d != want {
+				t.Fatalf("park %v out %v: departure %v, want %v", park, out, d, want)
+			}
+			if w.takenOff != (out || park) || b.openStreams() != map[bool]int{false: 1}[out || park] {
+				t.Errorf("park %v out %v: taken off %v, %d stream(s) left on the old backend", park, out, w.takenOff, b.openStreams())
+			}
+			// Taken off while it writes, nothing more is read from the old body: it is closed at
+			// once, not kept open (its events buffered) until the client reads again.
+			if out && !old.closed.Load() {
+				t.Errorf("park %v out %v: the old body is still open", park, out)
+			}
+			_ = w.Close()
 		}
-		if w.takenOff != out || b.openStreams() != map[bool]int{false: 1}[out] {
-			t.Errorf("out %v: taken off %v, %d stream(s) left on the old backend", out, w.takenOff, b.openStreams())
-		}
-		_ = w.Close()
 	}
+}
+
+// closeRecorder records that its body was closed.
+type closeRecorder struct {
+	io.ReadCloser
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Store(true)
+	return c.ReadCloser.Close()
 }
 
 // TestEndingWatchStillWritingLeavesAtOnce: a watch a switch ends rather than moves (it cannot

@@ -145,7 +145,10 @@ func (w *watchBody) moveTo(nb *backend, park bool) departure {
 	switch {
 	case w.out:
 		// Taken off; or takeOff left it (it will end: not resumable after all, or its
-		// certificate no longer verifies), and it reads nothing more there either.
+		// certificate no longer verifies), and it reads nothing more there either: the old
+		// body is closed now, not when its client reads again (its backend would go on
+		// sending it events, buffered for nobody).
+		_ = w.rc.Close()
 		return departGone
 	case park:
 		return departParked
