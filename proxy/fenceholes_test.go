@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubefence/kubefence/internal/testenv"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -504,6 +505,9 @@ func TestAdminSocketDirNoSymlink(t *testing.T) {
 // socket's directory away and put one holding a fake socket in its place (--admin-socket=
 // /home/ops/kf/admin.sock, the proxy root). A root-owned sticky one (/tmp) is enough.
 func TestAdminSocketDirAncestors(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root to give directories to another user")
+	}
 	tmp, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
