@@ -23,6 +23,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubefence/kubefence/internal/testenv"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -615,6 +616,58 @@ func TestMissingStateWithoutUpstream(t *testing.T) {
 	_, err = New(cfg, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), o.StateFile) || !strings.Contains(err.Error(), "--upstream") {
 		t.Fatalf("New = %v; want an error naming the missing state file and --upstream", err)
+	}
+}
+
+// TestStateFileInAnUntrustedDir: the proxy reads its state file back as root and acts on it (open
+// or fenced, which backend): in a directory another user owns, or may write to, or below one,
+// that user could write a state file of theirs (fenced false, mid-cutover) for the next start.
+// The proxy refuses to start there, as it refuses such an admin socket directory.
+func TestStateFileInAnUntrustedDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root to give directories to another user")
+	}
+	tmp := t.TempDir()
+	mkdir := func(name string, mode os.FileMode, uid int) string {
+		d := filepath.Join(tmp, name)
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, tc := range []struct{ name, dir, want string }{
+		{"owned by another user", mkdir("ops", 0o700, 12345), "uid 12345"},
+		{"others may write to it", mkdir("open", 0o777, 0), "others can write"},
+		{"below another user's", mkdir("home/ops/kf", 0o700, 0), "uid 12345"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasPrefix(tc.name, "below") {
+				if err := os.Chown(filepath.Dir(tc.dir), 12345, -1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o := NewOptions()
+			o.Listen, o.InsecureListen, o.MetricsListen = "127.0.0.1:0", true, "127.0.0.1:0"
+			o.Upstream = "https://127.0.0.1:1"
+			o.AdminSocket, o.StateFile = filepath.Join(t.TempDir(), "admin.sock"), filepath.Join(tc.dir, "state.json")
+			if errs := o.Validate(); len(errs) > 0 {
+				t.Fatalf("options: %v", errs)
+			}
+			cfg, err := o.Complete()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = New(cfg, slog.New(slog.DiscardHandler)) // New starts nothing: Start listens
+			if err == nil || !strings.Contains(err.Error(), "--state-file") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v; want a refusal of the state file's directory saying %q", err, tc.want)
+			}
+		})
 	}
 }
 

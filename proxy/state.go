@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
+	"github.com/kubefence/kubefence/internal/pathguard"
 )
 
 // stateVersion is the version of the state file format.
@@ -85,7 +86,10 @@ func (s *stateStore) load() (State, error) {
 }
 
 // checkWritable fails unless the state file's directory exists and a file can be created in it:
-// found at start-up, not at the first 'fence on', whose acknowledgement needs the save.
+// found at start-up, not at the first 'fence on', whose acknowledgement needs the save. Nor may
+// another user be able to change what is in it (own it, write to it, or to a directory above):
+// the proxy reads the file back at its next start and acts on it (open or fenced, which
+// backend), so whoever could put a file of theirs there could open writes mid-cutover.
 func (s *stateStore) checkWritable() error {
 	if s == nil {
 		return nil
@@ -97,7 +101,10 @@ func (s *stateStore) checkWritable() error {
 	}
 	name := f.Name()
 	f.Close()
-	return os.Remove(name)
+	if err := os.Remove(name); err != nil {
+		return err
+	}
+	return pathguard.CheckTrustedDirLike("--state-file's directory", dir, "/var/lib/kubefence")
 }
 
 func (s *stateStore) save(st State) error {

@@ -268,6 +268,11 @@ func linkCount(st *syscall.Stat_t) uint64 {
 // that user could plant them.
 func CheckTrustedDir(role, dir string) error { return checkTrusted(role, dir, true, backupExample) }
 
+// CheckTrustedDirLike is CheckTrustedDir with example the directory its error suggests instead.
+func CheckTrustedDirLike(role, dir, example string) error {
+	return checkTrusted(role, dir, true, example)
+}
+
 // CheckTrustedParent is CheckTrustedDir for a directory to be made: its nearest existing
 // ancestor must be out of other users' reach as a directory above it is (a root-owned sticky
 // one, /tmp, will do).
