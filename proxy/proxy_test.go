@@ -1021,3 +1021,15 @@ func TestStatusSaysItsDrainTimeout(t *testing.T) {
 		t.Fatalf("status %+v %v: want drainTimeout 7s", st, err)
 	}
 }
+
+// TestStatusNamesItsInstance: each proxy process answers its status with a name of its own, so
+// that a cutover can tell one proxy named twice in its plan (its socket and its address) from
+// two proxies.
+func TestStatusNamesItsInstance(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	a, b := startProxy(t, api.URL), startProxy(t, api.URL)
+	ia, ib := a.Status().Instance, b.Status().Instance
+	if ia == "" || ia == ib || a.Status().Instance != ia {
+		t.Fatalf("instances %q and %q: want each proxy's own, the same at every status", ia, ib)
+	}
+}

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -37,6 +38,7 @@ import (
 type Server struct {
 	cfg        *Config
 	log        *slog.Logger
+	instance   string // a random name of this process, in its status
 	classifier *policy.Classifier
 	policy     *policy.Policy
 
@@ -79,6 +81,7 @@ func New(cfg *Config, log *slog.Logger) (*Server, error) {
 		headerNames: cfg.headerNames,
 		authn:       cfg.authn,
 		serveErr:    make(chan error, 3),
+		instance:    rand.Text()[:16],
 	}
 	if cfg.authn != nil {
 		s.clientCA = cfg.certs.clientVerifyOptions
@@ -213,7 +216,7 @@ func (s *Server) Status() admin.Status {
 		listen = s.apiLn.Addr().String()
 	}
 	return admin.Status{
-		APILevel: admin.APILevel, Version: version.Version,
+		APILevel: admin.APILevel, Version: version.Version, Instance: s.instance,
 		Listen: listen, Fenced: st.Fenced, Reason: st.Reason, Unconfirmed: st.Unconfirmed, Unchecked: st.Unchecked, Backend: st.Backend,
 		Switchable: &admin.Switchable{Upstream: s.cfg.opts.Upstream, AllowedBackends: s.cfg.opts.AllowedBackends}, DrainTimeout: admin.Duration(s.cfg.opts.DrainTimeout),
 		Generation: st.Generation, ChangedAt: st.ChangedAt,

@@ -269,6 +269,28 @@ type proxyGroup struct {
 	clocks map[string]clockReading
 }
 
+// namedOnce refuses two of the plan's proxies that are one process (their statuses' instance):
+// one proxy named two ways the plan check cannot tell apart (its socket and its --admin-listen
+// address, an IP and a host name) would be fenced twice at once, and its generation would never
+// be what the switch expects. A proxy that does not answer is left to the status that follows.
+func (g *proxyGroup) namedOnce(ctx context.Context) error {
+	res, _ := admin.Each(ctx, g.proxies, statusOf)
+	seen := map[string]string{}
+	var errs []error
+	for _, r := range res {
+		id := r.Value.Instance
+		if r.Err != nil || id == "" { // down, or a proxy too old to say
+			continue
+		}
+		if first, ok := seen[id]; ok {
+			errs = append(errs, fmt.Errorf("%s and %s are one proxy (instance %s) named twice in the plan: list each proxy once", named([]string{first}), named([]string{r.Proxy}), id))
+			continue
+		}
+		seen[id] = r.Proxy
+	}
+	return errors.Join(errs...)
+}
+
 func (g *proxyGroup) Status(ctx context.Context) (admin.Status, error) {
 	res, err := admin.Each(ctx, g.proxies, statusOf)
 	if err != nil {

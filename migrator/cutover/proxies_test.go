@@ -698,3 +698,32 @@ func TestOpenProxyAtUnfenceNamesTheResume(t *testing.T) {
 		}
 	}
 }
+
+// TestOneProxyNamedTwice: the plan may name one proxy twice in ways the plan check cannot tell
+// apart (its socket and its --admin-listen address, an IP and a host name): fenced twice at
+// once, its generation is never what the switch expects, and every run aborts in its window.
+// The preflight asks each proxy which process it is (its status's instance) and refuses two
+// entries that are one.
+func TestOneProxyNamedTwice(t *testing.T) {
+	for _, twice := range []bool{true, false} {
+		p, _ := validPlan(t)
+		r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{}}).forward()
+		var calls []string
+		a := &admin.Status{Backend: strings.TrimSuffix(p.Blue.APIServer.URL, "/"), Generation: 1, Instance: "7f3a"}
+		b := a
+		if !twice {
+			b = &admin.Status{Backend: a.Backend, Generation: 1, Instance: "c01d"}
+		}
+		r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{
+			{Name: "/run/kubefence/admin.sock", Client: memProxy(a, &calls)},
+			{Name: "https://10.0.0.5:9443", Client: memProxy(b, &calls)},
+		}}
+		err := r.checkProxyOnBlue(t.Context())
+		if twice && (err == nil || !strings.Contains(err.Error(), "one proxy") || !strings.Contains(err.Error(), "https://10.0.0.5:9443")) {
+			t.Errorf("one proxy named twice: %v; want it refused, naming both entries", err)
+		}
+		if !twice && err != nil {
+			t.Errorf("two proxies: %v", err)
+		}
+	}
+}

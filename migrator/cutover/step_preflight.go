@@ -135,8 +135,12 @@ var (
 	progressFixed35 = version.MustParseSemantic("3.5.13")
 )
 
-// checkProxyOnBlue checks the proxy answers, open, with blue as its backend.
+// checkProxyOnBlue checks the proxy answers, open, with blue as its backend, and that the plan
+// names each proxy once.
 func (r *runner) checkProxyOnBlue(ctx context.Context) error {
+	if err := r.group().namedOnce(ctx); err != nil {
+		return err
+	}
 	st, err := r.adm.Status(ctx)
 	switch {
 	case err != nil:

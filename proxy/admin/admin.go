@@ -42,6 +42,9 @@ type Status struct {
 	// Version is its kubefence build.
 	APILevel int    `json:"apiLevel"`
 	Version  string `json:"version,omitempty"`
+	// Instance is a random name the proxy process took when it started: two admin addresses
+	// answering with one instance are one proxy (a cutover refuses a plan naming it twice).
+	Instance string `json:"instance,omitempty"`
 	Fenced   bool   `json:"fenced"`
 	Reason   string `json:"reason,omitempty"`
 	// Unconfirmed is set while the proxy serves nothing (503) because its state file was
