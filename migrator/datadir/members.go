@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +46,17 @@ func InitialCluster(peers []Peer) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// as is this membership for building member id: its peers, with the name and peer URLs they
+// record for id as Self.
+func (m Membership) as(id uint64) (Membership, error) {
+	i := slices.IndexFunc(m.Peers, func(p Peer) bool { return p.ID == id })
+	if i < 0 {
+		return m, fmt.Errorf("member %x is not among the voting members the most advanced member (%s) records (removed from the cluster since?)", id, m.Self.Name)
+	}
+	m.Self = m.Peers[i]
+	return m, nil
 }
 
 // ReadMembership reads the member's id from its WAL and the cluster's members from its backend

@@ -797,3 +797,62 @@ func TestRebuildHoldsTheDirsWhileSwapping(t *testing.T) {
 		t.Errorf("a copy of %s while the swap ran: %v; want it refused, the dir in use", f.dirs[1], copyErr)
 	}
 }
+
+// TestRebuildUsesTheSourcesMembership: etcd's restore derives the member IDs and the cluster ID
+// from --initial-cluster and the token, so every member is built with the membership of the
+// source (the most advanced member): a lagging member's own view (a member removed, a peer URL
+// changed since) would build it into another cluster, and the next step would get no leader. A
+// data dir of a member the source does not record is refused before anything is built.
+func TestRebuildUsesTheSourcesMembership(t *testing.T) {
+	moved := func(p Peer) Peer { p.PeerURLs = []string{"http://127.0.0.1:42380"}; return p }
+	m4 := Peer{ID: 0x4, Name: "m4", PeerURLs: []string{"http://127.0.0.1:52380"}}
+	for _, tc := range []struct {
+		name  string
+		dir   int    // the data dir rewritten, at its fixture commit index
+		peers []Peer // what its members bucket lists instead
+		want  string // a refusal, or "" for every member built with the source's membership
+	}{
+		{"a lagging member missed a removal", 0, append(slices.Clone(testPeers), m4), ""},
+		{"a lagging member missed another's peer URL update", 0, []Peer{testPeers[0], testPeers[1], moved(testPeers[2])}, ""},
+		{"a lagging member missed its own peer URL update", 0, []Peer{moved(testPeers[0]), testPeers[1], testPeers[2]}, ""},
+		{"the source does not record a member given", 1, testPeers[:2], "m3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRebuildFixture(t)
+			d := f.dirs[tc.dir]
+			if err := os.RemoveAll(d); err != nil {
+				t.Fatal(err)
+			}
+			self := slices.IndexFunc(tc.peers, func(p Peer) bool { return p.ID == testPeers[tc.dir].ID })
+			writeMemberWith(t, d, tc.peers[self], []uint64{10, 30, 20}[tc.dir], tc.peers)
+			built := map[string]Membership{}
+			record := func(src, tmp string, ms Membership) (string, error) {
+				built[tmp] = ms
+				return f.build(src, tmp, ms)
+			}
+			if err := checkWholeCluster(f.dirs); (err != nil) != (tc.want != "") {
+				t.Fatalf("checkWholeCluster = %v, want a refusal: %v", err, tc.want != "")
+			}
+			e, s := f.start()
+			err := e.rebuild(t.Context(), s, record)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || len(built) > 0 {
+					t.Fatalf("rebuild = %v, built %d; want a refusal naming %q before any build", err, len(built), tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("rebuild: %v", err)
+			}
+			for i, d := range f.dirs {
+				ms := built[newPath(d)]
+				if got, want := ms.InitialCluster(), InitialCluster(testPeers); got != want {
+					t.Errorf("%s built with --initial-cluster %s, want the source's %s", d, got, want)
+				}
+				if !slices.Equal(ms.Self.PeerURLs, testPeers[i].PeerURLs) || ms.Self.Name != testPeers[i].Name {
+					t.Errorf("%s built as %s at %v, want %s at %v (the source's record)", d, ms.Self.Name, ms.Self.PeerURLs, testPeers[i].Name, testPeers[i].PeerURLs)
+				}
+			}
+		})
+	}
+}

@@ -274,24 +274,17 @@ func mostAdvanced(dirs []string) (string, map[string]Membership, error) {
 	return best, all, nil
 }
 
-// oneWholeCluster refuses data dirs that are not, one each, every member of one cluster: a
-// rebuild builds them all from the most advanced (best) with its membership, so another
-// cluster's member would get this one's data, and a member left out could never rejoin.
 // checkWholeCluster refuses data dirs that are not every voting member of one cluster, each
 // once, before anything is journaled or backed up: a step starts etcd on them together, and one
 // member of three has no quorum (the step times out), two of three leave the third at the old
 // version, and members still running elsewhere would take the step's etcd in (it dials the
 // peer URLs its data records) and get its health checks written.
+//
+// The members are judged by the most advanced one's membership, as a rebuild builds them: a
+// lagging member may still list one removed since, or miss one added.
 func checkWholeCluster(dirs []string) error {
-	all := map[string]Membership{}
-	for _, d := range dirs {
-		ms, err := ReadMembership(d, "")
-		if err != nil {
-			return err
-		}
-		all[d] = ms
-	}
-	if err := oneWholeCluster(dirs, all, dirs[0]); err != nil || len(dirs) == 1 {
+	_, all, err := mostAdvanced(dirs)
+	if err != nil || len(dirs) == 1 {
 		return err // a single member gets a loopback peer URL of the step's own
 	}
 	for _, d := range dirs {
@@ -304,6 +297,10 @@ func checkWholeCluster(dirs []string) error {
 	return nil
 }
 
+// oneWholeCluster refuses data dirs that are not, one each, every member of one cluster: a
+// rebuild builds them all from the most advanced (best) with its membership, so another
+// cluster's member would get this one's data, a member left out could never rejoin, and one the
+// most advanced does not record (removed since) could not be built.
 func oneWholeCluster(dirs []string, all map[string]Membership, best string) error {
 	src := all[best]
 	seen := map[uint64]string{}
@@ -316,6 +313,9 @@ func oneWholeCluster(dirs []string, all map[string]Membership, best string) erro
 			return fmt.Errorf("%s and %s are the same member (%s, %x) twice: give each member's data dir once", other, d, ms.Self.Name, ms.Self.ID)
 		}
 		seen[ms.Self.ID] = d
+		if _, err := src.as(ms.Self.ID); err != nil {
+			return fmt.Errorf("%s (member %s): %w: give only the data dirs of its members", d, ms.Self.Name, err)
+		}
 	}
 	for _, p := range src.Peers {
 		if _, ok := seen[p.ID]; !ok {
@@ -468,11 +468,19 @@ func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) 
 	if err := e.checkUnchanged(src, swapped, todo); err != nil {
 		return err
 	}
+	var srcMS Membership
+	if len(todo) > 0 { // the source is among them, swapped last: its data is still there
+		ms, err := ReadMembership(src.DataDir, "")
+		if err != nil {
+			return err
+		}
+		srcMS = ms
+	}
 	for _, d := range todo {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := e.buildMember(s, src, d, build); err != nil {
+		if err := e.buildMember(s, src, srcMS, d, build); err != nil {
 			return err
 		}
 	}
@@ -493,16 +501,23 @@ func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) 
 }
 
 // buildMember builds data dir d's new dir from src and marks it ready, unless the interrupted
-// run did.
-func (e *executor) buildMember(s *StepReport, src RebuildSource, d string, build buildFunc) error {
+// run did. The member is built with the source's membership (srcMS), as the source records it:
+// etcd's restore derives the member IDs and the cluster ID from --initial-cluster and the
+// token, so a lagging member's own view (a member removed or a peer URL changed since) would
+// build it into another cluster than the others.
+func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membership, d string, build buildFunc) error {
 	tmp := newPath(d)
 	if markedFrom(tmp, src) {
 		s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
 		return nil
 	}
-	ms, err := ReadMembership(d, "")
+	own, err := ReadMembership(d, "")
 	if err != nil {
 		return err
+	}
+	ms, err := srcMS.as(own.Self.ID)
+	if err != nil {
+		return fmt.Errorf("%s: %w", d, err)
 	}
 	owner, err := ownerOf(d)
 	if err != nil {
