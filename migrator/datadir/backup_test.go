@@ -349,10 +349,7 @@ func TestCopiesFollowSymlinks(t *testing.T) {
 					}
 					return
 				}
-				if kind == "copy" && err != nil && strings.Contains(err.Error(), "not readable") {
-					err = nil // the fake member is not readable by Detect; the files are what matter
-				}
-				if err != nil {
+				if err != nil { // the fake member's backend is not bbolt: a warning in a copy's report
 					t.Fatal(err)
 				}
 				got := readTree(t, out)

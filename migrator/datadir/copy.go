@@ -38,6 +38,9 @@ type CopyReport struct {
 	CommitIndex uint64        `json:"commitIndex,omitempty"`
 	Detection   *Detection    `json:"detection,omitempty"`
 	Duration    time.Duration `json:"durationNanos"`
+	// Warnings say what the copy, whole and matching its manifest, could not be told: the
+	// version and storage Detect could not read from it (Detection is then nil).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // InUse reports whether something holds the data dir: a running etcd (it keeps an exclusive
@@ -129,13 +132,22 @@ func CopyStopped(ctx context.Context, dataDir, walDir, dst string) (CopyReport, 
 		return rep, err
 	}
 	rep.Files, rep.Bytes, rep.Manifest = len(m), m.Bytes(), filepath.Join(dst, ManifestName)
-	d, err := Detect(dst, "")
-	if err != nil {
-		return rep, fmt.Errorf("the copy in %s is not readable: %w", dst, err)
-	}
-	rep.Detection = &d
+	rep.detect()
 	rep.Duration = time.Since(start)
 	return rep, nil
+}
+
+// detect says in the report what the copy holds (Detection). The copy is whole and matches its
+// manifest by now, so one Detect cannot read (a stale or garbled version.txt copied as it was, a
+// WAL it cannot parse) is a warning, not a failure: a failure would leave a good copy in place
+// unreported, and a rerun would be refused for the output not being empty.
+func (r *CopyReport) detect() {
+	d, err := Detect(r.Output, "")
+	if err != nil {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("the copy is whole and matches its manifest, but kubefence cannot tell what the copy holds: %v", err))
+		return
+	}
+	r.Detection = &d
 }
 
 // A running member's data dir is not a consistent copy: its backend is a bbolt file updated in
@@ -196,9 +208,7 @@ func CopyLive(ctx context.Context, dataDir, walDir, dst string, spec ConnSpec, e
 		})
 		if err == nil {
 			rep.Files, rep.Bytes, rep.Manifest, rep.Snapshot, rep.CommitIndex = len(m), m.Bytes(), filepath.Join(dst, ManifestName), &snap, commit
-			if d, err := Detect(dst, ""); err == nil {
-				rep.Detection = &d
-			}
+			rep.detect()
 			rep.Duration = time.Since(start)
 			return rep, nil
 		}
