@@ -148,7 +148,9 @@ func TestJournalPerSetOfDataDirs(t *testing.T) {
 // later first (3.5.1–3.5.19 did not persist a learner's promotion, and only 3.5.26 cleans up
 // zombie members; 3.6 repairs the learner flag only). So an upgrade that reaches 3.6 refuses an
 // older 3.5 binary, naming it and the floor, and runs the 3.5 binary on 3.5 data that is not
-// known to have run on 3.5.26 or later (an older version.txt, or an inferred 3.5).
+// known to have run on 3.5.26 or later (an older version.txt, or an inferred 3.5). Data with v2
+// content gets a 3.5 run whatever its patch (it applies the WAL before the v2 migration), so the
+// floor shows on v3-only data: 3.5.26 or later in version.txt goes straight to 3.6.
 func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 	bin := t.TempDir()
 	for _, v := range []string{"3.5.9", "3.5.35", "3.6.16"} {
@@ -158,17 +160,24 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cur  Detection
+		v2   bool
 		want []string
 	}{
-		{"3.5.9 in version.txt", Detection{Version: Version{3, 5, 9}, Storage: StorageV2, Source: VersionFileName},
+		{"3.5.9/etcd2 in version.txt", Detection{Version: Version{3, 5, 9}, Storage: StorageV2, Source: VersionFileName}, true,
 			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
-		{"3.5 inferred", Detection{Version: Version{3, 5, 0}, Storage: StorageV2, Source: "inferred"},
+		{"3.5 inferred, v2 content", Detection{Version: Version{3, 5, 0}, Storage: StorageV2, Source: "inferred"}, true,
 			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
-		{"3.5.26 in version.txt", Detection{Version: Version{3, 5, 26}, Storage: StorageV2, Source: VersionFileName},
+		{"3.5.26/etcd2 in version.txt", Detection{Version: Version{3, 5, 26}, Storage: StorageV2, Source: VersionFileName}, true,
 			[]string{"run@3.5.35", "migrate-v2@3.5.35", "run@3.6.16"}},
+		{"3.5.9/etcd3 in version.txt", Detection{Version: Version{3, 5, 9}, Storage: StorageV3, Source: VersionFileName}, false,
+			[]string{"run@3.5.35", "run@3.6.16"}},
+		{"3.5 inferred, v3 only", Detection{Version: Version{3, 5, 0}, Storage: StorageV3, Source: "inferred"}, false,
+			[]string{"run@3.5.35", "run@3.6.16"}},
+		{"3.5.26/etcd3 in version.txt", Detection{Version: Version{3, 5, 26}, Storage: StorageV3, Source: VersionFileName}, false,
+			[]string{"run@3.6.16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			steps, err := planUpgrade(t.Context(), opts, tc.cur, true, false)
+			steps, err := planUpgrade(t.Context(), opts, tc.cur, tc.v2, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,8 +194,13 @@ func TestUpgradeTo36NeedsEtcd3526(t *testing.T) {
 	fakeEtcd(t, old, "3.5.9", "3.5.9")
 	fakeEtcd(t, old, "3.6.16", "3.6.16")
 	opts.BinDir = old
-	_, err := planUpgrade(t.Context(), opts, Detection{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName}, true, false)
-	assertErrContains(t, err, "etcd-3.5.9", "3.5.26", "upgrade_3_6")
+	for _, cur := range []Detection{
+		{Version: Version{3, 4, 23}, Storage: StorageV2, Source: VersionFileName},
+		{Version: Version{3, 5, 9}, Storage: StorageV3, Source: VersionFileName},
+	} {
+		_, err := planUpgrade(t.Context(), opts, cur, cur.Storage == StorageV2, false)
+		assertErrContains(t, err, "etcd-3.5.9", "3.5.26", "upgrade_3_6")
+	}
 }
 
 // TestUnfinishedRunOfTheSameDataDirsFound: a run's journal is named after its data dirs in the
