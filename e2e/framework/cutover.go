@@ -80,7 +80,7 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 				APIServerRef: cutover.APIServerRef{URL: g.GreenURL, Kubeconfig: g.GreenKubeconfig},
 				Command: append([]string{apiBin}, APIServerArgs(APIServerConfig{
 					Name: name + "-apiserver", EtcdEndpoints: g.GreenEtcd, PKI: pki, EtcdTLS: true,
-					StorageMediaType: blueAPI.Config.StorageMediaType,
+					StorageMediaType: blueAPI.Config.StorageMediaType, ExtraArgs: greenArgs,
 				}, apiPort)...),
 			},
 		},
@@ -94,6 +94,10 @@ func (e *Env) WriteCutoverPlan(name string, pki *PKI, px *Proxy, blueAPI *APISer
 	}
 	return g, nil
 }
+
+// greenArgs are what a green apiserver's command needs besides the usual (the cutover's preflight
+// refuses it without): the kubernetes Service's endpoints stay the proxies', not green's own.
+var greenArgs = []string{"--endpoint-reconciler-type=none"}
 
 // SpreadOver places green on hosts (loopback addresses that stand for hosts), as kubeadm's
 // stacked layout does: member i and an apiserver on hosts[i], each apiserver on its host's
@@ -119,7 +123,7 @@ func (g *GreenSetup) SpreadOver(e *Env, pki *PKI, blueAPI *APIServer, hosts []st
 		g.GreenEtcd = append(g.GreenEtcd, ms[i].ClientURL)
 		cfg := APIServerConfig{
 			Name: fmt.Sprintf("green-apiserver-%d", i), EtcdEndpoints: []string{ms[i].ClientURL}, PKI: pki, EtcdTLS: true,
-			StorageMediaType: blueAPI.Config.StorageMediaType, BindAddress: h,
+			StorageMediaType: blueAPI.Config.StorageMediaType, BindAddress: h, ExtraArgs: greenArgs,
 		}
 		a := cutover.GreenAPIServer{
 			APIServerRef: cutover.APIServerRef{URL: fmt.Sprintf("https://%s:%d", h, ports[3*i+2]), Kubeconfig: filepath.Join(e.Dir, cfg.Name+".kubeconfig")},

@@ -636,6 +636,15 @@ func TestPlanChecksForTheWindow(t *testing.T) {
 		{"a relative kubelet manifest dir", func(p *Plan, _ string) {
 			p.Green.APIServer.StaticPod = &StaticPod{Manifest: "/srv/green.yaml", ManifestDir: "manifests"}
 		}, "green.apiserver.staticPod.manifestDir \"manifests\" must be an absolute path"},
+		// Once its writes are let through, green's apiserver would point the kubernetes
+		// Service at itself: in-cluster clients around every proxy (a rollback's fence and
+		// gate then leave them on a green that refuses their writes for good).
+		{"a green command keeping the endpoint reconciler", func(p *Plan, _ string) {
+			p.Green.APIServer.Command = []string{p.Green.APIServer.Command[0], "--etcd-servers=http://127.0.0.1:2479"}
+		}, "green.apiserver.command gives --endpoint-reconciler-type=lease (the default)"},
+		{"another green apiserver's command with the lease reconciler", func(p *Plan, _ string) {
+			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://10.0.0.3:6443"}, Command: []string{"kube-apiserver", "--endpoint-reconciler-type", "lease"}}}
+		}, "green.apiservers[0].command gives --endpoint-reconciler-type=lease"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, dir := validPlan(t)

@@ -39,7 +39,7 @@ func validPlan(t *testing.T) (*Plan, string) {
 		Blue: BlueSpec{APIServer: APIServerRef{URL: "https://10.0.0.1:6443", Kubeconfig: kc}, Etcd: BlueEtcd{EtcdClientSpec: EtcdClientSpec{Endpoints: []string{"https://10.0.0.1:2379"}}}},
 		Green: GreenSpec{
 			Etcd:      GreenEtcd{Binary: etcd, Version: "3.6.16", Members: []GreenMember{{Name: "g0", DataDir: filepath.Join(dir, "g0"), ClientURL: "http://127.0.0.1:2479", PeerURL: "http://127.0.0.1:2480"}}, Insecure: true},
-			APIServer: GreenAPIServer{APIServerRef: APIServerRef{URL: "https://10.0.0.2:6443", Kubeconfig: kc}, Command: []string{api, "--etcd-servers=http://127.0.0.1:2479"}},
+			APIServer: GreenAPIServer{APIServerRef: APIServerRef{URL: "https://10.0.0.2:6443", Kubeconfig: kc}, Command: []string{api, "--etcd-servers=http://127.0.0.1:2479", "--endpoint-reconciler-type=none"}},
 		},
 	}
 	return p, dir

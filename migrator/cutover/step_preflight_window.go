@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -16,7 +17,7 @@ import (
 // the window or past the point of no return. In the preflight, not the parser: a cutover in
 // flight, whose abort, rollback or resume read the plan again, is never locked out by it.
 func checkPlanForTheWindow(p *Plan) error {
-	errs := []error{checkProxiesOnce(p), checkGreenExtraArgs(p)}
+	errs := []error{checkProxiesOnce(p), checkGreenExtraArgs(p), checkGreenReconciler(p)}
 	for i, m := range p.Green.Etcd.Members {
 		for _, u := range []struct{ field, url string }{{"clientURL", m.ClientURL}, {"peerURL", m.PeerURL}, {"metricsURL", m.MetricsURL}} {
 			if pu, err := url.Parse(u.url); err == nil && pu.Path != "" {
@@ -55,6 +56,29 @@ func checkProxiesOnce(p *Plan) error {
 			continue
 		}
 		seen[key] = i
+	}
+	return errors.Join(errs...)
+}
+
+// checkGreenReconciler refuses a green apiserver command (one this host or its own host starts)
+// without --endpoint-reconciler-type=none: once its writes are let through, green's apiserver
+// would point the kubernetes Service at its own address instead of the proxies', and
+// in-cluster clients would go around every proxy (a rollback's fence and gate would then leave
+// them on a green that refuses their writes). A static pod manifest is checked as it is read
+// (checkGreenManifest).
+func checkGreenReconciler(p *Plan) error {
+	var errs []error
+	for i, a := range p.greenAPIServers() {
+		field := "green.apiserver.command"
+		if i > 0 {
+			field = fmt.Sprintf("green.apiservers[%d].command", i-1)
+		}
+		if len(a.Command) == 0 {
+			continue
+		}
+		if r := flagValue(a.Command[1:], "--endpoint-reconciler-type"); r != "none" {
+			errs = append(errs, fmt.Errorf("%s gives --endpoint-reconciler-type=%s: once its writes are let through, green's apiserver would point the kubernetes Service at its own address instead of the proxies', and in-cluster clients would go around them; add --endpoint-reconciler-type=none", field, cmp.Or(r, "lease (the default)")))
+		}
 	}
 	return errors.Join(errs...)
 }
