@@ -458,8 +458,11 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 
 // PickupHorizon is how soon blue must follow green again once no process keeps it in step:
 // green's apiserver compacts green's history every --etcd-compaction-interval, and blue can be
-// picked up only from a revision green still holds.
-const PickupHorizon = "before green's apiserver compacts green past blue's revision (every --etcd-compaction-interval, 5 min by default), after which the way back is lost; nothing keeps blue's leases alive meanwhile either"
+// picked up only from a revision green still holds; nor once blue expired, by itself, a lease it
+// holds for green (nothing keeps them alive meanwhile): its events' after --event-ttl, but a
+// green apiserver with the default endpoint reconciler (the preflight refuses it in the green
+// apiservers the cutover starts) keeps one of 15 s.
+const PickupHorizon = "within minutes: once green's apiserver compacts green past blue's revision (every --etcd-compaction-interval, 5 min by default), or blue lets a lease it holds for green run out (nothing keeps them alive meanwhile: events' after --event-ttl, 1 h by default; 15 s for the master lease of a green apiserver with the default endpoint reconciler), blue cannot be picked up again and the way back is lost"
 
 // bakeRetryBase and bakeRetryCap are the first and the longest wait of the baking process
 // before it tries again to keep blue following green (followGreen). Variables for the tests.
