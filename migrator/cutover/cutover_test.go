@@ -531,3 +531,20 @@ func TestPlanURLsAsTheProxySeesThem(t *testing.T) {
 		t.Errorf("plan URLs %q %q %q %q; want them as a proxy keeps them", got.Green.APIServer.URL, got.Blue.APIServer.URL, got.Proxies[0].GreenURL, got.Proxies[0].BlueURL)
 	}
 }
+
+// TestVerifyCountsWhatItDoesNotList: the verify report lists the first 50 differences it
+// explained, and counts them all: the step said "51 differences explained" for hundreds (the
+// 50 listed and the line saying how many more).
+func TestVerifyCountsWhatItDoesNotList(t *testing.T) {
+	rep := &VerifyReport{}
+	changed, mismatched := 0, 0
+	for i := range 60 {
+		rep.add(&rep.ChangedAfterCopy, fmt.Sprintf("events default/e%02d: expired on blue", i), &changed)
+	}
+	if err := rep.finish(changed, mismatched, 0); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Explained != 60 || len(rep.ChangedAfterCopy) != maxListed+1 || rep.ChangedAfterCopy[maxListed] != "... and 10 more" {
+		t.Errorf("report counts %d explained, lists %d (last %q); want 60, the first 50 and a line for the 10 more", rep.Explained, len(rep.ChangedAfterCopy), rep.ChangedAfterCopy[len(rep.ChangedAfterCopy)-1])
+	}
+}

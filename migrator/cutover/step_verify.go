@@ -41,7 +41,7 @@ func (verifyStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	msg := fmt.Sprintf("%d objects of %d resource types identical; %d differences explained (the apiservers' own objects, expired events)", rep.Objects, rep.ResourceTypes, len(rep.ChangedAfterCopy))
+	msg := fmt.Sprintf("%d objects of %d resource types identical; %d differences explained (the apiservers' own objects, expired events)", rep.Objects, rep.ResourceTypes, rep.Explained)
 	if len(r.j.V2Prefixes) > 0 {
 		m, err := r.checkV2Keys(ctx)
 		if err != nil {

@@ -32,6 +32,8 @@ type VerifyReport struct {
 	// the apiservers maintain themselves (their identity leases, the kubernetes endpoints), events
 	// that expired on blue. Every other difference is a mismatch.
 	ChangedAfterCopy []string `json:"changedAfterCopy,omitempty"`
+	// Explained counts those differences (ChangedAfterCopy lists the first maxListed).
+	Explained int `json:"explained,omitempty"`
 	// Mismatches are objects that should be identical and are not: the cutover must not go on.
 	Mismatches []string `json:"mismatches,omitempty"`
 }
@@ -118,15 +120,22 @@ func verifyWith(ctx context.Context, blue, green *rest.Config, at int64, cmp com
 	if err := errors.Join(errs...); err != nil {
 		return rep, err
 	}
-	sort.Strings(rep.ChangedAfterCopy)
-	sort.Strings(rep.Mismatches)
+	return rep, rep.finish(changed, mismatched, at)
+}
+
+// finish sorts what was listed and counts what was not: changed differences explained (of which
+// at most maxListed are listed) and mismatched objects.
+func (r *VerifyReport) finish(changed, mismatched int, at int64) error {
+	sort.Strings(r.ChangedAfterCopy)
+	sort.Strings(r.Mismatches)
 	if mismatched > 0 {
-		return rep, mismatchError(mismatched, rep.Mismatches, at)
+		return mismatchError(mismatched, r.Mismatches, at)
 	}
-	if changed > len(rep.ChangedAfterCopy) {
-		rep.ChangedAfterCopy = append(rep.ChangedAfterCopy, fmt.Sprintf("... and %d more", changed-len(rep.ChangedAfterCopy)))
+	r.Explained = changed
+	if changed > len(r.ChangedAfterCopy) {
+		r.ChangedAfterCopy = append(r.ChangedAfterCopy, fmt.Sprintf("... and %d more", changed-len(r.ChangedAfterCopy)))
 	}
-	return rep, nil
+	return nil
 }
 
 // mismatchError says what differing objects mean. Compared at one revision (mode replicate),
