@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -462,5 +464,25 @@ func TestSwitchWaitsForAnOldProxy(t *testing.T) {
 		if s.Backend != greenURL {
 			t.Errorf("proxy %d on %s", i, s.Backend)
 		}
+	}
+}
+
+// TestStopGreenGoesOnWhenTheManifestStays: an abort, cleanup or rebuild that cannot remove
+// green's static pod manifest (a read-only or full kubelet dir) still stops green's etcd
+// members, and says the manifest is left: it returned at once, green's etcd left running.
+func TestStopGreenGoesOnWhenTheManifestStays(t *testing.T) {
+	w, green, _ := staticPodWorld(t)
+	defer green.Close()
+	// A directory with an entry in it: os.Remove fails, not with "does not exist".
+	stuck := filepath.Join(t.TempDir(), "kube-apiserver-green.yaml")
+	if err := os.Mkdir(stuck, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, stuck, "entry", "x")
+	w.r.j.StaticPodPlaced = stuck
+	w.r.j.GreenPIDs["g0"] = 101
+	stopped, err := w.r.stopGreen()
+	if err == nil || !strings.Contains(err.Error(), "static pod manifest") || !slices.Contains(w.stopped, 101) {
+		t.Fatalf("stopGreen with the manifest stuck: stopped %v (pids %v), %v; want green's etcd stopped and the manifest named", stopped, w.stopped, err)
 	}
 }
