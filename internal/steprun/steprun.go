@@ -42,6 +42,13 @@ type Step struct {
 	Timeout time.Duration
 	// Done says an earlier run finished the step: it is skipped.
 	Done bool
+	// Interruptible: once the walk is stopped (ctx done, a Ctrl-C during the step before), the
+	// step is not begun: not journaled as started, not run; Run returns an *Error naming it that
+	// wraps ctx's error. Begun, it would run on a stopped context and be cut off halfway (a
+	// process launched on the data, then killed). A step that must still run once the walk got
+	// this far (the cutover's past its switch, which close the window) leaves it false and is
+	// begun and run on the stopped context, deciding for itself.
+	Interruptible bool
 	// Run does the step and says what it did.
 	Run func(ctx context.Context) (detail string, err error)
 }
@@ -75,7 +82,8 @@ func (e *Error) Error() string { return fmt.Sprintf("step %s: %v", e.Step, e.Err
 func (e *Error) Unwrap() error { return e.Err }
 
 // Run walks steps in order; emit (may be nil) hears each start, end and skip. It returns nil
-// when every step is done, or an *Error naming the step that failed.
+// when every step is done, or an *Error naming the step that failed, or the Interruptible step
+// a stopped walk (ctx done) did not begin.
 func Run(ctx context.Context, steps []Step, j Journal, emit func(Event)) error {
 	if emit == nil {
 		emit = func(Event) {}
@@ -84,6 +92,9 @@ func Run(ctx context.Context, steps []Step, j Journal, emit func(Event)) error {
 		if s.Done {
 			emit(Event{Kind: Skip, Index: i, Step: s.Name, Detail: "finished before the resume"})
 			continue
+		}
+		if err := ctx.Err(); err != nil && s.Interruptible {
+			return &Error{Index: i, Step: s.Name, Err: fmt.Errorf("stopped before it began: %w", err)}
 		}
 		if err := j.Begin(i); err != nil {
 			return &Error{Index: i, Step: s.Name, Err: fmt.Errorf("write journal: %w", err)}

@@ -116,3 +116,56 @@ func TestTimeout(t *testing.T) {
 		t.Errorf("deadlines %v, want [true false]", deadlines)
 	}
 }
+
+// TestStopBetweenSteps: a walk stopped (its context cancelled, a Ctrl-C) while a step finishes
+// journals that step done. An Interruptible step after it is not begun: neither journaled as
+// started nor run, and the error names it and wraps the context's (begun, it would run on a
+// cancelled context, started and cut off halfway: an etcd of a newer version opened for write on
+// the data, then SIGKILLed). Any other step is begun and run as before: the cutover's steps past
+// its switch must still close the window.
+func TestStopBetweenSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		interruptible bool
+		wantCalls     []string
+		wantEvents    []string
+	}{
+		{"an interruptible step is not begun", true,
+			[]string{"begin a", `finish a "did a"`}, []string{"step-start a", "step-end a"}},
+		{"another step is begun and runs", false,
+			[]string{"begin a", `finish a "did a"`, "begin b", `finish b "did b"`},
+			[]string{"step-start a", "step-end a", "step-start b", "step-end b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			ran := map[string]bool{}
+			step := func(n string) Step {
+				return Step{Name: n, Interruptible: tc.interruptible, Run: func(context.Context) (string, error) {
+					ran[n] = true
+					cancel() // the signal arrives as the step ends
+					return "did " + n, nil
+				}}
+			}
+			j := &fakeJournal{names: []string{"a", "b"}}
+			var events []string
+			err := Run(ctx, []Step{step("a"), step("b")}, j, func(e Event) { events = append(events, string(e.Kind)+" "+e.Step) })
+			var serr *Error
+			if tc.interruptible && (!errors.As(err, &serr) || serr.Step != "b" || !errors.Is(err, context.Canceled)) {
+				t.Fatalf("error %v, want a step error naming b that wraps context.Canceled", err)
+			}
+			if !tc.interruptible && err != nil {
+				t.Fatalf("error %v", err)
+			}
+			if !slices.Equal(j.calls, tc.wantCalls) {
+				t.Errorf("journal calls %q, want %q", j.calls, tc.wantCalls)
+			}
+			if !slices.Equal(events, tc.wantEvents) {
+				t.Errorf("events %q, want %q", events, tc.wantEvents)
+			}
+			if ran["b"] != !tc.interruptible {
+				t.Errorf("step b ran: %v", ran["b"])
+			}
+		})
+	}
+}

@@ -784,7 +784,10 @@ func (e *executor) clock() time.Time {
 func (e *executor) walk(ctx context.Context) error {
 	var walk []steprun.Step
 	for _, s := range e.rep.Steps {
-		walk = append(walk, steprun.Step{Name: s.Name, Done: s.Done, Run: func(ctx context.Context) (string, error) {
+		// Interruptible: a stop (Ctrl-C) during a step's tail (etcd's graceful stop, the
+		// chown walk, a backup's fsyncs) begins no further step, which would start an etcd of
+		// the next version on the data only to kill it.
+		walk = append(walk, steprun.Step{Name: s.Name, Done: s.Done, Interruptible: true, Run: func(ctx context.Context) (string, error) {
 			return "", e.do(ctx, s)
 		}})
 	}

@@ -1,7 +1,9 @@
 package datadir
 
 import (
+	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -251,5 +253,62 @@ func TestUnfinishedRunInAnotherDefaultBackupDir(t *testing.T) {
 	var other *otherRunError
 	if !errors.As(err, &other) || !strings.Contains(err.Error(), first.journalPath()) {
 		t.Fatalf("%v with an unfinished run of %v journaled in %s: %v; want it refused, naming that journal", again.DataDirs, first.DataDirs, first.BackupDir, err)
+	}
+}
+
+// TestStopBeforeTheNextStep: a run stopped (Ctrl-C) while a step ends, here as its backup is
+// put in place, begins no other step: a run step journaled as started would have launched its
+// etcd (3.6 on 3.5 data) on the stopped context and SIGKILLed it a moment later, a data dir a
+// newer etcd opened for write and was killed on, for an operator who asked to stop. A run step
+// given a stopped context starts no etcd either. Proof of a start is the etcd log, which is
+// written before the process starts, and the fake etcd's marker.
+func TestStopBeforeTheNextStep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		walk bool // the whole walk, stopped in the backup; else the run step alone, stopped before
+	}{
+		{"the walk begins no step after a stop", true},
+		{"a run step starts no etcd after a stop", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			d := filepath.Join(parent, "m1")
+			writeMemberWith(t, d, testPeers[0], 5, testPeers[:1])
+			marker := filepath.Join(parent, "etcd-ran")
+			bin := filepath.Join(parent, "etcd-3.6.16")
+			if err := os.WriteFile(bin, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			opts := Options{DataDirs: []string{d}, BackupDir: filepath.Join(parent, "backups"), Target: Version{3, 6, 16}}
+			if err := errors.Join(opts.defaults(), os.MkdirAll(opts.BackupDir, 0o700)); err != nil {
+				t.Fatal(err)
+			}
+			rep := &Report{Operation: OpUpgrade, Target: opts.Target.String(), DataDirs: opts.DataDirs, Journal: opts.journalPath(), Steps: []*StepReport{
+				{Name: "back up", Kind: StepBackup, Version: "3.5.35"},
+				{Name: "run etcd 3.6.16", Kind: StepRun, Version: "3.6.16", Binary: bin, Members: map[string]string{}},
+			}}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			e := &executor{opts: opts, rep: rep, afterBackup: func(string) error { cancel(); return nil }}
+			if err := e.save(); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if tc.walk {
+				err = e.walk(ctx)
+			} else {
+				cancel()
+				err = e.runStep(ctx, rep.Steps[1])
+			}
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("stopped run: %v, want context.Canceled", err)
+			}
+			if tc.walk && (!rep.Steps[0].Done || rep.Steps[1].Started) {
+				t.Errorf("backup done %v, run started %v; want the backup done and the run not begun", rep.Steps[0].Done, rep.Steps[1].Started)
+			}
+			if logs, _ := filepath.Glob(filepath.Join(opts.BackupDir, "logs", "*")); len(logs) > 0 || exists(marker) {
+				t.Errorf("etcd was started after the stop (logs %v, marker %v)", logs, exists(marker))
+			}
+		})
 	}
 }

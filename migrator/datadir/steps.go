@@ -77,6 +77,9 @@ func (e *executor) runStep(ctx context.Context, s *StepReport) error {
 		return err
 	}
 	defer pki.Close()
+	if err := ctx.Err(); err != nil {
+		return err // stopped: an etcd started now would be killed on the data at once
+	}
 	cli, err := e.startMembers(Binary{Path: s.Binary, Version: v}, members, pki, extra)
 	if err != nil {
 		return err
