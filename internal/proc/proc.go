@@ -51,12 +51,35 @@ func Daemon(argv []string, logPath, who string) (int, error) {
 	if len(argv) > 0 && isScript(argv[0]) {
 		return 0, fmt.Errorf("%s is a script: its process runs under another command line, by which kubefence could not find, check or stop it; give the program itself (with its flags)", argv[0])
 	}
+	if err := CheckNoExecWrapper(argv); err != nil {
+		return 0, err
+	}
 	cmd, err := Start(argv, logPath, who, &syscall.SysProcAttr{Setsid: true})
 	if err != nil {
 		return 0, err
 	}
 	go func() { _ = cmd.Wait() }()
 	return cmd.Process.Pid, nil
+}
+
+// execWrappers are programs that exec the program they are given (after setting its
+// environment, priority, CPUs, user, namespaces...): the process goes on under that program's
+// command line.
+var execWrappers = map[string]bool{
+	"env": true, "nice": true, "ionice": true, "taskset": true, "chrt": true, "setpriv": true,
+	"numactl": true, "stdbuf": true, "prlimit": true, "unshare": true, "nsenter": true,
+	"chroot": true, "runuser": true, "setsid": true, "nohup": true, "sudo": true, "doas": true,
+	"su": true, "timeout": true, "flock": true, "cgexec": true, "systemd-run": true,
+}
+
+// CheckNoExecWrapper refuses a command line whose program is one that execs another (env,
+// nice, taskset, sudo...; not a shell, which may stay the parent of what it runs): kubefence knows the processes it starts by their command
+// line, which would then be another's, and could not find, check or stop them.
+func CheckNoExecWrapper(argv []string) error {
+	if len(argv) == 0 || !execWrappers[filepath.Base(argv[0])] {
+		return nil
+	}
+	return fmt.Errorf("%s execs the program it is given, which then runs under another command line, by which kubefence could not find, check or stop it; give the program itself (with its flags; an environment variable such as GOMEMLIMIT in kubefence's own environment, which the processes it starts inherit)", argv[0])
 }
 
 // isScript says whether path starts with "#!" (the kernel then runs its interpreter).

@@ -132,19 +132,30 @@ func TestPortFree(t *testing.T) {
 // TestDaemonRefusesAScript: a script runs as its interpreter (/bin/sh SCRIPT ...), or, once it
 // execs, as another program: never with the command line it was started with, by which Alive,
 // Find and Stop know it. Started, it would be reported gone while it runs, and never stopped.
+// So does a program that execs the one it is given (env, nice, taskset...): the process goes on
+// under the second program's command line.
 func TestDaemonRefusesAScript(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "etcd")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pid, err := Daemon([]string{script, "--name", "g0"}, filepath.Join(dir, "log"), "test")
-	if err == nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		t.Fatal("a script was started")
-	}
-	if !strings.Contains(err.Error(), "is a script") {
-		t.Fatalf("error %v: want it to say the program is a script", err)
+	for _, tc := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{script, "--name", "g0"}, "is a script"},
+		{[]string{"/usr/bin/env", "GOMEMLIMIT=8GiB", "sleep", "30"}, "execs the program it is given"},
+		{[]string{"nice", "-n", "5", "sleep", "30"}, "execs the program it is given"},
+	} {
+		pid, err := Daemon(tc.argv, filepath.Join(dir, "log"), "test")
+		if err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("%v was started", tc.argv)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%v: error %v: want it to say %q", tc.argv, err, tc.want)
+		}
 	}
 }
 

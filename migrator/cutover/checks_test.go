@@ -642,6 +642,11 @@ func TestPlanChecksForTheWindow(t *testing.T) {
 		{"a green command keeping the endpoint reconciler", func(p *Plan, _ string) {
 			p.Green.APIServer.Command = []string{p.Green.APIServer.Command[0], "--etcd-servers=http://127.0.0.1:2479"}
 		}, "green.apiserver.command gives --endpoint-reconciler-type=lease (the default)"},
+		// kubefence knows green's processes by their command line: one that execs another
+		// runs under the other's, and an abort would neither find nor stop it.
+		{"a green command through env", func(p *Plan, _ string) {
+			p.Green.APIServer.Command = append([]string{"/usr/bin/env", "GOMEMLIMIT=8GiB"}, p.Green.APIServer.Command...)
+		}, "green.apiserver.command: /usr/bin/env execs the program it is given"},
 		{"another green apiserver's command with the lease reconciler", func(p *Plan, _ string) {
 			p.Green.APIServers = []GreenAPIServer{{APIServerRef: APIServerRef{URL: "https://10.0.0.3:6443"}, Command: []string{"kube-apiserver", "--endpoint-reconciler-type", "lease"}}}
 		}, "green.apiservers[0].command gives --endpoint-reconciler-type=lease"},

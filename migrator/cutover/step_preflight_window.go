@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kubefence/kubefence/internal/pathguard"
+	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -17,7 +18,7 @@ import (
 // the window or past the point of no return. In the preflight, not the parser: a cutover in
 // flight, whose abort, rollback or resume read the plan again, is never locked out by it.
 func checkPlanForTheWindow(p *Plan) error {
-	errs := []error{checkProxiesOnce(p), checkGreenExtraArgs(p), checkGreenReconciler(p)}
+	errs := []error{checkProxiesOnce(p), checkGreenExtraArgs(p), checkGreenCommands(p)}
 	for i, m := range p.Green.Etcd.Members {
 		for _, u := range []struct{ field, url string }{{"clientURL", m.ClientURL}, {"peerURL", m.PeerURL}, {"metricsURL", m.MetricsURL}} {
 			if pu, err := url.Parse(u.url); err == nil && pu.Path != "" {
@@ -60,14 +61,19 @@ func checkProxiesOnce(p *Plan) error {
 	return errors.Join(errs...)
 }
 
-// checkGreenReconciler refuses a green apiserver command (one this host or its own host starts)
-// without --endpoint-reconciler-type=none: once its writes are let through, green's apiserver
+// checkGreenCommands refuses what green's processes would be started with and kubefence could
+// not then find, check or stop: a program that execs another (proc.CheckNoExecWrapper) as
+// green's etcd binary or a green apiserver's command. And a green apiserver command (one this
+// host or its own host starts) without --endpoint-reconciler-type=none: once its writes are let through, green's apiserver
 // would point the kubernetes Service at its own address instead of the proxies', and
 // in-cluster clients would go around every proxy (a rollback's fence and gate would then leave
 // them on a green that refuses their writes). A static pod manifest is checked as it is read
 // (checkGreenManifest).
-func checkGreenReconciler(p *Plan) error {
+func checkGreenCommands(p *Plan) error {
 	var errs []error
+	if err := proc.CheckNoExecWrapper([]string{p.Green.Etcd.Binary}); err != nil {
+		errs = append(errs, fmt.Errorf("green.etcd.binary: %w", err))
+	}
 	for i, a := range p.greenAPIServers() {
 		field := "green.apiserver.command"
 		if i > 0 {
@@ -75,6 +81,9 @@ func checkGreenReconciler(p *Plan) error {
 		}
 		if len(a.Command) == 0 {
 			continue
+		}
+		if err := proc.CheckNoExecWrapper(a.Command); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		}
 		if r := flagValue(a.Command[1:], "--endpoint-reconciler-type"); r != "none" {
 			errs = append(errs, fmt.Errorf("%s gives --endpoint-reconciler-type=%s: once its writes are let through, green's apiserver would point the kubernetes Service at its own address instead of the proxies', and in-cluster clients would go around them; add --endpoint-reconciler-type=none", field, cmp.Or(r, "lease (the default)")))
