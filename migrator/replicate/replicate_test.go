@@ -545,8 +545,13 @@ func TestRestarts(t *testing.T) {
 	put(t, blue, "last", "1")
 	last := catchUp(t, run, blue)
 	sameHistory(t, blue, green, s, last)
-	if l, err := green.cli.TimeToLive(ctx, id); err != nil || l.TTL == -1 {
-		t.Fatalf("green lost lease %x (ttl %v, err %v)", id, l.TTL, err)
+	// A restarted etcd gives every lease its TTL again from its start (plus an election
+	// timeout): green still has it for seconds whatever the replicator does. Alive for twice
+	// that longer, the replicator kept it alive after the restart.
+	for deadline := time.Now().Add(2 * (3*time.Second + time.Second)); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if l, err := green.cli.TimeToLive(ctx, id); err != nil || l.TTL == -1 {
+			t.Fatalf("green lost lease %x after its restart (ttl %v, err %v): the replicator did not keep it alive again", id, l.TTL, err)
+		}
 	}
 	t.Logf("%d revisions across a green and a blue restart", last-s)
 }
