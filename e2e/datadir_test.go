@@ -487,31 +487,37 @@ func findCmdline(bin, want string) int {
 	return 0
 }
 
-// TestMigrateBadInputs: each bad input gets its clear error and leaves the source exactly as it
-// was (checked with kubefence's manifest and by modification times).
+// TestMigrateBadInputs: each bad input gets its clear error and leaves the data dir it was given
+// exactly as it was (checked with kubefence's manifest and by modification times): the source,
+// or the copy of it a case with a version file runs on.
 func TestMigrateBadInputs(t *testing.T) {
 	framework.RequireBins(t, "etcd", framework.Etcd34, "etcd", framework.Etcd36)
 	env := newEnv(t)
 	src := v2Fixture(t, env, "bad")
 	dir := t.TempDir()
-	manifest, err := datadir.HashDir(t.Context(), src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := dirDigest(t, src)
-	intact := func(what string) {
+	// untouched records dataDir as it is now; the check it returns fails when it changed since.
+	untouched := func(dataDir string) func(what string) {
 		t.Helper()
-		now, err := datadir.HashDir(t.Context(), src)
+		manifest, err := datadir.HashDir(t.Context(), dataDir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := datadir.Compare(manifest.Map(), now); err != nil {
-			t.Fatalf("%s changed the source: %v", what, err)
-		}
-		if dirDigest(t, src) != digest {
-			t.Fatalf("%s touched the source (file times or sizes changed)", what)
+		digest := dirDigest(t, dataDir)
+		return func(what string) {
+			t.Helper()
+			now, err := datadir.HashDir(t.Context(), dataDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := datadir.Compare(manifest.Map(), now); err != nil {
+				t.Fatalf("%s changed the data dir it was given, %s: %v", what, dataDir, err)
+			}
+			if dirDigest(t, dataDir) != digest {
+				t.Fatalf("%s touched the data dir it was given, %s (file times or sizes changed)", what, dataDir)
+			}
 		}
 	}
+	intact := untouched(src)
 	bins := framework.BinDir()
 	onlyNew := filepath.Join(dir, "bin-without-3.5")
 	if err := os.MkdirAll(onlyNew, 0o755); err != nil {
@@ -558,13 +564,14 @@ func TestMigrateBadInputs(t *testing.T) {
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := src
+			d, given := src, intact
 			if c.versionTxt != "" {
 				d = filepath.Join(dir, fmt.Sprintf("case-%d", i))
 				copyDir(t, src, d)
 				if err := os.WriteFile(filepath.Join(d, "version.txt"), []byte(c.versionTxt), 0o600); err != nil {
 					t.Fatal(err)
 				}
+				given = untouched(d)
 			}
 			_, stderr, code := kf(t, c.args(d)...)
 			if code == 0 {
@@ -575,6 +582,7 @@ func TestMigrateBadInputs(t *testing.T) {
 					t.Errorf("error %q does not say %q", stderr, w)
 				}
 			}
+			given(c.name)
 			intact(c.name)
 		})
 	}
