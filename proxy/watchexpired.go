@@ -265,11 +265,11 @@ func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error
 	for {
 		x, more, err := then.next()
 		if err != nil {
-			return fmt.Errorf("list at %s: %w", a, err)
+			return err
 		}
 		y, moreNow, err := now.next()
 		if err != nil {
-			return fmt.Errorf("list at %s: %w", b, err)
+			return err
 		}
 		if more != moreNow || x != y {
 			return fmt.Errorf("the collection differs between %s and %s (%+v, then %+v)", a, b, x, y)
@@ -284,18 +284,17 @@ func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error
 // (both in etcd's key order), and returns nil when every object revision rv created, changed
 // or deleted there is one of had.
 func revisionHad(ctx context.Context, ri *resumeInfo, nb *backend, rv uint64, had []eventKey) error {
-	a, b := strconv.FormatUint(rv-1, 10), strconv.FormatUint(rv, 10)
-	then, now, err := collectionAt(ctx, ri, nb, a, b)
+	then, now, err := collectionAt(ctx, ri, nb, strconv.FormatUint(rv-1, 10), strconv.FormatUint(rv, 10))
 	if err != nil {
 		return err
 	}
 	x, more, err := then.next()
 	if err != nil {
-		return fmt.Errorf("list at %s: %w", a, err)
+		return err
 	}
 	y, moreNow, err := now.next()
 	if err != nil {
-		return fmt.Errorf("list at %s: %w", b, err)
+		return err
 	}
 	for more || moreNow {
 		c := compareKeys(x, y, more, moreNow)
@@ -305,12 +304,12 @@ func revisionHad(ctx context.Context, ri *resumeInfo, nb *backend, rv uint64, ha
 		}
 		if c <= 0 {
 			if x, more, err = then.next(); err != nil {
-				return fmt.Errorf("list at %s: %w", a, err)
+				return err
 			}
 		}
 		if c >= 0 {
 			if y, moreNow, err = now.next(); err != nil {
-				return fmt.Errorf("list at %s: %w", b, err)
+				return err
 			}
 		}
 	}
@@ -371,8 +370,17 @@ type listCursor struct {
 	i           int
 }
 
-// next returns the next item, or false after the last.
+// next returns the next item, or false after the last; an error says which list it is of.
 func (c *listCursor) next() (metaItem, bool, error) {
+	it, ok, err := c.step()
+	if err != nil {
+		return metaItem{}, false, fmt.Errorf("list at %s: %w", c.rv, err)
+	}
+	return it, ok, nil
+}
+
+// step is next, its error not yet naming the list.
+func (c *listCursor) step() (metaItem, bool, error) {
 	for c.page == nil || c.i == len(c.page.Items) {
 		q := url.Values{}
 		for k, v := range c.base {
