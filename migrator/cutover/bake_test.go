@@ -195,17 +195,7 @@ func TestRollbackResumeAfterItsSwitch(t *testing.T) {
 	const gen = 7
 	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, FenceGeneration: gen,
 		Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}}, GreenPIDs: map[string]int{}}
-	if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := rj.save(p.StateDir + "/rollback"); err != nil {
-		t.Fatal(err)
-	}
-	main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
-	r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := resumedRollback(t, p, rj)
 	var calls []string
 	st := &admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: gen + 1}
 	r.adm = memProxy(st, &calls)
@@ -745,21 +735,11 @@ func TestResumedRollbackChecksBlue(t *testing.T) {
 			if tc.fenced {
 				rj.FenceGeneration, rj.FencedAt, rj.Done = gen, time.Now().UTC(), []StepRecord{{Step: StepFence}, {Step: StepDrain}}
 			}
-			if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := rj.save(p.StateDir + "/rollback"); err != nil {
-				t.Fatal(err)
-			}
-			main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
-			r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := resumedRollback(t, p, rj)
 			var calls []string
 			r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Fenced: tc.fenced, Generation: gen}, &calls)
 			i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == tc.step })
-			_, err = r.steps[i].run(t.Context(), r)
+			_, err := r.steps[i].run(t.Context(), r)
 			if err == nil || !strings.Contains(err.Error(), "/readyz") || slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, tc.not) }) {
 				t.Fatalf("resumed rollback's %s with a blue apiserver that is not ready: %v (proxy asked %q); want it refused first", tc.step, err, calls)
 			}
@@ -917,4 +897,22 @@ func TestBakeRidesOutAnOutage(t *testing.T) {
 			t.Fatal("the wait to try again did not end on the signal")
 		}
 	})
+}
+
+// resumedRollback is the runner of 'cutover rollback --resume' on the rollback journal rj
+// (saved in the state dir's rollback/), the cutover rolling back.
+func resumedRollback(t *testing.T, p *Plan, rj *Journal) *runner {
+	t.Helper()
+	if err := os.MkdirAll(p.StateDir+"/rollback", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := rj.save(p.StateDir + "/rollback"); err != nil {
+		t.Fatal(err)
+	}
+	main := &Journal{ID: "x", State: StateRollingBack, PlanHash: p.hash, Bake: &BakeRecord{Revision: 5, Rollback: "r"}}
+	r, err := newRollbackRunner(Options{Plan: p, Resume: true}, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
