@@ -48,12 +48,16 @@ func InitialCluster(peers []Peer) string {
 	return strings.Join(parts, ",")
 }
 
-// as is this membership for building member id: its peers, with the name and peer URLs they
-// record for id as Self.
-func (m Membership) as(id uint64) (Membership, error) {
-	i := slices.IndexFunc(m.Peers, func(p Peer) bool { return p.ID == id })
+// as is this membership for building the member own holds: its peers, with the name and peer
+// URLs they record for it as Self. The member is found by its ID; one a rebuild swapped in
+// already (of another cluster: etcd's restore gave it new IDs, from this membership) by its name.
+func (m Membership) as(own Membership) (Membership, error) {
+	i := slices.IndexFunc(m.Peers, func(p Peer) bool { return p.ID == own.Self.ID })
+	if i < 0 && own.ClusterID != m.ClusterID {
+		i = slices.IndexFunc(m.Peers, func(p Peer) bool { return p.Name == own.Self.Name })
+	}
 	if i < 0 {
-		return m, fmt.Errorf("member %x is not among the voting members the most advanced member (%s) records (removed from the cluster since?)", id, m.Self.Name)
+		return m, fmt.Errorf("member %s (%x) is not among the voting members the most advanced member (%s) records (removed from the cluster since?)", own.Self.Name, own.Self.ID, m.Self.Name)
 	}
 	m.Self = m.Peers[i]
 	return m, nil

@@ -316,8 +316,8 @@ func oneWholeCluster(dirs []string, all map[string]Membership, best string) erro
 			return fmt.Errorf("%s and %s are the same member (%s, %x) twice: give each member's data dir once", other, d, ms.Self.Name, ms.Self.ID)
 		}
 		seen[ms.Self.ID] = d
-		if _, err := src.as(ms.Self.ID); err != nil {
-			return fmt.Errorf("%s (member %s): %w: give only the data dirs of its members", d, ms.Self.Name, err)
+		if _, err := src.as(ms); err != nil {
+			return fmt.Errorf("%s: %w: give only the data dirs of its members", d, err)
 		}
 	}
 	for _, p := range src.Peers {
@@ -518,7 +518,7 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membershi
 	if err != nil {
 		return err
 	}
-	ms, err := srcMS.as(own.Self.ID)
+	ms, err := srcMS.as(own)
 	if err != nil {
 		return fmt.Errorf("%s: %w", d, err)
 	}
