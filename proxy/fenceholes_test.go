@@ -505,26 +505,11 @@ func TestAdminSocketDirNoSymlink(t *testing.T) {
 // socket's directory away and put one holding a fake socket in its place (--admin-socket=
 // /home/ops/kf/admin.sock, the proxy root). A root-owned sticky one (/tmp) is enough.
 func TestAdminSocketDirAncestors(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.SkipOrFail(t, "needs root to give directories to another user")
-	}
 	tmp, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	mkdir := func(name string, mode os.FileMode, uid int) string {
-		d := filepath.Join(tmp, name)
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(d, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, uid, -1); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	mkdir := ownedDirs(t, tmp)
 	me := os.Geteuid()
 	cases := []struct {
 		name, dir, want string // want "": accepted
@@ -1151,5 +1136,27 @@ func TestRefusedReadSaysSo(t *testing.T) {
 	}
 	if resp, body := do(t, "PUT", p.url+"/api/v1/namespaces/default/configmaps/c"); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "Reads and watches still work") {
 		t.Fatalf("a write while fenced: %d %s; want the fence's 429", resp.StatusCode, body)
+	}
+}
+
+// ownedDirs makes directories under root given to a user, with a mode (tests run as root; off
+// CI another user skips them): a directory another user owns or may write to.
+func ownedDirs(t *testing.T, root string) func(name string, mode os.FileMode, uid int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root to give directories to another user")
+	}
+	return func(name string, mode os.FileMode, uid int) string {
+		d := filepath.Join(root, name)
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
 }

@@ -23,7 +23,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubefence/kubefence/internal/testenv"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -624,23 +623,7 @@ func TestMissingStateWithoutUpstream(t *testing.T) {
 // that user could write a state file of theirs (fenced false, mid-cutover) for the next start.
 // The proxy refuses to start there, as it refuses such an admin socket directory.
 func TestStateFileInAnUntrustedDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.SkipOrFail(t, "needs root to give directories to another user")
-	}
-	tmp := t.TempDir()
-	mkdir := func(name string, mode os.FileMode, uid int) string {
-		d := filepath.Join(tmp, name)
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(d, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, uid, -1); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	mkdir := ownedDirs(t, t.TempDir())
 	for _, tc := range []struct{ name, dir, want string }{
 		{"owned by another user", mkdir("ops", 0o700, 12345), "uid 12345"},
 		{"others may write to it", mkdir("open", 0o777, 0), "others can write"},
