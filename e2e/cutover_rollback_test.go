@@ -186,6 +186,11 @@ func (f *cutoverFixture) checkRolledBack(t *testing.T, acked []string, leaders [
 			t.Errorf("the rollback's switch ended watches instead of resuming them on blue: %s", rec.Detail)
 		}
 	}
+	// Killed at gate-green, the rollback's resume picks replication up again to bring blue what
+	// green's apiserver wrote before its gate: the step says if it could not, or stopped short.
+	if rec, _ := journalStep(rj, cutover.StepStopReplication); strings.Contains(rec.Detail, "could not be picked up") || strings.Contains(rec.Detail, "without catching up") {
+		t.Errorf("the resumed rollback's stop-replication did not bring blue green's last writes: %s", rec.Detail)
+	}
 	blueCli, err := f.blue.etcd.Client()
 	if err != nil {
 		t.Fatal(err)
