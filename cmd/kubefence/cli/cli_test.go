@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kubefence/kubefence/migrator/cutover"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -516,5 +517,16 @@ func TestAnswerLostIsUnknown(t *testing.T) {
 		if code != ExitFailure || !strings.Contains(errOut, "unknown") || !strings.Contains(errOut, "fence status") || strings.Contains(errOut, "running") {
 			t.Errorf("kubefence %v against a proxy that closed without an answer = %d\n%s\nwant the outcome unknown, not 'is the proxy running'", args, code, errOut)
 		}
+	}
+}
+
+// TestCopyReportSaysItsWarnings: a member copy that is whole and matches its manifest, but
+// whose contents kubefence cannot tell (a garbled version.txt), is reported with a warning; the
+// text report says it (it printed nothing where the "holds" line would be).
+func TestCopyReportSaysItsWarnings(t *testing.T) {
+	var b strings.Builder
+	printCopies(&b, []datadir.CopyReport{{Source: "/var/lib/etcd", Output: "/srv/copy/m0", Warnings: []string{"kubefence cannot tell what the copy holds"}}})
+	if !strings.Contains(b.String(), "WARNING: kubefence cannot tell what the copy holds") {
+		t.Errorf("text report %q: want the warning", b.String())
 	}
 }

@@ -150,22 +150,33 @@ func (o *copyOptions) Run(ctx context.Context) error {
 		return o.runSnapshot(ctx)
 	}
 	reps, err := datadir.CopyMembers(ctx, o.members())
-	perr := o.printer.print(o.Out, copyResult{Members: reps}, func(w io.Writer) {
-		for _, r := range reps {
-			how := "stopped member"
-			if r.Live {
-				how = fmt.Sprintf("running member, backend from %s at revision %d, WAL committed to index %d, %d attempt(s)", r.Snapshot.Endpoint, r.Snapshot.Revision, r.CommitIndex, r.Attempts)
-			}
-			fmt.Fprintf(w, "copied %s -> %s (%s): %d files, %d bytes in %s; manifest %s\n", r.Source, r.Output, how, r.Files, r.Bytes, r.Duration.Round(time.Millisecond), r.Manifest)
-			if r.Detection != nil {
-				fmt.Fprintf(w, "  holds %s\n", r.Detection)
-			}
+	for _, r := range reps {
+		for _, w := range r.Warnings {
+			fmt.Fprintf(o.ErrOut, "WARNING: %s: %s\n", r.Output, w) // on stderr too: -o json users see it
 		}
-	})
+	}
+	perr := o.printer.print(o.Out, copyResult{Members: reps}, func(w io.Writer) { printCopies(w, reps) })
 	if perr != nil {
 		return errors.Join(err, perr)
 	}
 	return err
+}
+
+// printCopies is the text report of member copies.
+func printCopies(w io.Writer, reps []datadir.CopyReport) {
+	for _, r := range reps {
+		how := "stopped member"
+		if r.Live {
+			how = fmt.Sprintf("running member, backend from %s at revision %d, WAL committed to index %d, %d attempt(s)", r.Snapshot.Endpoint, r.Snapshot.Revision, r.CommitIndex, r.Attempts)
+		}
+		fmt.Fprintf(w, "copied %s -> %s (%s): %d files, %d bytes in %s; manifest %s\n", r.Source, r.Output, how, r.Files, r.Bytes, r.Duration.Round(time.Millisecond), r.Manifest)
+		if r.Detection != nil {
+			fmt.Fprintf(w, "  holds %s\n", r.Detection)
+		}
+		for _, warning := range r.Warnings {
+			fmt.Fprintf(w, "  WARNING: %s\n", warning)
+		}
+	}
 }
 
 // runSnapshot takes a snapshot of a live cluster once its members have converged.
