@@ -504,6 +504,11 @@ func (r *runner) followOnce(ctx context.Context) error {
 	picked, err := r.ensureReplication(ctx)
 	r.lock.markBaking()
 	if err != nil {
+		if r.repl != nil {
+			// Found stopped (before the bake began, say): cleared, so that the next attempt
+			// picks replication up again rather than find it stopped for ever. Its error is err.
+			_, _ = r.stopReplication()
+		}
 		return err
 	}
 	r.emit(Event{Type: EventNote, Step: "bake", Detail: withNote(picked, "blue follows green: "+r.repl.line(r.repl.rep.Progress()))})

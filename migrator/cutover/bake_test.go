@@ -916,3 +916,35 @@ func resumedRollback(t *testing.T, p *Plan, rj *Journal) *runner {
 	}
 	return r
 }
+
+// TestBakeDropsADeadReplicator: the replication the reverse-replication step started may stop
+// before the bake begins (blue out of space as the held writes were released to green): each
+// attempt of the baking process to keep blue following then found it stopped, and, not clearing
+// it, never picked replication up again, however long it tried. An attempt that finds it
+// stopped clears it, so that the next one picks up.
+func TestBakeDropsADeadReplicator(t *testing.T) {
+	cli := startTestEtcd(t)
+	conn := func() *clientv3.Client {
+		c, err := clientv3.New(clientv3.Config{Endpoints: cli.Endpoints(), DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	src, dst := conn(), conn()
+	rep, err := replicate.New(replicate.Config{Source: src, Dest: dst, FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	close(done)
+	p := bakePlan(t)
+	r := (&runner{o: Options{Plan: p}, p: p, j: &Journal{Bake: &BakeRecord{Revision: 1}}}).forward()
+	r.repl = &replication{rep: rep, src: src, dst: dst, cancel: func() {}, done: done, err: errors.New("etcdserver: mvcc: database space exceeded")}
+	if err := r.followOnce(t.Context()); err == nil || !strings.Contains(err.Error(), "space exceeded") {
+		t.Fatalf("an attempt finding replication stopped: %v; want its error", err)
+	}
+	if r.repl != nil {
+		t.Fatal("the stopped replication is kept: every later attempt finds it again instead of picking up")
+	}
+}
