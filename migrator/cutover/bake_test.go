@@ -948,3 +948,19 @@ func TestBakeDropsADeadReplicator(t *testing.T) {
 		t.Fatal("the stopped replication is kept: every later attempt finds it again instead of picking up")
 	}
 }
+
+// TestResumedRollbackReadyAfterAFenceLifted: a rollback killed in its fence step, its fence then
+// lifted by hand, is resumed later: no window is open (the fence step opens a fresh one), so
+// the look at blue's apiserver is not bounded by the long-past window of the journaled fence,
+// which failed it at once as "not ready" while blue served.
+func TestResumedRollbackReadyAfterAFenceLifted(t *testing.T) {
+	p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
+	p.Timeouts.Window = Duration(5 * time.Second)
+	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, FencedAt: time.Now().UTC().Add(-time.Minute), GreenPIDs: map[string]int{}}
+	r := resumedRollback(t, p, rj)
+	var calls []string
+	r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Generation: 9}, &calls)
+	if err := r.resumedRollbackReady(t.Context()); err != nil {
+		t.Fatalf("blue ready, no fence held: %v", err)
+	}
+}

@@ -137,12 +137,12 @@ func awaitedWrites(d admin.Drain, from string) string {
 // switch: the check before a new rollback (blueServesForRollback) skips a resume, which may be
 // past its switch, and blue may have stopped serving since the run that stopped. Not ready, the
 // step fails and the rollback goes back to green, rather than open writes on a blue that does
-// not serve. With a fence journaled (writes may be held now) the window's budget bounds the look.
+// not serve. With a window open (writes held now) the window's budget bounds the look.
 func (r *runner) resumedRollbackReady(ctx context.Context) error {
 	if r.main == nil || !r.o.Resume || r.blueReady {
 		return nil
 	}
-	if !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() {
+	if r.windowOpen(ctx) { // writes held now: not one held by the journal only (lifted since)
 		var cancel context.CancelFunc
 		ctx, cancel = r.windowContext(ctx)
 		defer cancel()
