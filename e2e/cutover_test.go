@@ -535,8 +535,9 @@ func TestCutoverAbort(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "keep"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// A "kube-apiserver" that runs but never answers.
-	f.green.Plan.Green.APIServer.Command = []string{"/bin/sleep", "3600"}
+	// A "kube-apiserver" that runs but never answers, given the flag the plan check asks of a
+	// green apiserver's command (as $0; two commands, so that the shell stays the process).
+	f.green.Plan.Green.APIServer.Command = []string{"/bin/sh", "-c", "sleep 3600; exit 0", "--endpoint-reconciler-type=none"}
 	f.green.Plan.Timeouts.GreenAPIServer = cutover.Duration(3 * time.Second)
 	if err := f.green.Save(); err != nil {
 		t.Fatal(err)
