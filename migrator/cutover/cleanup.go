@@ -69,12 +69,19 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		}
 		rep.RemovedDataDirs = len(rep.RemovedDirs) > 0
 		// Blue's snapshot, its Secrets too, goes with the data dirs restored from it (a
-		// rehearsal or a run that stopped before its end left it).
+		// rehearsal or a run that stopped before its end left it), and so does the copy of a
+		// v2 source's member files.
 		switch err := os.Remove(r.snapshotPath()); {
 		case err == nil:
 			rep.RemovedSnapshot = r.snapshotPath()
 		case !errors.Is(err, fs.ErrNotExist):
 			return rep, fmt.Errorf("removing blue's snapshot: %w", err)
+		}
+		if _, err := os.Lstat(r.memberCopyPath()); err == nil {
+			if err := os.RemoveAll(r.memberCopyPath()); err != nil {
+				return rep, fmt.Errorf("removing the copy of blue's member files: %w", err)
+			}
+			rep.RemovedDirs = append(rep.RemovedDirs, r.memberCopyPath())
 		}
 	}
 	return rep, nil

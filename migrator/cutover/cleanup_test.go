@@ -80,6 +80,9 @@ func TestCleanup(t *testing.T) {
 			if err := os.WriteFile(r.snapshotPath(), []byte("blue"), 0o600); err != nil {
 				t.Fatal(err)
 			}
+			if err := os.MkdirAll(filepath.Join(r.memberCopyPath(), "member"), 0o700); err != nil { // a v2 source's member copy
+				t.Fatal(err)
+			}
 			rep, err := r.cleanup(tc.remove)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -101,8 +104,10 @@ func TestCleanup(t *testing.T) {
 			if _, err := os.Stat(dir); os.IsNotExist(err) != tc.wantDirGone {
 				t.Errorf("data dir gone: %v, want %v", os.IsNotExist(err), tc.wantDirGone)
 			}
-			if _, err := os.Stat(r.snapshotPath()); os.IsNotExist(err) != (tc.wantErr == "" && tc.remove) {
-				t.Errorf("blue's snapshot gone: %v, want %v", os.IsNotExist(err), tc.wantErr == "" && tc.remove)
+			for _, c := range r.blueCopies() {
+				if _, err := os.Stat(c); os.IsNotExist(err) != (tc.wantErr == "" && tc.remove) {
+					t.Errorf("blue's copy %s gone: %v, want %v", c, os.IsNotExist(err), tc.wantErr == "" && tc.remove)
+				}
 			}
 		})
 	}

@@ -518,12 +518,18 @@ func TestReportKeepsTheFenceBarrier(t *testing.T) {
 	if err := os.WriteFile(w.r.snapshotPath(), []byte("blue"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(filepath.Join(w.r.memberCopyPath(), "member", "snap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(w.r.memberCopyPath(), "member", "snap"), "db", "blue")
 	rep, err := w.r.run(t.Context())
 	if err != nil || rep.Result != ResultDone {
 		t.Fatalf("report %+v, %v", rep, err)
 	}
-	if _, err := os.Stat(w.r.snapshotPath()); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(rep.Next, "snapshot") {
-		t.Errorf("blue's snapshot after a cutover done: %v; next %q: want it removed, and said", err, rep.Next)
+	for _, c := range []string{w.r.snapshotPath(), w.r.memberCopyPath()} {
+		if _, err := os.Stat(c); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(rep.Next, c) {
+			t.Errorf("blue's copy %s after a cutover done: %v; next %q: want it removed, and said", c, err, rep.Next)
+		}
 	}
 	for _, rec := range rep.Steps {
 		if strings.Contains(rec.Detail, "by hand") {

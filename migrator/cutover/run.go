@@ -369,19 +369,35 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	return rep, nil
 }
 
-// dropSnapshot removes blue's snapshot from the state dir once the switch is behind (only a
-// rebuild of green before the fence reads it): it is a copy of blue's data, Secrets included.
-// It returns a sentence for the report ("" when there was none).
+// dropSnapshot removes blue's snapshot, and the copy of blue's member files a v2 source needed
+// (its backend the snapshot), from the state dir once the switch is behind (only the steps
+// before the fence read them): each is a copy of blue's data, Secrets included. It returns a
+// sentence for the report ("" when there was none).
 func (r *runner) dropSnapshot() string {
-	switch err := os.Remove(r.snapshotPath()); {
-	case err == nil:
-		return " Blue's snapshot " + r.snapshotPath() + " (a copy of blue's data, Secrets included) is removed."
-	case errors.Is(err, fs.ErrNotExist):
-		return ""
-	default:
-		return fmt.Sprintf(" Remove blue's snapshot %s yourself (a copy of blue's data, Secrets included): %v.", r.snapshotPath(), err)
+	var removed, left []string
+	for _, c := range r.blueCopies() {
+		if _, err := os.Lstat(c); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := os.RemoveAll(c); err != nil {
+			left = append(left, fmt.Sprintf("%s (%v)", c, err))
+			continue
+		}
+		removed = append(removed, c)
 	}
+	out := ""
+	if len(removed) > 0 {
+		out += " Blue's copies in the state dir (its data, Secrets included) are removed: " + strings.Join(removed, ", ") + "."
+	}
+	if len(left) > 0 {
+		out += " Remove blue's copies yourself (its data, Secrets included): " + strings.Join(left, ", ") + "."
+	}
+	return out
 }
+
+// blueCopies are the copies of blue's data a cutover keeps in the state dir: the snapshot, and
+// the member files of a v2 source.
+func (r *runner) blueCopies() []string { return []string{r.snapshotPath(), r.memberCopyPath()} }
 
 // walk runs the steps the journal has not finished.
 func (r *runner) walk(ctx context.Context) error {
