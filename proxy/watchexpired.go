@@ -262,22 +262,9 @@ func sameAt(ctx context.Context, ri *resumeInfo, nb *backend, a, b string) error
 	if err != nil {
 		return err
 	}
-	for {
-		x, more, err := then.next()
-		if err != nil {
-			return err
-		}
-		y, moreNow, err := now.next()
-		if err != nil {
-			return err
-		}
-		if more != moreNow || x != y {
-			return fmt.Errorf("the collection differs between %s and %s (%+v, then %+v)", a, b, x, y)
-		}
-		if !more {
-			return nil
-		}
-	}
+	return eachChanged(then, now, func(k metaItem) error {
+		return fmt.Errorf("the collection differs between %s and %s (%s/%s)", a, b, k.Namespace, k.Name)
+	})
 }
 
 // revisionHad lists the collection ri watches on nb exactly at rv-1 and at rv, page by page
@@ -288,6 +275,18 @@ func revisionHad(ctx context.Context, ri *resumeInfo, nb *backend, rv uint64, ha
 	if err != nil {
 		return err
 	}
+	return eachChanged(then, now, func(k metaItem) error {
+		if slices.Contains(had, eventKey{k.Namespace, k.Name}) {
+			return nil
+		}
+		return fmt.Errorf("revision %d changed %s/%s, whose event at %d the watch had not delivered when it moved", rv, k.Namespace, k.Name, rv)
+	})
+}
+
+// eachChanged walks two lists of one collection in key order and calls changed with each
+// object they do not hold alike (in one only, or at another resourceVersion), until it returns
+// an error.
+func eachChanged(then, now *listCursor, changed func(metaItem) error) error {
 	x, more, err := then.next()
 	if err != nil {
 		return err
@@ -298,9 +297,10 @@ func revisionHad(ctx context.Context, ri *resumeInfo, nb *backend, rv uint64, ha
 	}
 	for more || moreNow {
 		c := compareKeys(x, y, more, moreNow)
-		changed := c != 0 || x.ResourceVersion != y.ResourceVersion
-		if k := map[bool]metaItem{true: x, false: y}[c < 0]; changed && !slices.Contains(had, eventKey{k.Namespace, k.Name}) {
-			return fmt.Errorf("revision %d changed %s/%s, whose event at %d the watch had not delivered when it moved", rv, k.Namespace, k.Name, rv)
+		if c != 0 || x.ResourceVersion != y.ResourceVersion {
+			if err := changed(map[bool]metaItem{true: x, false: y}[c < 0]); err != nil {
+				return err
+			}
 		}
 		if c <= 0 {
 			if x, more, err = then.next(); err != nil {
