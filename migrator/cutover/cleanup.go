@@ -2,10 +2,7 @@ package cutover
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 )
 
 // CleanupReport is what `kubefence cutover cleanup` did.
@@ -71,16 +68,16 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		// Blue's snapshot, its Secrets too, goes with the data dirs restored from it (a
 		// rehearsal or a run that stopped before its end left it), and so does the copy of a
 		// v2 source's member files.
-		switch err := os.Remove(r.snapshotPath()); {
-		case err == nil:
-			rep.RemovedSnapshot = r.snapshotPath()
-		case !errors.Is(err, fs.ErrNotExist):
+		switch gone, err := removeIfThere(r.snapshotPath()); {
+		case err != nil:
 			return rep, fmt.Errorf("removing blue's snapshot: %w", err)
+		case gone:
+			rep.RemovedSnapshot = r.snapshotPath()
 		}
-		if _, err := os.Lstat(r.memberCopyPath()); err == nil {
-			if err := os.RemoveAll(r.memberCopyPath()); err != nil {
-				return rep, fmt.Errorf("removing the copy of blue's member files: %w", err)
-			}
+		switch gone, err := removeIfThere(r.memberCopyPath()); {
+		case err != nil:
+			return rep, fmt.Errorf("removing the copy of blue's member files: %w", err)
+		case gone:
 			rep.RemovedDirs = append(rep.RemovedDirs, r.memberCopyPath())
 		}
 	}

@@ -279,7 +279,7 @@ func Finish(ctx context.Context, o Options) (*Report, error) {
 		rev = s.Applied
 	}
 	rep := r.report(ResultDone, nil)
-	rep.Next = fmt.Sprintf("the bake is over: green serves; blue no longer follows green and stays as it last followed it (revision %d as last journaled; a baking process killed without stopping cleanly may have taken it further) (its data dir is kept; its apiserver may only read blue etcd). kubefence started none of blue's processes: stop blue's etcd and apiserver when you no longer need them. %s%s", rev, greenForGood, r.dropSnapshot())
+	rep.Next = fmt.Sprintf("the bake is over: green serves; blue no longer follows green and stays as it last followed it (revision %d as last journaled; a baking process killed without stopping cleanly may have taken it further) (its data dir is kept; its apiserver may only read blue etcd). kubefence started none of blue's processes: stop blue's etcd and apiserver when you no longer need them. %s%s", rev, greenForGood, r.dropBlueCopies())
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
 }

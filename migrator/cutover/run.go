@@ -343,7 +343,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if r.o.Rehearse {
 		return r.finishRehearsal()
 	}
-	dropped := r.dropSnapshot()
+	dropped := r.dropBlueCopies()
 	if r.p.Bake.Enabled && r.j.Bake != nil {
 		r.closeAuthClients() // the bake runs for days; a rollback is a run of its own
 		if dropped != "" {
@@ -369,21 +369,19 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	return rep, nil
 }
 
-// dropSnapshot removes blue's snapshot, and the copy of blue's member files a v2 source needed
-// (its backend the snapshot), from the state dir once the switch is behind (only the steps
-// before the fence read them): each is a copy of blue's data, Secrets included. It returns a
-// sentence for the report ("" when there was none).
-func (r *runner) dropSnapshot() string {
+// dropBlueCopies removes blue's snapshot, and the copy of blue's member files a v2 source
+// needed (its backend the snapshot), from the state dir once the switch is behind (only the
+// steps before the fence read them): each is a copy of blue's data, Secrets included. It
+// returns a sentence for the report ("" when there was none).
+func (r *runner) dropBlueCopies() string {
 	var removed, left []string
 	for _, c := range r.blueCopies() {
-		if _, err := os.Lstat(c); errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err := os.RemoveAll(c); err != nil {
+		switch gone, err := removeIfThere(c); {
+		case err != nil:
 			left = append(left, fmt.Sprintf("%s (%v)", c, err))
-			continue
+		case gone:
+			removed = append(removed, c)
 		}
-		removed = append(removed, c)
 	}
 	out := ""
 	if len(removed) > 0 {
@@ -398,6 +396,15 @@ func (r *runner) dropSnapshot() string {
 // blueCopies are the copies of blue's data a cutover keeps in the state dir: the snapshot, and
 // the member files of a v2 source.
 func (r *runner) blueCopies() []string { return []string{r.snapshotPath(), r.memberCopyPath()} }
+
+// removeIfThere removes path (a file, or a directory and all in it) and says whether it was
+// there.
+func removeIfThere(path string) (bool, error) {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return true, os.RemoveAll(path)
+}
 
 // walk runs the steps the journal has not finished.
 func (r *runner) walk(ctx context.Context) error {

@@ -64,11 +64,11 @@ func checkProxiesOnce(p *Plan) error {
 // checkGreenCommands refuses what green's processes would be started with and kubefence could
 // not then find, check or stop: a program that execs another (proc.CheckNoExecWrapper) as
 // green's etcd binary or a green apiserver's command. And a green apiserver command (one this
-// host or its own host starts) without --endpoint-reconciler-type=none: once its writes are let through, green's apiserver
-// would point the kubernetes Service at its own address instead of the proxies', and
-// in-cluster clients would go around every proxy (a rollback's fence and gate would then leave
-// them on a green that refuses their writes). A static pod manifest is checked as it is read
-// (checkGreenManifest).
+// host or its own host starts) without --endpoint-reconciler-type=none: once its writes are
+// let through, green's apiserver would point the kubernetes Service at its own address instead
+// of the proxies', and in-cluster clients would go around every proxy (a rollback's fence and
+// gate would then leave them on a green that refuses their writes). A static pod manifest is
+// checked as it is read (checkGreenManifest).
 func checkGreenCommands(p *Plan) error {
 	var errs []error
 	if err := proc.CheckNoExecWrapper([]string{p.Green.Etcd.Binary}); err != nil {
