@@ -177,9 +177,9 @@ func (rf *refusals) refuse(w http.ResponseWriter, r *http.Request, st *reqState,
 	rf.answer(w, r, st, d, msg, body)
 }
 
-// refuseFull answers 429 for a write hold mode would hold but cannot (its body is in): why names
-// the bound of the waiting room it is past (errHoldFull).
-func (rf *refusals) refuseFull(w http.ResponseWriter, r *http.Request, st *reqState, why error) {
+// refuseHold answers 429 for a write hold mode would hold but cannot, or no longer (its body is
+// in): why names the bound of the waiting room it is past (errHoldFull), or its hold timeout.
+func (rf *refusals) refuseHold(w http.ResponseWriter, r *http.Request, st *reqState, why error) {
 	rf.answer(w, r, st, policy.Decision{Class: policy.Write, Reason: why.Error()}, "refused write: fence is on",
 		holdFullBody(*rf.reason.Load(), why, rf.retryAfter))
 }

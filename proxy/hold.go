@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -317,7 +316,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 		if n.Add(1) > hd.perConn {
 			n.Add(-1)
 			hd.q.full.Add(1)
-			rf.refuseFull(w, r, st, fmt.Errorf("%w: more than half of --http2-max-streams-per-connection, %d streams", errHoldConnFull, hd.perConn))
+			rf.refuseHold(w, r, st, fmt.Errorf("%w: more than half of --http2-max-streams-per-connection, %d streams", errHoldConnFull, hd.perConn))
 			return
 		}
 		defer n.Add(-1)
@@ -325,7 +324,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 	start := time.Now()
 	h, err := hd.q.enter(size, st.identity != nil, start)
 	if err != nil {
-		rf.refuseFull(w, r, st, err)
+		rf.refuseHold(w, r, st, err)
 		return
 	}
 	body.release()
@@ -340,7 +339,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 	switch out {
 	case holdTimedOut:
 		hd.q.timedOut.Add(1)
-		rf.refuse(w, r, st, policy.Decision{Class: policy.Write, Reason: "held for --hold-timeout " + hd.timeout.String()})
+		rf.refuseHold(w, r, st, fmt.Errorf("this write was held for --hold-timeout (%s) and the fence has not lifted", hd.timeout))
 	case holdAbandoned:
 		hd.q.abandoned.Add(1)
 		st.answered = decisionAbandoned

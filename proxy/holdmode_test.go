@@ -95,16 +95,17 @@ func TestHoldModeForwardsToTheBackendAfterTheSwitch(t *testing.T) {
 	}
 }
 
-// TestHoldTimeoutRefusesAndNeverForwards: past --hold-timeout a held write gets 429 + Retry-After
-// and is not forwarded when the fence lifts later.
+// TestHoldTimeoutRefusesAndNeverForwards: past --hold-timeout a held write gets 429 + Retry-After,
+// saying it was held that long (not the fence's "writes are held" alone), and is not forwarded
+// when the fence lifts later.
 func TestHoldTimeoutRefusesAndNeverForwards(t *testing.T) {
 	api := newFakeAPI(t, "blue")
 	p := startProxy(t, api.URL, func(o *Options) { o.HoldTimeout = 200 * time.Millisecond })
 	fenceHold(t, p)
 	start := time.Now()
 	a := <-postAsync(t.Context(), http.DefaultClient, p.url+"/api/v1/namespaces/default/configmaps")
-	if a.code != 429 || time.Since(start) < 200*time.Millisecond {
-		t.Fatalf("held past the timeout: %+v after %s, want 429 after 200ms", a, time.Since(start))
+	if a.code != 429 || time.Since(start) < 200*time.Millisecond || !strings.Contains(a.body, "held for --hold-timeout (200ms)") {
+		t.Fatalf("held past the timeout: %+v after %s, want 429 after 200ms saying so", a, time.Since(start))
 	}
 	if _, err := p.admin.Fence(t.Context(), admin.FenceRequest{Fenced: false}); err != nil {
 		t.Fatal(err)
