@@ -92,7 +92,12 @@ func printCutoverStatus(w io.Writer, st *cutover.StatusReport) {
 
 // printRunner says who runs the cutover, and what to do when no one does while it needs it.
 func printRunner(w io.Writer, st *cutover.StatusReport) {
-	if !st.WindowOpenSince.IsZero() {
+	switch {
+	case !st.WindowOpenSince.IsZero() && st.Aborting != "":
+		// Its unfence is journaled once every proxy reopened: one it could not reach keeps the
+		// window open in the journal while the others are open.
+		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover, whose abort unfences first every proxy it reaches: some may be open again ('kubefence fence status' on each says)\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
+	case !st.WindowOpenSince.IsZero():
 		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	}
 	if !st.FenceStartedAt.IsZero() {
