@@ -96,7 +96,7 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 	case !st.WindowOpenSince.IsZero() && st.Aborting != "":
 		// Its unfence is journaled once every proxy reopened: one it could not reach keeps the
 		// window open in the journal while the others are open.
-		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover, whose abort unfences first every proxy it reaches: some may be open again ('kubefence fence status' on each says)\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
+		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover; its abort unfences every proxy it reaches first, so some proxies may be open again ('kubefence fence status' on each says)\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	case !st.WindowOpenSince.IsZero():
 		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	}
