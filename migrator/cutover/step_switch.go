@@ -70,7 +70,13 @@ func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) 
 
 // switchDetail says what the switch did to the watches open on blue: they were ended. Informers
 // reconnect and relist (on green); a client that does not reconnect, like `kubectl get -w`,
-// exits.
+// exits. Writes a fence policy rule let through that the switch waited for were answered by
+// blue after the copy: green does not have them (a snapshot cutover copies once), which is
+// said.
 func switchDetail(resp admin.BackendResponse) string {
-	return fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
+	d := fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
+	if resp.Drain.Writes > 0 {
+		d += fmt.Sprintf("; WARNING: %d write(s) a fence policy rule let through were in flight on blue at the switch, after the copy: they are not on green (their clients were answered by blue; see the proxies' logs for what they were). Let no writes through in a snapshot cutover", resp.Drain.Writes)
+	}
+	return d
 }
