@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
@@ -57,9 +58,19 @@ func (copyStep) run(ctx context.Context, r *runner) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		msg += "; " + m
+		return msg + "; " + m, nil
 	}
-	return msg, nil
+	return msg + v2NotCopied(info.Warnings), nil
+}
+
+// v2NotCopied is the copy step's warning when blue's etcd may hold v2 keys (3.5 or older: the
+// snapshot's warnings say so) and the plan copies none (no blue.etcd.dataDir): green would
+// start without them, and nothing else would tell.
+func v2NotCopied(warnings []string) string {
+	if len(warnings) == 0 {
+		return ""
+	}
+	return "; WARNING: " + strings.Join(warnings, "; ") + ". In a cutover: blue's v2 keys, if it has any, will not be on green; a blue with v2 content needs blue.etcd.dataDir in the plan (migration.mode auto or v2-to-v3)"
 }
 
 func (r *runner) snapshotPath() string { return filepath.Join(r.p.StateDir, "blue-snapshot.db") }
