@@ -97,7 +97,13 @@ type TransportOptions struct {
 // at a time (muxTransport), and separate so that long-lived watches never fill the connection
 // writes use; with HTTP1Only both are h1.
 type pool struct {
-	h1              *http.Transport
+	h1 *http.Transport
+	// upgrades carries protocol upgrades (exec, attach, port-forward) over a connection of its
+	// own that is never used again: if the backend does not answer 101, nothing of it may
+	// carry another request (CVE-2018-1002105). Its keep-alives off, net/http adds no
+	// "Connection: close" to an upgrade, whose Connection header must say Upgrade alone: the
+	// upgraders behind kube-apiserver read its first value only.
+	upgrades        *http.Transport
 	writes, watches roundTripCloser
 	// watchConns is what watches dialled, when it carries nothing else (not HTTP1Only): a
 	// switch away closes them at once (drain).
@@ -111,7 +117,8 @@ type roundTripCloser interface {
 }
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
-	p := &pool{h1: newTransport(tlsConfig, topts, false, nil)}
+	p := &pool{h1: newTransport(tlsConfig, topts, false, nil), upgrades: newTransport(tlsConfig, topts, false, nil)}
+	p.upgrades.DisableKeepAlives = true
 	p.writes, p.watches = p.h1, p.h1
 	if !topts.HTTP1Only {
 		p.writes = newMuxTransport(newTransport(tlsConfig, topts, true, nil), p.h1)
@@ -202,8 +209,8 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 var upstreamHandshakeTimeout = 10 * time.Second
 
 // transportFor picks the connections for a request: identity-forwarding requests must carry
-// the front-proxy certificate, and no other request may; then watches, writes (not upgrades)
-// and everything else each have their transport (see pool).
+// the front-proxy certificate, and no other request may; then upgrades, watches, writes and
+// everything else each have their transport (see pool).
 func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) http.RoundTripper {
 	p := b.plain
 	if forwardsIdentity {
@@ -211,7 +218,7 @@ func (b *backend) transportFor(forwardsIdentity bool, a *policy.Attributes) http
 	}
 	switch {
 	case a.Upgrade:
-		return p.h1
+		return p.upgrades
 	case a.Verb == "watch":
 		return p.watches
 	case a.Class() == policy.Write:

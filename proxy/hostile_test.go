@@ -563,3 +563,61 @@ func TestTricklingBodyBounded(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// TestUpgradeReachesTheBackendAsOne: an upgrade (exec, attach, port-forward) reaches the backend
+// with Connection: Upgrade as its only Connection header. kube-apiserver's websocket check and
+// the SPDY upgrader (kubelet's streaming server, behind kube-apiserver's upgrade-aware proxy)
+// read the first Connection value only: a "Connection: close" ahead of it (the proxy marked the
+// request to close, which net/http writes first) made every session through the proxy 400.
+func TestUpgradeReachesTheBackendAsOne(t *testing.T) {
+	seen := make(chan []string, 1)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Values("Connection")
+		// As k8s.io/streaming's SPDY upgrader: the first Connection value must say upgrade.
+		if !strings.Contains(strings.ToLower(r.Header.Get("Connection")), "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), "SPDY/3.1") {
+			http.Error(w, "unable to upgrade: missing upgrade headers in request", http.StatusBadRequest)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+		_ = brw.Flush()
+	}))
+	t.Cleanup(backend.Close)
+	p := startProxy(t, backend.URL)
+	payload := "POST /api/v1/namespaces/a/pods/p/exec?command=sh HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n"
+	resp, _ := rawExchange(t, p.Addr().String(), payload, 0, time.Second)
+	got := <-seen
+	if codes := statusCodes(resp); strings.Join(codes, ",") != "101" || len(got) != 1 {
+		t.Fatalf("answers %v; the backend saw Connection %q: want 101, and Upgrade as the one Connection header", codes, got)
+	}
+}
+
+// TestRefusedUpgradeConnectionNotReused: a backend connection asked to upgrade and answered
+// without 101 carries nothing else (CVE-2018-1002105's class): each upgrade dials its own.
+func TestRefusedUpgradeConnectionNotReused(t *testing.T) {
+	var conns atomic.Int32
+	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "upgrade refused", http.StatusForbidden)
+	}))
+	backend.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	backend.Start()
+	t.Cleanup(backend.Close)
+	p := startProxy(t, backend.URL)
+	payload := "POST /api/v1/namespaces/a/pods/p/exec?command=sh HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n"
+	for range 2 {
+		if resp, _ := rawExchange(t, p.Addr().String(), payload, 0, 500*time.Millisecond); strings.Join(statusCodes(resp), ",") != "403" {
+			t.Fatalf("answer %q, want the backend's 403", resp)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("two refused upgrades used %d backend connection(s), want one each", n)
+	}
+}

@@ -33,11 +33,9 @@ func newReverseProxy(names RequestHeaderNames, upstreamDuration prometheus.Obser
 			// ignores both.
 			delete(pr.Out.Header, "Idempotency-Key")
 			delete(pr.Out.Header, "X-Idempotency-Key")
-			if st.attrs.Upgrade {
-				// Never reuse a backend connection that was asked to upgrade: if the answer is not
-				// 101, nothing of it may carry another request (CVE-2018-1002105).
-				pr.Out.Close = true
-			}
+			// An upgrade's backend connection is never used again (pool.upgrades), without
+			// marking the request to close: net/http would send "Connection: close" ahead of
+			// its "Connection: Upgrade".
 		},
 		Transport: roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			start := time.Now()
