@@ -17,7 +17,8 @@ import (
 
 // Hold mode: a write that arrives while the fence is on in hold mode is not refused but kept
 // (its body already read, see writebody.go) until the fence lifts, then forwarded to the backend
-// active at that moment, in arrival order, at most once (invariant held-at-most-once). Bounds:
+// active at that moment, admitted in arrival order (up to --hold-release-concurrency forwarded
+// at once), at most once (invariant held-at-most-once). Bounds:
 // a hold timeout, after which it is refused as in refuse mode and never forwarded; a total of
 // held requests and bytes, beyond which new writes are refused at once; of these totals, as of
 // the write-body budget (writebody.go), a share that writes from clients whose certificate the

@@ -73,8 +73,9 @@ var execWrappers = map[string]bool{
 }
 
 // CheckNoExecWrapper refuses a command line whose program is one that execs another (env,
-// nice, taskset, sudo...; not a shell, which may stay the parent of what it runs): kubefence knows the processes it starts by their command
-// line, which would then be another's, and could not find, check or stop them.
+// nice, taskset, sudo...; not a shell, which may stay the parent of what it runs): kubefence
+// knows the processes it starts by their command line, which would then be another's, and could
+// not find, check or stop them.
 func CheckNoExecWrapper(argv []string) error {
 	if len(argv) == 0 || !execWrappers[filepath.Base(argv[0])] {
 		return nil

@@ -48,9 +48,10 @@ func InitialCluster(peers []Peer) string {
 	return strings.Join(parts, ",")
 }
 
-// as is this membership for building the member own holds: its peers, with the name and peer
-// URLs they record for it as Self. The member is found by its ID; one a rebuild swapped in
-// already (of another cluster: etcd's restore gave it new IDs, from this membership) by its name.
+// as is membership m as the member whose own membership is own is built with it: m's peers,
+// with the name and peer URLs m records for that member as Self. The member is found by its
+// ID; one a rebuild swapped in already (of another cluster: etcd's restore gave it new IDs,
+// from this membership) by its name.
 func (m Membership) as(own Membership) (Membership, error) {
 	i := slices.IndexFunc(m.Peers, func(p Peer) bool { return p.ID == own.Self.ID })
 	if i < 0 && own.ClusterID != m.ClusterID {
