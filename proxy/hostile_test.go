@@ -594,6 +594,11 @@ func TestUpgradeReachesTheBackendAsOne(t *testing.T) {
 	if codes := statusCodes(resp); strings.Join(codes, ",") != "101" || len(got) != 1 {
 		t.Fatalf("answers %v; the backend saw Connection %q: want 101, and Upgrade as the one Connection header", codes, got)
 	}
+	// The session is counted as what its client got, a protocol switch.
+	_, body := do(t, "GET", "http://"+p.MetricsAddr().String()+"/metrics")
+	if want := `kubefence_requests_total{class="write",code="101",decision="forwarded"} 1`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q:\n%s", want, grepLines(body, "kubefence_requests_total"))
+	}
 }
 
 // TestRefusedUpgradeConnectionNotReused: a backend connection asked to upgrade and answered
@@ -620,4 +625,15 @@ func TestRefusedUpgradeConnectionNotReused(t *testing.T) {
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("two refused upgrades used %d backend connection(s), want one each", n)
 	}
+}
+
+// grepLines returns the lines of s that contain sub, for failure messages.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,6 +1,10 @@
 package proxy
 
-import "net/http"
+import (
+	"bufio"
+	"net"
+	"net/http"
+)
 
 // statusWriter records the status code; Unwrap lets http.ResponseController reach Flush and
 // Hijack on the underlying writer (watches and upgrades need both).
@@ -30,6 +34,16 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack takes the connection over for a protocol switch: the reverse proxy writes the
+// backend's 101 on the raw connection, past WriteHeader, so it is recorded here.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.code == 0 {
+		w.code = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
 
 // FlushError flushes streaming responses (watches, logs, upgrades) at once and defers the
 // flushes of buffered ones to the end of the response.
