@@ -176,11 +176,17 @@ func (q *holdQueue) dropBytes(h *heldWrite) {
 	}
 }
 
+// heldNow is the waiting room's occupancy: all writes, and those from unverified clients.
+type heldNow struct {
+	count, unverified      int
+	bytes, unverifiedBytes int64
+}
+
 // stats returns the writes and bytes held now.
-func (q *holdQueue) stats() (count int, bytes int64) {
+func (q *holdQueue) stats() heldNow {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.count, q.bytes
+	return heldNow{count: q.count, bytes: q.bytes, unverified: q.unverifiedCount, unverifiedBytes: q.unverifiedBytes}
 }
 
 // holdOutcome is how a hold ended.
@@ -360,7 +366,7 @@ func (hd *holder) hold(w http.ResponseWriter, r *http.Request, st *reqState, nex
 
 // status is the waiting room for 'fence status'.
 func (hd *holder) status() admin.HoldStatus {
-	n, b := hd.q.stats()
-	return admin.HoldStatus{Held: n, HeldBytes: b, Released: hd.q.released.Load(), TimedOut: hd.q.timedOut.Load(),
+	n := hd.q.stats()
+	return admin.HoldStatus{Held: n.count, HeldBytes: n.bytes, HeldUnverified: n.unverified, HeldUnverifiedBytes: n.unverifiedBytes, Released: hd.q.released.Load(), TimedOut: hd.q.timedOut.Load(),
 		Abandoned: hd.q.abandoned.Load(), Full: hd.q.full.Load()}
 }

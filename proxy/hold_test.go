@@ -54,8 +54,8 @@ func TestHoldReleasesInArrivalOrder(t *testing.T) {
 		}
 		held[i] = h
 	}
-	if c, b := q.stats(); c != n || b != 10*n {
-		t.Fatalf("stats = %d, %d", c, b)
+	if got := q.stats(); got.count != n || got.bytes != 10*n {
+		t.Fatalf("stats = %+v", got)
 	}
 	for i := n - 1; i >= 0; i-- { // start the waiters in reverse: order must come from arrival
 		wg.Add(1)
@@ -87,8 +87,8 @@ func TestHoldReleasesInArrivalOrder(t *testing.T) {
 			t.Fatalf("admitted in order %v, want arrival order", order)
 		}
 	}
-	if c, b := q.stats(); c != 0 || b != 0 {
-		t.Fatalf("after release: %d held, %d bytes", c, b)
+	if got := q.stats(); got != (heldNow{}) {
+		t.Fatalf("after release: %+v", got)
 	}
 }
 
@@ -110,8 +110,8 @@ func TestHoldBounds(t *testing.T) {
 	}
 	a.leave()
 	a.leave() // harmless twice
-	if c, by := q.stats(); c != 1 || by != 40 {
-		t.Fatalf("stats after one left = %d, %d", c, by)
+	if got := q.stats(); got.count != 1 || got.bytes != 40 {
+		t.Fatalf("stats after one left = %+v", got)
 	}
 	b.leave()
 	if q.full.Load() != 2 {
@@ -154,6 +154,14 @@ func TestHoldQueueShares(t *testing.T) {
 			if err := enter(tc.wantUnverified, false); err != nil {
 				t.Fatalf("unverified writes could not hold %d: %v", tc.wantUnverified, err)
 			}
+			wantShown := 0 // a proxy that verifies no certificate has no unverified clients to show
+			if tc.verifies {
+				wantShown = tc.wantUnverified
+			}
+			if h := (&holder{q: q}).status(); h.Held != tc.wantUnverified || h.HeldUnverified != wantShown || h.HeldUnverifiedBytes != int64(wantShown)*tc.size {
+				t.Errorf("fence status shows %d held, %d of them unverified (%d bytes), want %d, %d (%d bytes)",
+					h.Held, h.HeldUnverified, h.HeldUnverifiedBytes, tc.wantUnverified, wantShown, int64(wantShown)*tc.size)
+			}
 			err := enter(1, false)
 			if !errors.Is(err, errHoldFull) {
 				t.Fatalf("unverified writes held %d, want %d at most (err %v)", tc.wantUnverified+1, tc.wantUnverified, err)
@@ -170,8 +178,8 @@ func TestHoldQueueShares(t *testing.T) {
 			for _, h := range held {
 				h.leave()
 			}
-			if c, b := q.stats(); c != 0 || b != 0 || q.unverifiedCount != 0 || q.unverifiedBytes != 0 {
-				t.Fatalf("after leaving: %d held, %d bytes, unverified %d, %d bytes", c, b, q.unverifiedCount, q.unverifiedBytes)
+			if n := q.stats(); n != (heldNow{}) {
+				t.Fatalf("after leaving: %+v", n)
 			}
 		})
 	}
@@ -322,7 +330,7 @@ func TestAbandonedWritesStayCounted(t *testing.T) {
 		t.Fatalf("%d abandoned writes taken behind the held head, want 2 (--max-held-requests 3)", accepted)
 	}
 	head.leave()
-	waitFor(t, func() bool { c, b := q.stats(); return c == 0 && b == 0 })
+	waitFor(t, func() bool { return q.stats() == heldNow{} })
 }
 
 // TestHeldPastItsTimeoutNeverForwarded: a held write whose hold timeout fired before it ran

@@ -558,7 +558,8 @@ func mergeStatus(res []admin.Result[admin.Status]) admin.Status {
 
 // addHold adds two proxies' hold counters.
 func addHold(a, b admin.HoldStatus) admin.HoldStatus {
-	return admin.HoldStatus{Held: a.Held + b.Held, HeldBytes: a.HeldBytes + b.HeldBytes, Released: a.Released + b.Released,
+	return admin.HoldStatus{Held: a.Held + b.Held, HeldBytes: a.HeldBytes + b.HeldBytes,
+		HeldUnverified: a.HeldUnverified + b.HeldUnverified, HeldUnverifiedBytes: a.HeldUnverifiedBytes + b.HeldUnverifiedBytes, Released: a.Released + b.Released,
 		TimedOut: a.TimedOut + b.TimedOut, Abandoned: a.Abandoned + b.Abandoned, Full: a.Full + b.Full}
 }
 

@@ -137,6 +137,11 @@ type HoldStatus struct {
 	// Held and HeldBytes are the writes (and their body bytes) waiting now.
 	Held      int   `json:"held"`
 	HeldBytes int64 `json:"heldBytes"`
+	// HeldUnverified and HeldUnverifiedBytes are those of them from clients without a
+	// certificate the proxy verified (always 0 without --client-ca-file): they may fill only
+	// their share of the waiting room.
+	HeldUnverified      int   `json:"heldUnverified,omitempty"`
+	HeldUnverifiedBytes int64 `json:"heldUnverifiedBytes,omitempty"`
 	// Released were forwarded after the fence lifted; TimedOut were refused at --hold-timeout;
 	// Abandoned left (their client went away) while held; Full were refused at once because the
 	// waiting room was full.

@@ -494,6 +494,10 @@ func printStatus(w io.Writer, st admin.Status) {
 	h := st.Hold
 	fmt.Fprintf(tw, "held writes:\t%d now (%d bytes); since start: %d released, %d timed out (refused), %d abandoned by their clients, %d refused (waiting room full)\n",
 		h.Held, h.HeldBytes, h.Released, h.TimedOut, h.Abandoned, h.Full)
+	if h.HeldUnverified > 0 {
+		fmt.Fprintf(tw, "held from unverified clients:\t%d now (%d bytes; clients without a certificate the proxy verified fill only their share of the waiting room)\n",
+			h.HeldUnverified, h.HeldUnverifiedBytes)
+	}
 	_ = tw.Flush()
 }
 
