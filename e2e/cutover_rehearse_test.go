@@ -14,7 +14,8 @@ import (
 // TestCutoverRehearse: --rehearse does everything before the fence and tears green down: the
 // proxy is never fenced nor switched, no green process is left, the data dirs it restored are
 // gone, and the journal says what it predicted. The real cutover then runs from the same plan
-// and state dir. A rehearsal killed mid-way leaves green running: cleanup stops it.
+// and state dir. A rehearsal killed mid-way leaves green running: `cutover abort` stops it
+// (cleanup refuses a cutover in progress; TestCutoverCleanup).
 func TestCutoverRehearse(t *testing.T) {
 	f := newCutoverFixture(t)
 	ctx := t.Context()
