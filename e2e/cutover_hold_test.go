@@ -332,7 +332,7 @@ func kubectlApply(t *testing.T, f *cutoverFixture) func(i int) (string, string, 
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), writeBound)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", f.px.Kubeconfig, "apply", "-f", manifest, "-o", "jsonpath={.metadata.resourceVersion}")
+		cmd := framework.DiesWithParent(exec.CommandContext(ctx, kubectl, "--kubeconfig", f.px.Kubeconfig, "apply", "-f", manifest, "-o", "jsonpath={.metadata.resourceVersion}"))
 		cmd.WaitDelay = 5 * time.Second
 		out, err := cmd.CombinedOutput()
 		if err != nil && ctx.Err() != nil {

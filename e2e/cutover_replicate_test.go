@@ -109,7 +109,7 @@ func startKubectlWatch(t *testing.T, kubeconfig, ns string) *kubectlWatch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name")
+	cmd := framework.DiesWithParent(exec.Command(bin, "--kubeconfig", kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name"))
 	kw := &kubectlWatch{out: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = kw.out, kw.out
 	if err := cmd.Start(); err != nil {

@@ -246,7 +246,7 @@ func (b *baker) wait(t *testing.T, why string) {
 // follows green.
 func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
 	t.Helper()
-	b := &baker{cmd: exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...), args: args, done: make(chan struct{})}
+	b := &baker{cmd: framework.DiesWithParent(exec.Command(kubefenceBin, append([]string{"cutover", "--plan", f.green.PlanPath}, args...)...)), args: args, done: make(chan struct{})}
 	pipe, err := b.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -100,7 +100,7 @@ const cmdBound = 5 * time.Minute
 func boundedKubefence(ctx context.Context, args ...string) (cmd *exec.Cmd, explain func(error) error) {
 	bound := fmt.Errorf("kubefence %s did not end within %s", strings.Join(args, " "), cmdBound)
 	ctx, cancel := context.WithTimeoutCause(ctx, cmdBound, bound)
-	cmd = exec.CommandContext(ctx, kubefenceBin, args...)
+	cmd = framework.DiesWithParent(exec.CommandContext(ctx, kubefenceBin, args...))
 	cmd.WaitDelay = 10 * time.Second
 	return cmd, func(err error) error {
 		defer cancel()
@@ -159,7 +159,7 @@ func TestCutover(t *testing.T) {
 	}
 	// kubectl get -w.
 	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
-	kw := exec.CommandContext(ld.ctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name")
+	kw := framework.DiesWithParent(exec.CommandContext(ld.ctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name"))
 	kwOut := &syncBuffer{}
 	kw.Stdout, kw.Stderr = kwOut, kwOut
 	if err := kw.Start(); err != nil {

@@ -31,7 +31,7 @@ func kf(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kubefenceBin, args...)
+	cmd := framework.DiesWithParent(exec.CommandContext(ctx, kubefenceBin, args...))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -402,7 +402,7 @@ func TestMigrateUpgradeDowngrade(t *testing.T) {
 	up := []string{"migrate", "upgrade", "--data-dir", src, "--target-version", framework.Etcd36, "--bin-dir", framework.BinDir(), "--backup-dir", backups}
 
 	// Run, and kill -9 kubefence as soon as etcd 3.5 runs on the data dir.
-	cmd := exec.Command(kubefenceBin, up...)
+	cmd := framework.DiesWithParent(exec.Command(kubefenceBin, up...))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -165,7 +165,7 @@ func TestFenceProxy(t *testing.T) {
 	}
 	kwOut := &syncBuffer{}
 	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
-	kw := exec.CommandContext(ctx, kubectlBin, "--kubeconfig", kc, "-n", "e2e", "get", "configmaps", "-w", "-o", "name")
+	kw := framework.DiesWithParent(exec.CommandContext(ctx, kubectlBin, "--kubeconfig", kc, "-n", "e2e", "get", "configmaps", "-w", "-o", "name"))
 	kw.Stdout, kw.Stderr = kwOut, kwOut
 	if err := kw.Start(); err != nil {
 		t.Fatal(err)

@@ -102,7 +102,7 @@ func TestWatchResume(t *testing.T) {
 	// the identity: the resumed watch must go through the front-proxy pool again).
 	kwOut := &syncBuffer{}
 	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
-	kw := exec.CommandContext(ctx, kubectlBin, "--kubeconfig", px.Kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name")
+	kw := framework.DiesWithParent(exec.CommandContext(ctx, kubectlBin, "--kubeconfig", px.Kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name"))
 	kw.Stdout, kw.Stderr = kwOut, kwOut
 	if err := kw.Start(); err != nil {
 		t.Fatal(err)

@@ -728,7 +728,7 @@ func (d *demo) cutoverCmd(ctx context.Context, args ...string) error {
 	hung := fmt.Errorf("%s did not end within %s", what, bound)
 	ctx, cancel := context.WithTimeoutCause(ctx, bound, hung)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, d.o.kubefence, append(append([]string{"cutover"}, args...), "--plan", d.green.PlanPath)...)
+	cmd := framework.DiesWithParent(exec.CommandContext(ctx, d.o.kubefence, append(append([]string{"cutover"}, args...), "--plan", d.green.PlanPath)...))
 	cmd.Stdout = &indent{w: d.out, prefix: "            | "}
 	cmd.Stderr = cmd.Stdout
 	cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open
@@ -756,7 +756,7 @@ const bakerStopBound = 2 * time.Minute
 // startBaker starts `kubefence cutover --plan plan`, its output indented under the step, and
 // returns once the cutover is baking (its journal says so), or its error if it ended before.
 func startBaker(ctx context.Context, bin string, out io.Writer, env *framework.Env, plan, stateDir string) (*baker, error) {
-	b := &baker{cmd: exec.Command(bin, "cutover", "--plan", plan), done: make(chan struct{})}
+	b := &baker{cmd: framework.DiesWithParent(exec.Command(bin, "cutover", "--plan", plan)), done: make(chan struct{})}
 	b.cmd.Stdout = &indent{w: out, prefix: "            | "}
 	b.cmd.Stderr = b.cmd.Stdout
 	b.cmd.WaitDelay = 10 * time.Second // its output, should a process it started hold it open

@@ -188,7 +188,7 @@ func Kubectl(ctx context.Context, kubeconfig string, args ...string) (string, st
 	if err != nil {
 		return "", "", err
 	}
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd := DiesWithParent(exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cmd.Env = append(os.Environ(), "KUBECTL_COMMAND_HEADERS=false")

@@ -149,7 +149,7 @@ func (p *Proxy) Start(ctx context.Context) error {
 // CLI runs a kubefence subcommand against this proxy's admin socket.
 func (p *Proxy) CLI(ctx context.Context, args ...string) (string, string, error) {
 	args = append(args, "--admin-socket", p.AdminSocket)
-	cmd := exec.CommandContext(ctx, p.Config.Binary, args...)
+	cmd := DiesWithParent(exec.CommandContext(ctx, p.Config.Binary, args...))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()

@@ -95,7 +95,8 @@ func (e *Env) Start(name, bin string, args []string, env ...string) (*Process, e
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	DiesWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -110,6 +111,20 @@ func (e *Env) Start(name, bin string, args []string, env ...string) (*Process, e
 	e.procs = append(e.procs, p)
 	e.mu.Unlock()
 	return p, nil
+}
+
+// DiesWithParent gives cmd, not yet started, SIGKILL as its parent-death signal, and returns
+// it: a kubefence or kubectl a test starts ends with the test binary (killed at go test's
+// -timeout, which runs no cleanup, or by hand) instead of living on against a cluster that is
+// gone. The kernel sends it when the thread that started cmd ends; Go ends a thread only when a
+// goroutine locked to it returns, which nothing here does. It is not inherited: the processes
+// cmd starts (green etcd and kube-apiserver, which kubefence daemonizes) are not affected.
+func DiesWithParent(cmd *exec.Cmd) *exec.Cmd {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	return cmd
 }
 
 // Pid is the process id.
