@@ -71,7 +71,7 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.peerURLs, "initial-advertise-peer-urls", "", "the new member's peer URLs")
 	f.StringVar(&o.cfg.Member.InitialClusterToken, "initial-cluster-token", "etcd-cluster", "the new cluster's token")
 	f.BoolVar(&o.cfg.NoTTL, "no-ttl", false, "drop keys that have a TTL instead of giving them leases")
-	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339) instead of now, for repeatable runs; required, the same for each, when --initial-cluster names several members")
+	f.StringVar(&o.clock, "ttl-clock", "", "measure remaining TTLs against this time (RFC 3339, with the zone: Z is UTC) instead of now, for repeatable runs: the time the source stopped, not later than now; required, the same for each, when --initial-cluster names several members")
 	f.BoolVar(&o.cfg.IncludeHidden, "include-hidden", false, "migrate hidden v2 keys (a path segment starting with _) too")
 	f.StringVar(&o.cfg.OnConflict, "on-conflict", "", "for a key in both the v2 and the v3 store: v3 keeps the v3 key, v2 writes the v2 value over it (default: refuse)")
 	f.Uint64Var(&o.cfg.RevisionBump, "bump-revision", 0, "add this to the revision of the new store (with --mark-compacted, as etcdutl snapshot restore)")
@@ -100,7 +100,14 @@ func (o *migrateV2Options) Complete([]string) error {
 	return nil
 }
 
+// ttlClockSkew is how far past now a --ttl-clock may be: clocks of two machines apart.
+const ttlClockSkew = time.Minute
+
 func (o *migrateV2Options) Validate() error {
+	if ahead := time.Until(o.cfg.Now); o.clock != "" && ahead > ttlClockSkew {
+		return UsageErrorf("--ttl-clock %s is %s in the future (now is %s): it must be the time the source stopped (or the copy was taken), not later than now, or every TTL key expiring before it is dropped and the rest get TTLs short by the difference. Write a local time with its offset (2026-11-21T10:00:00+09:00, not Z), or leave --ttl-clock out to measure against now",
+			o.clock, ahead.Round(time.Second), time.Now().UTC().Format(time.RFC3339))
+	}
 	if n := clusterMembers(o.cfg.Member.InitialCluster); n > 1 && o.clock == "" && !o.cfg.NoTTL {
 		return UsageErrorf("--initial-cluster names %d members: build every one with the same --ttl-clock (RFC 3339, e.g. the time of the first: --ttl-clock %s), or each measures TTLs against its own now, keeps a key expiring in between that another dropped, and the members' revisions part for good at its lease's revoke; or --no-ttl",
 			n, time.Now().UTC().Format(time.RFC3339))
