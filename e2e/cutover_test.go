@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -165,7 +166,7 @@ func TestCutover(t *testing.T) {
 	if err := kw.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ld.stop(); _ = kw.Wait() }) // a second Wait after the one below is harmless
+	t.Cleanup(func() { ld.stop(t); _ = kw.Wait() }) // a second Wait after the one below is harmless
 	time.Sleep(2 * time.Second)
 
 	out, err := f.cutoverCmd(ctx)
@@ -174,7 +175,7 @@ func TestCutover(t *testing.T) {
 		t.Fatalf("cutover failed: %v", err)
 	}
 	time.Sleep(2 * time.Second) // writes continue on green
-	want, times, writeErrs := ld.stop()
+	want, times, writeErrs := ld.stop(t)
 	_ = kw.Wait()
 
 	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
@@ -289,52 +290,91 @@ type cutoverLoad struct {
 	stopping         atomic.Bool
 	cancel           context.CancelFunc
 	wg               sync.WaitGroup
+	done             chan struct{} // closed when both loops have ended
+	// writing and reading are the request each loop waits for, nil between requests: what
+	// stop names when the loops do not end.
+	writing, reading atomic.Pointer[inFlight]
+	// abandoned: stop gave up waiting for the loops (under mu); the reader logs no more, as
+	// the test may be over.
+	abandoned bool
+}
+
+// loadRequestBound bounds each request of the load, client-go's retries of a refused write
+// included (10, a second apart, as a long fence window may take); a request past it is a
+// write error (its outcome unknown) or a failed list. loadStopBound bounds stop: past the last
+// request's bound, something ignores it.
+const (
+	loadRequestBound = 60 * time.Second
+	loadStopBound    = 2 * time.Minute
+)
+
+// inFlight is a request being sent: what it is and since when.
+type inFlight struct {
+	what  string
+	since time.Time
 }
 
 // startCutoverLoad starts the load for the rest of t: it ends at stop, or at t's cleanup. Its
-// requests are never cancelled (an answer the writer did not wait for would leave its outcome
-// unknown); the loops stop between requests, at stop or when t's context ends: the test is over
-// and its requests would fail at once, spinning hot for the rest of the package.
+// requests are not cancelled when t's context ends (an answer the writer did not wait for would
+// leave its outcome unknown) but each is bounded by loadRequestBound; the loops stop between
+// requests, at stop or when t's context ends: the test is over and its requests would fail at
+// once, spinning hot for the rest of the package.
 func startCutoverLoad(t *testing.T, cs *kubernetes.Clientset) *cutoverLoad {
 	t.Helper()
 	testCtx := t.Context()
-	ld := &cutoverLoad{want: map[string]string{}, times: map[string]*writeTimes{}}
+	ld := &cutoverLoad{want: map[string]string{}, times: map[string]*writeTimes{}, done: make(chan struct{})}
 	ld.ctx, ld.cancel = context.WithCancel(testCtx)
 	running := func() bool { return !ld.stopping.Load() && testCtx.Err() == nil }
 	// Registered after the fixture's cleanups, so it runs before them: after a failure the
 	// loops end before the cluster under them stops, and no t.Logf comes after the test.
-	t.Cleanup(func() { ld.stop() })
+	t.Cleanup(func() { ld.stop(t) })
+	reqCtx := context.WithoutCancel(testCtx)
 	ld.wg.Go(func() {
 		for i := 0; running(); i++ {
-			ld.write(testCtx, cs, i)
+			ld.write(reqCtx, cs, i)
 		}
 	})
 	ld.wg.Go(func() {
 		for running() {
-			if _, err := cs.CoreV1().Pods("").List(testCtx, metav1.ListOptions{}); err != nil {
+			ctx, cancel := context.WithTimeout(reqCtx, loadRequestBound)
+			ld.reading.Store(&inFlight{"list pods", time.Now()})
+			_, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			ld.reading.Store(nil)
+			cancel()
+			if err != nil {
 				ld.readFails.Add(1)
-				t.Logf("list pods: %v", err)
+				ld.mu.Lock()
+				if !ld.abandoned {
+					t.Logf("list pods: %v", err)
+				}
+				ld.mu.Unlock()
 			}
 			ld.reads.Add(1)
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
+	go func() { ld.wg.Wait(); close(ld.done) }()
 	return ld
 }
 
 // write creates w-<i> and updates w-<i-1>, recording each outcome and when each attempt of each
-// was sent (client-go sends a refused write again after Retry-After).
+// was sent (client-go sends a refused write again after Retry-After). Each request is bounded by
+// loadRequestBound under ctx; one past it is a write error.
 func (ld *cutoverLoad) write(ctx context.Context, cs *kubernetes.Clientset, i int) {
 	name := fmt.Sprintf("w-%05d", i)
 	var tried []time.Time
-	_, err := cs.CoreV1().ConfigMaps("load").Create(withAttempts(ctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
+	rctx, cancel := context.WithTimeout(ctx, loadRequestBound)
+	ld.writing.Store(&inFlight{"create of load/" + name, time.Now()})
+	_, err := cs.CoreV1().ConfigMaps("load").Create(withAttempts(rctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "created"}}, metav1.CreateOptions{})
+	ld.writing.Store(nil)
+	cancel()
 	ld.mu.Lock()
 	ld.tried = append(ld.tried, tried...)
 	switch {
 	case apierrors.IsTooManyRequests(err):
 		ld.outlasted = append(ld.outlasted, tried)
 	case err != nil:
-		ld.writeErrs = append(ld.writeErrs, err)
+		ld.writeErrs = append(ld.writeErrs, fmt.Errorf("create load/%s: %w", name, err))
 	default:
 		ld.want[name] = "created"
 		ld.times[name] = &writeTimes{createSent: tried[len(tried)-1], createAcked: time.Now()}
@@ -346,7 +386,11 @@ func (ld *cutoverLoad) write(ctx context.Context, cs *kubernetes.Clientset, i in
 	}
 	prev := fmt.Sprintf("w-%05d", i-1)
 	tried = nil
-	_, err = cs.CoreV1().ConfigMaps("load").Update(withAttempts(ctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
+	rctx, cancel = context.WithTimeout(ctx, loadRequestBound)
+	ld.writing.Store(&inFlight{"update of load/" + prev, time.Now()})
+	_, err = cs.CoreV1().ConfigMaps("load").Update(withAttempts(rctx, &tried), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prev}, Data: map[string]string{"v": "updated"}}, metav1.UpdateOptions{})
+	ld.writing.Store(nil)
+	cancel()
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
 	ld.tried = append(ld.tried, tried...)
@@ -354,7 +398,7 @@ func (ld *cutoverLoad) write(ctx context.Context, cs *kubernetes.Clientset, i in
 	case apierrors.IsTooManyRequests(err):
 		ld.outlasted = append(ld.outlasted, tried)
 	case err != nil:
-		ld.writeErrs = append(ld.writeErrs, err)
+		ld.writeErrs = append(ld.writeErrs, fmt.Errorf("update load/%s: %w", prev, err))
 	}
 	if wt := ld.times[prev]; err == nil && wt != nil {
 		ld.want[prev] = "updated"
@@ -399,14 +443,42 @@ type roundTripper func(*http.Request) (*http.Response, error)
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // stop ends the loops, waits for their last requests and returns what the writer recorded. A
-// second call returns the same.
-func (ld *cutoverLoad) stop() (want map[string]string, times map[string]*writeTimes, writeErrs []error) {
+// second call returns the same. Loops still running loadStopBound after it fail t, naming the
+// request each waits for; a later call does not wait again.
+func (ld *cutoverLoad) stop(t *testing.T) (want map[string]string, times map[string]*writeTimes, writeErrs []error) {
+	t.Helper()
 	ld.stopping.Store(true)
 	ld.cancel()
-	ld.wg.Wait()
+	ld.mu.Lock()
+	abandoned := ld.abandoned
+	ld.mu.Unlock()
+	if !abandoned {
+		select {
+		case <-ld.done:
+		case <-time.After(loadStopBound):
+			ld.mu.Lock()
+			ld.abandoned = true
+			ld.mu.Unlock()
+			t.Fatalf("TestCutover's load did not stop within %s: %s", loadStopBound, ld.hung())
+		}
+	}
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
 	return ld.want, ld.times, ld.writeErrs
+}
+
+// hung names the requests the loops wait for.
+func (ld *cutoverLoad) hung() string {
+	var hung []string
+	for _, l := range []struct {
+		who string
+		p   *atomic.Pointer[inFlight]
+	}{{"the writer", &ld.writing}, {"the reader", &ld.reading}} {
+		if r := l.p.Load(); r != nil {
+			hung = append(hung, fmt.Sprintf("%s waits for its %s, sent %s ago", l.who, r.what, time.Since(r.since).Round(time.Second)))
+		}
+	}
+	return cmp.Or(strings.Join(hung, "; "), "neither waits for a request")
 }
 
 // checkOutlasted fails the test for a write refused past client-go's retries with an attempt
