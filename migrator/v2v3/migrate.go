@@ -220,6 +220,9 @@ func (m *migration) read(context.Context) (err error) {
 			return err
 		}
 		m.clock.lap("readV3")
+		if err := m.v3.checkPrefixRewrite(c.PrefixFrom, c.PrefixTo); err != nil {
+			return err
+		}
 	}
 	m.rep.Snapshot, m.rep.SnapshotIdx, m.rep.CommitIndex, m.rep.SkippedSnaps = m.src.SnapshotFile, m.src.Meta.Index, m.src.HardState.Commit, m.src.Skipped
 	if m.src.snap != nil {

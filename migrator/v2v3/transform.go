@@ -16,8 +16,9 @@ type Options struct {
 	IncludeHidden bool
 	// Now is the clock TTLs are measured against (--ttl-clock pins it for repeatable runs).
 	Now time.Time
-	// PrefixFrom/PrefixTo rewrite the start of every key that begins with PrefixFrom (an
-	// apiserver --etcd-prefix change). Keys outside PrefixFrom are kept as they are.
+	// PrefixFrom/PrefixTo rewrite the start of every v2 key that begins with PrefixFrom (an
+	// apiserver --etcd-prefix change). Keys outside PrefixFrom are kept as they are; a source
+	// whose v3 store has a live key under PrefixFrom is refused (checkPrefixRewrite).
 	PrefixFrom, PrefixTo string
 	// Transformer is a program speaking etcdctl migrate's transformer protocol.
 	Transformer string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -95,6 +96,29 @@ func readV3(path string) (*v3Data, error) {
 		return nil
 	})
 	return d, err
+}
+
+// checkPrefixRewrite refuses a prefix rewrite (--prefix-from/--prefix-to) when a live v3 key
+// has the old prefix. The rewrite moves v2 keys only: the v3 backend is carried over as it is
+// (etcd's restore copies it, every revision and tombstone with it), so such a key would stay
+// under the old prefix, out of sight of an apiserver on the new one, and a key in both stores,
+// compared after the rewrite, would no longer be found in both.
+func (d *v3Data) checkPrefixRewrite(from, to string) error {
+	if from == to {
+		return nil
+	}
+	var under []string
+	for k := range d.live {
+		if strings.HasPrefix(k, from) {
+			under = append(under, k)
+		}
+	}
+	if len(under) == 0 {
+		return nil
+	}
+	sort.Strings(under)
+	return fmt.Errorf("--prefix-from %s: the source's v3 store holds %d key(s) under it (v3 key %q first), and only v2 keys are rewritten: the v3 store is carried over as it is, so they would stay under %s apart from the v2 keys moved to %s, and a key in both stores would no longer be found in both. Migrate without --prefix-from/--prefix-to and keep the apiserver's --etcd-prefix; to change the prefix, copy both stores' keys afterwards from the running cluster (etcdctl make-mirror --prefix %s --dest-prefix %s into a new cluster; revisions are not kept)",
+		from, len(under), under[0], from, to, from, to)
 }
 
 // Conflict policies for a key present in both stores.

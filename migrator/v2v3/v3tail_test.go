@@ -204,3 +204,51 @@ func writeBackend(t *testing.T, path string, kv *mvccpb.KeyValue, meta map[strin
 		t.Fatal(err)
 	}
 }
+
+// TestPrefixRewriteWithV3Keys: --prefix-from/--prefix-to rewrites the v2 keys, and the source's
+// v3 store is carried over as it is, so v3 keys under the old prefix would stay there, apart
+// from the v2 keys moved; and a key in both stores, compared after the rewrite, would no longer
+// be found in both. Refused, naming such a key and what to do; a rewrite no v3 key falls under
+// goes ahead.
+func TestPrefixRewriteWithV3Keys(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	inBoth := &etcdserverpb.InternalRaftRequest{V2: &etcdserverpb.Request{Method: "PUT", Path: "/1/a", Val: "v2"}}
+	for _, tc := range []struct {
+		name     string
+		from, to string
+		tail     []*etcdserverpb.InternalRaftRequest
+		wantErr  bool
+		wantKeys []string
+	}{
+		{name: "a v3 key under the prefix", from: "/", to: "/new/", wantErr: true},
+		{name: "a key in both stores", from: "/", to: "/new/", tail: []*etcdserverpb.InternalRaftRequest{inBoth}, wantErr: true},
+		{name: "no v3 key under the prefix", from: "/v2", to: "/k8s/v2", wantKeys: []string{"/a", "/k8s/v2key"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(t, mixedMember(t, true, tc.tail...), now)
+			c.PrefixFrom, c.PrefixTo = tc.from, tc.to
+			rep, err := Run(c)
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), `v3 key "/a"`) || !strings.Contains(err.Error(), "--prefix-from") {
+					t.Fatalf("Run = %+v, %v; want a refusal naming the v3 key /a under --prefix-from", rep, err)
+				}
+				if _, serr := os.Stat(c.OutputDir); !os.IsNotExist(serr) {
+					t.Errorf("a refused migration left %s", c.OutputDir)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := readOutput(t, c.OutputDir)
+			for _, k := range tc.wantKeys {
+				if out[k] == nil {
+					t.Errorf("key %s missing from %v", k, out)
+				}
+			}
+			if len(out) != len(tc.wantKeys) {
+				t.Errorf("keys %v, want %v", out, tc.wantKeys)
+			}
+		})
+	}
+}

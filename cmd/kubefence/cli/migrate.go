@@ -47,7 +47,8 @@ A source that also holds v3 keys (member/snap/db) keeps them unchanged, with the
 history and leases; the v2 keys are renumbered above the v3 revision, in their original order.
 A key in both stores is an error unless --on-conflict says which wins.
 
---prefix-from/--prefix-to rewrite the start of keys (an apiserver --etcd-prefix change).
+--prefix-from/--prefix-to rewrite the start of v2 keys (an apiserver --etcd-prefix change); a
+source with v3 keys under --prefix-from is refused, since its v3 store is carried over as it is.
 --transformer runs a program with etcdctl migrate's protocol instead of the default mapping:
 the v2 nodes as concatenated JSON objects on its stdin, length-prefixed (8-byte little-endian)
 mvccpb.KeyValue messages on its stdout; a key keeps its lease when the program keeps its
