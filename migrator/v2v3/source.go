@@ -88,11 +88,11 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 			src.Close()
 		}
 	}()
-	lastSegment, err := checkWALSequence(walDir)
+	firstSegment, lastSegment, err := checkWALSequence(walDir)
 	if err != nil {
 		return nil, err
 	}
-	md, hs, ents, err := src.readWAL(filepath.Join(member, "snap"), walDir)
+	md, hs, ents, err := src.readWAL(filepath.Join(member, "snap"), walDir, firstSegment)
 	if err != nil {
 		return nil, err
 	}
@@ -122,9 +122,9 @@ func readSource(dataDir, walDir string, clock *phaseClock) (_ *Source, err error
 
 // readWAL reads the WAL from the loaded snapshot on. etcd writes a snapshot file before the
 // WAL's record of it, and starts from the newest snapshot the WAL records: a newest file it
-// stopped before recording is skipped for that one here too.
-func (s *Source) readWAL(snapDir, walDir string) ([]byte, raftpb.HardState, []raftpb.Entry, error) {
-	md, hs, ents, err := readWALFrom(walDir, s.Meta)
+// stopped before recording is skipped for that one here too. first is the WAL's first segment.
+func (s *Source) readWAL(snapDir, walDir string, first walSegment) ([]byte, raftpb.HardState, []raftpb.Entry, error) {
+	md, hs, ents, err := s.readWALAt(walDir, first)
 	if !errors.Is(err, wal.ErrSnapshotNotFound) || s.snap == nil {
 		return md, hs, ents, err
 	}
@@ -141,7 +141,26 @@ func (s *Source) readWAL(snapDir, walDir string) ([]byte, raftpb.HardState, []ra
 	if err := s.loadSnapshotIf(snapDir, func(m raftpb.SnapshotMetadata) bool { return recorded[[2]uint64{m.Index, m.Term}] }); err != nil {
 		return nil, hs, nil, err
 	}
-	return readWALFrom(walDir, s.Meta)
+	return s.readWALAt(walDir, first)
+}
+
+// readWALAt reads the WAL from the loaded snapshot on, refusing first a WAL whose first segment
+// (first) starts after that snapshot: etcd purges the segments before the newest snapshot it
+// recorded, so when that snapshot was skipped (unreadable) the WAL no longer reaches back to
+// the older one loaded, and etcd's reader says only that no file matches the snapshot index.
+func (s *Source) readWALAt(walDir string, first walSegment) ([]byte, raftpb.HardState, []raftpb.Entry, error) {
+	if first.index <= s.Meta.Index {
+		return readWALFrom(walDir, s.Meta)
+	}
+	from := "there is no readable snapshot to replay it on"
+	if s.snap != nil {
+		from = fmt.Sprintf("past the newest snapshot that could be loaded, %s (index %d)", s.SnapshotFile, s.Meta.Index)
+	}
+	msg := fmt.Sprintf("the WAL in %s starts at entry %d (%s), and %s: etcd purged the older segments once it had a newer snapshot", walDir, first.index, first.name, from)
+	if len(s.Skipped) > 0 {
+		msg += fmt.Sprintf(", and the newer snapshot(s) were skipped: %s", strings.Join(s.Skipped, "; "))
+	}
+	return nil, raftpb.HardState{}, nil, errors.New(msg + ". This copy cannot be migrated: migrate a copy of another member's data dir (with several members, build every one from that copy), or restore this one from a copy whose newest snapshot is intact")
 }
 
 // readWALFrom reads the WAL in walDir from the snapshot at meta on.
@@ -431,28 +450,31 @@ type walSegment struct {
 
 // checkWALSequence checks that the WAL's segment files (SEQ-INDEX.wal) have consecutive
 // sequence numbers, naming the gap: etcd's reader only reports the checksum error a gap causes.
-// It returns the last segment.
-func checkWALSequence(dir string) (walSegment, error) {
+// It returns the first and the last segment.
+func checkWALSequence(dir string) (first, last walSegment, _ error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.wal"))
 	if err != nil {
-		return walSegment{}, err
+		return first, last, err
 	}
 	if len(names) == 0 {
-		return walSegment{}, fmt.Errorf("no WAL files in %s: is this the member's WAL dir (--wal-dir)?", dir)
+		return first, last, fmt.Errorf("no WAL files in %s: is this the member's WAL dir (--wal-dir)?", dir)
 	}
 	sort.Strings(names)
 	var prev, seq, index uint64
 	for i, n := range names {
 		if _, err := fmt.Sscanf(filepath.Base(n), "%016x-%016x.wal", &seq, &index); err != nil {
-			return walSegment{}, fmt.Errorf("unexpected file in the WAL dir: %s", n)
+			return first, last, fmt.Errorf("unexpected file in the WAL dir: %s", n)
+		}
+		if i == 0 {
+			first = walSegment{name: filepath.Base(n), index: index}
 		}
 		if i > 0 && seq != prev+1 {
-			return walSegment{}, fmt.Errorf("WAL segment missing between %s and %s (sequence %d to %d): restore the data dir from a good copy",
+			return first, last, fmt.Errorf("WAL segment missing between %s and %s (sequence %d to %d): restore the data dir from a good copy",
 				filepath.Base(names[i-1]), filepath.Base(n), prev, seq)
 		}
 		prev = seq
 	}
-	return walSegment{name: filepath.Base(names[len(names)-1]), index: index}, nil
+	return first, walSegment{name: filepath.Base(names[len(names)-1]), index: index}, nil
 }
 
 // checkWALReached refuses a WAL read that ended before its last segment: etcd's reader stops

@@ -1,6 +1,7 @@
 package v2v3
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -8,7 +9,9 @@ import (
 	"testing"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/zap"
 )
@@ -143,4 +146,81 @@ func TestWALProblemsNamed(t *testing.T) {
 			t.Fatalf("error should name the gap after %s: %v", filepath.Base(files[0]), err)
 		}
 	})
+}
+
+// TestCorruptNewestSnapshotAndPurgedWAL: the newest snapshot is unreadable, so the migration
+// falls back to an older one; etcd purged the WAL segments back to that one, as it does once a
+// newer snapshot is recorded. etcd's reader only says no WAL file matches the snapshot index:
+// the error names the snapshot skipped and why, and says to migrate another member's copy.
+func TestCorruptNewestSnapshotAndPurgedWAL(t *testing.T) {
+	old := wal.SegmentSizeBytes
+	wal.SegmentSizeBytes = 16 << 10
+	t.Cleanup(func() { wal.SegmentSizeBytes = old })
+	dir := t.TempDir()
+	snapDir, walDir := filepath.Join(dir, "member", "snap"), filepath.Join(dir, "member", "wal")
+	if err := os.MkdirAll(snapDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st := v2store.New("/0", "/1")
+	data, err := st.Save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wal.Create(zap.NewNop(), walDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &raftpb.ConfState{Voters: []uint64{1}}
+	if err := w.SaveSnapshot(walpb.Snapshot{Index: 0x100, Term: 1, ConfState: cs}); err != nil {
+		t.Fatal(err)
+	}
+	const newest = 0x100 + 150
+	var reqs []*etcdserverpb.Request
+	for i := 0; i < 200; i++ {
+		reqs = append(reqs, &etcdserverpb.Request{Method: "PUT", Path: fmt.Sprintf("/1/k%d", i), Val: strings.Repeat("v", 300)})
+	}
+	for _, e := range entriesOf(t, reqs, 0x101) {
+		e.Term = 1
+		if err := w.Save(raftpb.HardState{Term: 1, Commit: e.Index}, []raftpb.Entry{e}); err != nil {
+			t.Fatal(err)
+		}
+		if e.Index == newest {
+			if err := w.SaveSnapshot(walpb.Snapshot{Index: newest, Term: 1, ConfState: cs}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	writeSnap(t, filepath.Join(snapDir, "0000000000000001-0000000000000100.snap"), data, 0x100, false)
+	writeSnap(t, filepath.Join(snapDir, fmt.Sprintf("0000000000000001-%016x.snap", newest)), data, newest, true)
+	// Purge as etcd does: the segments before the one holding the newest snapshot's index.
+	files := walFiles(t, walDir)
+	var seq, index uint64
+	purged := 0
+	for i := 0; i+1 < len(files); i++ {
+		if _, err := fmt.Sscanf(filepath.Base(files[i+1]), "%016x-%016x.wal", &seq, &index); err != nil {
+			t.Fatal(err)
+		}
+		if index > newest {
+			break
+		}
+		if err := os.Remove(files[i]); err != nil {
+			t.Fatal(err)
+		}
+		purged++
+	}
+	if purged == 0 {
+		t.Fatalf("no segment to purge among %v", files)
+	}
+	_, err = ReadSource(dir, "")
+	if err == nil {
+		t.Fatal("ReadSource read a WAL that no longer reaches the snapshot it loaded")
+	}
+	for _, want := range []string{fmt.Sprintf("%016x.snap", newest), "checksum mismatch", "another member"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
 }
