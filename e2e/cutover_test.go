@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -158,16 +159,13 @@ func TestCutover(t *testing.T) {
 	if !cache.WaitForCacheSync(ctx.Done(), cmInf.HasSynced, nsInf.HasSynced) {
 		t.Fatal("informers did not sync")
 	}
-	// kubectl get -w.
-	kubectlBin, _ := framework.Bin("kubectl", framework.Kube136)
-	kw := framework.DiesWithParent(exec.CommandContext(ld.ctx, kubectlBin, "--kubeconfig", f.px.Kubeconfig, "-n", "load", "get", "configmaps", "-w", "-o", "name"))
-	kwOut := &syncBuffer{}
-	kw.Stdout, kw.Stderr = kwOut, kwOut
-	if err := kw.Start(); err != nil {
-		t.Fatal(err)
+	// kubectl get -w, started once the writer runs. Its first line comes from its list: a
+	// create sent after that line reaches kubectl only through its watch.
+	kw := startKubectlWatch(t, f.px.Kubeconfig, "load")
+	probe := ld.createdAfter(t, kw.firstLine(t))
+	if !kw.printed(probe, 30*time.Second) {
+		t.Fatalf("kubectl get -w did not print configmap/%s, created after its list:\n%s", probe, kw.out.String())
 	}
-	t.Cleanup(func() { ld.stop(t); _ = kw.Wait() }) // a second Wait after the one below is harmless
-	time.Sleep(2 * time.Second)
 
 	out, err := f.cutoverCmd(ctx)
 	t.Logf("kubefence cutover:\n%s", out)
@@ -175,8 +173,8 @@ func TestCutover(t *testing.T) {
 		t.Fatalf("cutover failed: %v", err)
 	}
 	time.Sleep(2 * time.Second) // writes continue on green
+	kw.checkAfterCutover(t, ld.lastCreated())
 	want, times, writeErrs := ld.stop(t)
-	_ = kw.Wait()
 
 	j, err := cutover.LoadJournal(f.green.Plan.StateDir)
 	if err != nil {
@@ -221,10 +219,66 @@ func TestCutover(t *testing.T) {
 		_, ok, _ := nsInf.GetStore().GetByKey("after-cutover")
 		return ok
 	})
-	if !strings.Contains(kwOut.String(), "configmap/w-") {
-		t.Errorf("kubectl get -w saw no writes: %q", kwOut.String())
+	kw.checkLines(t)
+}
+
+// firstLine waits (60 s at most) for kubectl's first line of output and returns when it saw it.
+func (kw *kubectlWatch) firstLine(t *testing.T) time.Time {
+	t.Helper()
+	var at time.Time
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		at = time.Now()
+		return strings.Contains(kw.out.String(), "\n"), nil
+	})
+	if err != nil {
+		t.Fatalf("kubectl get -w printed no line within 60 s: %q", kw.out.String())
+	}
+	return at
+}
+
+// printed waits up to bound for kubectl to print configmap/name, and says whether it did.
+func (kw *kubectlWatch) printed(name string, bound time.Duration) bool {
+	for deadline := time.Now().Add(bound); ; time.Sleep(50 * time.Millisecond) {
+		if slices.Contains(strings.Split(kw.out.String(), "\n"), "configmap/"+name) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
 	}
 }
+
+// checkAfterCutover checks kubectl as the load stops: exited 0 (the switch ended its watch on
+// blue, as a snapshot cutover does) or still running; one still running still watches, so it
+// prints last, the writer's last create.
+func (kw *kubectlWatch) checkAfterCutover(t *testing.T, last string) {
+	t.Helper()
+	select {
+	case err := <-kw.done:
+		if err != nil {
+			t.Errorf("kubectl get -w failed during the cutover (%v); want it running or exited 0:\n%s", err, kw.out.String())
+			return
+		}
+		t.Log("kubectl get -w exited 0 (the switch ended its watch)")
+	default:
+		if !kw.printed(last, 30*time.Second) {
+			t.Errorf("kubectl get -w still runs but did not print configmap/%s, created after the cutover:\n%s", last, kw.out.String())
+		}
+	}
+}
+
+// checkLines checks every line kubectl printed (stdout and stderr) names a configmap: no error,
+// no warning.
+func (kw *kubectlWatch) checkLines(t *testing.T) {
+	t.Helper()
+	for l := range strings.SplitSeq(kw.out.String(), "\n") {
+		if l != "" && !configmapLine.MatchString(l) {
+			t.Errorf("kubectl get -w printed %q, not a configmap", l)
+		}
+	}
+}
+
+var configmapLine = regexp.MustCompile(`^configmap/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
 
 // seedCutover creates TestCutover's namespaces app and load, and 100 configmaps of 2 kB in app.
 func seedCutover(t *testing.T, cs *kubernetes.Clientset) {
@@ -441,6 +495,42 @@ func attemptsClient(t *testing.T, kubeconfig string) *kubernetes.Clientset {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// createdAfter waits (60 s at most) until the writer has created a configmap whose create it
+// sent after at, and returns the first such one's name.
+func (ld *cutoverLoad) createdAfter(t *testing.T, at time.Time) string {
+	t.Helper()
+	var name string
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		ld.mu.Lock()
+		defer ld.mu.Unlock()
+		var first time.Time
+		for n, wt := range ld.times {
+			if wt.createSent.After(at) && (name == "" || wt.createSent.Before(first)) {
+				name, first = n, wt.createSent
+			}
+		}
+		return name != "", nil
+	})
+	if err != nil {
+		t.Fatalf("the writer created no configmap within 60 s of %s", at.Format(time.RFC3339Nano))
+	}
+	return name
+}
+
+// lastCreated is the name of the configmap the writer's last acknowledged create made.
+func (ld *cutoverLoad) lastCreated() string {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	var name string
+	var last time.Time
+	for n, wt := range ld.times {
+		if wt.createAcked.After(last) {
+			name, last = n, wt.createAcked
+		}
+	}
+	return name
+}
 
 // stop ends the loops, waits for their last requests and returns what the writer recorded. A
 // second call returns the same. Loops still running loadStopBound after it fail t, naming the
