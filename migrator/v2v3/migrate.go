@@ -99,6 +99,10 @@ type Report struct {
 	// LeasedPrefixes counts, of those, the keys with a TTL (a lease), per prefix.
 	LeasedPrefixes map[string]int `json:"leasedPrefixes,omitempty"`
 	Verified       int            `json:"verified"`
+	// ContentCRC is a CRC-32C of the output's key and lease buckets, read back: the same for
+	// every member built from one source copy with the same --ttl-clock and flags, to compare
+	// across the members of one new cluster (their membership differs, their data must not).
+	ContentCRC uint32 `json:"contentCRC32C"`
 	// V2Index is the v2 store's index after the replay: the last one v2 clients could see.
 	V2Index uint64 `json:"v2Index"`
 	// Warnings say what the migration did that a reader must act on.
@@ -346,14 +350,14 @@ func (m *migration) write(context.Context) (err error) {
 // verify reads the new backend back against what was meant to be written, then renames the
 // member into place, unless ctx ended meanwhile.
 func (m *migration) verify(ctx context.Context) error {
-	n, err := verifyOutput(m.dbPath, expected{data: m.data, release: m.src.snap.release, v3: m.v3, kvs: m.kvs, leases: m.leases, marker: m.marker}, m.c.Progress)
+	n, sum, err := verifyOutput(m.dbPath, expected{data: m.data, release: m.src.snap.release, v3: m.v3, kvs: m.kvs, leases: m.leases, marker: m.marker}, m.c.Progress)
 	if err != nil {
 		return fmt.Errorf("verification of the new data dir failed (nothing was written to %s): %w", m.c.OutputDir, err)
 	}
 	if err := context.Cause(ctx); err != nil {
 		return fmt.Errorf("v2-to-v3 stopped before placing its output (nothing was written to %s): %w", m.c.OutputDir, err)
 	}
-	m.rep.Verified = n
+	m.rep.Verified, m.rep.ContentCRC = n, sum
 	err = finish(m.member, m.c.OutputDir)
 	m.clock.lap("verify")
 	return err

@@ -466,3 +466,37 @@ func TestStoppedDuringVerifyPlacesNothing(t *testing.T) {
 		t.Fatalf("output %s after a run stopped during verify: %v; want none", c.OutputDir, err)
 	}
 }
+
+// TestContentDigestComparesMembers: the members of a new cluster must all be built from one
+// source copy, with one --ttl-clock and the same flags, or they hold different data under one
+// cluster. The report's content digest (the key and lease buckets) is what to compare: the same
+// for two members built from one copy, different for another copy or another clock.
+func TestContentDigestComparesMembers(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	src := smallMember(t, now)
+	build := func(src, name string, clock time.Time) *Report {
+		t.Helper()
+		c := testConfig(t, src, clock)
+		c.Member = Membership{Name: name, InitialCluster: "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380", InitialClusterToken: "t",
+			InitialAdvertisePeerURLs: []string{map[string]string{"a": "http://10.0.0.1:2380", "b": "http://10.0.0.2:2380"}[name]}}
+		rep, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	a, b := build(src, "a", now), build(src, "b", now)
+	if a.ContentCRC == 0 || a.ContentCRC != b.ContentCRC {
+		t.Fatalf("members a and b built from one copy: content digests %08x and %08x, want equal and set", a.ContentCRC, b.ContentCRC)
+	}
+	if c := build(src, "b", now.Add(time.Second)); c.ContentCRC == a.ContentCRC {
+		t.Errorf("a member built with another --ttl-clock has a's content digest %08x", a.ContentCRC)
+	}
+	st := v2store.New("/0", "/1")
+	if _, err := st.Set("/1/registry/pods/a", false, "other", v2store.TTLOptionSet{}); err != nil {
+		t.Fatal(err)
+	}
+	if d := build(writeMember(t, st, nil), "b", now); d.ContentCRC == a.ContentCRC {
+		t.Errorf("a member built from another copy has a's content digest %08x", a.ContentCRC)
+	}
+}

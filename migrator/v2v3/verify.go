@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"hash/maphash"
 	"sort"
 	"strings"
@@ -35,8 +36,9 @@ type expected struct {
 
 // verifyOutput reads the written backend back and checks every entry and lease. A streamed
 // value is compared with what encoding/json decodes from the snapshot's JSON string, not with
-// kubefence's own decoder, so the check is independent of the writer.
-func verifyOutput(dbPath string, e expected, progress Progress) (int, error) {
+// kubefence's own decoder, so the check is independent of the writer. It returns the keys found
+// as expected and a CRC-32C of the key and lease buckets as read (Report.ContentCRC).
+func verifyOutput(dbPath string, e expected, progress Progress) (int, uint32, error) {
 	v := &verifier{e: e}
 	if e.v3 != nil {
 		v.v3entries = e.v3.entries
@@ -45,12 +47,12 @@ func verifyOutput(dbPath string, e expected, progress Progress) (int, error) {
 	for done := false; !done; {
 		var err error
 		if next, done, err = v.chunk(dbPath, next); err != nil {
-			return v.seen, err
+			return v.seen, 0, err
 		}
 		e.release()
 		progress.report("verify", int64(v.iv), int64(len(e.kvs)))
 	}
-	return v.seen, v.result()
+	return v.seen, v.sum, v.result()
 }
 
 // verifier compares the backend's key bucket, in revision order, with what was meant to be
@@ -60,6 +62,7 @@ type verifier struct {
 	v3entries    []digest
 	i3, iv, seen int
 	markerSeen   bool
+	sum          uint32 // CRC-32C of the key and lease buckets' entries, in order
 	problems     []string
 	enc          *json.Encoder // into buf, reused for every value
 	buf          bytes.Buffer
@@ -101,13 +104,14 @@ func (v *verifier) chunk(dbPath string, next []byte) ([]byte, bool, error) {
 		return nil
 	})
 	if err == nil && done {
-		err = verifyLeases(db, v.e, v.problem)
+		err = verifyLeases(db, v.e, v.problem, &v.sum)
 	}
 	return next, done, joinClose(err, db)
 }
 
 func (v *verifier) check(k, val []byte) {
 	e := &v.e
+	v.sum = crc32.Update(crc32.Update(v.sum, crcTable, k), crcTable, val)
 	switch {
 	case v.i3 < len(v.v3entries):
 		d := v.v3entries[v.i3]
@@ -215,7 +219,8 @@ func (v *verifier) result() error {
 	return errors.New(strings.Join(v.problems, "; "))
 }
 
-func verifyLeases(db *bolt.DB, e expected, problem func(string, ...any)) error {
+// verifyLeases checks the lease bucket, adding its entries to the CRC sum.
+func verifyLeases(db *bolt.DB, e expected, problem func(string, ...any), sum *uint32) error {
 	got := map[int64]bool{}
 	err := db.View(func(tx *bolt.Tx) error {
 		lb := tx.Bucket([]byte("lease"))
@@ -223,6 +228,7 @@ func verifyLeases(db *bolt.DB, e expected, problem func(string, ...any)) error {
 			return errors.New("no lease bucket")
 		}
 		return lb.ForEach(func(k, v []byte) error {
+			*sum = crc32.Update(crc32.Update(*sum, crcTable, k), crcTable, v)
 			if len(k) != 8 {
 				problem("lease key %x", k)
 				return nil

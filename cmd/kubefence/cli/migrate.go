@@ -47,6 +47,14 @@ A source that also holds v3 keys (member/snap/db) keeps them unchanged, with the
 history and leases; the v2 keys are renumbered above the v3 revision, in their original order.
 A key in both stores is an error unless --on-conflict says which wins.
 
+For a cluster of several members (--initial-cluster names them all), build every member's
+output from one source copy, the most advanced member's (the highest commit index), with the
+same --ttl-clock and flags: one run per member, changing only --name and
+--initial-advertise-peer-urls. Do not run it on each member's own data dir, as etcdctl
+migrate was run: members stopped at different points hold different data, and the new cluster
+would start with members that disagree. The report's "content crc32c" line must be the
+same for every member.
+
 --prefix-from/--prefix-to rewrite the start of v2 keys (an apiserver --etcd-prefix change); a
 source with v3 keys under --prefix-from is refused, since its v3 store is carried over as it is.
 --transformer runs a program with etcdctl migrate's protocol instead of the default mapping:
@@ -68,7 +76,7 @@ renamed into place, and a non-empty --output-dir is refused.`,
 	f.StringVar(&o.cfg.WALDir, "wal-dir", "", "its WAL dir, when separate (default DATA-DIR/member/wal)")
 	f.StringVar(&o.cfg.OutputDir, "output-dir", "", "new member data dir to create (absent or empty)")
 	f.StringVar(&o.cfg.Member.Name, "name", "", "the new member's name")
-	f.StringVar(&o.cfg.Member.InitialCluster, "initial-cluster", "", "the new cluster's members, NAME=PEER-URL,...")
+	f.StringVar(&o.cfg.Member.InitialCluster, "initial-cluster", "", "the new cluster's members, NAME=PEER-URL,...; build every one from the same source copy")
 	f.StringVar(&o.peerURLs, "initial-advertise-peer-urls", "", "the new member's peer URLs")
 	f.StringVar(&o.cfg.Member.InitialClusterToken, "initial-cluster-token", "etcd-cluster", "the new cluster's token")
 	f.BoolVar(&o.cfg.NoTTL, "no-ttl", false, "drop keys that have a TTL instead of giving them leases")
@@ -168,6 +176,7 @@ func printMigrateReport(w io.Writer, r *v2v3.Report) {
 		fmt.Fprintf(w, ", %d hidden keys (%d left out; --include-hidden keeps them)", k.Hidden, k.HiddenSkipped)
 	}
 	fmt.Fprintf(w, "\n  verified: %d of %d keys read back identical\n", r.Verified, k.Keys)
+	fmt.Fprintf(w, "  content crc32c %08x (source at commit index %d): every member of the new cluster, built from one source copy with the same flags, shows the same\n", r.ContentCRC, r.CommitIndex)
 	if k.TTLKeys > 0 || k.ExpiredDropped > 0 {
 		fmt.Fprintf(w, "  TTLs measured against %s (--ttl-clock)\n", r.Now.UTC().Format(time.RFC3339Nano))
 	}

@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
 // TestMigrateTTLClockNotInTheFuture: a --ttl-clock later than now drops every key expiring
@@ -40,5 +43,20 @@ func TestMigrateTTLClockNotInTheFuture(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMigrateReportComparesMembers: every member of a new cluster must be built from one source
+// copy; the report gives what to compare across their runs (the source's commit index and the
+// output's content digest), and the help says to build them all from one copy.
+func TestMigrateReportComparesMembers(t *testing.T) {
+	var out bytes.Buffer
+	printMigrateReport(&out, &v2v3.Report{CommitIndex: 0x1234, ContentCRC: 0xdeadbeef})
+	if !strings.Contains(out.String(), "content crc32c deadbeef") || !strings.Contains(out.String(), "commit index 4660") {
+		t.Errorf("the report does not give the content digest and the source's commit index to compare:\n%s", out.String())
+	}
+	code, help, _ := runCLI("migrate", "v2-to-v3", "--help")
+	if code != ExitOK || !strings.Contains(help, "from one source copy") {
+		t.Errorf("the help does not say to build every member from one source copy (exit %d):\n%s", code, help)
 	}
 }
