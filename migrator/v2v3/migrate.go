@@ -343,7 +343,25 @@ func (m *migration) write(context.Context) (err error) {
 		return fmt.Errorf("write the v3 backend: %w", err)
 	}
 	debug.FreeOSMemory()
+	if err := m.warnQuota(); err != nil {
+		return err
+	}
 	m.clock.lap("writeKeys")
+	return nil
+}
+
+// warnQuota warns when the new backend is past 80% of etcd's default quota
+// (--quota-backend-bytes, 2 GiB): an etcd whose database reaches its quota refuses writes
+// (the NOSPACE alarm), so green etcd needs a larger one.
+func (m *migration) warnQuota() error {
+	st, err := os.Stat(m.dbPath)
+	if err != nil {
+		return err
+	}
+	if size := st.Size(); size > etcdDefaultQuota/5*4 {
+		m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the new database is %d bytes (%.1f GiB), past 80%% of etcd's default quota of %.1f GiB: an etcd whose database reaches its quota refuses writes (NOSPACE alarm). Start the new members with --quota-backend-bytes above %d (etcd suggests at most 8 GiB)",
+			size, float64(size)/(1<<30), float64(etcdDefaultQuota)/(1<<30), size/4*5))
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package v2v3
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -498,5 +499,47 @@ func TestContentDigestComparesMembers(t *testing.T) {
 	}
 	if d := build(writeMember(t, st, nil), "b", now); d.ContentCRC == a.ContentCRC {
 		t.Errorf("a member built from another copy has a's content digest %08x", a.ContentCRC)
+	}
+}
+
+// TestQuotaWarned: etcd's default quota (--quota-backend-bytes) is 2 GiB, and an etcd whose
+// database is past its quota refuses writes (NOSPACE). An output past 80% of it is warned
+// about, naming its size and the flag green etcd needs; a smaller one is not.
+func TestQuotaWarned(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	src := smallMember(t, now)
+	defer func(q int64) { etcdDefaultQuota = q }(etcdDefaultQuota)
+	for _, tc := range []struct {
+		name  string
+		quota int64
+		warn  bool
+	}{
+		{"output past 80% of the quota", 4 << 10, true},
+		{"output well under the quota", 1 << 40, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			etcdDefaultQuota = tc.quota
+			c := testConfig(t, src, now)
+			rep, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := os.Stat(filepath.Join(c.OutputDir, "member", "snap", "db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var warning string
+			for _, w := range rep.Warnings {
+				if strings.Contains(w, "--quota-backend-bytes") {
+					warning = w
+				}
+			}
+			if (warning != "") != tc.warn {
+				t.Fatalf("warnings %q; want a quota warning: %v", rep.Warnings, tc.warn)
+			}
+			if tc.warn && !strings.Contains(warning, fmt.Sprint(st.Size())) {
+				t.Errorf("the warning %q does not give the database's size, %d bytes", warning, st.Size())
+			}
+		})
 	}
 }
