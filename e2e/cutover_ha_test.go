@@ -200,6 +200,7 @@ func TestCutoverHA(t *testing.T) {
 	checkGreenVoters(t, f.green, len(haHosts))
 	checkGreenEtcdTLS(t, f.green, "three-0")
 	time.Sleep(2 * time.Second) // writes on green, followed by blue
+	f.checkBlueFollows(t, baker, phase3...)
 
 	// (4) The way back: every proxy to its own host's blue apiserver, nothing lost.
 	t.Logf("kubefence cutover rollback:\n%s", f.cutoverSub(t, "rollback"))

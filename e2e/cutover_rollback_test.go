@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -17,11 +18,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubefence/kubefence/e2e/framework"
 	"github.com/kubefence/kubefence/migrator/cutover"
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/replicate"
 )
 
 // TestCutoverRollback: blue is etcd 3.4 with TLS client certificates; kube-controller-manager,
@@ -53,12 +56,14 @@ func TestCutoverRollback(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // writes on green, followed by blue
 	manyOpsOnGreen(t, f)
+	f.checkBlueFollows(t, baker, w)
 	t.Logf("kubefence cutover status:\n%s", f.cutoverSub(t, "status"))
 
 	_ = baker.cmd.Process.Kill()
 	baker.wait(t, "SIGKILL")
 	baker = f.startBaker(t, "--resume")
 	time.Sleep(2 * time.Second)
+	f.checkBlueFollows(t, baker, w)
 
 	killAt(t, cutover.StepGateGreen, "cutover", "rollback", "--plan", f.green.PlanPath)
 	baker.wait(t, "the rollback stopped it")
@@ -279,6 +284,85 @@ func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
 		t.Fatalf("kubefence cutover %v: blue did not follow green within 5 minutes:\n%s", args, b.output())
 	}
 	return b
+}
+
+// followBound bounds each wait of checkBlueFollows: for a write on green through each writer,
+// then for blue to catch up with green.
+const followBound = 60 * time.Second
+
+// checkBlueFollows checks the baker b keeps blue in step with green, past the line startBaker
+// waits for (a rollback catches blue up itself, so it would not notice a baker that stopped
+// following): once every writer has had a write acknowledged since the call (on green),
+// blue etcd reaches green's revision read then, and `cutover status` shows b following with
+// no error.
+func (f *cutoverFixture) checkBlueFollows(t *testing.T, b *baker, ws ...*writer) {
+	t.Helper()
+	ctx := t.Context()
+	var counts []int
+	for _, w := range ws {
+		counts = append(counts, w.count())
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, followBound, true, func(context.Context) (bool, error) {
+		for i, w := range ws {
+			if w.count() <= counts[i] {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatalf("baking: the writers had no write acknowledged on green within %s", followBound)
+	}
+	green, err := datadir.NewClient(f.green.EtcdConn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer green.Close()
+	blue, err := f.blue.etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blue.Close()
+	want, err := etcdRevision(ctx, green)
+	if err != nil {
+		t.Fatalf("green etcd's revision: %v", err)
+	}
+	var got int64
+	var lastErr error
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, followBound, true, func(ctx context.Context) (bool, error) {
+		got, lastErr = etcdRevision(ctx, blue)
+		return lastErr == nil && got >= want, nil
+	}); err != nil {
+		t.Fatalf("baking: blue etcd at revision %d (%v) did not reach green's %d within %s: blue does not follow green\n%s", got, lastErr, want, followBound, b.output())
+	}
+	st := f.cutoverStatus(t)
+	if bk := st.Bake; st.State != cutover.StateBaking || bk == nil || bk.Follower != b.cmd.Process.Pid || bk.FollowingStopped || bk.Error != "" {
+		t.Fatalf("baking: cutover status says %s, bake %+v; want baking, followed by the baker (pid %d), no error", st.State, bk, b.cmd.Process.Pid)
+	}
+	t.Logf("blue follows green: at revision %d, green's %d when read; status: lag %d revisions", got, want, st.Bake.LagRevisions)
+}
+
+// etcdRevision is cli's cluster's current revision (bounded at 5 s).
+func etcdRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return replicate.Revision(ctx, cli)
+}
+
+// cutoverStatus is `kubefence cutover status -o json` (bounded by cmdBound).
+func (f *cutoverFixture) cutoverStatus(t *testing.T) *cutover.StatusReport {
+	t.Helper()
+	cmd, explain := boundedKubefence(t.Context(), "cutover", "status", "-o", "json", "--plan", f.green.PlanPath)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err = explain(err); err != nil {
+		t.Fatalf("kubefence cutover status: %v\n%s%s", err, out, errOut.String())
+	}
+	st := &cutover.StatusReport{}
+	if err := json.Unmarshal(out, st); err != nil {
+		t.Fatalf("kubefence cutover status -o json: %v\n%s", err, out)
+	}
+	return st
 }
 
 // cutoverSub runs `kubefence cutover SUB --plan PLAN args…` (bounded by cmdBound, not by the
