@@ -295,10 +295,20 @@ func (m *migration) transform(ctx context.Context) (err error) {
 	}
 	if m.v3 != nil {
 		var ms MergeStats
-		if m.kvs, ms, err = renumber(m.kvs, m.v3, c.OnConflict); err != nil {
+		var leftOut []int64
+		if m.kvs, leftOut, ms, err = renumber(m.kvs, m.v3, c.OnConflict); err != nil {
 			return err
 		}
 		m.rep.V3 = &ms
+		// A TTL key left out for the v3 one neither counts nor holds its lease.
+		for _, id := range leftOut {
+			ts.TTLKeys--
+			if l := m.leases[id]; l != nil {
+				if l.Keys--; l.Keys == 0 {
+					delete(m.leases, id)
+				}
+			}
+		}
 		m.leases = moveLeases(m.kvs, m.leases, m.v3.leaseIDs)
 	}
 	ts.Keys = len(m.kvs)

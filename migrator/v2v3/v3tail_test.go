@@ -157,7 +157,7 @@ func TestRenumberAboveTheCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kvs, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
+	kvs, _, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +248,53 @@ func TestPrefixRewriteWithV3Keys(t *testing.T) {
 			}
 			if len(out) != len(tc.wantKeys) {
 				t.Errorf("keys %v, want %v", out, tc.wantKeys)
+			}
+		})
+	}
+}
+
+// TestConflictV3DropsTTLKeysFromLeases: with --on-conflict=v3 a v2 key also in the v3 store is
+// left out; a TTL key so left out no longer counts as a key with a TTL, nor in its lease, and a
+// lease left with no key is not written.
+func TestConflictV3DropsTTLKeysFromLeases(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	expire := now.Add(time.Hour).UnixNano()
+	ttlPut := func(path string) *etcdserverpb.InternalRaftRequest {
+		return &etcdserverpb.InternalRaftRequest{V2: &etcdserverpb.Request{Method: "PUT", Path: path, Val: "v2", Expiration: expire}}
+	}
+	for _, tc := range []struct {
+		name              string
+		tail              []*etcdserverpb.InternalRaftRequest
+		ttlKeys, leases   int
+		wantLeaseInBucket bool
+	}{
+		{"the lease's only key in both stores", []*etcdserverpb.InternalRaftRequest{ttlPut("/1/a")}, 0, 0, false},
+		{"one of the lease's two keys in both stores", []*etcdserverpb.InternalRaftRequest{ttlPut("/1/a"), ttlPut("/1/b")}, 1, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(t, mixedMember(t, true, tc.tail...), now)
+			c.OnConflict = ConflictV3
+			rep, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Keys.TTLKeys != tc.ttlKeys || rep.Leases != tc.leases {
+				t.Errorf("report: %d keys with a TTL in %d leases, want %d in %d (the v2 /a is left out)", rep.Keys.TTLKeys, rep.Leases, tc.ttlKeys, tc.leases)
+			}
+			if out := readOutput(t, c.OutputDir); string(out["/a"].Value) != "1" {
+				t.Errorf("/a = %q, want the v3 value 1", out["/a"].Value)
+			}
+			db, err := bolt.Open(filepath.Join(c.OutputDir, "member", "snap", "db"), 0o400, &bolt.Options{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var n int
+			if err := db.View(func(tx *bolt.Tx) error { n = tx.Bucket([]byte("lease")).Stats().KeyN; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if (n > 0) != tc.wantLeaseInBucket {
+				t.Errorf("%d lease(s) written, want a lease: %v", n, tc.wantLeaseInBucket)
 			}
 		})
 	}
