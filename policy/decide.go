@@ -89,15 +89,32 @@ func (p *Policy) Decide(a *Attributes) Decision {
 	if class == Read {
 		return Decision{Class: Read, Allow: true, Reason: "read"}
 	}
-	if a.IsResourceRequest && a.Subresource == "" && !a.Upgrade {
-		if isReview(a) {
-			return Decision{Class: Write, Allow: true, Reason: "review"}
-		}
-		if a.DryRun && dryRunVerbs[a.Verb] {
-			return Decision{Class: Write, Allow: true, Reason: "dry-run"}
-		}
+	switch a.storesNothing() {
+	case "review":
+		return Decision{Class: Write, Allow: true, Reason: "review"}
+	case "dry-run":
+		return Decision{Class: Write, Allow: true, Reason: "dry-run"}
 	}
 	return Decision{Class: Write, Reason: "write"}
+}
+
+// StoresNothing says whether a write is one kube-apiserver answers without storing anything: a
+// review's create, or a dry run. A fence lets these through by default, and nothing (the fence's
+// barrier, a switch) needs to wait for one to land on a backend.
+func (a *Attributes) StoresNothing() bool { return a.storesNothing() != "" }
+
+// storesNothing names the kind of write that stores nothing ("review", "dry-run"), or is "".
+func (a *Attributes) storesNothing() string {
+	if a.Class() != Write || !a.IsResourceRequest || a.Subresource != "" || a.Upgrade || a.Unknown != "" {
+		return ""
+	}
+	switch {
+	case isReview(a):
+		return "review"
+	case a.DryRun && dryRunVerbs[a.Verb]:
+		return "dry-run"
+	}
+	return ""
 }
 
 // Warnings names rules that never match on a proxy that forwards (identity) a client

@@ -64,6 +64,16 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		if a.BodyDecidesDryRun() {
 			a.SetDryRunFromBody(r.Header.Get("Content-Type"), body, r.URL.RawQuery)
 		}
+		if a.StoresNothing() {
+			// A review or a dry run stores nothing: neither the barrier nor a switch waits for
+			// one, and none is counted among the writes a policy let through.
+			if !g.fenced() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			decide(w, r, st, next, pol, rf)
+			return
+		}
 		id, fence := g.admitWrite(inflightWrite{attrs: a, userAgent: r.UserAgent(), start: time.Now()})
 		if fence != fenceIsOpen {
 			switch d := pol.Decide(a); {

@@ -1160,3 +1160,59 @@ func ownedDirs(t *testing.T, root string) func(name string, mode os.FileMode, ui
 		return d
 	}
 }
+
+// TestNothingWaitsForWhatStoresNothing: a review (SubjectAccessReview, TokenReview) or a
+// dry run stores nothing on the backend: neither 'fence on' nor a switch waits for one in
+// flight, nor counts it among the writes a policy let through (a snapshot cutover warns that
+// those may be missing from green).
+func TestNothingWaitsForWhatStoresNothing(t *testing.T) {
+	cases := []struct{ name, method, path string }{
+		{"subjectaccessreview", "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews"},
+		{"dry-run patch", "PATCH", "/api/v1/namespaces/a/configmaps/c?dryRun=All"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			arrived := make(chan struct{}, 2)
+			blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == tc.method {
+					arrived <- struct{}{}
+					<-release
+				}
+				w.WriteHeader(http.StatusOK)
+			}))
+			defer blue.Close()
+			free := sync.OnceFunc(func() { close(release) })
+			defer free() // before blue.Close, which waits for the held handler
+			green := newFakeAPI(t, "green")
+			p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+			ct := "application/merge-patch+json"
+			if tc.method == "POST" {
+				ct = "application/json"
+			}
+			inFlight := func() {
+				go func() { _, _, _ = doErr(tc.method, p.url+tc.path, "Content-Type", ct) }()
+				select {
+				case <-arrived:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the request did not reach blue in 10 s")
+				}
+			}
+			inFlight() // open: forwarded at once
+			start := time.Now()
+			resp := fenceOn(t, p, 5*time.Second)
+			if took := time.Since(start); took > 2*time.Second || (resp.Barrier != nil && !resp.Barrier.Complete) {
+				t.Fatalf("fence on took %s (barrier %+v) with a %s in flight, want no wait for it", took, resp.Barrier, tc.name)
+			}
+			inFlight() // fenced: let through by the defaults
+			start = time.Now()
+			sw, err := p.admin.SetBackend(t.Context(), admin.BackendRequest{URL: green.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if took := time.Since(start); took > 2*time.Second || sw.Drain.Writes != 0 || sw.Drain.UnansweredWrites != 0 {
+				t.Fatalf("the switch took %s and counted %+v with a %s in flight, want no wait and no write", took, sw.Drain, tc.name)
+			}
+		})
+	}
+}

@@ -72,7 +72,7 @@ func (l *writeLog) since(t time.Time) admin.WritesResponse {
 func withWriteLog(next http.Handler, l *writeLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a := &reqStateFrom(r.Context()).attrs
-		if a.Class() != policy.Write || !a.IsResourceRequest || a.Session() || a.DryRun {
+		if a.Class() != policy.Write || !a.IsResourceRequest || a.Session() || a.DryRun || a.StoresNothing() {
 			next.ServeHTTP(w, r) // reads pay nothing here
 			return
 		}
