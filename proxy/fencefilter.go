@@ -78,7 +78,10 @@ func withFence(next http.Handler, g *gate, pol *policy.Policy, limits bodyLimits
 		if fence != fenceIsOpen {
 			switch d := pol.Decide(a); {
 			case d.Allow:
-				// As an admitted write, it is waited for on the backend whatever the client does.
+				// As an admitted write, it is waited for on the backend whatever the client does;
+				// logged, as refused and held ones are: a snapshot cutover's switch warns of such
+				// writes in flight on blue, and this is where their objects are named.
+				rf.log.Info("write let through: fence is on", fencedWriteLogArgs(a, r.UserAgent(), "why", d.Reason)...)
 				st.letThrough = true
 				next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 			case fence == fenceHolding && holdable(a) && !d.ByRule:

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -77,4 +78,29 @@ func TestClipField(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLetThroughWriteLogged: a write a policy rule lets through while fenced is logged, as
+// refused and held ones are: after a snapshot cutover warns that such writes were in flight on
+// blue at the switch, the proxy's log is where the operator finds which objects they were.
+func TestLetThroughWriteLogged(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	dir := t.TempDir()
+	o := NewOptions()
+	o.Listen, o.InsecureListen, o.Upstream = "127.0.0.1:0", true, api.URL
+	o.AdminSocket, o.StateFile = filepath.Join(dir, "admin.sock"), filepath.Join(dir, "state.json")
+	o.PolicyFile = leasePolicy(t)
+	logs := &syncBuf{}
+	p := startProxyWith(t, o, logs)
+	fenceOn(t, p, time.Second)
+	if resp, _, err := doErr("PUT", p.url+testLeaseURL, "Content-Type", "application/json"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a lease update the policy allows: %v %v, want 200", resp, err)
+	}
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "let through") && strings.Contains(line, "resource=leases.coordination.k8s.io") &&
+			strings.Contains(line, "name=kube-scheduler") && strings.Contains(line, "leader-election") {
+			return
+		}
+	}
+	t.Errorf("no line names the write let through and its rule; the log:\n%s", logs.String())
 }
