@@ -237,7 +237,7 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 		// The process that replicated died after the switch: pick it up to bring over what
 		// the gated apiserver wrote before its gate, if green is still blue change for change.
 		if _, err := r.ensureReplication(wctx); err != nil {
-			return fmt.Sprintf("replication could not be picked up again (%v); what %s got after the revision %s had at the switch is not on %s: %[2]s's apiserver's own writes between the switch and its gate (its leases; %[4]s's apiserver writes its own), and any write the fence's policy let through right at the switch (see the proxies' logs)", err, r.from.name, r.to.name, r.to.name), nil
+			return fmt.Sprintf("replication could not be picked up again (%v); what %s got after the revision %s had at the switch is not on %s: %[2]s's apiserver's own writes between the switch and its gate (its leases; %[4]s's apiserver writes its own), and any write the fence's policy let through right at the switch (each proxy logs them: \"write let through: fence is on\", naming the object)", err, r.from.name, r.to.name, r.to.name), nil
 		}
 	}
 	rev, cerr := r.caughtUp(wctx)
@@ -247,7 +247,7 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 		// The switch happened with the other side at this one's revision of then; what is
 		// missing came after it: the gated apiserver's own writes (its leases, which the other
 		// apiserver writes itself), and a write a policy let through right at the switch.
-		return fmt.Sprintf("stopped without catching up (%v): %s; what %s got after that is not on %s: its apiserver's own writes before its gate (its leases), and any write the fence's policy let through right at the switch (see the proxies' logs)", err, r.progressLine(prog), r.from.name, r.to.name), nil
+		return fmt.Sprintf("stopped without catching up (%v): %s; what %s got after that is not on %s: its apiserver's own writes before its gate (its leases), and any write the fence's policy let through right at the switch (each proxy logs them: \"write let through: fence is on\", naming the object)", err, r.progressLine(prog), r.from.name, r.to.name), nil
 	}
 	return fmt.Sprintf("%s and %s at revision %d; replication stopped", r.to.name, r.from.name, rev), nil
 }

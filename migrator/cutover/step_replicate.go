@@ -120,7 +120,7 @@ func (r *runner) pickUpAfterSwitch(ctx context.Context) (string, bool) {
 	defer cancel()
 	picked, err := r.ensureReplication(wctx)
 	if err != nil {
-		return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any, are not on green: its apiserver's own writes (its leases), and any write the fence's policy let through right at the switch (see the proxies' logs); a watch the switch moved from one of them may miss green's events there", err), false
+		return fmt.Sprintf("replication was not running in this process (it stopped with the cutover process before) and could not be picked up again (%v): blue's revisions after the drain, if any, are not on green: its apiserver's own writes (its leases), and any write the fence's policy let through right at the switch (each proxy logs them: \"write let through: fence is on\", naming the object); a watch the switch moved from one of them may miss green's events there", err), false
 	}
 	return picked, true
 }

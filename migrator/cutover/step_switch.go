@@ -76,7 +76,7 @@ func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) 
 func switchDetail(resp admin.BackendResponse) string {
 	d := fmt.Sprintf("proxy backend %s; %d watch(es) and stream(s) on blue were ended (informers reconnect and relist, on green; `kubectl get -w` exits)", resp.Status.Backend, resp.Drain.Streams)
 	if resp.Drain.Writes > 0 {
-		d += fmt.Sprintf("; WARNING: %d write(s) a fence policy rule let through were in flight on blue at the switch, after the copy: they are not on green (their clients were answered by blue; see the proxies' logs for what they were). Let no writes through in a snapshot cutover", resp.Drain.Writes)
+		d += fmt.Sprintf("; WARNING: %d write(s) a fence policy rule let through were in flight on blue at the switch, after the copy: they are not on green (their clients were answered by blue; each proxy's log names them: \"write let through: fence is on\"). Let no writes through in a snapshot cutover", resp.Drain.Writes)
 	}
 	return d
 }

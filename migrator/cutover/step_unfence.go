@@ -67,7 +67,7 @@ func (r *runner) unfencedBefore(ctx context.Context) (string, error) {
 func (r *runner) proxiesOnTarget(ctx context.Context) error {
 	open, err := r.group().putFencedOn(ctx, r.to.api, nil)
 	if len(open) > 0 {
-		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), see what it let through to %s in its log, then %s", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name, r.resumeCommand())
+		return fmt.Errorf("%s: writes open there since the switch (restarted without its state file?) reach an etcd that %s no longer follows; no proxy is opened on %s beside it. Fence it and switch it ('kubefence fence on', 'kubefence backend set %s'), list what %s applied through it since the fence (its admin API: GET /v1/writes?since=%s, e.g. curl --unix-socket ITS_ADMIN_SOCKET 'http://kubefence/v1/writes?since=%[6]s'), then %[7]s", strings.Join(open, ", "), r.to.name, r.to.name, r.to.api.URL, r.from.name, r.j.FencedAt.Format(time.RFC3339), r.resumeCommand())
 	}
 	if err != nil {
 		return fmt.Errorf("before opening writes: %w", err)
