@@ -227,6 +227,7 @@ type baker struct {
 	mu   sync.Mutex
 	out  strings.Builder
 	done chan struct{}
+	reap sync.Once // Wait, once: by wait, or by the cleanup of a test that failed before it
 }
 
 func (b *baker) output() string {
@@ -244,7 +245,7 @@ func (b *baker) wait(t *testing.T, why string) {
 	case <-time.After(cmdBound):
 		t.Fatalf("kubefence cutover %v (baking) did not end within %s after %s:\n%s", b.args, cmdBound, why, b.output())
 	}
-	_ = b.cmd.Wait()
+	b.reap.Do(func() { _ = b.cmd.Wait() })
 }
 
 // startBaker starts `kubefence cutover` (with args) and returns once it prints that blue
@@ -260,7 +261,16 @@ func (f *cutoverFixture) startBaker(t *testing.T, args ...string) *baker {
 	if err := b.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.cmd.Process.Kill() })
+	t.Cleanup(func() {
+		// Killed and reaped (a test that failed before wait left a zombie): its output pipe
+		// closes with it, and Wait must come after the last read of it.
+		_ = b.cmd.Process.Kill()
+		select {
+		case <-b.done:
+			b.reap.Do(func() { _ = b.cmd.Wait() })
+		case <-time.After(cmdBound):
+		}
+	})
 	following := make(chan struct{})
 	go func() {
 		defer close(b.done)
