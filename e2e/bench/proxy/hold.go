@@ -37,6 +37,20 @@ type holdResult struct {
 	benchCPU time.Duration
 	// reads during the hold and without it, on the same connections.
 	readsHeld, readsBase []time.Duration
+	// readsHeldCPU and readsBaseCPU are the CPU time of the proxy and of this process (the
+	// readers, the writers' client streams, the backend) over each of those read windows: whose
+	// cost a difference in their latency is.
+	readsHeldCPU, readsBaseCPU cpuPair
+}
+
+// cpuPair is CPU time of the proxy process and of this one over the same interval.
+type cpuPair struct{ proxy, bench time.Duration }
+
+// readWindow runs readLoop for d and returns its latencies and the CPU both processes spent.
+func readWindow(ctx context.Context, px *framework.Proxy, clients []*http.Client, url string, d time.Duration) ([]time.Duration, cpuPair) {
+	p0, b0 := procCPU(px.Proc.Pid()), procCPU(os.Getpid())
+	lat := readLoop(ctx, clients, url, d)
+	return lat, cpuPair{proxy: procCPU(px.Proc.Pid()) - p0, bench: procCPU(os.Getpid()) - b0}
 }
 
 // benchHold fences px in hold mode, sends writers per connection on each client, lets them be
@@ -45,7 +59,7 @@ type holdResult struct {
 func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client, writers int, hold time.Duration, profile string) (holdResult, error) {
 	var res holdResult
 	url := px.URL + "/api/v1/namespaces/default/configmaps"
-	res.readsBase = readLoop(ctx, clients, url, 300*time.Millisecond)
+	res.readsBase, res.readsBaseCPU = readWindow(ctx, px, clients, url, 300*time.Millisecond)
 	rss0 := procRSS(px.Proc.Pid())
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: true, Mode: admin.ModeHold, Reason: "bench-hold"}); err != nil {
 		return res, err
@@ -84,7 +98,7 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	res.readsHeld = readLoop(ctx, clients, url, 300*time.Millisecond)
+	res.readsHeld, res.readsHeldCPU = readWindow(ctx, px, clients, url, 300*time.Millisecond)
 	time.Sleep(time.Until(deadline))
 	st, err := px.Admin.Status(ctx)
 	if err != nil {
@@ -223,5 +237,8 @@ func printHold(out io.Writer, r holdResult) {
 	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
 		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",
 			len(r.readsHeld), ms(pct(r.readsHeld, 50)), ms(pct(r.readsHeld, 99)), len(r.readsBase), ms(pct(r.readsBase, 50)), ms(pct(r.readsBase, 99)))
+		per := func(c time.Duration, reads []time.Duration) string { return us(c / time.Duration(len(reads))) }
+		fmt.Fprintf(out, "  CPU per read during the hold / without: proxy %s / %s, the bench process (readers, the held writes' client streams, the backend) %s / %s\n",
+			per(r.readsHeldCPU.proxy, r.readsHeld), per(r.readsBaseCPU.proxy, r.readsBase), per(r.readsHeldCPU.bench, r.readsHeld), per(r.readsBaseCPU.bench, r.readsBase))
 	}
 }
