@@ -160,9 +160,22 @@ func (r RebuildOptions) diff(now RebuildOptions) []string {
 	return out
 }
 
+// CheckOnConflict refuses an --on-conflict the v2 migration does not know, before anything
+// runs: a rerun that fixes it could otherwise meet the bad value journaled.
+func CheckOnConflict(policy string) error {
+	switch policy {
+	case v2v3.ConflictError, v2v3.ConflictV3, v2v3.ConflictV2:
+		return nil
+	}
+	return fmt.Errorf("--on-conflict %q: use v3 or v2 (or leave it out to refuse a key in both stores)", policy)
+}
+
 func (o *Options) defaults() error {
 	if len(o.DataDirs) == 0 {
 		return errors.New("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
+	}
+	if err := CheckOnConflict(o.OnConflict); err != nil {
+		return err
 	}
 	for i, d := range o.DataDirs {
 		abs, err := filepath.Abs(d)
@@ -529,8 +542,11 @@ func readJournal(path string, op Operation, opts Options) (*Report, error) {
 }
 
 // checkOptions refuses a resume whose options would build members other than the journaled
-// run built. A journal of an older kubefence has none: it takes the options given now, unless
-// one of its rebuild steps built members already, whose options nothing records.
+// run built. While no rebuild step has built a member, the options bind nothing, and the
+// resume takes (and journals) the ones given now: a v2 migration refused for a key in both
+// stores is rerun with --on-conflict. A journal of an older kubefence has none: it takes the
+// options given now, unless one of its rebuild steps built members already, whose options
+// nothing records.
 func checkOptions(path string, rep *Report, opts Options) error {
 	now := opts.rebuildOptions()
 	if rep.Options == nil {
@@ -540,11 +556,37 @@ func checkOptions(path string, rep *Report, opts Options) error {
 		rep.Options = now
 		return nil
 	}
-	if diff := rep.Options.diff(*now); len(diff) > 0 {
-		return fmt.Errorf("the unfinished %s journaled in %s was started with other options (%s). They decide what each rebuilt member holds (v2 migration, downgrade), and a resumed run keeps the members the first one built, so it must build the others the same way: run the same command with the journaled values, or restore the backups it names and delete the journal",
-			rep.Operation, path, strings.Join(diff, "; "))
+	diff := rep.Options.diff(*now)
+	switch {
+	case len(diff) == 0:
+		return nil
+	case !rebuiltAny(rep, opts.DataDirs):
+		rep.Options = now
+		return nil
 	}
-	return nil
+	return fmt.Errorf("the unfinished %s journaled in %s was started with other options (%s). They decide what each rebuilt member holds (v2 migration, downgrade), and a resumed run keeps the members the first one built, so it must build the others the same way: run the same command with the journaled values, or restore the backups it names and delete the journal",
+		rep.Operation, path, strings.Join(diff, "; "))
+}
+
+// rebuiltAny says whether a rebuild step of rep (v2 migration, downgrade) has built a member:
+// it is done or swapped in, or a data dir or a new dir beside one is marked ready from its
+// source. A step without a source has built nothing: the source is journaled first.
+func rebuiltAny(rep *Report, dirs []string) bool {
+	for _, s := range rep.Steps {
+		if s.Kind != StepMigrateV2 && s.Kind != StepDowngrade {
+			continue
+		}
+		if s.Done || s.Swapped {
+			return true
+		}
+		if s.Source == nil {
+			continue
+		}
+		if swapped, ready := readyFrom(dirs, *s.Source); len(swapped) > 0 || len(ready) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // olderRebuildUnderway refuses to resume an older kubefence's journal whose unfinished rebuild

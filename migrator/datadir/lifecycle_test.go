@@ -312,3 +312,19 @@ func TestStopBeforeTheNextStep(t *testing.T) {
 		})
 	}
 }
+
+// TestRunRefusesAnUnknownConflictPolicy: an --on-conflict the v2 migration does not know is
+// refused before anything is made (no backup dir, no journal), dry run or not: journaled, it
+// would be refused only at the migration, after the backups and the first steps.
+func TestRunRefusesAnUnknownConflictPolicy(t *testing.T) {
+	for _, dry := range []bool{true, false} {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "etcd")
+		writeMember(t, dir, testPeers[0], 1)
+		_, err := Run(t.Context(), OpUpgrade, Options{DataDirs: []string{dir}, Target: Version{3, 6, 16}, OnConflict: "both", DryRun: dry})
+		assertErrContains(t, err, `--on-conflict "both"`, "use v3 or v2")
+		if names := dirNames(t, parent); !slices.Equal(names, []string{"etcd"}) {
+			t.Errorf("dry run %t: refused, it left %v in %s", dry, names, parent)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package datadir
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/zap"
@@ -608,6 +610,108 @@ func TestResumeRefusesChangedOptions(t *testing.T) {
 			assertErrContains(t, err, tc.want...)
 		})
 	}
+}
+
+// TestRerunChoosesAConflictPolicy: a v2 migration refused for a key in both stores, with the
+// default --on-conflict, says to choose which wins with --on-conflict; the same command with
+// --on-conflict=v3 then goes on, since the refused step built no member (the option could not
+// make members disagree), and every member keeps the v3 value.
+func TestRerunChoosesAConflictPolicy(t *testing.T) {
+	f := newV2Fixture(t, time.Now().Add(24*time.Hour))
+	for _, d := range f.dirs {
+		putV3Key(t, d, "/registry/pods/a", "from-v3")
+	}
+	e, s := f.start()
+	err := e.migrateV2(t.Context(), s)
+	assertErrContains(t, err, "both the v2 and the v3 store", "--on-conflict=v3")
+	if built := f.builtFrom(); slices.ContainsFunc(built, func(s string) bool { return s != "" }) {
+		t.Fatalf("members were built: %v", built)
+	}
+
+	f.opts.OnConflict = "v3"
+	rep, err := loadJournal(f.opts.journalPath(), OpUpgrade, f.opts)
+	if err != nil || rep == nil {
+		t.Fatalf("rerun with --on-conflict=v3 after the refusal: %v, %v; want the run resumed", rep, err)
+	}
+	if rep.Options == nil || rep.Options.OnConflict != "v3" {
+		t.Fatalf("resumed with options %+v, want --on-conflict v3 taken", rep.Options)
+	}
+	e, s = f.start()
+	if err := e.migrateV2(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range f.dirs {
+		if got := v3Value(t, d, "/registry/pods/a"); got != "from-v3" {
+			t.Errorf("%s: /registry/pods/a = %q, want the v3 value", d, got)
+		}
+	}
+	var journaled Report
+	b, err := os.ReadFile(f.opts.journalPath())
+	if err == nil {
+		err = json.Unmarshal(b, &journaled)
+	}
+	if err != nil || journaled.Options == nil || journaled.Options.OnConflict != "v3" {
+		t.Errorf("journal: options %+v, %v; want --on-conflict v3 journaled for a later resume", journaled.Options, err)
+	}
+}
+
+// putV3Key writes a live v3 key into dir's backend at revision 1, with the lease bucket and
+// consistent index an etcd backend holding keys has.
+func putV3Key(t *testing.T, dir, key, value string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "member", "snap", "db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("key"))
+		if err != nil {
+			return err
+		}
+		v, err := (&mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: 1, ModRevision: 1, Version: 1}).Marshal()
+		if err != nil {
+			return err
+		}
+		rev := binary.BigEndian.AppendUint64(nil, 1)
+		rev = binary.BigEndian.AppendUint64(append(rev, '_'), 0)
+		if err := b.Put(rev, v); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists([]byte("lease")); err != nil {
+			return err
+		}
+		// Applied up to the v2 snapshot (writeV2Member), as etcd 3.5 records it.
+		meta, err := tx.CreateBucketIfNotExists([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		if err := meta.Put([]byte("consistent_index"), binary.BigEndian.AppendUint64(nil, 0x100)); err != nil {
+			return err
+		}
+		return meta.Put([]byte("term"), binary.BigEndian.AppendUint64(nil, 1))
+	})
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// v3Value is key's latest value in dir's backend ("" when it has none).
+func v3Value(t *testing.T, dir, key string) string {
+	t.Helper()
+	var latest mvccpb.KeyValue
+	for k, v := range keysAndLeases(t, dir) {
+		if !strings.HasPrefix(k, "key/") {
+			continue
+		}
+		var kv mvccpb.KeyValue
+		if err := kv.Unmarshal([]byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		if string(kv.Key) == key && kv.ModRevision >= latest.ModRevision {
+			latest = kv
+		}
+	}
+	return string(latest.Value)
 }
 
 // TestResumeOlderJournalWithoutOptions: an older kubefence journaled no options. Its run is

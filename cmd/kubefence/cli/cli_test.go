@@ -112,6 +112,10 @@ func TestExitCodes(t *testing.T) {
 		// barrier answer 409 'the fence changed', every time.
 		{"one socket twice", []string{"fence", "on", "--admin-socket", "/run/kf/admin.sock,/run/kf/../kf/admin.sock"}, ExitUsage, "", "named twice"},
 		{"one address twice", []string{"fence", "on", "--admin-address", "https://LB1:7443", "--admin-address", "https://lb1:7443/"}, ExitUsage, "", "named twice"},
+		// Refused before anything runs, as migrate v2-to-v3 refuses it; a dry run would
+		// print a clean plan.
+		{"upgrade bad --on-conflict", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16", "--bin-dir", binDir, "--on-conflict", "both"}, ExitUsage, "", `--on-conflict "both": use v3 or v2`},
+		{"upgrade bad --on-conflict, dry run", []string{"migrate", "upgrade", "--data-dir", dataDir, "--target-version", "3.6.16", "--bin-dir", binDir, "--on-conflict", "V3", "--dry-run"}, ExitUsage, "", `--on-conflict "V3": use v3 or v2`},
 		{"upgrade without --data-dir", []string{"migrate", "upgrade", "--target-version", "3.6.16", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"downgrade without --data-dir", []string{"migrate", "downgrade", "--target-version", "3.5.21", "--bin-dir", binDir}, ExitUsage, "", "--data-dir is required"},
 		{"detect --wal-dir with several data dirs", []string{"migrate", "detect", "--data-dir", "/var/lib/etcd-a", "--data-dir", "/var/lib/etcd-b", "--wal-dir", "/var/lib/wal"}, ExitUsage, "", "--wal-dir goes with a single --data-dir"},

@@ -340,6 +340,9 @@ func (o *lifecycleOptions) Validate() error {
 	case o.opts.StepTimeout <= 0:
 		return UsageErrorf("--step-timeout must be positive (how long each etcd may take to become healthy)")
 	}
+	if err := datadir.CheckOnConflict(o.opts.OnConflict); err != nil {
+		return usage(err)
+	}
 	// --bin-dir is not required here: a resumed run takes the binaries its journal names, and
 	// data already at the target needs none; the plan says when one is missing.
 	return nil
