@@ -236,41 +236,158 @@ func (o *cutoverAbortOptions) Run(ctx context.Context) error {
 	return o.runWithEvents(ctx, nil, cutover.Abort)
 }
 
+// eventQueue is how many events wait for a stalled output before the next are left out.
+const eventQueue = 1024
+
 // eventPrinter prints cutover events: one JSON object per line with -o json, else plain lines
 // with each step's duration and a final summary. On a terminal, a status line under the running
 // step shows how long it has run and how long writes have been fenced; elsewhere only the plain
-// lines are written. close stops the status line.
+// lines are written.
+//
+// The cutover never waits for its output: emit queues the event and returns, and one goroutine
+// writes. A terminal stopped with Ctrl-S, an ssh session that no longer drains or a blocked tee
+// holds that goroutine only, and the status line, drawn by it, is simply not redrawn meanwhile.
+// Once eventQueue events wait, the next are left out (step lines too) until the queue has been
+// written, and then one line says how many: the journal (cutover status) has every step. With
+// -o json each line is one whole event, written in the order emitted. close writes what is
+// queued and stops the status line.
 type eventPrinter struct {
 	w       io.Writer
 	printer printer
 	tty     *os.File
 	start   time.Time
 
-	mu       sync.Mutex
-	n        int           // steps started or skipped so far
-	tick     chan struct{} // closed to stop the running step's status line
-	fencedAt time.Time     // when writes were fenced, zero while they flow
+	queue chan queuedEvent
+	done  chan struct{} // closed when the writer has written the queue out
+
+	mu      sync.Mutex // guards what emit and the writer share: never held while writing
+	dropped int        // events left out since the queue filled; emit queues none until it is written out
+	closed  bool
+
+	// The writer's own.
+	n        int       // steps started or skipped so far
+	fencedAt time.Time // when writes were fenced, zero while they flow
+	running  string    // the step the status line is about, "" when none is drawn
+	began    time.Time // when it started
+}
+
+// queuedEvent is an event and when it was emitted, for the times printed: the output may be
+// written well after.
+type queuedEvent struct {
+	cutover.Event
+	at time.Time
 }
 
 func newEventPrinter(w io.Writer, p printer) *eventPrinter {
-	return &eventPrinter{w: w, printer: p, tty: terminal(w), start: time.Now()}
+	ep := &eventPrinter{w: w, printer: p, tty: terminal(w), start: time.Now(), queue: make(chan queuedEvent, eventQueue), done: make(chan struct{})}
+	go ep.write()
+	return ep
 }
 
+// emit queues e for the writer and returns at once; a full queue leaves e out (and counts it).
 func (ep *eventPrinter) emit(e cutover.Event) {
+	at := e.Time
+	if at.IsZero() {
+		at = time.Now()
+	}
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
+	if ep.closed {
+		return
+	}
+	if ep.dropped == 0 {
+		select {
+		case ep.queue <- queuedEvent{e, at}:
+			return
+		default:
+		}
+	}
+	ep.dropped++
+}
+
+// close writes out what is queued and clears the status line, if one is drawn. It waits for
+// the output: the cutover is over by then.
+func (ep *eventPrinter) close() {
+	ep.mu.Lock()
+	if !ep.closed {
+		ep.closed = true
+		close(ep.queue)
+	}
+	ep.mu.Unlock()
+	<-ep.done
+}
+
+// write is the one goroutine that writes: the events in the order emitted, the line saying how
+// many were left out once the queue is written out, and the status line every 200 ms while a
+// step runs on a terminal.
+func (ep *eventPrinter) write() {
+	defer close(ep.done)
+	var ticks <-chan time.Time
+	var ticker *time.Ticker
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	for {
+		select {
+		case qe, ok := <-ep.queue:
+			if !ok {
+				ep.clearStatus()
+				return
+			}
+			ep.print(qe)
+			if ep.running != "" && ticker == nil {
+				ticker = time.NewTicker(200 * time.Millisecond)
+				ticks = ticker.C
+			}
+			if n := ep.takeDropped(); n > 0 {
+				ep.print(queuedEvent{cutover.Event{Time: time.Now(), Type: cutover.EventNote,
+					Detail: fmt.Sprintf("%d event(s) not printed: the output did not keep up, and the cutover does not wait for it ('kubefence cutover status' shows every step)", n)}, time.Now()})
+			}
+		case <-ticks:
+			if ep.running == "" {
+				continue
+			}
+			line := fmt.Sprintf("    ... %s running %.1fs", ep.running, time.Since(ep.began).Seconds())
+			if !ep.fencedAt.IsZero() {
+				line += fmt.Sprintf(", writes fenced for %.1fs", time.Since(ep.fencedAt).Seconds())
+			}
+			fmt.Fprint(ep.tty, "\r\033[K"+line)
+		}
+	}
+}
+
+// takeDropped is how many events were left out, once every event queued before them is
+// written (nothing is queued while some are left out); emit queues again from then on.
+func (ep *eventPrinter) takeDropped() int {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	n := ep.dropped
+	if n == 0 || len(ep.queue) > 0 {
+		return 0
+	}
+	ep.dropped = 0
+	return n
+}
+
+// print writes one event; the writer's.
+func (ep *eventPrinter) print(qe queuedEvent) {
+	e := qe.Event
 	_ = ep.printer.printLine(ep.w, e, func(w io.Writer) {
-		ep.stopTick()
-		at := fmt.Sprintf("[%7.2fs]", time.Since(ep.start).Seconds())
+		ep.clearStatus()
+		at := fmt.Sprintf("[%7.2fs]", qe.at.Sub(ep.start).Seconds())
 		switch e.Type {
 		case "step-start":
 			ep.n++
 			fmt.Fprintf(w, "%s %d. %s: %s\n", at, ep.n, e.Step, e.Detail)
-			ep.startTick(e.Step)
+			if ep.tty != nil {
+				ep.running, ep.began = e.Step, qe.at
+			}
 		case "step-end":
 			switch e.Step {
 			case cutover.StepFence:
-				ep.fencedAt = time.Now()
+				ep.fencedAt = qe.at
 			case cutover.StepUnfence:
 				ep.fencedAt = time.Time{}
 			}
@@ -288,49 +405,12 @@ func (ep *eventPrinter) emit(e cutover.Event) {
 	})
 }
 
-// close stops and clears the status line, if one is drawn.
-func (ep *eventPrinter) close() {
-	ep.mu.Lock()
-	defer ep.mu.Unlock()
-	ep.stopTick()
-}
-
-// stopTick stops the status line; called with mu held.
-func (ep *eventPrinter) stopTick() {
-	if ep.tick != nil {
-		close(ep.tick)
-		ep.tick = nil
+// clearStatus clears the status line, if one is drawn; the writer's.
+func (ep *eventPrinter) clearStatus() {
+	if ep.running != "" {
+		ep.running = ""
 		fmt.Fprint(ep.tty, "\r\033[K")
 	}
-}
-
-// startTick draws a status line for step on the terminal until stopTick; called with mu held.
-func (ep *eventPrinter) startTick(step string) {
-	if ep.tty == nil {
-		return
-	}
-	stop, began := make(chan struct{}), time.Now()
-	ep.tick = stop
-	go func() {
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			ep.mu.Lock()
-			if ep.tick == stop {
-				line := fmt.Sprintf("    ... %s running %.1fs", step, time.Since(began).Seconds())
-				if !ep.fencedAt.IsZero() {
-					line += fmt.Sprintf(", writes fenced for %.1fs", time.Since(ep.fencedAt).Seconds())
-				}
-				fmt.Fprint(ep.tty, "\r\033[K"+line)
-			}
-			ep.mu.Unlock()
-		}
-	}()
 }
 
 func printReport(w io.Writer, r *cutover.Report) {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -112,5 +113,154 @@ func TestLiveView(t *testing.T) {
 	}
 	if strings.Contains(string(plain), "running") || strings.Contains(string(plain), "\033") {
 		t.Errorf("a pipe got terminal output: %q", plain)
+	}
+}
+
+// blockedWriter is an output nobody reads: a stalled ssh session, a pipe into a stopped
+// process. Its writes block until release is closed.
+type blockedWriter struct {
+	release chan struct{}
+	mu      sync.Mutex
+	buf     strings.Builder
+}
+
+func (w *blockedWriter) Write(p []byte) (int, error) {
+	<-w.release
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// emitWithin emits events on ep and fails unless every emit returned within d: the cutover
+// calls emit between its steps, writes fenced in its window, and must never wait for its output.
+func emitWithin(t *testing.T, ep *eventPrinter, d time.Duration, events ...cutover.Event) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, e := range events {
+			ep.emit(e)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("emitting %d events to an output that does not move took over %s: the cutover waits for its output", len(events), d)
+	}
+}
+
+// TestEventsNeverWaitForTheOutput: with the output stalled (a terminal stopped with Ctrl-S, an
+// ssh session that no longer drains, tee blocked), emit returns at once: the events queue, and
+// those past the queue are left out, which the output says once it moves again. With -o json
+// every line written is a whole event, in order.
+func TestEventsNeverWaitForTheOutput(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%t", asJSON), func(t *testing.T) {
+			w := &blockedWriter{release: make(chan struct{})}
+			var released sync.Once
+			release := func() { released.Do(func() { close(w.release) }) }
+			t.Cleanup(release)
+			ep := newEventPrinter(w, printer{json: asJSON})
+			var events []cutover.Event
+			for i := range 3 * eventQueue {
+				events = append(events, cutover.Event{Type: cutover.EventNote, Detail: fmt.Sprintf("note %d", i)})
+			}
+			emitWithin(t, ep, time.Second, events...)
+			release()
+			// Once the output has caught up (it says how many it left out), events are
+			// printed again.
+			err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return strings.Contains(w.buf.String(), "not printed"), nil
+			})
+			if err != nil {
+				t.Fatalf("the output did not say, once it moved, that events were left out: %v", err)
+			}
+			ep.emit(cutover.Event{Type: cutover.EventNote, Detail: "after"})
+			ep.close()
+			lines := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n")
+			last, left := -1, ""
+			for _, l := range lines {
+				if asJSON {
+					var e cutover.Event
+					if err := json.Unmarshal([]byte(l), &e); err != nil {
+						t.Fatalf("line %q is not a whole event: %v", l, err)
+					}
+					l = e.Detail
+				}
+				var n int
+				switch i := strings.Index(l, "note "); {
+				case strings.Contains(l, "not printed"):
+					left = l
+				case i >= 0:
+					if _, err := fmt.Sscanf(l[i:], "note %d", &n); err != nil {
+						t.Fatalf("line %q: %v", l, err)
+					}
+					if n <= last || left != "" {
+						t.Fatalf("note %d printed after note %d (or after the line saying some were left out, %q): out of order", n, last, left)
+					}
+					last = n
+				}
+			}
+			if last < 0 || left == "" || !strings.Contains(left, fmt.Sprint(3*eventQueue-1-last)) {
+				t.Errorf("output: last note %d, line for those left out %q; want the queued notes, then one line saying %d were not printed", last, left, 3*eventQueue-1-last)
+			}
+			if !strings.Contains(lines[len(lines)-1], "after") {
+				t.Errorf("the event emitted once the output moved is not the last line: %q", lines[len(lines)-1])
+			}
+		})
+	}
+}
+
+// TestStatusLineNeverHoldsEvents: a terminal stopped with Ctrl-S (XOFF) blocks the status
+// line's writes; the events emitted meanwhile return at once all the same.
+func TestStatusLineNeverHoldsEvents(t *testing.T) {
+	master, tty := openPTY(t)
+	var mu sync.Mutex
+	var seen strings.Builder
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := master.Read(buf)
+			mu.Lock()
+			seen.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	ep := newEventPrinter(tty, printer{})
+	ep.emit(cutover.Event{Type: "step-start", Step: cutover.StepCopy, Detail: "snapshot"})
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(seen.String(), "... copy running"), nil
+	})
+	if err != nil {
+		t.Fatalf("no status line drawn within 10 s: %v", err)
+	}
+	if err := unix.IoctlSetInt(int(tty.Fd()), unix.TCXONC, unix.TCOOFF); err != nil {
+		t.Fatalf("stop the terminal's output: %v", err)
+	}
+	restart := func() { _ = unix.IoctlSetInt(int(tty.Fd()), unix.TCXONC, unix.TCOON) }
+	t.Cleanup(restart)
+	time.Sleep(500 * time.Millisecond) // the status line's next writes block
+	emitWithin(t, ep, time.Second,
+		cutover.Event{Type: "step-end", Step: cutover.StepCopy, Duration: 700 * time.Millisecond, Detail: "copied"},
+		cutover.Event{Type: "step-start", Step: cutover.StepFence, Detail: "fence on"})
+	restart()
+	ep.emit(cutover.Event{Type: "step-end", Step: cutover.StepFence, Detail: "fenced"})
+	ep.close()
+	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(seen.String(), "done in 0s: fenced"), nil
+	})
+	if err != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("the events emitted while the terminal was stopped were not printed once it went on: %q", seen.String())
 	}
 }
