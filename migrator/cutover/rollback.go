@@ -44,6 +44,9 @@ const afterRollbackAbort = "green serves as before and writes are open; blue no 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
 func Rollback(ctx context.Context, o Options) (*Report, error) {
+	if err := checkStateDir(o.Plan.StateDir); err != nil {
+		return nil, err
+	}
 	// What can be refused is refused before the baking process is stopped: once it has, nothing
 	// keeps blue in step with green.
 	if j, err := LoadJournal(o.Plan.StateDir); err == nil {
@@ -257,6 +260,9 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 func Finish(ctx context.Context, o Options) (*Report, error) {
 	// What can be refused is refused before the baking process is stopped (takeOver): once it
 	// has, nothing keeps blue in step with green.
+	if err := checkStateDir(o.Plan.StateDir); err != nil {
+		return nil, err
+	}
 	r, err := newRunner(o, nil)
 	if err != nil {
 		return nil, err

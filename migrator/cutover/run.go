@@ -220,8 +220,8 @@ var ErrInProgress = errors.New("a cutover is in progress in this state dir")
 // stopped and blue unfenced; the returned report says so.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	p := o.Plan
-	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("state dir: %w", err)
+	if err := makeStateDir(p.StateDir); err != nil {
+		return nil, err
 	}
 	lock, err := lockStateDir(p.StateDir)
 	if err != nil {
