@@ -126,6 +126,40 @@ func checkProxyNames(sockets, addresses []string) error {
 	return nil
 }
 
+// checkNamedOnce refuses, when several proxies are named, two names of one proxy process that
+// the names alone do not show (its admin socket and its --admin-listen address, an IP and a
+// host name): it reads every proxy's status first and compares their instances. Acting
+// through both names at once, a fence on would flip the fence twice, and the first flip's
+// barrier would answer 409 every time. A proxy that does not answer is left to the command.
+func (o *adminOptions) checkNamedOnce(ctx context.Context) error {
+	if len(o.proxies) < 2 {
+		return nil
+	}
+	res, _ := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
+		return c.Status(ctx)
+	})
+	return namedOnce(res)
+}
+
+// namedOnce refuses two statuses of one proxy instance, naming both names; a proxy that did not
+// answer, or too old to name its instance, is left out.
+func namedOnce(res []admin.Result[admin.Status]) error {
+	seen := map[string]string{} // instance -> the name first given
+	var errs []error
+	for _, r := range res {
+		id := r.Value.Instance
+		if r.Err != nil || id == "" {
+			continue
+		}
+		if first, ok := seen[id]; ok {
+			errs = append(errs, fmt.Errorf("%s and %s are one proxy (instance %s) named twice: name each proxy once", first, r.Proxy, id))
+			continue
+		}
+		seen[id] = r.Proxy
+	}
+	return usage(errors.Join(errs...))
+}
+
 func (o *adminOptions) Validate() error {
 	if o.timeout <= 0 {
 		return UsageErrorf("--timeout must be positive")
@@ -264,8 +298,12 @@ func each[T any](ctx context.Context, proxies admin.Group, b bound, f func(conte
 
 // eachProxy runs f on every proxy at once, bounded by b, and prints the answers: with one proxy
 // as human says, with several each under its proxy's name (-o json: a list of {proxy, result,
-// error}). The error names every proxy that did not acknowledge.
+// error}). Several are first checked to be distinct proxies (checkNamedOnce). The error names
+// every proxy that did not acknowledge.
 func eachProxy[T any](ctx context.Context, o *adminOptions, b bound, f func(context.Context, *admin.Client) (T, error), human func(io.Writer, T)) ([]admin.Result[T], error) {
+	if err := o.checkNamedOnce(ctx); err != nil {
+		return nil, err
+	}
 	res, err := each(ctx, o.proxies, b, f)
 	if len(res) == 1 {
 		if err != nil {
@@ -426,6 +464,9 @@ func (o *fenceStatusOptions) Run(ctx context.Context) error {
 		return err
 	}
 	res, err := each(ctx, o.proxies, b, status)
+	if nerr := namedOnce(res); nerr != nil {
+		return nerr
+	}
 	if perr := o.printer.print(o.Out, res, func(w io.Writer) { printStatuses(w, res) }); perr != nil {
 		return perr
 	}

@@ -1,19 +1,24 @@
 package cli
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kubefence/kubefence/internal/tlsutil"
 	"github.com/kubefence/kubefence/proxy"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -210,4 +215,61 @@ func TestEachOwnBackendWithOneProxy(t *testing.T) {
 	if !strings.Contains(fenceBody, `"expectBackend":"https://10.0.0.2:6443"`) {
 		t.Errorf("fence off sent %s; want it to expect the backend it read", fenceBody)
 	}
+}
+
+// TestOneProxyNamedTwoWays: one proxy named by its admin socket and by its --admin-listen
+// address is two names the command line alone cannot tell apart; fenced through both at once,
+// the second flip would make the first's barrier answer 409 every time. Every admin command
+// naming several proxies compares their instances and refuses, naming both, before it changes
+// anything.
+func TestOneProxyNamedTwoWays(t *testing.T) {
+	l, err := tlsutil.NewLoopback("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	s := startTestProxy(t, emptyAPI(t).URL, func(o *proxy.Options) {
+		o.InsecureListen, o.TLSCertFile, o.TLSKeyFile = false, l.CertFile, l.KeyFile // the admin API's serving certificate
+		o.AdminListen, o.AdminClientCAFile = "127.0.0.1:0", l.CAFile
+	})
+	certFile, keyFile := writeClientCert(t, l.Client.Certificates[0])
+	address := "https://" + s.AdminAddr().String()
+	twice := []string{"--admin-socket", s.AdminSocket(), "--admin-address", address,
+		"--admin-cert-file", certFile, "--admin-key-file", keyFile, "--admin-ca-file", l.CAFile}
+	if code, out, errOut := runCLI(append([]string{"fence", "status"}, twice[2:]...)...); code != ExitOK || !strings.Contains(out, "OPEN") {
+		t.Fatalf("fence status through the address alone = %d\n%s%s", code, out, errOut)
+	}
+	for _, args := range [][]string{
+		{"fence", "on"},
+		{"fence", "off"},
+		{"fence", "status"},
+		{"backend", "prepare", emptyAPI(t).URL},
+	} {
+		code, out, errOut := runCLI(append(args, twice...)...)
+		if code != ExitUsage || !strings.Contains(errOut, s.AdminSocket()) || !strings.Contains(errOut, address) || !strings.Contains(errOut, "one proxy") {
+			t.Errorf("%v naming one proxy by its socket and its address = %d\n%s%s\nwant %d, naming both as one proxy", args, code, out, errOut, ExitUsage)
+		}
+		if st := s.Status(); st.Fenced || st.Generation != 0 {
+			t.Fatalf("%v changed the proxy (fenced %t, generation %d): it must refuse before acting", args, st.Fenced, st.Generation)
+		}
+	}
+}
+
+// writeClientCert writes c's certificate and key as PEM files for --admin-cert-file and
+// --admin-key-file.
+func writeClientCert(t *testing.T, c tls.Certificate) (certFile, keyFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
 }
