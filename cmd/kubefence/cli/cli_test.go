@@ -141,6 +141,22 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
+// TestAdminAddressFromTheEnvironment: a proxy address taken from $KUBEFENCE_ADMIN_ADDRESS that
+// cannot be used is refused naming the variable, not only the --admin-address the command line
+// never gave.
+func TestAdminAddressFromTheEnvironment(t *testing.T) {
+	for _, tc := range []struct{ address, want string }{
+		{"https://127.0.0.1:7443", "--admin-address (or $KUBEFENCE_ADMIN_ADDRESS) needs --admin-cert-file"},
+		{"127.0.0.1:7443", `--admin-address (or $KUBEFENCE_ADMIN_ADDRESS) "127.0.0.1:7443": give https://HOST:PORT`},
+	} {
+		t.Setenv(envAdminAddress, tc.address)
+		code, out, errOut := runCLI("fence", "status")
+		if code != ExitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("fence status with %s=%s = %d\n%s%s\nwant %d, stderr ~ %q", envAdminAddress, tc.address, code, out, errOut, ExitUsage, tc.want)
+		}
+	}
+}
+
 // TestFenceCommands drives a real in-process proxy through the CLI, human and JSON output.
 func TestFenceCommands(t *testing.T) {
 	hold := make(chan struct{})

@@ -68,9 +68,10 @@ func (o *adminOptions) Complete([]string) error {
 	if err := o.printOptions.Complete(nil); err != nil {
 		return err
 	}
-	sockets, addresses := o.sockets, o.addresses
+	sockets, addresses, addressFlag := o.sockets, o.addresses, "--admin-address"
 	if !o.changed("admin-socket") && !o.changed("admin-address") {
 		sockets, addresses = envList(envAdminSocket), envList(envAdminAddress)
+		addressFlag = "--admin-address (or $" + envAdminAddress + ")"
 		if len(sockets) == 0 && len(addresses) == 0 {
 			sockets = []string{admin.DefaultSocket}
 		}
@@ -83,7 +84,7 @@ func (o *adminOptions) Complete([]string) error {
 		o.proxies = append(o.proxies, admin.Proxy{Name: s, Client: admin.NewClient(s)})
 	}
 	for _, a := range addresses {
-		c, err := o.newTLSClient(a)
+		c, err := o.newTLSClient(a, addressFlag)
 		if err != nil {
 			return err
 		}
@@ -179,13 +180,14 @@ func envList(name string) []string {
 	return out
 }
 
-// newTLSClient returns a client for one proxy's admin API over mutual TLS.
-func (o *adminOptions) newTLSClient(address string) (*admin.Client, error) {
+// newTLSClient returns a client for one proxy's admin API over mutual TLS; flag is where the
+// address came from, for the errors.
+func (o *adminOptions) newTLSClient(address, flag string) (*admin.Client, error) {
 	if !strings.HasPrefix(address, "https://") {
-		return nil, UsageErrorf("--admin-address %q: give https://HOST:PORT (the admin API is mutual TLS only)", address)
+		return nil, UsageErrorf("%s %q: give https://HOST:PORT (the admin API is mutual TLS only)", flag, address)
 	}
 	if o.cert == "" || o.key == "" || o.ca == "" {
-		return nil, UsageErrorf("--admin-address needs --admin-cert-file, --admin-key-file and --admin-ca-file")
+		return nil, UsageErrorf("%s needs --admin-cert-file, --admin-key-file and --admin-ca-file", flag)
 	}
 	cert, err := tls.LoadX509KeyPair(o.cert, o.key)
 	if err != nil {
