@@ -1169,6 +1169,7 @@ func TestNothingWaitsForWhatStoresNothing(t *testing.T) {
 	cases := []struct{ name, method, path string }{
 		{"subjectaccessreview", "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews"},
 		{"dry-run patch", "PATCH", "/api/v1/namespaces/a/configmaps/c?dryRun=All"},
+		{"delete whose body says dry run", "DELETE", "/api/v1/namespaces/a/configmaps/c"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1191,7 +1192,17 @@ func TestNothingWaitsForWhatStoresNothing(t *testing.T) {
 				ct = "application/json"
 			}
 			inFlight := func() {
-				go func() { _, _, _ = doErr(tc.method, p.url+tc.path, "Content-Type", ct) }()
+				go func() {
+					if tc.method == "DELETE" { // decided by its body, read before the fence's decision
+						req, _ := http.NewRequest(tc.method, p.url+tc.path, strings.NewReader(`{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}`))
+						req.Header.Set("Content-Type", "application/json")
+						if resp, err := boundedClient.Do(req); err == nil {
+							resp.Body.Close()
+						}
+						return
+					}
+					_, _, _ = doErr(tc.method, p.url+tc.path, "Content-Type", ct)
+				}()
 				select {
 				case <-arrived:
 				case <-time.After(10 * time.Second):

@@ -386,7 +386,12 @@ func (s *Server) Start() (err error) {
 // connection, reads on it cost the proxy a fifth more CPU and their p50 latency rose by a third
 // (docs/benchmarks.md). The settings are srv.HTTP2's.
 func serveHTTP2(srv *http.Server) {
-	conf := &http2.Server{NewWriteScheduler: func() http2.WriteScheduler { return http2.NewRandomWriteScheduler() }}
+	conf := &http2.Server{
+		NewWriteScheduler: func() http2.WriteScheduler { return http2.NewRandomWriteScheduler() },
+		// Read from srv.HTTP2 by this x/net on Go 1.26; given here too for an x/net that takes
+		// it from this struct only.
+		MaxConcurrentStreams: uint32(srv.HTTP2.MaxConcurrentStreams),
+	}
 	if err := http2.ConfigureServer(srv, conf); err != nil {
 		// It fails only on a TLS config that forbids HTTP/2's ciphers, which serverTLS never builds.
 		panic(fmt.Sprintf("kubefence: configuring HTTP/2: %v", err))
