@@ -36,6 +36,9 @@ type Config struct {
 	// consistent index, which are otherwise refused: the cutover's copy of a running blue,
 	// whose apiservers write around the copy and write again what they need.
 	DropV3Tail bool
+	// Quota is the --quota-backend-bytes the new members will run with, which the report
+	// warns the new database comes near: 0 for etcd's default (2 GiB), negative for none.
+	Quota int64
 }
 
 // Validate reports every problem with the configuration at once.
@@ -360,17 +363,24 @@ func (m *migration) write(context.Context) (err error) {
 	return nil
 }
 
-// warnQuota warns when the new backend is past 80% of etcd's default quota
-// (--quota-backend-bytes, 2 GiB): an etcd whose database reaches its quota refuses writes
-// (the NOSPACE alarm), so green etcd needs a larger one.
+// warnQuota warns when the new backend is past 80% of the members' quota (Config.Quota, else
+// etcd's default of 2 GiB): an etcd whose database reaches its quota refuses writes (the
+// NOSPACE alarm), so the new members need a larger one.
 func (m *migration) warnQuota() error {
+	quota, whose := m.c.Quota, "the quota given (--quota-backend-bytes)"
+	switch {
+	case quota < 0:
+		return nil
+	case quota == 0:
+		quota, whose = etcdDefaultQuota, "etcd's default quota"
+	}
 	st, err := os.Stat(m.dbPath)
 	if err != nil {
 		return err
 	}
-	if size := st.Size(); size > etcdDefaultQuota/5*4 {
-		m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the new database is %d bytes (%.1f GiB), past 80%% of etcd's default quota of %.1f GiB: an etcd whose database reaches its quota refuses writes (NOSPACE alarm). Start the new members with --quota-backend-bytes above %d (etcd suggests at most 8 GiB)",
-			size, float64(size)/(1<<30), float64(etcdDefaultQuota)/(1<<30), size/4*5))
+	if size := st.Size(); size > quota/5*4 {
+		m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the new database is %d bytes (%.1f GiB), past 80%% of %s of %.1f GiB: an etcd whose database reaches its quota refuses writes (NOSPACE alarm). Start the new members with --quota-backend-bytes above %d (etcd suggests at most 8 GiB)",
+			size, float64(size)/(1<<30), whose, float64(quota)/(1<<30), size/4*5))
 	}
 	return nil
 }

@@ -511,15 +511,22 @@ func TestQuotaWarned(t *testing.T) {
 	defer func(q int64) { etcdDefaultQuota = q }(etcdDefaultQuota)
 	for _, tc := range []struct {
 		name  string
-		quota int64
+		quota int64 // etcd's default
+		given int64 // Config.Quota: the quota the new members will run with
 		warn  bool
 	}{
-		{"output past 80% of the quota", 4 << 10, true},
-		{"output well under the quota", 1 << 40, false},
+		{"output past 80% of the default quota", 4 << 10, 0, true},
+		{"output well under the default quota", 1 << 40, 0, false},
+		// A caller that knows the members' quota (the cutover: green.etcd.extraArgs) is
+		// warned against it, not against a default they do not run with.
+		{"past the default, well under the quota given", 4 << 10, 1 << 40, false},
+		{"under the default, past the quota given", 1 << 40, 4 << 10, true},
+		{"no quota (negative)", 4 << 10, -1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			etcdDefaultQuota = tc.quota
 			c := testConfig(t, src, now)
+			c.Quota = tc.given
 			rep, err := Run(c)
 			if err != nil {
 				t.Fatal(err)
