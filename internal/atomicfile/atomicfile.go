@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -89,14 +90,34 @@ func PlaceDir(tmp, dst string) error {
 }
 
 // RenameNoReplace renames src to dst, failing with an error that wraps os.ErrExist if dst
-// exists.
+// exists, or ErrNoReplaceUnsupported (and the errno) if the filesystem cannot rename so.
 func RenameNoReplace(src, dst string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EEXIST) {
+	err := Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EEXIST):
 		return fmt.Errorf("%s: %w", dst, os.ErrExist)
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EINVAL) && !intoItself(src, dst):
+		return fmt.Errorf("rename %s to %s: %w (%w)", src, dst, ErrNoReplaceUnsupported, err)
 	}
-	if err != nil {
-		return fmt.Errorf("rename %s to %s: %w", src, dst, err)
-	}
-	return nil
+	return fmt.Errorf("rename %s to %s: %w", src, dst, err)
 }
+
+// ErrNoReplaceUnsupported is a filesystem without an atomic no-replace rename: NFS refuses any
+// rename flag with EINVAL, and so do some FUSE filesystems; a kernel before 3.15 has no
+// renameat2 (ENOSYS). A plain rename there would replace a file another process put at dst.
+var ErrNoReplaceUnsupported = errors.New("the filesystem does not support an atomic no-replace rename (RENAME_NOREPLACE; NFS and some FUSE filesystems do not): use a directory on a local filesystem")
+
+// intoItself reports whether dst is src or lies inside it: renameat2's other EINVAL, making a
+// directory a subdirectory of itself (paths compared as written).
+func intoItself(src, dst string) bool {
+	s, serr := filepath.Abs(src)
+	d, derr := filepath.Abs(dst)
+	return serr == nil && derr == nil && (d == s || strings.HasPrefix(d, s+string(filepath.Separator)))
+}
+
+// Renameat2 is renameat2(2) as RenameNoReplace makes it: unix.Renameat2, or, in a test of code
+// that places files with RenameNoReplace, one that fails as a filesystem without
+// RENAME_NOREPLACE does.
+var Renameat2 = unix.Renameat2

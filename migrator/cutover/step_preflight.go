@@ -32,7 +32,7 @@ func (preflightStep) pastNoReturn() bool            { return false }
 
 func (preflightStep) describe(r *runner, _ bool) string {
 	p := r.p
-	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue and allowing the switch, green binaries and ports, disk space in %s; watch blue etcd's writes for %s and compare them with the writes the proxies forwarded, check the kubernetes Service's endpoints are proxies (else refuse, unless allowBypass)",
+	return fmt.Sprintf("check blue apiserver %s /readyz and etcd %s, proxy %s open on blue and allowing the switch, green binaries and ports, disk space and a rename that replaces nothing (not NFS) in %s; watch blue etcd's writes for %s and compare them with the writes the proxies forwarded, check the kubernetes Service's endpoints are proxies (else refuse, unless allowBypass)",
 		p.Blue.APIServer.URL, strings.Join(p.Blue.Etcd.Endpoints, ","), proxyNames(p), p.StateDir, p.Preflight.BypassWatch.D())
 }
 
@@ -42,7 +42,7 @@ func CheckPlan(p *Plan) error { return errors.Join(checkMemberNames(p), checkPla
 
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
-	errs := []error{p.CheckFiles(), CheckPlan(p)}
+	errs := []error{p.CheckFiles(), CheckPlan(p), checkNoReplaceRenames(p)}
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}

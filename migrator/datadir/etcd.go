@@ -292,7 +292,11 @@ func SnapshotFrom(ctx context.Context, spec ConnSpec, endpoint, dst string) (Sna
 	}
 	if err := atomicfile.RenameNoReplace(tmp, dst); err != nil {
 		os.Remove(tmp)
-		return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w: it appeared while the snapshot streamed and is left as it is", endpoint, err)
+		if errors.Is(err, fs.ErrExist) {
+			return SnapshotInfo{}, fmt.Errorf("snapshot from %s: %w: it appeared while the snapshot streamed and is left as it is", endpoint, err)
+		}
+		// Another reason (ErrNoReplaceUnsupported: NFS) says what it is.
+		return SnapshotInfo{}, fmt.Errorf("snapshot from %s, placing it: %w", endpoint, err)
 	}
 	if err := atomicfile.SyncDir(filepath.Dir(dst)); err != nil {
 		return SnapshotInfo{}, err
