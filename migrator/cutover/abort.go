@@ -484,8 +484,9 @@ func (r *runner) stopGreen() ([]string, error) {
 	}
 	for _, gp := range gps {
 		if pid := r.greenPID(gp.name, gp.argv); pid > 0 {
-			r.procs.stop(pid, gp.argv, 30*time.Second)
-			if r.procs.alive(pid, gp.argv) { // e.g. stuck in the kernel on a dead disk
+			argv := r.startedArgv(gp.name, gp.argv)
+			r.procs.stop(pid, argv, 30*time.Second)
+			if r.procs.alive(pid, argv) { // e.g. stuck in the kernel on a dead disk
 				errs = append(errs, fmt.Errorf("%s (pid %d) is still running after SIGTERM and SIGKILL: stop it by hand, then run this again", gp.what, pid))
 				continue
 			}

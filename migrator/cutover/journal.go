@@ -98,6 +98,12 @@ type Journal struct {
 	// GreenPIDs are the processes kubefence started (etcd members, apiserver), by name; 0 for
 	// one it was starting when it last saved the journal.
 	GreenPIDs map[string]int `json:"greenPIDs,omitempty"`
+	// GreenArgv are the command lines the green processes of GreenPIDs were started with, by
+	// name, journaled with the pid (before the start): a process is known by its own, not by
+	// the one this kubefence would build today, which a newer kubefence, resuming or aborting
+	// after an upgrade, may build differently. A journal of a kubefence before it has none:
+	// the command line is built again then.
+	GreenArgv map[string][]string `json:"greenArgv,omitempty"`
 	// PIDsWriteAhead: this journal names each green process before it is started (GreenPIDs 0),
 	// so a process it does not name is not this cutover's. A journal of a kubefence before it
 	// named them only once started: a process with green's command line is adopted then.

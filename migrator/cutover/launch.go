@@ -26,8 +26,8 @@ var osProcesses = processes{
 	stop:  proc.Stop,
 }
 
-// greenPID is the pid of green process name (started with argv): the journaled one if it
-// runs, else an orphan found by its command line, else 0. A cutover killed between starting a
+// greenPID is the pid of green process name (argv is the command line it starts with today;
+// startedArgv): the journaled one if it runs, else an orphan found by its command line, else 0. A cutover killed between starting a
 // green process and journaling its pid leaves one behind; the resume or abort adopts it and
 // journals it from now on. Only a process this cutover journaled it was starting, and whose pid
 // it did not journal yet, is looked for (Journal.PIDsWriteAhead; a journal from before it is
@@ -35,6 +35,7 @@ var osProcesses = processes{
 // run of the same plan from another state dir, whose green may serve), also once the one
 // journaled has ended.
 func (r *runner) greenPID(name string, argv []string) int {
+	argv = r.startedArgv(name, argv)
 	pid, starting := r.j.GreenPIDs[name]
 	if !starting && r.j.PIDsWriteAhead {
 		return 0
@@ -55,4 +56,15 @@ func (r *runner) greenPID(name string, argv []string) int {
 		}
 	}
 	return pid
+}
+
+// startedArgv is the command line green process name was started with, as journaled with its
+// pid, else (a journal of a kubefence before it journaled them) argv, the one it starts with
+// today. A kubefence upgraded mid-cutover may build another (flags added to etcdCommand), by
+// which the process it did not start would look gone: an abort would stop nothing.
+func (r *runner) startedArgv(name string, argv []string) []string {
+	if a := r.j.GreenArgv[name]; len(a) > 0 {
+		return a
+	}
+	return argv
 }

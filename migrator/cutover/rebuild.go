@@ -108,7 +108,7 @@ func (r *runner) rebuildGreen(cause error) error {
 	j := r.j
 	j.Done = slices.DeleteFunc(j.Done, func(rec StepRecord) bool { return rec.Step != StepPreflight })
 	j.Snapshot, j.SnapshotRevision, j.SnapshotBytes = "", 0, 0
-	j.GreenPIDs = map[string]int{}
+	j.GreenPIDs, j.GreenArgv = map[string]int{}, nil
 	j.StaticPodPlaced = ""
 	j.Verified = nil
 	j.Rebuilding = ""

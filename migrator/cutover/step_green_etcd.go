@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,7 +174,8 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 func (p *Plan) greenInitialCluster() string { return p.initialClusterFor(p.seeds()[0]) }
 
 // greenProcess is a process of green's that kubefence starts: journaled under name, started
-// with argv, its output in logs/<log>.log.
+// with argv (a process started before may run another: runner.startedArgv), its output in
+// logs/<log>.log.
 type greenProcess struct {
 	name, what, log string
 	argv            []string
@@ -188,10 +190,15 @@ func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
 	if err := proc.PortFree(urls...); err != nil {
 		return fmt.Errorf("%s: %w", gp.what, err)
 	}
-	if pid, ok := r.j.GreenPIDs[gp.name]; !ok || pid != 0 {
+	if pid, ok := r.j.GreenPIDs[gp.name]; !ok || pid != 0 || !slices.Equal(r.j.GreenArgv[gp.name], gp.argv) {
 		// Write-ahead: a run killed before it journals the pid adopts the process by its
 		// command line (greenPID), and only then (not when a pid journaled before has ended).
+		// The command line is journaled with it: the process is known by it from now on.
 		r.j.GreenPIDs[gp.name] = 0
+		if r.j.GreenArgv == nil {
+			r.j.GreenArgv = map[string][]string{}
+		}
+		r.j.GreenArgv[gp.name] = gp.argv
 		if err := r.saveJournal(); err != nil {
 			return err
 		}
@@ -217,7 +224,7 @@ func (r *runner) pollGreen(ctx context.Context, interval time.Duration, what str
 			return true, nil
 		}
 		for _, gp := range watch {
-			if !r.procs.alive(r.j.GreenPIDs[gp.name], gp.argv) {
+			if !r.procs.alive(r.j.GreenPIDs[gp.name], r.startedArgv(gp.name, gp.argv)) {
 				return false, fmt.Errorf("%s exited; see %s", gp.what, r.logPath(gp.log))
 			}
 		}
