@@ -552,12 +552,7 @@ const etcdDefaultQuota = 2 << 30
 // (blueDB, the largest member's file): green is restored from it at about its size and would
 // refuse writes (NOSPACE) soon after.
 func checkGreenQuota(p *Plan, blueDB int64) error {
-	quota, set := int64(etcdDefaultQuota), false
-	for _, f := range etcdFlags(etcdCommand(p, p.Green.Etcd.Members[0])) {
-		if n, err := strconv.ParseInt(f.value, 10, 64); f.name == "quota-backend-bytes" && err == nil && n != 0 {
-			quota, set = n, true
-		}
-	}
+	quota, set := greenQuota(p)
 	if quota < 0 || blueDB <= quota/5*4 { // negative: no quota
 		return nil
 	}
@@ -566,6 +561,18 @@ func checkGreenQuota(p *Plan, blueDB int64) error {
 		source = "from green.etcd.extraArgs"
 	}
 	return fmt.Errorf("green etcd's quota (--quota-backend-bytes, %s: %s) leaves too little room for blue's database of %s: green would refuse writes once restored from it; set --quota-backend-bytes in green.etcd.extraArgs at least as large as blue's and above %s, or defragment blue first", gibs(quota), source, gibs(blueDB), gibs(blueDB/4*5))
+}
+
+// greenQuota is green etcd's --quota-backend-bytes (set: green.etcd.extraArgs gives it), else
+// etcd's default; negative for none.
+func greenQuota(p *Plan) (quota int64, set bool) {
+	quota = etcdDefaultQuota
+	for _, f := range etcdFlags(etcdCommand(p, p.Green.Etcd.Members[0])) {
+		if n, err := strconv.ParseInt(f.value, 10, 64); f.name == "quota-backend-bytes" && err == nil && n != 0 {
+			quota, set = n, true
+		}
+	}
+	return quota, set
 }
 
 // gibs is n bytes in GiB, one decimal.

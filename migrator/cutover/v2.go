@@ -97,8 +97,10 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	quota, _ := greenQuota(p) // the report warns against green's own
 	err = buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
+			Quota:   quota,
 			DataDir: r.memberCopyPath(), OutputDir: tmp,
 			Member:       v2v3.Membership{Name: m.Name, InitialCluster: p.greenInitialCluster(), InitialAdvertisePeerURLs: []string{m.PeerURL}, InitialClusterToken: p.Green.Etcd.ClusterToken},
 			Options:      v2v3.Options{IncludeHidden: p.Migration.IncludeHidden, Now: now},
