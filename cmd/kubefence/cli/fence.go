@@ -132,6 +132,8 @@ func checkProxyNames(sockets, addresses []string) error {
 // host name): it reads every proxy's status first and compares their instances. Acting
 // through both names at once, a fence on would flip the fence twice, and the first flip's
 // barrier would answer 409 every time. A proxy that does not answer is left to the command.
+// Not fence off's with --expect-backend: reopening twice is reopening, and a silent proxy
+// must not keep the others fenced for --timeout first.
 func (o *adminOptions) checkNamedOnce(ctx context.Context) error {
 	if len(o.proxies) < 2 {
 		return nil
@@ -250,6 +252,9 @@ func (o *fenceOnOptions) Validate() error {
 
 func (o *fenceOnOptions) Run(ctx context.Context) error {
 	req := admin.FenceRequest{Fenced: true, Reason: o.reason, Mode: o.mode, WaitTimeout: admin.Duration(o.waitTimeout)}
+	if err := o.checkNamedOnce(ctx); err != nil {
+		return err
+	}
 	b := bound{o.waitTimeout + o.timeout, "--wait-timeout + --timeout", "whether it fenced writes"}
 	res, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.FenceResponse, error) {
 		return c.Fence(ctx, req)
@@ -300,12 +305,9 @@ func each[T any](ctx context.Context, proxies admin.Group, b bound, f func(conte
 
 // eachProxy runs f on every proxy at once, bounded by b, and prints the answers: with one proxy
 // as human says, with several each under its proxy's name (-o json: a list of {proxy, result,
-// error}). Several are first checked to be distinct proxies (checkNamedOnce). The error names
-// every proxy that did not acknowledge.
+// error}). The error names every proxy that did not acknowledge. Commands that must not act on
+// one proxy twice check first (checkNamedOnce).
 func eachProxy[T any](ctx context.Context, o *adminOptions, b bound, f func(context.Context, *admin.Client) (T, error), human func(io.Writer, T)) ([]admin.Result[T], error) {
-	if err := o.checkNamedOnce(ctx); err != nil {
-		return nil, err
-	}
 	res, err := each(ctx, o.proxies, b, f)
 	if len(res) == 1 {
 		if err != nil {
@@ -414,6 +416,9 @@ func (o *fenceOffOptions) agreedBackend(ctx context.Context) (func(*admin.Client
 	res, err := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
 		return c.Status(ctx)
 	})
+	if nerr := namedOnce(res); nerr != nil { // the statuses are read anyway
+		return nil, nerr
+	}
 	var on, unchecked []string
 	var backend string
 	backends, own, old := map[string]bool{}, map[*admin.Client]string{}, map[*admin.Client]bool{}
@@ -597,6 +602,9 @@ Nothing is switched and no request changes its way; a newer prepare replaces an 
 
 func (o *backendPrepareOptions) Run(ctx context.Context) error {
 	req := admin.PrepareRequest{URL: o.url, CAFile: o.caFile}
+	if err := o.checkNamedOnce(ctx); err != nil {
+		return err
+	}
 	b := bound{o.timeout, "--timeout", "whether it prepared the backend"}
 	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.PrepareResponse, error) {
 		return c.PrepareBackend(ctx, req)
@@ -656,6 +664,9 @@ func (o *backendSetOptions) Validate() error {
 
 func (o *backendSetOptions) Run(ctx context.Context) error {
 	req := admin.BackendRequest{URL: o.url, CAFile: o.caFile, ResumeWatches: o.resumeWatches, ExpectGeneration: o.expectGen}
+	if err := o.checkNamedOnce(ctx); err != nil {
+		return err
+	}
 	b := bound{o.timeout, "--timeout", "whether it switched the backend"}
 	_, err := eachProxy(ctx, &o.adminOptions, b, func(ctx context.Context, c *admin.Client) (admin.BackendResponse, error) {
 		resp, err := c.SetBackend(ctx, req)

@@ -220,8 +220,8 @@ func TestEachOwnBackendWithOneProxy(t *testing.T) {
 // TestOneProxyNamedTwoWays: one proxy named by its admin socket and by its --admin-listen
 // address is two names the command line alone cannot tell apart; fenced through both at once,
 // the second flip would make the first's barrier answer 409 every time. Every admin command
-// naming several proxies compares their instances and refuses, naming both, before it changes
-// anything.
+// naming several proxies (but fence off with --expect-backend: TestFenceOffNotHeldBySilentProxy)
+// compares their instances and refuses, naming both, before it changes anything.
 func TestOneProxyNamedTwoWays(t *testing.T) {
 	l, err := tlsutil.NewLoopback("operator")
 	if err != nil {
@@ -272,4 +272,46 @@ func writeClientCert(t *testing.T, c tls.Certificate) (certFile, keyFile string)
 		t.Fatal(err)
 	}
 	return certFile, keyFile
+}
+
+// TestFenceOffNotHeldBySilentProxy: with --expect-backend, fence off reopens writes on the
+// proxies that answer at once; one that accepts and never answers (its host wedged: the
+// runbook's "name them all" after a proxy host dies) does not hold the others fenced for
+// --timeout first. Fence off is the same twice, so one proxy named two ways needs no check.
+func TestFenceOffNotHeldBySilentProxy(t *testing.T) {
+	api := emptyAPI(t)
+	good := startTestProxy(t, api.URL)
+	silent := filepath.Join(t.TempDir(), "silent.sock")
+	l, err := net.Listen("unix", silent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accepted, never answered
+		}
+	}()
+	if code, out, errOut := runCLI("fence", "on", "--admin-socket", good.AdminSocket()); code != ExitOK {
+		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
+	}
+	start := time.Now()
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCLI("fence", "off", "--expect-backend", api.URL, "--admin-socket", good.AdminSocket(), "--admin-socket", silent, "--timeout", "4s")
+		done <- code
+	}()
+	for good.Status().Fenced && time.Since(start) < 10*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the proxy that answers reopened writes %s after fence off, want at once (not after the silent one's --timeout)", took)
+	}
+	if code := <-done; code == ExitOK {
+		t.Errorf("fence off = %d with a proxy that never answered, want a failure naming it", code)
+	}
 }
