@@ -262,6 +262,9 @@ type eventPrinter struct {
 
 	mu      sync.Mutex // guards what emit and the writer share: never held while writing
 	dropped int        // events left out since the queue filled; emit queues none until it is written out
+	// kept are the aborts and reports emitted meanwhile: never left out (they say what failed
+	// and what to do next, which 'cutover status' does not), written after the queue.
+	kept []queuedEvent
 	closed  bool
 
 	// The writer's own.
@@ -295,12 +298,16 @@ func (ep *eventPrinter) emit(e cutover.Event) {
 	if ep.closed {
 		return
 	}
-	if ep.dropped == 0 {
+	if ep.dropped == 0 && len(ep.kept) == 0 {
 		select {
 		case ep.queue <- queuedEvent{e, at}:
 			return
 		default:
 		}
+	}
+	if e.Type == cutover.EventAbort || e.Type == cutover.EventReport {
+		ep.kept = append(ep.kept, queuedEvent{e, at})
+		return
 	}
 	ep.dropped++
 }
@@ -333,6 +340,7 @@ func (ep *eventPrinter) write() {
 		select {
 		case qe, ok := <-ep.queue:
 			if !ok {
+				ep.printLeftOut()
 				ep.clearStatus()
 				return
 			}
@@ -341,10 +349,7 @@ func (ep *eventPrinter) write() {
 				ticker = time.NewTicker(200 * time.Millisecond)
 				ticks = ticker.C
 			}
-			if n := ep.takeDropped(); n > 0 {
-				ep.print(queuedEvent{cutover.Event{Time: time.Now(), Type: cutover.EventNote,
-					Detail: fmt.Sprintf("%d event(s) not printed: the output did not keep up, and the cutover does not wait for it ('kubefence cutover status' shows every step)", n)}, time.Now()})
-			}
+			ep.printLeftOut()
 		case <-ticks:
 			if ep.running == "" {
 				continue
@@ -358,17 +363,31 @@ func (ep *eventPrinter) write() {
 	}
 }
 
-// takeDropped is how many events were left out, once every event queued before them is
-// written (nothing is queued while some are left out); emit queues again from then on.
-func (ep *eventPrinter) takeDropped() int {
+// printLeftOut says how many events were left out and writes the aborts and reports kept
+// meanwhile, once every event queued before them is written.
+func (ep *eventPrinter) printLeftOut() {
+	n, kept := ep.takeLeftOut()
+	if n > 0 {
+		ep.print(queuedEvent{cutover.Event{Time: time.Now(), Type: cutover.EventNote,
+			Detail: fmt.Sprintf("%d event(s) not printed: the output did not keep up, and the cutover does not wait for it ('kubefence cutover status' shows every step)", n)}, time.Now()})
+	}
+	for _, qe := range kept {
+		ep.print(qe)
+	}
+}
+
+// takeLeftOut is how many events were left out and the aborts and reports kept meanwhile, once
+// every event queued before them is written (nothing is queued while some are left out or
+// kept); emit queues again from then on.
+func (ep *eventPrinter) takeLeftOut() (int, []queuedEvent) {
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
-	n := ep.dropped
-	if n == 0 || len(ep.queue) > 0 {
-		return 0
+	n, kept := ep.dropped, ep.kept
+	if n == 0 && len(kept) == 0 || len(ep.queue) > 0 {
+		return 0, nil
 	}
-	ep.dropped = 0
-	return n
+	ep.dropped, ep.kept = 0, nil
+	return n, kept
 }
 
 // print writes one event; the writer's.

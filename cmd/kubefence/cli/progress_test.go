@@ -264,3 +264,34 @@ func TestStatusLineNeverHoldsEvents(t *testing.T) {
 		t.Fatalf("the events emitted while the terminal was stopped were not printed once it went on: %q", seen.String())
 	}
 }
+
+// TestReportNeverLeftOut: an abort and the final report are printed even when the output fell so
+// far behind that other events were left out: they say what failed and what to do next, which
+// 'kubefence cutover status' does not show.
+func TestReportNeverLeftOut(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%t", asJSON), func(t *testing.T) {
+			w := &blockedWriter{release: make(chan struct{})}
+			ep := newEventPrinter(w, printer{json: asJSON})
+			var events []cutover.Event
+			for i := range eventQueue + 1 {
+				events = append(events, cutover.Event{Type: cutover.EventNote, Detail: fmt.Sprintf("note %d", i)})
+			}
+			events = append(events, cutover.Event{Type: cutover.EventAbort, Step: "switch", Detail: "the abort's reason"},
+				cutover.Event{Type: cutover.EventReport, Report: &cutover.Report{Error: "the report's error"}})
+			emitWithin(t, ep, time.Second, events...)
+			close(w.release)
+			ep.close()
+			out := w.buf.String()
+			for _, want := range []string{"the abort's reason", "the report's error"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%q not printed:\n%.2000s", want, out[max(0, len(out)-2000):])
+				}
+			}
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if last := lines[len(lines)-1]; asJSON && !strings.Contains(last, `"report"`) {
+				t.Errorf("the last line is %q, want the report", last)
+			}
+		})
+	}
+}
