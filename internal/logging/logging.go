@@ -3,7 +3,6 @@
 package logging
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -39,17 +38,30 @@ func New(w io.Writer, level slog.Level) *slog.Logger {
 
 // BufferedWriter batches log lines so that a burst (one line per refused write, tens of thousands
 // a second while fenced) costs a memory copy, not a syscall, per line. It flushes every interval
-// and on Close. Writes are serialised; it is safe for concurrent use.
+// and on Close. A line never waits for the output: while a flush is stuck writing (a terminal
+// stopped with Ctrl-S, a log pipe nobody reads), lines are kept, up to maxPending bytes, and
+// those beyond are left out and counted, the count written once the output moves. It is safe
+// for concurrent use.
 type BufferedWriter struct {
-	mu   sync.Mutex
-	buf  *bufio.Writer
-	stop chan struct{}
-	done chan struct{}
+	out io.Writer
+	// flushing is held by the one flush writing to out at a time; mu only while lines are
+	// appended or taken, never across a write to out.
+	flushing sync.Mutex
+	mu       sync.Mutex
+	pending  []byte // lines not written yet
+	spare    []byte // the buffer the last flush wrote, reused
+	left     int    // lines left out since the last flush
+	stop     chan struct{}
+	done     chan struct{}
 }
+
+// maxPending is the most a BufferedWriter keeps while its output does not move (a var: the
+// tests lower it).
+var maxPending = 4 << 20
 
 // NewBufferedWriter wraps w, flushing at least every interval.
 func NewBufferedWriter(w io.Writer, interval time.Duration) *BufferedWriter {
-	b := &BufferedWriter{buf: bufio.NewWriterSize(w, 64<<10), stop: make(chan struct{}), done: make(chan struct{})}
+	b := &BufferedWriter{out: w, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
 		t := time.NewTicker(interval)
@@ -57,7 +69,7 @@ func NewBufferedWriter(w io.Writer, interval time.Duration) *BufferedWriter {
 		for {
 			select {
 			case <-t.C:
-				b.Flush()
+				_ = b.Flush()
 			case <-b.stop:
 				return
 			}
@@ -66,18 +78,38 @@ func NewBufferedWriter(w io.Writer, interval time.Duration) *BufferedWriter {
 	return b
 }
 
-// Write implements io.Writer.
+// Write implements io.Writer: it keeps p for the next flush, or leaves it out (counted) when
+// maxPending bytes wait already.
 func (b *BufferedWriter) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.buf.Write(p)
+	if len(b.pending)+len(p) > maxPending {
+		b.left++
+		return len(p), nil
+	}
+	b.pending = append(b.pending, p...)
+	return len(p), nil
 }
 
-// Flush writes out what is buffered.
+// Flush writes out what is kept; lines written meanwhile wait for the next flush.
 func (b *BufferedWriter) Flush() error {
+	b.flushing.Lock()
+	defer b.flushing.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Flush()
+	full, left := b.pending, b.left
+	b.pending, b.spare, b.left = b.spare[:0], nil, 0
+	b.mu.Unlock()
+	var err error
+	if left > 0 {
+		_, err = fmt.Fprintf(b.out, "kubefence: %d log line(s) left out: the log output did not keep up, and kubefence does not wait for it\n", left)
+	}
+	if len(full) > 0 {
+		_, err = b.out.Write(full)
+	}
+	b.mu.Lock()
+	b.spare = full[:0]
+	b.mu.Unlock()
+	return err
 }
 
 // Close stops the flusher and flushes what is left.
