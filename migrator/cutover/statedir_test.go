@@ -27,6 +27,9 @@ var stateDirCommands = []struct {
 	{"rollback", func(ctx context.Context, p *Plan) error { _, err := Rollback(ctx, Options{Plan: p}); return err }},
 	{"finish", func(ctx context.Context, p *Plan) error { _, err := Finish(ctx, Options{Plan: p}); return err }},
 	{"status", func(ctx context.Context, p *Plan) error { _, err := Status(ctx, p); return err }},
+	// The CLI's check of the plan's files before --resume, rollback or finish reads the journal
+	// to know which: a FIFO planted as journal.json would block it for ever.
+	{"files to go on", func(_ context.Context, p *Plan) error { return p.CheckFilesToGoOn() }},
 }
 
 // TestUntrustedStateDirRefused: kubefence, as root, acts on what it reads back from the state
