@@ -264,8 +264,8 @@ type eventPrinter struct {
 	dropped int        // events left out since the queue filled; emit queues none until it is written out
 	// kept are the aborts and reports emitted meanwhile: never left out (they say what failed
 	// and what to do next, which 'cutover status' does not), written after the queue.
-	kept []queuedEvent
-	closed  bool
+	kept   []queuedEvent
+	closed bool
 
 	// The writer's own.
 	n        int       // steps started or skipped so far
