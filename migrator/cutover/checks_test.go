@@ -696,6 +696,9 @@ func TestGreenExtraArgsKeepKubefencesFlags(t *testing.T) {
 		{[]string{"--max-request-bytes", "20971520"}, ""},
 		{[]string{"-max-request-bytes", "20971520"}, ""},
 		{[]string{"--max-request-bytes", "1572864"}, "--max-request-bytes"},
+		// One blue revision is applied as one txn of at most etcd's default 128 operations.
+		{[]string{"--max-txn-ops", "64"}, "--max-txn-ops"},
+		{[]string{"--max-txn-ops=1024"}, ""},
 	} {
 		p := replicatePlan(t)
 		p.Green.Etcd.ExtraArgs = tc.args

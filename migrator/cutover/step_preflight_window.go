@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -94,7 +95,8 @@ func checkGreenCommands(p *Plan) error {
 
 // checkGreenExtraArgs refuses a green.etcd.extraArgs flag that kubefence sets itself: they come
 // last on the command line, where etcd takes the last value, and would undo what the cutover
-// set and checked (the data dir, the URLs, TLS). --max-request-bytes may only grow.
+// set and checked (the data dir, the URLs, TLS). --max-request-bytes may only grow, and in mode
+// replicate --max-txn-ops too (from etcd's default, which the replication's txns are sized for).
 func checkGreenExtraArgs(p *Plan) error {
 	if len(p.Green.Etcd.Members) == 0 {
 		return nil
@@ -108,6 +110,10 @@ func checkGreenExtraArgs(p *Plan) error {
 	}
 	var errs []error
 	for _, f := range etcdFlags(extra) {
+		if n, err := strconv.Atoi(f.value); f.name == "max-txn-ops" && p.Replicating() && (err != nil || n < replicate.TxnOps) {
+			errs = append(errs, fmt.Errorf("green.etcd.extraArgs %q: the replication applies one blue revision as one txn of up to %d operations (etcd's default --max-txn-ops); a lower limit refuses the first large revision (a lease expiry deleting many keys), inside the window an abort: leave it out or give at least %[2]d", f.arg, replicate.TxnOps))
+			continue
+		}
 		if !own[f.name] {
 			continue
 		}
