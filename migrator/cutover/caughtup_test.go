@@ -333,3 +333,33 @@ func (w delayedWatcher) Watch(ctx context.Context, key string, opts ...clientv3.
 	}()
 	return out
 }
+
+// TestStopReplicationReportsTheCheck: a difference the delta check found in blue's last
+// revisions (those brought over after the switch, past the revision the switch checked) is
+// reported by the stop, not only logged: after the switch it is the only word of it.
+func TestStopReplicationReportsTheCheck(t *testing.T) {
+	blue, green, other := startTestEtcd(t), startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
+	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
+	rp.check = replicate.StartCheck(blue, other, 1, nil)
+	if _, err := blue.Put(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Put(ctx, "a", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rp.check.WaitFor(ctx, 2); !errors.Is(err, replicate.ErrRevisionMismatch) {
+		t.Fatalf("the check at revision 2: %v, want a mismatch", err)
+	}
+	p, _ := validPlan(t)
+	r := &runner{p: p, repl: rp}
+	if _, err := r.stopReplication(); !errors.Is(err, replicate.ErrRevisionMismatch) {
+		t.Fatalf("stopReplication = %v, want the check's mismatch", err)
+	}
+}

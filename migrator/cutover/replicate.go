@@ -347,15 +347,20 @@ func (r *runner) deltaChecked(ctx context.Context, rev int64) (string, error) {
 }
 
 // stopReplication stops the replicator (if this process runs one) and closes its clients; it
-// returns where it stood and why it had stopped, if it had before.
+// returns where it stood and why it had stopped, if it had before, with a difference the delta
+// check found (in blue's last revisions, after the switch, only this says so).
 func (r *runner) stopReplication() (replicate.Progress, error) {
 	rp := r.repl
 	if rp == nil {
 		return replicate.Progress{}, nil
 	}
 	r.repl = nil
+	var checkErr error
 	if rp.check != nil {
 		rp.check.Stop()
+		if err := rp.check.Err(); err != nil {
+			checkErr = fmt.Errorf("comparing %s's changes with %s's: %w", rp.dstName, rp.srcName, err)
+		}
 	}
 	rp.cancel()
 	<-rp.done
@@ -366,9 +371,9 @@ func (r *runner) stopReplication() (replicate.Progress, error) {
 	rp.src.Close()
 	rp.dst.Close()
 	if rp.err != nil && !errors.Is(rp.err, context.Canceled) {
-		return prog, rp.err
+		return prog, errors.Join(rp.err, checkErr)
 	}
-	return prog, nil
+	return prog, checkErr
 }
 
 // stopReplicationLogged stops replication where its error changes nothing (an abort): it is
