@@ -93,11 +93,16 @@ func (rp *replication) line(p replicate.Progress) string {
 	return progressLine(p, rp.srcName, rp.dstName)
 }
 
-// newEtcdClient connects to spec for replication: large requests allowed, and a short reconnect
-// backoff (a green restart must be followed within a lease's TTL).
+// newEtcdClient connects to spec for replication: large requests allowed, a short reconnect
+// backoff (a green restart must be followed within a lease's TTL), and keepalive pings as
+// kube-apiserver's etcd client sends them (30 s, answered within 10 s): a watch on a member whose
+// host is lost without a reset, or whose process is frozen, sends nothing, and without pings
+// replication stood still, its lag reading 0, until TCP gave up (about 15 minutes) — in a bake,
+// past green's compaction of what blue still needed.
 func newEtcdClient(spec datadir.ConnSpec) (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints: spec.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialKeepAliveTime: 30 * time.Second, DialKeepAliveTimeout: 10 * time.Second,
 		MaxCallSendMsgSize: greenMaxRequestBytes + 1<<20,
 		DialOptions:        []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 500 * time.Millisecond}, MinConnectTimeout: time.Second})},
 	}
