@@ -333,7 +333,7 @@ func (r *runner) bakeContext(ctx context.Context) (context.Context, context.Canc
 	if r.resumedFenced {
 		least = r.p.Timeouts.Window.D()
 	}
-	deadline := r.j.FencedAt.Add(r.p.Timeouts.Window.D())
+	deadline := r.windowEnd()
 	if floor := time.Now().Add(least); floor.After(deadline) {
 		deadline = floor
 	}

@@ -363,3 +363,29 @@ func TestStopReplicationReportsTheCheck(t *testing.T) {
 		t.Fatalf("stopReplication = %v, want the check's mismatch", err)
 	}
 }
+
+// TestWindowBudgetOnTheMonotonicClock: the window's budget runs from the fence on this
+// process's monotonic clock: a wall clock stepped since (here a step forward of an hour, as the
+// journal's wall time of the fence then reads) neither ends the window at once nor, stepped
+// back, stretches it.
+func TestWindowBudgetOnTheMonotonicClock(t *testing.T) {
+	p, _ := validPlan(t)
+	p.Timeouts.Window = Duration(5 * time.Second)
+	_, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Generation: 7})
+	r := testRunner(t, p, sock)
+	if _, err := (fenceStep{}).run(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	window := p.Timeouts.Window.D()
+	for _, step := range []time.Duration{time.Hour, -time.Hour} {
+		r.j.FencedAt = r.j.FencedAt.Add(-step) // the wall clock moved step since the fence
+		ctx, cancel := r.windowContext(t.Context())
+		d, _ := ctx.Deadline()
+		left := time.Until(d)
+		cancel()
+		r.j.FencedAt = r.j.FencedAt.Add(step)
+		if left <= 0 || left > window {
+			t.Errorf("wall clock stepped %s: %s of the %s window left, want what the monotonic clock says", step, left, window)
+		}
+	}
+}

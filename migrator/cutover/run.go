@@ -173,6 +173,10 @@ type runner struct {
 	// greenHold ends what keeps green's restored leases alive from green's start until
 	// replication takes them over (holdGreenLeases), nil when nothing does.
 	greenHold func()
+	// fencedMono is when this process sent the fence, with the monotonic clock's reading
+	// (r.j.FencedAt, journaled in UTC, has none): the window's budget runs on it, whatever the
+	// wall clock does meanwhile. Zero in a process that did not fence (a resume).
+	fencedMono time.Time
 }
 
 // ErrRehearseNeedsReplication refuses --rehearse of a plan that does not replicate.

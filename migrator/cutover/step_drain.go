@@ -11,9 +11,21 @@ import (
 
 // windowContext bounds ctx by the fence budget: timeouts.window from the fence on. A drain or
 // check not done by then fails its step, and the cutover aborts to blue, unfenced (invariant
-// window-budget).
+// window-budget). In the process that fenced, the budget runs on the monotonic clock (a wall
+// clock stepped meanwhile, by NTP or a VM's migration, would end it early or stretch it); a
+// resumed run has only the journal's wall time.
 func (r *runner) windowContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(ctx, r.j.FencedAt.Add(r.p.Timeouts.Window.D()))
+	return context.WithDeadline(ctx, r.windowEnd())
+}
+
+// windowEnd is when the window's budget is spent: timeouts.window from the fence, on the
+// monotonic clock in the process that fenced.
+func (r *runner) windowEnd() time.Time {
+	from := r.j.FencedAt
+	if !r.fencedMono.IsZero() && !from.IsZero() {
+		from = r.fencedMono
+	}
+	return from.Add(r.p.Timeouts.Window.D())
 }
 
 // windowOpen says whether this run's window is open: its fence is journaled and its unfence is

@@ -90,7 +90,8 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	// The window starts when the fence request is sent, not when the proxies have answered:
 	// the barrier (waiting for writes admitted before the flip) is part of it.
-	sent := time.Now().UTC()
+	sentMono := time.Now()
+	sent := sentMono.UTC()
 	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.barrierWait())})
 	if err != nil {
 		return "", err
@@ -99,7 +100,7 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", barrierError(resp.Barrier, r.p.barrierWait())
 	}
 	if first {
-		r.j.FencedAt = sent
+		r.j.FencedAt, r.fencedMono = sent, sentMono
 		r.j.FenceBarrier = time.Duration(resp.Barrier.Waited)
 	}
 	r.j.FenceGeneration = resp.Status.Generation
