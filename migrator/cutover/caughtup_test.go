@@ -223,34 +223,13 @@ func TestStopReplicationTakesBlueLastRevisions(t *testing.T) {
 // needs is the likelier case) stops the fence step before the fence is sent: the cutover aborts
 // or rebuilds green with writes never fenced, not inside a window it opened for nothing.
 func TestFenceRechecksReplication(t *testing.T) {
-	blue, green, other := startTestEtcd(t), startTestEtcd(t), startTestEtcd(t)
 	ctx := t.Context()
-	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
-	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
-	t.Cleanup(func() { cancel(); <-rp.done })
-	// The check compares blue with an etcd that differs from it at revision 2: it fails while
-	// replication goes on.
-	rp.check = replicate.StartCheck(blue, other, 1, nil)
-	t.Cleanup(rp.check.Stop)
-	if _, err := blue.Put(ctx, "a", "1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.Put(ctx, "a", "2"); err != nil {
-		t.Fatal(err)
-	}
-	if err := rp.check.WaitFor(ctx, 2); !errors.Is(err, replicate.ErrRevisionMismatch) {
-		t.Fatalf("the check at revision 2: %v, want a mismatch", err)
-	}
+	rp := replicationFoundDifferent(t)
 	p, _ := validPlan(t)
 	fp, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Generation: 7})
 	r := testRunner(t, p, sock)
 	r.repl = rp
-	_, err = (fenceStep{}).run(ctx, r)
+	_, err := (fenceStep{}).run(ctx, r)
 	if !errors.Is(err, replicate.ErrRevisionMismatch) || fp.status().Fenced || !r.j.FencedAt.IsZero() {
 		t.Fatalf("fence step: %v, proxy fenced %v, fence journaled %v; want the mismatch, nothing fenced or journaled", err, fp.status().Fenced, !r.j.FencedAt.IsZero())
 	}
@@ -338,25 +317,7 @@ func (w delayedWatcher) Watch(ctx context.Context, key string, opts ...clientv3.
 // revisions (those brought over after the switch, past the revision the switch checked) is
 // reported by the stop, not only logged: after the switch it is the only word of it.
 func TestStopReplicationReportsTheCheck(t *testing.T) {
-	blue, green, other := startTestEtcd(t), startTestEtcd(t), startTestEtcd(t)
-	ctx := t.Context()
-	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
-	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
-	rp.check = replicate.StartCheck(blue, other, 1, nil)
-	if _, err := blue.Put(ctx, "a", "1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.Put(ctx, "a", "2"); err != nil {
-		t.Fatal(err)
-	}
-	if err := rp.check.WaitFor(ctx, 2); !errors.Is(err, replicate.ErrRevisionMismatch) {
-		t.Fatalf("the check at revision 2: %v, want a mismatch", err)
-	}
+	rp := replicationFoundDifferent(t)
 	p, _ := validPlan(t)
 	r := &runner{p: p, repl: rp}
 	if _, err := r.stopReplication(); !errors.Is(err, replicate.ErrRevisionMismatch) {
@@ -388,4 +349,33 @@ func TestWindowBudgetOnTheMonotonicClock(t *testing.T) {
 			t.Errorf("wall clock stepped %s: %s of the %s window left, want what the monotonic clock says", step, left, window)
 		}
 	}
+}
+
+// replicationFoundDifferent runs replication of one test etcd into another while its delta check
+// compares the first with a third that differs from it at revision 2: the check has found the
+// difference when it returns, and replication goes on.
+func replicationFoundDifferent(t *testing.T) *replication {
+	t.Helper()
+	blue, green, other := startTestEtcd(t), startTestEtcd(t), startTestEtcd(t)
+	ctx := t.Context()
+	rep, err := replicate.New(replicate.Config{Source: blue, Dest: green, FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rp := &replication{rep: rep, src: blue, dst: green, cancel: cancel, done: make(chan struct{})}
+	go func() { rp.err = rep.Run(rctx); close(rp.done) }()
+	t.Cleanup(func() { cancel(); <-rp.done })
+	rp.check = replicate.StartCheck(blue, other, 1, nil)
+	t.Cleanup(rp.check.Stop)
+	if _, err := blue.Put(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Put(ctx, "a", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rp.check.WaitFor(ctx, 2); !errors.Is(err, replicate.ErrRevisionMismatch) {
+		t.Fatalf("the check at revision 2: %v, want a mismatch", err)
+	}
+	return rp
 }
