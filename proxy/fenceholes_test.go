@@ -659,24 +659,32 @@ func writePEMCert(t *testing.T, path string, der []byte) {
 
 func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// heldByBlue is a blue that answers code, holding each request of method until free is
+// called (arrived says one came); a test's cleanup frees them before closing it.
+func heldByBlue(t *testing.T, method string, code int) (url string, arrived <-chan struct{}, free func()) {
+	t.Helper()
+	release := make(chan struct{})
+	came := make(chan struct{}, 2)
+	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == method {
+			came <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(blue.Close)
+	free = sync.OnceFunc(func() { close(release) })
+	t.Cleanup(free) // before blue.Close, which waits for the held handlers
+	return blue.URL, came, free
+}
+
 // TestNoSwitchWithWritesInFlight: a write admitted before the fence and still running on blue
 // (the barrier timed out) could be acknowledged by blue after the switch, and green would
 // never have it. The switch is refused until it has finished, then allowed.
 func TestNoSwitchWithWritesInFlight(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			arrived <- struct{}{}
-			<-release
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer blue.Close()
-	free := sync.OnceFunc(func() { close(release) })
-	defer free() // before blue.Close, which waits for the held handler
+	blueURL, arrived, free := heldByBlue(t, http.MethodPost, http.StatusCreated)
 	green := newFakeAPI(t, "green")
-	p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+	p := startProxy(t, blueURL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
 	// The write runs in a goroutine, so it reports its error over done (t.Fatal there would end
 	// only the goroutine and leave the test waiting); every wait on it is bounded.
 	type result struct {
@@ -706,7 +714,7 @@ func TestNoSwitchWithWritesInFlight(t *testing.T) {
 	if apiErr, ok := err.(*admin.APIError); !ok || apiErr.Code != http.StatusConflict || !strings.Contains(err.Error(), "still running") {
 		t.Fatalf("switch with a write in flight: %v, want 409 saying a write is still running", err)
 	}
-	if st := p.Status(); st.Backend != strings.TrimSuffix(blue.URL, "/") {
+	if st := p.Status(); st.Backend != strings.TrimSuffix(blueURL, "/") {
 		t.Fatalf("backend %s after a refused switch", st.Backend)
 	}
 	free()
@@ -759,20 +767,9 @@ rules:
 const testLeaseURL = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler"
 
 func testSwitchWaitsForLetThrough(t *testing.T, upgrade bool) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPut {
-			arrived <- struct{}{}
-			<-release
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	defer blue.Close()
-	free := sync.OnceFunc(func() { close(release) })
-	defer free() // before blue.Close, which waits for the held handler
+	blueURL, arrived, free := heldByBlue(t, http.MethodPut, http.StatusOK)
 	green := newFakeAPI(t, "green")
-	p := startProxy(t, blue.URL, func(o *Options) {
+	p := startProxy(t, blueURL, func(o *Options) {
 		o.AllowedBackends = []string{green.URL}
 		o.PolicyFile = leasePolicy(t)
 	})
@@ -1173,20 +1170,9 @@ func TestNothingWaitsForWhatStoresNothing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			release := make(chan struct{})
-			arrived := make(chan struct{}, 2)
-			blue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method == tc.method {
-					arrived <- struct{}{}
-					<-release
-				}
-				w.WriteHeader(http.StatusOK)
-			}))
-			defer blue.Close()
-			free := sync.OnceFunc(func() { close(release) })
-			defer free() // before blue.Close, which waits for the held handler
+			blueURL, arrived, _ := heldByBlue(t, tc.method, http.StatusOK)
 			green := newFakeAPI(t, "green")
-			p := startProxy(t, blue.URL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
+			p := startProxy(t, blueURL, func(o *Options) { o.AllowedBackends = []string{green.URL} })
 			ct := "application/merge-patch+json"
 			if tc.method == "POST" {
 				ct = "application/json"
