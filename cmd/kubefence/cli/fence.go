@@ -138,11 +138,16 @@ func (o *adminOptions) checkNamedOnce(ctx context.Context) error {
 	if len(o.proxies) < 2 {
 		return nil
 	}
-	res, _ := each(ctx, o.proxies, bound{o.timeout, "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
+	res, _ := each(ctx, o.proxies, bound{min(o.timeout, namedOnceBound), "--timeout", ""}, func(ctx context.Context, c *admin.Client) (admin.Status, error) {
 		return c.Status(ctx)
 	})
 	return namedOnce(res)
 }
+
+// namedOnceBound bounds checkNamedOnce's status round: a live proxy answers in milliseconds,
+// and one that does not answer (left to the command) must not hold the others' fence or
+// switch up for --timeout first.
+const namedOnceBound = 2 * time.Second
 
 // namedOnce refuses two statuses of one proxy instance, naming both names; a proxy that did not
 // answer, or too old to name its instance, is left out.

@@ -281,21 +281,7 @@ func writeClientCert(t *testing.T, c tls.Certificate) (certFile, keyFile string)
 func TestFenceOffNotHeldBySilentProxy(t *testing.T) {
 	api := emptyAPI(t)
 	good := startTestProxy(t, api.URL)
-	silent := filepath.Join(t.TempDir(), "silent.sock")
-	l, err := net.Listen("unix", silent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // accepted, never answered
-		}
-	}()
+	silent := silentAdminSocket(t)
 	if code, out, errOut := runCLI("fence", "on", "--admin-socket", good.AdminSocket()); code != ExitOK {
 		t.Fatalf("fence on = %d\n%s%s", code, out, errOut)
 	}
@@ -313,5 +299,55 @@ func TestFenceOffNotHeldBySilentProxy(t *testing.T) {
 	}
 	if code := <-done; code == ExitOK {
 		t.Errorf("fence off = %d with a proxy that never answered, want a failure naming it", code)
+	}
+}
+
+// silentAdminSocket is an admin socket that accepts connections and never answers (a proxy
+// whose host is wedged).
+func silentAdminSocket(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "silent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // accepted, never answered
+		}
+	}()
+	return sock
+}
+
+// TestFenceOnBoundsTheNamesCheck: the check that several names are several proxies waits for a
+// silent one a short while, not --timeout, before the others are fenced.
+func TestFenceOnBoundsTheNamesCheck(t *testing.T) {
+	good := startTestProxy(t, emptyAPI(t).URL)
+	silent := silentAdminSocket(t)
+	start := time.Now()
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCLI("fence", "on", "--admin-socket", good.AdminSocket(), "--admin-socket", silent, "--timeout", "8s", "--wait-timeout", "1s")
+		done <- code
+	}()
+	for !good.Status().Fenced && time.Since(start) < 30*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("the proxy that answers was fenced %s after fence on, want within the names check's %s", took, namedOnceBound)
+	}
+	if code := <-done; code == ExitOK {
+		t.Errorf("fence on = %d with a proxy that never answered, want a failure naming it", code)
 	}
 }
