@@ -97,7 +97,10 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	quota, _ := greenQuota(p) // the report warns against green's own
+	quota, set := greenQuota(p) // the report warns against green's own, etcd's default if none
+	if !set {
+		quota = 0
+	}
 	err = buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			Quota:   quota,
