@@ -411,7 +411,7 @@ func (r *runner) ownFence() bool { return !r.j.FencedAt.IsZero() && r.j.Unfenced
 // end (a green process that will not stop), and status must not say writes are fenced
 // meanwhile. A failed save is logged: the abort goes on.
 func (r *runner) journalUnfenced() {
-	r.j.UnfencedAt = time.Now().UTC()
+	r.markUnfenced()
 	if err := r.saveJournal(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
 	}

@@ -379,3 +379,29 @@ func replicationFoundDifferent(t *testing.T) *replication {
 	}
 	return rp
 }
+
+// TestWriteUnavailabilityOnTheMonotonicClock: the window the unfence step and the report give
+// is measured on the monotonic clock of the process that fenced and unfenced, not as the
+// difference of the journal's wall times, which a clock stepped during the window (here an
+// hour, as the journaled fence time then reads) would make an hour.
+func TestWriteUnavailabilityOnTheMonotonicClock(t *testing.T) {
+	p, _ := validPlan(t)
+	p.Timeouts.Window = Duration(5 * time.Second)
+	_, sock := startFakeProxy(t, admin.Status{Backend: p.Blue.APIServer.URL, Generation: 7})
+	r := testRunner(t, p, sock)
+	ctx := t.Context()
+	if _, err := (fenceStep{}).run(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	r.j.FencedAt = r.j.FencedAt.Add(-time.Hour) // the wall clock stepped an hour forward since
+	detail, err := (unfenceStep{}).run(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(detail, "1h0m") {
+		t.Errorf("unfence: %s; want the window as the monotonic clock measured it", detail)
+	}
+	if w := r.report("", nil).WriteUnavailability; w <= 0 || w > time.Minute {
+		t.Errorf("the report's write unavailability is %s, want the monotonic clock's", w)
+	}
+}

@@ -61,6 +61,10 @@ type Journal struct {
 
 	FencedAt   time.Time `json:"fencedAt,omitzero"`
 	UnfencedAt time.Time `json:"unfencedAt,omitzero"`
+	// Unfenced is how long writes were fenced (the fence sent to the unfence), measured on the
+	// monotonic clock of the process that did both; 0 when not (a resume between them): then
+	// the wall times above give it (writeUnavailability).
+	Unfenced time.Duration `json:"unfenced,omitzero"`
 	// FenceGeneration is the proxy's state generation right after the cutover's fence on. It
 	// grows with every change of the proxy's state, so a different one before the switch means
 	// someone changed the fence (fence off and on by hand) and writes may have reached blue.
@@ -216,4 +220,14 @@ func (j *Journal) saveTo(path string) error {
 		return err
 	}
 	return atomicfile.Write(path, append(data, '\n'), 0o600)
+}
+
+// writeUnavailability is how long writes were fenced: as the process that fenced and unfenced
+// measured it on its monotonic clock, else from the journaled wall times (a clock stepped in
+// between skews only those).
+func (j *Journal) writeUnavailability() time.Duration {
+	if j.Unfenced > 0 {
+		return j.Unfenced
+	}
+	return j.UnfencedAt.Sub(j.FencedAt)
 }

@@ -179,6 +179,16 @@ type runner struct {
 	fencedMono time.Time
 }
 
+// markUnfenced journals that writes reopened now, and how long they were fenced on the
+// monotonic clock when this process fenced.
+func (r *runner) markUnfenced() {
+	now := time.Now()
+	r.j.UnfencedAt = now.UTC()
+	if !r.fencedMono.IsZero() && !r.j.FencedAt.IsZero() {
+		r.j.Unfenced = now.Sub(r.fencedMono)
+	}
+}
+
 // ErrRehearseNeedsReplication refuses --rehearse of a plan that does not replicate.
 var ErrRehearseNeedsReplication = errors.New("--rehearse needs a replicating plan (migration.mode replicate, or auto with green etcd TLS and no blue.etcd.dataDir): the fenced copy has nothing to rehearse without fencing")
 
@@ -497,7 +507,7 @@ func (r *runner) report(result string, err error) *Report {
 		rep.Replication = &ReplicationReport{AtFence: j.ReplicationAtFence, AtStop: j.ReplicationAtStop, Rebuilds: j.Rebuilds}
 	}
 	if !j.FencedAt.IsZero() && !j.UnfencedAt.IsZero() {
-		rep.WriteUnavailability = j.UnfencedAt.Sub(j.FencedAt)
+		rep.WriteUnavailability = j.writeUnavailability()
 	}
 	rep.FenceBarrier = j.FenceBarrier
 	if j.RefusedAtUnfence >= j.RefusedAtFence {

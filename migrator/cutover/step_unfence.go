@@ -32,9 +32,10 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	r.j.UnfencedAt, r.j.UnfenceGeneration = time.Now().UTC(), resp.Status.Generation
+	r.markUnfenced()
+	r.j.UnfenceGeneration = resp.Status.Generation
 	r.j.RefusedAtUnfence = resp.Status.RefusedWrites
-	detail := fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
+	detail := fmt.Sprintf("writes open on %s; write-unavailability window %s", r.to.name, r.j.writeUnavailability().Round(time.Millisecond))
 	if extra := r.changesByHand(r.j.UnfenceGeneration); extra > 0 {
 		detail += fmt.Sprintf("; WARNING: the proxies' state changed %d more time(s) since the fence than by this cutover's switch and unfence: a fence or backend command run by hand during the window? Writes may have reopened before this step (check each proxy's log for \"fence off\"); the window reported ends here", extra)
 	}
@@ -51,7 +52,7 @@ func (r *runner) unfencedBefore(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	detail := fmt.Sprintf("writes opened on %s at %s, journaled by the run that stopped; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Format(time.RFC3339Nano), r.j.UnfencedAt.Sub(r.j.FencedAt).Round(time.Millisecond))
+	detail := fmt.Sprintf("writes opened on %s at %s, journaled by the run that stopped; write-unavailability window %s", r.to.name, r.j.UnfencedAt.Format(time.RFC3339Nano), r.j.writeUnavailability().Round(time.Millisecond))
 	if st.Fenced || r.j.UnfenceGeneration != 0 && st.Generation != r.j.UnfenceGeneration {
 		detail += fmt.Sprintf("; WARNING: the proxies changed since (state generation %d then, %d now; fenced now: %v): a fence or backend command run by hand? They are left as they are", r.j.UnfenceGeneration, st.Generation, st.Fenced)
 	}
