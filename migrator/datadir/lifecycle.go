@@ -160,21 +160,12 @@ func (r RebuildOptions) diff(now RebuildOptions) []string {
 	return out
 }
 
-// CheckOnConflict refuses an --on-conflict the v2 migration does not know, before anything
-// runs: a rerun that fixes it could otherwise meet the bad value journaled.
-func CheckOnConflict(policy string) error {
-	switch policy {
-	case v2v3.ConflictError, v2v3.ConflictV3, v2v3.ConflictV2:
-		return nil
-	}
-	return fmt.Errorf("--on-conflict %q: use v3 or v2 (or leave it out to refuse a key in both stores)", policy)
-}
-
 func (o *Options) defaults() error {
 	if len(o.DataDirs) == 0 {
 		return errors.New("--data-dir is required (repeat it, or separate with commas, for every member of a multi-member cluster)")
 	}
-	if err := CheckOnConflict(o.OnConflict); err != nil {
+	// Before anything runs: a rerun that fixes a bad value would otherwise meet it journaled.
+	if err := v2v3.CheckOnConflict(o.OnConflict); err != nil {
 		return err
 	}
 	for i, d := range o.DataDirs {

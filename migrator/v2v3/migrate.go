@@ -41,6 +41,15 @@ type Config struct {
 	Quota int64
 }
 
+// CheckOnConflict refuses an --on-conflict value other than "", v3 and v2.
+func CheckOnConflict(policy string) error {
+	switch policy {
+	case ConflictError, ConflictV3, ConflictV2:
+		return nil
+	}
+	return fmt.Errorf("--on-conflict %q: use v3 or v2 (or leave it out to refuse a key in both stores)", policy)
+}
+
 // Validate reports every problem with the configuration at once.
 func (c *Config) Validate() error {
 	var errs []error
@@ -67,10 +76,8 @@ func (c *Config) Validate() error {
 	if c.Member.Name == "" || c.Member.InitialCluster == "" || len(c.Member.InitialAdvertisePeerURLs) == 0 {
 		errs = append(errs, errors.New("--name, --initial-cluster and --initial-advertise-peer-urls are required, as for etcdutl snapshot restore"))
 	}
-	switch c.OnConflict {
-	case ConflictError, ConflictV3, ConflictV2:
-	default:
-		errs = append(errs, fmt.Errorf("--on-conflict %q: use v3 or v2", c.OnConflict))
+	if err := CheckOnConflict(c.OnConflict); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MarkCompacted != (c.RevisionBump > 0) {
 		errs = append(errs, errors.New("--bump-revision and --mark-compacted go together (etcd's restore ignores a bump that is not marked compacted)"))

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/v2v3"
 )
 
 // The data-dir lifecycle commands: copy, detect, upgrade, downgrade, restore-backup.
@@ -340,7 +341,7 @@ func (o *lifecycleOptions) Validate() error {
 	case o.opts.StepTimeout <= 0:
 		return UsageErrorf("--step-timeout must be positive (how long each etcd may take to become healthy)")
 	}
-	if err := datadir.CheckOnConflict(o.opts.OnConflict); err != nil {
+	if err := v2v3.CheckOnConflict(o.opts.OnConflict); err != nil {
 		return usage(err)
 	}
 	// --bin-dir is not required here: a resumed run takes the binaries its journal names, and
