@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 
 	"github.com/kubefence/kubefence/internal/atomicfile"
 )
@@ -23,13 +22,12 @@ func checkNoReplaceRenames(p *Plan) error {
 	from, to := f.Name(), f.Name()+".renamed"
 	f.Close()
 	defer os.Remove(from)
-	err = atomicfile.RenameNoReplace(from, to)
-	var errno syscall.Errno
-	switch {
-	case errors.Is(err, atomicfile.ErrNoReplaceUnsupported) && errors.As(err, &errno):
-		return fmt.Errorf("stateDir %s: %w (a test rename there: %v). Blue's snapshot is renamed into place there so: in mode snapshot after the fence, once all of blue's db has streamed", p.StateDir, atomicfile.ErrNoReplaceUnsupported, errno)
-	case err != nil:
-		return fmt.Errorf("stateDir %s: a test rename there: %w", p.StateDir, err)
+	if err := atomicfile.RenameNoReplace(from, to); err != nil {
+		msg := fmt.Errorf("stateDir %s: a test rename there: %w", p.StateDir, err)
+		if errors.Is(err, atomicfile.ErrNoReplaceUnsupported) {
+			msg = fmt.Errorf("%w. Blue's snapshot is renamed into place there so: in mode snapshot after the fence, once all of blue's db has streamed", msg)
+		}
+		return msg
 	}
 	return os.Remove(to)
 }
