@@ -93,11 +93,17 @@ func backupTo(ctx context.Context, dataDir, root, dst string) (BackupReport, err
 	return rep, nil
 }
 
-// RestoreReport says what a restore did.
+// RestoreReport says what a restore did, also when it failed: what it changed on disk by then
+// (Changed) is in it.
 type RestoreReport struct {
-	Backup   string `json:"backup"`
-	DataDir  string `json:"dataDir"`
+	Backup  string `json:"backup"`
+	DataDir string `json:"dataDir"`
+	// Restored says the verified copy of the backup is in place at DataDir.
+	Restored bool   `json:"restored"`
 	Replaced string `json:"replaced,omitempty"`
+	// Copy is the verified copy of the backup, left beside the data dir when renaming it into
+	// place failed.
+	Copy string `json:"verifiedCopy,omitempty"`
 	// Abandoned are the journals of unfinished upgrades and downgrades of the data dir, renamed
 	// aside: their next run plans afresh from the restored data.
 	Abandoned []string `json:"abandonedJournals,omitempty"`
@@ -106,6 +112,12 @@ type RestoreReport struct {
 	Unread   []string      `json:"unreadJournals,omitempty"`
 	Files    int           `json:"files"`
 	Duration time.Duration `json:"durationNanos"`
+}
+
+// Changed reports whether the restore changed anything on disk: the backup put in place, the
+// data dir moved aside, or a verified copy left beside it.
+func (r RestoreReport) Changed() bool {
+	return r.Restored || r.Replaced != "" || r.Copy != ""
 }
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
@@ -117,9 +129,10 @@ func RestoreBackup(ctx context.Context, backup, dataDir string, now time.Time) (
 }
 
 // restoreBackup is RestoreBackup, its last rename (the verified copy into place) done by place.
-func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, place func(copy, dataDir string) error) (RestoreReport, error) {
+func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, place func(copy, dataDir string) error) (rep RestoreReport, err error) {
 	start := time.Now()
-	rep := RestoreReport{Backup: backup, DataDir: dataDir}
+	rep = RestoreReport{Backup: backup, DataDir: dataDir}
+	defer func() { rep.Duration = time.Since(start) }()
 	tmp := filepath.Clean(dataDir) + ".kubefence-restore"
 	for _, p := range []string{dataDir, tmp} {
 		if err := pathguard.CheckApart("the data dir", p, "the backup", backup); err != nil {
@@ -157,36 +170,44 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 	if err != nil {
 		return rep, diskHint(fmt.Errorf("restore %s: %w", backup, err), filepath.Dir(dataDir))
 	}
+	rep.Files = files
 	if o, ok := owners[dataDir]; ok {
 		if err := o.applyBuilt(tmp); err != nil {
 			os.RemoveAll(tmp)
 			return rep, err
 		}
 	}
+	if err := placeCopy(&rep, tmp, now, place); err != nil {
+		return rep, err
+	}
+	rep.Abandoned, rep.Unread, err = abandonRuns(backup, dataDir, now)
+	return rep, err
+}
+
+// placeCopy puts the verified copy at tmp in place of rep.DataDir, the data dir there (if any)
+// renamed aside first, and records both in rep as it goes.
+func placeCopy(rep *RestoreReport, tmp string, now time.Time, place func(copy, dataDir string) error) error {
+	dataDir := rep.DataDir
 	// Again: an etcd started while the backup was copied (systemd restarting it) would go on
 	// acknowledging writes into the dir renamed aside.
 	if err := stoppedForRestore(dataDir); err != nil {
 		os.RemoveAll(tmp)
-		return rep, err
+		return err
 	}
 	if _, err := os.Stat(dataDir); err == nil {
-		rep.Replaced = fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
-		if err := atomicfile.RenameNoReplace(dataDir, rep.Replaced); err != nil {
+		replaced := fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
+		if err := atomicfile.RenameNoReplace(dataDir, replaced); err != nil {
 			os.RemoveAll(tmp)
-			return rep, err
+			return err
 		}
+		rep.Replaced = replaced
 	}
 	if err := place(tmp, dataDir); err != nil {
-		return rep, notPlaced(err, dataDir, tmp, rep.Replaced)
+		rep.Copy = tmp
+		return notPlaced(err, dataDir, tmp, rep.Replaced)
 	}
-	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir))); err != nil {
-		return rep, err
-	}
-	if rep.Abandoned, rep.Unread, err = abandonRuns(backup, dataDir, now); err != nil {
-		return rep, err
-	}
-	rep.Files, rep.Duration = files, time.Since(start)
-	return rep, nil
+	rep.Restored = true
+	return atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir)))
 }
 
 // stoppedForRestore refuses a data dir a running etcd uses.

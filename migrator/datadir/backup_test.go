@@ -74,7 +74,7 @@ func TestBackupRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	replaced := dataDir + ".replaced-20250305T000000Z"
-	if rr.Replaced != replaced || rr.Files != len(memberDir) || rr.Backup != backup || rr.DataDir != dataDir {
+	if !rr.Restored || rr.Replaced != replaced || rr.Files != len(memberDir) || rr.Backup != backup || rr.DataDir != dataDir {
 		t.Fatalf("RestoreBackup = %+v, want replaced %s and %d files", rr, replaced, len(memberDir))
 	}
 	assertTree(t, dataDir, memberDir)
@@ -418,9 +418,12 @@ func TestRestoreFailsToPlaceTheCopy(t *testing.T) {
 	}
 	writeTree(t, dataDir, map[string]string{"member/wal/x.wal": "newer wal bytes"})
 	current := readTree(t, dataDir)
-	_, err = restoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(1800000000, 0), func(string, string) error { return errors.New("injected rename failure") })
+	rr, err := restoreBackup(t.Context(), rep.Backup, dataDir, time.Unix(1800000000, 0), func(string, string) error { return errors.New("injected rename failure") })
 	replaced, restored := dataDir+".replaced-20270115T080000Z", dataDir+".kubefence-restore"
 	assertErrContains(t, err, "injected rename failure", replaced, restored, "rename one of them to "+dataDir)
+	if rr.Restored || rr.Replaced != replaced || rr.Copy != restored || !rr.Changed() {
+		t.Errorf("report %+v, want not restored, the old dir at %s and the copy at %s", rr, replaced, restored)
+	}
 	assertTree(t, replaced, current)
 	assertTree(t, restored, memberDir)
 }

@@ -470,21 +470,35 @@ func (o *restoreBackupOptions) Validate() error {
 	return nil
 }
 
+// Run restores the backup. A restore that fails after it changed something (the old data dir
+// moved aside, the backup in place, a verified copy left beside it) prints what it did too,
+// before the error: the error alone does not say what is where now.
 func (o *restoreBackupOptions) Run(ctx context.Context) error {
 	rep, err := datadir.RestoreBackup(ctx, o.backup, o.dataDir, time.Now())
-	if err != nil {
+	if err != nil && !rep.Changed() {
 		return err
 	}
-	return o.printer.print(o.Out, rep, func(w io.Writer) {
+	perr := o.printer.print(o.Out, rep, func(w io.Writer) { printRestore(w, rep) })
+	return errors.Join(err, perr)
+}
+
+// printRestore prints what a restore did, in the human form.
+func printRestore(w io.Writer, rep datadir.RestoreReport) {
+	if rep.Restored {
 		fmt.Fprintf(w, "restored %s -> %s: %d files verified against the manifest in %s\n", rep.Backup, rep.DataDir, rep.Files, rep.Duration.Round(time.Millisecond))
-		if rep.Replaced != "" {
-			fmt.Fprintf(w, "the data dir that was there is kept at %s\n", rep.Replaced)
-		}
-		for _, j := range rep.Abandoned {
-			fmt.Fprintf(w, "the unfinished upgrade or downgrade of this data dir is abandoned (its journal kept at %s): the next one plans afresh from the restored data\n", j)
-		}
-		for _, j := range rep.Unread {
-			fmt.Fprintf(w, "WARNING: %s is in a backup dir other users can write to, so it was not read: if it journals an unfinished upgrade or downgrade of this data dir, rename it away before the next one, which would resume it on the restored data\n", j)
-		}
-	})
+	} else {
+		fmt.Fprintf(w, "NOT restored: %s was not put in %s\n", rep.Backup, rep.DataDir)
+	}
+	if rep.Copy != "" {
+		fmt.Fprintf(w, "the verified copy of the backup is at %s\n", rep.Copy)
+	}
+	if rep.Replaced != "" {
+		fmt.Fprintf(w, "the data dir that was there is kept at %s\n", rep.Replaced)
+	}
+	for _, j := range rep.Abandoned {
+		fmt.Fprintf(w, "the unfinished upgrade or downgrade of this data dir is abandoned (its journal kept at %s): the next one plans afresh from the restored data\n", j)
+	}
+	for _, j := range rep.Unread {
+		fmt.Fprintf(w, "WARNING: %s is in a backup dir other users can write to, so it was not read: if it journals an unfinished upgrade or downgrade of this data dir, rename it away before the next one, which would resume it on the restored data\n", j)
+	}
 }
