@@ -10,9 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubefence/kubefence/policy"
 	"github.com/kubefence/kubefence/proxy/admin"
@@ -117,8 +121,7 @@ type roundTripCloser interface {
 }
 
 func newPool(tlsConfig *tls.Config, topts TransportOptions) *pool {
-	p := &pool{h1: newTransport(tlsConfig, topts, false, nil), upgrades: newTransport(tlsConfig, topts, false, nil)}
-	p.upgrades.DisableKeepAlives = true
+	p := &pool{h1: newTransport(tlsConfig, topts, false, nil), upgrades: newUpgradeTransport(tlsConfig, topts)}
 	p.writes, p.watches = p.h1, p.h1
 	if !topts.HTTP1Only {
 		p.writes = newMuxTransport(newTransport(tlsConfig, topts, true, nil), p.h1)
@@ -165,10 +168,6 @@ const upstreamStreamWindow = 256 << 10
 // newTransport is a transport to one backend; with conns, the connections it dials are kept in
 // it.
 func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, conns *connSet) *http.Transport {
-	dialTimeout := topts.DialTimeout
-	if dialTimeout == 0 {
-		dialTimeout = 10 * time.Second
-	}
 	idle := topts.MaxIdleConnsPerHost
 	if idle == 0 {
 		idle = 512
@@ -176,7 +175,7 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(http2)
-	dial := dialFunc((&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext)
+	dial := dialFunc(backendDialer(topts.dialTimeout(), true).DialContext)
 	if conns != nil {
 		dial = conns.dialer(dial)
 	}
@@ -198,11 +197,64 @@ func newTransport(tlsConfig *tls.Config, topts TransportOptions, http2 bool, con
 		DisableCompression: true, // pass the client's Accept-Encoding and the backend's encoding through
 	}
 	if !http2 {
-		// The handshake as part of the dial, so that its failure says nothing was sent (an
-		// HTTP/2 transport's is muxTransport.handshaker's).
-		tr.DialTLSContext = tlsutil.HandshakeDialer(dial, func() *tls.Config { return tr.TLSClientConfig }, upstreamHandshakeTimeout)
+		handshakeInDial(tr, dial)
 	}
 	return tr
+}
+
+// handshakeInDial makes the TLS handshake of an HTTP/1.1 transport part of its dial, so that its
+// failure says nothing was sent (an HTTP/2 transport's is muxTransport.handshaker's).
+func handshakeInDial(tr *http.Transport, dial dialFunc) {
+	tr.DialContext = dial
+	tr.DialTLSContext = tlsutil.HandshakeDialer(dial, func() *tls.Config { return tr.TLSClientConfig }, upstreamHandshakeTimeout)
+}
+
+// newUpgradeTransport is the transport of protocol upgrades (pool.upgrades): one connection
+// each, never used again, without backendUserTimeout.
+func newUpgradeTransport(tlsConfig *tls.Config, topts TransportOptions) *http.Transport {
+	tr := newTransport(tlsConfig, topts, false, nil)
+	tr.DisableKeepAlives = true
+	handshakeInDial(tr, dialFunc(backendDialer(topts.dialTimeout(), false).DialContext))
+	return tr
+}
+
+func (o TransportOptions) dialTimeout() time.Duration {
+	if o.DialTimeout == 0 {
+		return 10 * time.Second
+	}
+	return o.DialTimeout
+}
+
+// A backend whose machine powers off, or that a partition cuts off, sends no RST: a request in
+// flight to it waited until the kernel gave up, ~5 minutes of keepalive probes (30 s idle, 9
+// probes 15 s apart) or, with the request not yet acknowledged, ~15 minutes of retransmissions.
+// HTTP/2 pings (above) notice it on multiplexed connections; nothing pings an HTTP/1.1 read.
+// Probes after 15 s idle, 5 s apart, and a bound on data left unacknowledged (TCP_USER_TIMEOUT,
+// which also ends a connection whose probes go unanswered) fail such requests in about 30 s;
+// a backend that is slow but alive acknowledges both and is never cut.
+var backendKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+const backendUserTimeout = 30 * time.Second
+
+// backendDialer dials a backend with backendKeepAlive, and with userTimeout also
+// backendUserTimeout. The bound also ends a connection whose peer, alive, reads nothing of it for
+// that long (a zero window): upgraded sessions go without it, as an exec's stdin may rightly wait
+// longer for the program in the container to read it.
+func backendDialer(timeout time.Duration, userTimeout bool) *net.Dialer {
+	d := &net.Dialer{Timeout: timeout, KeepAliveConfig: backendKeepAlive}
+	if userTimeout {
+		d.Control = func(network, _ string, c syscall.RawConn) error {
+			if !strings.HasPrefix(network, "tcp") {
+				return nil
+			}
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(backendUserTimeout.Milliseconds()))
+			})
+			return errors.Join(err, serr)
+		}
+	}
+	return d
 }
 
 // upstreamHandshakeTimeout bounds a TLS handshake with a backend. A variable for the tests.
