@@ -119,3 +119,60 @@ func TestRestoreLeavesJournalsOutOfReach(t *testing.T) {
 		t.Errorf("report's unread journals %v, want %s named (a run of the etcd user's may be journaled there)", rep.Unread, journal)
 	}
 }
+
+// TestRestoreDropsTheRebuiltMember: a downgrade killed after it built every member's new dir
+// (<dir>.kubefence-new, marked ready), before the swaps. The operator restores every member's
+// backup and runs the downgrade again, with another --initial-cluster-token: the journal was
+// abandoned, so the rerun plans afresh and takes the token given. The new dirs the killed run
+// built name the same source (the backups hold the data it built from) but were built with the
+// old token: adopted, they would put the members in another cluster than the one asked for
+// (and than a member the killed run had not built yet). restore-backup removes the new dir
+// beside the data dir it restores, and the rerun builds every member itself.
+func TestRestoreDropsTheRebuiltMember(t *testing.T) {
+	f := newRebuildFixture(t)
+	backups := map[string]string{}
+	for _, d := range f.dirs {
+		br, err := Backup(t.Context(), d, f.opts.BackupDir, "3.6.16", time.Unix(1800000000, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		backups[d] = br.Backup
+	}
+	const tokenFile = "built-with-token"
+	downgrade := func(token string, blockSwap bool) (*StepReport, error) {
+		f.opts.ClusterToken = token
+		e, s := f.start()
+		s.Kind = StepDowngrade
+		if blockSwap { // a non-empty dir where the first member's old dir goes: its rename fails
+			writeTree(t, oldPath(f.dirs[0]), map[string]string{"x": "in the way"})
+		}
+		return s, e.rebuild(t.Context(), s, func(src, tmp string, ms Membership) (string, error) {
+			what, err := f.build(src, tmp, ms)
+			if err != nil {
+				return "", err
+			}
+			return what, os.WriteFile(filepath.Join(tmp, tokenFile), []byte(token), 0o600)
+		})
+	}
+	if _, err := downgrade("first-token", true); err == nil {
+		t.Fatal("the blocked swap did not stop the step")
+	}
+	for _, d := range f.dirs {
+		rr, err := RestoreBackup(t.Context(), backups[d], d, time.Unix(1800000100, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exists(newPath(d)) || rr.RemovedRebuild != newPath(d) {
+			t.Errorf("after restore-backup (report %+v) %s: want it removed, and the report to say so; the next run would adopt it", rr, newPath(d))
+		}
+	}
+	s, err := downgrade("second-token", false)
+	if err != nil {
+		t.Fatalf("the downgrade after the restore: %v", err)
+	}
+	for _, d := range f.dirs {
+		if b, err := os.ReadFile(filepath.Join(d, tokenFile)); err != nil || string(b) != "second-token" {
+			t.Errorf("%s was built with token %q (%v), want second-token; the step says %q", d, b, err, s.Members[d])
+		}
+	}
+}

@@ -104,6 +104,10 @@ type RestoreReport struct {
 	// Copy is the verified copy of the backup, left beside the data dir when renaming it into
 	// place failed.
 	Copy string `json:"verifiedCopy,omitempty"`
+	// RemovedRebuild is the member an interrupted upgrade or downgrade had rebuilt beside the
+	// data dir (<data dir>.kubefence-new, ready to swap in), from the data the restore
+	// replaced, with that run's options: removed, so that the next run builds it again.
+	RemovedRebuild string `json:"removedRebuild,omitempty"`
 	// Abandoned are the journals of unfinished upgrades and downgrades of the data dir, renamed
 	// aside: their next run plans afresh from the restored data.
 	Abandoned []string `json:"abandonedJournals,omitempty"`
@@ -115,9 +119,9 @@ type RestoreReport struct {
 }
 
 // Changed reports whether the restore changed anything on disk: the backup put in place, the
-// data dir moved aside, or a verified copy left beside it.
+// data dir moved aside, a verified copy left beside it, or a rebuilt member removed.
 func (r RestoreReport) Changed() bool {
-	return r.Restored || r.Replaced != "" || r.Copy != ""
+	return r.Restored || r.Replaced != "" || r.Copy != "" || r.RemovedRebuild != ""
 }
 
 // RestoreBackup verifies a backup against its manifest, copies it next to dataDir, verifies the
@@ -194,6 +198,10 @@ func placeCopy(rep *RestoreReport, tmp string, now time.Time, place func(copy, d
 		os.RemoveAll(tmp)
 		return err
 	}
+	if err := dropRebuild(rep); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
 	if _, err := os.Stat(dataDir); err == nil {
 		replaced := fmt.Sprintf("%s.replaced-%s", filepath.Clean(dataDir), now.UTC().Format("20060102T150405Z"))
 		if err := atomicfile.RenameNoReplace(dataDir, replaced); err != nil {
@@ -208,6 +216,29 @@ func placeCopy(rep *RestoreReport, tmp string, now time.Time, place func(copy, d
 	}
 	rep.Restored = true
 	return atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir)))
+}
+
+// dropRebuild removes the new dir an interrupted upgrade or downgrade built beside the data
+// dir and marked ready (recoverSwap removed any not marked): the next run, planned afresh once
+// its journal is abandoned, would take it as built from the same source (same member, same
+// commit index: the backup it takes holds the data that was rebuilt) and swap it in, built
+// with the options of the abandoned run. Removed before the data dir is renamed aside, as
+// otherwise a restore killed between its two renames would leave it for recoverSwap to put in
+// the data dir's place. Its marker goes first: a removal that fails halfway leaves no dir
+// marked ready.
+func dropRebuild(rep *RestoreReport) error {
+	n := newPath(rep.DataDir)
+	if !exists(n) {
+		return nil
+	}
+	if err := os.Remove(filepath.Join(n, readyMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s, a member an interrupted upgrade or downgrade rebuilt from the data this restore replaces: %w; nothing was restored", n, err)
+	}
+	if err := os.RemoveAll(n); err != nil {
+		return fmt.Errorf("remove %s, a member an interrupted upgrade or downgrade rebuilt from the data this restore replaces: %w; nothing was restored", n, err)
+	}
+	rep.RemovedRebuild = n
+	return atomicfile.SyncDir(filepath.Dir(n))
 }
 
 // stoppedForRestore refuses a data dir a running etcd uses.

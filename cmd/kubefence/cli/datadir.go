@@ -495,6 +495,9 @@ func printRestore(w io.Writer, rep datadir.RestoreReport) {
 	if rep.Replaced != "" {
 		fmt.Fprintf(w, "the data dir that was there is kept at %s\n", rep.Replaced)
 	}
+	if rep.RemovedRebuild != "" {
+		fmt.Fprintf(w, "removed %s, the member an interrupted upgrade or downgrade had rebuilt from the data that was there: the next one builds it again from the restored data\n", rep.RemovedRebuild)
+	}
 	for _, j := range rep.Abandoned {
 		fmt.Fprintf(w, "the unfinished upgrade or downgrade of this data dir is abandoned (its journal kept at %s): the next one plans afresh from the restored data\n", j)
 	}
