@@ -305,23 +305,16 @@ func (m *migration) transform(ctx context.Context) (err error) {
 	}
 	if m.v3 != nil {
 		var ms MergeStats
-		var leftOut []int64
-		if m.kvs, leftOut, ms, err = renumber(m.kvs, m.v3, c.OnConflict); err != nil {
+		if m.kvs, ms, err = renumber(m.kvs, m.v3, c.OnConflict); err != nil {
 			return err
 		}
 		m.rep.V3 = &ms
-		// A TTL key left out for the v3 one neither counts nor holds its lease.
-		for _, id := range leftOut {
-			ts.TTLKeys--
-			if l := m.leases[id]; l != nil {
-				if l.Keys--; l.Keys == 0 {
-					delete(m.leases, id)
-				}
-			}
-		}
-		m.leases = moveLeases(m.kvs, m.leases, m.v3.leaseIDs)
 	}
 	ts.Keys = len(m.kvs)
+	ts.TTLKeys, m.leases = leasesHeld(m.kvs, m.leases)
+	if m.v3 != nil {
+		m.leases = moveLeases(m.kvs, m.leases, m.v3.leaseIDs)
+	}
 	m.rep.Keys, m.rep.Leases = ts, len(m.leases)
 	m.rep.V2Index = res.index
 	if m.v3 == nil {
@@ -428,6 +421,30 @@ func topPrefix(k string) string {
 		return "/registry/" + parts[1]
 	}
 	return "/" + parts[0]
+}
+
+// leasesHeld counts, from the keys to be written, the keys that hold a lease and each lease's
+// keys, and keeps only the leases some key holds: whatever left keys out (a transformer that
+// gave a TTL key another revision or dropped it, --on-conflict=v3 keeping the v3 key), the
+// leases written and the report's counts follow the keys, with no count kept by hand.
+func leasesHeld(kvs []KV, leases map[int64]*Lease) (ttlKeys int, held map[int64]*Lease) {
+	held = make(map[int64]*Lease, len(leases))
+	for _, kv := range kvs {
+		if kv.Lease == 0 {
+			continue
+		}
+		l := held[kv.Lease]
+		if l == nil {
+			if l = leases[kv.Lease]; l == nil {
+				continue // cannot happen: only the collector gives keys leases, with the lease
+			}
+			l.Keys = 0
+			held[kv.Lease] = l
+		}
+		l.Keys++
+		ttlKeys++
+	}
+	return ttlKeys, held
 }
 
 // moveLeases gives the TTL leases IDs that no lease of the source's v3 store has (an ID is the

@@ -86,16 +86,9 @@ func runTransformer(ctx context.Context, program string, c *collector, data []by
 			delete(leaseOf, kv.ModRevision)
 		}
 	}
-	// TTL keys whose revision the transformer changed have no lease left: count them, and
-	// drop the leases no key holds.
+	// TTL keys whose revision the transformer changed have no lease left: count them (the
+	// leases no key holds are left out, and the keys holding one counted, by leasesHeld).
 	c.stats.LeaseLost = len(leaseOf)
-	for _, l := range leaseOf {
-		if ls := c.leases[l]; ls != nil {
-			if ls.Keys--; ls.Keys == 0 {
-				delete(c.leases, l)
-			}
-		}
-	}
 	if err := sortKVs(kvs); err != nil {
 		return nil, fmt.Errorf("transformer %s: %w", program, err)
 	}

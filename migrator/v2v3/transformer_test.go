@@ -64,6 +64,11 @@ func fakeTransformer(mode string) int {
 		case "lease":
 			kv.Lease = 5
 			emit(kv)
+		case "newrev": // a TTL key gets a revision of its own: its lease cannot follow it
+			if n.TTL > 0 {
+				kv.ModRevision += 1 << 20
+			}
+			emit(kv)
 		case "garbage":
 			out.WriteString("this is not a protobuf stream")
 			return 0
@@ -211,6 +216,28 @@ func TestRunOptions(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(src, "member", "snap"))
 	if len(entries) != 1 {
 		t.Errorf("the source's snap dir changed: %v", entries)
+	}
+}
+
+// TestTransformerLeaseLostCounts: a TTL key to which the transformer gave another revision is
+// written without a lease; the report counts it as such (transformerLeaseLost), not among the
+// keys given a lease (ttlKeys), and its lease, left with no key, is neither counted nor written.
+func TestTransformerLeaseLostCounts(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	self, _ := os.Executable()
+	t.Setenv("KUBEFENCE_TEST_TRANSFORMER", "newrev")
+	c := testConfig(t, smallMember(t, now), now)
+	c.Transformer = self
+	rep, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := rep.Keys; k.LeaseLost != 1 || k.TTLKeys != 0 || rep.Leases != 0 {
+		t.Errorf("report: %d keys given a lease, in %d leases, %d that lost theirs; want 0, 0 and 1 (the event key)", k.TTLKeys, rep.Leases, k.LeaseLost)
+	}
+	out := readOutput(t, c.OutputDir)
+	if e := out["/moved/registry/events/e"]; e == nil || e.Lease != 0 {
+		t.Errorf("the event key %v: want it written without a lease", e)
 	}
 }
 

@@ -137,8 +137,9 @@ type MergeStats struct {
 
 // renumber moves the v2 keys above the v3 store's revision, in their original order (v2 indexes
 // and v3 revisions are separate counters that overlap), and settles keys present in both. It
-// returns the v2 keys kept and the leases of those left out (ConflictV3), one per key.
-func renumber(kvs []KV, v3 *v3Data, policy string) (_ []KV, leftOutLeases []int64, _ MergeStats, _ error) {
+// returns the v2 keys kept (ConflictV3 leaves out a v2 key in both; its lease, if no other key
+// holds it, is left out by leasesHeld).
+func renumber(kvs []KV, v3 *v3Data, policy string) ([]KV, MergeStats, error) {
 	stats := MergeStats{V3Keys: len(v3.live), V3Revisions: len(v3.entries)}
 	idx := map[int64]bool{}
 	for _, kv := range kvs {
@@ -162,9 +163,6 @@ func renumber(kvs []KV, v3 *v3Data, policy string) (_ []KV, leftOutLeases []int6
 			conflicts = append(conflicts, string(kv.Key))
 			switch policy {
 			case ConflictV3:
-				if kv.Lease != 0 {
-					leftOutLeases = append(leftOutLeases, kv.Lease)
-				}
 				continue
 			case ConflictV2:
 				// An update of the live v3 key: same generation, one more version.
@@ -181,7 +179,7 @@ func renumber(kvs []KV, v3 *v3Data, policy string) (_ []KV, leftOutLeases []int6
 		if len(shown) > 10 {
 			shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(conflicts)-10))
 		}
-		return nil, nil, stats, fmt.Errorf("%d key(s) exist in both the v2 and the v3 store: %v; choose which wins with --on-conflict=v3 or --on-conflict=v2", len(conflicts), shown)
+		return nil, stats, fmt.Errorf("%d key(s) exist in both the v2 and the v3 store: %v; choose which wins with --on-conflict=v3 or --on-conflict=v2", len(conflicts), shown)
 	}
-	return out, leftOutLeases, stats, nil
+	return out, stats, nil
 }

@@ -157,7 +157,7 @@ func TestRenumberAboveTheCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kvs, _, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
+	kvs, _, err := renumber([]KV{{Key: []byte("/b"), CreateRevision: 4, ModRevision: 4}}, d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
