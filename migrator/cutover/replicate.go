@@ -31,7 +31,7 @@ var replicateSteps = []step{
 	copyStep{},
 	migrateStep{},
 	greenEtcdStep{},
-	greenAuthStep{},
+	holdsGreenLeases{greenAuthStep{}},
 	replicateStep{},
 	needsReplication{greenAPIServerStep{}},
 	needsReplication{replicaVerifyStep{}},

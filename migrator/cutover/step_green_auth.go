@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -59,13 +60,83 @@ func (greenAuthStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	if rev != r.j.SnapshotRevision {
-		return "", fmt.Errorf("green etcd is at revision %d after auth was set up, not the snapshot's %d: something wrote to green", rev, r.j.SnapshotRevision)
+		return "", greenMoved(ctx, cli, r.j.SnapshotRevision, rev)
 	}
 	detail := fmt.Sprintf("auth on: %q root, %q read only; green at the snapshot's revision %d", self, r.p.Green.APIServer.EtcdUser, rev)
 	if len(r.j.GreenRolesTaken) > 0 {
 		detail += fmt.Sprintf("; roles %q that %q brought from blue's snapshot taken from it on green (the roles stay)", r.j.GreenRolesTaken, r.p.Green.APIServer.EtcdUser)
 	}
 	return detail, nil
+}
+
+// holdsGreenLeases is a step between green's start and replication's (the auth steps): green's
+// restored leases must stay alive while it runs, as the run that started green keeps them from
+// then on (holdRestoredLeases). A --resume after that process stopped holds them again before
+// the step runs, until replication takes them over; a lease green let run out meanwhile is a
+// revision of green's own (greenMoved says so).
+type holdsGreenLeases struct{ step }
+
+func (s holdsGreenLeases) run(ctx context.Context, r *runner) (string, error) {
+	if err := r.holdRestoredLeases(ctx); err != nil {
+		return "", err
+	}
+	return s.step.run(ctx, r)
+}
+
+// greenMovedRead bounds reading green's changes past the snapshot (greenMoved).
+const greenMovedRead = 10 * time.Second
+
+// greenMoved is the green-auth step's refusal of a green at revision rev, past the snapshot's,
+// saying what moved it, from green's history since: deletes of leased keys only are a lease
+// green let run out by itself while nothing kept its leases alive (the process that started
+// green stopped, for longer than the lease's TTL, before this --resume); anything else a write.
+func greenMoved(ctx context.Context, cli *clientv3.Client, snapshot, rev int64) error {
+	base := fmt.Sprintf("green etcd is at revision %d after auth was set up, not the snapshot's %d", rev, snapshot)
+	ended, written, err := greenChanges(ctx, cli, snapshot+1, rev)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: something wrote to green, or a lease ran out there (its changes could not be read: %w)", base, err)
+	case len(written) > 0:
+		return fmt.Errorf("%s: something wrote to green (%s)", base, keysSaid(written))
+	}
+	return fmt.Errorf("%s: a lease green was restored with ran out there (%s deleted with it): nothing kept green's leases alive while no cutover process ran, for longer than its TTL (the process that started green stopped before this --resume); green is no longer blue's snapshot: the cutover goes back to blue; run the cutover again", base, keysSaid(ended))
+}
+
+// greenChanges reads green's changes of revisions from..to: the keys deleted with their lease
+// (ended) and the others (written).
+func greenChanges(ctx context.Context, cli *clientv3.Client, from, to int64) (ended, written []string, err error) {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), greenMovedRead)
+	defer cancel()
+	for resp := range cli.Watch(ctx, "", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV()) {
+		if err := resp.Err(); err != nil {
+			return nil, nil, err
+		}
+		for _, ev := range resp.Events {
+			if ev.Kv.ModRevision > to {
+				return ended, written, nil
+			}
+			if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil && ev.PrevKv.Lease != 0 {
+				ended = append(ended, string(ev.Kv.Key))
+			} else {
+				written = append(written, string(ev.Kv.Key))
+			}
+		}
+		if n := len(resp.Events); n > 0 && resp.Events[n-1].Kv.ModRevision >= to {
+			return ended, written, nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	return nil, nil, errors.New("the watch ended before green's changes arrived")
+}
+
+// keysSaid names keys in a message: the first three, and how many more.
+func keysSaid(keys []string) string {
+	if len(keys) <= 3 {
+		return strings.Join(keys, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(keys[:3], ", "), len(keys)-3)
 }
 
 // setupAuth creates the read-only and read-write roles and the users (root and kubefence's
