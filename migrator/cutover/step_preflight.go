@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubefence/kubefence/internal/proc"
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/v2v3"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -545,28 +546,25 @@ func manifestArgs(path string) ([]string, error) {
 	return append(append([]string{}, c.Command...), c.Args...), nil
 }
 
-// etcdDefaultQuota is etcd's --quota-backend-bytes when none is given (or 0).
-const etcdDefaultQuota = 2 << 30
-
 // checkGreenQuota refuses a green whose etcd quota leaves too little room for blue's database
-// (blueDB, the largest member's file): green is restored from it at about its size and would
-// refuse writes (NOSPACE) soon after.
+// (blueDB, the largest member's file; v2v3.PastQuotaShare, the rule the v2 migration warns by):
+// green is restored from it at about its size and would refuse writes (NOSPACE) soon after.
 func checkGreenQuota(p *Plan, blueDB int64) error {
 	quota, set := greenQuota(p)
-	if quota < 0 || blueDB <= quota/5*4 { // negative: no quota
+	if !v2v3.PastQuotaShare(blueDB, quota) { // negative: no quota
 		return nil
 	}
 	source := "etcd's default, green.etcd.extraArgs sets none"
 	if set {
 		source = "from green.etcd.extraArgs"
 	}
-	return fmt.Errorf("green etcd's quota (--quota-backend-bytes, %s: %s) leaves too little room for blue's database of %s: green would refuse writes once restored from it; set --quota-backend-bytes in green.etcd.extraArgs at least as large as blue's and above %s, or defragment blue first", gibs(quota), source, gibs(blueDB), gibs(blueDB/4*5))
+	return fmt.Errorf("green etcd's quota (--quota-backend-bytes, %s: %s) leaves too little room for blue's database of %s: green would refuse writes once restored from it; set --quota-backend-bytes in green.etcd.extraArgs at least as large as blue's and above %s, or defragment blue first", gibs(quota), source, gibs(blueDB), gibs(v2v3.QuotaFor(blueDB)))
 }
 
 // greenQuota is green etcd's --quota-backend-bytes (set: green.etcd.extraArgs gives it), else
-// etcd's default; negative for none.
+// etcd's default (v2v3.DefaultQuota); negative for none.
 func greenQuota(p *Plan) (quota int64, set bool) {
-	quota = etcdDefaultQuota
+	quota = v2v3.DefaultQuota
 	for _, f := range etcdFlags(etcdCommand(p, p.Green.Etcd.Members[0])) {
 		if n, err := strconv.ParseInt(f.value, 10, 64); f.name == "quota-backend-bytes" && err == nil && n != 0 {
 			quota, set = n, true

@@ -363,24 +363,41 @@ func (m *migration) write(context.Context) (err error) {
 	return nil
 }
 
+// DefaultQuota is etcd's --quota-backend-bytes when none is given (or 0): 2 GiB.
+const DefaultQuota int64 = 2 << 30
+
+// defaultQuota is DefaultQuota where this package uses it (a var: tests lower it).
+var defaultQuota = DefaultQuota
+
+// PastQuotaShare reports whether a database of size bytes is past 80% of quota (negative: no
+// quota, never): an etcd whose database reaches its quota refuses writes (the NOSPACE alarm),
+// and one restored or migrated that near it would reach it soon after. The migration warns
+// past it, the cutover's preflight refuses.
+func PastQuotaShare(size, quota int64) bool {
+	return quota >= 0 && size > quota/5*4
+}
+
+// QuotaFor is the smallest quota a database of size bytes is not past 80% of (PastQuotaShare),
+// to the 5 bytes its fifths are counted in.
+func QuotaFor(size int64) int64 { return (size + 3) / 4 * 5 }
+
 // warnQuota warns when the new backend is past 80% of the members' quota (Config.Quota, else
-// etcd's default of 2 GiB): an etcd whose database reaches its quota refuses writes (the
-// NOSPACE alarm), so the new members need a larger one.
+// etcd's default of 2 GiB; PastQuotaShare), so the new members need a larger one.
 func (m *migration) warnQuota() error {
 	quota, whose := m.c.Quota, "the quota given (--quota-backend-bytes)"
 	switch {
 	case quota < 0:
 		return nil
 	case quota == 0:
-		quota, whose = etcdDefaultQuota, "etcd's default quota"
+		quota, whose = defaultQuota, "etcd's default quota"
 	}
 	st, err := os.Stat(m.dbPath)
 	if err != nil {
 		return err
 	}
-	if size := st.Size(); size > quota/5*4 {
-		m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the new database is %d bytes (%.1f GiB), past 80%% of %s of %.1f GiB: an etcd whose database reaches its quota refuses writes (NOSPACE alarm). Start the new members with --quota-backend-bytes above %d (etcd suggests at most 8 GiB)",
-			size, float64(size)/(1<<30), whose, float64(quota)/(1<<30), size/4*5))
+	if size := st.Size(); PastQuotaShare(size, quota) {
+		m.rep.Warnings = append(m.rep.Warnings, fmt.Sprintf("the new database is %d bytes (%.1f GiB), past 80%% of %s of %.1f GiB: an etcd whose database reaches its quota refuses writes (NOSPACE alarm). Start the new members with --quota-backend-bytes of at least %d (etcd suggests at most 8 GiB)",
+			size, float64(size)/(1<<30), whose, float64(quota)/(1<<30), QuotaFor(size)))
 	}
 	return nil
 }

@@ -502,13 +502,39 @@ func TestContentDigestComparesMembers(t *testing.T) {
 	}
 }
 
+// TestPastQuotaShare: the rule the migration warns by and the cutover's preflight refuses by.
+// A database is past its quota's share above 80% of it; QuotaFor gives the smallest quota it
+// is not past; a negative quota is none.
+func TestPastQuotaShare(t *testing.T) {
+	for _, tc := range []struct {
+		size, quota int64
+		past        bool
+	}{
+		{0, DefaultQuota, false},
+		{DefaultQuota / 5 * 4, DefaultQuota, false},
+		{DefaultQuota/5*4 + 1, DefaultQuota, true},
+		{DefaultQuota, DefaultQuota, true},
+		{1 << 40, -1, false},
+		{1, 0, true},
+	} {
+		if got := PastQuotaShare(tc.size, tc.quota); got != tc.past {
+			t.Errorf("PastQuotaShare(%d, %d) = %v, want %v", tc.size, tc.quota, got, tc.past)
+		}
+	}
+	for _, size := range []int64{4 << 10, 19 << 30 / 10, 3<<30 + 7} {
+		if q := QuotaFor(size); PastQuotaShare(size, q) || !PastQuotaShare(size, q-5) {
+			t.Errorf("QuotaFor(%d) = %d: want the smallest quota (to the 5 bytes its fifths round to) the size is not past 80%% of", size, q)
+		}
+	}
+}
+
 // TestQuotaWarned: etcd's default quota (--quota-backend-bytes) is 2 GiB, and an etcd whose
 // database is past its quota refuses writes (NOSPACE). An output past 80% of it is warned
 // about, naming its size and the flag green etcd needs; a smaller one is not.
 func TestQuotaWarned(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	src := smallMember(t, now)
-	defer func(q int64) { etcdDefaultQuota = q }(etcdDefaultQuota)
+	defer func(q int64) { defaultQuota = q }(defaultQuota)
 	for _, tc := range []struct {
 		name  string
 		quota int64 // etcd's default
@@ -524,7 +550,7 @@ func TestQuotaWarned(t *testing.T) {
 		{"no quota (negative)", 4 << 10, -1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			etcdDefaultQuota = tc.quota
+			defaultQuota = tc.quota
 			c := testConfig(t, src, now)
 			c.Quota = tc.given
 			rep, err := Run(c)

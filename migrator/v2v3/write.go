@@ -139,9 +139,6 @@ func joinClose(err error, db *bolt.DB) error {
 	return err
 }
 
-// etcdDefaultQuota is etcd's --quota-backend-bytes when none is given (a var: tests lower it).
-var etcdDefaultQuota int64 = 2 << 30
-
 // writeBatchBytes bounds what one bbolt transaction holds in memory.
 const writeBatchBytes = 8 << 20
 
