@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -29,11 +31,45 @@ func (switchStep) run(ctx context.Context, r *runner) (string, error) {
 	if switched {
 		return fmt.Sprintf("the proxy was switched to %s before the process that ran the switch stopped", r.to.name), nil
 	}
+	covered, err := r.checkBumpCovers(ctx)
+	if err != nil {
+		return "", err
+	}
 	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ExpectGeneration: r.j.FenceGeneration})
 	if err != nil {
 		return "", err
 	}
-	return switchDetail(resp), nil
+	return switchDetail(resp) + covered, nil
+}
+
+// checkBumpCovers refuses the switch once blue's revision is past green's start, the
+// snapshot's revision plus migration.revisionBump (marked compacted there): blue moves on while
+// fenced (its apiservers' own writes, their leases; writes a fence policy rule lets through),
+// and a client may hold one of its resourceVersions above green's start, where green has a
+// history of its own: a watch from there would get events at revisions it saw, or miss some.
+// At or below it, green answers such a watch "too old" and the client relists. Blue's revision
+// is read right before the switch (its apiservers' writes after it reach no client: the
+// switch moves them to green). It says how far blue was from the limit.
+func (r *runner) checkBumpCovers(ctx context.Context) (string, error) {
+	bump := r.p.revisionBump()
+	if bump == 0 { // replicating: green has blue's revisions exactly
+		return "", nil
+	}
+	cli, err := datadir.NewClient(r.p.Blue.Etcd.EtcdClientSpec)
+	if err != nil {
+		return "", fmt.Errorf("blue etcd, to check that migration.revisionBump covers its revision: %w", err)
+	}
+	defer cli.Close()
+	rev, err := replicate.Revision(ctx, cli)
+	if err != nil {
+		return "", fmt.Errorf("blue etcd's revision, to check that migration.revisionBump covers it: %w; not switching", err)
+	}
+	start := r.j.SnapshotRevision + bump
+	if rev > start {
+		return "", fmt.Errorf("blue etcd is at revision %d, past green's start at %d (the snapshot's revision %d + migration.revisionBump %d): blue moved on %d revisions since the snapshot (its apiservers' own writes, writes a fence policy rule let through), and clients may hold resourceVersions up to %d, which green gives to its own history (their watches would get events they saw, or miss some); not switching: raise migration.revisionBump well above what blue writes in a cutover's window (the default is %d) and run the cutover again",
+			rev, start, r.j.SnapshotRevision, bump, rev-r.j.SnapshotRevision, rev, DefaultRevisionBump)
+	}
+	return fmt.Sprintf("; blue at revision %d, within green's start at %d (migration.revisionBump %d)", rev, start, bump), nil
 }
 
 // checkFenceHeld refuses the switch unless the proxy is still in the state the cutover's fence
