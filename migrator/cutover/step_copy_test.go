@@ -2,10 +2,12 @@ package cutover
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kubefence/kubefence/internal/testetcd"
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // TestCopyRetakesItsOwnSnapshot: a cutover killed after the snapshot was renamed into its state
@@ -40,5 +42,49 @@ func TestCopyStepSaysV2KeysAreNotCopied(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("%q lacks %q", got, want)
 		}
+	}
+}
+
+// TestCopyRefusesAStaleMemberDir: blue.etcd.dataDir must be a running blue member's: a copy of
+// one (a backup, a dir copied by hand) has blue's cluster ID too, but its v2 store is as old as
+// the copy, and migrating it to green as blue's would lose what blue took since (or decide mode
+// auto on content blue no longer has). The copy step refuses a data dir no running etcd holds;
+// the running member's own passes.
+func TestCopyRefusesAStaleMemberDir(t *testing.T) {
+	blue := testetcd.Start(t)
+	spec := datadir.ConnSpec{Endpoints: []string{blue.URL}}
+	stale := filepath.Join(t.TempDir(), "copy")
+	if _, err := datadir.CopyLive(t.Context(), blue.DataDir, "", stale, spec, blue.URL); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := datadir.NewClient(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Put(t.Context(), "/registry/after-the-copy", "v"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dataDir, want string
+	}{
+		{"the running member's", blue.DataDir, ""},
+		{"a copy of it", stale, "not held by a running etcd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Plan{StateDir: t.TempDir(), Migration: Migration{Mode: "auto"}}
+			p.Blue.Etcd.Endpoints, p.Blue.Etcd.DataDir = []string{blue.URL}, tc.dataDir
+			r := &runner{p: p, j: &Journal{}}
+			detail, err := (copyStep{}).run(t.Context(), r)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("copy of the running member: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.dataDir) {
+				t.Fatalf("copy of a stale member dir: %q, %v; want it refused (%q)", detail, err, tc.want)
+			}
+		})
 	}
 }

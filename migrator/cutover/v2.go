@@ -31,6 +31,9 @@ func (r *runner) memberCopyPath() string { return filepath.Join(r.p.StateDir, "b
 // member/snap/db) and decides, for mode auto, whether the member holds v2 content.
 func (r *runner) copyV2Member(ctx context.Context, snapshotDB string, blueCluster uint64) (string, error) {
 	e := r.p.Blue.Etcd
+	if err := runningMemberDir(e.DataDir); err != nil {
+		return "", err
+	}
 	dst := r.memberCopyPath()
 	var last error
 	for try := 1; try <= datadir.LiveAttempts; try++ {
@@ -187,6 +190,22 @@ func (r *runner) checkV2Keys(ctx context.Context) (string, error) {
 		return fmt.Sprintf("green etcd serves the migrated v2 keys without a TTL; %d with one ran out since the copy (%d keys under their prefixes, %d migrated)", short, found, wrote), nil
 	}
 	return fmt.Sprintf("green etcd serves the %d migrated v2 keys (%d keys under their prefixes)", wrote, found), nil
+}
+
+// runningMemberDir refuses a blue.etcd.dataDir no running etcd holds (a running member keeps
+// a lock on its backend, member/snap/db): a copy of a member (a backup, a dir copied by hand) or
+// a stopped one. Its cluster ID is blue's, which is all sameCluster compares, but its v2 store
+// is as old as it is: migrated to green as blue's, what blue's v2 store took since would be
+// lost without a word (or mode auto decided on content blue no longer has).
+func runningMemberDir(dir string) error {
+	busy, err := datadir.InUse(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("blue.etcd.dataDir %s: %w", dir, err)
+	case !busy:
+		return fmt.Errorf("blue.etcd.dataDir %s is not held by a running etcd (a running member locks its member/snap/db): a copy of a member, or a stopped one, whose v2 store is as old as it is and would be migrated to green as blue's, losing what blue took since; give the data dir of a blue member running on this host", dir)
+	}
+	return nil
 }
 
 // sameCluster refuses a member copy (of dataDir) whose WAL says it belongs to another cluster
