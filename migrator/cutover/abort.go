@@ -512,9 +512,6 @@ func withJournal(o Options, none string, do func(*runner) error) error {
 	if _, err := os.Stat(o.Plan.StateDir); err != nil {
 		return fmt.Errorf("%s: %w", none, err)
 	}
-	if err := checkStateDir(o.Plan.StateDir); err != nil {
-		return err
-	}
 	lock, err := lockStateDir(o.Plan.StateDir)
 	if err != nil {
 		return err

@@ -189,10 +189,13 @@ func journalPath(stateDir string) string { return filepath.Join(stateDir, "journ
 // errNoJournal means no cutover has started in this state dir.
 var errNoJournal = errors.New("no journal")
 
-// LoadJournal reads the journal of stateDir. One a newer kubefence wrote (a version or state
-// this one does not know) is refused, for every command: acting on it would mean guessing what
-// its steps did.
+// LoadJournal reads the journal of stateDir, once checkStateDir trusts it. One a newer
+// kubefence wrote (a version or state this one does not know) is refused, for every command:
+// acting on it would mean guessing what its steps did.
 func LoadJournal(stateDir string) (*Journal, error) {
+	if err := checkStateDir(stateDir); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(journalPath(stateDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errNoJournal

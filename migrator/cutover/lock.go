@@ -16,8 +16,12 @@ type stateLock struct{ l *flock.Lock }
 
 func lockPath(stateDir string) string { return filepath.Join(stateDir, "lock") }
 
-// lockStateDir takes the state dir's lock or says which process holds it.
+// lockStateDir takes the state dir's lock, once checkStateDir trusts it, or says which process
+// holds it.
 func lockStateDir(stateDir string) (*stateLock, error) {
+	if err := checkStateDir(stateDir); err != nil {
+		return nil, err
+	}
 	path := lockPath(stateDir)
 	l, err := flock.Take(path)
 	var held *flock.HeldError

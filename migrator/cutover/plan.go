@@ -728,12 +728,12 @@ func (p *Plan) CheckFilesAfterSwitch() error {
 // state dir needs: CheckFilesAfterSwitch once its switch is journaled (or it bakes, or rolls
 // back), CheckFiles before, or without a journal to read.
 func (p *Plan) CheckFilesToGoOn() error {
-	// The journal says which files; it is read only from a state dir no other user controls
-	// (a FIFO planted as journal.json would block the read for ever).
-	if err := checkStateDir(p.StateDir); err != nil {
+	// The journal says which files; LoadJournal reads it only from a state dir no other user
+	// controls (a FIFO planted as journal.json would block the read for ever).
+	j, err := LoadJournal(p.StateDir)
+	if isUntrustedStateDir(err) {
 		return err
 	}
-	j, err := LoadJournal(p.StateDir)
 	if err == nil && (j.done(StepSwitch) || j.State == StateBaking || j.State == StateRollingBack) {
 		return p.CheckFilesAfterSwitch()
 	}

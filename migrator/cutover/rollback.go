@@ -44,12 +44,13 @@ const afterRollbackAbort = "green serves as before and writes are open; blue no 
 // Rollback goes back to blue during a bake. The process that keeps blue following green (the
 // cutover, or its --resume) is asked to stop (SIGTERM) and this one picks replication up.
 func Rollback(ctx context.Context, o Options) (*Report, error) {
-	if err := checkStateDir(o.Plan.StateDir); err != nil {
-		return nil, err
-	}
 	// What can be refused is refused before the baking process is stopped: once it has, nothing
 	// keeps blue in step with green.
-	if j, err := LoadJournal(o.Plan.StateDir); err == nil {
+	j, err := LoadJournal(o.Plan.StateDir)
+	if isUntrustedStateDir(err) {
+		return nil, err
+	}
+	if err == nil {
 		if err := rollbackAllowed(j, o.Resume); err != nil {
 			return nil, err
 		}
@@ -259,10 +260,8 @@ func (stopFollowingStep) run(ctx context.Context, r *runner) (string, error) {
 // to stop) and the cutover is done.
 func Finish(ctx context.Context, o Options) (*Report, error) {
 	// What can be refused is refused before the baking process is stopped (takeOver): once it
-	// has, nothing keeps blue in step with green.
-	if err := checkStateDir(o.Plan.StateDir); err != nil {
-		return nil, err
-	}
+	// has, nothing keeps blue in step with green. An untrusted state dir is refused by takeOver's
+	// LoadJournal, before that.
 	r, err := newRunner(o, nil)
 	if err != nil {
 		return nil, err

@@ -19,7 +19,8 @@ const stateDirExample = "/var/lib/kubefence/cutover"
 // the journal: kubefence, as root, acts on what it reads back from there (the journal names the
 // static pod manifest an abort removes, the snapshot green is restored from, the green
 // processes it stops), logs green's output there and locks it; whoever could change it could
-// hold the lock, redirect the logs or plant a journal.
+// hold the lock, redirect the logs or plant a journal. The two doors every command goes through
+// call it, LoadJournal and lockStateDir, so that none can forget it.
 func checkStateDir(dir string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return stateDirRefusal(pathguard.CheckTrustedAbove("stateDir", dir, stateDirExample))
@@ -39,10 +40,23 @@ func makeStateDir(dir string) error {
 	return checkStateDir(dir)
 }
 
+// untrustedStateDir is checkStateDir's refusal: a caller that goes on without a journal (none
+// there, or one it cannot read) must not go on past it.
+type untrustedStateDir struct{ err error }
+
+func (e *untrustedStateDir) Error() string { return e.err.Error() }
+func (e *untrustedStateDir) Unwrap() error { return e.err }
+
+// isUntrustedStateDir says err is checkStateDir's refusal.
+func isUntrustedStateDir(err error) bool {
+	var u *untrustedStateDir
+	return errors.As(err, &u)
+}
+
 // stateDirRefusal is pathguard's refusal of a state dir with why it matters and what else to do.
 func stateDirRefusal(err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("%w; or, if it is yours, fix the directory named (chown it to root, the user kubefence runs as; chmod go-w), after checking what another user may have put in it; or give the plan another stateDir. kubefence acts on what it reads back from the state dir (the journal names files an abort removes, the snapshot green is restored from, the green processes it stops) and keeps its lock and green's logs there. Nothing was read or changed", err)
+	return &untrustedStateDir{fmt.Errorf("%w; or, if it is yours, fix the directory named (chown it to root, the user kubefence runs as; chmod go-w), after checking what another user may have put in it; or give the plan another stateDir. kubefence acts on what it reads back from the state dir (the journal names files an abort removes, the snapshot green is restored from, the green processes it stops) and keeps its lock and green's logs there. Nothing was read or changed", err)}
 }

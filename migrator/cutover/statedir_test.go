@@ -140,3 +140,43 @@ func chmod(t *testing.T, path string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// TestStateDirCheckedWhereItIsRead: the trust check sits in the two doors every command goes
+// through, the journal's read and the lock, not in each command: a new path through either
+// refuses an untrusted state dir before it reads or creates anything there.
+func TestStateDirCheckedWhereItIsRead(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the state dir is given to another user")
+	}
+	for _, door := range []struct {
+		name string
+		use  func(dir string) error
+	}{
+		{"LoadJournal", func(dir string) error { _, err := LoadJournal(dir); return err }},
+		{"the rollback's journal", func(dir string) error { _, err := LoadJournal(filepath.Join(dir, "rollback")); return err }},
+		{"lockStateDir", func(dir string) error {
+			l, err := lockStateDir(dir)
+			l.unlock()
+			return err
+		}},
+	} {
+		t.Run(door.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state")
+			if err := os.MkdirAll(filepath.Join(dir, "rollback"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			planted := &Journal{Version: 1, ID: "planted", State: StateRunning}
+			for _, d := range []string{dir, filepath.Join(dir, "rollback")} {
+				if err := planted.save(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := stateDirListing(t, dir)
+			chown(t, dir, 65534)
+			checkStateDirRefusal(t, door.use(dir), "belongs to uid 65534")
+			if after := stateDirListing(t, dir); !slices.Equal(before, after) {
+				t.Errorf("the state dir changed: %v, then %v", before, after)
+			}
+		})
+	}
+}
