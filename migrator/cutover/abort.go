@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -354,11 +355,10 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 			}
 			// Expecting blue: a proxy that could not be looked at just before stays fenced
 			// unless it is on blue.
-			if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
+			if err := r.unfenceBack(ctx); err != nil {
 				return fmt.Errorf("unfence: %w; the proxies that answered are open on blue: run 'kubefence cutover abort' again once every proxy is back", err)
 			}
 			fenced = false
-			r.journalUnfenced()
 		}
 		return nil
 	}
@@ -407,11 +407,44 @@ func (r *runner) backFromGreenFenced(at proxiesAt) error {
 // ownFence says a fence on now may be this run's: one was journaled, and not its lifting.
 func (r *runner) ownFence() bool { return !r.j.FencedAt.IsZero() && r.j.UnfencedAt.IsZero() }
 
+// unfenceBack lifts the fence of every proxy, each only where it is on r.from (an abort going
+// back). One that does not acknowledge stays fenced while the others reopen: which ones is
+// journaled at once (StillFenced), for status to name, and cleared once every one is open
+// (journalUnfenced).
+func (r *runner) unfenceBack(ctx context.Context) error {
+	req := admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}
+	var res []admin.Result[admin.FenceResponse]
+	var err error
+	if g, ok := r.adm.(*proxyGroup); ok { // as its Fence, with each proxy's answer
+		res, err = admin.Each(ctx, g.proxies, func(ctx context.Context, c proxyAdmin) (admin.FenceResponse, error) {
+			return fenceOf(ctx, c, req)
+		})
+	} else { // the plan's one proxy
+		_, err = r.adm.Fence(ctx, req)
+		res = []admin.Result[admin.FenceResponse]{{Err: err}}
+	}
+	if err == nil {
+		r.journalUnfenced()
+		return nil
+	}
+	r.j.StillFenced = nil
+	for _, pr := range res {
+		if pr.Err != nil {
+			r.j.StillFenced = append(r.j.StillFenced, cmp.Or(pr.Proxy, r.p.Proxy.AdminSocket, "the proxy"))
+		}
+	}
+	if serr := r.saveJournal(); serr != nil && r.o.Log != nil {
+		r.o.Log.Warn("journaling which proxies stay fenced failed; the abort goes on", "err", serr)
+	}
+	return err
+}
+
 // journalUnfenced journals, at once, that an abort reopened writes: the abort may not get to its
 // end (a green process that will not stop), and status must not say writes are fenced
 // meanwhile. A failed save is logged: the abort goes on.
 func (r *runner) journalUnfenced() {
 	r.markUnfenced()
+	r.j.StillFenced = nil
 	if err := r.saveJournal(); err != nil && r.o.Log != nil {
 		r.o.Log.Warn("journaling the unfence failed; the abort goes on", "err", err)
 	}

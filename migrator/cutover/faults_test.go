@@ -3,6 +3,7 @@ package cutover
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -484,5 +485,30 @@ func TestStopGreenGoesOnWhenTheManifestStays(t *testing.T) {
 	stopped, err := w.r.stopGreen()
 	if err == nil || !strings.Contains(err.Error(), "static pod manifest") || !slices.Contains(w.stopped, 101) {
 		t.Fatalf("stopGreen with the manifest stuck: stopped %v (pids %v), %v; want green's etcd stopped and the manifest named", stopped, w.stopped, err)
+	}
+}
+
+// TestStatusNamesTheProxiesTheAbortLeftFenced: an abort whose unfence one silent proxy did not
+// acknowledge reopens the others on blue and stops partway; status then names the proxy still
+// fenced, instead of saying only that writes are fenced (on every proxy, as it reads).
+func TestStatusNamesTheProxiesTheAbortLeftFenced(t *testing.T) {
+	w := newDecisionWorld(t, false, StepCopy, false)
+	stB := secondProxyGoesDown(t, w, StepCopy, false)
+	if _, err := w.r.run(t.Context()); err == nil {
+		t.Fatal("the abort with proxy b silent finished")
+	}
+	if w.st.Fenced || !stB.Fenced {
+		t.Fatalf("proxy a fenced %v (want open), proxy b fenced %v (silent, still fenced)", w.st.Fenced, stB.Fenced)
+	}
+	st, err := Status(t.Context(), w.r.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := json.Marshal(st) // as 'cutover status -o json' prints it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"stillFenced":["b"]`) {
+		t.Errorf("status %s does not name proxy b as the one still fenced", out)
 	}
 }

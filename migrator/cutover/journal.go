@@ -117,6 +117,10 @@ type Journal struct {
 	RefusedAtFence   uint64        `json:"refusedAtFence,omitempty"`
 	RefusedAtUnfence uint64        `json:"refusedAtUnfence,omitempty"`
 	Verified         *VerifyReport `json:"verified,omitempty"`
+	// StillFenced are the proxies (by name, the plan's one proxy by its admin socket) whose
+	// unfence an abort going back did not get acknowledged: they stay fenced while the others
+	// are open, until an abort run again reaches them (cleared when every one is open).
+	StillFenced []string `json:"stillFenced,omitempty"`
 	// AbortReason is why the cutover was aborted. An abort saves it before it changes anything,
 	// so with the state still running it marks an abort under way (aborting).
 	AbortReason string `json:"abortReason,omitempty"`

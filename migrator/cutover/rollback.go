@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubefence/kubefence/internal/steprun"
-	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // A rollback (`kubefence cutover rollback`) is a baking cutover's window run backwards, from
@@ -209,7 +208,7 @@ func (r *runner) abortRollback(ctx context.Context, reason string) error {
 	// lifting too): one on before it is the operator's, put on to stop a misbehaving green, say.
 	r.othersFence = at.fenced && !r.ownFence() && !refenced
 	if (at.fenced || len(at.down) > 0) && (r.ownFence() || refenced) { // a silent proxy is waited for once
-		if _, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: false, ExpectBackend: r.from.api.URL}); err != nil {
+		if err := r.unfenceBack(ctx); err != nil {
 			return fmt.Errorf("unfence: %w", err)
 		}
 		r.journalUnfenced()

@@ -30,6 +30,9 @@ type StatusReport struct {
 	// Aborting is the reason of an abort that started and did not finish (the run stopped
 	// partway through it): 'kubefence cutover abort' finishes it.
 	Aborting string `json:"aborting,omitempty"`
+	// StillFenced, with WindowOpenSince, are the proxies such an abort could not unfence: only
+	// they hold or refuse writes; it reopened the others (on blue, or on green in a rollback's).
+	StillFenced []string `json:"stillFenced,omitempty"`
 	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
 	// none does.
 	Runner int `json:"runner"`
@@ -71,6 +74,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 	st := &StatusReport{ID: j.ID, State: j.State, Started: j.Started, Steps: j.Done, Rehearsal: j.Rehearse, Runner: follower(p.StateDir)}
 	if j.aborting() {
 		st.Aborting = j.AbortReason
+		st.StillFenced = stillFenced(j)
 	}
 	if j.State == StateRunning && j.done(StepSwitch) && !j.done(StepUnfence) {
 		st.FinishByHand = finishByHand(p, j)
@@ -84,6 +88,7 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 		if j.State == StateRollingBack {
 			// The rollback fences through its own journal.
 			st.WindowOpenSince, st.FenceStartedAt = fenceTimes(rj)
+			st.StillFenced = stillFenced(rj)
 		}
 		stopped = j.State == StateRollingBack && rj.done(StepStopReplication)
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
@@ -116,6 +121,15 @@ func fenceTimes(j *Journal) (windowOpenSince, fenceStartedAt time.Time) {
 		return j.FencedAt, time.Time{}
 	}
 	return time.Time{}, j.FencedAt
+}
+
+// stillFenced are the proxies j's abort could not unfence while its fence is journaled as not
+// lifted (nil otherwise).
+func stillFenced(j *Journal) []string {
+	if j.State != StateRunning || j.FencedAt.IsZero() || !j.UnfencedAt.IsZero() {
+		return nil
+	}
+	return j.StillFenced
 }
 
 // readRevisions reads blue's and then green's revision: blue follows, so read in this order
