@@ -220,9 +220,10 @@ func placeCopy(rep *RestoreReport, tmp string, now time.Time, place func(copy, d
 
 // dropRebuild removes the new dir an interrupted upgrade or downgrade built beside the data
 // dir and marked ready (recoverSwap removed any not marked): the next run, planned afresh once
-// its journal is abandoned, would take it as built from the same source (same member, same
-// commit index: the backup it takes holds the data that was rebuilt) and swap it in, built
-// with the options of the abandoned run. Removed before the data dir is renamed aside, as
+// its journal is abandoned, finds it built from the same source (same member, same commit
+// index: the backup it takes holds the data that was rebuilt); its marker keeps a run with
+// other options from taking it (readyMark), and removed, nothing of the abandoned run is left
+// beside the restored data. Removed before the data dir is renamed aside, as
 // otherwise a restore killed between its two renames would leave it for recoverSwap to put in
 // the data dir's place. Its marker goes first: a removal that fails halfway leaves no dir
 // marked ready.

@@ -458,15 +458,10 @@ func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) 
 	if err := e.chooseSource(s); err != nil {
 		return err
 	}
-	src := *s.Source
-	var swapped, todo []string
-	for _, d := range swapOrder(e.opts.DataDirs, src.DataDir) {
-		if markedFrom(d, src) {
-			s.Members[d] = "rebuilt from " + src.String() + ", swapped in by the interrupted run"
-			swapped = append(swapped, d)
-			continue
-		}
-		todo = append(todo, d)
+	src, want := *s.Source, specOf(s, *e.opts.rebuildOptions())
+	swapped, todo, notes := keptSwapped(e.opts.DataDirs, src, want)
+	for _, d := range swapped {
+		s.Members[d] = "rebuilt from " + src.String() + ", swapped in by the interrupted run"
 	}
 	if err := e.checkUnchanged(src, swapped, todo); err != nil {
 		return err
@@ -483,8 +478,11 @@ func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := e.buildMember(s, src, srcMS, d, build); err != nil {
+		if err := e.buildMember(s, src, srcMS, d, want, build); err != nil {
 			return err
+		}
+		if notes[d] != "" {
+			s.Members[d] = notes[d] + "; built again: " + s.Members[d]
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -503,17 +501,14 @@ func (e *executor) rebuild(ctx context.Context, s *StepReport, build buildFunc) 
 	return e.clearMarkers()
 }
 
-// buildMember builds data dir d's new dir from src and marks it ready, unless the interrupted
-// run did. The member is built with the source's membership (srcMS), as the source records it:
-// etcd's restore derives the member IDs and the cluster ID from --initial-cluster and the
-// token, so a lagging member's own view (a member removed or a peer URL changed since) would
-// build it into another cluster than the others.
-func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membership, d string, build buildFunc) error {
+// buildMember builds data dir d's new dir from src with want and marks it ready, unless an
+// earlier run did so the same way (keeps); a new dir there built otherwise is built again, and
+// the member's line says why. The member is built with the source's membership (srcMS), as the
+// source records it: etcd's restore derives the member IDs and the cluster ID from
+// --initial-cluster and the token, so a lagging member's own view (a member removed or a peer
+// URL changed since) would build it into another cluster than the others.
+func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membership, d string, want builtWith, build buildFunc) error {
 	tmp := newPath(d)
-	if markedFrom(tmp, src) {
-		s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
-		return nil
-	}
 	own, err := ReadMembership(d, "")
 	if err != nil {
 		return err
@@ -521,6 +516,16 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membershi
 	ms, err := srcMS.as(own)
 	if err != nil {
 		return fmt.Errorf("%s: %w", d, err)
+	}
+	want = want.as(ms)
+	note := ""
+	if m, ok := readMark(tmp); ok {
+		keep, why := m.keeps(src, want)
+		if keep {
+			s.Members[d] = "rebuilt from " + src.String() + " by the interrupted run"
+			return nil
+		}
+		note = fmt.Sprintf("the member an earlier run rebuilt (%s) was not taken: %s; built again: ", tmp, why)
 	}
 	owner, err := ownerOf(d)
 	if err != nil {
@@ -537,8 +542,36 @@ func (e *executor) buildMember(s *StepReport, src RebuildSource, srcMS Membershi
 		os.RemoveAll(tmp)
 		return diskHint(err, filepath.Dir(d))
 	}
-	s.Members[d] = what
-	return markReady(tmp, src)
+	s.Members[d] = note + what
+	return markReady(tmp, readyMark{RebuildSource: src, Built: &want})
+}
+
+// keptSwapped sorts the data dirs, the source last, into those holding a member an earlier run
+// of the step rebuilt from src and swapped in, kept as it would be built now (want, but for the
+// member's own part: a swapped-in member's membership is its rebuilt one), and those to build
+// (todo). A swapped-in member built otherwise is built again (its old data is gone, and the
+// source's is there: it is swapped last), with a note why; unless an older kubefence, which did
+// not record what it built with, swapped in every member, the source's too: nothing can be
+// built again, and the resumed journal's options were checked against the ones given
+// (checkOptions).
+func keptSwapped(dirs []string, src RebuildSource, want builtWith) (swapped, todo []string, notes map[string]string) {
+	notes = map[string]string{}
+	allIn := markedFrom(src.DataDir, src)
+	for _, d := range swapOrder(dirs, src.DataDir) {
+		m, ok := readMark(d)
+		if !ok {
+			todo = append(todo, d)
+			continue
+		}
+		keep, why := m.keeps(src, want)
+		if keep || (allIn && m.Built == nil && m.same(src)) {
+			swapped = append(swapped, d)
+			continue
+		}
+		notes[d] = "the member an earlier run rebuilt and swapped in was not kept: " + why
+		todo = append(todo, d)
+	}
+	return swapped, todo, notes
 }
 
 // chooseSource journals the most advanced member as the step's source, with every member's
@@ -720,8 +753,8 @@ func migrateSchema(path string, w wal.Version, target Version) error {
 }
 
 // A step that replaces data dirs builds each new one at <dir>.kubefence-new, marks it ready
-// (the marker names the source it was built from), and swaps: <dir> → <dir>.kubefence-old,
-// new → <dir>, old removed. The marker stays in <dir> until every member is swapped, so a
+// (the marker names the source it was built from and what with: readyMark), and swaps:
+// <dir> → <dir>.kubefence-old, new → <dir>, old removed. The marker stays in <dir> until every member is swapped, so a
 // repeated step knows which members are done. recoverSwap, run first on every start, finishes
 // or undoes a swap a crash interrupted, so <dir> is always a whole data dir (old or new) that
 // etcd opens.
@@ -730,8 +763,90 @@ const readyMarker = "kubefence-swap-ready"
 func newPath(dir string) string { return filepath.Clean(dir) + ".kubefence-new" }
 func oldPath(dir string) string { return filepath.Clean(dir) + ".kubefence-old" }
 
-func markReady(dir string, src RebuildSource) error {
-	b, err := json.Marshal(src)
+// builtWith is what a rebuilt member holds besides its source's data, recorded in its ready
+// marker: the step and version it was built for, the options that shape it, and the member it
+// was built as. A run keeps a member an earlier run rebuilt only when it would build it the
+// same way: a run planned afresh, once a journal was deleted or abandoned (restore-backup of
+// some members), may be given other options, and the source alone (the same member at the
+// same commit index) does not tell the runs apart.
+type builtWith struct {
+	Step         string `json:"step"`
+	Version      string `json:"version"`
+	ClusterToken string `json:"initialClusterToken"`
+	// OnConflict and IncludeHidden shape a v2 migration's members only.
+	OnConflict    string `json:"onConflict,omitempty"`
+	IncludeHidden bool   `json:"includeHidden,omitempty"`
+	// Name and InitialCluster are the member it was built as (etcd's restore derives its ID,
+	// and the cluster's, from them and the token).
+	Name           string `json:"name,omitempty"`
+	InitialCluster string `json:"initialCluster,omitempty"`
+}
+
+// specOf is what rebuild step s builds every member with, given o; as adds the member.
+func specOf(s *StepReport, o RebuildOptions) builtWith {
+	b := builtWith{Step: s.Kind, Version: s.Version, ClusterToken: o.ClusterToken}
+	if s.Kind == StepMigrateV2 {
+		b.OnConflict, b.IncludeHidden = o.OnConflict, o.IncludeHidden
+	}
+	return b
+}
+
+// as is b for the member ms.
+func (b builtWith) as(ms Membership) builtWith {
+	b.Name, b.InitialCluster = ms.Self.Name, ms.InitialCluster()
+	return b
+}
+
+// diff names what differs between b (a marker's) and now, with both values. The member's own
+// part is compared only when now names one.
+func (b builtWith) diff(now builtWith) []string {
+	if now.Name == "" {
+		b.Name, b.InitialCluster = "", ""
+	}
+	var out []string
+	for _, f := range []struct {
+		what     string
+		got, now any
+	}{
+		{"step", b.Step, now.Step},
+		{"version", b.Version, now.Version},
+		{"--initial-cluster-token", b.ClusterToken, now.ClusterToken},
+		{"--on-conflict", b.OnConflict, now.OnConflict},
+		{"--include-hidden", b.IncludeHidden, now.IncludeHidden},
+		{"member", b.Name, now.Name},
+		{"initial cluster", b.InitialCluster, now.InitialCluster},
+	} {
+		if f.got != f.now {
+			out = append(out, fmt.Sprintf("%s: built with %#v, now %#v", f.what, f.got, f.now))
+		}
+	}
+	return out
+}
+
+// readyMark is a ready marker: the source the member was built from, and what with (nil in a
+// marker an older kubefence wrote).
+type readyMark struct {
+	RebuildSource
+	Built *builtWith `json:"builtWith,omitempty"`
+}
+
+// keeps says whether a run building from src with want keeps the member marked m, and if not,
+// why. One an older kubefence marked is not kept: what it was built with, nothing says.
+func (m readyMark) keeps(src RebuildSource, want builtWith) (bool, string) {
+	switch {
+	case !m.same(src):
+		return false, fmt.Sprintf("it was built from %s, not from this run's source, %s", m.RebuildSource, src)
+	case m.Built == nil:
+		return false, "it was built by an older kubefence, which did not record the options it built with"
+	}
+	if diff := m.Built.diff(want); len(diff) > 0 {
+		return false, "it was built otherwise (" + strings.Join(diff, "; ") + ")"
+	}
+	return true, ""
+}
+
+func markReady(dir string, m readyMark) error {
+	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
@@ -746,14 +861,18 @@ func markReady(dir string, src RebuildSource) error {
 	return nil
 }
 
-// markedFrom reports whether dir holds a ready marker naming src.
-func markedFrom(dir string, src RebuildSource) bool {
+// readMark reads dir's ready marker; false when there is none (or it cannot be read).
+func readMark(dir string) (readyMark, bool) {
+	var m readyMark
 	b, err := os.ReadFile(filepath.Join(dir, readyMarker))
-	if err != nil {
-		return false
-	}
-	var got RebuildSource
-	return json.Unmarshal(b, &got) == nil && got.same(src)
+	return m, err == nil && json.Unmarshal(b, &m) == nil
+}
+
+// markedFrom reports whether dir holds a ready marker naming src, whatever the member was built
+// with: a data dir so marked no longer holds its old data.
+func markedFrom(dir string, src RebuildSource) bool {
+	m, ok := readMark(dir)
+	return ok && m.same(src)
 }
 
 // swap puts each dir's ready new dir in its place, in order, once none is in use: a copy or

@@ -1,7 +1,6 @@
 package datadir
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -187,7 +186,7 @@ func TestV2MigrationMembersAgree(t *testing.T) {
 }
 
 // forgetClock makes the journal and the ready markers of an interrupted v2 migration what an
-// older kubefence wrote: no TTL clock.
+// older kubefence wrote: no TTL clock (and, in the markers, no options: olderMarker).
 func forgetClock(t *testing.T, e *executor, s *StepReport, dirs []string) {
 	t.Helper()
 	s.Source.TTLClock = time.Time{}
@@ -196,20 +195,8 @@ func forgetClock(t *testing.T, e *executor, s *StepReport, dirs []string) {
 	}
 	for _, d := range dirs {
 		for _, p := range []string{d, newPath(d)} {
-			b, err := os.ReadFile(filepath.Join(p, readyMarker))
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			var src RebuildSource
-			if err == nil {
-				err = json.Unmarshal(b, &src)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			src.TTLClock = time.Time{}
-			if err := markReady(p, src); err != nil {
-				t.Fatal(err)
+			if exists(filepath.Join(p, readyMarker)) {
+				olderMarker(t, p, func(src *RebuildSource) { src.TTLClock = time.Time{} })
 			}
 		}
 	}
