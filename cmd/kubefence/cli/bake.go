@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -93,6 +94,8 @@ func printCutoverStatus(w io.Writer, st *cutover.StatusReport) {
 // printRunner says who runs the cutover, and what to do when no one does while it needs it.
 func printRunner(w io.Writer, st *cutover.StatusReport) {
 	switch {
+	case !st.WindowOpenSince.IsZero() && len(st.StillFenced) > 0:
+		fmt.Fprintf(w, "  WRITES FENCED on %s since %s (%s ago) by this cutover: its abort could not unfence them; the others are open\n", strings.Join(st.StillFenced, ", "), st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	case !st.WindowOpenSince.IsZero() && st.Aborting != "":
 		// Its unfence is journaled once every proxy reopened: one it could not reach keeps the
 		// window open in the journal while the others are open.

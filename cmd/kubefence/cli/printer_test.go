@@ -128,6 +128,10 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 		// keeps the window open until all did; status must not say every proxy is fenced.
 		{"an abort that stopped partway", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Aborting: "step drain failed"},
 			[]string{"going back to blue: step drain failed", "the abort did not finish", "cutover abort", "some proxies may be open again", "kubefence fence status"}, []string{"--resume"}},
+		// Once its unfence ran, the journal names the proxies it could not reach: only they hold
+		// writes, and status names them instead of guessing.
+		{"an abort whose unfence missed a proxy", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Aborting: "step drain failed", StillFenced: []string{"proxy-b", "proxy-c"}},
+			[]string{"WRITES FENCED on proxy-b, proxy-c", "the others are open", "cutover abort"}, []string{"may be open again", "--resume"}},
 		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
 			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
 		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
