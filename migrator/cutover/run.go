@@ -451,6 +451,12 @@ func (r *runner) pastSwitchContext(ctx context.Context) (context.Context, contex
 		r.signalNoted = true
 		r.emit(Event{Type: EventNote, Detail: "stopping after the window: past the switch its last steps still run, each within its timeout (a second signal exits at once; " + r.resumeCommand() + " finishes then)"})
 	}
+	return withoutSignal(ctx)
+}
+
+// withoutSignal is ctx without its cancellation (a signal's) but with its deadline (the step's
+// timeout).
+func withoutSignal(ctx context.Context) (context.Context, context.CancelFunc) {
 	detached := context.WithoutCancel(ctx)
 	if deadline, ok := ctx.Deadline(); ok {
 		return context.WithDeadline(detached, deadline)

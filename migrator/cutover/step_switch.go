@@ -35,11 +35,47 @@ func (switchStep) run(ctx context.Context, r *runner) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	resp, err := r.adm.SetBackend(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ExpectGeneration: r.j.FenceGeneration})
-	if err != nil {
+	resp, lost, err := r.sendSwitch(ctx, admin.BackendRequest{URL: r.p.Green.APIServer.URL, CAFile: r.p.Green.APIServer.CAFile, ExpectGeneration: r.j.FenceGeneration})
+	switch {
+	case err != nil:
 		return "", err
+	case lost != "":
+		return lost + covered, nil
 	}
 	return switchDetail(resp) + covered, nil
+}
+
+// sendSwitch points the proxies at r.to (req). Once sent, a signal (Ctrl-C, SIGTERM, a dropped
+// SSH session's SIGHUP) does not cut it short: a proxy commits its switch before it drains the
+// watches it moves (up to its --drain-timeout), so a call cancelled meanwhile leaves it on r.to,
+// fenced, its answer lost, and the run would stop there with writes fenced until --resume. The
+// call keeps ctx's deadline (the step's timeout); a signal before it is sent still fails the
+// step (the cutover goes back). An answer lost all the same (a connection reset, the deadline)
+// is looked at again: when every proxy reports the switch (switchLanded), lost says so and the
+// step succeeds, so that the window is finished.
+func (r *runner) sendSwitch(ctx context.Context, req admin.BackendRequest) (_ admin.BackendResponse, lost string, _ error) {
+	if err := ctx.Err(); err != nil {
+		return admin.BackendResponse{}, "", fmt.Errorf("stopped before the switch was sent: %w", err)
+	}
+	sctx, cancel := withoutSignal(ctx)
+	defer cancel()
+	resp, err := r.adm.SetBackend(sctx, req)
+	if err == nil {
+		return resp, "", nil
+	}
+	if !r.switchLanded(ctx) {
+		return resp, "", err
+	}
+	return resp, fmt.Sprintf("the switch's answer was lost (%v), but every proxy reports it: on %s, fenced, one state generation on", err, r.to.name), nil
+}
+
+// switchLanded looks, after a switch whose answer was lost, whether every proxy took it
+// (checkFenceHeld's "switched"), within statusAnswerTimeout even once ctx has ended.
+func (r *runner) switchLanded(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusAnswerTimeout)
+	defer cancel()
+	switched, _ := r.checkFenceHeld(ctx)
+	return switched
 }
 
 // checkBumpCovers refuses the switch once blue's revision is past green's start, the

@@ -1,0 +1,110 @@
+package cutover
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+	"github.com/kubefence/kubefence/proxy/admin"
+)
+
+// switchWorld is a replicating cutover (no bake) journaled through its drain, over two real etcds
+// at the same revision (bothSidesPlan) with replication running in this process and the delta
+// check started from there, and one proxy in memory fenced on blue at the journaled generation.
+// switchHook, when set, is that proxy's switch (inner is the proxy's own).
+func switchWorld(t *testing.T, switchHook func(inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error)) (*runner, *admin.Status) {
+	t.Helper()
+	p, blue := bothSidesPlan(t, false)
+	p.Bake.Enabled = false
+	rev, err := replicate.Revision(t.Context(), blue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := journalThrough(p, replicateSteps, StepDrain, time.Now().UTC())
+	j.FenceGeneration, j.Verified, j.SnapshotRevision = 2, &VerifyReport{Revision: rev}, rev
+	st := &admin.Status{Backend: p.Blue.APIServer.URL, Fenced: true, Generation: 2}
+	var calls []string
+	px := memProxy(st, &calls)
+	if switchHook != nil {
+		inner := px
+		px.setBackend = func(ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			return switchHook(inner, ctx, req)
+		}
+	}
+	r := (&runner{o: Options{Plan: p}, p: p, j: j, adm: px, procs: fakeProcesses(map[int]bool{}, new([]int)), steps: replicateSteps}).forward()
+	if _, err := r.ensureReplication(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = r.stopReplication() })
+	return r, st
+}
+
+// TestSwitchAnswerLostFinishesTheWindow: a switch that reached the proxy but whose answer this
+// process did not get (a signal while the proxy drained the watches it moved, or the answer
+// lost) does not stop the run with every proxy fenced on green, green's apiserver gated and
+// replication stopped until someone runs --resume: the switch call is not cut short by the
+// signal, and a switch whose answer is lost all the same is looked at again and the window
+// finished (stop-replication, ungate-green, unfence).
+func TestSwitchAnswerLostFinishesTheWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		proxySwitch func(cancel context.CancelFunc, inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error)
+		short       bool // the switch step's timeout is short: the proxy never answers
+	}{
+		{"a signal while the proxy drains", func(cancel context.CancelFunc, inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			resp, err := inner.setBackend(ctx, req)
+			cancel() // Ctrl-C, SIGTERM, SIGHUP
+			select { // the proxy drains the watches it moved, then answers
+			case <-ctx.Done():
+				return admin.BackendResponse{}, ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+			return resp, err
+		}, false},
+		{"a signal, and the proxy never answers", func(cancel context.CancelFunc, inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			if _, err := inner.setBackend(ctx, req); err != nil {
+				return admin.BackendResponse{}, err
+			}
+			cancel()
+			<-ctx.Done()
+			return admin.BackendResponse{}, ctx.Err()
+		}, true},
+		{"the answer lost without a signal", func(_ context.CancelFunc, inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+			if _, err := inner.setBackend(ctx, req); err != nil {
+				return admin.BackendResponse{}, err
+			}
+			return admin.BackendResponse{}, errors.New("read: connection reset by peer")
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			r, st := switchWorld(t, func(inner funcProxy, sctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+				return tc.proxySwitch(cancel, inner, sctx, req)
+			})
+			if tc.short {
+				r.p.Timeouts.Switch = Duration(time.Second)
+			}
+			start := time.Now()
+			rep, err := r.run(ctx)
+			if st.Fenced {
+				t.Fatalf("run: %s (%v); proxy %+v: writes left fenced", rep.Result, err, *st)
+			}
+			if st.Backend != r.p.Green.APIServer.URL {
+				t.Fatalf("proxy %+v: want open on green (the switch reached it)", *st)
+			}
+			j, jerr := LoadJournal(r.p.StateDir)
+			if jerr != nil || !j.done(StepUnfence) || j.SwitchRevision == 0 {
+				t.Errorf("journal %+v, %v: want the window journaled to its unfence, with the switch's revision", j, jerr)
+			}
+			if err != nil || rep.Result != ResultDone {
+				t.Errorf("report %s, next %q, %v; want done", rep.Result, rep.Next, err)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("the window took %s", took)
+			}
+		})
+	}
+}
