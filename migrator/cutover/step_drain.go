@@ -119,12 +119,12 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 		checked = "; " + checked
 	}
-	r.j.SwitchRevision = rev
 	resp, lost, err := r.sendSwitch(ctx, admin.BackendRequest{URL: r.to.api.URL, CAFile: r.to.api.CAFile, ResumeWatches: true, ExpectGeneration: r.j.FenceGeneration})
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", err
-	case lost != "":
+	}
+	r.j.SwitchRevision = rev // only a switch that happened has one
+	if lost != "" {
 		return withNote(picked, fmt.Sprintf("%s at %s's revision %d%s; %s", r.to.name, r.from.name, rev, checked, lost)), nil
 	}
 	d := resp.Drain

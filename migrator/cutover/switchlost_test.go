@@ -108,3 +108,22 @@ func TestSwitchAnswerLostFinishesTheWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedSwitchHasNoSwitchRevision: a switch the proxy refuses (409: its state changed since
+// the fence) aborts to blue, and neither the report nor the journal gives a switchRevision,
+// "green's revision when the proxy was switched": it never was.
+func TestRefusedSwitchHasNoSwitchRevision(t *testing.T) {
+	r, st := switchWorld(t, func(funcProxy, context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+		return admin.BackendResponse{}, &admin.APIError{Code: 409, Message: "state generation 3, not 2"}
+	})
+	rep, err := r.run(t.Context())
+	if err == nil || rep.Result != ResultAborted || st.Fenced || st.Backend != r.p.Blue.APIServer.URL {
+		t.Fatalf("report %s (%v), proxy %+v: want aborted, open on blue", rep.Result, err, *st)
+	}
+	if rep.SwitchRevision != 0 {
+		t.Errorf("report's switchRevision %d: the switch never happened", rep.SwitchRevision)
+	}
+	if j, err := LoadJournal(r.p.StateDir); err != nil || j.SwitchRevision != 0 {
+		t.Errorf("journal %+v, %v: want no switchRevision", j, err)
+	}
+}
