@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -118,17 +120,20 @@ func TestResumePastExpiry(t *testing.T) {
 		{name: "the rest of revision 10 not delivered", lists: withAt9(metaList("9", "", "b@7", "c@8"), at10, at15a, at15b), code: 410, msg: tooOld, listed: true},
 		{name: "revision 10 cannot be listed", lists: withAt9("410", at10, at15a, at15b), code: 410, msg: tooOld, listed: true},
 	}
-	for _, fr := range framings {
+	// kubectl get -w's default output asks for Tables (application/json;as=Table), which
+	// kube-apiserver sends as JSON: each event a Table whose metadata has no name, the object's
+	// in its one row.
+	for _, fr := range []eventShape{framingJSON, framingProtobuf, framingTable} {
 		for _, tc := range cases {
 			t.Run(fmt.Sprintf("%s/%s", fr, tc.name), func(t *testing.T) {
-				blue, green := newWatchAPI(t, "blue", fr), newWatchAPI(t, "green", fr)
+				blue, green := newWatchAPI(t, "blue", fr.wire()), newWatchAPI(t, "green", fr.wire())
 				green.lists = tc.lists
 				p := startProxy(t, blue.URL)
-				c := openWatch(t, p, fr, "resourceVersion=5&labelSelector=app%3Dx&shardSelector=s&allowWatchBookmarks=true&timeoutSeconds=300")
+				c := openWatch(t, p, fr.wire(), "resourceVersion=5&labelSelector=app%3Dx&shardSelector=s&allowWatchBookmarks=true&timeoutSeconds=300")
 				ev := testEvent{"ADDED", "a", "10"}
-				blue.watch(t, 1).feed <- frame(t, fr, ev, nil)
-				c.expect(t, ev)
-				openBusy(t, p, blue, fr, cmp.Or(tc.busy, "20"))
+				blue.watch(t, 1).feed <- fr.frame(t, ev)
+				c.expect(t, fr.seen(ev))
+				openBusy(t, p, blue, fr.wire(), cmp.Or(tc.busy, "20"))
 				if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 2 {
 					t.Fatalf("drain = %+v, want both watches moving", sw.Drain)
 				}
@@ -138,7 +143,7 @@ func TestResumePastExpiry(t *testing.T) {
 				// Both moved watches tracked on green, neither resume pending, before green
 				// answers: what the test then finds pending or ended is the watch's alone.
 				waitFor(t, func() bool { st := p.Status(); return st.OpenStreams == 2 && st.ResumesPending == 0 })
-				green.watchWith(t, "app=x", 1).last <- statusFrame(t, fr, tc.code, tc.msg)
+				green.watchWith(t, "app=x", 1).last <- statusFrame(t, fr.wire(), tc.code, tc.msg)
 				if tc.listed {
 					checkLists(t, green, true)
 				}
@@ -157,19 +162,63 @@ func TestResumePastExpiry(t *testing.T) {
 					t.Fatalf("the watch re-issued from %q, want 15 (where green's cache begins)", rv)
 				}
 				if tc.againExpired {
-					again.last <- statusFrame(t, fr, 410, "too old resource version: 15 (16)")
+					again.last <- statusFrame(t, fr.wire(), 410, "too old resource version: 15 (16)")
 					expectEnded(t, p, c)
 					return
 				}
 				next := testEvent{"MODIFIED", "b", "21"}
-				again.feed <- frame(t, fr, next, nil)
-				c.expect(t, next)
+				again.feed <- fr.frame(t, next)
+				c.expect(t, fr.seen(next))
 				if st := p.Status(); st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 || st.ResumesPending != 0 || st.OpenStreams != 2 {
 					t.Fatalf("status = %+v, want one watch resumed past the expiry, tracked on green, none ended", st)
 				}
 			})
 		}
 	}
+}
+
+// eventShape is how a test's watch events are framed: a framing, or framingTable.
+type eventShape interface {
+	wire() framing
+	frame(t *testing.T, ev testEvent) []byte
+	seen(ev testEvent) testEvent // what watchClient decodes of ev
+}
+
+func (f framing) wire() framing                            { return f }
+func (f framing) frame(t *testing.T, ev testEvent) []byte  { return frame(t, f, ev, nil) }
+func (f framing) seen(ev testEvent) testEvent              { return ev }
+func (tableShape) wire() framing                           { return framingJSON }
+func (tableShape) String() string                          { return "json-table" }
+func (tableShape) seen(ev testEvent) testEvent             { ev.name = ""; return ev }
+func (tableShape) frame(t *testing.T, ev testEvent) []byte { return tableFrame(t, ev) }
+
+// tableShape is JSON events each carrying a meta.k8s.io/v1 Table of the object (kubectl get -w).
+type tableShape struct{}
+
+var framingTable eventShape = tableShape{}
+
+// tableFrame is ev as kube-apiserver sends it to a client that asked for Tables, with the
+// object's metadata in the row (includeObject=Metadata, the default).
+func tableFrame(t *testing.T, ev testEvent) []byte {
+	t.Helper()
+	row := metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{Kind: "PartialObjectMetadata", APIVersion: "meta.k8s.io/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: ev.name, Namespace: "default", ResourceVersion: ev.rv}}
+	rowRaw, err := json.Marshal(row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := metav1.Table{TypeMeta: metav1.TypeMeta{Kind: "Table", APIVersion: "meta.k8s.io/v1"}, ListMeta: metav1.ListMeta{ResourceVersion: ev.rv},
+		ColumnDefinitions: []metav1.TableColumnDefinition{{Name: "Name", Type: "string"}},
+		Rows:              []metav1.TableRow{{Cells: []any{ev.name}, Object: runtime.RawExtension{Raw: rowRaw}}}}
+	raw, err := json.Marshal(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := json.Marshal(metav1.WatchEvent{Type: ev.typ, Object: runtime.RawExtension{Raw: raw}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(line, '\n')
 }
 
 // openBusy opens a watch through p (labelSelector=busy) that blue, as its second watch,

@@ -791,14 +791,21 @@ type eventMeta struct {
 // eventKey is the object an event is about: one revision has at most one event per object.
 type eventKey struct{ namespace, name string }
 
+type jsonMeta struct {
+	ResourceVersion string `json:"resourceVersion"`
+	Namespace       string `json:"namespace"`
+	Name            string `json:"name"`
+}
+
 type jsonEvent struct {
 	Type   string `json:"type"`
 	Object struct {
-		Metadata struct {
-			ResourceVersion string `json:"resourceVersion"`
-			Namespace       string `json:"namespace"`
-			Name            string `json:"name"`
-		} `json:"metadata"`
+		Metadata jsonMeta `json:"metadata"`
+		// Rows, of a Table: kubectl get -w asks for them (application/json;as=Table), and
+		// kube-apiserver sends each event's object as a Table whose metadata has the
+		// resourceVersion alone, the object's in its one row. Raw: no allocation for an object
+		// that has none.
+		Rows json.RawMessage `json:"rows"`
 	} `json:"object"`
 }
 
@@ -806,33 +813,51 @@ type jsonEventAnnotated struct {
 	Type   string `json:"type"`
 	Object struct {
 		Metadata struct {
-			ResourceVersion string            `json:"resourceVersion"`
-			Namespace       string            `json:"namespace"`
-			Name            string            `json:"name"`
-			Annotations     map[string]string `json:"annotations"`
+			jsonMeta
+			Annotations map[string]string `json:"annotations"`
 		} `json:"metadata"`
+		Rows json.RawMessage `json:"rows"`
 	} `json:"object"`
+}
+
+// tableRowKey is the object of a Table's one row (includeObject=Metadata, the default, or
+// Object), or the zero key when it has another number of rows or none carries an object.
+func tableRowKey(rows json.RawMessage) eventKey {
+	var rs []struct {
+		Object struct {
+			Metadata jsonMeta `json:"metadata"`
+		} `json:"object"`
+	}
+	if err := json.Unmarshal(rows, &rs); err != nil || len(rs) != 1 {
+		return eventKey{}
+	}
+	md := rs[0].Object.Metadata
+	return eventKey{md.Namespace, md.Name}
 }
 
 // parseJSON reads one line of a JSON watch stream (a metav1.WatchEvent); annotations only when
 // asked, to spare the map on every event.
 func (e *eventMeta) parseJSON(ev []byte, annotations bool) error {
+	var md jsonMeta
+	var rows json.RawMessage
 	if annotations {
 		var v jsonEventAnnotated
 		if err := json.Unmarshal(ev, &v); err != nil {
 			return fmt.Errorf("watch event: %w", err)
 		}
-		md := v.Object.Metadata
-		e.typ, e.rv, e.key = v.Type, md.ResourceVersion, eventKey{md.Namespace, md.Name}
-		e.initialEnd = md.Annotations[initialEventsEnd] == "true"
-		return nil
+		e.typ, md, rows = v.Type, v.Object.Metadata.jsonMeta, v.Object.Rows
+		e.initialEnd = v.Object.Metadata.Annotations[initialEventsEnd] == "true"
+	} else {
+		var v jsonEvent
+		if err := json.Unmarshal(ev, &v); err != nil {
+			return fmt.Errorf("watch event: %w", err)
+		}
+		e.typ, md, rows = v.Type, v.Object.Metadata, v.Object.Rows
 	}
-	var v jsonEvent
-	if err := json.Unmarshal(ev, &v); err != nil {
-		return fmt.Errorf("watch event: %w", err)
+	e.rv, e.key = md.ResourceVersion, eventKey{md.Namespace, md.Name}
+	if md.Name == "" && rows != nil {
+		e.key = tableRowKey(rows)
 	}
-	md := v.Object.Metadata
-	e.typ, e.rv, e.key = v.Type, md.ResourceVersion, eventKey{md.Namespace, md.Name}
 	return nil
 }
 
