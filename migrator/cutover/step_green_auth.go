@@ -282,16 +282,26 @@ func (ungateStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("%s apiserver (%s) may write", r.to.name, r.to.api.EtcdUser), nil
 }
 
-// grantRole grants user role, again while etcd answers with an error that may pass (a leader
-// change, a timeout, too many requests, no leader): granting a role the user holds changes
-// nothing. A refusal (permission denied, no such user or role) ends it at once.
+// grantRole grants user role, again while etcd answers with an error that may pass
+// (authRetried): granting a role the user holds changes nothing.
 func grantRole(ctx context.Context, cli clientv3.Auth, user, role string) error {
+	return authRetried(ctx, func(ctx context.Context) error {
+		_, err := cli.UserGrantRole(ctx, user, role)
+		return err
+	})
+}
+
+// authRetried runs call, an etcd auth request that changes nothing when repeated, again while
+// etcd answers with an error that may pass (a leader change, a timeout, too many requests, no
+// leader: clientv3 retries none of its auth requests), until ctx ends. A refusal (permission
+// denied, no such user or role) ends it at once.
+func authRetried(ctx context.Context, call func(context.Context) error) error {
 	var last error
 	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Cap: time.Second, Steps: math.MaxInt32},
 		func(ctx context.Context) (bool, error) {
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			_, last = cli.UserGrantRole(actx, user, role)
+			last = call(actx)
 			switch rpctypes.Error(last) {
 			case nil:
 				return true, nil
@@ -344,10 +354,17 @@ func gate(ctx context.Context, r *runner) (string, error) {
 		return "", err
 	}
 	user := sd.api.EtcdUser
-	if _, err := cli.UserGrantRole(ctx, user, readOnlyRole); err != nil {
+	if err := grantRole(ctx, cli, user, readOnlyRole); err != nil {
 		return "", fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
-	if _, err := cli.UserRevokeRole(ctx, user, readWriteRole); err != nil && !alreadyDone(err) {
+	err = authRetried(ctx, func(ctx context.Context) error {
+		_, err := cli.UserRevokeRole(ctx, user, readWriteRole)
+		if err != nil && alreadyDone(err) {
+			return nil // revoked by a try whose answer was lost, or never held
+		}
+		return err
+	})
+	if err != nil {
 		return "", fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
 	if err := checkRoles(ctx, cli, sd, readOnlyRole); err != nil {
@@ -356,9 +373,14 @@ func gate(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("%s apiserver (%s) may only read %s etcd", sd.name, user, sd.name), nil
 }
 
-// checkRoles refuses a user with roles other than want and the read-only role.
+// checkRoles refuses a user with roles other than want and the read-only role (its read
+// retried as authRetried does).
 func checkRoles(ctx context.Context, cli *clientv3.Client, sd side, want string) error {
-	u, err := cli.UserGet(ctx, sd.api.EtcdUser)
+	var u *clientv3.AuthUserGetResponse
+	err := authRetried(ctx, func(ctx context.Context) (err error) {
+		u, err = cli.UserGet(ctx, sd.api.EtcdUser)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
