@@ -42,7 +42,7 @@ func TestCutoverReplicate(t *testing.T) {
 	if !cache.WaitForCacheSync(ctx.Done(), cmInf.HasSynced) {
 		t.Fatal("informer did not sync")
 	}
-	kw := startKubectlWatch(t, f.px.Kubeconfig, "repl")
+	kw := startKubectlWatch(t, f.px.Kubeconfig, "repl", true) // kubectl's default output
 	w := startWriter(t, cs, "repl")
 	time.Sleep(time.Second)
 
@@ -97,20 +97,27 @@ func TestCutoverReplicate(t *testing.T) {
 	kw.check(t, acked)
 }
 
-// kubectlWatch is `kubectl get configmaps -w -o name` through the proxy.
+// kubectlWatch is `kubectl get configmaps -w` through the proxy, with -o name or, table, its
+// default output: a table, for which kubectl asks kube-apiserver for Tables
+// (application/json;as=Table), each event's object a Table with the configmap in its row.
 type kubectlWatch struct {
-	out  *syncBuffer
-	done chan error
+	out   *syncBuffer
+	done  chan error
+	table bool
 }
 
-func startKubectlWatch(t *testing.T, kubeconfig, ns string) *kubectlWatch {
+func startKubectlWatch(t *testing.T, kubeconfig, ns string, table bool) *kubectlWatch {
 	t.Helper()
 	bin, err := framework.Bin("kubectl", framework.Kube136)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := framework.DiesWithParent(exec.Command(bin, "--kubeconfig", kubeconfig, "-n", ns, "get", "configmaps", "-w", "-o", "name"))
-	kw := &kubectlWatch{out: &syncBuffer{}, done: make(chan error, 1)}
+	args := []string{"--kubeconfig", kubeconfig, "-n", ns, "get", "configmaps", "-w"}
+	if !table {
+		args = append(args, "-o", "name")
+	}
+	cmd := framework.DiesWithParent(exec.Command(bin, args...))
+	kw := &kubectlWatch{out: &syncBuffer{}, done: make(chan error, 1), table: table}
 	cmd.Stdout, cmd.Stderr = kw.out, kw.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -124,19 +131,13 @@ func startKubectlWatch(t *testing.T, kubeconfig, ns string) *kubectlWatch {
 // printed every acknowledged configmap exactly once.
 func (kw *kubectlWatch) check(t *testing.T, acked []string) {
 	t.Helper()
-	lines := func() map[string]int {
-		n := map[string]int{}
-		for l := range strings.SplitSeq(kw.out.String(), "\n") {
-			n[strings.TrimSpace(l)]++
-		}
-		return n
-	}
+	lines := kw.byName
 	var missing string
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		missing = ""
 		got := lines()
 		for _, name := range acked {
-			if got["configmap/"+name] == 0 {
+			if got[name] == 0 {
 				missing = name
 				break
 			}
@@ -154,10 +155,30 @@ func (kw *kubectlWatch) check(t *testing.T, acked []string) {
 		t.Fatalf("kubectl get -w never printed configmap/%s", missing)
 	}
 	for _, name := range acked {
-		if n := lines()["configmap/"+name]; n != 1 {
-			t.Errorf("kubectl get -w printed configmap/%s %d times, want once", name, n)
+		if n := lines()[name]; n != 1 {
+			t.Errorf("kubectl get -w printed configmap/%s %d times, want once:\n%s", name, n, kw.out.String())
 		}
 	}
+}
+
+// byName counts the lines kubectl printed by the configmap they name: "configmap/NAME" with -o
+// name, a row beginning with NAME in a table (its header left out).
+func (kw *kubectlWatch) byName() map[string]int {
+	n := map[string]int{}
+	for l := range strings.SplitSeq(kw.out.String(), "\n") {
+		name, ok := strings.CutPrefix(strings.TrimSpace(l), "configmap/")
+		if kw.table {
+			f := strings.Fields(l)
+			name, ok = "", len(f) > 0 && f[0] != "NAME"
+			if ok {
+				name = f[0]
+			}
+		}
+		if ok {
+			n[name]++
+		}
+	}
+	return n
 }
 
 // informerHas waits until the informer's store holds every acknowledged configmap.

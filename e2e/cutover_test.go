@@ -161,7 +161,7 @@ func TestCutover(t *testing.T) {
 	}
 	// kubectl get -w, started once the writer runs. Its first line comes from its list: a
 	// create sent after that line reaches kubectl only through its watch.
-	kw := startKubectlWatch(t, f.px.Kubeconfig, "load")
+	kw := startKubectlWatch(t, f.px.Kubeconfig, "load", false)
 	probe := ld.createdAfter(t, kw.firstLine(t))
 	if !kw.printed(probe, 30*time.Second) {
 		t.Fatalf("kubectl get -w did not print configmap/%s, created after its list:\n%s", probe, kw.out.String())

@@ -70,10 +70,20 @@ func TestWatchResume(t *testing.T) {
 	// resourceVersion is older than green's watch cache, which answers it 410 Expired; the proxy
 	// finds the namespace's configmaps the same at that revision and where green's cache begins,
 	// and resumes it from there.
+	// The same with kubectl's default output, whose events are Tables (the configmap's name
+	// in the row). q0 is created once both watch: the last event each delivers before the
+	// switch, whose revision the proxy must show green changed q0 alone, the object the event
+	// was about, to resume them.
 	mustKubectl(t, px.Kubeconfig, "create", "namespace", "quiet")
+	quiet := startKubectlWatch(t, px.Kubeconfig, "quiet", false)
+	quietTable := startKubectlWatch(t, px.Kubeconfig, "quiet", true)
+	waitForT(t, 30*time.Second, "both quiet watches open at the proxy", func() bool {
+		st, err := px.Admin.Status(ctx)
+		return err == nil && st.OpenStreams >= 2
+	})
 	mustKubectl(t, px.Kubeconfig, "-n", "quiet", "create", "configmap", "q0")
-	quiet := startKubectlWatch(t, px.Kubeconfig, "quiet")
 	quiet.check(t, []string{"q0"})
+	quietTable.check(t, []string{"q0"})
 	const ns = "wr"
 	mustKubectl(t, px.Kubeconfig, "create", "namespace", ns) // a revision past the quiet watch's
 	green, err := env.StartAPIServer(ctx, framework.APIServerConfig{Name: "green-apiserver", EtcdEndpoints: blue.etcd.Endpoints(), PKI: pki,
@@ -185,11 +195,11 @@ func TestWatchResume(t *testing.T) {
 		})
 	}
 	seenAll("kubectl and the informers see the first configmaps")
-	// kubectl prints its list before it asks for the watch: all four watches open, by the
+	// kubectl prints its list before it asks for the watch: all five watches open, by the
 	// proxy's count, before the switch that must move them.
-	waitForT(t, 30*time.Second, "the four watches open at the proxy", func() bool {
+	waitForT(t, 30*time.Second, "the five watches open at the proxy", func() bool {
 		st, err := px.Admin.Status(ctx)
-		return err == nil && st.OpenStreams >= 4
+		return err == nil && st.OpenStreams >= 5
 	})
 	before := map[string][2]int32{}
 	for _, i := range informers {
@@ -213,8 +223,8 @@ func TestWatchResume(t *testing.T) {
 		t.Fatalf("backend set -o json: %v\n%s", err, out)
 	}
 	t.Logf("backend set --resume-watches: drain %+v (took %s)", sw.Drain, time.Duration(sw.Drain.Duration))
-	if sw.Status.Backend != green.URL || sw.Drain.Resumed != 4 || sw.Drain.Ended != 0 || sw.Drain.Forced != 0 {
-		t.Errorf("backend set answered %+v; want both kubectls' and both informers' watches resumed on green", sw)
+	if sw.Status.Backend != green.URL || sw.Drain.Resumed != 5 || sw.Drain.Ended != 0 || sw.Drain.Forced != 0 {
+		t.Errorf("backend set answered %+v; want the three kubectls' and both informers' watches resumed on green", sw)
 	}
 	for n := range 3 {
 		create(greenCS, fmt.Sprintf("fenced-green-%d", n))
@@ -239,13 +249,15 @@ func TestWatchResume(t *testing.T) {
 	if _, err := pcs.CoreV1().ConfigMaps("quiet").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "q1"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	quiet.check(t, []string{"q0", "q1"})
-	if n := strings.Count(quiet.out.String(), "configmap/q-transient\n"); n != 2 {
-		t.Errorf("the quiet kubectl get -w printed configmap/q-transient %d times, want twice (created, deleted):\n%s", n, quiet.out.String())
+	for _, kw := range []*kubectlWatch{quiet, quietTable} {
+		kw.check(t, []string{"q0", "q1"})
+		if n := kw.byName()["q-transient"]; n != 2 {
+			t.Errorf("the quiet kubectl get -w (table %v) printed configmap/q-transient %d times, want twice (created, deleted):\n%s", kw.table, n, kw.out.String())
+		}
 	}
 	st, err := px.Admin.Status(ctx)
-	if err != nil || st.OpenStreams != 4 || st.Backend != green.URL || st.ResumedPastExpiry != 1 || st.ResumedThenEnded != 0 {
-		t.Fatalf("proxy status after the switch: %+v, %v; want the 4 watches open on green, the quiet one resumed past green's expiry", st, err)
+	if err != nil || st.OpenStreams != 5 || st.Backend != green.URL || st.ResumedPastExpiry != 2 || st.ResumedThenEnded != 0 {
+		t.Fatalf("proxy status after the switch: %+v, %v; want the 5 watches open on green, the two quiet ones resumed past green's expiry", st, err)
 	}
 
 	// Exactly once, and still running.
