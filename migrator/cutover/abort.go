@@ -36,22 +36,25 @@ const nextAfterAbort = "blue serves as before and writes are open; green's data 
 func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
+	var seen *proxiesAt // the abort goes on from this look: a silent proxy is waited for once
 	if s.pastNoReturn() {
 		// Journaled as switched, some proxies are on r.to even if none answers now: there is
 		// no abort from there.
 		_, switched := r.j.record(StepSwitch)
-		if at := r.proxiesAt(ctx); switched || r.pastSwitch(at) {
+		at := r.proxiesAt(ctx)
+		if switched || r.pastSwitch(at) {
 			rep := r.report(ResultFailed, err)
 			rep.Next = r.wayOn(at)
 			r.emit(Event{Type: EventReport, Report: rep})
 			return rep, fmt.Errorf("step %s: %w", s.name(), err)
 		}
+		seen = &at
 	}
 	if s.name() == StepPreflight {
 		return r.failPreflight(err)
 	}
 	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
-	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err))
+	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err), seen)
 	rep := r.report(ResultAborted, err)
 	var refused *refusal
 	switch {
@@ -207,6 +210,14 @@ func (r *runner) proxyClients() []admin.Target[proxyAdmin] {
 	return []admin.Target[proxyAdmin]{{Client: r.adm}}
 }
 
+// lookedAt is seen, a look at the proxies made a moment ago, or a look now when there is none.
+func (r *runner) lookedAt(ctx context.Context, seen *proxiesAt) proxiesAt {
+	if seen != nil {
+		return *seen
+	}
+	return r.proxiesAt(ctx)
+}
+
 // proxiesAt asks every proxy where it is (proxiesAt, the type).
 func (r *runner) proxiesAt(ctx context.Context) proxiesAt {
 	res, _ := admin.Each(ctx, r.proxyClients(), statusOf) // a host gone must not hold the abort
@@ -310,10 +321,12 @@ func finishByHandOn(p *Plan, to side, gated bool) string {
 	return "if it cannot run, first " + grant + ", then " + fenceOff
 }
 
-// abort stops green and unfences blue, unless the proxy already points at green.
-func (r *runner) abort(ctx context.Context, reason string) error {
+// abort stops green and unfences blue, unless the proxy already points at green. seen is where
+// the proxies stood a moment ago (fail's look), nil when nobody looked: one that did not answer
+// then is not waited for again (statusAnswerTimeout) while the others stay fenced.
+func (r *runner) abort(ctx context.Context, reason string, seen *proxiesAt) error {
 	if r.main != nil {
-		return r.abortRollback(ctx, reason)
+		return r.abortRollback(ctx, reason, seen)
 	}
 	if rec, ok := r.j.record(StepSwitch); ok {
 		return &refusal{fmt.Sprintf("cutover %s switched to green at %s: there is no going back by abort. Run 'kubefence cutover --resume --plan PLAN' to finish it (writes reopen on green); %s. To go back afterwards: 'kubefence cutover rollback' during a bake (bake.enabled), else a new cutover from green", r.j.ID, rec.Started.Format(time.RFC3339), finishByHand(r.p, r.j))}
@@ -321,7 +334,7 @@ func (r *runner) abort(ctx context.Context, reason string) error {
 	// A proxy that cannot be reached does not stop the others from going back to blue: they
 	// are unfenced (all on blue, so no split brain), and the abort is reported incomplete. Not
 	// when those that answer say the switch reached them.
-	at, refenced, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	at, refenced, err := r.fenceOpenOnTarget(ctx, r.lookedAt(ctx, seen))
 	if err != nil {
 		return err
 	}
@@ -584,7 +597,7 @@ func (r *runner) abortByOperator(ctx context.Context) (*Report, error) {
 		// list: an edited plan would stop none of green and may unfence other proxies.
 		return nil, fmt.Errorf("the plan changed since cutover %s started (plan hash %s, journal %s): abort with the plan it ran with. Nothing was changed; if writes must open at once, 'kubefence fence off --expect-backend BLUE_URL' on each proxy reopens them where the proxy is still on blue", r.j.ID, r.p.hash, r.j.PlanHash)
 	}
-	if err := r.abort(ctx, "aborted by the operator"); err != nil {
+	if err := r.abort(ctx, "aborted by the operator", nil); err != nil {
 		return nil, err
 	}
 	rep := r.report(ResultAborted, nil)

@@ -367,7 +367,7 @@ func TestStaticPodOnlyOurs(t *testing.T) {
 	if err := r.placeGreenManifest(); err == nil {
 		t.Fatal("placed over the kubelet's own manifest")
 	}
-	if err := r.abort(t.Context(), "test"); err != nil {
+	if err := r.abort(t.Context(), "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(existing); err != nil || string(b) != "blue\n" {
@@ -386,7 +386,7 @@ func TestStaticPodOnlyOurs(t *testing.T) {
 	if j, err := LoadJournal(p.StateDir); err != nil || j.StaticPodPlaced != filepath.Join(kubeletDir, "kube-apiserver-green.yaml") {
 		t.Fatalf("journal %+v, %v: placement not journaled", j, err)
 	}
-	if err := r.abort(t.Context(), "test"); err != nil {
+	if err := r.abort(t.Context(), "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(kubeletDir, "kube-apiserver-green.yaml")); !errors.Is(err, os.ErrNotExist) {

@@ -512,3 +512,54 @@ func TestStatusNamesTheProxiesTheAbortLeftFenced(t *testing.T) {
 		t.Errorf("status %s does not name proxy b as the one still fenced", out)
 	}
 }
+
+// TestSwitchFailureWaitsForASilentProxyOnce: a switch step that fails because one of two
+// proxies takes calls and never answers goes back to blue with the silent proxy waited for once
+// (one statusAnswerTimeout), not once by the failure's look at the proxies and again by the
+// abort's: the other proxy, fenced all along, opens on blue right after that one wait.
+func TestSwitchFailureWaitsForASilentProxyOnce(t *testing.T) {
+	const d = 300 * time.Millisecond
+	shortProxyAnswers(t, d)
+	w := newDecisionWorld(t, false, "", false)
+	w.st.Fenced, w.st.Generation = true, 2
+	var failedAt, openedAt time.Time
+	var looksAfter int
+	b := hanging()
+	hangs := b.status
+	b.status = func(ctx context.Context) (admin.Status, error) {
+		if !failedAt.IsZero() && openedAt.IsZero() {
+			looksAfter++
+		}
+		return hangs(ctx)
+	}
+	a := w.r.adm.(funcProxy)
+	fence := a.fence
+	a.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		resp, err := fence(ctx, req)
+		if !req.Fenced && err == nil {
+			openedAt = time.Now()
+		}
+		return resp, err
+	}
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: a}, {Name: "b", Client: b}}}
+	w.r.steps[stepIndex(t, StepSwitch)] = fakeStep{n: StepSwitch, past: true, do: func(ctx context.Context, r *runner) (string, error) {
+		detail, err := switchStep{}.run(ctx, r)
+		failedAt = time.Now()
+		return detail, err
+	}}
+	w.r.j = journalThrough(w.r.p, steps, StepVerify, time.Now().UTC())
+	w.r.j.FenceGeneration = 2
+	rep, err := w.r.run(t.Context())
+	if err == nil || rep == nil || !strings.Contains(rep.Error, "proxy b") {
+		t.Fatalf("report %+v, %v: want the abort incomplete, naming proxy b", rep, err)
+	}
+	if w.st.Fenced || w.st.Backend != w.r.p.Blue.APIServer.URL || openedAt.IsZero() {
+		t.Fatalf("proxy a %+v: want open on blue", *w.st)
+	}
+	if looksAfter != 1 {
+		t.Errorf("proxy b was asked its status %d times between the switch's failure and proxy a's unfence; one wait for a silent proxy is enough", looksAfter)
+	}
+	if took := openedAt.Sub(failedAt); took > 2*d {
+		t.Errorf("proxy a opened %s after the switch failed (a status answer is due within %s)", took, d)
+	}
+}

@@ -80,7 +80,7 @@ func TestGreenKnownByTheCommandLineItStartedWith(t *testing.T) {
 
 	t.Run("abort", func(t *testing.T) {
 		w := newWorld(t, 101, 102)
-		if err := w.r.abort(t.Context(), "test"); err != nil {
+		if err := w.r.abort(t.Context(), "test", nil); err != nil {
 			t.Fatal(err)
 		}
 		slices.Sort(w.stopped)
@@ -92,7 +92,7 @@ func TestGreenKnownByTheCommandLineItStartedWith(t *testing.T) {
 		w := newWorld(t, 102)
 		w.running[101] = w.today
 		w.r.j.GreenArgv = nil
-		if err := w.r.abort(t.Context(), "test"); err != nil {
+		if err := w.r.abort(t.Context(), "test", nil); err != nil {
 			t.Fatal(err)
 		}
 		slices.Sort(w.stopped)

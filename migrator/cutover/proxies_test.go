@@ -541,7 +541,7 @@ func TestRollbackAbortPutsAStrayProxyBack(t *testing.T) {
 	if err := os.MkdirAll(r.journalDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.abortRollback(t.Context(), "test"); err != nil {
+	if err := r.abortRollback(t.Context(), "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if stA.Backend != green || stB.Backend != green || stA.Fenced || stB.Fenced {
@@ -568,7 +568,7 @@ func TestRollbackAbortLeavesAnOperatorsFence(t *testing.T) {
 	if err := os.MkdirAll(r.journalDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.abortRollback(t.Context(), "test"); err != nil {
+	if err := r.abortRollback(t.Context(), "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	if !st.Fenced || st.Backend != green || slices.Contains(calls, "fence off") {

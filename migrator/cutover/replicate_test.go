@@ -367,7 +367,7 @@ func TestAbortUnfencesBeforeReplicationStops(t *testing.T) {
 	}()
 	r.repl = slow
 	start := time.Now()
-	if err := r.abort(t.Context(), "drain missed the window"); err != nil {
+	if err := r.abort(t.Context(), "drain missed the window", nil); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took > 2*time.Second {

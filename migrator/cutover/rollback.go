@@ -187,11 +187,11 @@ func openRollbackJournal(dir string, main *Journal, resume bool) (*Journal, erro
 
 // abortRollback unfences green (the proxy still sends everything there) and leaves the bake
 // to be resumed; a rollback that switched to blue is finished with --resume instead.
-func (r *runner) abortRollback(ctx context.Context, reason string) error {
+func (r *runner) abortRollback(ctx context.Context, reason string, seen *proxiesAt) error {
 	if _, ok := r.j.record(StepSwitch); ok {
 		return &refusal{fmt.Sprintf("the rollback already switched the proxy to blue: finish it with 'kubefence cutover rollback --resume'; %s", finishRollbackByHand(r.p, r.j))}
 	}
-	at, refenced, err := r.fenceOpenOnTarget(ctx, r.proxiesAt(ctx))
+	at, refenced, err := r.fenceOpenOnTarget(ctx, r.lookedAt(ctx, seen))
 	if err != nil {
 		return err
 	}
