@@ -118,6 +118,35 @@ func TestFenceStepBoundedWhileAProxyHangs(t *testing.T) {
 	}
 }
 
+// TestReplicatingFenceBoundedByTheWindow: in mode replicate the fence is part of the window's
+// budget (timeouts.window, which bounds the barrier too): a proxy that never answers the fence
+// (its status it does)
+// fails the step once the budget is spent and a moment for an answer, not after the barrier and
+// a whole proxyAnswerTimeout more (15 s with the defaults, three times a 5 s window) while every
+// other proxy refuses or holds writes.
+func TestReplicatingFenceBoundedByTheWindow(t *testing.T) {
+	w := newDecisionWorld(t, false, "", false)
+	w.r.p.Migration.Mode = ModeReplicate
+	w.r.p.Timeouts.Window, w.r.p.Proxy.WaitTimeout = Duration(300*time.Millisecond), Duration(time.Minute)
+	var callsB []string
+	b := memProxy(&admin.Status{Backend: w.st.Backend, Generation: 1}, &callsB)
+	b.fence = hanging().fence // it answers its status, and never its fence
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: w.r.adm}, {Name: "b", Client: b}}}
+	if err := w.r.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := fenceStep{}.run(ctx, w.r)
+	if err == nil || !strings.Contains(err.Error(), "proxy b") {
+		t.Fatalf("fence with proxy b silent: %v", err)
+	}
+	if took, bound := time.Since(start), 300*time.Millisecond+fenceAnswerSlack; took > bound+time.Second {
+		t.Errorf("the fence step waited %s for a silent proxy (window 300ms, an answer %s after it)", took, fenceAnswerSlack)
+	}
+}
+
 // TestUnfenceLooksAtEveryProxyFirst: past the switch, a proxy that restarted without its state
 // file is put right before any proxy opens: fenced on blue (--start-fenced), it is switched to
 // green and opened with the others; open on blue, writes through it reach an etcd nothing

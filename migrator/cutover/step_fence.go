@@ -88,19 +88,12 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 			return "", err
 		}
 	}
-	// The window starts when the fence request is sent, not when the proxies have answered:
-	// the barrier (waiting for writes admitted before the flip) is part of it.
-	sentMono := time.Now()
-	sent := sentMono.UTC()
-	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.barrierWait())})
+	resp, sentMono, err := r.sendFence(ctx, reason)
 	if err != nil {
 		return "", err
 	}
-	if !resp.Barrier.Complete {
-		return "", barrierError(resp.Barrier, r.p.barrierWait())
-	}
 	if first {
-		r.j.FencedAt, r.fencedMono = sent, sentMono
+		r.j.FencedAt, r.fencedMono = sentMono.UTC(), sentMono
 		r.j.FenceBarrier = time.Duration(resp.Barrier.Waited)
 	}
 	r.j.FenceGeneration = resp.Status.Generation
@@ -111,6 +104,30 @@ func (fenceStep) run(ctx context.Context, r *runner) (string, error) {
 	return fmt.Sprintf("%s%swrites %s from now; in-flight writes finished in %s", caughtUp, prepared, what, time.Duration(resp.Barrier.Waited).Round(time.Microsecond)), nil
 }
 
+// sendFence sends the fence to the proxies and says when (the window starts when the request
+// is sent, not when the proxies have answered: the barrier, waiting for writes admitted before
+// the flip, is part of it); a barrier left incomplete is an error naming the writes. In mode
+// replicate the call is bounded by the window's budget (the barrier's wait is: barrierWait) and
+// a moment for the answer (fenceAnswerSlack), not by each proxy's barrier wait and
+// proxyAnswerTimeout more: a proxy that does not answer fails the step while the others hold
+// or refuse writes, and the cutover goes back to blue.
+func (r *runner) sendFence(ctx context.Context, reason string) (admin.FenceResponse, time.Time, error) {
+	if r.p.Replicating() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, r.windowEnd().Add(fenceAnswerSlack))
+		defer cancel()
+	}
+	sent := time.Now()
+	resp, err := r.adm.Fence(ctx, admin.FenceRequest{Fenced: true, Reason: reason, Mode: r.p.Proxy.FenceMode, WaitTimeout: admin.Duration(r.p.barrierWait())})
+	switch {
+	case err != nil && r.p.Replicating() && ctx.Err() != nil:
+		err = fmt.Errorf("%w (the fence is part of the window: timeouts.window %s from the fence, and %s for the answer)", err, r.p.Timeouts.Window.D(), fenceAnswerSlack)
+	case err == nil && !resp.Barrier.Complete:
+		err = barrierError(resp.Barrier, r.p.barrierWait())
+	}
+	return resp, sent, err
+}
+
 // barrierError names each write the barrier b still waited for after wait, with its proxy.
 func barrierError(b *admin.Barrier, wait time.Duration) error {
 	var running []string
@@ -119,6 +136,11 @@ func barrierError(b *admin.Barrier, wait time.Duration) error {
 	}
 	return fmt.Errorf("%d write(s) admitted before the fence still running after %s: %s", len(b.Remaining), wait, strings.Join(running, "; "))
 }
+
+// fenceAnswerSlack is how long after the window's budget is spent a replicating fence still waits
+// for the proxies' answer (fenceStep): a barrier that used all of its wait (timeouts.window)
+// answers a moment after it, naming the writes still running.
+const fenceAnswerSlack = time.Second
 
 // prepareTimeout bounds the proxies' prepare: a dial and a few requests.
 const prepareTimeout = 10 * time.Second
