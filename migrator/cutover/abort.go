@@ -45,6 +45,9 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		if switched || r.pastSwitch(at) {
 			rep := r.report(ResultFailed, err)
 			rep.Next = r.wayOn(at)
+			if r.unsaved != nil {
+				rep.Next += fmt.Sprintf("; the journal could not be written since the switch (%v): free space in the state dir (or fix its disk) first", r.unsaved)
+			}
 			r.emit(Event{Type: EventReport, Report: rep})
 			return rep, fmt.Errorf("step %s: %w", s.name(), err)
 		}

@@ -435,7 +435,7 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	if r.j.State != StateBaking {
 		r.j.State = StateBaking
 		if err := r.saveJournal(); err != nil {
-			return nil, err
+			return r.unjournaled(ResultBaking, err)
 		}
 		rep := r.report(ResultBaking, nil)
 		rep.Next = r.bakeAdvice() + r.rolesTakenAdvice()

@@ -82,16 +82,19 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		}
 		return r.fail(ctx, r.steps[serr.Index], serr.Err)
 	}
+	if r.unsaved != nil { // its window finished all the same (saveWindow)
+		return r.unjournaled(ResultRolledBack, r.unsaved)
+	}
 	// The cutover's journal first: a crash between the two saves leaves a cutover rolled back
 	// and a rollback journal still running, which nothing resumes; the other way round would
 	// leave the cutover "rolling-back" for good.
 	main.State, main.Bake.Ended = StateRolledBack, time.Now().UTC()
 	if err := main.save(o.Plan.StateDir); err != nil {
-		return nil, err
+		return r.unjournaled(ResultRolledBack, err)
 	}
 	r.j.State = StateDone
 	if err := r.saveJournal(); err != nil {
-		return nil, err
+		return r.unjournaled(ResultRolledBack, err)
 	}
 	rep := r.report(ResultRolledBack, nil)
 	rep.Next = "blue serves behind the proxy, writes open. Green's apiserver may only read green etcd; its processes keep running for inspection ('kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them). Going forward again is a new cutover."

@@ -173,6 +173,9 @@ type runner struct {
 	// greenHold ends what keeps green's restored leases alive from green's start until
 	// replication takes them over (holdGreenLeases), nil when nothing does.
 	greenHold func()
+	// unsaved is why the journal could not be written past the switch (saveWindow), nil once a
+	// save succeeded again: the run goes on, and its report says so (unjournaled).
+	unsaved error
 	// fencedMono is when this process sent the fence, with the monotonic clock's reading
 	// (r.j.FencedAt, journaled in UTC, has none): the window's budget runs on it, whatever the
 	// wall clock does meanwhile. Zero in a process that did not fence (a resume).
@@ -357,6 +360,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if r.o.Rehearse {
 		return r.finishRehearsal()
 	}
+	if r.unsaved != nil {
+		return r.unjournaled(ResultDone, r.unsaved)
+	}
 	dropped := r.dropBlueCopies()
 	if r.p.Bake.Enabled && r.j.Bake != nil {
 		r.closeAuthClients() // the bake runs for days; a rollback is a run of its own
@@ -367,7 +373,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	}
 	r.j.State = StateDone
 	if err := r.saveJournal(); err != nil {
-		return nil, err
+		return r.unjournaled(ResultDone, err)
 	}
 	rep := r.report(ResultDone, nil)
 	rep.Next = "green serves behind the proxy. To go back, run a new cutover from green; blue is left as it was at the fence (stop it when you no longer need it). " + greenForGood
@@ -433,7 +439,7 @@ func (r *runner) walk(ctx context.Context) error {
 			},
 		})
 	}
-	return steprun.Run(ctx, walk, journalSteps{r.j, r.journalDir}, func(e steprun.Event) {
+	return steprun.Run(ctx, walk, journalSteps{r}, func(e steprun.Event) {
 		r.emit(Event{Type: EventType(e.Kind), Step: e.Step, Duration: e.Duration, Detail: e.Detail})
 	})
 }
@@ -464,17 +470,55 @@ func withoutSignal(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(detached)
 }
 
-// journalSteps is the journal as steprun writes it: a finished step is appended and saved.
-type journalSteps struct {
-	j        *Journal
-	stateDir string
-}
+// journalSteps is the journal as steprun writes it: a finished step is appended and saved
+// (saveWindow: past the switch a failed save does not stop the walk).
+type journalSteps struct{ r *runner }
 
 func (journalSteps) Begin(int) error { return nil }
 
 func (js journalSteps) Finish(rec steprun.Record) error {
-	js.j.Done = append(js.j.Done, StepRecord{Step: rec.Step, Started: rec.Started, Duration: rec.Duration, Detail: rec.Detail})
-	return js.j.save(js.stateDir)
+	js.r.j.Done = append(js.r.j.Done, StepRecord{Step: rec.Step, Started: rec.Started, Duration: rec.Duration, Detail: rec.Detail})
+	return js.r.saveWindow()
+}
+
+// saveWindow saves the journal. Past the switch (the switch's own record included) a failed save
+// (a full disk, EIO) does not stop the run: the steps left are safe to repeat and have what they
+// need in memory, and stopping would leave writes fenced until the state dir is fixed. The
+// failure is noted at once and kept (unsaved) for the report (unjournaled); a later save that
+// succeeds clears it.
+func (r *runner) saveWindow() error {
+	err := r.saveJournal()
+	switch {
+	case err == nil:
+		r.unsaved = nil
+		return nil
+	case !r.j.done(StepSwitch):
+		return err
+	}
+	if r.unsaved == nil {
+		r.emit(Event{Type: EventNote, Detail: fmt.Sprintf("WARNING: the journal could not be written (%v): past the switch the window goes on (its steps are safe to repeat and have what they need in memory); the report says what the journal lacks", err)})
+	}
+	r.unsaved = err
+	return nil
+}
+
+// unjournaled ends a run whose steps are done, writes open on r.to, but whose journal could not
+// be written since its switch (err): the report (result) says so first, what the journal on
+// disk says instead, and what to do.
+func (r *runner) unjournaled(result string, err error) (*Report, error) {
+	err = fmt.Errorf("the journal could not be written: %w", err)
+	rep := r.report(result, err)
+	onDisk := "could not be read either"
+	if disk, lerr := LoadJournal(r.journalDir); lerr == nil {
+		onDisk = fmt.Sprintf("still says %s, last step %q", disk.State, lastStep(disk))
+	}
+	rep.Next = fmt.Sprintf("writes are open on %s: the window finished (unfenced at %s), but the journal in %s %s, and 'kubefence cutover status' reads it. Do not abort or roll back meanwhile. Free space in the state dir (or fix its disk), then run %s: it runs the steps the journal lacks again (each is safe to repeat; the proxies are where they go) and journals the end",
+		r.to.name, r.j.UnfencedAt.Format(time.RFC3339Nano), r.journalDir, onDisk, r.resumeCommand())
+	if r.main == nil && r.p.Bake.Enabled && r.j.Bake != nil {
+		rep.Next += "; blue does not follow green meanwhile (the bake needs its journal): run it " + PickupHorizon
+	}
+	r.emit(Event{Type: EventReport, Report: rep})
+	return rep, err
 }
 
 // keepJournal moves the journal of an ended cutover (or rollback) with id aside in dir, so that

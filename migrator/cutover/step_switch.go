@@ -114,15 +114,20 @@ func (r *runner) checkBumpCovers(ctx context.Context) (string, error) {
 // (invariant acked-on-green). It says switched when the proxy is on r.to already, one
 // generation on per proxy: the switch happened before a crash and was not journaled. Some
 // proxies on r.to, not all, is a switch a crash cut short: not switched, and not someone's
-// change by hand.
+// change by hand. On r.to and open, two generations on per proxy, is a switch and an unfence
+// the journal lacks (a run whose journal could not be written past its switch: saveWindow), or a
+// fence lifted by hand after the switch: switched too, the steps after it finish the window.
 func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) {
 	st, err := r.adm.Status(ctx)
 	if err != nil {
 		return false, err
 	}
 	to, from := strings.TrimSuffix(r.to.api.URL, "/"), r.from.name
+	n := uint64(len(r.p.proxyRefs()))
 	switch {
-	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+uint64(len(r.p.proxyRefs())):
+	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+n:
+		return true, nil
+	case st.Backend == to && !st.Fenced && st.Generation == r.j.FenceGeneration+2*n:
 		return true, nil
 	case st.Backend != to && st.Backend != sameURL(r.from.api.URL):
 		// Some proxies on r.to, others not: the run that switched stopped in the middle of it

@@ -3,6 +3,8 @@ package cutover
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +127,100 @@ func TestRefusedSwitchHasNoSwitchRevision(t *testing.T) {
 	}
 	if j, err := LoadJournal(r.p.StateDir); err != nil || j.SwitchRevision != 0 {
 		t.Errorf("journal %+v, %v: want no switchRevision", j, err)
+	}
+}
+
+// TestJournalLostPastTheSwitchFinishesTheWindow: a journal that cannot be written from the
+// switch on (a full disk, EIO; here the state dir replaced by a file: ENOTDIR, as root too) does
+// not stop the run with writes fenced on green: the steps left are safe to repeat and have what
+// they need in memory, so the window is finished, and the report says loudly that the journal
+// was not written, what to do, and that writes are open (not fenced), also when the unfence's
+// own record is what could not be written.
+func TestJournalLostPastTheSwitchFinishesTheWindow(t *testing.T) {
+	for _, at := range []string{StepSwitch, StepUnfence} {
+		t.Run("from "+at, func(t *testing.T) {
+			var stateDir string
+			var broken bool
+			breakDir := func() { // once: the resume finds it writable
+				if broken {
+					return
+				}
+				broken = true
+				if err := os.RemoveAll(stateDir); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(stateDir, []byte("not a dir"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r, st := switchWorld(t, func(inner funcProxy, ctx context.Context, req admin.BackendRequest) (admin.BackendResponse, error) {
+				if at == StepSwitch {
+					breakDir()
+				}
+				return inner.setBackend(ctx, req)
+			})
+			stateDir = r.p.StateDir
+			px := r.adm.(funcProxy)
+			fence := px.fence
+			px.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+				if at == StepUnfence && !req.Fenced {
+					breakDir()
+				}
+				return fence(ctx, req)
+			}
+			r.adm = px
+			rep, err := r.run(t.Context())
+			if st.Fenced || st.Backend != r.p.Green.APIServer.URL {
+				t.Fatalf("run: %v; proxy %+v: want open on green", err, *st)
+			}
+			if rep == nil || err == nil {
+				t.Fatalf("report %+v, %v: want a report, and an error saying the journal was not written", rep, err)
+			}
+			said := rep.Error + " " + rep.Next
+			for _, want := range []string{"journal", "not a directory", "writes are open on green", "--resume"} {
+				if !strings.Contains(said, want) {
+					t.Errorf("report %s: %q; want %q", rep.Result, said, want)
+				}
+			}
+			if strings.Contains(said, "fenced until") || rep.WriteUnavailability == 0 {
+				t.Errorf("report %s, window %s: %q; writes are open", rep.Result, rep.WriteUnavailability, said)
+			}
+			last := StepDrain // the switch's own record was not written
+			if at == StepUnfence {
+				last = StepUngateGreen
+			}
+			resumeOnceWritable(t, r, last)
+		})
+	}
+}
+
+// resumeOnceWritable does what the report of a run whose journal could not be written says:
+// the state dir fixed, its journal as the run had last written it (through step last), a
+// --resume finishes the journal, the proxy left open on green.
+func resumeOnceWritable(t *testing.T, r *runner, last string) {
+	t.Helper()
+	p := r.p
+	if err := os.Remove(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	j := journalThrough(p, replicateSteps, last, r.j.FencedAt)
+	j.FenceGeneration, j.Verified, j.SnapshotRevision = r.j.FenceGeneration, r.j.Verified, r.j.SnapshotRevision
+	if err := j.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	again := (&runner{o: Options{Plan: p, Resume: true}, p: p, adm: r.adm, procs: r.procs, steps: replicateSteps}).forward()
+	if err := again.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := again.run(t.Context())
+	if err != nil || rep.Result != ResultDone {
+		t.Fatalf("--resume once the state dir is writable: %s, %v (next %q)", rep.Result, err, rep.Next)
+	}
+	st, err := again.adm.Status(t.Context())
+	if err != nil || st.Fenced || sameURL(st.Backend) != sameURL(p.Green.APIServer.URL) {
+		t.Errorf("proxy after the resume %+v, %v: want open on green", st, err)
 	}
 }
