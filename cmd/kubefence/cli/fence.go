@@ -644,9 +644,11 @@ to URL from the last resourceVersion it delivered, so clients see one stream, wi
 no event lost or repeated. Use it only when URL serves the same
 etcd revisions as the old backend (a replication cutover, or another apiserver on the same
 etcd); otherwise resourceVersions mean different things there and watches must end. A watch
-that cannot be resumed (still sending its initial events, or refused by URL) ends as without it,
-and so does one URL's apiserver ends at once because its resourceVersion is older than its
-watch cache (it began when that apiserver started): 'fence status' counts those.`,
+that cannot be resumed (still sending its initial events, or refused by URL) ends as without it.
+One URL's apiserver answers 410 because its resourceVersion is older than its watch cache (which
+began when that apiserver started) goes on from where that cache begins when the watched
+objects are the same at both revisions (the proxy lists them at each), and ends otherwise:
+'fence status' counts both.`,
 		Args: args(cobra.ExactArgs(1)),
 	}, o, defaultAdminTimeout+proxy.NewOptions().DrainTimeout,
 		fmt.Sprintf("how long to wait for each proxy's answer, which comes once the watches on the old backend have drained: %s plus the proxy's default --drain-timeout; raise it for a proxy with a longer --drain-timeout", defaultAdminTimeout))
