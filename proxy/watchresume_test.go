@@ -479,10 +479,13 @@ func TestWatchResumesAfterInitialEvents(t *testing.T) {
 			if sw := switchTo(t, p, green.URL, true); sw.Drain.Resumed != 1 {
 				t.Fatalf("drain = %+v", sw.Drain)
 			}
-			q := green.watch(t, 1).query
-			if q.Get("resourceVersion") != "9" || q.Has("sendInitialEvents") || q.Has("resourceVersionMatch") {
+			gw := green.watch(t, 1)
+			if q := gw.query; q.Get("resourceVersion") != "9" || q.Has("sendInitialEvents") || q.Has("resourceVersionMatch") {
 				t.Fatalf("resumed query = %v", q)
 			}
+			// And green's events reach the client on the same response.
+			gw.feed <- frame(t, fr, testEvent{"MODIFIED", "a", "10"}, nil)
+			c.expect(t, testEvent{"MODIFIED", "a", "10"})
 		})
 	}
 }
