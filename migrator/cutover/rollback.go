@@ -73,6 +73,12 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 		}
 		return nil, err
 	}
+	return r.rollBack(ctx)
+}
+
+// rollBack walks the rollback's steps (the runner newRollbackRunner made) and ends it: rolled
+// back, or what fail makes of a step that failed.
+func (r *runner) rollBack(ctx context.Context) (*Report, error) {
 	defer func() { _, _ = r.stopReplication() }()
 	defer r.closeAuthClients()
 	if err := r.walk(ctx); err != nil {
@@ -88,8 +94,9 @@ func Rollback(ctx context.Context, o Options) (*Report, error) {
 	// The cutover's journal first: a crash between the two saves leaves a cutover rolled back
 	// and a rollback journal still running, which nothing resumes; the other way round would
 	// leave the cutover "rolling-back" for good.
+	main := r.main
 	main.State, main.Bake.Ended = StateRolledBack, time.Now().UTC()
-	if err := main.save(o.Plan.StateDir); err != nil {
+	if err := main.save(r.p.StateDir); err != nil {
 		return r.unjournaled(ResultRolledBack, err)
 	}
 	r.j.State = StateDone
