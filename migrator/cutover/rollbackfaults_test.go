@@ -133,3 +133,77 @@ func resumeRollbackOnceWritable(t *testing.T, r *runner, onDisk []byte) {
 		t.Errorf("rollback journal %+v, %v: want done", j, err)
 	}
 }
+
+// silentRollbackWorld is a rollback (newBakeRollback) fenced and drained on green over two
+// proxies: a, in memory, fenced on green at the journaled generation, and b, which takes calls
+// and never answers (hanging). opened is when a's fence was lifted (zero until then); looks
+// counts b's status calls since failed was set.
+type silentRollbackWorld struct {
+	r      *runner
+	a      *admin.Status
+	failed time.Time
+	opened time.Time
+	looks  int
+}
+
+func newSilentRollbackWorld(t *testing.T) *silentRollbackWorld {
+	t.Helper()
+	w := &silentRollbackWorld{r: newBakeRollback(t)}
+	w.r.j.Done = []StepRecord{{Step: StepFence}, {Step: StepDrain}}
+	w.r.j.FencedAt, w.r.j.FenceGeneration = time.Now().UTC(), 2
+	w.a = &admin.Status{Backend: greenURLOf(w.r), Fenced: true, Generation: 2}
+	var calls []string
+	a := memProxy(w.a, &calls)
+	fence := a.fence
+	a.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+		resp, err := fence(ctx, req)
+		if !req.Fenced && err == nil {
+			w.opened = time.Now()
+		}
+		return resp, err
+	}
+	b := hanging()
+	hangs := b.status
+	b.status = func(ctx context.Context) (admin.Status, error) {
+		if !w.failed.IsZero() && w.opened.IsZero() {
+			w.looks++
+		}
+		return hangs(ctx)
+	}
+	w.r.adm = &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: a}, {Name: "b", Client: b}}}
+	return w
+}
+
+// failSwitch runs the rollback's switch step, which fails (b does not answer its status), and
+// fail after it, as the walk does.
+func (w *silentRollbackWorld) failSwitch(t *testing.T) (*Report, error) {
+	t.Helper()
+	s := tableStep(t, w.r.steps, StepSwitch)
+	_, err := s.run(t.Context(), w.r)
+	if err == nil {
+		t.Fatal("the rollback's switch went on with proxy b silent")
+	}
+	w.failed = time.Now()
+	return w.r.fail(t.Context(), s, err)
+}
+
+// TestRollbackSwitchFailureWaitsForASilentProxyOnce: a rollback's switch that fails because one
+// of two proxies takes calls and never answers goes back to green with the silent proxy waited
+// for once after the failure (one statusAnswerTimeout: fail's look, handed to the rollback's
+// abort), not again by the abort's own look while the other proxy holds writes: it opens on
+// green right after that one wait.
+func TestRollbackSwitchFailureWaitsForASilentProxyOnce(t *testing.T) {
+	const d = 200 * time.Millisecond
+	shortProxyAnswers(t, d)
+	w := newSilentRollbackWorld(t)
+	_, _ = w.failSwitch(t)
+	if w.a.Fenced || sameURL(w.a.Backend) != sameURL(w.r.p.Green.APIServer.URL) || w.opened.IsZero() {
+		t.Fatalf("proxy a %+v: want open on green", *w.a)
+	}
+	if w.looks != 1 {
+		t.Errorf("proxy b was asked its status %d times between the switch's failure and proxy a's unfence; one wait for a silent proxy is enough", w.looks)
+	}
+	if took := w.opened.Sub(w.failed); took > 2*d {
+		t.Errorf("proxy a opened %s after the switch failed (a status answer is due within %s)", took, d)
+	}
+}
