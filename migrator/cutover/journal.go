@@ -145,6 +145,9 @@ type Journal struct {
 	// NoBake (bake.enabled) says why the cutover went on without a way back: a bake step past
 	// the switch could not be done within timeouts.window, and writes stay fenced for no bake.
 	NoBake string `json:"noBake,omitempty"`
+	// NotGated (a rollback's journal) says why gate-green did not gate green's apiserver within
+	// the window's budget: it may still write green etcd, and the report says so.
+	NotGated string `json:"notGated,omitempty"`
 	// BlueAuthEnabled: the cutover turned blue etcd's auth on (blue-etcd-auth); an abort turns
 	// it off again.
 	BlueAuthEnabled bool `json:"blueAuthEnabled,omitempty"`

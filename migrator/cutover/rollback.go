@@ -104,9 +104,22 @@ func (r *runner) rollBack(ctx context.Context) (*Report, error) {
 		return r.unjournaled(ResultRolledBack, err)
 	}
 	rep := r.report(ResultRolledBack, nil)
-	rep.Next = "blue serves behind the proxy, writes open. Green's apiserver may only read green etcd; its processes keep running for inspection ('kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them). Going forward again is a new cutover."
+	rep.Next = "blue serves behind the proxy, writes open. " + r.greenAfterRollback() + " Going forward again is a new cutover."
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// greenAfterRollback is what a rolled-back report says of green's apiserver: read-only on green
+// etcd, unless gate-green could not gate it (NotGated).
+func (r *runner) greenAfterRollback() string {
+	cleanup := "'kubefence cutover cleanup --plan PLAN [--remove-data-dirs]' stops them"
+	if r.j.NotGated == "" {
+		return "Green's apiserver may only read green etcd; its processes keep running for inspection (" + cleanup + ")."
+	}
+	g := r.p.greenSide()
+	c := g.etcd
+	return fmt.Sprintf("Green's apiserver was NOT gated (gate-green: %s): it may still write green etcd, which nothing follows any more. Stop green's processes (%s), or take its write role: 'etcdctl --endpoints %s --cacert %s --cert %s --key %s user revoke-role %s %s'.",
+		r.j.NotGated, cleanup, strings.Join(c.Endpoints, ","), c.CAFile, c.CertFile, c.KeyFile, g.api.EtcdUser, readWriteRole)
 }
 
 // blueServesForRollback refuses a new rollback while blue's apiserver does not answer /readyz

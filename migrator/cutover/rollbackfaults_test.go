@@ -207,3 +207,30 @@ func TestRollbackSwitchFailureWaitsForASilentProxyOnce(t *testing.T) {
 		t.Errorf("proxy a opened %s after the switch failed (a status answer is due within %s)", took, d)
 	}
 }
+
+// TestRolledBackReportSaysWhetherGreenIsGated: a rollback's report says green's apiserver may
+// only read green etcd only when gate-green gated it. A gate that could not be done within the
+// window's budget (green etcd not answering) is gone past (writes are not kept fenced for it),
+// and then the report says green's apiserver may still write green etcd, and how to stop it,
+// instead of the read-only the docs promise.
+func TestRolledBackReportSaysWhetherGreenIsGated(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		runner    func(t *testing.T) *runner
+		want, not string
+	}{
+		{"gated", func(t *testing.T) *runner { r, _ := gateWorld(t, StepGateGreen); return r }, "may only read green etcd", "NOT gated"},
+		{"green etcd down", func(t *testing.T) *runner { r, _ := rollbackPastItsSwitch(t); return r }, "NOT gated", "may only read green etcd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.runner(t)
+			rep, err := r.rollBack(t.Context())
+			if err != nil || rep.Result != ResultRolledBack {
+				t.Fatalf("rollback: %+v, %v", rep, err)
+			}
+			if !strings.Contains(rep.Next, tc.want) || strings.Contains(rep.Next, tc.not) {
+				t.Errorf("report's next %q: want %q, not %q", rep.Next, tc.want, tc.not)
+			}
+		})
+	}
+}

@@ -343,6 +343,7 @@ func (s gateStep) run(ctx context.Context, r *runner) (string, error) {
 	case s.n == StepGateBlue:
 		return r.forgoBake(fmt.Errorf("blue's apiserver could not be gated: %w", err)), nil
 	}
+	r.j.NotGated = err.Error()
 	return fmt.Sprintf("%s's apiserver could not be gated (%v): it may still write %s etcd, which nothing follows any more; going on rather than keep writes fenced", r.from.name, err, r.from.name), nil
 }
 
