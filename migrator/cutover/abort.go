@@ -23,7 +23,9 @@ const abortTimeout = 2 * time.Minute
 // afterFailedRollbackAbort is the advice after a rollback's abort (back to green) that did not
 // complete: 'cutover abort' refuses a rolling-back cutover, and a fence off by hand could open a
 // proxy on blue while the others write green.
-const afterFailedRollbackAbort = "the rollback's abort did not complete: once every proxy answers ('kubefence fence status'), run 'kubefence cutover rollback --resume': it goes on to blue, or back to green if it cannot"
+// Nothing keeps blue following green meanwhile, and 'cutover --resume' refuses a rolling-back
+// cutover: the deadline is said (PickupHorizon).
+const afterFailedRollbackAbort = "the rollback's abort did not complete: once every proxy answers ('kubefence fence status'), run 'kubefence cutover rollback --resume': it goes on to blue, or back to green if it cannot. Nothing keeps blue following green meanwhile: run it " + PickupHorizon + " (it then goes back to green, and 'kubefence cutover finish' ends the bake)"
 
 // nextAfterAbort is the advice after an abort that completed.
 const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (the next cutover needs them gone: 'kubefence cutover cleanup --plan PLAN --remove-data-dirs' removes them)"
@@ -60,11 +62,16 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err), seen)
 	rep := r.report(ResultAborted, err)
 	var refused *refusal
+	var still *stillFencedOnGreen
 	switch {
 	case errors.As(abortErr, &refused):
 		rep.Result = ResultFailed
 		rep.Error += "; no way back: " + refused.msg
 		rep.Next = refused.msg
+	case errors.As(abortErr, &still):
+		rep.Result = ResultFailed
+		rep.Error += "; abort: " + abortErr.Error()
+		rep.Next = r.stillFencedAdvice(still.names)
 	case abortErr != nil:
 		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
@@ -280,15 +287,21 @@ func (r *runner) wayOn(at proxiesAt) string {
 
 // switchRest is the command that points the proxies named off at r.to, as an operator types it.
 func (r *runner) switchRest(off []string) string {
-	cmds := r.p.proxyCommands("backend set", r.to.api.URL)
+	return r.commandsFor(off, "backend set", r.to.api.URL)
+}
+
+// commandsFor is the command 'kubefence verb url' for each of the proxies named, as an operator
+// types it.
+func (r *runner) commandsFor(names []string, verb, url string) string {
+	cmds := r.p.proxyCommands(verb, url)
 	var rest []string
 	for i, pr := range r.p.proxyRefs() {
-		if slices.Contains(off, pr.name()) || slices.Contains(off, "") {
+		if slices.Contains(names, pr.name()) || slices.Contains(names, "") || slices.Contains(names, pr.AdminSocket) {
 			rest = append(rest, cmds[i])
 		}
 	}
 	if len(rest) == 0 {
-		return "'kubefence backend set " + r.to.api.URL + "' on each"
+		return "'kubefence " + verb + " " + url + "' on each"
 	}
 	return "'" + strings.Join(rest, "', '") + "'"
 }

@@ -425,24 +425,48 @@ func newBakeRollback(t *testing.T) *runner {
 	return r
 }
 
-// TestFailedRollbackAbortAdvice: a rollback whose abort cannot complete (a proxy does not
-// answer) advises what works from there, 'rollback --resume' once every proxy answers: not
-// 'cutover abort', which refuses a rolling-back cutover, nor a plain fence off, which could open
-// one proxy on blue while the others write green.
+// TestFailedRollbackAbortAdvice: a rollback whose abort cannot complete advises what works from
+// there, never 'cutover abort' (it refuses a rolling-back cutover) nor a plain fence off (it
+// could open one proxy on blue while the others write green), and says by when blue must follow
+// green again (PickupHorizon). One that could not put a proxy back on green left every proxy
+// fenced and the cutover rolling back: 'rollback --resume' once every proxy answers. One whose
+// proxy does not answer its unfence ended the rollback all the same (the others would be open on
+// green): 'cutover --resume' to keep blue following, and the checked fence off once it answers.
 func TestFailedRollbackAbortAdvice(t *testing.T) {
-	r := newBakeRollback(t)
 	down := errors.New("connection refused")
-	r.adm = funcProxy{
-		status: func(context.Context) (admin.Status, error) { return admin.Status{}, down },
-		fence: func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
-			return admin.FenceResponse{}, down
-		},
-	}
-	i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepDrain })
-	r.j.FencedAt = time.Now().UTC() // the drain comes after the rollback's fence
-	rep, _ := r.fail(t.Context(), r.steps[i], errors.New("drain missed the window"))
-	if rep == nil || strings.Contains(rep.Next+rep.Error, "cutover abort") || strings.Contains(rep.Next+rep.Error, "'kubefence fence off'") || !strings.Contains(rep.Next, "rollback --resume") {
-		t.Fatalf("report %+v: want the advice to run 'cutover rollback --resume' once every proxy answers", rep)
+	for _, tc := range []struct {
+		name  string
+		proxy func(r *runner) proxyAdmin
+		want  string
+	}{
+		{"the proxy does not answer", func(*runner) proxyAdmin {
+			return funcProxy{
+				status: func(context.Context) (admin.Status, error) { return admin.Status{}, down },
+				fence: func(context.Context, admin.FenceRequest) (admin.FenceResponse, error) {
+					return admin.FenceResponse{}, down
+				},
+			}
+		}, "kubefence cutover --resume"},
+		{"a proxy on blue cannot be put back", func(r *runner) proxyAdmin {
+			var calls []string
+			stray := memProxy(&admin.Status{Backend: r.p.Blue.APIServer.URL, Fenced: true, Generation: 3}, &calls)
+			stray.setBackend = func(context.Context, admin.BackendRequest) (admin.BackendResponse, error) {
+				return admin.BackendResponse{}, down
+			}
+			green := memProxy(&admin.Status{Backend: greenURLOf(r), Fenced: true, Generation: 3}, &calls)
+			return &proxyGroup{proxies: []admin.Target[proxyAdmin]{{Name: "a", Client: green}, {Name: "b", Client: stray}}}
+		}, "rollback --resume"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newBakeRollback(t)
+			r.adm = tc.proxy(r)
+			i := slices.IndexFunc(r.steps, func(s step) bool { return s.name() == StepDrain })
+			r.j.FencedAt = time.Now().UTC() // the drain comes after the rollback's fence
+			rep, _ := r.fail(t.Context(), r.steps[i], errors.New("drain missed the window"))
+			if rep == nil || strings.Contains(rep.Next+rep.Error, "cutover abort") || strings.Contains(rep.Next+rep.Error, "'kubefence fence off'") || !strings.Contains(rep.Next, tc.want) || !strings.Contains(rep.Next, PickupHorizon) {
+				t.Fatalf("report %+v: want the advice %q, by when blue must follow again", rep, tc.want)
+			}
+		})
 	}
 }
 

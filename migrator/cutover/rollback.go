@@ -230,18 +230,51 @@ func (r *runner) abortRollback(ctx context.Context, reason string, seen *proxies
 	// Only a fence this rollback placed is lifted (its time is journaled before it is sent, its
 	// lifting too): one on before it is the operator's, put on to stop a misbehaving green, say.
 	r.othersFence = at.fenced && !r.ownFence() && !refenced
+	var still error
 	if (at.fenced || len(at.down) > 0) && (r.ownFence() || refenced) { // a silent proxy is waited for once
 		if err := r.unfenceBack(ctx); err != nil {
-			return fmt.Errorf("unfence: %w", err)
+			still = &stillFencedOnGreen{names: r.j.StillFenced, err: err}
 		}
-		r.journalUnfenced()
 	}
+	// The rollback ends here even when a proxy did not acknowledge its unfence: every other one
+	// is open on green, taking writes, and 'cutover --resume' (which refuses a rolling-back
+	// cutover) must be able to keep blue following green before green compacts past it; the
+	// proxy left fenced is journaled (StillFenced) and the report says how to reopen it.
 	r.main.State = StateBaking
 	if err := r.main.save(r.p.StateDir); err != nil {
-		return err
+		return errors.Join(still, err)
 	}
 	r.j.State, r.j.AbortReason = StateAborted, reason
-	return r.saveJournal()
+	return errors.Join(still, r.saveJournal())
+}
+
+// stillFencedOnGreen is a rollback's abort that reopened every proxy on green but names, which
+// did not acknowledge their unfence (err): they stay fenced, and the rollback is over all the
+// same (abortRollback).
+type stillFencedOnGreen struct {
+	names []string
+	err   error
+}
+
+func (e *stillFencedOnGreen) Error() string {
+	return fmt.Sprintf("unfence: %v; %s not acknowledged (still fenced)", e.err, named(e.names))
+}
+
+func (e *stillFencedOnGreen) Unwrap() error { return e.err }
+
+// stillFencedAdvice is the advice after a rollback's abort that left the proxies still fenced
+// (a stillFencedOnGreen): the bake to resume in time, and how to reopen them once they answer.
+func (r *runner) stillFencedAdvice(still []string) string {
+	if _, ok := r.adm.(*proxyGroup); !ok {
+		still = []string{""} // the plan's one proxy
+	}
+	green, who := r.p.greenSide().api.URL, named(still)
+	stays := "stays"
+	if len(still) > 1 {
+		stays = "stay"
+	}
+	return fmt.Sprintf("green serves and every other proxy is open on green; %s did not acknowledge the unfence and %s fenced (writes through it are held or refused). The rollback is over (the cutover bakes again), but blue no longer follows green until 'kubefence cutover --resume --plan PLAN' runs: start it now, %s. Once %s answers ('kubefence fence status'): on green, %s reopens it; on blue (a switch it took before it went silent), %s first",
+		who, stays, PickupHorizon, who, r.commandsFor(still, "fence off --expect-backend", green), r.commandsFor(still, "backend set", green))
 }
 
 // stopFollowingStep stops replicating green into blue once blue has what green's apiserver

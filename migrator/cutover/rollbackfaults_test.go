@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +233,35 @@ func TestRolledBackReportSaysWhetherGreenIsGated(t *testing.T) {
 				t.Errorf("report's next %q: want %q, not %q", rep.Next, tc.want, tc.not)
 			}
 		})
+	}
+}
+
+// TestRollbackAbortWithASilentProxyLetsBlueFollow: a rollback's abort (its switch failed) that
+// one silent proxy does not acknowledge reopens the others on green, where they take writes. It
+// left the cutover 'rolling-back', which 'cutover --resume' refuses, so nothing could keep blue
+// following green until that proxy answered again, and the advice named no deadline: once green's
+// apiserver compacts, the way back is gone. The abort now ends the rollback all the same (the
+// cutover bakes again, the proxy journaled as still fenced, named by status), and the report says
+// to resume the bake within the pick-up horizon and how to reopen the silent proxy on green once
+// it answers.
+func TestRollbackAbortWithASilentProxyLetsBlueFollow(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	w := newSilentRollbackWorld(t)
+	rep, err := w.failSwitch(t)
+	if err == nil || rep == nil || w.a.Fenced {
+		t.Fatalf("report %+v, %v, proxy a %+v: want the abort incomplete, a open on green", rep, err, *w.a)
+	}
+	for _, want := range []string{PickupHorizon, "kubefence cutover --resume", "proxy b", "fence off --expect-backend " + greenURLOf(w.r)} {
+		if !strings.Contains(rep.Next, want) {
+			t.Errorf("report's next %q: want %q", rep.Next, want)
+		}
+	}
+	main, err := LoadJournal(w.r.p.StateDir)
+	if err != nil || main.State != StateBaking {
+		t.Fatalf("the cutover's journal %+v, %v: want it baking, for 'cutover --resume' to keep blue following", main, err)
+	}
+	st, err := Status(t.Context(), w.r.p)
+	if err != nil || !slices.Equal(st.StillFenced, []string{"b"}) {
+		t.Errorf("status %+v, %v: want proxy b named as still fenced", st, err)
 	}
 }

@@ -32,6 +32,8 @@ type StatusReport struct {
 	Aborting string `json:"aborting,omitempty"`
 	// StillFenced, with WindowOpenSince, are the proxies such an abort could not unfence: only
 	// they hold or refuse writes; it reopened the others (on blue, or on green in a rollback's).
+	// While baking, they are those a rollback's abort, which ended all the same, could not
+	// unfence, as it left them.
 	StillFenced []string `json:"stillFenced,omitempty"`
 	// Runner is the pid of the process running the cutover (or keeping blue in step), 0 when
 	// none does.
@@ -89,6 +91,11 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 			// The rollback fences through its own journal.
 			st.WindowOpenSince, st.FenceStartedAt = fenceTimes(rj)
 			st.StillFenced = stillFenced(rj)
+		}
+		if j.State == StateBaking && rj.State == StateAborted && rj.UnfencedAt.IsZero() {
+			// A rollback's abort ends even when a proxy did not acknowledge its unfence
+			// (abortRollback): as it left them (a fence lifted by hand since is not seen here).
+			st.StillFenced = rj.StillFenced
 		}
 		stopped = j.State == StateRollingBack && rj.done(StepStopReplication)
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
