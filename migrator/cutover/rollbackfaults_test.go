@@ -2,6 +2,8 @@ package cutover
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -263,5 +265,25 @@ func TestRollbackAbortWithASilentProxyLetsBlueFollow(t *testing.T) {
 	st, err := Status(t.Context(), w.r.p)
 	if err != nil || !slices.Equal(st.StillFenced, []string{"b"}) {
 		t.Errorf("status %+v, %v: want proxy b named as still fenced", st, err)
+	}
+}
+
+// TestResumedRollbackPastItsWindowNamesTheBudget: a rollback resumed inside its window (fenced
+// and drained by the run that stopped) whose window's budget is already spent goes back to
+// green, rightly, but says why: the budget, not blue's apiserver, which serves. The look at
+// blue's /readyz ran once on the expired context and blamed blue ("not ready: context deadline
+// exceeded").
+func TestResumedRollbackPastItsWindowNamesTheBudget(t *testing.T) {
+	p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
+	p.Timeouts.Window = Duration(5 * time.Second)
+	const gen = 7
+	rj := &Journal{Version: 1, ID: "r", PlanHash: p.hash, State: StateRunning, GreenPIDs: map[string]int{},
+		FenceGeneration: gen, FencedAt: time.Now().UTC().Add(-time.Hour), Done: []StepRecord{{Step: StepFence}, {Step: StepDrain}}}
+	r := resumedRollback(t, p, rj)
+	var calls []string
+	r.adm = memProxy(&admin.Status{Backend: strings.TrimSuffix(p.Green.APIServer.URL, "/"), Fenced: true, Generation: gen}, &calls)
+	_, err := tableStep(t, r.steps, StepSwitch).run(t.Context(), r)
+	if err == nil || !strings.Contains(err.Error(), "timeouts.window 5s") || strings.Contains(err.Error(), "not ready") || slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
+		t.Fatalf("resumed switch an hour past its fence, blue ready: %v (proxy asked %q); want it refused naming the window's budget", err, calls)
 	}
 }

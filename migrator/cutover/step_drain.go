@@ -2,6 +2,7 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -157,14 +158,24 @@ func (r *runner) resumedRollbackReady(ctx context.Context) error {
 	if r.main == nil || !r.o.Resume || r.blueReady {
 		return nil
 	}
+	budget := ""
 	if r.windowOpen(ctx) { // writes held now: not one held by the journal only (lifted since)
+		budget = fmt.Sprintf("the window's budget (timeouts.window %s from the fence at %s)", r.p.Timeouts.Window.D(), r.j.FencedAt.Format(time.RFC3339))
+		if !time.Now().Before(r.windowEnd()) {
+			// A look on the spent budget would end at once and blame blue's apiserver.
+			return fmt.Errorf("%s is spent: writes have been held since the fence; the rollback does not switch past it (%s's apiserver was not asked)", budget, r.to.name)
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = r.windowContext(ctx)
 		defer cancel()
 	}
-	if err := waitReady(ctx, r.to.api.Kubeconfig); err != nil {
-		return fmt.Errorf("%s's apiserver (blue.apiserver.kubeconfig) is not ready: %w; the rollback switches the proxies to it only once it is", r.to.name, err)
+	err := waitReady(ctx, r.to.api.Kubeconfig)
+	switch {
+	case err == nil:
+		r.blueReady = true
+		return nil
+	case budget != "" && errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s's apiserver (blue.apiserver.kubeconfig) did not answer /readyz within what was left of %s: %w; the rollback switches the proxies to it only once it is ready", r.to.name, budget, err)
 	}
-	r.blueReady = true
-	return nil
+	return fmt.Errorf("%s's apiserver (blue.apiserver.kubeconfig) is not ready: %w; the rollback switches the proxies to it only once it is", r.to.name, err)
 }
