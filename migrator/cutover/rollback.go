@@ -375,7 +375,8 @@ func takeOver(ctx context.Context, p *Plan) (*stateLock, *Journal, error) {
 }
 
 // stopHolder sends SIGTERM to the kubefence process holding the state dir's lock and waits for
-// the lock; busy is the error the lock gave.
+// the lock; busy is the error the lock gave. Once the signal is sent, an error says that nothing
+// will keep blue in step (bakeNotRunning): the bake stops whether or not this waits for it.
 func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, error) {
 	// Only a holder that says it bakes is stopped: not a rollback or a finish that has just
 	// taken the lock (the journal read before may still say baking).
@@ -393,7 +394,12 @@ func stopHolder(ctx context.Context, stateDir string, busy error) (*stateLock, e
 		return err == nil, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("the process that keeps blue in step (pid %d) did not stop within a minute of SIGTERM: %w", pid, err)
+		// It was asked to stop: it stops keeping blue in step (or has), whatever ends this wait.
+		why := "did not let the state dir go within a minute of SIGTERM"
+		if ctx.Err() != nil {
+			why = "was asked to stop (SIGTERM), and this command was interrupted while it stopped"
+		}
+		return nil, fmt.Errorf("the process that keeps blue in step (pid %d) %s: %w; once it has stopped, %s", pid, why, err, bakeNotRunning)
 	}
 	return lock, nil
 }

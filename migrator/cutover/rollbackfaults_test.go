@@ -1,10 +1,12 @@
 package cutover
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -285,5 +287,64 @@ func TestResumedRollbackPastItsWindowNamesTheBudget(t *testing.T) {
 	_, err := tableStep(t, r.steps, StepSwitch).run(t.Context(), r)
 	if err == nil || !strings.Contains(err.Error(), "timeouts.window 5s") || strings.Contains(err.Error(), "not ready") || slices.Contains(calls, "backend "+p.Blue.APIServer.URL) {
 		t.Fatalf("resumed switch an hour past its fence, blue ready: %v (proxy asked %q); want it refused naming the window's budget", err, calls)
+	}
+}
+
+// startSlowStoppingBake starts this test binary as a baking process holding stateDir's lock that
+// takes SIGTERM as a bake does and is slow to stop (TestMain); stopping is closed once it says it
+// got the signal.
+func startSlowStoppingBake(t *testing.T, stateDir string) (stopping chan struct{}) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "KUBEFENCE_TEST_BAKING_HOLDER="+stateDir, "KUBEFENCE_TEST_SLOW_STOP=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewReader(out)
+	if line, _ := lines.ReadString('\n'); line != "holding\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("helper said %q", line)
+	}
+	stopping = make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		if line, _ := lines.ReadString('\n'); line == "stopping\n" {
+			close(stopping)
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-read; _ = cmd.Wait() })
+	return stopping
+}
+
+// TestInterruptedWhileTheBakeStopsSaysResume: a rollback or finish that asked the baking process
+// to stop (SIGTERM) and is interrupted (Ctrl-C) while it waits for it returned only "did not stop
+// within a minute of SIGTERM: context canceled", although the bake is stopping and nothing will
+// keep blue in step with green: the error now says the bake was asked to stop and how to keep
+// blue following ('cutover --resume', within the pick-up horizon).
+func TestInterruptedWhileTheBakeStopsSaysResume(t *testing.T) {
+	for name, cmd := range map[string]func(context.Context, Options) (*Report, error){"rollback": Rollback, "finish": Finish} {
+		t.Run(name, func(t *testing.T) {
+			p, _ := bakingCutover(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
+			stopping := startSlowStoppingBake(t, p.StateDir)
+			ctx, interrupt := context.WithCancel(t.Context())
+			defer interrupt()
+			go func() {
+				select {
+				case <-stopping:
+					interrupt() // Ctrl-C while the bake stops
+				case <-ctx.Done():
+				}
+			}()
+			_, err := cmd(ctx, Options{Plan: p})
+			if err == nil || !strings.Contains(err.Error(), "SIGTERM") || !strings.Contains(err.Error(), "kubefence cutover --resume") || !strings.Contains(err.Error(), PickupHorizon) {
+				t.Fatalf("%s interrupted while the bake stops: %v; want it to say the bake was asked to stop and to resume it in time", name, err)
+			}
+		})
 	}
 }
