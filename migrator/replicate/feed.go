@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // The feed reads blue's watch for the apply, in a goroutine of its own, so that blue's changes
@@ -37,6 +39,44 @@ import (
 // costs blue a watch read from its history rather than from its latest writes.
 const defaultMaxBacklog = 64 << 20
 
+// A watch can go quiet without ending: its member keeps the connection and a leader, and
+// answers the client's keepalive pings, but applies nothing (an `etcdctl defrag` on it holds its
+// backend's locks for the whole defrag; a stalled backend disk with the WAL elsewhere), so it
+// sends nothing. WithRequireLeader covers a member cut off from the leader and the keepalive
+// pings a lost host; neither covers this one. So the feed has a watchdog: blue's revision as a
+// linearizable read returns it (pollSource, every ProgressInterval; such a read is served only
+// by a member that applied up to the leader's commit index, so it is the cluster's revision
+// whichever member answers) is compared with the revisions received. Once a read finds blue
+// ahead of what the open watch delivered, and the watch delivers no revision for
+// Config.WatchStall from then, the watch is cancelled and opened again at once from the first
+// revision not received, on a gRPC stream of its own (etcd's client shares one stream among
+// watches whose contexts carry the same metadata, and its round-robin balancer sends a new
+// stream to the next endpoint), and the stall counted (Progress.WatchStalls).
+//
+// etcd's progress notifications do not tell this: a member answers a progress request
+// (clientv3 RequestProgress) with its own store's revision (server/v3 storage/mvcc
+// watchable_store.go progressIfSync), so one that stopped applying says its watch is complete
+// up to where it stopped; and WithProgressNotify's period is blue's server flag (10 minutes by
+// default), not the client's. Only a linearizable read knows how far blue really is.
+//
+// defaultWatchStall is Config.WatchStall's default. etcd sends a watch's events when the write
+// ends, and tries again every 10 ms for a watcher whose buffer is full and every 100 ms for one
+// catching up from history (watchable_store.go), so a healthy watch delivers within
+// milliseconds of the read that finds blue ahead; 5 s is 50 times the slowest of these and above a
+// leader election (1 s with etcd's defaults). A watch opened again that stalls before it
+// delivers anything gets twice the bound, up to maxWatchStall, so that a watch slow to read a
+// long history (a catch-up after a pause) is not cancelled again and again.
+const (
+	defaultWatchStall = 5 * time.Second
+	maxWatchStall     = time.Minute
+)
+
+// errStalled: the watchdog cancelled a watch that delivered nothing while blue moved on.
+var errStalled = errors.New("blue's watch delivered nothing while blue moved on")
+
+// streamKey is the gRPC metadata that gives a watch opened after a stall a stream of its own.
+const streamKey = "kubefence-replicate-watch"
+
 // errRewatch: the watch ended for a reason worth watching again from the next revision.
 var errRewatch = errors.New("watch ended")
 
@@ -57,6 +97,7 @@ type feed struct {
 	max   int           // Config.MaxBacklog
 	wake  chan struct{} // holds a signal when revisions were queued or the feed stopped
 	drain chan struct{} // holds a signal when the backlog went down to half the bound
+	stall chan struct{} // holds a signal when the watchdog found the open watch stalled
 
 	mu    sync.Mutex
 	queue []revChanges // received, not yet taken by the apply, oldest first
@@ -66,11 +107,19 @@ type feed struct {
 	next   int64 // the first revision not received
 	err    error // why the feed stopped, once it has
 	pauses int64 // Progress.BacklogPauses
+
+	// The watchdog's state. watching: a watch is open (not paused, not waiting to watch
+	// again); behind: when a read of blue first found it ahead of what was received since the
+	// open watch last delivered (zero: none did); bound: the stall bound for the open watch.
+	watching bool
+	behind   time.Time
+	bound    time.Duration
+	stalls   int64 // Progress.WatchStalls
 }
 
 func newFeed(r *Replicator) *feed {
-	return &feed{r: r, max: r.cfg.MaxBacklog, next: r.cfg.FromRevision + 1,
-		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1)}
+	return &feed{r: r, max: r.cfg.MaxBacklog, next: r.cfg.FromRevision + 1, bound: r.cfg.WatchStall,
+		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1), stall: make(chan struct{}, 1)}
 }
 
 // heldBytes is what watch events hold in memory as the bounds count it (the backlog here, the
@@ -110,6 +159,10 @@ func (f *feed) follow(ctx context.Context) error {
 	f.r.cfg.Log.Info("watching blue", "from", f.nextRev())
 	for {
 		delivered, err := f.watch(ctx)
+		if errors.Is(err, errStalled) {
+			backoff = rewatchBackoff
+			continue // at once, on a stream of its own
+		}
 		if errors.Is(err, errBacklogFull) {
 			if err := f.pause(ctx); err != nil {
 				return err
@@ -136,14 +189,33 @@ func (f *feed) follow(ctx context.Context) error {
 	}
 }
 
-// watch queues blue's revisions from the first not received until the watch ends, or until the
-// backlog passes the bound (errBacklogFull; returning cancels the watch). It says whether the
-// watch delivered a response (other than an error).
+// watch queues blue's revisions from the first not received until the watch ends, until the
+// backlog passes the bound (errBacklogFull; returning cancels the watch), or until the watchdog
+// finds it stalled (errStalled). It says whether the watch delivered a response (other than an
+// error).
 func (f *feed) watch(ctx context.Context) (delivered bool, err error) {
+	from, stream := f.opened()
+	defer f.closed()
+	if stream > 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, streamKey, strconv.FormatInt(stream, 10))
+	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	from := f.nextRev()
-	for resp := range f.r.cfg.Source.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from)) {
+	wch := f.r.cfg.Source.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
+	for {
+		var resp clientv3.WatchResponse
+		var ok bool
+		select {
+		case resp, ok = <-wch:
+		case <-f.stall:
+			if err := f.stalled(from, delivered); err != nil {
+				return delivered, err
+			}
+			continue
+		}
+		if !ok {
+			break
+		}
 		full, err := f.take(from, resp)
 		if err != nil {
 			return delivered, err
@@ -157,6 +229,61 @@ func (f *feed) watch(ctx context.Context) (delivered bool, err error) {
 		return delivered, err
 	}
 	return delivered, fmt.Errorf("%w: the watch channel closed", errRewatch)
+}
+
+// opened starts the watchdog for a watch about to be opened: it returns the first revision not
+// received, and the stream number to open it on (0: the client's shared stream).
+func (f *feed) opened() (from, stream int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.watching, f.behind = true, time.Time{}
+	select {
+	case <-f.stall: // a signal for the watch before
+	default:
+	}
+	return f.next, f.stalls
+}
+
+// closed stops the watchdog: no watch is open.
+func (f *feed) closed() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.watching, f.behind = false, time.Time{}
+}
+
+// sawCluster is the watchdog: blue's revision rev, read from the cluster at now, is compared
+// with what the open watch delivered; once blue has been ahead of it for the bound without a
+// revision delivered, the watch is stalled.
+func (f *feed) sawCluster(rev int64, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case !f.watching || rev < f.next:
+		f.behind = time.Time{}
+	case f.behind.IsZero():
+		f.behind = now
+	case now.Sub(f.behind) >= f.bound:
+		signal(f.stall)
+	}
+}
+
+// stalled counts and logs a stall of the watch opened at from, doubling the bound if the watch
+// delivered nothing, and says so; nil if the watch delivered since the watchdog's signal.
+func (f *feed) stalled(from int64, delivered bool) error {
+	f.mu.Lock()
+	if f.behind.IsZero() {
+		f.mu.Unlock()
+		return nil
+	}
+	f.stalls++
+	quiet, bound, next := time.Since(f.behind).Round(time.Millisecond), f.bound, f.next
+	if !delivered {
+		f.bound = min(2*f.bound, maxWatchStall)
+	}
+	f.mu.Unlock()
+	f.r.cfg.Log.Warn("blue's watch delivered nothing while blue's revision, read from the cluster, is ahead of it (its member may have stopped applying: a defrag, a stalled disk): watching again on a new stream",
+		"watched from", from, "received", next-1, "blue", f.r.sourceRev(), "quiet", quiet, "bound", bound)
+	return errStalled
 }
 
 // take queues a response of the watch opened at from, saying whether the backlog is past the
@@ -182,6 +309,7 @@ func (f *feed) take(from int64, resp clientv3.WatchResponse) (full bool, err err
 		return nil
 	})
 	if len(resp.Events) > 0 {
+		f.behind, f.bound = time.Time{}, f.r.cfg.WatchStall
 		signal(f.wake)
 	}
 	return f.bytes > f.max, nil
@@ -270,9 +398,9 @@ func (f *feed) applied(evs []*clientv3.Event) {
 	}
 }
 
-// stats is Progress.BacklogBytes and BacklogPauses.
-func (f *feed) stats() (bytes, pauses int64) {
+// fill sets Progress.BacklogBytes, BacklogPauses and WatchStalls.
+func (f *feed) fill(p *Progress) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return int64(f.bytes), f.pauses
+	p.BacklogBytes, p.BacklogPauses, p.WatchStalls = int64(f.bytes), f.pauses, f.stalls
 }

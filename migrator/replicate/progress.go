@@ -44,6 +44,11 @@ type Progress struct {
 	// Config.MaxBacklog, and watched blue again, from the first revision not received, once green
 	// had applied half of it.
 	BacklogPauses int64 `json:"backlogPauses"`
+	// WatchStalls is how many times this run found blue's watch stalled (blue's revision, read
+	// from the cluster, ahead of what the watch delivered, and nothing delivered for
+	// Config.WatchStall) and watched blue again on a new stream, from the first revision not
+	// received.
+	WatchStalls int64 `json:"watchStalls"`
 }
 
 const rateWindow = 10 * time.Second
@@ -131,8 +136,15 @@ func (r *Replicator) Progress() Progress {
 	r.mu.Unlock()
 	p.Leases = r.leases.count()
 	p.Compactions = r.compact.count()
-	p.BacklogBytes, p.BacklogPauses = r.feed.stats()
+	r.feed.fill(&p)
 	return p
+}
+
+// sourceRev is the newest blue revision seen.
+func (r *Replicator) sourceRev() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progress.source
 }
 
 func (r *Replicator) sawSource(rev int64) {
@@ -175,7 +187,7 @@ func (r *Replicator) resent(n int) {
 }
 
 // pollSource reads blue's current revision every ProgressInterval, so the lag is right while
-// the watch is quiet or behind.
+// the watch is quiet or behind, and hands it to the feed's watchdog.
 func (r *Replicator) pollSource(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ProgressInterval)
 	defer t.Stop()
@@ -193,5 +205,6 @@ func (r *Replicator) pollSource(ctx context.Context) {
 			continue
 		}
 		r.sawSource(rev)
+		r.feed.sawCluster(rev, time.Now())
 	}
 }

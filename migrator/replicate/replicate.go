@@ -75,6 +75,12 @@ type Config struct {
 	// revision not received once green has applied the backlog down to half the bound: the rest
 	// waits in blue's history, not in this process (feed.go). Default 64 MiB.
 	MaxBacklog int
+	// WatchStall is how long blue's watch may deliver no revision while blue's revision, read
+	// from the cluster every ProgressInterval, is ahead of what it delivered: then the watch is
+	// cancelled and blue watched again at once on a new stream, from the first revision not
+	// received (its member may have stopped applying: a defrag, a stalled disk; feed.go).
+	// Default 5 s.
+	WatchStall time.Duration
 }
 
 func (c *Config) validate() error {
@@ -112,6 +118,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxBacklog <= 0 {
 		c.MaxBacklog = defaultMaxBacklog
+	}
+	if c.WatchStall <= 0 {
+		c.WatchStall = defaultWatchStall
 	}
 }
 
