@@ -241,11 +241,18 @@ func (r *runner) abortRollback(ctx context.Context, reason string, seen *proxies
 	// cutover) must be able to keep blue following green before green compacts past it; the
 	// proxy left fenced is journaled (StillFenced) and the report says how to reopen it.
 	r.main.State = StateBaking
-	if err := r.main.save(r.p.StateDir); err != nil {
-		return errors.Join(still, err)
+	err = r.main.save(r.p.StateDir)
+	if err == nil {
+		r.j.State, r.j.AbortReason = StateAborted, reason
+		err = r.saveJournal()
 	}
-	r.j.State, r.j.AbortReason = StateAborted, reason
-	return errors.Join(still, r.saveJournal())
+	switch {
+	case err != nil && still != nil: // not a stillFencedOnGreen: the journals do not say it ended
+		return fmt.Errorf("%v; %w", still, err)
+	case err != nil:
+		return err
+	}
+	return still
 }
 
 // stillFencedOnGreen is a rollback's abort that reopened every proxy on green but names, which
