@@ -240,19 +240,17 @@ func (r *runner) abortRollback(ctx context.Context, reason string, seen *proxies
 	// is open on green, taking writes, and 'cutover --resume' (which refuses a rolling-back
 	// cutover) must be able to keep blue following green before green compacts past it; the
 	// proxy left fenced is journaled (StillFenced) and the report says how to reopen it.
+	// The cutover's journal decides: baking, its advice is the bake's (stillFencedOnGreen, even
+	// if the rollback's own journal could not be written); not saved, it is still rolling back.
 	r.main.State = StateBaking
-	err = r.main.save(r.p.StateDir)
-	if err == nil {
-		r.j.State, r.j.AbortReason = StateAborted, reason
-		err = r.saveJournal()
-	}
-	switch {
-	case err != nil && still != nil: // not a stillFencedOnGreen: the journals do not say it ended
-		return fmt.Errorf("%v; %w", still, err)
-	case err != nil:
+	if err := r.main.save(r.p.StateDir); err != nil {
+		if still != nil {
+			return fmt.Errorf("%v; %w", still, err)
+		}
 		return err
 	}
-	return still
+	r.j.State, r.j.AbortReason = StateAborted, reason
+	return errors.Join(still, r.saveJournal())
 }
 
 // stillFencedOnGreen is a rollback's abort that reopened every proxy on green but names, which

@@ -348,3 +348,29 @@ func TestInterruptedWhileTheBakeStopsSaysResume(t *testing.T) {
 		})
 	}
 }
+
+// TestRollbackAbortWithASilentProxyAndItsJournalLost: the same abort whose rollback journal
+// cannot be written (its dir replaced by a file) still marked the cutover baking (the cutover's
+// journal sits in the state dir): the advice is the bake's to resume, not 'rollback --resume',
+// which refuses a baking cutover.
+func TestRollbackAbortWithASilentProxyAndItsJournalLost(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	w := newSilentRollbackWorld(t)
+	if err := os.RemoveAll(w.r.journalDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w.r.journalDir, []byte("not a dir"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.failSwitch(t)
+	if err == nil || rep == nil || w.a.Fenced {
+		t.Fatalf("report %+v, %v, proxy a %+v: want the abort incomplete, a open on green", rep, err, *w.a)
+	}
+	main, lerr := LoadJournal(w.r.p.StateDir)
+	if lerr != nil || main.State != StateBaking {
+		t.Fatalf("the cutover's journal %+v, %v: want it baking", main, lerr)
+	}
+	if !strings.Contains(rep.Next, "kubefence cutover --resume") || strings.Contains(rep.Next, "rollback --resume") || !strings.Contains(rep.Error, "not a directory") {
+		t.Errorf("report: error %q, next %q; want the bake to resume, and the journal's error said", rep.Error, rep.Next)
+	}
+}
