@@ -115,6 +115,8 @@ type feed struct {
 	behind   time.Time
 	bound    time.Duration
 	stalls   int64 // Progress.WatchStalls
+	// receivedAt is when the watch last delivered a revision (Progress.ReceivedAt).
+	receivedAt time.Time
 }
 
 func newFeed(r *Replicator) *feed {
@@ -142,9 +144,12 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// run watches blue until ctx ends or a watch ends in a way watching again cannot fix; received
-// returns why from then on.
-func (f *feed) run(ctx context.Context) {
+// run watches blue, from start on, until ctx ends or a watch ends in a way watching again
+// cannot fix; received returns why from then on.
+func (f *feed) run(ctx context.Context, start time.Time) {
+	f.mu.Lock()
+	f.receivedAt = start
+	f.mu.Unlock()
 	err := f.follow(ctx)
 	f.mu.Lock()
 	f.err = err
@@ -309,7 +314,7 @@ func (f *feed) take(from int64, resp clientv3.WatchResponse) (full bool, err err
 		return nil
 	})
 	if len(resp.Events) > 0 {
-		f.behind, f.bound = time.Time{}, f.r.cfg.WatchStall
+		f.behind, f.bound, f.receivedAt = time.Time{}, f.r.cfg.WatchStall, time.Now()
 		signal(f.wake)
 	}
 	return f.bytes > f.max, nil
@@ -398,9 +403,14 @@ func (f *feed) applied(evs []*clientv3.Event) {
 	}
 }
 
-// fill sets Progress.BacklogBytes, BacklogPauses and WatchStalls.
-func (f *feed) fill(p *Progress) {
+// fill sets Progress.BacklogBytes, BacklogPauses, WatchStalls and Received (its time and age
+// at now).
+func (f *feed) fill(p *Progress, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p.BacklogBytes, p.BacklogPauses, p.WatchStalls = int64(f.bytes), f.pauses, f.stalls
+	p.Received, p.ReceivedAt = f.next-1, f.receivedAt
+	if !f.receivedAt.IsZero() {
+		p.ReceivedAge = now.Sub(f.receivedAt).Seconds()
+	}
 }

@@ -12,7 +12,28 @@ type Progress struct {
 	// Applied is the last blue revision applied to green (green's revision).
 	Applied int64 `json:"appliedRevision"`
 	// Source is the newest blue revision seen (watch headers, and a read every ProgressInterval).
+	// While the read fails (SourceReadFailures) it is the last seen, growing stale
+	// (SourceReadAge).
 	Source int64 `json:"sourceRevision"`
+	// SourceReadAt is when blue's revision was last read from the cluster (the linearizable read
+	// every ProgressInterval, each bounded by two of them); zero before the first.
+	SourceReadAt time.Time `json:"sourceReadAt,omitzero"`
+	// SourceReadAge is how long ago that was, in seconds (since Run started while no read has
+	// succeeded); 0 before Run starts. Well above ProgressInterval, Source is stale.
+	SourceReadAge float64 `json:"sourceReadAgeSeconds"`
+	// SourceReadFailures is how many reads of blue's revision in a row failed or took longer
+	// than their bound since the last that succeeded (0 when the last one did), and
+	// SourceReadError the last one's error while they fail.
+	SourceReadFailures int64  `json:"sourceReadFailures"`
+	SourceReadError    string `json:"sourceReadError,omitempty"`
+	// Received is the newest blue revision the watch delivered (FromRevision before any), and
+	// ReceivedAt when it did (when Run started, before any); ReceivedAge is how long ago, in
+	// seconds. Received behind Source while ReceivedAge grows: blue's watch delivers nothing
+	// (WatchStalls counts the watchdog's reopens); Received ahead of Applied while Applied stands
+	// still: green applies nothing.
+	Received    int64     `json:"receivedRevision"`
+	ReceivedAt  time.Time `json:"receivedAt,omitzero"`
+	ReceivedAge float64   `json:"receivedAgeSeconds"`
 	// LagRevisions is Source - Applied.
 	LagRevisions int64 `json:"lagRevisions"`
 	// LagSeconds is how long green has been behind: the time since the oldest blue revision
@@ -69,6 +90,12 @@ type tracker struct {
 	samples   []sample // applied counts, one per rateWindow/40 at most
 	// resent, resyncs and leaseWaits are Progress.Resent, Resyncs and LeaseWaits.
 	resent, resyncs, leaseWaits int64
+	// started is when Run started; readAt when blue's revision was last read, readFailures
+	// and readErr the reads failed since (Progress.SourceReadAt, SourceReadFailures and
+	// SourceReadError).
+	started, readAt time.Time
+	readFailures    int64
+	readErr         string
 }
 
 func (t *tracker) sawSource(rev int64, now time.Time) {
@@ -105,6 +132,13 @@ func (t *tracker) snapshot(now time.Time) Progress {
 		p.LagSeconds = now.Sub(t.seen[0].at).Seconds()
 	}
 	p.RevisionsPerSecond = t.rate(now)
+	p.SourceReadAt, p.SourceReadFailures, p.SourceReadError = t.readAt, t.readFailures, t.readErr
+	if last := t.readAt; !last.IsZero() || !t.started.IsZero() {
+		if last.IsZero() {
+			last = t.started
+		}
+		p.SourceReadAge = now.Sub(last).Seconds()
+	}
 	return p
 }
 
@@ -131,12 +165,13 @@ func (t *tracker) rate(now time.Time) float64 {
 
 // Progress reports where replication stands now.
 func (r *Replicator) Progress() Progress {
+	now := time.Now()
 	r.mu.Lock()
-	p := r.progress.snapshot(time.Now())
+	p := r.progress.snapshot(now)
 	r.mu.Unlock()
 	p.Leases = r.leases.count()
 	p.Compactions = r.compact.count()
-	r.feed.fill(&p)
+	r.feed.fill(&p, now)
 	return p
 }
 
@@ -197,14 +232,48 @@ func (r *Replicator) pollSource(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rev, err := Revision(ctx, r.cfg.Source)
-		if err != nil {
-			if ctx.Err() == nil {
-				r.cfg.Log.Warn("reading blue's revision for the lag", "err", err)
-			}
-			continue
-		}
-		r.sawSource(rev)
-		r.feed.sawCluster(rev, time.Now())
+		r.readSource(ctx)
 	}
+}
+
+// readSource reads blue's revision once, within two ProgressIntervals: a linearizable read
+// that reaches a member that stopped applying waits for ever (etcd 3.6 linearizableReadLoop
+// waits for the member's applied index), and etcd's client sends reads to its endpoints in
+// turn, so without a bound one such read would stop Source, and the lag with it, for good.
+// A read that fails is counted and logged, and Source kept with its age.
+func (r *Replicator) readSource(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 2*r.cfg.ProgressInterval)
+	rev, err := Revision(rctx, r.cfg.Source)
+	cancel()
+	now := time.Now()
+	if ctx.Err() != nil {
+		return
+	}
+	r.mu.Lock()
+	t := &r.progress
+	last, failures := t.readAt, t.readFailures
+	if err != nil {
+		t.readFailures++
+		t.readErr = err.Error()
+	} else {
+		t.readAt, t.readFailures, t.readErr = now, 0, ""
+		t.sawSource(rev, now)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.cfg.Log.Warn("reading blue's revision for the lag failed; the lag counts from the last revision seen", "err", err, "failed in a row", failures+1, "last read", sinceOrNever(last, now))
+		return
+	}
+	if failures > 0 {
+		r.cfg.Log.Info("read blue's revision again", "revision", rev, "failed before", failures, "last read", sinceOrNever(last, now))
+	}
+	r.feed.sawCluster(rev, now)
+}
+
+// sinceOrNever is how long before now at was, for a log ("never" for a zero at).
+func sinceOrNever(at, now time.Time) string {
+	if at.IsZero() {
+		return "never"
+	}
+	return now.Sub(at).Round(time.Millisecond).String()
 }

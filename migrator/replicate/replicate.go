@@ -53,7 +53,7 @@ type Config struct {
 	OnApplied func(Progress)
 
 	// ProgressInterval is how often blue's current revision is read for the lag when no
-	// events arrive (default 1 s).
+	// events arrive (default 1 s); each read is bounded by two of them.
 	ProgressInterval time.Duration
 	// LeaseCheckInterval is how often mirrored leases are checked against blue, so that leases
 	// blue no longer has stop being kept alive on green (default 30 s).
@@ -194,11 +194,15 @@ func (r *Replicator) Run(ctx context.Context) (err error) {
 	if err := r.leases.adoptDest(ctx, sctx); err != nil {
 		return err
 	}
+	now := time.Now()
+	r.mu.Lock()
+	r.progress.started = now
+	r.mu.Unlock()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	wg.Add(4)
-	go func() { defer wg.Done(); r.feed.run(ctx) }()
+	go func() { defer wg.Done(); r.feed.run(ctx, now) }()
 	go func() { defer wg.Done(); r.pollSource(ctx) }()
 	go func() { defer wg.Done(); r.leases.checkLoop(ctx, r.appliedRev) }()
 	go func() { defer wg.Done(); r.compact.run(ctx) }()

@@ -2,13 +2,19 @@ package replicate
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // stallingStreams stands for an etcd member that keeps its connection and answers keepalive
@@ -113,5 +119,109 @@ func TestStalledWatchReopened(t *testing.T) {
 	defer streams.mu.Unlock()
 	if streams.opened <= streams.atStall {
 		t.Fatalf("blue watched again on the stalled stream (%d watch streams opened, %d before the stall)", streams.opened, streams.atStall)
+	}
+}
+
+// blockingReads is a unary interceptor that holds every Range (the linearizable read of blue's
+// revision) once block is set, until its context ends: a member that stopped applying never
+// answers one (etcd 3.6 linearizableReadLoop waits for its applied index).
+type blockingReads struct{ block atomic.Bool }
+
+func (b *blockingReads) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if method == "/etcdserverpb.KV/Range" && b.block.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// recordingHandler keeps the messages logged at Warn or above, and hands every record on.
+type recordingHandler struct {
+	slog.Handler
+	mu    sync.Mutex
+	warns []string
+}
+
+func (h *recordingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		h.mu.Lock()
+		h.warns = append(h.warns, r.Message)
+		h.mu.Unlock()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *recordingHandler) warned(part string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.ContainsFunc(h.warns, func(m string) bool { return strings.Contains(m, part) })
+}
+
+// TestSourceReadBounded: the read of blue's revision for the lag stops answering (its member
+// stopped applying) while blue's watch goes on: within 3 ProgressIntervals the read is reported
+// failing and the revision read as stale, its age growing, instead of the read hanging with
+// the lag frozen; what the feed received is reported; Run still stops when asked.
+func TestSourceReadBounded(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	reads := &blockingReads{}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: blue.cli.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(reads.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	logs := &recordingHandler{Handler: testLog(t).Handler()}
+	run := start(t, blue, green, s, func(c *Config) {
+		c.Source, c.ProgressInterval, c.Log = cli, interval, slog.New(logs)
+	})
+	put(t, blue, "a", "1")
+	catchUp(t, run, blue)
+	var fresh Progress
+	err = wait.PollUntilContextTimeout(t.Context(), interval/10, 3*interval, true, func(context.Context) (bool, error) {
+		fresh = run.r.Progress()
+		return !fresh.SourceReadAt.IsZero(), nil
+	})
+	if err != nil || fresh.SourceReadFailures != 0 || fresh.SourceReadAge > interval.Seconds() {
+		t.Fatalf("reads answering: %+v, want a read within %s and no failure", fresh, 3*interval)
+	}
+
+	reads.block.Store(true)
+	blocked := time.Now()
+	var stale Progress
+	err = wait.PollUntilContextTimeout(t.Context(), interval/10, 3*interval, true, func(context.Context) (bool, error) {
+		stale = run.r.Progress()
+		return stale.SourceReadAge > interval.Seconds(), nil
+	})
+	if err != nil {
+		t.Fatalf("no stale read of blue's revision shown within %s of reads hanging: %+v", 3*interval, stale)
+	}
+	// The first read after the block started within a ProgressInterval and ends at its bound,
+	// two more: failing shows within 3 of them (4 with the scheduler's slack).
+	var failing Progress
+	err = wait.PollUntilContextTimeout(t.Context(), interval/10, 4*interval-time.Since(blocked), true, func(context.Context) (bool, error) {
+		failing = run.r.Progress()
+		return failing.SourceReadFailures > 0 && logs.warned("reading blue's revision"), nil
+	})
+	if err != nil || !strings.Contains(failing.SourceReadError, "deadline") || failing.SourceReadAge <= stale.SourceReadAge {
+		t.Fatalf("reads hanging %s: %+v (%v), want failures counted and logged, a deadline error, the age growing past %.2f s", time.Since(blocked), failing, err, stale.SourceReadAge)
+	}
+
+	// The watch goes on: what it received is reported, the lag still counted from it.
+	last := put(t, blue, "a", "2")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := run.r.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	if p := run.r.Progress(); p.Received != last || p.ReceivedAt.Before(blocked) || p.ReceivedAge > time.Since(blocked).Seconds() || p.Source != last {
+		t.Fatalf("%+v: want revision %d received after the block, and seen", p, last)
+	}
+
+	run.stop()
+	if err := run.wait(t, 5*time.Second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run stopped with %v, want context.Canceled", err)
 	}
 }
