@@ -132,6 +132,10 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 		// writes, and status names them instead of guessing.
 		{"an abort whose unfence missed a proxy", cutover.StatusReport{ID: "x", State: cutover.StateRunning, WindowOpenSince: fenced, Aborting: "step drain failed", StillFenced: []string{"proxy-b", "proxy-c"}},
 			[]string{"WRITES FENCED on proxy-b, proxy-c", "the others are open", "cutover abort"}, []string{"may be open again", "--resume"}},
+		// A rollback's abort ends, back to the bake, even when a proxy did not acknowledge its
+		// unfence: the cutover bakes again, that proxy still fenced.
+		{"baking after a rollback's abort missed a proxy", cutover.StatusReport{ID: "x", State: cutover.StateBaking, Bake: &cutover.BakeStatus{}, StillFenced: []string{"proxy-b"}},
+			[]string{"WRITES FENCED on proxy-b", "could not unfence", "the others are open"}, nil},
 		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
 			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
 		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
