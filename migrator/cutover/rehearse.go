@@ -52,8 +52,12 @@ type Rehearsal struct {
 	// Drain is green applying up to blue's revision read right after catching up, as the
 	// fenced drain does (writes go on meanwhile, as they do until the fence's barrier).
 	Drain time.Duration `json:"drainNanos"`
-	// Check is reading green's and blue's revisions once, as the switch's check does.
+	// Check is the switch's check that green is at blue's revision, applied by the replicator
+	// (blue's revision read, waited for, both revisions read again).
 	Check time.Duration `json:"checkNanos"`
+	// DeltaCheck is the switch's wait for the delta check to have compared every change up
+	// to that revision, the same in both etcds' histories.
+	DeltaCheck time.Duration `json:"deltaCheckNanos"`
 	// ProxyRoundTrip is the slowest proxy's status round trip; fence, switch and unfence each
 	// cost one.
 	ProxyRoundTrip time.Duration `json:"proxyRoundTripNanos"`
@@ -86,7 +90,7 @@ type Rehearsal struct {
 	// clients of the bake's replication connected. Not in it: keeping blue's leases alive from
 	// there (one keep-alive each) and starting the replication's watch.
 	HandOver time.Duration `json:"handOverNanos,omitempty"`
-	// PredictedWindow is Barrier + Drain + Check + 3 × ProxyRoundTrip + EtcdRoundTrip +
+	// PredictedWindow is Barrier + Drain + Check + DeltaCheck + 3 × ProxyRoundTrip + EtcdRoundTrip +
 	// (WindowSteps + 3) × StateSave, plus GateRoundTrip + HandOver for a bake.
 	PredictedWindow time.Duration `json:"predictedWindowNanos"`
 }
@@ -101,7 +105,7 @@ const maxTrialWatches = 200
 const barrierSample = 2 * time.Second
 
 func (m *Rehearsal) predict() {
-	m.PredictedWindow = m.Barrier + m.Drain + m.Check + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave +
+	m.PredictedWindow = m.Barrier + m.Drain + m.Check + m.DeltaCheck + 3*m.ProxyRoundTrip + m.EtcdRoundTrip + time.Duration(m.WindowSteps+3)*m.StateSave +
 		m.GateRoundTrip + m.HandOver
 }
 
@@ -114,7 +118,7 @@ func (rehearseDrainStep) timeout(p *Plan) time.Duration {
 }
 func (rehearseDrainStep) pastNoReturn() bool { return false }
 func (rehearseDrainStep) describe(*runner, bool) string {
-	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), reading both revisions (the switch's check), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, for a bake three auth requests to blue etcd (as gate-blue makes) and the hand-over's clients and leases list, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and predict the window from them; then time as many watches opened at once on green's apiserver as are open through the proxies (the switch moves them off blue; after the unfence they wait that long for green)"
+	return "without fencing: catch up with blue and have the proxies open their connections to green's apiserver (as the fence step does), then time green applying blue's current revision (the drain), the switch's checks (green at blue's revision, applied by the replicator; every change since the full verify the same in both etcds' histories: the rehearsal fails if not, as the switch would), a status round trip to every proxy, an auth request to green etcd on a connected client (as the ungate), a journal save, for a bake three auth requests to blue etcd (as gate-blue makes) and the hand-over's clients and leases list, blue's median latency for the writes the proxies forwarded in the last 2s (what the fence waits for), and predict the window from them; then time as many watches opened at once on green's apiserver as are open through the proxies (the switch moves them off blue; after the unfence they wait that long for green)"
 }
 
 func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
@@ -134,14 +138,10 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 		return "", fmt.Errorf("drain: %w", err)
 	}
 	m.Drain = time.Since(start)
-	start = time.Now()
-	if _, err := replicate.Revision(ctx, r.repl.dst); err != nil {
-		return "", fmt.Errorf("green's revision: %w", err)
+	checked, err := r.rehearseSwitchChecks(ctx, &m)
+	if err != nil {
+		return "", err
 	}
-	if _, err := replicate.Revision(ctx, r.repl.src); err != nil {
-		return "", fmt.Errorf("blue's revision: %w", err)
-	}
-	m.Check = time.Since(start)
 	start = time.Now()
 	st, err := r.adm.Status(ctx)
 	if err != nil {
@@ -154,9 +154,29 @@ func (rehearseDrainStep) run(ctx context.Context, r *runner) (string, error) {
 	}
 	m.predict()
 	r.j.Rehearsal = &m
-	return fmt.Sprintf("%s; %spredicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each%s); after the window, green answering the %d watch(es) open now %s; %s",
-		rounds, prepared, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond),
+	return fmt.Sprintf("%s; %s%s; predicted window %s (blue answering the writes in flight at the fence, estimated from its median write latency %s; drain to revision %d %s; check %s; delta check %s; proxy round trip %s; green etcd auth request %s; %d journal saves of the window's steps and 3 proxy state saves, %s each%s); after the window, green answering the %d watch(es) open now %s; %s",
+		rounds, prepared, checked, m.PredictedWindow.Round(time.Microsecond), m.Barrier.Round(time.Microsecond), target, m.Drain.Round(time.Microsecond), m.Check.Round(time.Microsecond), m.DeltaCheck.Round(time.Microsecond),
 		m.ProxyRoundTrip.Round(time.Microsecond), m.EtcdRoundTrip.Round(time.Microsecond), m.WindowSteps, m.StateSave.Round(time.Microsecond), m.BakeText("; "), m.Watches, m.WatchMoveText(), r.progressLine(r.repl.rep.Progress())), nil
+}
+
+// rehearseSwitchChecks runs the switch's checks, timed into m: green at blue's revision of now,
+// applied by the replicator (waitCaughtUp), and every change since the full verify up to it the
+// same in both etcds' histories (deltaChecked). Either failing fails the rehearsal, naming the
+// difference: the cutover's switch would refuse it inside the window, after the fence.
+func (r *runner) rehearseSwitchChecks(ctx context.Context, m *Rehearsal) (string, error) {
+	start := time.Now()
+	rev, err := r.waitCaughtUp(ctx)
+	if err != nil {
+		return "", fmt.Errorf("the switch's check would fail: %w; a cutover would abort inside the window", err)
+	}
+	m.Check = time.Since(start)
+	start = time.Now()
+	checked, err := r.deltaChecked(ctx, rev)
+	if err != nil {
+		return "", fmt.Errorf("the switch's delta check would fail: %w; a cutover would abort inside the window", err)
+	}
+	m.DeltaCheck = time.Since(start)
+	return checked, nil
 }
 
 // BakeText is what a bake adds to the predicted window ("" without one), each part after sep.
@@ -342,7 +362,9 @@ func teardownAction(p *Plan) string {
 }
 
 func (r *runner) finishRehearsal() (*Report, error) {
-	_, _ = r.stopReplication()
+	// A difference the delta check found after the drain step (or replication failing then)
+	// fails the rehearsal: the cutover's switch would refuse it inside the window.
+	_, found := r.stopReplication()
 	_, err := r.stopGreen()
 	if err == nil {
 		_, err = r.removeRestored()
@@ -355,11 +377,18 @@ func (r *runner) finishRehearsal() (*Report, error) {
 	if serr := r.saveJournal(); serr != nil {
 		err = errors.Join(err, serr)
 	}
-	rep := r.report(ResultRehearsed, err)
-	if err != nil {
+	if found != nil {
+		found = fmt.Errorf("replication or its delta check failed before the teardown: %w; a cutover's switch would refuse this inside the window", found)
+	}
+	rep := r.report(ResultRehearsed, errors.Join(found, err))
+	switch {
+	case err != nil:
 		rep.Result = ResultFailed
 		rep.Next = "tearing green down did not complete: run 'kubefence cutover cleanup --plan PLAN' to stop what is left"
-	} else {
+	case found != nil:
+		rep.Result = ResultFailed
+		rep.Next = "green was torn down" + r.p.leftOnHosts() + "; writes were never fenced. Find what made green differ from blue (the error names the revision: something else writing to green, or green expiring a lease by itself) before rehearsing again."
+	default:
 		rep.Next = "green was torn down (processes stopped, its data dirs and blue's snapshot removed)" + r.p.leftOnHosts() + "; writes were never fenced. Run the cutover without --rehearse when ready."
 	}
 	if r.p.Bake.Enabled {
@@ -368,5 +397,5 @@ func (r *runner) finishRehearsal() (*Report, error) {
 		rep.Next += " Not rehearsed: " + StepBlueAuth + " (turning etcd auth on in blue, with blue's apiserver checked ready under it, else turned off again), which the cutover does before it replicates: a rehearsal changes nothing in blue."
 	}
 	r.emit(Event{Type: EventReport, Report: rep})
-	return rep, err
+	return rep, errors.Join(found, err)
 }

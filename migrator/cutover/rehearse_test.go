@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/kubefence/kubefence/internal/testetcd"
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -40,17 +43,17 @@ func TestRehearsalPrediction(t *testing.T) {
 			t.Errorf("median of %v: %s, want %s", tc.took, got, tc.want)
 		}
 	}
-	m := Rehearsal{Barrier: 9 * time.Millisecond, Drain: 2 * time.Millisecond, Check: time.Millisecond, ProxyRoundTrip: time.Millisecond,
+	m := Rehearsal{Barrier: 9 * time.Millisecond, Drain: 2 * time.Millisecond, Check: time.Millisecond, DeltaCheck: 5 * time.Millisecond, ProxyRoundTrip: time.Millisecond,
 		EtcdRoundTrip: 4 * time.Millisecond, StateSave: 2 * time.Millisecond, WindowSteps: 6, WatchMove: 100 * time.Millisecond}
 	m.predict()
 	// The moved watches ask green once the fence has lifted: outside the window.
-	if want := (9 + 2 + 1 + 3 + 4 + 9*2) * time.Millisecond; m.PredictedWindow != want {
+	if want := (9 + 2 + 1 + 5 + 3 + 4 + 9*2) * time.Millisecond; m.PredictedWindow != want {
 		t.Errorf("predicted %s, want %s", m.PredictedWindow, want)
 	}
 	// A bake's window also gates blue and hands replication over.
 	m.WindowSteps, m.GateRoundTrip, m.HandOver = 7, 3*time.Millisecond, 12*time.Millisecond
 	m.predict()
-	if want := (9 + 2 + 1 + 3 + 4 + 10*2 + 3 + 12) * time.Millisecond; m.PredictedWindow != want {
+	if want := (9 + 2 + 1 + 5 + 3 + 4 + 10*2 + 3 + 12) * time.Millisecond; m.PredictedWindow != want {
 		t.Errorf("bake: predicted %s, want %s", m.PredictedWindow, want)
 	}
 	m.WatchMoveError = "forbidden"
@@ -160,5 +163,61 @@ func TestRehearsalTimesTheBakeSteps(t *testing.T) {
 	}
 	if m.GateRoundTrip <= 0 || m.HandOver <= m.Check+m.StateSave {
 		t.Errorf("gate round trip %s, hand-over %s: want both timed", m.GateRoundTrip, m.HandOver)
+	}
+}
+
+// TestRehearsalFailsWhatTheSwitchWouldRefuse: a rehearsal runs the switch's checks (green at
+// blue's revision, applied by the replicator, and every change since the full verify the same in
+// both histories) and fails when they fail, naming the difference, rather than report
+// "rehearsed" for a cutover whose switch would refuse it inside the window. Here green is
+// written directly once the drain step starts (blue quiet, or written too).
+func TestRehearsalFailsWhatTheSwitchWouldRefuse(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		blueWrites bool
+	}{{"blue quiet", false}, {"blue written too", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newLiveWorld(t, rehearseSteps, replicate.Config{})
+			put(t, w.blue, "a", "1") // replicated: both at revision 2
+			w.caughtUpTo(t, 2)
+			w.r.o.Emit = func(e Event) {
+				if e.Type == EventStepStart && e.Step == StepRehearseDrain {
+					put(t, w.green, "stray", "x")
+					if tc.blueWrites {
+						put(t, w.blue, "b", "1")
+					}
+				}
+			}
+			rep, err := w.r.run(t.Context())
+			if err == nil || rep == nil || rep.Result == ResultRehearsed || !strings.Contains(rep.Error, "revision") || !strings.Contains(rep.Error, "green") {
+				t.Fatalf("rehearsal over a green written directly: %+v, %v; want it failed, naming the difference", rep, err)
+			}
+			if strings.Contains(rep.Next, "without --rehearse when ready") {
+				t.Errorf("a failed rehearsal advises the cutover: %s", rep.Next)
+			}
+			if len(w.calls) != 0 {
+				t.Errorf("proxy calls %v, want none", w.calls)
+			}
+		})
+	}
+}
+
+// TestRehearsalTeardownSaysWhatTheDeltaCheckFound: a difference found once the drain step is
+// over (the delta check runs on until the teardown stops it) fails the rehearsal too.
+func TestRehearsalTeardownSaysWhatTheDeltaCheckFound(t *testing.T) {
+	w := newLiveWorld(t, rehearseSteps, replicate.Config{})
+	put(t, w.blue, "a", "1")
+	w.caughtUpTo(t, 2)
+	put(t, w.green, "stray", "x")
+	put(t, w.blue, "b", "1")
+	check := w.r.repl.check
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return check.Err() != nil, nil
+	}); err != nil {
+		t.Fatal("the delta check found no difference")
+	}
+	rep, err := w.r.finishRehearsal()
+	if err == nil || rep.Result != ResultFailed || !strings.Contains(rep.Error, "revision 3") || strings.Contains(rep.Next, "without --rehearse when ready") {
+		t.Fatalf("teardown after the delta check found a difference: %+v, %v; want it failed, naming the revision", rep, err)
 	}
 }
