@@ -102,6 +102,9 @@ func printRunner(w io.Writer, st *cutover.StatusReport) {
 		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover; its abort unfences every proxy it reaches first, so some proxies may be open again ('kubefence fence status' on each says)\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
 	case !st.WindowOpenSince.IsZero():
 		fmt.Fprintf(w, "  WRITES FENCED since %s (%s ago) by this cutover\n", st.WindowOpenSince.Format(time.RFC3339), time.Since(st.WindowOpenSince).Round(time.Second))
+	case len(st.StillFenced) > 0 && st.State == cutover.StateRunning:
+		// A cutover's abort of a fence that never finished: going back to blue (said below).
+		fmt.Fprintf(w, "  WRITES FENCED on %s by this cutover: its abort could not unfence them; the others are open\n", strings.Join(st.StillFenced, ", "))
 	case len(st.StillFenced) > 0:
 		// A rollback's abort that ended, back to the bake, with proxies it could not reach.
 		fmt.Fprintf(w, "  WRITES FENCED on %s: the rollback's abort could not unfence them; the others are open ('kubefence fence off --expect-backend GREEN_URL' on each once it answers; 'kubefence backend set GREEN_URL' first if it is on blue)\n", strings.Join(st.StillFenced, ", "))

@@ -136,6 +136,10 @@ func TestCutoverStatusSaysWhatNeedsDoing(t *testing.T) {
 		// unfence: the cutover bakes again, that proxy still fenced.
 		{"baking after a rollback's abort missed a proxy", cutover.StatusReport{ID: "x", State: cutover.StateBaking, Bake: &cutover.BakeStatus{}, StillFenced: []string{"proxy-b"}},
 			[]string{"WRITES FENCED on proxy-b", "could not unfence", "the others are open"}, nil},
+		// A cutover's abort of a fence step that never finished (one proxy took the fence and
+		// never answered): going back to blue; nothing about green.
+		{"an abort of an unfinished fence that missed a proxy", cutover.StatusReport{ID: "x", State: cutover.StateRunning, FenceStartedAt: fenced, Aborting: "step fence failed", StillFenced: []string{"proxy-b"}},
+			[]string{"WRITES FENCED on proxy-b", "going back to blue", "cutover abort"}, []string{"GREEN_URL", "rollback's abort"}},
 		{"a rehearsal", cutover.StatusReport{ID: "x", State: cutover.StateRunning, Rehearsal: true, Runner: 42},
 			[]string{"(a rehearsal)", "run by pid 42"}, []string{"WRITES FENCED"}},
 		{"rolling back, no process", cutover.StatusReport{ID: "x", State: cutover.StateRollingBack, Bake: &cutover.BakeStatus{}},
