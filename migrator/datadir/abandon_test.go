@@ -2,6 +2,7 @@ package datadir
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,6 +71,24 @@ func TestRestoreAbandonsTheJournal(t *testing.T) {
 	var old Report
 	if err := json.Unmarshal(b, &old); err != nil || !strings.Contains(old.Abandoned, backup) {
 		t.Fatalf("abandoned journal says %q (%v), want the restore of %s named", old.Abandoned, err, backup)
+	}
+}
+
+// TestRestoreAbandonsTheJournalWhenItsSyncFails: the backup is renamed into place, then the
+// fsync of the parent dir fails (EIO). The data dir holds the restored data all the same: the
+// unfinished run's journal must be abandoned still, or the next upgrade resumes it on the
+// restored data; the error says the restore is in place but its rename may not be durable.
+func TestRestoreAbandonsTheJournalWhenItsSyncFails(t *testing.T) {
+	opts, backup := failedUpgrade(t)
+	defer func(f func(string) error) { syncParent = f }(syncParent)
+	syncParent = func(string) error { return errors.New("injected EIO") }
+	rep, err := RestoreBackup(t.Context(), backup, opts.DataDirs[0], time.Unix(1800000100, 0))
+	assertErrContains(t, err, "injected EIO", "restored", opts.DataDirs[0])
+	if !rep.Restored || len(rep.Abandoned) != 1 {
+		t.Fatalf("report %+v: want restored and the unfinished journal abandoned", rep)
+	}
+	if j, err := loadJournal(opts.journalPath(), OpUpgrade, opts); err != nil || j != nil {
+		t.Fatalf("the journal is still resumed after the restore (%v, %v)", j, err)
 	}
 }
 

@@ -181,11 +181,15 @@ func restoreBackup(ctx context.Context, backup, dataDir string, now time.Time, p
 			return rep, err
 		}
 	}
-	if err := placeCopy(&rep, tmp, now, place); err != nil {
-		return rep, err
+	perr := placeCopy(&rep, tmp, now, place)
+	if !rep.Restored {
+		return rep, perr
 	}
-	rep.Abandoned, rep.Unread, err = abandonRuns(backup, dataDir, now)
-	return rep, err
+	// In place, even if its rename may not be durable: the next run must not resume a journal
+	// on the restored data.
+	var aerr error
+	rep.Abandoned, rep.Unread, aerr = abandonRuns(backup, dataDir, now)
+	return rep, errors.Join(perr, aerr)
 }
 
 // placeCopy puts the verified copy at tmp in place of rep.DataDir, the data dir there (if any)
@@ -215,8 +219,14 @@ func placeCopy(rep *RestoreReport, tmp string, now time.Time, place func(copy, d
 		return notPlaced(err, dataDir, tmp, rep.Replaced)
 	}
 	rep.Restored = true
-	return atomicfile.SyncDir(filepath.Dir(filepath.Clean(dataDir)))
+	if err := syncParent(filepath.Dir(filepath.Clean(dataDir))); err != nil {
+		return fmt.Errorf("the backup is restored in %s, but the rename that put it there may not survive a crash (fsync of its parent dir: %w): check the disk", dataDir, err)
+	}
+	return nil
 }
+
+// syncParent makes a rename in dir durable (a var: tests make it fail).
+var syncParent = atomicfile.SyncDir
 
 // dropRebuild removes the new dir an interrupted upgrade or downgrade built beside the data
 // dir and marked ready (recoverSwap removed any not marked): the next run, planned afresh once
