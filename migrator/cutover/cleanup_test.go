@@ -268,7 +268,7 @@ func TestRestartWritesAheadAgain(t *testing.T) {
 		journaled = on.GreenPIDs["g0"]
 		return 202, nil
 	}
-	if err := r.startGreenProcess(greenEtcdProcess(p, p.Green.Etcd.Members[0])); err != nil {
+	if err := r.startGreenProcess(t.Context(), greenEtcdProcess(p, p.Green.Etcd.Members[0])); err != nil {
 		t.Fatal(err)
 	}
 	if journaled != 0 || r.j.GreenPIDs["g0"] != 202 {

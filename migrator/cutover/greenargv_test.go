@@ -102,7 +102,7 @@ func TestGreenKnownByTheCommandLineItStartedWith(t *testing.T) {
 	})
 	t.Run("resume", func(t *testing.T) {
 		w := newWorld(t, 101)
-		if err := w.r.startGreenProcess(greenEtcdProcess(w.r.p, w.m)); err != nil {
+		if err := w.r.startGreenProcess(t.Context(), greenEtcdProcess(w.r.p, w.m)); err != nil {
 			t.Fatal(err)
 		}
 		if len(w.running) != 1 || w.r.j.GreenPIDs[w.m.Name] != 101 {
@@ -112,7 +112,7 @@ func TestGreenKnownByTheCommandLineItStartedWith(t *testing.T) {
 	t.Run("started again after the upgrade", func(t *testing.T) {
 		// The process before is gone: the one started now is journaled with today's command line.
 		w := newWorld(t)
-		if err := w.r.startGreenProcess(greenEtcdProcess(w.r.p, w.m)); err != nil {
+		if err := w.r.startGreenProcess(t.Context(), greenEtcdProcess(w.r.p, w.m)); err != nil {
 			t.Fatal(err)
 		}
 		j, err := LoadJournal(w.r.p.StateDir)

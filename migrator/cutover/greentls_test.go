@@ -161,7 +161,7 @@ func TestStartedLearnersStartAgain(t *testing.T) {
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	gps, err := r.restartLearners()
+	gps, err := r.restartLearners(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,14 +58,14 @@ func (p *Plan) seedConn() datadir.ConnSpec {
 // started (their pids journaled), for a resume after green's processes died: a promoted learner
 // votes, and the restored members alone may have no quorum without it. It returns them, to
 // watch while green comes up.
-func (r *runner) restartLearners() ([]greenProcess, error) {
+func (r *runner) restartLearners(ctx context.Context) ([]greenProcess, error) {
 	var gps []greenProcess
 	for _, m := range r.p.Green.Etcd.Members {
 		if _, started := r.j.GreenPIDs[m.Name]; !m.Learner || m.External || !started {
 			continue
 		}
 		gp := greenEtcdProcess(r.p, m)
-		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
+		if err := r.startGreenProcess(ctx, gp, m.ClientURL, m.PeerURL); err != nil {
 			return nil, err
 		}
 		gps = append(gps, gp)
@@ -117,7 +117,7 @@ func (r *runner) joinLearner(ctx context.Context, m GreenMember) error {
 		if err := markLearnerDir(m.DataDir, r.j.ID); err != nil {
 			return err
 		}
-		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
+		if err := r.startGreenProcess(ctx, gp, m.ClientURL, m.PeerURL); err != nil {
 			return err
 		}
 		watch = append(watch, gp)

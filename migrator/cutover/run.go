@@ -432,6 +432,10 @@ func (r *runner) walk(ctx context.Context) error {
 	for _, s := range r.steps {
 		walk = append(walk, steprun.Step{
 			Name: s.name(), Detail: s.describe(r, false), Timeout: s.timeout(r.p), Done: r.j.done(s.name()),
+			// Before the switch a stopped walk (a signal, or a step that ended on its timeout
+			// as the signal came) does not begin the next step: it would start green's
+			// processes only for the abort to stop them. Past it the steps close the window.
+			Interruptible: !s.pastNoReturn() && !r.j.done(StepSwitch),
 			Run: func(ctx context.Context) (string, error) {
 				ctx, cancel := r.pastSwitchContext(ctx)
 				defer cancel()

@@ -48,7 +48,7 @@ func (greenAPIServerStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 	}
 	for _, gp := range r.p.greenAPIServerProcesses() {
-		if err := r.startGreenProcess(gp.greenProcess, gp.url); err != nil {
+		if err := r.startGreenProcess(ctx, gp.greenProcess, gp.url); err != nil {
 			return "", err
 		}
 		watch = append(watch, gp.greenProcess)

@@ -50,12 +50,12 @@ func (greenEtcdStep) run(ctx context.Context, r *runner) (string, error) {
 	for _, m := range p.seeds() {
 		eps = append(eps, m.ClientURL)
 		gp := greenEtcdProcess(p, m)
-		if err := r.startGreenProcess(gp, m.ClientURL, m.PeerURL); err != nil {
+		if err := r.startGreenProcess(ctx, gp, m.ClientURL, m.PeerURL); err != nil {
 			return "", err
 		}
 		members = append(members, gp)
 	}
-	learnersUp, err := r.restartLearners()
+	learnersUp, err := r.restartLearners(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -182,10 +182,15 @@ type greenProcess struct {
 }
 
 // startGreenProcess starts gp unless it runs already (started before a crash), after checking
-// its ports are free, and journals its pid.
-func (r *runner) startGreenProcess(gp greenProcess, urls ...string) error {
+// its ports are free, and journals its pid; not once ctx has ended.
+func (r *runner) startGreenProcess(ctx context.Context, gp greenProcess, urls ...string) error {
 	if r.greenPID(gp.name, gp.argv) > 0 {
 		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		// The step's timeout or a signal: a process started now would only be stopped by the
+		// abort.
+		return fmt.Errorf("%s not started: %w", gp.what, err)
 	}
 	if err := proc.PortFree(urls...); err != nil {
 		return fmt.Errorf("%s: %w", gp.what, err)

@@ -104,7 +104,7 @@ func (r *runner) migrateV2(ctx context.Context) (string, error) {
 	if !set {
 		quota = 0
 	}
-	err = buildGreenDirs(p, r.j.ID, func(m GreenMember, tmp string) error {
+	err = buildGreenDirs(ctx, p, r.j.ID, func(m GreenMember, tmp string) error {
 		rep, err := v2v3.RunContext(ctx, v2v3.Config{
 			Quota:   quota,
 			DataDir: r.memberCopyPath(), OutputDir: tmp,
