@@ -41,7 +41,8 @@ func (greenAPIServerStep) describe(r *runner, verbose bool) string {
 }
 
 func (greenAPIServerStep) run(ctx context.Context, r *runner) (string, error) {
-	var watch []greenProcess
+	// Green etcd exiting meanwhile is why the apiserver cannot get ready: said at once.
+	watch := r.greenEtcdProcesses()
 	if r.p.Green.APIServer.StaticPod != nil {
 		if err := r.placeGreenManifest(); err != nil {
 			return "", err

@@ -173,6 +173,19 @@ func etcdCommand(p *Plan, m GreenMember) []string {
 // greenInitialCluster is the restored members' NAME=PEER-URL,... list (learners join later).
 func (p *Plan) greenInitialCluster() string { return p.initialClusterFor(p.seeds()[0]) }
 
+// greenEtcdProcesses are green's etcd members this host started (their pids journaled): the
+// steps after start-green-etcd watch them too, so that one exiting fails the step at once,
+// named, not after its timeout as something else not ready.
+func (r *runner) greenEtcdProcesses() []greenProcess {
+	var out []greenProcess
+	for _, m := range r.p.Green.Etcd.Members {
+		if pid, ok := r.j.GreenPIDs[m.Name]; ok && pid > 0 && !m.External {
+			out = append(out, greenEtcdProcess(r.p, m))
+		}
+	}
+	return out
+}
+
 // greenProcess is a process of green's that kubefence starts: journaled under name, started
 // with argv (a process started before may run another: runner.startedArgv), its output in
 // logs/<log>.log.
@@ -220,6 +233,17 @@ func (r *runner) logPath(log string) string {
 	return filepath.Join(r.p.StateDir, "logs", log+".log")
 }
 
+// exitTailLines is how much of an exited green process's log its step's error shows.
+const exitTailLines = 12
+
+// exited says that gp exited while its step waited (what, last: ready's last error), with the
+// end of its log: the process's own words (a flag it refused, a port taken, a file missing, a
+// full disk) in the error, and so in the report and -o json.
+func (r *runner) exited(gp greenProcess, what string, last error) error {
+	path := r.logPath(gp.log)
+	return fmt.Errorf("%s exited (while waiting: %s; last: %v); the end of its log %s:\n%s", gp.what, what, last, path, datadir.LogTail(path, exitTailLines))
+}
+
 // pollGreen calls ready every interval until it returns nil; it fails at once when one of the watched
 // processes has exited, and says what it waited for, with ready's last error, when ctx ends.
 func (r *runner) pollGreen(ctx context.Context, interval time.Duration, what string, ready func(context.Context) error, watch ...greenProcess) error {
@@ -230,7 +254,7 @@ func (r *runner) pollGreen(ctx context.Context, interval time.Duration, what str
 		}
 		for _, gp := range watch {
 			if !r.procs.alive(r.j.GreenPIDs[gp.name], r.startedArgv(gp.name, gp.argv)) {
-				return false, fmt.Errorf("%s exited; see %s", gp.what, r.logPath(gp.log))
+				return false, r.exited(gp, what, last)
 			}
 		}
 		return false, nil

@@ -281,6 +281,11 @@ func healthCheck(ctx context.Context, cli *clientv3.Client, write bool) error {
 	return nil
 }
 
+// LogTail is the last n lines of the log at path a process kubefence started writes (or why
+// it cannot be read), with the line etcd died saying (a panic or fatal line) kept when its stack
+// followed it: what to show when the process exited at its start.
+func LogTail(path string, n int) string { return logTail(path, n) }
+
 func logTail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
