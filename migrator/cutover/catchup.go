@@ -227,11 +227,15 @@ func (r *runner) readBound() time.Duration { return min(revisionReadBound, r.cat
 // bounded by timeouts.window as always. A blue whose revision cannot be read (within
 // readBound), or a replicator that stopped, fails the step before anything is fenced.
 func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error) {
-	deadline := time.Now().Add(r.catchUpBound())
+	began := time.Now()
+	deadline := began.Add(r.catchUpBound())
 	rounds := &catchUpRounds{to: r.to.name, from: r.from.name}
+	atStart := r.repl.rep.Progress()
+	var target int64
 	for time.Now().Before(deadline) {
 		start := time.Now()
-		target, err := r.blueRevision(ctx)
+		var err error
+		target, err = r.blueRevision(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -251,7 +255,31 @@ func (r *runner) catchUpBeforeFence(ctx context.Context) (*catchUpRounds, error)
 			return nil, fmt.Errorf("catching up with %s before the fence: %w", r.from.name, err)
 		}
 	}
+	if err := r.catchUpStalled(atStart, r.repl.rep.Progress(), target, time.Since(began)); err != nil {
+		return nil, err
+	}
 	return rounds, nil
+}
+
+// catchUpStalled is why a catch-up that ended on its bound must not lead to the fence:
+// replication applied nothing in it (over) while green was behind blue (at blue, the revision
+// last read), so the window's drain could only wait out its budget and abort. A stalled
+// replicator is not a stopped one: replicationAlive passes it. It says which side stalled, from
+// what the feed received: green applying none of what blue's watch delivered, or blue's watch
+// delivering nothing (Progress.Received). nil when replication applied something, or green is
+// at blue's revision.
+func (r *runner) catchUpStalled(atStart, now replicate.Progress, blue int64, over time.Duration) error {
+	if now.Applied != atStart.Applied || now.Applied >= blue {
+		return nil
+	}
+	head := fmt.Sprintf("replication applied nothing while catching up before the fence (%s): %s stayed at revision %d while %s is at %d",
+		over.Round(time.Millisecond), r.to.name, now.Applied, r.from.name, blue)
+	if now.Received > now.Applied {
+		return fmt.Errorf("%s; %s applied none of the revisions %d-%d received from %s's watch: check %s etcd (%s): its health, its log, its disk; nothing is fenced",
+			head, r.to.name, now.Applied+1, now.Received, r.from.name, r.to.name, strings.Join(r.to.etcd.Endpoints, ", "))
+	}
+	return fmt.Errorf("%s; nothing from %s's watch past revision %d (the last received %.1fs ago; %d watch stall(s) found and the watch opened again): check %s etcd (%s): its health, its log, the network to it; nothing is fenced",
+		head, r.from.name, now.Received, now.ReceivedAge, now.WatchStalls, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))
 }
 
 // catchUpStopped is why catching up cannot go on, whatever a read or wait answered: the

@@ -25,7 +25,13 @@ type liveWorld struct {
 
 func newLiveWorld(t *testing.T, steps []step, cfg replicate.Config) *liveWorld {
 	t.Helper()
-	w := &liveWorld{blue: startTestEtcd(t), green: startTestEtcd(t)}
+	return newLiveWorldOn(t, steps, cfg, startTestEtcd(t))
+}
+
+// newLiveWorldOn is newLiveWorld with blue's etcd given.
+func newLiveWorldOn(t *testing.T, steps []step, cfg replicate.Config, blue *clientv3.Client) *liveWorld {
+	t.Helper()
+	w := &liveWorld{blue: blue, green: startTestEtcd(t)}
 	p := replicatePlan(t)
 	p.hash = "plan-hash"
 	w.st = &admin.Status{Backend: p.Blue.APIServer.URL, Generation: 1}
@@ -44,13 +50,16 @@ func newLiveWorld(t *testing.T, steps []step, cfg replicate.Config) *liveWorld {
 		t.Fatal(err)
 	}
 	w.r.j = j
-	cfg.Source, cfg.Dest, cfg.FromRevision = w.blue, w.green, 1
+	if cfg.Source == nil {
+		cfg.Source = w.blue
+	}
+	cfg.Dest, cfg.FromRevision = w.green, 1
 	rep, err := replicate.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rp := &replication{rep: rep, src: w.blue, dst: w.green, cancel: cancel, done: make(chan struct{}), srcName: "blue", dstName: "green"}
+	rp := &replication{rep: rep, src: cfg.Source, dst: w.green, cancel: cancel, done: make(chan struct{}), srcName: "blue", dstName: "green"}
 	go func() { rp.err = rep.Run(ctx); close(rp.done) }()
 	w.r.repl = rp
 	w.r.startDeltaCheck(1)

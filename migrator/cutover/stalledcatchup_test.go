@@ -1,0 +1,119 @@
+package cutover
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubefence/kubefence/migrator/replicate"
+)
+
+// TestFenceRefusedAfterAStalledCatchUp: a catch-up before the fence in which replication applied
+// nothing while blue moved on (its bound spent in the first round) does not go on to fence: the
+// window could only abort. The step fails before the fence, nothing fenced, and says which side
+// stalled: green applying none of what blue's watch delivered, or blue's watch delivering
+// nothing.
+func TestFenceRefusedAfterAStalledCatchUp(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// stall sets the replicator up to stall once stop is called (after revision 2).
+		stall func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config
+		want  string
+		held  int64 // green's revision once stalled
+	}{
+		{name: "green applies nothing", want: "green applied none", held: 3, stall: func(t *testing.T, _ *clientv3.Client, stop <-chan struct{}) replicate.Config {
+			return replicate.Config{OnApplied: func(p replicate.Progress) {
+				select {
+				case <-stop:
+					<-t.Context().Done()
+				default:
+				}
+			}}
+		}},
+		{name: "blue's watch delivers nothing", want: "nothing from blue's watch", held: 2, stall: func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config {
+			src, err := clientv3.New(clientv3.Config{Endpoints: blue.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { src.Close() })
+			src.Watcher = &withholdingWatcher{Watcher: src.Watcher, stop: stop}
+			return replicate.Config{Source: src}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stop := make(chan struct{})
+			// The stall needs blue's client: started first, the world after.
+			blue := startTestEtcd(t)
+			w := newLiveWorldOn(t, replicateSteps, tc.stall(t, blue, stop), blue)
+			put(t, w.blue, "a", "1")
+			w.caughtUpTo(t, 2)
+			close(stop)
+			for i := range 3 {
+				put(t, w.blue, fmt.Sprintf("k%d", i), "v")
+			}
+			if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				return w.r.repl.rep.Progress().Applied >= tc.held, nil
+			}); err != nil {
+				t.Fatalf("green never reached revision %d", tc.held)
+			}
+			w.r.preFence = 300 * time.Millisecond
+			_, err := fenceStep{}.run(t.Context(), w.r)
+			if err == nil || !strings.Contains(err.Error(), "applied nothing") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("fence step after a stalled catch-up: %v; want it refused, saying %q", err, tc.want)
+			}
+			if len(w.calls) != 0 || w.st.Fenced || !w.r.j.FencedAt.IsZero() {
+				t.Errorf("proxy calls %v, fenced %v, FencedAt %v: want nothing fenced", w.calls, w.st.Fenced, w.r.j.FencedAt)
+			}
+		})
+	}
+}
+
+// withholdingWatcher delivers nothing on the watches opened once stop is closed, and stops
+// delivering on those opened before: blue's watch stalled, its stream open.
+type withholdingWatcher struct {
+	clientv3.Watcher
+	stop <-chan struct{}
+}
+
+func (w *withholdingWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	in := w.Watcher.Watch(ctx, key, opts...)
+	out := make(chan clientv3.WatchResponse)
+	go func() {
+		defer close(out)
+		for resp := range in {
+			select {
+			case <-w.stop:
+				continue // withheld
+			default:
+			}
+			select {
+			case out <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// TestFenceAfterASlowCatchUp: a replicator that applies, only slower than blue writes, is fenced
+// after the catch-up's bound all the same: the window's budget then decides.
+func TestFenceAfterASlowCatchUp(t *testing.T) {
+	w := newLiveWorld(t, replicateSteps, replicate.Config{OnApplied: func(replicate.Progress) { time.Sleep(50 * time.Millisecond) }})
+	for i := range 30 {
+		put(t, w.blue, fmt.Sprintf("k%d", i), "v")
+	}
+	w.r.preFence = 300 * time.Millisecond
+	if _, err := (fenceStep{}).run(t.Context(), w.r); err != nil {
+		t.Fatalf("fence after a slow catch-up: %v", err)
+	}
+	if !w.st.Fenced || w.r.j.FencedAt.IsZero() {
+		t.Errorf("proxy %+v, FencedAt %v: want it fenced", *w.st, w.r.j.FencedAt)
+	}
+}
