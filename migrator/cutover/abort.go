@@ -188,6 +188,9 @@ func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (_ proxies
 		return at, false, &refusal{fmt.Sprintf("%s is open on %s (a fence off by hand?): writes may have reached %[2]s, and going back would lose them. Go forward by hand: %s, then %s",
 			named(at.openOn), r.to.name, r.switchRest(at.off), strings.TrimPrefix(finishByHandOn(r.p, r.to, false), "if it cannot run, "))}
 	}
+	if err := r.toGated(ctx); err != nil {
+		return at, false, &refusal{fmt.Sprintf("%s is open on %s and %v: the window was finished (by a run whose journal could not record its switch and unfence, or by hand), and writes may have reached %[2]s: going back would lose them. %[4]s", named(at.openOn), r.to.name, err, r.resumeInstead())}
+	}
 	for _, pr := range r.proxyClients() {
 		if !slices.Contains(at.openOn, pr.Name) {
 			continue
@@ -202,6 +205,49 @@ func (r *runner) fenceOpenOnTarget(ctx context.Context, at proxiesAt) (_ proxies
 		return at, true, fmt.Errorf("%s is still open on %s after it was fenced again: run the abort again", named(at.openOn), r.to.name)
 	}
 	return at, true, nil
+}
+
+// toGated checks what going back through proxies open on r.to rests on (fenceOpenOnTarget):
+// r.to's apiserver may not write r.to's etcd, its user lacking the read-write role, so nothing
+// reached r.to through them. The ungate past the switch grants it: a run whose journal could not
+// be written past its switch (saveWindow) finished the window all the same, and so may an
+// operator by hand. An error when it holds the role, or when that cannot be read.
+func (r *runner) toGated(ctx context.Context) error {
+	user := r.to.api.EtcdUser
+	cli, err := r.authClient(r.to)
+	if err != nil {
+		return fmt.Errorf("whether %s's apiserver may write %s etcd could not be read (%w)", r.to.name, r.to.name, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, gatedCheckTimeout)
+	defer cancel()
+	var roles []string
+	err = authRetried(ctx, func(ctx context.Context) error {
+		resp, err := cli.UserGet(ctx, user)
+		if err == nil {
+			roles = resp.Roles
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("whether %s's apiserver may write %s etcd could not be read (user %s: %w)", r.to.name, r.to.name, user, err)
+	case slices.Contains(roles, readWriteRole):
+		return fmt.Errorf("%s's apiserver may write %s etcd (user %s holds %s)", r.to.name, r.to.name, user, readWriteRole)
+	}
+	return nil
+}
+
+// gatedCheckTimeout bounds toGated's read, retried through a leader change, while the proxies
+// that answered stay fenced.
+const gatedCheckTimeout = 5 * time.Second
+
+// resumeInstead is the way on when proxies are open on r.to with its apiserver writing: the
+// journal records the switch and the unfence by resuming.
+func (r *runner) resumeInstead() string {
+	if r.main != nil {
+		return "Run 'kubefence cutover rollback --resume --plan PLAN' to record them (blue serves, writes open); to stay on green instead, a new rollback is not possible: blue no longer follows green"
+	}
+	return "Run 'kubefence cutover --resume --plan PLAN' to record them (green serves, writes open); to go back afterwards, 'kubefence cutover rollback' during a bake (bake.enabled)"
 }
 
 // group is the proxies as a proxyGroup.

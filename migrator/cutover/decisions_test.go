@@ -833,6 +833,7 @@ func TestAbortFinishesWithTheProxyFencedOnGreen(t *testing.T) {
 			w := newDecisionWorld(t, false, "", false)
 			if tc.replicate {
 				w.r.p.Migration.Mode = ModeReplicate
+				gatedGreen(t, w.r)
 			}
 			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
 			w.st.Backend, w.st.Fenced = green, true

@@ -382,6 +382,7 @@ func TestOpenOnGreenHasAWayOut(t *testing.T) {
 			w := newDecisionWorld(t, tc.resume, "", false)
 			if tc.replicate {
 				w.r.p.Migration.Mode = ModeReplicate
+				gatedGreen(t, w.r)
 			}
 			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
 			*w.st = admin.Status{Backend: green, Fenced: false, Generation: 7}
@@ -649,6 +650,7 @@ func TestRefencedProxyGoesBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newDecisionWorld(t, false, "", false)
 			w.r.p.Migration.Mode = ModeReplicate
+			gatedGreen(t, w.r)
 			green, blue := w.r.p.Green.APIServer.URL, w.r.p.Blue.APIServer.URL
 			*w.st = admin.Status{Backend: green, Fenced: false, Generation: 8}
 			stB := &admin.Status{Backend: map[string]string{"blue": blue, "green": green}[tc.bBackOn], Fenced: tc.fenced, Generation: 6}
