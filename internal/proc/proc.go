@@ -48,8 +48,10 @@ func Start(argv []string, logPath, who string, attr *syscall.SysProcAttr) (*exec
 // A script is refused: it runs as its interpreter, or, once it execs, as another program,
 // never with the command line by which Alive, Find and Stop know it.
 func Daemon(argv []string, logPath, who string) (int, error) {
-	if len(argv) > 0 && isScript(argv[0]) {
-		return 0, fmt.Errorf("%s is a script: its process runs under another command line, by which kubefence could not find, check or stop it; give the program itself (with its flags)", argv[0])
+	if len(argv) > 0 {
+		if err := CheckNotScript(argv[0]); err != nil {
+			return 0, err
+		}
 	}
 	if err := CheckNoExecWrapper(argv); err != nil {
 		return 0, err
@@ -60,6 +62,17 @@ func Daemon(argv []string, logPath, who string) (int, error) {
 	}
 	go func() { _ = cmd.Wait() }()
 	return cmd.Process.Pid, nil
+}
+
+// CheckNotScript refuses a script (#!) as the program of a process Daemon starts: it runs as
+// its interpreter, or, once it execs, as another program, never with the command line by which
+// Alive, Find and Stop know it. A caller that starts processes later checks with it first (and
+// with CheckNoExecWrapper), before anything it would do for them.
+func CheckNotScript(program string) error {
+	if isScript(program) {
+		return fmt.Errorf("%s is a script: its process runs under another command line, by which kubefence could not find, check or stop it; give the program itself (with its flags)", program)
+	}
+	return nil
 }
 
 // execWrappers are programs that exec the program they are given (after setting its

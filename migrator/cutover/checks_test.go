@@ -708,3 +708,43 @@ func TestGreenExtraArgsKeepKubefencesFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestPreflightRefusesGreenScripts: a script (#!) as green's etcd binary or a green apiserver's
+// program runs as its interpreter, or as what it execs, never under the command line kubefence
+// knows it by; proc.Daemon refuses it at start-green-*, after the snapshot, the restore and
+// (in snapshot mode, fenced) the copy. The preflight refuses it first, with the same check.
+func TestPreflightRefusesGreenScripts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(p *Plan, dir string)
+		want string
+	}{
+		{"programs", func(p *Plan, dir string) {
+			p.Green.Etcd.Binary, p.Green.APIServer.Command[0] = "/bin/true", "/bin/true"
+		}, ""},
+		{"a script as green etcd", func(p *Plan, dir string) { p.Green.APIServer.Command[0] = "/bin/true" }, "green.etcd.binary: "},
+		{"a script as green's apiserver", func(p *Plan, dir string) { p.Green.Etcd.Binary = "/bin/true" }, "green.apiserver.command: "},
+		{"a script as green etcd, every member on its own host", func(p *Plan, dir string) {
+			p.Green.APIServer.Command[0] = "/bin/true"
+			for i := range p.Green.Etcd.Members {
+				p.Green.Etcd.Members[i].External = true
+			}
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, dir := validPlan(t) // its etcd and apiserver are scripts
+			tc.edit(p, dir)
+			// The preflight (which fails here for other reasons too: nothing of blue answers)
+			// names the script among its errors.
+			r := (&runner{o: Options{Plan: p}, p: p, adm: memProxy(&admin.Status{Backend: p.Blue.APIServer.URL}, new([]string)), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: steps}).forward()
+			r.j = &Journal{ID: "x", GreenPIDs: map[string]int{}}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			_, err := preflightStep{}.run(ctx, r)
+			script := err != nil && strings.Contains(err.Error(), "is a script")
+			if tc.want == "" && script || tc.want != "" && (!script || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("preflight: %v; want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -43,7 +43,7 @@ func CheckPlan(p *Plan) error { return errors.Join(checkMemberNames(p), checkPla
 
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
-	errs := []error{p.CheckFiles(), CheckPlan(p), checkNoReplaceRenames(p)}
+	errs := []error{p.CheckFiles(), CheckPlan(p), checkGreenPrograms(p), checkNoReplaceRenames(p)}
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}

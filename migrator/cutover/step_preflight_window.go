@@ -7,6 +7,7 @@ import (
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -88,6 +89,34 @@ func checkGreenCommands(p *Plan) error {
 		}
 		if r := flagValue(a.Command[1:], "--endpoint-reconciler-type"); r != "none" {
 			errs = append(errs, fmt.Errorf("%s gives --endpoint-reconciler-type=%s: once its writes are let through, green's apiserver would point the kubernetes Service at its own address instead of the proxies', and in-cluster clients would go around them; add --endpoint-reconciler-type=none", field, cmp.Or(r, "lease (the default)")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkGreenPrograms refuses, in the preflight, a script as the program of green's processes
+// this host starts (proc.CheckNotScript, as proc.Daemon refuses it), which it would otherwise
+// find only at start-green-etcd or -apiserver, after the snapshot, the restore and replication
+// (in snapshot mode fenced); checkGreenCommands refuses the other thing proc.Daemon refuses, a
+// program that execs another. Not in CheckPlan: it reads the programs' files, which only the
+// host that runs the cutover has.
+func checkGreenPrograms(p *Plan) error {
+	var errs []error
+	if slices.ContainsFunc(p.Green.Etcd.Members, func(m GreenMember) bool { return !m.External }) {
+		if err := proc.CheckNotScript(p.Green.Etcd.Binary); err != nil {
+			errs = append(errs, fmt.Errorf("green.etcd.binary: %w", err))
+		}
+	}
+	for i, a := range p.greenAPIServers() {
+		if len(a.Command) == 0 {
+			continue
+		}
+		field := "green.apiserver.command"
+		if i > 0 {
+			field = fmt.Sprintf("green.apiservers[%d].command", i-1)
+		}
+		if err := proc.CheckNotScript(a.Command[0]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		}
 	}
 	return errors.Join(errs...)
