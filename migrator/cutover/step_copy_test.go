@@ -1,13 +1,16 @@
 package cutover
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubefence/kubefence/internal/testetcd"
 	"github.com/kubefence/kubefence/migrator/datadir"
+	"github.com/kubefence/kubefence/proxy/admin"
 )
 
 // TestCopyRetakesItsOwnSnapshot: a cutover killed after the snapshot was renamed into its state
@@ -84,6 +87,41 @@ func TestCopyRefusesAStaleMemberDir(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.dataDir) {
 				t.Fatalf("copy of a stale member dir: %q, %v; want it refused (%q)", detail, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPreflightRefusesAStaleMemberDir: the copy step's refusal of a blue.etcd.dataDir no running
+// etcd holds (TestCopyRefusesAStaleMemberDir) comes first in the preflight, before anything is
+// fenced (in snapshot mode the copy runs inside the window); the running member's own passes.
+func TestPreflightRefusesAStaleMemberDir(t *testing.T) {
+	blue := testetcd.Start(t)
+	spec := datadir.ConnSpec{Endpoints: []string{blue.URL}}
+	stale := filepath.Join(t.TempDir(), "copy")
+	if _, err := datadir.CopyLive(t.Context(), blue.DataDir, "", stale, spec, blue.URL); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dataDir string
+		refused       bool
+	}{
+		{"the running member's", blue.DataDir, false},
+		{"a copy of it", stale, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := validPlan(t)
+			p.Migration.Mode = "auto"
+			p.Blue.Etcd.Endpoints, p.Blue.Etcd.DataDir = []string{blue.URL}, tc.dataDir
+			r := (&runner{o: Options{Plan: p}, p: p, adm: memProxy(&admin.Status{Backend: p.Blue.APIServer.URL}, new([]string)), procs: fakeProcesses(map[int]bool{}, new([]int)), steps: steps}).forward()
+			r.j = &Journal{ID: "x", GreenPIDs: map[string]int{}}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			// The preflight fails here for other reasons too (blue's apiserver does not answer):
+			// the stale dir is among its errors, or not.
+			_, err := preflightStep{}.run(ctx, r)
+			if refused := err != nil && strings.Contains(err.Error(), "not held by a running etcd"); refused != tc.refused {
+				t.Errorf("preflight with blue.etcd.dataDir %s: %v; want refused %v", tc.dataDir, err, tc.refused)
 			}
 		})
 	}

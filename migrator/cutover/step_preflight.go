@@ -44,6 +44,10 @@ func CheckPlan(p *Plan) error { return errors.Join(checkMemberNames(p), checkPla
 func (preflightStep) run(ctx context.Context, r *runner) (string, error) {
 	p := r.p
 	errs := []error{p.CheckFiles(), CheckPlan(p), checkGreenPrograms(p), checkNoReplaceRenames(p)}
+	if r.v2Possible() {
+		// As the copy step refuses it, which in snapshot mode runs with writes fenced.
+		errs = append(errs, runningMemberDir(p.Blue.Etcd.DataDir))
+	}
 	if err := readyz(ctx, p.Blue.APIServer.Kubeconfig); err != nil {
 		errs = append(errs, fmt.Errorf("blue apiserver: %w", err))
 	}
