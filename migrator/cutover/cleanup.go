@@ -2,7 +2,10 @@ package cutover
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/kubefence/kubefence/migrator/datadir"
 )
 
 // CleanupReport is what `kubefence cutover cleanup` did.
@@ -12,7 +15,8 @@ type CleanupReport struct {
 	// Stopped are the green processes stopped (and a static pod manifest removed).
 	Stopped []string `json:"stopped"`
 	// RemovedDataDirs says whether green data dirs this cutover restored were removed (false
-	// when none was there); RemovedDirs names them.
+	// when none was there); RemovedDirs names them, and the copy of a v2 source's member files
+	// and the partial copies an interrupted snapshot, copy or restore left (partialCopies).
 	RemovedDataDirs bool     `json:"removedDataDirs"`
 	RemovedDirs     []string `json:"removedDirs,omitempty"`
 	// RemovedSnapshot is blue's snapshot in the state dir, removed with the data dirs.
@@ -80,6 +84,41 @@ func (r *runner) cleanup(removeDataDirs bool) (*CleanupReport, error) {
 		case gone:
 			rep.RemovedDirs = append(rep.RemovedDirs, r.memberCopyPath())
 		}
+		partial, err := r.removePartialCopies()
+		rep.RemovedDirs = append(rep.RemovedDirs, partial...)
+		if err != nil {
+			return rep, err
+		}
 	}
 	return rep, nil
+}
+
+// partialCopies are where the copies of blue a cutover makes are built (datadir.PartPaths of
+// blue's snapshot, of the copy of a v2 source's member files and of each green data dir this
+// host restores): a run stopped during its copy or migrate, or a restore it abandoned, leaves
+// them, with blue's data (Secrets included) and up to its db's size each, which the next
+// preflight's space check counts against it.
+func (r *runner) partialCopies() []string {
+	out := append(datadir.PartPaths(r.snapshotPath()), datadir.PartPaths(r.memberCopyPath())...)
+	for _, m := range r.p.Green.Etcd.Members {
+		if !m.External {
+			out = append(out, datadir.PartPaths(m.DataDir)...)
+		}
+	}
+	return out
+}
+
+// removePartialCopies removes the partialCopies there are and names them.
+func (r *runner) removePartialCopies() ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, c := range r.partialCopies() {
+		switch gone, err := removeIfThere(c); {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("removing the partial copy %s: %w", c, err))
+		case gone:
+			removed = append(removed, c)
+		}
+	}
+	return removed, errors.Join(errs...)
 }

@@ -83,6 +83,17 @@ func TestCleanup(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(r.memberCopyPath(), "member"), 0o700); err != nil { // a v2 source's member copy
 				t.Fatal(err)
 			}
+			// What an interrupted snapshot, member copy and restore leave: blue's data, Secrets
+			// too, and up to its db's size each.
+			partial := []string{r.snapshotPath() + ".part", r.memberCopyPath() + ".kubefence-part", dir + ".kubefence-part"}
+			if err := os.WriteFile(partial[0], []byte("blue, half"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range partial[1:] {
+				if err := os.MkdirAll(filepath.Join(d, "member"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
 			rep, err := r.cleanup(tc.remove)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -103,6 +114,15 @@ func TestCleanup(t *testing.T) {
 			}
 			if _, err := os.Stat(dir); os.IsNotExist(err) != tc.wantDirGone {
 				t.Errorf("data dir gone: %v, want %v", os.IsNotExist(err), tc.wantDirGone)
+			}
+			for _, c := range partial {
+				removed := tc.wantErr == "" && tc.remove
+				if _, err := os.Stat(c); os.IsNotExist(err) != removed {
+					t.Errorf("partial copy %s gone: %v, want %v", c, os.IsNotExist(err), removed)
+				}
+				if removed && !slices.Contains(rep.RemovedDirs, c) {
+					t.Errorf("the report's removed %v does not name the partial copy %s", rep.RemovedDirs, c)
+				}
 			}
 			for _, c := range r.blueCopies() {
 				if _, err := os.Stat(c); os.IsNotExist(err) != (tc.wantErr == "" && tc.remove) {

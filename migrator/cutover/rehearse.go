@@ -358,7 +358,7 @@ func teardownAction(p *Plan) string {
 			dirs = append(dirs, m.DataDir)
 		}
 	}
-	return fmt.Sprintf("stop replication and green's processes this host started (SIGTERM, then SIGKILL after 30 s), remove green's data dirs the rehearsal restored (%s: only those carrying its marker) and blue's snapshot %s%s; writes are never fenced", strings.Join(dirs, ", "), r.snapshotPath(), p.leftOnHosts())
+	return fmt.Sprintf("stop replication and green's processes this host started (SIGTERM, then SIGKILL after 30 s), remove green's data dirs the rehearsal restored (%s: only those carrying its marker), blue's snapshot %s and the partial copies an interrupted copy or restore left (%s)%s; writes are never fenced", strings.Join(dirs, ", "), r.snapshotPath(), strings.Join(r.partialCopies(), ", "), p.leftOnHosts())
 }
 
 func (r *runner) finishRehearsal() (*Report, error) {
@@ -369,9 +369,13 @@ func (r *runner) finishRehearsal() (*Report, error) {
 	if err == nil {
 		_, err = r.removeRestored()
 	}
-	// Blue's snapshot (Secrets included) goes with green: nothing will use it.
+	// Blue's snapshot (Secrets included) goes with green: nothing will use it; and so do the
+	// partial copies an interrupted copy or restore left.
 	if rerr := os.Remove(r.snapshotPath()); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 		err = errors.Join(err, rerr)
+	}
+	if err == nil {
+		_, err = r.removePartialCopies()
 	}
 	r.j.State = StateRehearsed
 	if serr := r.saveJournal(); serr != nil {

@@ -96,6 +96,22 @@ func TestRehearsalNamesWhatHostsStarted(t *testing.T) {
 	if _, err := os.Stat(r.snapshotPath()); !os.IsNotExist(err) {
 		t.Errorf("the rehearsal left blue's snapshot %s (%v)", r.snapshotPath(), err)
 	}
+	// What an interrupted snapshot or restore left goes too (blue's data, Secrets included).
+	partial := []string{r.snapshotPath() + ".part", p.Green.Etcd.Members[0].DataDir + ".kubefence-part"}
+	if err := os.WriteFile(partial[0], []byte("blue, half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(partial[1]+"/member", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.finishRehearsal(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range partial {
+		if _, err := os.Stat(c); !os.IsNotExist(err) {
+			t.Errorf("the rehearsal left the partial copy %s (%v)", c, err)
+		}
+	}
 }
 
 // TestReportBounded: a proxy that accepts and never answers does not hold the report (and the

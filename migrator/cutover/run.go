@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubefence/kubefence/internal/steprun"
+	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -395,7 +396,8 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 // returns a sentence for the report ("" when there was none).
 func (r *runner) dropBlueCopies() string {
 	var removed, left []string
-	for _, c := range r.blueCopies() {
+	copies := append(r.blueCopies(), datadir.PartPaths(r.snapshotPath())...)
+	for _, c := range append(copies, datadir.PartPaths(r.memberCopyPath())...) {
 		switch gone, err := removeIfThere(c); {
 		case err != nil:
 			left = append(left, fmt.Sprintf("%s (%v)", c, err))

@@ -330,6 +330,13 @@ func apart(outRole, output, srcRole string, sources ...string) error {
 
 func partPath(dst string) string { return filepath.Clean(dst) + ".kubefence-part" }
 
+// PartPaths are the temp paths beside dst that a build of dst (BuildInto, BuildDir:
+// dst.kubefence-part) or a snapshot into dst (SnapshotFrom, TakeSnapshot: dst.part) works in,
+// which a kubefence stopped midway (killed, or a build it abandoned) leaves behind with the data
+// it was copying. The next build or snapshot to dst replaces them; a caller that removes dst for
+// good removes them too.
+func PartPaths(dst string) []string { return []string{partPath(dst), filepath.Clean(dst) + ".part"} }
+
 // BuildDir builds dst through a temp dir next to it (BuildInto): build fills the temp dir and
 // returns the manifest of what it wrote, which is written into it.
 func BuildDir(dst string, build func(tmp string) (Manifest, error)) (Manifest, error) {
