@@ -2,10 +2,12 @@ package cutover
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -13,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -378,28 +381,9 @@ func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.Group
 			q.Set("resourceVersion", strconv.FormatInt(at, 10))
 			q.Set("resourceVersionMatch", "Exact")
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"?"+q.Encode(), nil)
+		page, err := getListPage(ctx, hc, base, q)
 		if err != nil {
 			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		var page struct {
-			Metadata struct {
-				Continue string `json:"continue"`
-			} `json:"metadata"`
-			Items []json.RawMessage `json:"items"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&page)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("%s: %s", base, resp.Status)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", base, err)
 		}
 		for _, item := range page.Items {
 			var m struct {
@@ -421,6 +405,90 @@ func listRaw(ctx context.Context, hc *http.Client, host string, gvr schema.Group
 		}
 		cont = page.Metadata.Continue
 	}
+}
+
+// listPage is one page of a list, as listRaw reads it.
+type listPage struct {
+	Metadata struct {
+		Continue string `json:"continue"`
+	} `json:"metadata"`
+	Items []json.RawMessage `json:"items"`
+}
+
+// listRetryDefault is how long getListPage waits before asking again after a 429 or 503 that
+// names no Retry-After.
+const listRetryDefault = time.Second
+
+// getListPage gets one page of base with query q. A 429 (API priority and fairness) or a 503 is
+// asked again after the Retry-After it names (listRetryDefault without one), for as long as ctx
+// (the step's timeout) allows: one throttled request must not abort the cutover. Any other
+// refusal says why (listError).
+func getListPage(ctx context.Context, hc *http.Client, base string, q url.Values) (*listPage, error) {
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"?"+q.Encode(), nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%s: %w", base, err)
+		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+			wait := retryAfter(resp.Header.Get("Retry-After"))
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%s: %s, asked again until the step's time ran out: %w", base, statusText(resp, body), ctx.Err())
+			case <-time.After(wait):
+			}
+			continue
+		case resp.StatusCode != http.StatusOK:
+			return nil, listError(base, q, resp, body)
+		}
+		var page listPage
+		if err := json.Unmarshal(body, &page); err != nil {
+			return nil, fmt.Errorf("%s: %w", base, err)
+		}
+		return &page, nil
+	}
+}
+
+// retryAfter is a Retry-After header's wait in seconds, or listRetryDefault.
+func retryAfter(h string) time.Duration {
+	if n, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	return listRetryDefault
+}
+
+// statusText is an apiserver's refusal: its HTTP status and, from the body, its Status message
+// (or the body's start when it is not a Status).
+func statusText(resp *http.Response, body []byte) string {
+	var st metav1.Status
+	if json.Unmarshal(body, &st) == nil && st.Message != "" {
+		return resp.Status + ": " + st.Message
+	}
+	if b := strings.TrimSpace(string(body)); b != "" {
+		return resp.Status + ": " + b[:min(len(b), 200)]
+	}
+	return resp.Status
+}
+
+// listError says why a list was refused. A 410 is the revision the verify lists at (or its
+// continue token's) compacted meanwhile: kube-apiserver compacts etcd every 5 minutes by default
+// (--etcd-compaction-interval), and replication brings blue's compactions to green.
+func listError(base string, q url.Values, resp *http.Response, body []byte) error {
+	err := fmt.Errorf("%s: %s", base, statusText(resp, body))
+	if resp.StatusCode != http.StatusGone {
+		return err
+	}
+	at := cmp.Or(q.Get("resourceVersion"), "of its continue token")
+	return fmt.Errorf("%w: the revision the verify lists at (%s) was compacted while it verified: kube-apiserver compacts etcd every 5 minutes by default (its --etcd-compaction-interval), and replication brings blue's compactions to green, so the verify must finish within that: run the cutover again when blue is quieter, or with a longer --etcd-compaction-interval on blue's apiservers for the cutover", err, at)
 }
 
 func contains(list []string, s string) bool {
