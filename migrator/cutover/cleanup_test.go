@@ -307,3 +307,55 @@ func TestCleanupOfAStoppedRehearsal(t *testing.T) {
 		t.Fatalf("cleanup of a stopped rehearsal: %v, want it to name 'cutover abort', not --resume", err)
 	}
 }
+
+// TestRunKilledInItsPreflightKeepsTheOldJournal: a new run over an ended cutover whose green
+// still runs, killed during its preflight (kill -9: no failPreflight to put anything back),
+// leaves the state dir's journal the old cutover's, so 'cutover cleanup' still finds the old
+// green's processes and a --resume says there is nothing to resume; the old journal is moved
+// aside only when the new run first saves its own, once its preflight has passed.
+func TestRunKilledInItsPreflightKeepsTheOldJournal(t *testing.T) {
+	p, _ := validPlan(t)
+	p.hash = "plan-hash"
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := &Journal{Version: 1, ID: "old", State: StateAborted, PlanHash: p.hash, PIDsWriteAhead: true, GreenPIDs: map[string]int{"g0": 101, "apiserver": 102}}
+	if err := old.save(p.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	var stopped []int
+	procs := fakeProcesses(map[int]bool{101: true, 102: true}, &stopped)
+	killed := (&runner{o: Options{Plan: p}, p: p, procs: procs, adm: memProxy(&admin.Status{Backend: p.Blue.APIServer.URL}, new([]string))}).forward()
+	if err := killed.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	// Killed now, during its preflight.
+	resumed := (&runner{o: Options{Plan: p, Resume: true}, p: p, procs: procs}).forward()
+	if err := resumed.openJournal(); err == nil || !strings.Contains(err.Error(), "cutover old is aborted") {
+		t.Errorf("--resume after the run killed in its preflight: %v; want nothing to resume, cutover old aborted", err)
+	}
+	j, err := LoadJournal(p.StateDir)
+	if err != nil || j.ID != "old" {
+		t.Fatalf("journal %+v, %v: want the old cutover's", j, err)
+	}
+	if _, err := (&runner{p: p, j: j, procs: procs}).forward().cleanup(false); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Sort(stopped); !slices.Equal(stopped, []int{101, 102}) {
+		t.Errorf("cleanup stopped %v; want the old cutover's green, 101 and 102", stopped)
+	}
+	// A run whose preflight passed keeps the old journal beside its own at its first save.
+	again := (&runner{o: Options{Plan: p}, p: p, procs: procs}).forward()
+	if err := again.openJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.saveJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := LoadJournal(p.StateDir); err != nil || j.ID != again.j.ID {
+		t.Errorf("journal %+v, %v after the new run's first save: want the new run's", j, err)
+	}
+	if _, err := os.Stat(keptJournalPath(p.StateDir, "old")); err != nil {
+		t.Errorf("the old journal is not kept beside: %v", err)
+	}
+}

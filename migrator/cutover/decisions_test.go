@@ -605,8 +605,8 @@ func TestFenceJournaledBeforeItIsSent(t *testing.T) {
 }
 
 // TestOldJournalKept: a new cutover over an ended one keeps the old journal beside it, and
-// refuses to start when it cannot (a rename that fails would have the new journal overwrite
-// it).
+// refuses to start when it could not (its place taken: a rename that fails would have the new
+// journal overwrite it).
 func TestOldJournalKept(t *testing.T) {
 	for _, blocked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("rename blocked %v", blocked), func(t *testing.T) {
@@ -632,6 +632,11 @@ func TestOldJournalKept(t *testing.T) {
 				return
 			}
 			if err != nil {
+				t.Fatal(err)
+			}
+			// Moved aside at the new run's first save, once its preflight passed
+			// (TestRunKilledInItsPreflightKeepsTheOldJournal).
+			if err := w.r.saveJournal(); err != nil {
 				t.Fatal(err)
 			}
 			if j, lerr := LoadJournal(dir); lerr != nil || j.ID == "x" {

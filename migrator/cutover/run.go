@@ -133,9 +133,13 @@ type runner struct {
 	o Options
 	p *Plan
 	j *Journal
-	// kept is the ended cutover whose journal this run moved aside to start its own: a failed
-	// preflight puts it back (failPreflight).
-	kept *Journal
+	// kept is the ended cutover whose journal this run moves aside to start its own, at its
+	// first save (saveJournal: keptAside), once its preflight has passed; a failed preflight
+	// puts it back (failPreflight). Until then the state dir's journal stays kept's, so a run
+	// killed during its preflight (which changes nothing) leaves it for cleanup, abort and
+	// status to find.
+	kept      *Journal
+	keptAside bool
 	// signalNoted: the note that a signal past the switch waits for the window's end is out.
 	signalNoted bool
 	// resumedFenced: this run resumed one that had journaled its fence and not its unfence (its
@@ -221,8 +225,17 @@ func (r *runner) forward() *runner {
 	return r
 }
 
-// saveJournal writes r.j to its directory.
-func (r *runner) saveJournal() error { return r.j.save(r.journalDir) }
+// saveJournal writes r.j to its directory, first moving the ended cutover's journal this run
+// keeps aside (kept) if it has not yet.
+func (r *runner) saveJournal() error {
+	if r.kept != nil && !r.keptAside {
+		if err := keepJournal(r.journalDir, r.kept.ID); err != nil {
+			return err
+		}
+		r.keptAside = true
+	}
+	return r.j.save(r.journalDir)
+}
 
 func (r *runner) emit(e Event) {
 	e.Time = time.Now()
@@ -293,16 +306,20 @@ func (r *runner) openJournal() error {
 		return fmt.Errorf("nothing to resume: cutover %s is %s", j.ID, j.State)
 	case j.State == StateDone:
 		return fmt.Errorf("cutover %s is done: green serves; a new cutover (e.g. back from green) needs a new plan and state dir", j.ID)
-	default: // aborted, rehearsed or rolled back: keep its journal next to the new one
-		if err := keepJournal(p.StateDir, j.ID); err != nil {
-			return err
+	default: // aborted, rehearsed or rolled back: its journal is kept next to the new one
+		// Moved aside at the new run's first save (saveJournal), after its preflight: checked
+		// free now, so that a run that could not keep it is refused before anything.
+		if _, err := os.Lstat(keptJournalPath(p.StateDir, j.ID)); !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("keeping the journal of %s as %s before a new one: that path is taken (%v): move it away by hand", j.ID, keptJournalPath(p.StateDir, j.ID), err)
 		}
 		r.kept = j
 	}
 	if r.j == nil {
 		r.j = &Journal{Version: 1, ID: newID(), PlanHash: p.hash, State: StateRunning, Started: time.Now().UTC(), GreenPIDs: map[string]int{}, Rehearse: o.Rehearse, PIDsWriteAhead: true}
-		if err := r.j.save(p.StateDir); err != nil {
-			return fmt.Errorf("write journal: %w", err)
+		if r.kept == nil {
+			if err := r.j.save(p.StateDir); err != nil {
+				return fmt.Errorf("write journal: %w", err)
+			}
 		}
 	}
 	if r.j.GreenPIDs == nil {
