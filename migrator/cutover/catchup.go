@@ -37,14 +37,15 @@ type notCatchingUpError struct {
 	over             time.Duration
 	applied, written int64
 	lagThen, lagNow  int64
+	// now is where replication stood when it gave up: which side stalled (stalledSide).
+	now replicate.Progress
 }
 
 func (e *notCatchingUpError) Error() string {
 	secs := e.over.Seconds()
 	if e.applied == 0 {
-		return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied no revision while %s wrote %d; the lag went from %d to %d revisions. "+
-			"Look at %s's etcd (its log, its health): waiting out timeouts.replicate would not help",
-			e.dst, e.src, e.over.Round(time.Second), e.dst, e.src, e.written, e.lagThen, e.lagNow, e.dst)
+		return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied no revision while %s wrote %d; the lag went from %d to %d revisions; %s; waiting out timeouts.replicate would not help",
+			e.dst, e.src, e.over.Round(time.Second), e.dst, e.src, e.written, e.lagThen, e.lagNow, stalledSide(e.now, side{name: e.src}, side{name: e.dst}))
 	}
 	return fmt.Sprintf("%s is not catching up with %s: over the last %s %s applied %d revisions (%.0f/s) while %s wrote %d (%.0f/s); the lag went from %d to %d revisions. "+
 		"Waiting out timeouts.replicate would not help: give %s faster disks or hosts, or cut over when %s writes less",
@@ -85,7 +86,7 @@ func (t *lagTrend) add(now time.Time, p replicate.Progress) error {
 		return nil
 	}
 	return &notCatchingUpError{src: t.src, dst: t.dst, over: now.Sub(ref.at), applied: cur.applied - ref.applied,
-		written: cur.source - ref.source, lagThen: ref.lag(), lagNow: cur.lag()}
+		written: cur.source - ref.source, lagThen: ref.lag(), lagNow: cur.lag(), now: p}
 }
 
 func (s lagSample) lag() int64 { return s.source - s.applied }
@@ -272,14 +273,29 @@ func (r *runner) catchUpStalled(atStart, now replicate.Progress, blue int64, ove
 	if now.Applied != atStart.Applied || now.Applied >= blue {
 		return nil
 	}
-	head := fmt.Sprintf("replication applied nothing while catching up before the fence (%s): %s stayed at revision %d while %s is at %d",
-		over.Round(time.Millisecond), r.to.name, now.Applied, r.from.name, blue)
-	if now.Received > now.Applied {
-		return fmt.Errorf("%s; %s applied none of the revisions %d-%d received from %s's watch: check %s etcd (%s): its health, its log, its disk; nothing is fenced",
-			head, r.to.name, now.Applied+1, now.Received, r.from.name, r.to.name, strings.Join(r.to.etcd.Endpoints, ", "))
+	return fmt.Errorf("replication applied nothing while catching up before the fence (%s): %s stayed at revision %d while %s is at %d; %s; nothing is fenced",
+		over.Round(time.Millisecond), r.to.name, now.Applied, r.from.name, blue, stalledSide(now, r.from, r.to))
+}
+
+// stalledSide says which side of a replication from src into dst that stands still is the
+// cause, from what its feed received (p): dst applying none of the revisions src's watch
+// delivered, or src's watch delivering nothing past a revision (dst then has nothing to apply,
+// and its etcd is not the cause), and which etcd to look at.
+func stalledSide(p replicate.Progress, src, dst side) string {
+	if p.Received > p.Applied {
+		return fmt.Sprintf("%s applied none of the revisions %d-%d received from %s's watch: check %s etcd%s: its health, its log, its disk",
+			dst.name, p.Applied+1, p.Received, src.name, dst.name, endpointsNote(dst))
 	}
-	return fmt.Errorf("%s; nothing from %s's watch past revision %d (the last received %.1fs ago; %d watch stall(s) found and the watch opened again): check %s etcd (%s): its health, its log, the network to it; nothing is fenced",
-		head, r.from.name, now.Received, now.ReceivedAge, now.WatchStalls, r.from.name, strings.Join(r.from.etcd.Endpoints, ", "))
+	return fmt.Sprintf("nothing from %s's watch past revision %d (the last received %.1fs ago; %d watch stall(s) found and the watch opened again): check %s etcd%s: its health, its log, the network to it",
+		src.name, p.Received, p.ReceivedAge, p.WatchStalls, src.name, endpointsNote(src))
+}
+
+// endpointsNote is " (endpoints)" for sd's etcd, "" when they are not known.
+func endpointsNote(sd side) string {
+	if len(sd.etcd.Endpoints) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(sd.etcd.Endpoints, ", ") + ")"
 }
 
 // catchUpStopped is why catching up cannot go on, whatever a read or wait answered: the

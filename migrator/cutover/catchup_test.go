@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,32 +20,36 @@ func TestLagTrend(t *testing.T) {
 	type point struct {
 		after           time.Duration
 		applied, source int64
+		received        int64 // what blue's watch delivered; 0: as much as blue wrote (source)
 	}
 	tests := []struct {
 		name   string
 		points []point
 		want   string // a part of the error, "" for none
 	}{
-		{"green falls behind", []point{{0, 1000, 10000}, {30 * time.Second, 3700, 15160}, {60 * time.Second, 6400, 20320}},
+		{"green falls behind", []point{{0, 1000, 10000, 0}, {30 * time.Second, 3700, 15160, 0}, {60 * time.Second, 6400, 20320, 0}},
 			"green applied 5400 revisions (90/s) while blue wrote 10320 (172/s); the lag went from 9000 to 13920 revisions"},
-		{"green applies nothing", []point{{0, 1000, 2000}, {30 * time.Second, 1000, 8000}, {60 * time.Second, 1000, 14000}},
-			"green applied no revision while blue wrote 12000; the lag went from 1000 to 13000 revisions"},
-		{"green gains", []point{{0, 1000, 10000}, {30 * time.Second, 7000, 15000}, {60 * time.Second, 13000, 20000}}, ""},
-		{"rates equal, a steady lag", []point{{0, 1000, 6000}, {30 * time.Second, 4000, 9000}, {60 * time.Second, 7000, 12000}}, ""},
-		{"a lag wobbling while green keeps pace", []point{{0, 1000, 1150}, {30 * time.Second, 7000, 7100},
-			{60 * time.Second, 13000, 13250}}, ""},
-		{"a burst near the end", []point{{0, 1000, 1050}, {30 * time.Second, 7000, 7050}, {60 * time.Second, 13000, 16000}}, ""},
-		{"not watched long enough", []point{{0, 1000, 10000}, {30 * time.Second, 1000, 15000}, {59 * time.Second, 1000, 20000}}, ""},
-		{"small lag left to the wait", []point{{0, 1000, 1010}, {30 * time.Second, 1000, 1050}, {60 * time.Second, 1000, 1090}}, ""},
-		{"the reference moves on", []point{{0, 0, 50000}, {30 * time.Second, 40000, 60000}, {61 * time.Second, 60000, 70000},
-			{91 * time.Second, 62000, 82000}, {121 * time.Second, 64000, 94000}}, "the lag went from 10000 to 30000"},
+		{"green applies nothing", []point{{0, 1000, 2000, 0}, {30 * time.Second, 1000, 8000, 0}, {60 * time.Second, 1000, 14000, 0}},
+			"green applied no revision while blue wrote 12000; the lag went from 1000 to 13000 revisions; green applied none of the revisions 1001-14000 received from blue's watch: check green etcd"},
+		// Nothing delivered from blue: green has nothing to apply, and its etcd is not the cause.
+		{"blue's watch delivers nothing", []point{{0, 1000, 2000, 1000}, {30 * time.Second, 1000, 8000, 1000}, {60 * time.Second, 1000, 14000, 1000}},
+			"green applied no revision while blue wrote 12000; the lag went from 1000 to 13000 revisions; nothing from blue's watch past revision 1000"},
+		{"green gains", []point{{0, 1000, 10000, 0}, {30 * time.Second, 7000, 15000, 0}, {60 * time.Second, 13000, 20000, 0}}, ""},
+		{"rates equal, a steady lag", []point{{0, 1000, 6000, 0}, {30 * time.Second, 4000, 9000, 0}, {60 * time.Second, 7000, 12000, 0}}, ""},
+		{"a lag wobbling while green keeps pace", []point{{0, 1000, 1150, 0}, {30 * time.Second, 7000, 7100, 0},
+			{60 * time.Second, 13000, 13250, 0}}, ""},
+		{"a burst near the end", []point{{0, 1000, 1050, 0}, {30 * time.Second, 7000, 7050, 0}, {60 * time.Second, 13000, 16000, 0}}, ""},
+		{"not watched long enough", []point{{0, 1000, 10000, 0}, {30 * time.Second, 1000, 15000, 0}, {59 * time.Second, 1000, 20000, 0}}, ""},
+		{"small lag left to the wait", []point{{0, 1000, 1010, 0}, {30 * time.Second, 1000, 1050, 0}, {60 * time.Second, 1000, 1090, 0}}, ""},
+		{"the reference moves on", []point{{0, 0, 50000, 0}, {30 * time.Second, 40000, 60000, 0}, {61 * time.Second, 60000, 70000, 0},
+			{91 * time.Second, 62000, 82000, 0}, {121 * time.Second, 64000, 94000, 0}}, "the lag went from 10000 to 30000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := lagTrend{patience: time.Minute, src: "blue", dst: "green"}
 			var err error
 			for _, p := range tt.points {
-				err = tr.add(t0.Add(p.after), replicate.Progress{Applied: p.applied, Source: p.source})
+				err = tr.add(t0.Add(p.after), replicate.Progress{Applied: p.applied, Source: p.source, Received: cmp.Or(p.received, p.source)})
 				if err != nil {
 					break
 				}

@@ -20,48 +20,9 @@ import (
 // stalled: green applying none of what blue's watch delivered, or blue's watch delivering
 // nothing.
 func TestFenceRefusedAfterAStalledCatchUp(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		// stall sets the replicator up to stall once stop is called (after revision 2).
-		stall func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config
-		want  string
-		held  int64 // green's revision once stalled
-	}{
-		{name: "green applies nothing", want: "green applied none", held: 3, stall: func(t *testing.T, _ *clientv3.Client, stop <-chan struct{}) replicate.Config {
-			return replicate.Config{OnApplied: func(p replicate.Progress) {
-				select {
-				case <-stop:
-					<-t.Context().Done()
-				default:
-				}
-			}}
-		}},
-		{name: "blue's watch delivers nothing", want: "nothing from blue's watch", held: 2, stall: func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config {
-			src, err := clientv3.New(clientv3.Config{Endpoints: blue.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { src.Close() })
-			src.Watcher = &withholdingWatcher{Watcher: src.Watcher, stop: stop}
-			return replicate.Config{Source: src}
-		}},
-	} {
+	for _, tc := range replicationStalls {
 		t.Run(tc.name, func(t *testing.T) {
-			stop := make(chan struct{})
-			// The stall needs blue's client: started first, the world after.
-			blue := startTestEtcd(t)
-			w := newLiveWorldOn(t, replicateSteps, tc.stall(t, blue, stop), blue)
-			put(t, w.blue, "a", "1")
-			w.caughtUpTo(t, 2)
-			close(stop)
-			for i := range 3 {
-				put(t, w.blue, fmt.Sprintf("k%d", i), "v")
-			}
-			if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-				return w.r.repl.rep.Progress().Applied >= tc.held, nil
-			}); err != nil {
-				t.Fatalf("green never reached revision %d", tc.held)
-			}
+			w := stalledWorld(t, tc)
 			w.r.preFence = 300 * time.Millisecond
 			_, err := fenceStep{}.run(t.Context(), w.r)
 			if err == nil || !strings.Contains(err.Error(), "applied nothing") || !strings.Contains(err.Error(), tc.want) {
@@ -72,6 +33,74 @@ func TestFenceRefusedAfterAStalledCatchUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDrainSaysWhichSideStalled: a drain that runs out of the window's budget says whether
+// blue's watch delivered nothing or green applied none of what it delivered, not only that it
+// waited for a revision: the fix is on different sides.
+func TestDrainSaysWhichSideStalled(t *testing.T) {
+	for _, tc := range replicationStalls {
+		t.Run(tc.name, func(t *testing.T) {
+			w := stalledWorld(t, tc)
+			w.r.p.Timeouts.Window = Duration(300 * time.Millisecond)
+			w.r.fencedMono = time.Now()
+			w.r.j.FencedAt = w.r.fencedMono.UTC()
+			_, err := drainStep{}.run(t.Context(), w.r)
+			if err == nil || !strings.Contains(err.Error(), "within the window") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("drain with replication stalled: %v; want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// replicationStall is a way replication stands still while blue moves on.
+type replicationStall struct {
+	name string
+	// config sets the replicator up to stall once stop is closed (after revision 2).
+	config func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config
+	want   string // what the error says stalled
+	held   int64  // green's revision once stalled
+}
+
+var replicationStalls = []replicationStall{
+	{name: "green applies nothing", want: "green applied none", held: 3, config: func(t *testing.T, _ *clientv3.Client, stop <-chan struct{}) replicate.Config {
+		return replicate.Config{OnApplied: func(p replicate.Progress) {
+			select {
+			case <-stop:
+				<-t.Context().Done()
+			default:
+			}
+		}}
+	}},
+	{name: "blue's watch delivers nothing", want: "nothing from blue's watch", held: 2, config: func(t *testing.T, blue *clientv3.Client, stop <-chan struct{}) replicate.Config {
+		src, err := clientv3.New(clientv3.Config{Endpoints: blue.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { src.Close() })
+		src.Watcher = &withholdingWatcher{Watcher: src.Watcher, stop: stop}
+		return replicate.Config{Source: src}
+	}},
+}
+
+// stalledWorld is a liveWorld whose replication has stalled as tc says, blue written since.
+func stalledWorld(t *testing.T, tc replicationStall) *liveWorld {
+	t.Helper()
+	stop := make(chan struct{})
+	blue := startTestEtcd(t) // the stall needs blue's client: started first, the world after
+	w := newLiveWorldOn(t, replicateSteps, tc.config(t, blue, stop), blue)
+	put(t, w.blue, "a", "1")
+	w.caughtUpTo(t, 2)
+	close(stop)
+	for i := range 3 {
+		put(t, w.blue, fmt.Sprintf("k%d", i), "v")
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return w.r.repl.rep.Progress().Applied >= tc.held, nil
+	}); err != nil {
+		t.Fatalf("green never reached revision %d", tc.held)
+	}
+	return w
 }
 
 // withholdingWatcher delivers nothing on the watches opened once stop is closed, and stops
