@@ -190,7 +190,7 @@ func newCutoverCleanupCommand(g *globals) *cobra.Command {
 	o := &cutoverCleanupOptions{cutoverOptions: newCutoverOptions(g)}
 	o.shapeOnly = true
 	cmd := o.planSubcommand(o, "cleanup --plan PLAN", "Stop the green processes an aborted, rehearsed or rolled-back cutover left (never one in progress, baking, rolling back or done)")
-	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker) and blue's snapshot in the state dir (it holds blue's Secrets too)")
+	cmd.Flags().BoolVar(&o.removeDataDirs, "remove-data-dirs", false, "also remove the green data dirs that cutover restored (only those: they carry its marker), blue's snapshot in the state dir, and the partial copies an interrupted copy or restore left (*.part, *.kubefence-part: they hold blue's Secrets too)")
 	return cmd
 }
 
