@@ -401,7 +401,9 @@ func (r *runner) caughtUpQuiet(ctx context.Context) (int64, error) {
 }
 
 // startBake starts replicating green into blue from rev, records the bake in the journal, and
-// hands hold (what keeps blue's leases alive until then) to the replication.
+// hands hold (what keeps blue's leases alive until then) to the replication. A journal that
+// cannot be written (past the switch: saveWindow) does not cost the bake: it goes on in this
+// process, and its report says what the journal lacks (bake).
 func (r *runner) startBake(ctx context.Context, rev int64, hold func()) error {
 	green, err := newEtcdClient(r.p.greenConn())
 	if err != nil {
@@ -421,7 +423,7 @@ func (r *runner) startBake(ctx context.Context, rev int64, hold func()) error {
 	}
 	r.repl.release = hold
 	r.j.Bake = &BakeRecord{Revision: rev, Started: time.Now().UTC()}
-	return r.saveJournal()
+	return r.saveWindow()
 }
 
 // bake is the end of a baking cutover: the process keeps blue following green until it is
@@ -434,11 +436,15 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	r.retryPickup = "this is not known to be lasting: once both etcds answer, run 'kubefence cutover --resume --plan PLAN' (it checks that blue is still green change for change) " + PickupHorizon + "; 'kubefence cutover finish' gives up the way back"
 	if r.j.State != StateBaking {
 		r.j.State = StateBaking
-		if err := r.saveJournal(); err != nil {
+		err := r.saveJournal()
+		if err != nil && r.journalHasBake() {
 			return r.unjournaled(ResultBaking, err)
 		}
 		rep := r.report(ResultBaking, nil)
 		rep.Next = r.bakeAdvice() + r.rolesTakenAdvice()
+		if err != nil {
+			rep = r.unjournaledBake(err)
+		}
 		r.emit(Event{Type: EventReport, Report: rep})
 	}
 	err := followGreen(ctx, r.followOnce, func(err error, d time.Duration) {
@@ -454,6 +460,23 @@ func (r *runner) bake(ctx context.Context) (*Report, error) {
 	rep.Next = "this process stopped keeping blue in step with green (a signal: 'kubefence cutover rollback' and 'finish' stop it this way). Unless one of them runs now, run 'kubefence cutover --resume --plan PLAN' " + PickupHorizon
 	r.emit(Event{Type: EventNote, Step: "bake", Detail: rep.Next})
 	return rep, nil
+}
+
+// journalHasBake says whether the journal on disk records the bake (a --resume picks it up).
+func (r *runner) journalHasBake() bool {
+	disk, err := LoadJournal(r.journalDir)
+	return err == nil && disk.Bake != nil
+}
+
+// unjournaledBake is the report of a bake whose journal could not be written since before its
+// record (err): only this process knows that blue follows green (a --resume would hand over
+// again, find green past blue, and give the way back up), so it bakes on, and saves the
+// journal again when it stops.
+func (r *runner) unjournaledBake(err error) *Report {
+	rep := r.report(ResultBaking, fmt.Errorf("the journal could not be written: %w", err))
+	rep.Next = fmt.Sprintf("writes are open on green (unfenced at %s) and blue follows green from revision %d, but the journal in %s lacks the bake: only this process knows of it, and a 'kubefence cutover --resume' run before the journal is written would give the way back up. Free space in the state dir (or fix its disk), then stop this process (Ctrl-C: it writes the journal as it stops, and says so) and run 'kubefence cutover --resume --plan PLAN' %s. Do not abort, roll back or finish meanwhile",
+		r.j.UnfencedAt.Format(time.RFC3339Nano), r.j.Bake.Revision, r.journalDir, PickupHorizon)
+	return rep
 }
 
 // PickupHorizon is how soon blue must follow green again once no process keeps it in step:

@@ -378,7 +378,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if r.o.Rehearse {
 		return r.finishRehearsal()
 	}
-	if r.unsaved != nil {
+	if r.unsaved != nil && (!r.p.Bake.Enabled || r.j.Bake == nil || r.journalHasBake()) {
 		return r.unjournaled(ResultDone, r.unsaved)
 	}
 	dropped := r.dropBlueCopies()
