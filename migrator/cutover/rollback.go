@@ -326,6 +326,9 @@ func Finish(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := r.refuseLeftFenced(ctx); err != nil {
+		return nil, err
+	}
 	lock, main, err := takeOver(ctx, o.Plan)
 	if err != nil {
 		return nil, err
@@ -347,6 +350,55 @@ func Finish(ctx context.Context, o Options) (*Report, error) {
 	rep.Next = fmt.Sprintf("the bake is over: green serves; blue no longer follows green and stays as it last followed it (revision %d as last journaled; a baking process killed without stopping cleanly may have taken it further) (its data dir is kept; its apiserver may only read blue etcd). kubefence started none of blue's processes: stop blue's etcd and apiserver when you no longer need them. %s%s", rev, greenForGood, r.dropBlueCopies())
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, nil
+}
+
+// refuseLeftFenced refuses to finish a bake while proxies that a rollback's abort left fenced
+// (leftFencedByRollback) do not answer open on green: once the bake is over, status no longer
+// names them and nothing would reopen them. Read before the baking process is stopped; the
+// bake goes on.
+func (r *runner) refuseLeftFenced(ctx context.Context) error {
+	j, err := LoadJournal(r.p.StateDir)
+	if err != nil {
+		return nil // takeOver says why
+	}
+	rj, err := LoadJournal(filepath.Join(r.p.StateDir, "rollback"))
+	if err != nil {
+		return nil
+	}
+	still := leftFencedByRollback(j, rj)
+	if len(still) == 0 {
+		return nil
+	}
+	green := r.p.greenSide().api.URL
+	var fenced []string
+	for _, name := range still {
+		if !r.openOn(ctx, name, green) {
+			fenced = append(fenced, name)
+		}
+	}
+	if len(fenced) == 0 {
+		return nil
+	}
+	return fmt.Errorf("cutover %s: the abort of rollback %s left %s fenced, and it does not answer open on green: finishing would end the bake with nothing to name it or reopen it. The bake goes on. Once it answers ('kubefence fence status'): on green, %s reopens it; on blue (a switch it took before it went silent), %s first; then run finish again (or take the proxy out of the plan and its load balancer)",
+		j.ID, rj.ID, named(fenced), r.commandsFor(fenced, "fence off --expect-backend", green), r.commandsFor(fenced, "backend set", green))
+}
+
+// openOn says whether the plan's proxy name answers its status unfenced on url.
+func (r *runner) openOn(ctx context.Context, name, url string) bool {
+	g, ok := r.adm.(*proxyGroup)
+	if !ok {
+		return false
+	}
+	for _, px := range g.proxies {
+		if px.Name != name {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, statusAnswerTimeout)
+		st, err := statusOf(sctx, px.Client)
+		cancel()
+		return err == nil && !st.Fenced && sameURL(st.Backend) == sameURL(url)
+	}
+	return false
 }
 
 // takeOver takes the state dir's lock for a rollback or a finish. While a process keeps blue

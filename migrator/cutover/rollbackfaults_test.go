@@ -374,3 +374,29 @@ func TestRollbackAbortWithASilentProxyAndItsJournalLost(t *testing.T) {
 		t.Errorf("report: error %q, next %q; want the bake to resume, and the journal's error said", rep.Error, rep.Next)
 	}
 }
+
+// TestFinishRefusedWhileTheRollbackAbortLeftAProxyFenced: after a rollback's abort that left
+// proxy b fenced (silent; b8eefb6 ends such an abort back to the bake), 'cutover finish' does not
+// end the bake reporting that green serves while nothing would ever name b again: it refuses,
+// naming b and how to reopen it, and status still names it.
+func TestFinishRefusedWhileTheRollbackAbortLeftAProxyFenced(t *testing.T) {
+	shortProxyAnswers(t, 200*time.Millisecond)
+	w := newSilentRollbackWorld(t)
+	// The plan names the two proxies by their sockets (b's answers nobody: silent since).
+	p, dir := w.r.p, t.TempDir()
+	a, b := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	p.Proxies = []ProxyRef{{AdminSocket: a}, {AdminSocket: b}}
+	g := w.r.adm.(*proxyGroup)
+	g.proxies[0].Name, g.proxies[1].Name = a, b
+	if _, err := w.failSwitch(t); err == nil {
+		t.Fatal("the rollback's abort completed with proxy b silent")
+	}
+	rep, err := Finish(t.Context(), Options{Plan: p})
+	if err == nil || !strings.Contains(err.Error(), b) || !strings.Contains(err.Error(), "fence off") {
+		t.Errorf("finish: %+v, %v; want it refused, naming proxy b and how to reopen it", rep, err)
+	}
+	st, err := Status(t.Context(), p)
+	if err != nil || st.State != StateBaking || !slices.Equal(st.StillFenced, []string{b}) {
+		t.Errorf("status after finish %+v, %v: want baking, proxy b named as still fenced", st, err)
+	}
+}

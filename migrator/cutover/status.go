@@ -92,10 +92,8 @@ func Status(ctx context.Context, p *Plan) (*StatusReport, error) {
 			st.WindowOpenSince, st.FenceStartedAt = fenceTimes(rj)
 			st.StillFenced = stillFenced(rj)
 		}
-		if j.State == StateBaking && rj.State == StateAborted && rj.UnfencedAt.IsZero() {
-			// A rollback's abort ends even when a proxy did not acknowledge its unfence
-			// (abortRollback): as it left them (a fence lifted by hand since is not seen here).
-			st.StillFenced = rj.StillFenced
+		if still := leftFencedByRollback(j, rj); still != nil {
+			st.StillFenced = still
 		}
 		stopped = j.State == StateRollingBack && rj.done(StepStopReplication)
 		if j.State == StateRollingBack && rj.done(StepSwitch) && !rj.done(StepUnfence) {
@@ -137,6 +135,16 @@ func stillFenced(j *Journal) []string {
 		return nil
 	}
 	return j.StillFenced
+}
+
+// leftFencedByRollback are the proxies the abort of j's rollback (rj, the one j names) left
+// fenced: a rollback's abort ends even when a proxy did not acknowledge its unfence
+// (abortRollback). As it left them: a fence lifted by hand since is not seen here.
+func leftFencedByRollback(j, rj *Journal) []string {
+	if j.State != StateBaking || j.Bake == nil || rj.ID != j.Bake.Rollback || rj.State != StateAborted || !rj.UnfencedAt.IsZero() {
+		return nil
+	}
+	return rj.StillFenced
 }
 
 // readRevisions reads blue's and then green's revision: blue follows, so read in this order
