@@ -61,8 +61,27 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 	r.emit(Event{Type: EventAbort, Step: s.name(), Detail: err.Error()})
 	abortErr := r.abort(ctx, fmt.Sprintf("step %s failed: %v", s.name(), err), seen)
 	rep := r.report(ResultAborted, err)
+	r.adviseAfterAbort(rep, err, abortErr)
+	r.emit(Event{Type: EventReport, Report: rep})
+	var refused *refusal
+	var lost *rollbackJournalLost
+	switch {
+	case errors.As(abortErr, &lost) && !errors.As(abortErr, new(*stillFencedOnGreen)):
+		return rep, fmt.Errorf("rollback failed at step %s: %w; aborted back to green (the cutover bakes again), but %w", s.name(), err, abortErr)
+	case errors.As(abortErr, &refused):
+		return rep, fmt.Errorf("cutover failed at step %s: %w; no way back: %s", s.name(), err, refused.msg)
+	case abortErr != nil:
+		return rep, fmt.Errorf("cutover failed at step %s: %w; the abort did not complete: %w", s.name(), err, abortErr)
+	}
+	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
+}
+
+// adviseAfterAbort fills rep (an abort's, after err) with what the abort's own error (abortErr)
+// leaves to do.
+func (r *runner) adviseAfterAbort(rep *Report, err, abortErr error) {
 	var refused *refusal
 	var still *stillFencedOnGreen
+	var lost *rollbackJournalLost
 	switch {
 	case errors.As(abortErr, &refused):
 		rep.Result = ResultFailed
@@ -72,6 +91,10 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
 		rep.Next = r.stillFencedAdvice(still.names)
+	case errors.As(abortErr, &lost):
+		// The cutover's journal says baking, which decides (abortRollback): the bake's advice.
+		rep.Error += "; " + abortErr.Error()
+		rep.Next = afterRollbackAbort + "; " + lost.advice()
 	case abortErr != nil:
 		rep.Result = ResultFailed
 		rep.Error += "; abort: " + abortErr.Error()
@@ -92,14 +115,6 @@ func (r *runner) fail(ctx context.Context, s step, err error) (*Report, error) {
 			}
 		}
 	}
-	r.emit(Event{Type: EventReport, Report: rep})
-	switch {
-	case errors.As(abortErr, &refused):
-		return rep, fmt.Errorf("cutover failed at step %s: %w; no way back: %s", s.name(), err, refused.msg)
-	case abortErr != nil:
-		return rep, fmt.Errorf("cutover failed at step %s: %w; the abort did not complete: %w", s.name(), err, abortErr)
-	}
-	return rep, fmt.Errorf("cutover aborted at step %s: %w", s.name(), err)
 }
 
 // failPreflight ends a run whose preflight failed. The preflight changes nothing, so there is

@@ -100,12 +100,20 @@ func (r *runner) rollBack(ctx context.Context) (*Report, error) {
 		return r.unjournaled(ResultRolledBack, err)
 	}
 	r.j.State = StateDone
+	var lost *rollbackJournalLost
 	if err := r.saveJournal(); err != nil {
-		return r.unjournaled(ResultRolledBack, err)
+		lost = &rollbackJournalLost{dir: r.journalDir, err: err}
 	}
 	rep := r.report(ResultRolledBack, nil)
 	rep.Next = "blue serves behind the proxy, writes open. " + r.greenAfterRollback() + " Going forward again is a new cutover."
+	if lost != nil { // the cutover is rolled back all the same: its journal says so
+		rep.Error = lost.Error()
+		rep.Next = "the rollback is done: the cutover's journal says rolled back. " + rep.Next + " Meanwhile " + lost.advice() + "."
+	}
 	r.emit(Event{Type: EventReport, Report: rep})
+	if lost != nil {
+		return rep, lost
+	}
 	return rep, nil
 }
 
@@ -250,7 +258,33 @@ func (r *runner) abortRollback(ctx context.Context, reason string, seen *proxies
 		return err
 	}
 	r.j.State, r.j.AbortReason = StateAborted, reason
-	return errors.Join(still, r.saveJournal())
+	if err := r.saveJournal(); err != nil {
+		return errors.Join(still, &rollbackJournalLost{dir: r.journalDir, err: err})
+	}
+	return still
+}
+
+// rollbackJournalLost is a rollback's own journal (rollback/) that could not be written once
+// the cutover's journal was: the cutover's decides ('rollback --resume' follows it), so the
+// advice is the cutover's state's, with what the rollback's journal lacks.
+type rollbackJournalLost struct {
+	dir string
+	err error
+}
+
+func (e *rollbackJournalLost) Error() string {
+	return fmt.Sprintf("the rollback's journal could not be written: %v", e.err)
+}
+
+func (e *rollbackJournalLost) Unwrap() error { return e.err }
+
+// advice says what the rollback's journal on disk lacks, and that nothing acts on it.
+func (e *rollbackJournalLost) advice() string {
+	onDisk := "could not be read either"
+	if disk, err := LoadJournal(e.dir); err == nil {
+		onDisk = fmt.Sprintf("still says %s, last step %q", disk.State, lastStep(disk))
+	}
+	return fmt.Sprintf("the rollback's own journal in %s could not be written (%v) and %s: the cutover's journal (in the state dir) decides, so the rollback needs no resume (none would start from it); 'kubefence cutover status' may name that rollback as it last was. Free space there (or fix its disk)", e.dir, e.err, onDisk)
 }
 
 // stillFencedOnGreen is a rollback's abort that reopened every proxy on green but names, which

@@ -3,6 +3,7 @@ package cutover
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -399,4 +400,67 @@ func TestFinishRefusedWhileTheRollbackAbortLeftAProxyFenced(t *testing.T) {
 	if err != nil || st.State != StateBaking || !slices.Equal(st.StillFenced, []string{b}) {
 		t.Errorf("status after finish %+v, %v: want baking, proxy b named as still fenced", st, err)
 	}
+}
+
+// breakDirAt replaces dir by a file (ENOTDIR on every write into it, as root too).
+func breakDirAt(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, []byte("not a dir"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRollbackAdviceFollowsTheCutoversJournal: when only the rollback's own journal (rollback/)
+// cannot be written, the advice follows what the cutover's journal says, which decides: after an
+// abort that reopened every proxy on green (the cutover baking again) it is 'cutover --resume',
+// not 'rollback --resume' (which refuses a baking cutover: nothing to resume); at the end of a
+// rollback (the cutover rolled back) it says the rollback is done and what its journal lacks.
+func TestRollbackAdviceFollowsTheCutoversJournal(t *testing.T) {
+	t.Run("abort", func(t *testing.T) {
+		r := newBakeRollback(t)
+		r.j.Done = []StepRecord{{Step: StepFence}, {Step: StepDrain}}
+		r.j.FencedAt, r.j.FenceGeneration = time.Now().UTC(), 2
+		var calls []string
+		st := &admin.Status{Backend: greenURLOf(r), Fenced: true, Generation: 2}
+		px := memProxy(st, &calls)
+		fence := px.fence
+		px.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+			if !req.Fenced {
+				breakDirAt(t, r.journalDir)
+			}
+			return fence(ctx, req)
+		}
+		r.adm = px
+		rep, err := r.fail(t.Context(), tableStep(t, r.steps, StepSwitch), errors.New("switch: refused"))
+		if err == nil || rep == nil || st.Fenced {
+			t.Fatalf("report %+v, %v, proxy %+v: want a failure, the proxy open on green", rep, err, *st)
+		}
+		if main, lerr := LoadJournal(r.p.StateDir); lerr != nil || main.State != StateBaking {
+			t.Fatalf("the cutover's journal %+v, %v: want it baking", main, lerr)
+		}
+		if !strings.Contains(rep.Next, "kubefence cutover --resume") || strings.Contains(rep.Next, "rollback --resume") || !strings.Contains(rep.Error, "not a directory") {
+			t.Errorf("report: error %q, next %q; want the bake to resume, and the journal's error said", rep.Error, rep.Next)
+		}
+	})
+	t.Run("end", func(t *testing.T) {
+		r := newBakeRollback(t)
+		for _, s := range rollbackSteps {
+			r.j.Done = append(r.j.Done, StepRecord{Step: s.name()})
+		}
+		now := time.Now().UTC()
+		r.j.FencedAt, r.j.UnfencedAt = now.Add(-time.Second), now
+		var calls []string
+		r.adm = memProxy(&admin.Status{Backend: r.p.Blue.APIServer.URL}, &calls)
+		breakDirAt(t, r.journalDir)
+		rep, _ := r.rollBack(t.Context())
+		if main, lerr := LoadJournal(r.p.StateDir); lerr != nil || main.State != StateRolledBack {
+			t.Fatalf("the cutover's journal %+v, %v: want it rolled back", main, lerr)
+		}
+		if rep == nil || rep.Result != ResultRolledBack || strings.Contains(rep.Next, "rollback --resume") || !strings.Contains(rep.Next, "rolled back") || !strings.Contains(rep.Error+rep.Next, "not a directory") {
+			t.Errorf("report %+v: want rolled back, the rollback's journal's error, no 'rollback --resume'", rep)
+		}
+	})
 }
