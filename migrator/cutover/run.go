@@ -540,6 +540,9 @@ func (r *runner) unjournaled(result string, err error) (*Report, error) {
 	if r.main == nil && r.p.Bake.Enabled && r.j.Bake != nil {
 		rep.Next += "; blue does not follow green meanwhile (the bake needs its journal): run it " + PickupHorizon
 	}
+	if r.main != nil && r.j.NotGated != "" { // a rollback whose gate-green failed: said as rolled back
+		rep.Next += ". " + r.greenAfterRollback()
+	}
 	r.emit(Event{Type: EventReport, Report: rep})
 	return rep, err
 }
