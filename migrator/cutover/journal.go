@@ -65,6 +65,10 @@ type Journal struct {
 	// monotonic clock of the process that did both; 0 when not (a resume between them): then
 	// the wall times above give it (writeUnavailability).
 	Unfenced time.Duration `json:"unfenced,omitzero"`
+	// UnfencedUnknown: a resume found the proxies already open on the target, their unfence not
+	// journaled (the run that sent it could not write its journal), and they did not say when
+	// they opened: the window is not known here (writeUnavailability 0; that run's report gave it).
+	UnfencedUnknown bool `json:"unfencedUnknown,omitempty"`
 	// FenceGeneration is the proxy's state generation right after the cutover's fence on. It
 	// grows with every change of the proxy's state, so a different one before the switch means
 	// someone changed the fence (fence off and on by hand) and writes may have reached blue.
@@ -236,6 +240,9 @@ func (j *Journal) saveTo(path string) error {
 // measured it on its monotonic clock, else from the journaled wall times (a clock stepped in
 // between skews only those).
 func (j *Journal) writeUnavailability() time.Duration {
+	if j.UnfencedUnknown {
+		return 0
+	}
 	if j.Unfenced > 0 {
 		return j.Unfenced
 	}

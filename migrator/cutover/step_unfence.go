@@ -25,6 +25,9 @@ func (unfenceStep) run(ctx context.Context, r *runner) (string, error) {
 	if !r.j.UnfencedAt.IsZero() {
 		return r.unfencedBefore(ctx)
 	}
+	if detail, ok := r.unfencedUnjournaled(ctx); ok {
+		return detail, nil
+	}
 	if err := r.proxiesOnTarget(ctx); err != nil {
 		return "", err
 	}
@@ -57,6 +60,36 @@ func (r *runner) unfencedBefore(ctx context.Context) (string, error) {
 		detail += fmt.Sprintf("; WARNING: the proxies changed since (state generation %d then, %d now; fenced now: %v): a fence or backend command run by hand? They are left as they are", r.j.UnfenceGeneration, st.Generation, st.Fenced)
 	}
 	return detail + r.resumesEnded(ctx, st), nil
+}
+
+// unfencedUnjournaled is the unfence of a run resumed after one whose journal lacks its unfence
+// (it could not be written: saveWindow): every proxy open on r.to two state generations past the
+// fence, as checkFenceHeld takes it. The window ended in that run, not now: its end is when the
+// proxies last changed (their ChangedAt, by their clocks), or not known here when they do not
+// say. ok is false when the proxies are not so (the unfence is sent). Only a resume looks (in
+// the run that fenced, its journal in memory is whole, and a silent proxy's status must not delay
+// the others' unfence).
+func (r *runner) unfencedUnjournaled(ctx context.Context) (detail string, ok bool) {
+	if !r.o.Resume || !r.fencedMono.IsZero() {
+		return "", false
+	}
+	st, err := r.adm.Status(ctx)
+	if err != nil { // one does not answer: the unfence is sent to the others, and fails for it
+		return "", false
+	}
+	n := uint64(len(r.p.proxyRefs()))
+	if st.Fenced || sameURL(st.Backend) != sameURL(r.to.api.URL) || r.j.FenceGeneration == 0 || st.Generation != r.j.FenceGeneration+2*n {
+		return "", false
+	}
+	r.j.UnfenceGeneration, r.j.RefusedAtUnfence = st.Generation, st.RefusedWrites
+	if !st.ChangedAt.IsZero() && st.ChangedAt.After(r.j.FencedAt) {
+		r.j.UnfencedAt = st.ChangedAt.UTC()
+		detail = fmt.Sprintf("writes already open on %s, since %s by the proxies' clocks (their unfence was not journaled: the run that sent it could not write its journal); write-unavailability window about %s", r.to.name, r.j.UnfencedAt.Format(time.RFC3339Nano), r.j.writeUnavailability().Round(time.Millisecond))
+	} else {
+		r.j.UnfencedAt, r.j.UnfencedUnknown = time.Now().UTC(), true
+		detail = fmt.Sprintf("writes already open on %s (their unfence was not journaled: the run that sent it could not write its journal); the write-unavailability window is not known here (the proxies do not say when they opened): that run's report gave it", r.to.name)
+	}
+	return detail + r.resumesEnded(ctx, st), true
 }
 
 // proxiesOnTarget readies the proxies for the unfence, each of which opens only on r.to: one

@@ -199,6 +199,13 @@ func TestJournalLostPastTheSwitchFinishesTheWindow(t *testing.T) {
 // --resume finishes the journal, the proxy left open on green.
 func resumeOnceWritable(t *testing.T, r *runner, last string) {
 	t.Helper()
+	resumeOnceWritableAt(t, r, last, r.j.FencedAt)
+}
+
+// resumeOnceWritableAt is resumeOnceWritable with the journal's fence at fencedAt, and returns
+// the resume's report.
+func resumeOnceWritableAt(t *testing.T, r *runner, last string, fencedAt time.Time) *Report {
+	t.Helper()
 	p := r.p
 	if err := os.Remove(p.StateDir); err != nil {
 		t.Fatal(err)
@@ -206,7 +213,7 @@ func resumeOnceWritable(t *testing.T, r *runner, last string) {
 	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	j := journalThrough(p, replicateSteps, last, r.j.FencedAt)
+	j := journalThrough(p, replicateSteps, last, fencedAt)
 	j.FenceGeneration, j.Verified, j.SnapshotRevision = r.j.FenceGeneration, r.j.Verified, r.j.SnapshotRevision
 	if err := j.save(p.StateDir); err != nil {
 		t.Fatal(err)
@@ -222,5 +229,55 @@ func resumeOnceWritable(t *testing.T, r *runner, last string) {
 	st, err := again.adm.Status(t.Context())
 	if err != nil || st.Fenced || sameURL(st.Backend) != sameURL(p.Green.APIServer.URL) {
 		t.Errorf("proxy after the resume %+v, %v: want open on green", st, err)
+	}
+	return rep
+}
+
+// TestResumeAfterALostJournalCountsNoNewWindow: a --resume an hour after the fence of a run
+// whose journal lacks its unfence (it could not be written) finds the proxies open on green
+// already: the window ended in the run that stopped, so the resume does not report writes
+// unavailable for the hour since the fence. It reports when the proxies say they opened, or
+// that the window is not known here (the first run's report gave it).
+func TestResumeAfterALostJournalCountsNoNewWindow(t *testing.T) {
+	for _, known := range []bool{false, true} {
+		t.Run(map[bool]string{false: "proxies do not say when", true: "proxies say when"}[known], func(t *testing.T) {
+			r, st := switchWorld(t, nil)
+			stateDir := r.p.StateDir
+			px := r.adm.(funcProxy)
+			fence := px.fence
+			broken := false
+			px.fence = func(ctx context.Context, req admin.FenceRequest) (admin.FenceResponse, error) {
+				if !req.Fenced && !broken { // once: the resume finds it writable
+					broken = true
+					_ = os.RemoveAll(stateDir)
+					if err := os.WriteFile(stateDir, []byte("not a dir"), 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return fence(ctx, req)
+			}
+			r.adm = px
+			if _, err := r.run(t.Context()); err == nil || st.Fenced {
+				t.Fatalf("run: %v, proxy %+v: want writes open, the journal's error", err, *st)
+			}
+			fencedAt := r.j.FencedAt.Add(-time.Hour)
+			if known {
+				st.ChangedAt = fencedAt.Add(300 * time.Millisecond)
+			}
+			rep := resumeOnceWritableAt(t, r, StepUngateGreen, fencedAt)
+			if rep.WriteUnavailability > time.Minute {
+				t.Errorf("the resume reported writes unavailable for %s", rep.WriteUnavailability)
+			}
+			if known && rep.WriteUnavailability != 300*time.Millisecond {
+				t.Errorf("the resume reported a window of %s; the proxies opened 300ms after the fence", rep.WriteUnavailability)
+			}
+			rec, _ := r.j.record(StepUnfence)
+			if j, err := LoadJournal(r.p.StateDir); err == nil {
+				rec, _ = j.record(StepUnfence)
+			}
+			if strings.Contains(rec.Detail, "window 1h") || !strings.Contains(rec.Detail, "already open") {
+				t.Errorf("resumed unfence %q: want writes found already open, no hour-long window", rec.Detail)
+			}
+		})
 	}
 }
