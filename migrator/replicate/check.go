@@ -27,11 +27,18 @@ import (
 // keeps what it received, and watches that side again from its first revision not received once
 // the other has caught up to within half the bound: the rest waits in that side's history, and
 // if it is compacted meanwhile the check ends with ErrCompacted.
+//
+// Each side's watch has the replicator's watchdog (watchdog.go): that side's revision, read
+// linearizably every defaultProgressInterval, ahead of what its watch delivered, and nothing
+// delivered for defaultWatchStall (Config.WatchStall's default), watches that side again at
+// once on a new stream (WatchStalls). Otherwise a watch whose member stopped applying (a defrag
+// on it) would hold the check, and a switch waiting for it, while replication goes on.
 type Checker struct {
 	blue, green *clientv3.Client
 	from        int64
 	maxPending  int // maxCheckPending when it started
 	log         *slog.Logger
+	dogs        [2]*watchdog // blue's watch's, green's
 	cancel      context.CancelFunc
 	stopped     chan struct{}
 
@@ -53,12 +60,27 @@ func StartCheck(blue, green *clientv3.Client, from int64, log *slog.Logger) *Che
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Checker{blue: blue, green: green, from: from, maxPending: maxCheckPending, log: log, cancel: cancel, stopped: make(chan struct{}), checked: from, cond: make(chan struct{})}
+	c := &Checker{blue: blue, green: green, from: from, maxPending: maxCheckPending, log: log, cancel: cancel, stopped: make(chan struct{}), checked: from, cond: make(chan struct{}),
+		dogs: [2]*watchdog{newWatchdog("check-blue", defaultWatchStall), newWatchdog("check-green", defaultWatchStall)}}
 	go func() {
 		defer close(c.stopped)
+		var polls sync.WaitGroup
+		pctx, stopPolls := context.WithCancel(ctx)
+		for i, cli := range []*clientv3.Client{blue, green} {
+			polls.Go(func() { pollRevision(pctx, cli, defaultProgressInterval, c.dogs[i]) })
+		}
 		c.finish(c.run(ctx))
+		stopPolls()
+		polls.Wait()
 	}()
 	return c
+}
+
+// WatchStalls is how many times the check found a side's watch stalled (that side's revision,
+// read from the cluster, ahead of what the watch delivered, and nothing delivered for the
+// bound) and watched that side again on a new stream.
+func (c *Checker) WatchStalls() int64 {
+	return c.dogs[0].count() + c.dogs[1].count()
 }
 
 // From is the revision the check started after.
@@ -158,9 +180,10 @@ func (c *Checker) round(ctx context.Context) (delivered bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	from := c.checkedRev() + 1
-	sides := [2]*checkSide{{side: "blue", cli: c.blue, next: from}, {side: "green", cli: c.green, next: from}}
+	sides := [2]*checkSide{{side: "blue", cli: c.blue, next: from, dog: c.dogs[0]}, {side: "green", cli: c.green, next: from, dog: c.dogs[1]}}
 	for _, s := range sides {
 		s.watch(wctx)
+		defer s.dog.closed()
 	}
 	for {
 		// compare leaves at most one side with revisions pending, so at most one is paused
@@ -175,6 +198,12 @@ func (c *Checker) round(ctx context.Context) (delivered bool, err error) {
 		case resp, ok = <-sides[0].ch:
 		case resp, ok = <-sides[1].ch:
 			side = sides[1]
+		case <-sides[0].dog.stall:
+			c.stalled(wctx, sides[0])
+			continue
+		case <-sides[1].dog.stall:
+			c.stalled(wctx, sides[1])
+			continue
 		}
 		if err := side.take(ctx, resp, ok); err != nil {
 			return delivered, err
@@ -202,6 +231,19 @@ func (c *Checker) bound(ctx context.Context, s *checkSide) {
 	}
 }
 
+// stalled takes the watchdog's signal for a side: a stalled watch is cancelled and the side
+// watched again at once, from its first revision not received, on a new stream.
+func (c *Checker) stalled(ctx context.Context, s *checkSide) {
+	attrs, err := s.dog.stalled(s.delivered)
+	if err == nil || s.ch == nil {
+		return
+	}
+	c.log.Warn("a watch of the check delivered nothing while its side's revision, read from the cluster, is ahead of it (its member may have stopped applying: a defrag, a stalled disk): watching it again on a new stream",
+		append([]any{"side", s.side, "watched from", s.from}, attrs...)...)
+	s.stop()
+	s.watch(ctx)
+}
+
 // compare takes the revisions both sides have shown, oldest first.
 func (c *Checker) compare(blue, green *checkSide) error {
 	for len(blue.revs) > 0 && len(green.revs) > 0 {
@@ -227,20 +269,25 @@ type checkSide struct {
 	revs  []revChanges
 	bytes int
 	next  int64 // the first revision not received
+	dog   *watchdog
 
-	ch     clientv3.WatchChan // nil while paused at the bound
-	cancel context.CancelFunc
+	ch        clientv3.WatchChan // nil while paused at the bound
+	cancel    context.CancelFunc
+	from      int64 // where the open watch started
+	delivered bool  // the open watch delivered revisions
 }
 
-// watch watches the side from its first revision not received.
+// watch watches the side from its first revision not received (on the stream its watchdog
+// says).
 func (p *checkSide) watch(ctx context.Context) {
-	wctx, cancel := context.WithCancel(ctx)
-	p.ch, p.cancel = p.cli.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(p.next)), cancel
+	wctx, cancel := context.WithCancel(p.dog.opened(ctx, p.next))
+	p.ch, p.cancel, p.from, p.delivered = p.cli.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(p.next)), cancel, p.next, false
 }
 
 // stop cancels the side's watch: etcd's client drops what it buffered for it.
 func (p *checkSide) stop() {
 	p.cancel()
+	p.dog.closed()
 	p.ch, p.cancel = nil, nil
 }
 
@@ -272,11 +319,16 @@ func (p *checkSide) take(ctx context.Context, resp clientv3.WatchResponse, ok bo
 	case resp.Err() != nil:
 		return fmt.Errorf("%w: %s: %w", errRewatch, p.side, resp.Err())
 	}
-	return eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error {
+	err := eachRevision(resp.Events, func(rev int64, evs []*clientv3.Event) error {
 		rc := revChanges{rev: rev, evs: evs, bytes: heldBytes(evs)}
 		p.revs = append(p.revs, rc)
 		p.bytes += rc.bytes
 		p.next = rev + 1
 		return nil
 	})
+	if len(resp.Events) > 0 {
+		p.delivered = true
+		p.dog.received(p.next)
+	}
+	return err
 }

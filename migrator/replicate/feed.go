@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
 )
 
 // The feed reads blue's watch for the apply, in a goroutine of its own, so that blue's changes
@@ -39,43 +37,10 @@ import (
 // costs blue a watch read from its history rather than from its latest writes.
 const defaultMaxBacklog = 64 << 20
 
-// A watch can go quiet without ending: its member keeps the connection and a leader, and
-// answers the client's keepalive pings, but applies nothing (an `etcdctl defrag` on it holds its
-// backend's locks for the whole defrag; a stalled backend disk with the WAL elsewhere), so it
-// sends nothing. WithRequireLeader covers a member cut off from the leader and the keepalive
-// pings a lost host; neither covers this one. So the feed has a watchdog: blue's revision as a
-// linearizable read returns it (pollSource, every ProgressInterval; such a read is served only
-// by a member that applied up to the leader's commit index, so it is the cluster's revision
-// whichever member answers) is compared with the revisions received. Once a read finds blue
-// ahead of what the open watch delivered, and the watch delivers no revision for
-// Config.WatchStall from then, the watch is cancelled and opened again at once from the first
-// revision not received, on a gRPC stream of its own (etcd's client shares one stream among
-// watches whose contexts carry the same metadata, and its round-robin balancer sends a new
-// stream to the next endpoint), and the stall counted (Progress.WatchStalls).
-//
-// etcd's progress notifications do not tell this: a member answers a progress request
-// (clientv3 RequestProgress) with its own store's revision (server/v3 storage/mvcc
-// watchable_store.go progressIfSync), so one that stopped applying says its watch is complete
-// up to where it stopped; and WithProgressNotify's period is blue's server flag (10 minutes by
-// default), not the client's. Only a linearizable read knows how far blue really is.
-//
-// defaultWatchStall is Config.WatchStall's default. etcd sends a watch's events when the write
-// ends, and tries again every 10 ms for a watcher whose buffer is full and every 100 ms for one
-// catching up from history (watchable_store.go), so a healthy watch delivers within
-// milliseconds of the read that finds blue ahead; 5 s is 50 times the slowest of these and above a
-// leader election (1 s with etcd's defaults). A watch opened again that stalls before it
-// delivers anything gets twice the bound, up to maxWatchStall, so that a watch slow to read a
-// long history (a catch-up after a pause) is not cancelled again and again.
-const (
-	defaultWatchStall = 5 * time.Second
-	maxWatchStall     = time.Minute
-)
-
-// errStalled: the watchdog cancelled a watch that delivered nothing while blue moved on.
-var errStalled = errors.New("blue's watch delivered nothing while blue moved on")
-
-// streamKey is the gRPC metadata that gives a watch opened after a stall a stream of its own.
-const streamKey = "kubefence-replicate-watch"
+// The feed's watch of blue has a watchdog (watchdog.go): blue's revision from the
+// linearizable read every ProgressInterval (Replicator.readSource) ahead of what the watch
+// delivered, and nothing delivered for Config.WatchStall, watches blue again at once on a new
+// stream (Progress.WatchStalls).
 
 // errRewatch: the watch ended for a reason worth watching again from the next revision.
 var errRewatch = errors.New("watch ended")
@@ -97,7 +62,7 @@ type feed struct {
 	max   int           // Config.MaxBacklog
 	wake  chan struct{} // holds a signal when revisions were queued or the feed stopped
 	drain chan struct{} // holds a signal when the backlog went down to half the bound
-	stall chan struct{} // holds a signal when the watchdog found the open watch stalled
+	dog   *watchdog     // the open watch's (feed's stalls)
 
 	mu    sync.Mutex
 	queue []revChanges // received, not yet taken by the apply, oldest first
@@ -108,20 +73,13 @@ type feed struct {
 	err    error // why the feed stopped, once it has
 	pauses int64 // Progress.BacklogPauses
 
-	// The watchdog's state. watching: a watch is open (not paused, not waiting to watch
-	// again); behind: when a read of blue first found it ahead of what was received since the
-	// open watch last delivered (zero: none did); bound: the stall bound for the open watch.
-	watching bool
-	behind   time.Time
-	bound    time.Duration
-	stalls   int64 // Progress.WatchStalls
 	// receivedAt is when the watch last delivered a revision (Progress.ReceivedAt).
 	receivedAt time.Time
 }
 
 func newFeed(r *Replicator) *feed {
-	return &feed{r: r, max: r.cfg.MaxBacklog, next: r.cfg.FromRevision + 1, bound: r.cfg.WatchStall,
-		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1), stall: make(chan struct{}, 1)}
+	return &feed{r: r, max: r.cfg.MaxBacklog, next: r.cfg.FromRevision + 1, dog: newWatchdog("feed", r.cfg.WatchStall),
+		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1)}
 }
 
 // heldBytes is what watch events hold in memory as the bounds count it (the backlog here, the
@@ -199,11 +157,9 @@ func (f *feed) follow(ctx context.Context) error {
 // finds it stalled (errStalled). It says whether the watch delivered a response (other than an
 // error).
 func (f *feed) watch(ctx context.Context) (delivered bool, err error) {
-	from, stream := f.opened()
-	defer f.closed()
-	if stream > 0 {
-		ctx = metadata.AppendToOutgoingContext(ctx, streamKey, strconv.FormatInt(stream, 10))
-	}
+	from := f.nextRev()
+	ctx = f.dog.opened(ctx, from)
+	defer f.dog.closed()
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := f.r.cfg.Source.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(from))
@@ -212,8 +168,11 @@ func (f *feed) watch(ctx context.Context) (delivered bool, err error) {
 		var ok bool
 		select {
 		case resp, ok = <-wch:
-		case <-f.stall:
-			if err := f.stalled(from, delivered); err != nil {
+		case <-f.dog.stall:
+			attrs, err := f.dog.stalled(delivered)
+			if err != nil {
+				f.r.cfg.Log.Warn("blue's watch delivered nothing while blue's revision, read from the cluster, is ahead of it (its member may have stopped applying: a defrag, a stalled disk): watching again on a new stream",
+					append([]any{"watched from", from}, attrs...)...)
 				return delivered, err
 			}
 			continue
@@ -234,61 +193,6 @@ func (f *feed) watch(ctx context.Context) (delivered bool, err error) {
 		return delivered, err
 	}
 	return delivered, fmt.Errorf("%w: the watch channel closed", errRewatch)
-}
-
-// opened starts the watchdog for a watch about to be opened: it returns the first revision not
-// received, and the stream number to open it on (0: the client's shared stream).
-func (f *feed) opened() (from, stream int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.watching, f.behind = true, time.Time{}
-	select {
-	case <-f.stall: // a signal for the watch before
-	default:
-	}
-	return f.next, f.stalls
-}
-
-// closed stops the watchdog: no watch is open.
-func (f *feed) closed() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.watching, f.behind = false, time.Time{}
-}
-
-// sawCluster is the watchdog: blue's revision rev, read from the cluster at now, is compared
-// with what the open watch delivered; once blue has been ahead of it for the bound without a
-// revision delivered, the watch is stalled.
-func (f *feed) sawCluster(rev int64, now time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	switch {
-	case !f.watching || rev < f.next:
-		f.behind = time.Time{}
-	case f.behind.IsZero():
-		f.behind = now
-	case now.Sub(f.behind) >= f.bound:
-		signal(f.stall)
-	}
-}
-
-// stalled counts and logs a stall of the watch opened at from, doubling the bound if the watch
-// delivered nothing, and says so; nil if the watch delivered since the watchdog's signal.
-func (f *feed) stalled(from int64, delivered bool) error {
-	f.mu.Lock()
-	if f.behind.IsZero() {
-		f.mu.Unlock()
-		return nil
-	}
-	f.stalls++
-	quiet, bound, next := time.Since(f.behind).Round(time.Millisecond), f.bound, f.next
-	if !delivered {
-		f.bound = min(2*f.bound, maxWatchStall)
-	}
-	f.mu.Unlock()
-	f.r.cfg.Log.Warn("blue's watch delivered nothing while blue's revision, read from the cluster, is ahead of it (its member may have stopped applying: a defrag, a stalled disk): watching again on a new stream",
-		"watched from", from, "received", next-1, "blue", f.r.sourceRev(), "quiet", quiet, "bound", bound)
-	return errStalled
 }
 
 // take queues a response of the watch opened at from, saying whether the backlog is past the
@@ -314,7 +218,8 @@ func (f *feed) take(from int64, resp clientv3.WatchResponse) (full bool, err err
 		return nil
 	})
 	if len(resp.Events) > 0 {
-		f.behind, f.bound, f.receivedAt = time.Time{}, f.r.cfg.WatchStall, time.Now()
+		f.receivedAt = time.Now()
+		f.dog.received(f.next)
 		signal(f.wake)
 	}
 	return f.bytes > f.max, nil
@@ -408,7 +313,7 @@ func (f *feed) applied(evs []*clientv3.Event) {
 func (f *feed) fill(p *Progress, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p.BacklogBytes, p.BacklogPauses, p.WatchStalls = int64(f.bytes), f.pauses, f.stalls
+	p.BacklogBytes, p.BacklogPauses, p.WatchStalls = int64(f.bytes), f.pauses, f.dog.count()
 	p.Received, p.ReceivedAt = f.next-1, f.receivedAt
 	if !f.receivedAt.IsZero() {
 		p.ReceivedAge = now.Sub(f.receivedAt).Seconds()

@@ -175,13 +175,6 @@ func (r *Replicator) Progress() Progress {
 	return p
 }
 
-// sourceRev is the newest blue revision seen.
-func (r *Replicator) sourceRev() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.progress.source
-}
-
 func (r *Replicator) sawSource(rev int64) {
 	r.mu.Lock()
 	r.progress.sawSource(rev, time.Now())
@@ -267,7 +260,7 @@ func (r *Replicator) readSource(ctx context.Context) {
 	if failures > 0 {
 		r.cfg.Log.Info("read blue's revision again", "revision", rev, "failed before", failures, "last read", sinceOrNever(last, now))
 	}
-	r.feed.sawCluster(rev, now)
+	r.feed.dog.sawCluster(rev, now)
 }
 
 // sinceOrNever is how long before now at was, for a log ("never" for a zero at).

@@ -78,7 +78,7 @@ type Config struct {
 	// WatchStall is how long blue's watch may deliver no revision while blue's revision, read
 	// from the cluster every ProgressInterval, is ahead of what it delivered: then the watch is
 	// cancelled and blue watched again at once on a new stream, from the first revision not
-	// received (its member may have stopped applying: a defrag, a stalled disk; feed.go).
+	// received (its member may have stopped applying: a defrag, a stalled disk; watchdog.go).
 	// Default 5 s.
 	WatchStall time.Duration
 }
@@ -100,12 +100,16 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
+// defaultProgressInterval is Config.ProgressInterval's default, and how often the delta check
+// reads each side's revision for its watchdogs.
+const defaultProgressInterval = time.Second
+
 func (c *Config) defaults() {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
 	if c.ProgressInterval <= 0 {
-		c.ProgressInterval = time.Second
+		c.ProgressInterval = defaultProgressInterval
 	}
 	if c.LeaseCheckInterval <= 0 {
 		c.LeaseCheckInterval = 30 * time.Second

@@ -225,3 +225,49 @@ func TestSourceReadBounded(t *testing.T) {
 		t.Fatalf("Run stopped with %v, want context.Canceled", err)
 	}
 }
+
+// TestStalledCheckWatchReopened: the delta check watches blue on the replicator's client, on a
+// stream of its own or the replicator's; blue's member stops delivering on the streams open
+// (its connection alive) while blue takes writes. The replicator's watchdog watches blue again
+// on a new stream; the check's must too, or the switch's wait for the check (cutover's
+// deltaChecked) runs out with writes fenced while replication goes on.
+func TestStalledCheckWatchReopened(t *testing.T) {
+	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "0")
+	green, s := greenFrom(t, blue, etcdOpts{})
+	cli, streams := stallingClient(t, blue)
+	run := start(t, blue, green, s, func(c *Config) {
+		c.Source = cli
+		c.ProgressInterval = 100 * time.Millisecond
+		c.WatchStall = time.Second
+	})
+	check := StartCheck(cli, green.cli, s, testLog(t))
+	t.Cleanup(check.Stop)
+	first := put(t, blue, "a", "1")
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := check.WaitFor(ctx, first); err != nil { // the check's watches open and current
+		t.Fatal(err)
+	}
+	streams.stall()
+	var last int64
+	for i := range 5 {
+		last = put(t, blue, "b", string(rune('0'+i)))
+	}
+	if err := run.r.WaitFor(ctx, last); err != nil {
+		t.Fatalf("blue's watch stalled, blue written up to %d: the replicator: %v", last, err)
+	}
+	// The check's bound is the replicator's default (5 s), read every second.
+	if err := check.WaitFor(ctx, last); err != nil {
+		t.Fatalf("blue's watch stalled, blue written up to %d: the check: %v", last, err)
+	}
+	if err := check.Err(); err != nil {
+		t.Fatalf("the check found %v", err)
+	}
+	if n := check.WatchStalls(); n != 1 {
+		t.Fatalf("the check's WatchStalls %d, want 1 (blue's)", n)
+	}
+	if p := run.r.Progress(); p.WatchStalls != 1 {
+		t.Fatalf("the replicator's WatchStalls %d, want 1", p.WatchStalls)
+	}
+}
