@@ -30,6 +30,12 @@ const afterFailedRollbackAbort = "the rollback's abort did not complete: once ev
 // nextAfterAbort is the advice after an abort that completed.
 const nextAfterAbort = "blue serves as before and writes are open; green's data dirs are left for inspection (the next cutover needs them gone: 'kubefence cutover cleanup --plan PLAN --remove-data-dirs' removes them)"
 
+// nextAfterBlueStalled is the advice after an abort that completed, replication having stood
+// still because blue's watch delivered nothing: blue's etcd is the one to look at; green is not
+// the cause, but a new cutover restores green afresh (its preflight wants green's data dirs
+// absent or empty).
+const nextAfterBlueStalled = "blue serves as before and writes are open; replication stood still because blue's watch delivered nothing (the error says since when): check blue etcd (its health, its log, the network to it) before running the cutover again. Green is not the cause, but the next cutover restores green afresh and needs its data dirs gone: 'kubefence cutover cleanup --plan PLAN --remove-data-dirs' removes them"
+
 // fail handles a step's error. Before the point of no return it aborts back to blue; from the
 // switch on, it aborts too unless the switch reached the proxies (pastSwitch), in which case the
 // run stops with advice to --resume. The abort runs on a context of its own: the step may have
@@ -104,6 +110,10 @@ func (r *runner) adviseAfterAbort(rep *Report, err, abortErr error) {
 		}
 	default:
 		rep.Next = nextAfterAbort + r.p.leftOnHosts()
+		var stall *replicationStalled
+		if r.main == nil && errors.As(err, &stall) && stall.onSource {
+			rep.Next = nextAfterBlueStalled + r.p.leftOnHosts()
+		}
 		if r.main != nil {
 			rep.Next = afterRollbackAbort
 			if r.pickupAdvice(err) == r.noPickup {

@@ -273,8 +273,22 @@ func (r *runner) catchUpStalled(atStart, now replicate.Progress, blue int64, ove
 	if now.Applied != atStart.Applied || now.Applied >= blue {
 		return nil
 	}
-	return fmt.Errorf("replication applied nothing while catching up before the fence (%s): %s stayed at revision %d while %s is at %d; %s; nothing is fenced",
-		over.Round(time.Millisecond), r.to.name, now.Applied, r.from.name, blue, stalledSide(now, r.from, r.to))
+	return fmt.Errorf("replication applied nothing while catching up before the fence (%s): %s stayed at revision %d while %s is at %d; %w; nothing is fenced",
+		over.Round(time.Millisecond), r.to.name, now.Applied, r.from.name, blue, stalledError(now, r.from, r.to))
+}
+
+// replicationStalled is stalledSide's finding as an error, so that the abort's advice fits the
+// side that stalled (adviseAfterAbort).
+type replicationStalled struct {
+	onSource bool // the source's watch delivered nothing past what was applied
+	msg      string
+}
+
+func (e *replicationStalled) Error() string { return e.msg }
+
+// stalledError is stalledSide as a replicationStalled.
+func stalledError(p replicate.Progress, src, dst side) *replicationStalled {
+	return &replicationStalled{onSource: p.Received <= p.Applied, msg: stalledSide(p, src, dst)}
 }
 
 // stalledSide says which side of a replication from src into dst that stands still is the

@@ -146,3 +146,28 @@ func TestFenceAfterASlowCatchUp(t *testing.T) {
 		t.Errorf("proxy %+v, FencedAt %v: want it fenced", *w.st, w.r.j.FencedAt)
 	}
 }
+
+// TestAbortAfterAStalledDrainAdvisesForItsCause: the abort after a drain that ran out of time
+// because blue's watch delivered nothing advises to look at blue's etcd before running again:
+// green is not the cause (its data dirs are not left "for inspection"), though the next cutover
+// still needs them gone (its preflight wants green's data dirs absent or empty: it restores
+// green afresh). (Green applying nothing keeps the advice to inspect green's data dirs; that
+// fixture's applier never returns, so no abort can stop its replication here.)
+func TestAbortAfterAStalledDrainAdvisesForItsCause(t *testing.T) {
+	tc := replicationStalls[1]
+	w := stalledWorld(t, tc)
+	w.r.p.Timeouts.Window = Duration(300 * time.Millisecond)
+	w.r.fencedMono = time.Now()
+	w.r.j.FencedAt = w.r.fencedMono.UTC()
+	_, err := drainStep{}.run(t.Context(), w.r)
+	if err == nil || !strings.Contains(err.Error(), tc.want) {
+		t.Fatalf("drain: %v; want it to say %q", err, tc.want)
+	}
+	rep, _ := w.r.fail(t.Context(), drainStep{}, err)
+	if rep == nil || rep.Result != ResultAborted {
+		t.Fatalf("report %+v: want aborted", rep)
+	}
+	if !strings.Contains(rep.Next, "check blue etcd") || strings.Contains(rep.Next, "for inspection") || !strings.Contains(rep.Next, "--remove-data-dirs") {
+		t.Errorf("advice %q: want blue's etcd to check, green's data dirs not suspected but to be removed before the next cutover", rep.Next)
+	}
+}

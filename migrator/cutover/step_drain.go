@@ -63,20 +63,21 @@ func (drainStep) run(ctx context.Context, r *runner) (string, error) {
 	start := time.Now()
 	rev, err := r.caughtUp(wctx)
 	if err != nil {
-		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w%s", r.p.Timeouts.Window.D(), err, r.stalledNote(err))
+		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), r.withStall(err))
 	}
 	r.j.DrainRevision = rev
 	return fmt.Sprintf("%s at %s's revision %d after %s", r.to.name, r.from.name, rev, time.Since(start).Round(time.Microsecond)), nil
 }
 
-// stalledNote says, after a wait for replication that ran out of time (err), which side
-// stalled (stalledSide), so that the drain's error does not read as green's fault when
-// nothing came from blue; "" for another error, or a replicator not running here.
-func (r *runner) stalledNote(err error) string {
+// withStall adds to a wait for replication that ran out of time (err) which side stalled
+// (stalledError), so that the drain's error (and the abort's advice) does not read as green's
+// fault when nothing came from blue; err as it is for another error, or a replicator not
+// running here.
+func (r *runner) withStall(err error) error {
 	if !errors.Is(err, context.DeadlineExceeded) || r.repl == nil {
-		return ""
+		return err
 	}
-	return "; " + stalledSide(r.repl.rep.Progress(), r.from, r.to)
+	return fmt.Errorf("%w; %w", err, stalledError(r.repl.rep.Progress(), r.from, r.to))
 }
 
 // replicaSwitchStep (mode replicate) checks once more that green has blue's revision, within
@@ -118,7 +119,7 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 	rev, err := r.caughtUp(wctx)
 	cancel()
 	if err != nil {
-		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w%s", r.to.name, r.from.name, r.p.Timeouts.Window.D(), err, r.stalledNote(err))
+		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), r.withStall(err))
 	}
 	checked := ""
 	if !s.pickUp { // a rollback has no full verify of its direction to compare from
