@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
 
@@ -60,24 +61,38 @@ func (drainStep) describe(r *runner, _ bool) string {
 func (drainStep) run(ctx context.Context, r *runner) (string, error) {
 	wctx, cancel := r.windowContext(ctx)
 	defer cancel()
-	start := time.Now()
+	start, before := time.Now(), r.progress()
 	rev, err := r.caughtUp(wctx)
 	if err != nil {
-		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), r.withStall(err))
+		return "", fmt.Errorf("drain within the window (timeouts.window %s from the fence): %w", r.p.Timeouts.Window.D(), r.withStall(err, before))
 	}
 	r.j.DrainRevision = rev
 	return fmt.Sprintf("%s at %s's revision %d after %s", r.to.name, r.from.name, rev, time.Since(start).Round(time.Microsecond)), nil
 }
 
-// withStall adds to a wait for replication that ran out of time (err) which side stalled
-// (stalledError), so that the drain's error (and the abort's advice) does not read as green's
-// fault when nothing came from blue; err as it is for another error, or a replicator not
-// running here.
-func (r *runner) withStall(err error) error {
+// withStall adds to a wait for replication that ran out of time (err) why: green applied
+// revisions during the wait (before is where replication stood when it began), so the lag was
+// more than the window drains; or it stood still, and which side stalled (stalledError), so
+// that the drain's error (and the abort's advice) does not read as green's fault when nothing
+// came from blue. err as it is for another error, or a replicator not running here.
+func (r *runner) withStall(err error, before replicate.Progress) error {
 	if !errors.Is(err, context.DeadlineExceeded) || r.repl == nil {
 		return err
 	}
-	return fmt.Errorf("%w; %w", err, stalledError(r.repl.rep.Progress(), r.from, r.to))
+	now := r.repl.rep.Progress()
+	if now.Applied > before.Applied {
+		return fmt.Errorf("%w; %s applied revisions %d-%d meanwhile: replication runs, and the lag was more than the window drains (run the cutover once the lag before the fence is smaller, or raise timeouts.window; --rehearse predicts the window)",
+			err, r.to.name, before.Applied+1, now.Applied)
+	}
+	return fmt.Errorf("%w; %w", err, stalledError(now, r.from, r.to))
+}
+
+// progress is where the replication run here stands; zero when none runs here.
+func (r *runner) progress() replicate.Progress {
+	if r.repl == nil {
+		return replicate.Progress{}
+	}
+	return r.repl.rep.Progress()
 }
 
 // replicaSwitchStep (mode replicate) checks once more that green has blue's revision, within
@@ -116,10 +131,11 @@ func (s replicaSwitchStep) run(ctx context.Context, r *runner) (string, error) {
 		}
 	}
 	wctx, cancel := r.windowContext(ctx)
+	before := r.progress()
 	rev, err := r.caughtUp(wctx)
 	cancel()
 	if err != nil {
-		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), r.withStall(err))
+		return "", fmt.Errorf("%s at %s's revision within the window (timeouts.window %s from the fence): %w", r.to.name, r.from.name, r.p.Timeouts.Window.D(), r.withStall(err, before))
 	}
 	checked := ""
 	if !s.pickUp { // a rollback has no full verify of its direction to compare from
