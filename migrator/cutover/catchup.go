@@ -53,6 +53,15 @@ func (e *notCatchingUpError) Error() string {
 		e.lagThen, e.lagNow, e.dst, e.src)
 }
 
+// Unwrap is, when nothing was applied, which side stalled (a replicationStalled), so that the
+// abort's advice reads it as it reads the drain's.
+func (e *notCatchingUpError) Unwrap() error {
+	if e.applied != 0 {
+		return nil
+	}
+	return stalledError(e.now, side{name: e.src}, side{name: e.dst})
+}
+
 // lagSample is where replication stood at a time.
 type lagSample struct {
 	at              time.Time

@@ -1,6 +1,7 @@
 package cutover
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -34,5 +35,30 @@ func TestDrainOutOfTimeWhileApplyingBlamesTheLag(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "lag") {
 		t.Errorf("drain error %q: want it to say the lag was more than the window drained", err)
+	}
+}
+
+// TestNotCatchingUpCarriesTheStalledSide: a lag check that gave up with nothing applied (the
+// replicate step's, the bake's, the rollback's wait) says which side stalled, and the abort's
+// advice must read it as the drain's does: with blue's watch delivering nothing, green's data
+// dirs are not the suspect.
+func TestNotCatchingUpCarriesTheStalledSide(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		e        notCatchingUpError
+		onSource bool
+		found    bool
+	}{
+		{"blue's watch quiet", notCatchingUpError{src: "blue", dst: "green", now: replicate.Progress{Received: 5, Applied: 5}}, true, true},
+		{"green applies nothing", notCatchingUpError{src: "blue", dst: "green", now: replicate.Progress{Received: 9, Applied: 5}}, false, true},
+		{"green applies, too slowly", notCatchingUpError{src: "blue", dst: "green", applied: 40, written: 400, over: time.Minute}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stall *replicationStalled
+			err := fmt.Errorf("replicate: %w", &tc.e)
+			if found := errors.As(err, &stall); found != tc.found || found && stall.onSource != tc.onSource {
+				t.Errorf("errors.As(%q) = %v (%+v), want %v, on the source %v", err, found, stall, tc.found, tc.onSource)
+			}
+		})
 	}
 }
