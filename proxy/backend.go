@@ -226,7 +226,7 @@ func (o TransportOptions) dialTimeout() time.Duration {
 }
 
 // A backend whose machine powers off, or that a partition cuts off, sends no RST: a request in
-// flight to it waited until the kernel gave up, ~5 minutes of keepalive probes (30 s idle, 9
+// flight to it waited until the kernel gave up, ~3 minutes of keepalive probes (30 s idle, 9
 // probes 15 s apart) or, with the request not yet acknowledged, ~15 minutes of retransmissions.
 // HTTP/2 pings (above) notice it on multiplexed connections; nothing pings an HTTP/1.1 read.
 // Probes after 15 s idle, 5 s apart, and a bound on data left unacknowledged (TCP_USER_TIMEOUT,

@@ -15,7 +15,7 @@ import (
 // cuts off, sends no RST. A request in flight on a connection to it, a read over HTTP/1.1 above
 // all (nothing pings it), waited until the kernel gave up: with the request unacknowledged, ~15
 // minutes of retransmissions; with it acknowledged and no answer, keepalive's 30 s idle then 9
-// probes 30 s apart, ~5 minutes. Every connection to a backend now has keepalive probes after 15 s
+// probes 15 s apart, ~3 minutes. Every connection to a backend now has keepalive probes after 15 s
 // idle, 5 s apart, and a 30 s bound on data left unacknowledged (TCP_USER_TIMEOUT, which also
 // ends a connection whose probes go unanswered): a dead peer fails its requests in about 30 s,
 // as HTTP/2 pings (30 s + 15 s) fail those on multiplexed connections. A backend that is slow but
