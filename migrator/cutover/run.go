@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubefence/kubefence/internal/steprun"
-	"github.com/kubefence/kubefence/migrator/datadir"
 	"github.com/kubefence/kubefence/migrator/replicate"
 	"github.com/kubefence/kubefence/proxy/admin"
 )
@@ -413,8 +412,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 // returns a sentence for the report ("" when there was none).
 func (r *runner) dropBlueCopies() string {
 	var removed, left []string
-	copies := append(r.blueCopies(), datadir.PartPaths(r.snapshotPath())...)
-	for _, c := range append(copies, datadir.PartPaths(r.memberCopyPath())...) {
+	for _, c := range append(r.blueCopies(), r.partialCopies()...) {
 		switch gone, err := removeIfThere(c); {
 		case err != nil:
 			left = append(left, fmt.Sprintf("%s (%v)", c, err))
