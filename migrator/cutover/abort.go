@@ -245,14 +245,7 @@ func (r *runner) toGated(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, gatedCheckTimeout)
 	defer cancel()
-	var roles []string
-	err = authRetried(ctx, func(ctx context.Context) error {
-		resp, err := cli.UserGet(ctx, user)
-		if err == nil {
-			roles = resp.Roles
-		}
-		return err
-	})
+	roles, err := userRoles(ctx, cli, user)
 	switch {
 	case err != nil:
 		return fmt.Errorf("whether %s's apiserver may write %s etcd could not be read (user %s: %w)", r.to.name, r.to.name, user, err)

@@ -377,20 +377,30 @@ func gate(ctx context.Context, r *runner) (string, error) {
 // checkRoles refuses a user with roles other than want and the read-only role (its read
 // retried as authRetried does).
 func checkRoles(ctx context.Context, cli *clientv3.Client, sd side, want string) error {
-	var u *clientv3.AuthUserGetResponse
-	err := authRetried(ctx, func(ctx context.Context) (err error) {
-		u, err = cli.UserGet(ctx, sd.api.EtcdUser)
-		return err
-	})
+	roles, err := userRoles(ctx, cli, sd.api.EtcdUser)
 	if err != nil {
 		return fmt.Errorf("%s etcd auth: %w", sd.name, err)
 	}
-	for _, role := range u.Roles {
+	for _, role := range roles {
 		if role != want && role != readOnlyRole {
 			return fmt.Errorf("%s etcd user %s also has role %q, not given by kubefence: it could write past the gate; revoke it (etcdctl user revoke-role) and run again", sd.name, sd.api.EtcdUser, role)
 		}
 	}
 	return nil
+}
+
+// userRoles are the roles etcd's user holds, read again while etcd answers with an error that may
+// pass (authRetried).
+func userRoles(ctx context.Context, cli *clientv3.Client, user string) ([]string, error) {
+	var roles []string
+	err := authRetried(ctx, func(ctx context.Context) error {
+		u, err := cli.UserGet(ctx, user)
+		if err == nil {
+			roles = u.Roles
+		}
+		return err
+	})
+	return roles, err
 }
 
 // authClient is the client of sd's etcd that the window's gate and ungate steps use: dialed

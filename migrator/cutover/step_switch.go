@@ -127,7 +127,7 @@ func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) 
 	switch {
 	case st.Backend == to && st.Fenced && st.Generation == r.j.FenceGeneration+n:
 		return true, nil
-	case st.Backend == to && !st.Fenced && st.Generation == r.j.FenceGeneration+2*n:
+	case r.windowFinishedOn(&st):
 		return true, nil
 	case st.Backend != to && st.Backend != sameURL(r.from.api.URL):
 		// Some proxies on r.to, others not: the run that switched stopped in the middle of it
@@ -143,6 +143,14 @@ func (r *runner) checkFenceHeld(ctx context.Context) (switched bool, err error) 
 		return false, fmt.Errorf("the proxy's state changed since it was fenced (generation %d then, %d now, last change %s, reason %q): someone ran fence off/on or backend set by hand, and writes may have reached %s after the fence; not switching. Abort and run again", r.j.FenceGeneration, st.Generation, st.ChangedAt.Format(time.RFC3339), st.Reason, from)
 	}
 	return false, nil
+}
+
+// windowFinishedOn says whether the proxies' status (st, the group's) is the window this
+// cutover fenced, finished: on r.to and open, two generations on per proxy (a switch and an
+// unfence), which a run whose journal could not record them (saveWindow) leaves.
+func (r *runner) windowFinishedOn(st *admin.Status) bool {
+	n := uint64(len(r.p.proxyRefs()))
+	return !st.Fenced && sameURL(st.Backend) == sameURL(r.to.api.URL) && r.j.FenceGeneration != 0 && st.Generation == r.j.FenceGeneration+2*n
 }
 
 // switchDetail says what the switch did to the watches open on blue: they were ended. Informers

@@ -77,8 +77,7 @@ func (r *runner) unfencedUnjournaled(ctx context.Context) (detail string, ok boo
 	if err != nil { // one does not answer: the unfence is sent to the others, and fails for it
 		return "", false
 	}
-	n := uint64(len(r.p.proxyRefs()))
-	if st.Fenced || sameURL(st.Backend) != sameURL(r.to.api.URL) || r.j.FenceGeneration == 0 || st.Generation != r.j.FenceGeneration+2*n {
+	if !r.windowFinishedOn(&st) {
 		return "", false
 	}
 	r.j.UnfenceGeneration, r.j.RefusedAtUnfence = st.Generation, st.RefusedWrites
