@@ -60,7 +60,7 @@ func newMuxTransport(h2, h1 *http.Transport) *muxTransport {
 	h2.IdleConnTimeout = 0
 	// The handshake is part of the dial here, so that a backend that takes connections but
 	// never finishes a handshake fails the dials queued behind it at once too.
-	h2.DialTLSContext = m.dialer(m.handshaker(h2.DialContext))
+	h2.DialTLSContext = m.dialer(m.handshaker(coalesced(h2.DialContext)))
 	verify := h2.TLSClientConfig.VerifyConnection
 	h2.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error {
 		if verify != nil {

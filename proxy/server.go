@@ -455,7 +455,7 @@ func (s *Server) serveAll() {
 		if o.InsecureListen {
 			return s.apiServer.Serve(s.apiLn)
 		}
-		return s.apiServer.ServeTLS(s.apiLn, "", "")
+		return s.apiServer.ServeTLS(coalescingListener{s.apiLn}, "", "")
 	})
 }
 

@@ -1,0 +1,209 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// coalescingConn gathers small writes to a connection into one system call. It sits under the
+// TLS layer of the proxy's client connections and of its HTTP/2 backend connections, where Go's
+// HTTP stacks write each response, or each request, in several small flushes: net/http's 4 KB
+// buffers write a 4 KB list in two, Go's HTTP/2 client flushes a write's HEADERS and then its
+// DATA, and x/net's HTTP/2 server flushes every response of a connection on its own. Each flush
+// was a TLS record and a write(2), about a third of the proxy's CPU per request. Here Write
+// appends to a buffer and wakes the connection's flusher, which writes everything gathered in
+// one call: the records of a whole response, or of the many requests and responses that became
+// ready while its previous call ran. Alone, a write waits only for the flusher to be scheduled,
+// which is as soon as the writing goroutine waits for something (the next request, an answer).
+// Writes of directWrite bytes or more (a large list's records) are written at once, after what
+// was gathered before them: copying them costs more than the call saved.
+//
+// A write error is the connection's: every later Write returns it, as TLS's would. A Write waits
+// while maxCoalesced bytes are already waiting, so that a peer that reads nothing holds the
+// writers (as its full socket buffer did) instead of the proxy's memory. Close writes what is
+// still gathered before it closes, within closeFlushTimeout: an answer written just before a
+// close still reaches the client.
+type coalescingConn struct {
+	net.Conn
+
+	mu      sync.Mutex
+	drained sync.Cond // the buffer was taken, or the connection failed or closed
+	buf     []byte    // written, not yet taken
+	spare   []byte    // a buffer written out, for reuse
+	err     error     // the first failed write
+	closed  bool
+	kick    chan struct{} // cap 1: the buffer has bytes for the flusher
+	done    chan struct{} // closed by Close: the flusher stops
+	writing sync.Mutex    // held by whoever writes to Conn (the flusher, writeNow, Close)
+}
+
+const (
+	// maxCoalesced bounds the bytes waiting for the flusher of one connection.
+	maxCoalesced = 256 << 10
+	// maxSpare: a larger buffer is given back once written, so that idle connections keep little.
+	maxSpare = 32 << 10
+	// directWrite: copying a write this large costs more than the system call it would save.
+	directWrite = 8 << 10
+	// closeFlushTimeout bounds Close's wait for the last bytes to be written to a peer that
+	// reads nothing.
+	closeFlushTimeout = time.Second
+)
+
+// coalescingListener makes the connections it accepts coalescingConns.
+type coalescingListener struct{ net.Listener }
+
+func (l coalescingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newCoalescingConn(c), nil
+}
+
+// coalesced makes dial's connections coalescingConns.
+func coalesced(dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newCoalescingConn(c), nil
+	}
+}
+
+func newCoalescingConn(c net.Conn) *coalescingConn {
+	cc := &coalescingConn{Conn: c, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	cc.drained.L = &cc.mu
+	go cc.flushLoop()
+	return cc
+}
+
+// Write appends p to what the flusher writes next, or writes a large p at once.
+func (c *coalescingConn) Write(p []byte) (int, error) {
+	if len(p) >= directWrite {
+		return c.writeNow(p)
+	}
+	c.mu.Lock()
+	for c.err == nil && !c.closed && len(c.buf) >= maxCoalesced {
+		c.drained.Wait()
+	}
+	if err := c.errLocked(); err != nil {
+		c.mu.Unlock()
+		return 0, err
+	}
+	c.buf = append(c.buf, p...)
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default: // the flusher is already due
+	}
+	return len(p), nil
+}
+
+// errLocked is what a write gets now: the connection's error, or net.ErrClosed. c.mu is held.
+func (c *coalescingConn) errLocked() error {
+	if c.err != nil {
+		return c.err
+	}
+	if c.closed {
+		return net.ErrClosed
+	}
+	return nil
+}
+
+// writeNow writes what was gathered, then p, in one call where the connection can (writev).
+func (c *coalescingConn) writeNow(p []byte) (int, error) {
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	c.mu.Lock()
+	err := c.errLocked()
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	b := c.take()
+	bufs := net.Buffers{b, p}
+	if _, err := bufs.WriteTo(c.Conn); err != nil {
+		return 0, c.fail(err)
+	}
+	c.giveBack(b)
+	return len(p), nil
+}
+
+// flushLoop writes what Write gathered, one call per wake-up, until Close.
+func (c *coalescingConn) flushLoop() {
+	for {
+		select {
+		case <-c.kick:
+		case <-c.done:
+			return
+		}
+		c.writing.Lock()
+		if b := c.take(); len(b) > 0 {
+			if _, err := c.Conn.Write(b); err != nil {
+				c.fail(err)
+			}
+			c.giveBack(b)
+		}
+		c.writing.Unlock()
+	}
+}
+
+// take hands the gathered bytes to the caller, which holds c.writing, and lets the writers
+// waiting for room go on.
+func (c *coalescingConn) take() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.buf
+	c.buf, c.spare = c.spare, nil
+	c.drained.Broadcast()
+	return b
+}
+
+// giveBack keeps b, written out, for the next take.
+func (c *coalescingConn) giveBack(b []byte) {
+	if cap(b) == 0 || cap(b) > maxSpare {
+		return
+	}
+	c.mu.Lock()
+	c.spare = b[:0]
+	c.mu.Unlock()
+}
+
+// fail makes err the connection's error, for every later Write, and returns it.
+func (c *coalescingConn) fail(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.drained.Broadcast()
+	return c.err
+}
+
+// Close writes what is still gathered, within closeFlushTimeout (which also ends a write of the
+// flusher's stuck on a peer that reads nothing), then closes the connection.
+func (c *coalescingConn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.Conn.Close()
+	}
+	c.closed = true
+	close(c.done)
+	c.drained.Broadcast()
+	c.mu.Unlock()
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	c.writing.Lock()
+	c.mu.Lock()
+	b, failed := c.buf, c.err != nil
+	c.buf = nil
+	c.mu.Unlock()
+	if len(b) > 0 && !failed {
+		_, _ = c.Conn.Write(b)
+	}
+	c.writing.Unlock()
+	return c.Conn.Close()
+}
