@@ -30,8 +30,7 @@ type coalescingConn struct {
 
 	mu      sync.Mutex
 	drained sync.Cond // the buffer was taken, or the connection failed or closed
-	buf     []byte    // written, not yet taken
-	spare   []byte    // a buffer written out, for reuse
+	buf     []byte    // written, not yet taken (from coalesceBuffers)
 	err     error     // the first failed write
 	closed  bool
 	kick    chan struct{} // cap 1: the buffer has bytes for the flusher
@@ -42,8 +41,9 @@ type coalescingConn struct {
 const (
 	// maxCoalesced bounds the bytes waiting for the flusher of one connection.
 	maxCoalesced = 256 << 10
-	// maxSpare: a larger buffer is given back once written, so that idle connections keep little.
-	maxSpare = 32 << 10
+	// coalesceBufSize is the capacity of the buffers connections share (coalesceBuffers): a
+	// connection holds one only while it has bytes waiting.
+	coalesceBufSize = 64 << 10
 	// directWrite: copying a write this large costs more than the system call it would save.
 	directWrite = 8 << 10
 	// closeFlushTimeout bounds Close's wait for the last bytes to be written to a peer that
@@ -73,6 +73,10 @@ func coalesced(dial dialFunc) dialFunc {
 	}
 }
 
+// coalesceBuffers are the gathering buffers, shared: thousands of client connections keep none
+// while idle, and a busy one does not allocate a buffer per call.
+var coalesceBuffers = sync.Pool{New: func() any { b := make([]byte, 0, coalesceBufSize); return &b }}
+
 func newCoalescingConn(c net.Conn) *coalescingConn {
 	cc := &coalescingConn{Conn: c, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	cc.drained.L = &cc.mu
@@ -92,6 +96,9 @@ func (c *coalescingConn) Write(p []byte) (int, error) {
 	if err := c.errLocked(); err != nil {
 		c.mu.Unlock()
 		return 0, err
+	}
+	if c.buf == nil {
+		c.buf = *coalesceBuffers.Get().(*[]byte)
 	}
 	c.buf = append(c.buf, p...)
 	c.mu.Unlock()
@@ -128,7 +135,7 @@ func (c *coalescingConn) writeNow(p []byte) (int, error) {
 	if _, err := bufs.WriteTo(c.Conn); err != nil {
 		return 0, c.fail(err)
 	}
-	c.giveBack(b)
+	giveBack(b)
 	return len(p), nil
 }
 
@@ -145,7 +152,7 @@ func (c *coalescingConn) flushLoop() {
 			if _, err := c.Conn.Write(b); err != nil {
 				c.fail(err)
 			}
-			c.giveBack(b)
+			giveBack(b)
 		}
 		c.writing.Unlock()
 	}
@@ -157,19 +164,17 @@ func (c *coalescingConn) take() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.buf
-	c.buf, c.spare = c.spare, nil
+	c.buf = nil
 	c.drained.Broadcast()
 	return b
 }
 
-// giveBack keeps b, written out, for the next take.
-func (c *coalescingConn) giveBack(b []byte) {
-	if cap(b) == 0 || cap(b) > maxSpare {
-		return
+// giveBack returns b, written out, to coalesceBuffers (one that grew past its size is dropped).
+func giveBack(b []byte) {
+	if cap(b) == coalesceBufSize {
+		b = b[:0]
+		coalesceBuffers.Put(&b)
 	}
-	c.mu.Lock()
-	c.spare = b[:0]
-	c.mu.Unlock()
 }
 
 // fail makes err the connection's error, for every later Write, and returns it.
@@ -204,6 +209,7 @@ func (c *coalescingConn) Close() error {
 	if len(b) > 0 && !failed {
 		_, _ = c.Conn.Write(b)
 	}
+	giveBack(b)
 	c.writing.Unlock()
 	return c.Conn.Close()
 }
