@@ -40,7 +40,7 @@ type coalescingConn struct {
 
 const (
 	// maxCoalesced bounds the bytes waiting for the flusher of one connection.
-	maxCoalesced = 256 << 10
+	maxCoalesced = 64 << 10
 	// coalesceBufSize is the capacity of the buffers connections share (coalesceBuffers): a
 	// connection holds one only while it has bytes waiting.
 	coalesceBufSize = 64 << 10
