@@ -67,8 +67,9 @@ type result struct {
 	lat       []time.Duration
 	elapsed   time.Duration
 	// cpu is the user+system CPU time of the measured process over the measured interval, or -1
-	// when no process was measured.
-	cpu time.Duration
+	// when no process was measured; reads and writes its read and write system calls meanwhile.
+	cpu           time.Duration
+	reads, writes int64
 	// roundRPS is the throughput of every round, when the result is a median of rounds.
 	roundRPS []float64
 }
@@ -83,6 +84,14 @@ func (r result) cpuPerReq() time.Duration {
 		return 0
 	}
 	return r.cpu / time.Duration(r.n)
+}
+
+// callsPerReq prints the measured process's read and write system calls per request, or "-".
+func (r result) callsPerReq() string {
+	if r.cpu < 0 || r.n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f+%.1f", float64(r.reads)/float64(r.n), float64(r.writes)/float64(r.n))
 }
 
 // spread prints the rounds' throughput range as a percentage around the median.
@@ -150,7 +159,7 @@ func loadMix(ctx context.Context, ls loadSpec) result {
 	start := time.Now()
 	measureFrom := start.Add(ls.warmup)
 	end := measureFrom.Add(ls.d)
-	cpuDone := measureCPU(ls.pid, measureFrom, end)
+	used := measureProc(ls.pid, measureFrom, end)
 	for w := range ls.conc {
 		wg.Add(1)
 		go func() {
@@ -166,7 +175,8 @@ func loadMix(ctx context.Context, ls loadSpec) result {
 		}()
 	}
 	wg.Wait()
-	res.cpu = <-cpuDone
+	u := <-used
+	res.cpu, res.reads, res.writes = u.cpu, u.reads, u.writes
 	res.n = len(res.lat)
 	res.elapsed = ls.d
 	slices.Sort(res.lat)
@@ -205,18 +215,28 @@ func worker(ctx context.Context, client *http.Client, next func(int) (string, st
 	return lat, codes, errs
 }
 
-// measureCPU samples pid's CPU time at from and at to and sends the difference (-1 for pid 0).
-func measureCPU(pid int, from, to time.Time) <-chan time.Duration {
-	ch := make(chan time.Duration, 1)
+// procUse is what a process used over an interval: CPU time (-1: no process measured), and
+// read and write system calls.
+type procUse struct {
+	cpu           time.Duration
+	reads, writes int64
+}
+
+// measureProc samples pid's CPU time and system calls at from and at to and sends the
+// differences (cpu -1 for pid 0).
+func measureProc(pid int, from, to time.Time) <-chan procUse {
+	ch := make(chan procUse, 1)
 	if pid == 0 {
-		ch <- -1
+		ch <- procUse{cpu: -1}
 		return ch
 	}
 	go func() {
 		time.Sleep(time.Until(from))
 		c0 := procCPU(pid)
+		r0, w0 := procSyscalls(pid)
 		time.Sleep(time.Until(to))
-		ch <- procCPU(pid) - c0
+		r1, w1 := procSyscalls(pid)
+		ch <- procUse{cpu: procCPU(pid) - c0, reads: r1 - r0, writes: w1 - w0}
 	}()
 	return ch
 }

@@ -84,7 +84,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), c.concurrency, c.concurrency, c.h2Conns, c.duration, c.warmup, c.rounds)
 	fmt.Fprintf(out, "backend: Go TLS server (HTTP/2 and HTTP/1.1) answering a %d-byte or a %d-byte JSON list; HAProxy %s with nbthread 2, TLS termination (alpn h2,http/1.1), HTTP/1.1 to the backend, a method ACL\n",
 		len(listBody), len(bigListBody), b.haVersion)
-	fmt.Fprintf(out, "CPU/req: user+system CPU time of the proxy process alone (/proc/PID/stat) over the measured interval / requests answered\n\n")
+	fmt.Fprintf(out, "CPU/req: user+system CPU time of the proxy process alone (/proc/PID/stat) over the measured interval / requests answered; calls/req: kubefence's read+write system calls (/proc/PID/io, which counts read(2) and write(2), not HAProxy's recv/send) / requests answered\n\n")
 	all := b.scenarios()
 	for _, name := range scenarioNames {
 		if !c.want(name) {
@@ -197,6 +197,15 @@ type row struct {
 	r    result
 }
 
+// calls is kubefence's system calls per request ("-" for the other peers: /proc/PID/io does not
+// count HAProxy's recv and send).
+func (r row) calls() string {
+	if !strings.HasPrefix(r.name, "kubefence") {
+		return "-"
+	}
+	return r.r.callsPerReq()
+}
+
 // reads: HTTP/1.1 GETs straight to the backend, through kubefence, HAProxy, and kubefence with
 // client certificates.
 func (b *bench) reads(ctx context.Context, out io.Writer) error {
@@ -283,10 +292,10 @@ func printGets(out io.Writer, title string, rows []row) {
 	direct := rows[0].r
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(out, title)
-	fmt.Fprintln(tw, "peer\treq/s\trounds\tp50\tp99\tadded p50\tadded p99\tCPU/req\t")
+	fmt.Fprintln(tw, "peer\treq/s\trounds\tp50\tp99\tadded p50\tadded p99\tCPU/req\tcalls/req\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.r.rps(), r.r.spread(), ms(r.r.p(50)), ms(r.r.p(99)),
-			ms(r.r.p(50)-direct.p(50)), ms(r.r.p(99)-direct.p(99)), us(r.r.cpuPerReq()))
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.r.rps(), r.r.spread(), ms(r.r.p(50)), ms(r.r.p(99)),
+			ms(r.r.p(50)-direct.p(50)), ms(r.r.p(99)-direct.p(99)), us(r.r.cpuPerReq()), r.calls())
 	}
 	tw.Flush()
 	kf, ha := rows[1].r, rows[2].r
@@ -324,9 +333,9 @@ func (b *bench) refusals(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "Fenced writes (HTTP/1.1 POST, refused 429 + Retry-After, none reached the backend):")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "peer\trefusals/s\trounds\tp50\tp99\tCPU/req\t")
+	fmt.Fprintln(tw, "peer\trefusals/s\trounds\tp50\tp99\tCPU/req\tcalls/req\t")
 	for _, r := range refusals {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t\n", r.name, r.r.rps(), r.r.spread(), ms(r.r.p(50)), ms(r.r.p(99)), us(r.r.cpuPerReq()))
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.r.rps(), r.r.spread(), ms(r.r.p(50)), ms(r.r.p(99)), us(r.r.cpuPerReq()), r.calls())
 	}
 	tw.Flush()
 	kf, ha := refusals[0].r, refusals[1].r
