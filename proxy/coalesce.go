@@ -90,7 +90,7 @@ func (c *coalescingConn) Write(p []byte) (int, error) {
 		return c.writeNow(p)
 	}
 	c.mu.Lock()
-	for c.err == nil && !c.closed && len(c.buf) >= maxCoalesced {
+	for c.err == nil && !c.closed && len(c.buf) > 0 && len(c.buf)+len(p) > maxCoalesced {
 		c.drained.Wait()
 	}
 	if err := c.errLocked(); err != nil {
@@ -188,28 +188,69 @@ func (c *coalescingConn) fail(err error) error {
 	return c.err
 }
 
-// Close writes what is still gathered, within closeFlushTimeout (which also ends a write of the
-// flusher's stuck on a peer that reads nothing), then closes the connection.
+// SetWriteDeadline applies t to the connection's writes. A deadline already past (crypto/tls
+// sets one once its close_notify is written: "any later write fails") applies after what was
+// written before it, gathered here, is written out, within closeFlushTimeout.
+func (c *coalescingConn) SetWriteDeadline(t time.Time) error {
+	if !t.IsZero() && !t.After(time.Now()) {
+		c.flushWithin(closeFlushTimeout)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline is SetWriteDeadline for both directions.
+func (c *coalescingConn) SetDeadline(t time.Time) error {
+	if !t.IsZero() && !t.After(time.Now()) {
+		c.flushWithin(closeFlushTimeout)
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// flushWithin writes out what is gathered, with a write deadline d from now (which also bounds
+// a write of the flusher's under way).
+func (c *coalescingConn) flushWithin(d time.Duration) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	c.mu.Lock()
+	failed := c.err != nil
+	c.mu.Unlock()
+	b := c.take()
+	if len(b) > 0 && !failed {
+		if _, err := c.Conn.Write(b); err != nil {
+			c.fail(err)
+		}
+	}
+	giveBack(b)
+}
+
+// longAgo is a deadline that has passed: reads blocked on a closing connection end at once.
+var longAgo = time.Unix(1, 0)
+
+// Close closes the connection. With nothing gathered and no write under way it closes at once;
+// otherwise reads end now, and what is gathered is written out in the background, within
+// closeFlushTimeout, before the connection closes: an answer written just before a close still
+// reaches the client, and a write stuck on a client that reads nothing holds up neither the
+// caller (http.Server.Close closes its connections one after another) nor the proxy for long.
 func (c *coalescingConn) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return c.Conn.Close()
 	}
-	c.closed = true
+	c.closed = true // no write is gathered or started from now on
 	close(c.done)
 	c.drained.Broadcast()
+	pending := len(c.buf) > 0 && c.err == nil
 	c.mu.Unlock()
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
-	c.writing.Lock()
-	c.mu.Lock()
-	b, failed := c.buf, c.err != nil
-	c.buf = nil
-	c.mu.Unlock()
-	if len(b) > 0 && !failed {
-		_, _ = c.Conn.Write(b)
+	if !pending && c.writing.TryLock() {
+		c.writing.Unlock()
+		return c.Conn.Close()
 	}
-	giveBack(b)
-	c.writing.Unlock()
-	return c.Conn.Close()
+	_ = c.Conn.SetReadDeadline(longAgo)
+	go func() {
+		c.flushWithin(closeFlushTimeout)
+		_ = c.Conn.Close()
+	}()
+	return nil
 }

@@ -3,10 +3,13 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -229,5 +232,113 @@ func TestCoalescingConnWriteErrorIsTheConnections(t *testing.T) {
 	}
 	if _, err := c.Write(make([]byte, directWrite)); !errors.Is(err, errWriteFailed) {
 		t.Fatalf("a direct write after the failure: %v, want %v", err, errWriteFailed)
+	}
+}
+
+// tlsOverCoalescing is a TLS server connection over a coalescingConn and its client, handshaken.
+func tlsOverCoalescing(t *testing.T) (server *tls.Conn, inner *coalescingConn, client *tls.Conn) {
+	t.Helper()
+	raw, peer := tcpPair(t)
+	ca := newTestCA(t, t.TempDir(), "ca")
+	cert, _, _ := ca.issue(t, t.TempDir(), "server", "127.0.0.1", nil, x509.ExtKeyUsageServerAuth)
+	inner = newCoalescingConn(raw)
+	server = tls.Server(inner, &tls.Config{Certificates: []tls.Certificate{cert}})
+	client = tls.Client(peer, &tls.Config{InsecureSkipVerify: true})
+	errc := make(chan error, 1)
+	go func() { errc <- client.Handshake() }()
+	if err := server.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return server, inner, client
+}
+
+// TestCoalescingConnTLSCloseWriteSendsWhatWasWritten: crypto/tls ends its close_notify by
+// setting a write deadline of now ("any later write fails"), net/http half-closes so before it
+// answers a body it did not read (a 413, a fence's 429), the reverse proxy so at the end of an
+// exec: what was written before must still reach the client. With one P the flusher cannot run
+// between the write and the half-close.
+func TestCoalescingConnTLSCloseWriteSendsWhatWasWritten(t *testing.T) {
+	server, _, client := tlsOverCoalescing(t)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	if _, err := server.Write([]byte("the last answer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := server.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client)
+	if string(got) != "the last answer" || err != nil {
+		t.Fatalf("the client read %q (%v), want the answer written before the half-close, then its close_notify", got, err)
+	}
+}
+
+// TestCoalescingConnCloseDoesNotWaitForAStuckWrite: http.Server.Close closes its connections one
+// after another, and a write stuck on a client that reads nothing must not hold each up: Close
+// returns at once, and a read blocked on the connection ends with it.
+func TestCoalescingConnCloseDoesNotWaitForAStuckWrite(t *testing.T) {
+	raw, _ := tcpPair(t) // the peer never reads
+	c := newCoalescingConn(raw)
+	readDone := make(chan error, 1)
+	go func() { _, err := c.Read(make([]byte, 1)); readDone <- err }()
+	go func() {
+		chunk := make([]byte, directWrite)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // the socket buffers fill: the writer is stuck
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > closeFlushTimeout/2 {
+		t.Errorf("Close took %s behind a stuck write", took)
+	}
+	select {
+	case err := <-readDone:
+		if err == nil {
+			t.Error("a read blocked on the connection ended without an error")
+		}
+	case <-time.After(closeFlushTimeout / 2):
+		t.Error("a read blocked on the connection still waited after Close")
+	}
+}
+
+// TestCoalescingConnGathersAtMostItsBound: with a client that reads nothing, what waits for the
+// flusher stays within maxCoalesced, in its pooled buffer (one that outgrew it would be
+// dropped, and a connection would hold more than docs/proxy.md says).
+func TestCoalescingConnGathersAtMostItsBound(t *testing.T) {
+	raw, _ := tcpPair(t) // the peer never reads
+	c := newCoalescingConn(raw)
+	defer c.Close()
+	const record = 4118 // a TLS record of a 4 KB write
+	go func() {
+		chunk := make([]byte, record)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	full := func(context.Context) (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.buf)+record > maxCoalesced, nil
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, full); err != nil {
+		t.Fatal("the gathered bytes never reached the bound")
+	}
+	time.Sleep(100 * time.Millisecond) // a writer past the bound would append once more
+	c.mu.Lock()
+	n, capacity := len(c.buf), cap(c.buf)
+	c.mu.Unlock()
+	if n > maxCoalesced || capacity != coalesceBufSize {
+		t.Errorf("%d bytes gathered in a buffer of %d, want at most %d in one of %d", n, capacity, maxCoalesced, coalesceBufSize)
 	}
 }
