@@ -1,14 +1,17 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"runtime"
 	"sync"
 	"testing"
@@ -340,5 +343,40 @@ func TestCoalescingConnGathersAtMostItsBound(t *testing.T) {
 	c.mu.Unlock()
 	if n > maxCoalesced || capacity != coalesceBufSize {
 		t.Errorf("%d bytes gathered in a buffer of %d, want at most %d in one of %d", n, capacity, maxCoalesced, coalesceBufSize)
+	}
+}
+
+// TestTLSClientGetsTheAnswerToABodyNotRead: over TLS, a write whose announced body is past
+// --max-write-body-bytes is answered 413 without reading it, and net/http then half-closes the
+// connection (more than 256 KB unread): the client must read the 413, not an EOF (client-go does
+// not retry a write on EOF). The proxy's client connections gather writes under TLS
+// (coalesce.go), whose close_notify ends with a write deadline of now.
+func TestTLSClientGetsTheAnswerToABodyNotRead(t *testing.T) {
+	api := newFakeAPI(t, "blue")
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "ca")
+	_, certFile, keyFile := ca.issue(t, dir, "proxy", "127.0.0.1", nil, x509.ExtKeyUsageServerAuth)
+	p := startProxy(t, api.URL, func(o *Options) {
+		o.InsecureListen = false
+		o.TLSCertFile, o.TLSKeyFile = certFile, keyFile
+	})
+	for round := range 20 {
+		c, err := tls.Dial("tcp", p.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		announced := p.opts.MaxWriteBodyBytes + 1<<20
+		fmt.Fprintf(c, "PUT /api/v1/namespaces/d/configmaps/c HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", announced)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("round %d: reading the answer: %v, want a 413", round, err)
+		}
+		resp.Body.Close()
+		c.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("round %d: %s, want 413", round, resp.Status)
+		}
 	}
 }
