@@ -21,10 +21,11 @@ import (
 // was gathered before them: copying them costs more than the call saved.
 //
 // A write error is the connection's: every later Write returns it, as TLS's would. A Write waits
-// while maxCoalesced bytes are already waiting, so that a peer that reads nothing holds the
-// writers (as its full socket buffer did) instead of the proxy's memory. Close writes what is
-// still gathered before it closes, within closeFlushTimeout: an answer written just before a
-// close still reaches the client.
+// while it would not fit beside the bytes already waiting (maxCoalesced), so that a peer that
+// reads nothing holds the writers (as its full socket buffer did) instead of the proxy's memory.
+// What was written before a close, or before a write deadline already past (TLS's
+// close_notify), is written out first, within closeFlushTimeout: an answer written just before
+// a close still reaches the client.
 type coalescingConn struct {
 	net.Conn
 
@@ -35,19 +36,18 @@ type coalescingConn struct {
 	closed  bool
 	kick    chan struct{} // cap 1: the buffer has bytes for the flusher
 	done    chan struct{} // closed by Close: the flusher stops
-	writing sync.Mutex    // held by whoever writes to Conn (the flusher, writeNow, Close)
+	writing sync.Mutex    // held by whoever writes to Conn (the flusher, writeNow, flushWithin)
 }
 
 const (
-	// maxCoalesced bounds the bytes waiting for the flusher of one connection.
+	// maxCoalesced bounds the bytes waiting for the flusher of one connection, and is the
+	// capacity of the buffers connections share (coalesceBuffers), which they hold only while
+	// bytes wait.
 	maxCoalesced = 64 << 10
-	// coalesceBufSize is the capacity of the buffers connections share (coalesceBuffers): a
-	// connection holds one only while it has bytes waiting.
-	coalesceBufSize = 64 << 10
 	// directWrite: copying a write this large costs more than the system call it would save.
 	directWrite = 8 << 10
-	// closeFlushTimeout bounds Close's wait for the last bytes to be written to a peer that
-	// reads nothing.
+	// closeFlushTimeout bounds the writing out of what was gathered before a close or a past
+	// write deadline, to a peer that may read nothing.
 	closeFlushTimeout = time.Second
 )
 
@@ -75,7 +75,7 @@ func coalesced(dial dialFunc) dialFunc {
 
 // coalesceBuffers are the gathering buffers, shared: thousands of client connections keep none
 // while idle, and a busy one does not allocate a buffer per call.
-var coalesceBuffers = sync.Pool{New: func() any { b := make([]byte, 0, coalesceBufSize); return &b }}
+var coalesceBuffers = sync.Pool{New: func() any { b := make([]byte, 0, maxCoalesced); return &b }}
 
 func newCoalescingConn(c net.Conn) *coalescingConn {
 	cc := &coalescingConn{Conn: c, kick: make(chan struct{}, 1), done: make(chan struct{})}
@@ -148,14 +148,23 @@ func (c *coalescingConn) flushLoop() {
 			return
 		}
 		c.writing.Lock()
-		if b := c.take(); len(b) > 0 {
-			if _, err := c.Conn.Write(b); err != nil {
-				c.fail(err)
-			}
-			giveBack(b)
-		}
+		c.writeOut()
 		c.writing.Unlock()
 	}
+}
+
+// writeOut writes what is gathered, unless the connection failed; c.writing is held.
+func (c *coalescingConn) writeOut() {
+	c.mu.Lock()
+	failed := c.err != nil
+	c.mu.Unlock()
+	b := c.take()
+	if len(b) > 0 && !failed {
+		if _, err := c.Conn.Write(b); err != nil {
+			c.fail(err)
+		}
+	}
+	giveBack(b)
 }
 
 // take hands the gathered bytes to the caller, which holds c.writing, and lets the writers
@@ -171,7 +180,7 @@ func (c *coalescingConn) take() []byte {
 
 // giveBack returns b, written out, to coalesceBuffers (one that grew past its size is dropped).
 func giveBack(b []byte) {
-	if cap(b) == coalesceBufSize {
+	if cap(b) == maxCoalesced {
 		b = b[:0]
 		coalesceBuffers.Put(&b)
 	}
@@ -192,18 +201,21 @@ func (c *coalescingConn) fail(err error) error {
 // sets one once its close_notify is written: "any later write fails") applies after what was
 // written before it, gathered here, is written out, within closeFlushTimeout.
 func (c *coalescingConn) SetWriteDeadline(t time.Time) error {
-	if !t.IsZero() && !t.After(time.Now()) {
-		c.flushWithin(closeFlushTimeout)
-	}
+	c.flushBeforePast(t)
 	return c.Conn.SetWriteDeadline(t)
 }
 
 // SetDeadline is SetWriteDeadline for both directions.
 func (c *coalescingConn) SetDeadline(t time.Time) error {
+	c.flushBeforePast(t)
+	return c.Conn.SetDeadline(t)
+}
+
+// flushBeforePast writes out what is gathered when t is a write deadline already past.
+func (c *coalescingConn) flushBeforePast(t time.Time) {
 	if !t.IsZero() && !t.After(time.Now()) {
 		c.flushWithin(closeFlushTimeout)
 	}
-	return c.Conn.SetDeadline(t)
 }
 
 // flushWithin writes out what is gathered, with a write deadline d from now (which also bounds
@@ -212,16 +224,7 @@ func (c *coalescingConn) flushWithin(d time.Duration) {
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
 	c.writing.Lock()
 	defer c.writing.Unlock()
-	c.mu.Lock()
-	failed := c.err != nil
-	c.mu.Unlock()
-	b := c.take()
-	if len(b) > 0 && !failed {
-		if _, err := c.Conn.Write(b); err != nil {
-			c.fail(err)
-		}
-	}
-	giveBack(b)
+	c.writeOut()
 }
 
 // longAgo is a deadline that has passed: reads blocked on a closing connection end at once.

@@ -341,8 +341,8 @@ func TestCoalescingConnGathersAtMostItsBound(t *testing.T) {
 	c.mu.Lock()
 	n, capacity := len(c.buf), cap(c.buf)
 	c.mu.Unlock()
-	if n > maxCoalesced || capacity != coalesceBufSize {
-		t.Errorf("%d bytes gathered in a buffer of %d, want at most %d in one of %d", n, capacity, maxCoalesced, coalesceBufSize)
+	if n > maxCoalesced || capacity != maxCoalesced {
+		t.Errorf("%d bytes gathered in a buffer of %d, want at most %d in one of %d", n, capacity, maxCoalesced, maxCoalesced)
 	}
 }
 
