@@ -26,12 +26,10 @@ type holdResult struct {
 	afterOff []time.Duration
 	// rssPerHeld is the proxy's RSS growth while holding, per held write.
 	rssPerHeld float64
-	// releaseCPU is the proxy's CPU time from fence off to the last answer, releaseFaults its
+	// release is what the proxy used from fence off to the last answer, releaseFaults its
 	// minor page faults.
-	releaseCPU    time.Duration
+	release       procUse
 	releaseFaults int64
-	// releaseReads and releaseWrites are its read and write system calls meanwhile.
-	releaseReads, releaseWrites int64
 	// benchCPU is this process's CPU time over the same interval: the clients sending the
 	// writes and the backend answering them, on the same cores as the proxy.
 	benchCPU time.Duration
@@ -114,18 +112,15 @@ func benchHold(ctx context.Context, px *framework.Proxy, clients []*http.Client,
 		go func() { prof <- fetchProfile(px.MetricsURL, profile, 0, 2) }()
 		time.Sleep(50 * time.Millisecond) // the profile is running before the fence lifts
 	}
-	cpu0, faults0, bench0 := procCPU(px.Proc.Pid()), procMinorFaults(px.Proc.Pid()), procCPU(os.Getpid())
-	reads0, writes0 := procSyscalls(px.Proc.Pid())
+	used0, faults0, bench0 := procUsed(px.Proc.Pid()), procMinorFaults(px.Proc.Pid()), procCPU(os.Getpid())
 	offAt.Store(time.Now().UnixNano())
 	if _, err := px.Admin.Fence(ctx, admin.FenceRequest{Fenced: false}); err != nil {
 		return res, err
 	}
 	wg.Wait()
-	res.releaseCPU = procCPU(px.Proc.Pid()) - cpu0
+	res.release = procUsed(px.Proc.Pid()).since(used0)
 	res.releaseFaults = procMinorFaults(px.Proc.Pid()) - faults0
 	res.benchCPU = procCPU(os.Getpid()) - bench0
-	reads1, writes1 := procSyscalls(px.Proc.Pid())
-	res.releaseReads, res.releaseWrites = reads1-reads0, writes1-writes0
 	if prof != nil {
 		if err := <-prof; err != nil {
 			return res, err
@@ -212,7 +207,7 @@ func (b *bench) hold(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "Hold mode (%d HTTP/2 connections x %d writers, fence off after 1s; %d rounds, last answer after fence off (proxy CPU per released write) per round:",
 		b.c.concurrency, holdWriters, len(rounds))
 	for _, r := range rounds {
-		fmt.Fprintf(out, " %s (%s)", ms(r.afterOff[len(r.afterOff)-1]), us(r.releaseCPU/time.Duration(max(r.answered, 1))))
+		fmt.Fprintf(out, " %s (%s)", ms(r.afterOff[len(r.afterOff)-1]), us(r.release.cpu/time.Duration(max(r.answered, 1))))
 	}
 	fmt.Fprintln(out, "; the median round):")
 	slices.SortFunc(rounds, func(a, b holdResult) int {
@@ -230,9 +225,9 @@ func printHold(out io.Writer, r holdResult) {
 			ms(pct(r.afterOff, 50)), ms(pct(r.afterOff, 99)), ms(r.afterOff[len(r.afterOff)-1]))
 	}
 	fmt.Fprintf(out, "  proxy RSS per held write: %.0f bytes; proxy CPU from fence off to the last answer: %s, %s per released write; %.1f minor page faults per released write\n",
-		r.rssPerHeld, r.releaseCPU.Round(time.Millisecond), us(r.releaseCPU/time.Duration(max(r.answered, 1))), float64(r.releaseFaults)/float64(max(r.answered, 1)))
+		r.rssPerHeld, r.release.cpu.Round(time.Millisecond), us(r.release.cpu/time.Duration(max(r.answered, 1))), float64(r.releaseFaults)/float64(max(r.answered, 1)))
 	n := float64(max(r.answered, 1))
-	fmt.Fprintf(out, "  proxy system calls per released write: %.2f reads, %.2f writes\n", float64(r.releaseReads)/n, float64(r.releaseWrites)/n)
+	fmt.Fprintf(out, "  proxy system calls per released write: %.2f reads, %.2f writes\n", float64(r.release.reads)/n, float64(r.release.writes)/n)
 	fmt.Fprintf(out, "  the bench process (the clients and the backend, on the same cores) meanwhile: %s CPU\n", r.benchCPU.Round(time.Millisecond))
 	if len(r.readsBase) > 0 && len(r.readsHeld) > 0 {
 		fmt.Fprintf(out, "  reads on the same connections: %d during the hold (p50 %s, p99 %s), %d without (p50 %s, p99 %s)\n",

@@ -66,10 +66,9 @@ type result struct {
 	codes     map[int]int
 	lat       []time.Duration
 	elapsed   time.Duration
-	// cpu is the user+system CPU time of the measured process over the measured interval, or -1
-	// when no process was measured; reads and writes its read and write system calls meanwhile.
-	cpu           time.Duration
-	reads, writes int64
+	// procUse is what the measured process used over the measured interval (cpu -1 when no
+	// process was measured).
+	procUse
 	// roundRPS is the throughput of every round, when the result is a median of rounds.
 	roundRPS []float64
 }
@@ -155,7 +154,7 @@ func load(ctx context.Context, clients []*http.Client, method, url string, body 
 func loadMix(ctx context.Context, ls loadSpec) result {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	res := result{codes: map[int]int{}, cpu: -1}
+	res := result{codes: map[int]int{}, procUse: procUse{cpu: -1}}
 	start := time.Now()
 	measureFrom := start.Add(ls.warmup)
 	end := measureFrom.Add(ls.d)
@@ -175,8 +174,7 @@ func loadMix(ctx context.Context, ls loadSpec) result {
 		}()
 	}
 	wg.Wait()
-	u := <-used
-	res.cpu, res.reads, res.writes = u.cpu, u.reads, u.writes
+	res.procUse = <-used
 	res.n = len(res.lat)
 	res.elapsed = ls.d
 	slices.Sort(res.lat)
@@ -215,15 +213,25 @@ func worker(ctx context.Context, client *http.Client, next func(int) (string, st
 	return lat, codes, errs
 }
 
-// procUse is what a process used over an interval: CPU time (-1: no process measured), and
-// read and write system calls.
+// procUse is what a process used: user+system CPU time (-1: no process measured), and read and
+// write system calls; so far (procUsed) or over an interval (since).
 type procUse struct {
 	cpu           time.Duration
 	reads, writes int64
 }
 
-// measureProc samples pid's CPU time and system calls at from and at to and sends the
-// differences (cpu -1 for pid 0).
+// procUsed is what process pid used so far.
+func procUsed(pid int) procUse {
+	r, w := procSyscalls(pid)
+	return procUse{cpu: procCPU(pid), reads: r, writes: w}
+}
+
+// since is what was used between before and u.
+func (u procUse) since(before procUse) procUse {
+	return procUse{cpu: u.cpu - before.cpu, reads: u.reads - before.reads, writes: u.writes - before.writes}
+}
+
+// measureProc samples what pid uses from from to to and sends it (cpu -1 for pid 0).
 func measureProc(pid int, from, to time.Time) <-chan procUse {
 	ch := make(chan procUse, 1)
 	if pid == 0 {
@@ -232,11 +240,9 @@ func measureProc(pid int, from, to time.Time) <-chan procUse {
 	}
 	go func() {
 		time.Sleep(time.Until(from))
-		c0 := procCPU(pid)
-		r0, w0 := procSyscalls(pid)
+		u0 := procUsed(pid)
 		time.Sleep(time.Until(to))
-		r1, w1 := procSyscalls(pid)
-		ch <- procUse{cpu: procCPU(pid) - c0, reads: r1 - r0, writes: w1 - w0}
+		ch <- procUsed(pid).since(u0)
 	}()
 	return ch
 }
