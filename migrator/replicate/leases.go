@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // leaseMirror holds green's copies of blue's leases: same IDs, blue's granted TTLs, kept alive
@@ -205,18 +206,12 @@ func (m *leaseMirror) stopAll() {
 // has applied every revision that could have used them, so that keepalives do not pile up (the
 // apiservers grant a lease every few seconds).
 func (m *leaseMirror) checkLoop(ctx context.Context, applied func() int64) {
-	t := time.NewTicker(m.cfg.LeaseCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, m.cfg.LeaseCheckInterval, false, func(ctx context.Context) (bool, error) {
 		if err := m.check(ctx, applied); err != nil && ctx.Err() == nil {
 			m.cfg.Log.Warn("checking green's leases against blue", "err", err)
 		}
-	}
+		return false, nil // until ctx ends
+	})
 }
 
 func (m *leaseMirror) check(ctx context.Context, applied func() int64) error {

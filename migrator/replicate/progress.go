@@ -5,6 +5,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Progress is where replication stands. The JSON form is what `-o json` prints.
@@ -217,16 +218,10 @@ func (r *Replicator) resent(n int) {
 // pollSource reads blue's current revision every ProgressInterval, so the lag is right while
 // the watch is quiet or behind, and hands it to the feed's watchdog.
 func (r *Replicator) pollSource(ctx context.Context) {
-	t := time.NewTicker(r.cfg.ProgressInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, r.cfg.ProgressInterval, false, func(ctx context.Context) (bool, error) {
 		r.readSource(ctx)
-	}
+		return false, nil // until ctx ends
+	})
 }
 
 // readSource reads blue's revision once, within two ProgressIntervals: a linearizable read

@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // A watch can go quiet without ending: its member keeps the connection and a leader, and
@@ -150,20 +151,13 @@ func (w *watchdog) count() int64 {
 // linearizable read that reaches a member that stopped applying waits for ever), and hands it
 // to w, until ctx ends. A read that fails is skipped: w acts on the reads that answer.
 func pollRevision(ctx context.Context, cli *clientv3.Client, interval time.Duration, w *watchdog) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
 		rctx, cancel := context.WithTimeout(ctx, 2*interval)
 		rev, err := Revision(rctx, cli)
 		cancel()
-		if err != nil {
-			continue
+		if err == nil {
+			w.sawCluster(rev, time.Now())
 		}
-		w.sawCluster(rev, time.Now())
-	}
+		return false, nil // until ctx ends
+	})
 }
