@@ -78,21 +78,30 @@ func stallingClient(t *testing.T, m *member) (*clientv3.Client, *stallingStreams
 	return cli, s
 }
 
+// stallWorld is a replication of blue (holding one key) to green from s, whose source client
+// cli watches on streams that stall on command, its watchdog paced for a test: blue's revision
+// read every 100 ms, a watch behind and quiet for 1 s counted as stalled.
+func stallWorld(t *testing.T) (blue, green *member, s int64, cli *clientv3.Client, streams *stallingStreams, run *running) {
+	t.Helper()
+	blue = startEtcd(t, "blue", t.TempDir(), etcdOpts{})
+	put(t, blue, "a", "0")
+	green, s = greenFrom(t, blue, etcdOpts{})
+	cli, streams = stallingClient(t, blue)
+	run = start(t, blue, green, s, func(c *Config) {
+		c.Source = cli
+		c.ProgressInterval = 100 * time.Millisecond
+		c.WatchStall = time.Second
+	})
+	return blue, green, s, cli, streams, run
+}
+
 // TestStalledWatchReopened: blue's watch stream goes quiet (its member delivers nothing more,
 // but the connection lives) while blue takes writes through another client: Run notices that
 // blue's revision read from the cluster is ahead of what the watch delivered, watches again on
 // a new stream from the first revision not received, and applies the new revisions. Writes
 // paced over more than the bound before it count no stall.
 func TestStalledWatchReopened(t *testing.T) {
-	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
-	put(t, blue, "a", "0")
-	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, streams := stallingClient(t, blue)
-	run := start(t, blue, green, s, func(c *Config) {
-		c.Source = cli
-		c.ProgressInterval = 100 * time.Millisecond
-		c.WatchStall = time.Second
-	})
+	blue, green, s, _, streams, run := stallWorld(t)
 	for i := range 10 {
 		put(t, blue, "a", string(rune('0'+i)))
 		time.Sleep(150 * time.Millisecond) // pacing: the watch is read often while blue moves
@@ -232,15 +241,7 @@ func TestSourceReadBounded(t *testing.T) {
 // on a new stream; the check's must too, or the switch's wait for the check (cutover's
 // deltaChecked) runs out with writes fenced while replication goes on.
 func TestStalledCheckWatchReopened(t *testing.T) {
-	blue := startEtcd(t, "blue", t.TempDir(), etcdOpts{})
-	put(t, blue, "a", "0")
-	green, s := greenFrom(t, blue, etcdOpts{})
-	cli, streams := stallingClient(t, blue)
-	run := start(t, blue, green, s, func(c *Config) {
-		c.Source = cli
-		c.ProgressInterval = 100 * time.Millisecond
-		c.WatchStall = time.Second
-	})
+	blue, green, s, cli, streams, run := stallWorld(t)
 	check := StartCheck(cli, green.cli, s, testLog(t))
 	t.Cleanup(check.Stop)
 	first := put(t, blue, "a", "1")
